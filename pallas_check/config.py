@@ -1,0 +1,45 @@
+"""Run configuration: one frozen value passed from the CLI down to the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class DmaMode(str, enum.Enum):
+    """When a DMA's copy happens relative to its start and its wait."""
+
+    EAGER = "eager"  # the copy is done when the DMA starts
+    ON_WAIT = "on_wait"  # the copy is done when its semaphore is waited on
+
+
+class UninitFill(str, enum.Enum):
+    """What never-written memory (scratch, outputs, padding) holds."""
+
+    NAN = "nan"
+    ZERO = "zero"
+
+
+class TpuGeneration(str, enum.Enum):
+    """The TPU that kernels asking which chip they run on are told about."""
+
+    V5E = "v5e"
+    V6E = "v6e"
+    V7X = "v7x"
+
+
+DEFAULT_TPU = TpuGeneration.V5E
+
+
+@dataclass(frozen=True)
+class Config:
+    """Options of one checking run; defaults match `pallas-check run` with no flags."""
+
+    dma_mode: DmaMode = DmaMode.EAGER
+    uninit: UninitFill = UninitFill.NAN
+    skip_floats: bool = False
+    tpu: TpuGeneration = DEFAULT_TPU
+    devices: int = 1
+    # Whether to re-run a call whose kernel read never-written memory, with another fill,
+    # to tell which outputs that memory reached.
+    check_uninit_outputs: bool = True

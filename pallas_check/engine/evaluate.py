@@ -1,0 +1,272 @@
+"""Evaluates a kernel jaxpr: our rules for memory, sync and control flow; JAX for the rest.
+
+A jaxpr is compiled once into a `Program`: maximal runs of pure equations become one
+`jax.jit`-compiled segment (reused at every grid step), and every other equation gets a
+rule from `RULES`. Evaluation is a generator so that a core can yield to the scheduler
+where another actor could run (semaphore waits, DMA starts and waits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Generator, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core as jax_core
+from jax._src.state import types as state_types
+
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
+
+Gen = Generator[Any, None, Any]
+RuleFn = Callable[..., Any]
+
+
+class KernelError(Exception):
+    """An error in evaluating a kernel, located at the user's source line."""
+
+    def __init__(self, message: str, frames: tuple[SourceFrame, ...] = ()):
+        super().__init__(message)
+        self.message = message
+        self.frames = frames
+
+    def located(self) -> str:
+        if self.frames:
+            f = self.frames[0]
+            return f"{self.message} (at {f.file}:{f.line} in {f.function})"
+        return self.message
+
+
+class UnsupportedPrimitive(KernelError):
+    """The kernel uses a primitive pallas-check cannot simulate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    fn: RuleFn
+    is_generator: bool
+
+
+RULES: dict[jax_core.Primitive, Rule] = {}
+
+
+def rule(*primitives: jax_core.Primitive, generator: bool = False) -> Callable[[RuleFn], RuleFn]:
+    """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
+
+    With generator=True the rule may yield scheduler requests (`yield from` it).
+    """
+
+    def register(fn: RuleFn) -> RuleFn:
+        for primitive in primitives:
+            RULES[primitive] = Rule(fn, generator)
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------
+# Programs: a jaxpr cut into pure segments and ruled equations.
+
+
+@dataclasses.dataclass
+class Segment:
+    """A run of pure equations, compiled once with jax.jit."""
+
+    eqns: list[jax_core.JaxprEqn]
+    invars: list[jax_core.Var]
+    outvars: list[jax_core.Var]
+    fn: Callable[..., Any] | None = None
+
+
+@dataclasses.dataclass
+class Program:
+    jaxpr: jax_core.Jaxpr
+    steps: list[Segment | jax_core.JaxprEqn]
+
+
+_programs: dict[tuple[int, bool], Program] = {}
+_programs_lock = threading.Lock()
+_keepalive: list[Any] = []
+
+
+def _is_ref(aval: Any) -> bool:
+    return isinstance(aval, state_types.AbstractRef)
+
+
+def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
+    if eqn.primitive in RULES:
+        return False
+    for v in eqn.invars:
+        if _is_ref(getattr(v, "aval", None)):
+            return False
+    for v in eqn.outvars:
+        if _is_ref(v.aval):
+            return False
+    for sub in jax_core.jaxprs_in_params(eqn.params):
+        if not all(_eqn_is_pure(e) for e in sub.eqns):
+            return False
+    return True
+
+
+def program_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
+    """The compiled program of a jaxpr (cached for the life of the process)."""
+    key = (id(jaxpr), skip_floats)
+    program = _programs.get(key)
+    if program is not None and program.jaxpr is jaxpr:
+        return program
+    with _programs_lock:
+        program = _build_program(jaxpr, skip_floats)
+        _programs[key] = program
+        _keepalive.append(jaxpr)
+    return program
+
+
+def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
+    steps: list[Segment | jax_core.JaxprEqn] = []
+    current: list[jax_core.JaxprEqn] = []
+    for eqn in jaxpr.eqns:
+        if _eqn_is_pure(eqn):
+            current.append(eqn)
+            continue
+        if current:
+            steps.append(Segment(current, [], []))
+            current = []
+        steps.append(eqn)
+    if current:
+        steps.append(Segment(current, [], []))
+    # Liveness: a segment returns what later steps or the jaxpr's outputs read.
+    needed_later: set[jax_core.Var] = {v for v in jaxpr.outvars if isinstance(v, jax_core.Var)}
+    for step in reversed(steps):
+        if isinstance(step, Segment):
+            defined = {v for e in step.eqns for v in e.outvars if not _is_dropvar(v)}
+            used: list[jax_core.Var] = []
+            seen: set[jax_core.Var] = set()
+            for e in step.eqns:
+                for v in e.invars:
+                    if isinstance(v, jax_core.Var) and v not in defined and v not in seen:
+                        seen.add(v)
+                        used.append(v)
+            step.invars = used
+            step.outvars = [v for e in step.eqns for v in e.outvars
+                            if not _is_dropvar(v) and v in needed_later]
+            step.fn = _compile_segment(step, skip_floats)
+            needed_later -= defined
+            needed_later.update(used)
+        else:
+            needed_later.update(v for v in step.invars if isinstance(v, jax_core.Var))
+    return Program(jaxpr, steps)
+
+
+def _is_dropvar(v: Any) -> bool:
+    return isinstance(v, jax_core.DropVar)
+
+
+def _is_float(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
+def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
+    eqns, invars, outvars = segment.eqns, segment.invars, segment.outvars
+
+    def run(*args: Any) -> list[Any]:
+        env: dict[jax_core.Var, Any] = dict(zip(invars, args))
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jax_core.Literal) else env[v]
+
+        for eqn in eqns:
+            if skip_floats and eqn.outvars and all(_is_float(v.aval) for v in eqn.outvars):
+                outs = [jnp.full(v.aval.shape, jnp.inf, v.aval.dtype) for v in eqn.outvars]
+            else:
+                params = eqn.primitive.get_bind_params(eqn.params)
+                with eqn.ctx.manager:
+                    outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+            for v, value in zip(eqn.outvars, outs):
+                if not _is_dropvar(v):
+                    env[v] = value
+        return [env[v] for v in outvars]
+
+    return jax.jit(run)
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation.
+
+
+def read_atom(env: dict, v: Any) -> Any:
+    if isinstance(v, jax_core.Literal):
+        return v.val
+    return env[v]
+
+
+def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
+    """Evaluate `jaxpr` on concrete values; a generator returning the output values."""
+    program = program_for(jaxpr, ctx.config.skip_floats)
+    env: dict[jax_core.Var, Any] = {}
+    for v, value in zip(jaxpr.constvars, consts):
+        env[v] = value
+    for v, value in zip(jaxpr.invars, args):
+        env[v] = value
+    for step in program.steps:
+        if isinstance(step, Segment):
+            try:
+                outs = step.fn(*[env[v] for v in step.invars])  # type: ignore[misc]
+            except Exception as exc:  # a JAX-side failure of the user's pure code
+                raise _located_error(step.eqns[0], exc) from exc
+            for v, value in zip(step.outvars, outs):
+                env[v] = value
+            continue
+        eqn = step
+        entry = RULES.get(eqn.primitive)
+        if entry is None:
+            raise UnsupportedPrimitive(
+                f"pallas-check does not support the primitive '{eqn.primitive.name}'"
+                " with refs as operands",
+                user_frames(eqn.source_info),
+            )
+        invals = [read_atom(env, v) for v in eqn.invars]
+        ctx.eqn = eqn
+        if entry.is_generator:
+            outs = yield from entry.fn(ctx, eqn, invals)
+        else:
+            outs = entry.fn(ctx, eqn, invals)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for v, value in zip(eqn.outvars, outs):
+            if not _is_dropvar(v):
+                env[v] = value
+    return [read_atom(env, v) for v in jaxpr.outvars]
+
+
+def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:
+    return KernelError(
+        f"JAX failed to evaluate '{eqn.primitive.name}': {type(exc).__name__}: {exc}",
+        user_frames(eqn.source_info),
+    )
+
+
+def eval_closed(ctx: Any, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> Gen:
+    return (yield from eval_jaxpr(ctx, closed.jaxpr, closed.consts, args))
+
+
+def run_to_end(gen: Gen) -> Any:
+    """Run a generator that must not block (e.g. an index map); return its value."""
+    try:
+        request = next(gen)
+    except StopIteration as stop:
+        return stop.value
+    raise KernelError(f"unexpected blocking operation ({request}) outside a kernel body")
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    return np.asarray(x)
+
+
+def flatten_values(values: Iterable[Any]) -> list[Any]:
+    return list(values)

@@ -1,0 +1,721 @@
+"""One pallas_call on a modelled TPU: buffers, the grid walk, the BlockSpec pipeline.
+
+The grid is walked in the TPU's order (row-major, last axis fastest). Input blocks are
+copied into VMEM when their block index changes, output blocks are written back when
+theirs is about to change or the grid ends — as the TPU pipeline does — with edge blocks
+padded by the uninitialized fill. Findings go to the `CallState`; nothing is printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core as jax_core
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas.mosaic import core as tpu_core
+from jax._src.state import discharge as state_discharge
+
+from pallas_check.config import Config, UninitFill
+from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine.evaluate import KernelError, eval_jaxpr
+from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
+from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
+from pallas_check.findings import (
+    Access,
+    Finding,
+    FindingKind,
+    IndexRange,
+    KernelInfo,
+    SourceFrame,
+    format_range,
+)
+from pallas_check.sourceinfo import parse_src_info, user_frames
+
+
+# ---------------------------------------------------------------------------------------
+# Static description of a call.
+
+
+def memory_space_name(space: Any, default: str = MemorySpace.VMEM) -> str:
+    if space is None:
+        return default
+    name = getattr(space, "name", str(space)).upper()
+    if name in ("ANY", "HBM", "GLOBAL"):
+        return MemorySpace.HBM
+    if name in ("SEMAPHORE", "SEMAPHORE_MEM"):
+        return MemorySpace.SEMAPHORE
+    if name in ("VMEM", "SMEM", "VMEM_SHARED"):
+        return name
+    return default
+
+
+def is_semaphore_aval(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    try:
+        return dtype is not None and jnp.issubdtype(dtype, pallas_core.semaphore_dtype)
+    except TypeError:
+        return False
+
+
+@dataclasses.dataclass
+class Operand:
+    """An input or output of the call: its HBM array and how blocks map onto it."""
+
+    name: str
+    position: int  # index among the kernel's parameters
+    is_output: bool
+    mapping: Any  # BlockMapping
+    hbm: Buffer
+    kernel_space: str
+    block_sizes: tuple[int, ...]  # one per array dim (squeezed dims are 1)
+    squeezed: tuple[bool, ...]
+    element: tuple[bool, ...]
+    block_indices: np.ndarray | None = None  # (num_steps, ndim)
+    vmem: Buffer | None = None
+
+    @property
+    def whole_array(self) -> bool:
+        return self.vmem is None
+
+    def block_window(self, block_index: Sequence[int]) -> list[tuple[int, int]]:
+        """(start, size) per array dim for a block index."""
+        return [(int(bi) if elem else int(bi) * size, size)
+                for bi, size, elem in zip(block_index, self.block_sizes, self.element)]
+
+
+def _program_axes(grid_mapping: Any) -> list[int]:
+    vmapped = set(grid_mapping.vmapped_dims)
+    return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]
+
+
+@functools.lru_cache(maxsize=512)
+def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
+    """All grid points' block indices in one vectorised, compiled call."""
+    jaxpr = index_map_jaxpr.jaxpr
+    consts = index_map_jaxpr.consts
+    if any(isinstance(v.aval, jax_core.AbstractValue) and hasattr(v.aval, "inner_aval")
+           for v in jaxpr.invars):
+        jaxpr, consts = state_discharge.discharge_state(jaxpr, consts)
+    n_out = len(index_map_jaxpr.jaxpr.outvars)
+
+    def one(*args):
+        return jax_core.eval_jaxpr(jaxpr, consts, *args)[:n_out]
+
+    in_axes = (0,) * num_grid + (None,) * num_scalars
+    return jax.jit(jax.vmap(one, in_axes=in_axes))
+
+
+# ---------------------------------------------------------------------------------------
+# Per-call state shared by the actors, and per-actor context.
+
+
+@dataclasses.dataclass
+class UninitRead:
+    buffer: str
+    memory_space: str
+    index_range: IndexRange
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    actor: str
+    count: int
+
+
+class CallState:
+    """Everything one simulation of one pallas_call owns; discarded when it ends."""
+
+    def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
+                 report: bool) -> None:
+        self.config = config
+        self.fill_mode = fill
+        self.kernel = kernel
+        self.call_index = call_index
+        self.report = report
+        self.findings: list[Finding] = []
+        self.uninit_reads: list[UninitRead] = []
+        self.sync = sync.SyncState()
+        self.semaphores: list[Buffer] = []
+        self.barrier: Buffer | None = None
+        self._fill_cache: dict[Any, Any] = {}
+
+    def fill(self, dtype: Any) -> Any:
+        value = self._fill_cache.get(dtype)
+        if value is None:
+            value = memory.fill_value(dtype, self.fill_mode)
+            self._fill_cache[dtype] = value
+        return value
+
+    def add(self, finding: Finding) -> None:
+        if self.report:
+            self.findings.append(finding)
+
+    # -- hooks called by the rules ----------------------------------------------------
+    def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
+                      mask: np.ndarray | None) -> None:
+        if mask is not None and not _masked_oob(region, mask):
+            return
+        buf = region.buffer
+        detail = ", ".join(f"index {o.index} in dimension {o.dim} of size {o.size}"
+                           for o in region.oob)
+        frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        self.add(Finding(
+            kind=FindingKind.OUT_OF_BOUNDS,
+            message=f"{operation} of {buf.name}{format_range(region.index_range())} is out of"
+                    f" bounds of {buf.name} (shape {list(buf.shape)}): {detail}",
+            kernel=self.kernel, call_index=self.call_index, grid_point=ctx.grid_point,
+            actor=ctx.actor, buffer=buf.name, memory_space=buf.space,
+            index_range=region.index_range(), frames=frames,
+            details={"operation": operation, "shape": list(buf.shape)},
+        ))
+
+    def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int) -> None:
+        frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        self.uninit_reads.append(UninitRead(
+            region.buffer.name, region.buffer.space, region.index_range(), frames,
+            ctx.grid_point, ctx.actor, count))
+
+    def on_write(self, ctx: "CoreContext", region: Region) -> None:
+        """Hook for checkers that watch writes (races, in a later version)."""
+
+    def on_dma_copy(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        """Hook for checkers that watch DMA copies."""
+
+    def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
+        """Hook for checkers that watch DMA waits."""
+
+    def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+        """Hook for checkers that watch semaphore signals."""
+
+    def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
+        """Hook for checkers that watch semaphore waits."""
+
+    def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM) -> Buffer:
+        space = memory_space_name(getattr(aval, "memory_space", None), default_space)
+        if is_semaphore_aval(aval) or space == MemorySpace.SEMAPHORE:
+            buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True)
+            self.semaphores.append(buf)
+            return buf
+        return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode)
+
+    def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str) -> RefView:
+        return RefView(self.allocate(aval, name))
+
+    def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
+        """Scoped allocations end here; semaphores among them are checked at kernel end."""
+
+    def barrier_semaphore(self, ctx: "CoreContext") -> RefView:
+        if self.barrier is None:
+            self.barrier = Buffer("barrier_semaphore", MemorySpace.SEMAPHORE,
+                                  np.zeros((), np.int64), True)
+            self.semaphores.append(self.barrier)
+        return RefView(self.barrier)
+
+
+def _masked_oob(region: Region, mask: np.ndarray) -> bool:
+    """Whether any element the mask selects lies outside the buffer."""
+    valid = np.ones((), bool)
+    shapes = []
+    for d, n in zip(region.dims, region.buffer.shape):
+        if isinstance(d, int):
+            continue
+        idx = d[0] + d[2] * np.arange(d[1])
+        shapes.append(((idx >= 0) & (idx < n)))
+    for axis, m in enumerate(shapes):
+        shape = [1] * len(shapes)
+        shape[axis] = m.shape[0]
+        valid = valid & m.reshape(shape)
+    scalar_oob = any(isinstance(d, int) and not (0 <= d < n)
+                     for d, n in zip(region.dims, region.buffer.shape))
+    mask = np.broadcast_to(mask, region.out_shape)
+    if scalar_oob:
+        return bool(mask.any())
+    return bool((mask & ~np.broadcast_to(valid, mask.shape)).any())
+
+
+class CoreContext:
+    """What the rules see of the actor running kernel code: one core of one device."""
+
+    def __init__(self, call: CallState, grid: tuple[int, ...], program_axes: list[int],
+                 device_id: int = 0, core_id: int = 0, num_devices: int = 1) -> None:
+        self.call = call
+        self.config = call.config
+        self.grid = grid
+        self.program_axes = program_axes
+        self.device_id = device_id
+        self.core_id = core_id
+        self.num_devices = num_devices
+        self.actor = f"device {device_id} core {core_id}" if num_devices > 1 else f"core {core_id}"
+        self.grid_point: tuple[int, ...] | None = None
+        self.eqn: Any = None
+
+    def fill(self, dtype: Any) -> Any:
+        return self.call.fill(dtype)
+
+    def program_id(self, axis: int) -> int:
+        assert self.grid_point is not None
+        return int(self.grid_point[self.program_axes[axis]])
+
+    def num_programs(self, axis: int) -> int:
+        return int(self.grid[self.program_axes[axis]])
+
+
+# ---------------------------------------------------------------------------------------
+# The call.
+
+
+@dataclasses.dataclass
+class CallResult:
+    outputs: list[np.ndarray]
+    findings: list[Finding]
+
+
+def kernel_info(params: dict) -> KernelInfo:
+    jaxpr = params["jaxpr"]
+    info = getattr(jaxpr, "debug_info", None)
+    name, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    if params.get("name"):
+        name = params["name"]
+    return KernelInfo(name=name, file=file, line=line)
+
+
+def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
+             call_index: int) -> CallResult:
+    """Simulate one pallas_call; return its outputs and the findings it produced."""
+    kernel = kernel_info(params)
+    main_fill = config.uninit.value
+    outputs, state, written = _simulate(params, operands, config, main_fill, kernel,
+                                        call_index, report=True)
+    findings = list(state.findings)
+    if state.uninit_reads and config.check_uninit_outputs and not config.skip_floats:
+        other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
+        other_outputs, _, _ = _simulate(params, operands, config, other_fill, kernel,
+                                        call_index, report=False)
+        findings.extend(_uninit_findings(params, state, outputs, other_outputs, written,
+                                         kernel, call_index))
+    return CallResult(outputs, findings)
+
+
+def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill: str,
+              kernel: KernelInfo, call_index: int, report: bool
+              ) -> tuple[list[np.ndarray], CallState, list[np.ndarray | None]]:
+    jaxpr: jax_core.Jaxpr = params["jaxpr"]
+    gm = params["grid_mapping"]
+    state = CallState(config, fill, kernel, call_index, report)
+    if gm.num_dynamic_grid_bounds:
+        raise KernelError("dynamic grid bounds are not supported")
+    grid = tuple(int(g) for g in gm.grid)
+    arg_names = _kernel_arg_names(jaxpr)
+
+    operands = [np.asarray(x) for x in operands]
+    scalars = operands[: gm.num_index_operands]
+    arrays = operands[gm.num_index_operands:]
+    n_in, n_out = gm.num_inputs, gm.num_outputs
+    aliases = dict(params.get("input_output_aliases") or ())  # input index -> output index
+    out_to_in = {o: i for i, o in aliases.items()}
+
+    invars = jaxpr.invars
+    scalar_vars = invars[: gm.num_index_operands]
+    block_vars = invars[gm.num_index_operands: gm.num_index_operands + n_in + n_out]
+    scratch_vars = invars[gm.num_index_operands + n_in + n_out:]
+
+    # Scalar prefetch lives in SMEM.
+    scalar_bufs = [
+        Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True)
+        for i, v in enumerate(scalars)
+    ]
+    kernel_args: list[Any] = [RefView(b) for b in scalar_bufs]
+
+    # HBM arrays for inputs and outputs.
+    hbm_inputs = [
+        Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM, np.array(a), True)
+        for i, a in enumerate(arrays[:n_in])
+    ]
+    hbm_outputs: list[Buffer] = []
+    out_avals = params["out_avals"]
+    for j in range(n_out):
+        name = arg_names[gm.num_index_operands + n_in + j]
+        if j in out_to_in:
+            buf = hbm_inputs[out_to_in[j]]
+            hbm_outputs.append(buf)
+        else:
+            aval = out_avals[j]
+            hbm_outputs.append(Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill))
+
+    operand_list: list[Operand] = []
+    for k, (var, bm) in enumerate(zip(block_vars, gm.block_mappings)):
+        is_output = k >= n_in
+        hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
+        name = arg_names[gm.num_index_operands + k]
+        space = memory_space_name(getattr(var.aval, "memory_space", None))
+        block_sizes, squeezed, element = [], [], []
+        for dim in bm.block_shape:
+            if isinstance(dim, pallas_core.Squeezed):
+                block_sizes.append(1), squeezed.append(True), element.append(False)
+            elif isinstance(dim, pallas_core.Blocked):
+                block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
+            elif isinstance(dim, pallas_core.Element):
+                if dim.padding != (0, 0):
+                    raise KernelError(f"pl.Element with padding is not supported ({name})")
+                block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+            else:
+                raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+        op = Operand(name, gm.num_index_operands + k, is_output, bm, hbm, space,
+                     tuple(block_sizes), tuple(squeezed), tuple(element))
+        if space == MemorySpace.HBM:
+            kernel_args.append(RefView(hbm))
+        else:
+            ref_shape = tuple(s for s, sq in zip(block_sizes, squeezed) if not sq)
+            op.vmem = Buffer.filled(name, space, ref_shape, hbm.data.dtype, fill)
+            kernel_args.append(RefView(op.vmem))
+        operand_list.append(op)
+
+    for var, name in zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:]):
+        kernel_args.append(RefView(state.allocate(var.aval, name)))
+
+    # Block indices for every grid point, computed in one compiled call per operand.
+    points = _grid_points(grid)
+    for op in operand_list:
+        if op.whole_array:
+            continue
+        op.block_indices = _block_indices(op.mapping, points, scalars)
+
+    program_axes = _program_axes(gm)
+    ctx = CoreContext(state, grid, program_axes)
+    actor = Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args, operand_list, points))
+    try:
+        Scheduler(seed=0).run([actor])
+    except Deadlock as deadlock:
+        state.add(_deadlock_finding(state, deadlock, ctx))
+    _finish_dmas(ctx)
+    _semaphore_findings(state, ctx)
+    written = []
+    for j, buf in enumerate(hbm_outputs):
+        if j in out_to_in:
+            written.append(None)
+            continue
+        written.append(buf.written.copy())
+        if not buf.fully_written:
+            _unwritten_finding(state, buf)
+    outputs = [np.array(buf.data) for buf in hbm_outputs]
+    return outputs, state, written
+
+
+def _kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
+    info = getattr(jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    out = []
+    for i in range(len(jaxpr.invars)):
+        name = names[i] if i < len(names) and names[i] else f"arg{i}"
+        out.append(name)
+    return out
+
+
+def _grid_points(grid: tuple[int, ...]) -> np.ndarray:
+    if not grid:
+        return np.zeros((1, 0), np.int32)
+    return np.indices(grid, dtype=np.int32).reshape(len(grid), -1).T.copy()
+
+
+def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np.ndarray:
+    num_grid = points.shape[1]
+    fn = _index_map_fn(bm.index_map_jaxpr, num_grid, len(scalars))
+    cols = [points[:, d] for d in range(num_grid)]
+    if num_grid == 0:
+        # vmap needs a mapped axis: evaluate once.
+        outs = jax_core.jaxpr_as_fun(
+            _discharged(bm.index_map_jaxpr))(*scalars)[: len(bm.index_map_jaxpr.jaxpr.outvars)]
+        return np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
+    outs = fn(*cols, *scalars)
+    return np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
+
+
+def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:
+    jaxpr, consts = state_discharge.discharge_state(closed.jaxpr, closed.consts)
+    return jax_core.ClosedJaxpr(jaxpr, consts)
+
+
+def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
+               operands: list[Operand], points: np.ndarray):
+    """The actor of one core: the grid walk with the block pipeline around each step."""
+    state = ctx.call
+    blocked = [op for op in operands if not op.whole_array]
+    inputs = [op for op in blocked if not op.is_output]
+    outputs = [op for op in blocked if op.is_output]
+    visited: dict[int, set[tuple[int, ...]]] = {id(op): set() for op in outputs}
+    num_steps = len(points)
+    for step in range(num_steps):
+        point = tuple(int(x) for x in points[step])
+        ctx.grid_point = point
+        ctx.eqn = None
+        for op in inputs:
+            idx = op.block_indices[step]  # type: ignore[index]
+            if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
+                _copy_in(ctx, op, tuple(int(i) for i in idx))
+        for op in outputs:
+            idx = op.block_indices[step]  # type: ignore[index]
+            key = tuple(int(i) for i in idx)
+            if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
+                if key in visited[id(op)]:
+                    _revisit_finding(ctx, op, key)
+                _check_block_bounds(ctx, op, key)
+                assert op.vmem is not None
+                op.vmem.data[...] = ctx.fill(op.vmem.data.dtype)
+                op.vmem.mark_written(Ellipsis, False)
+        yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
+        ctx.eqn = None
+        for op in outputs:
+            idx = op.block_indices[step]  # type: ignore[index]
+            last = step == num_steps - 1
+            if last or not np.array_equal(idx, op.block_indices[step + 1]):  # type: ignore[index]
+                key = tuple(int(i) for i in idx)
+                _copy_out(ctx, op, key)
+                visited[id(op)].add(key)
+
+
+def _block_slices(op: Operand, block_index: tuple[int, ...]
+                  ) -> tuple[tuple, tuple, bool]:
+    """Slices of the HBM array and of the VMEM block for the valid part of a block."""
+    hbm_index, vmem_index = [], []
+    empty = False
+    for (start, size), n, sq in zip(op.block_window(block_index), op.hbm.shape, op.squeezed):
+        lo, hi = max(start, 0), min(start + size, n)
+        if hi <= lo:
+            empty = True
+            lo = hi = 0
+        if sq:
+            hbm_index.append(lo)
+        else:
+            hbm_index.append(slice(lo, hi))
+            vmem_index.append(slice(lo - start, hi - start) if not empty else slice(0, 0))
+    return tuple(hbm_index), tuple(vmem_index), empty
+
+
+def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> bool:
+    bad = []
+    for d, ((start, size), n, elem) in enumerate(
+            zip(op.block_window(block_index), op.hbm.shape, op.element)):
+        if start < 0 or start >= n or (elem and start + size > n):
+            bad.append(d)
+    if not bad:
+        return True
+    window = op.block_window(block_index)
+    rng = tuple((s, s + z) for s, z in window)
+    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
+    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    frames = (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
+    ctx.call.add(Finding(
+        kind=FindingKind.OUT_OF_BOUNDS,
+        message=f"block index {block_index} of {op.name} selects {op.name}{format_range(rng)},"
+                f" outside the array of shape {list(op.hbm.shape)} (dimension"
+                f"{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})",
+        kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=ctx.grid_point,
+        actor=ctx.actor, buffer=op.name, memory_space=MemorySpace.HBM, index_range=rng,
+        frames=frames,
+        details={"operation": "block " + ("write-back" if op.is_output else "copy-in"),
+                 "block_index": list(block_index), "shape": list(op.hbm.shape)},
+    ))
+    return False
+
+
+def _code_line(file: str, line: int) -> str:
+    import linecache
+
+    return linecache.getline(file, line).strip() if line else ""
+
+
+def _copy_in(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
+    assert op.vmem is not None
+    _check_block_bounds(ctx, op, block_index)
+    vmem = op.vmem
+    hbm_index, vmem_index, empty = _block_slices(op, block_index)
+    vmem.data[...] = ctx.fill(vmem.data.dtype)
+    vmem.mark_written(Ellipsis, False)
+    if empty:
+        return
+    vmem.data[vmem_index] = op.hbm.data[hbm_index]
+    vmem.mark_written(vmem_index, op.hbm.written[hbm_index])
+
+
+def _copy_out(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
+    assert op.vmem is not None
+    hbm_index, vmem_index, empty = _block_slices(op, block_index)
+    if empty:
+        return
+    hbm = op.hbm
+    hbm.data[hbm_index] = op.vmem.data[vmem_index]
+    hbm.mark_written(hbm_index, op.vmem.written[vmem_index])
+
+
+def _revisit_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
+    window = op.block_window(block_index)
+    rng = tuple((s, s + z) for s, z in window)
+    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
+    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    frames = (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
+    ctx.call.add(Finding(
+        kind=FindingKind.OUTPUT_REVISITED,
+        message=f"output block {block_index} of {op.name} is visited again after other blocks"
+                f" at grid point {ctx.grid_point}; on a TPU its earlier contents are not"
+                f" read back, so the earlier write-back is overwritten",
+        kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=ctx.grid_point,
+        actor=ctx.actor, buffer=op.name, memory_space=MemorySpace.HBM, index_range=rng,
+        frames=frames, details={"block_index": list(block_index)},
+    ))
+
+
+def _finish_dmas(ctx: CoreContext) -> None:
+    """DMAs still in flight complete at kernel end; those never waited are findings."""
+    state = ctx.call
+    for dma in state.sync.dmas:
+        if not dma.copied:
+            sync.complete(ctx, dma)
+    for dma in state.sync.dmas:
+        if dma.waited_bytes < dma.nbytes:
+            state.add(Finding(
+                kind=FindingKind.DMA_NOT_WAITED,
+                message=f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
+                        f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())} was"
+                        f" started but never waited on (semaphore {sync.sem_name(dma.dst_sem)})",
+                kernel=state.kernel, call_index=state.call_index, grid_point=dma.grid_point,
+                actor=dma.actor, buffer=dma.dst.buffer.name, memory_space=dma.dst.buffer.space,
+                index_range=dma.dst.index_range(), frames=dma.frames,
+                details={"semaphore": sync.sem_name(dma.dst_sem), "bytes": dma.nbytes,
+                         "waited_bytes": dma.waited_bytes},
+            ))
+
+
+def _semaphore_findings(state: CallState, ctx: CoreContext) -> None:
+    unwaited: dict[tuple[int, tuple], int] = {}
+    for dma in state.sync.dmas:
+        key = (dma.dst_sem[0].id, dma.dst_sem[1])
+        unwaited[key] = unwaited.get(key, 0) + dma.nbytes - dma.waited_bytes
+    for buf in state.semaphores:
+        for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
+            idx = tuple(int(i) for i in idx)
+            count = int(buf.data[idx])
+            if count == 0:
+                continue
+            left = count - unwaited.get((buf.id, idx), 0)
+            if left == 0:
+                continue  # explained by a DMA never waited, reported as such
+            frames = state.sync.last_signal.get((buf.id, idx), ())
+            cell = sync.sem_name((buf, idx))
+            where = f", last signalled at {frames[0].file}:{frames[0].line}" if frames else ""
+            state.add(Finding(
+                kind=FindingKind.SEMAPHORE_LEAK,
+                message=f"semaphore {cell} ends the kernel with count {count}{where}",
+                kernel=state.kernel, call_index=state.call_index, grid_point=None,
+                actor=ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
+                index_range=tuple((i, i + 1) for i in idx) or None, frames=frames,
+                details={"count": count, "semaphore": cell},
+            ))
+
+
+def _bbox(mask: np.ndarray) -> IndexRange:
+    if mask.ndim == 0:
+        return ()
+    out = []
+    for axis in range(mask.ndim):
+        other = tuple(a for a in range(mask.ndim) if a != axis)
+        hit = np.nonzero(mask.any(axis=other) if other else mask)[0]
+        out.append((int(hit[0]), int(hit[-1]) + 1))
+    return tuple(out)
+
+
+def _unwritten_finding(state: CallState, buf: Buffer) -> None:
+    missing = ~buf.written
+    count = int(missing.sum())
+    total = int(missing.size)
+    rng = _bbox(missing)
+    state.add(Finding(
+        kind=FindingKind.UNWRITTEN_OUTPUT,
+        message=f"{count} of {total} elements of output {buf.name} are never written"
+                f" (within {buf.name}{format_range(rng)})",
+        kernel=state.kernel, call_index=state.call_index, grid_point=None, actor="",
+        buffer=buf.name, memory_space=MemorySpace.HBM, index_range=rng,
+        frames=(SourceFrame(state.kernel.file, state.kernel.line, state.kernel.name,
+                            _code_line(state.kernel.file, state.kernel.line)),)
+        if state.kernel.file else (),
+        details={"elements": count, "total": total},
+    ))
+
+
+def _uninit_findings(params: dict, state: CallState, outputs: list[np.ndarray],
+                     other: list[np.ndarray], written: list[np.ndarray | None],
+                     kernel: KernelInfo, call_index: int) -> list[Finding]:
+    """Outputs that change with the fill of never-written memory depend on it."""
+    findings = []
+    names = _kernel_arg_names(params["jaxpr"])
+    gm = params["grid_mapping"]
+    reads = _distinct_reads(state.uninit_reads)
+    for j, (a, b) in enumerate(zip(outputs, other)):
+        differ = _differs(a, b)
+        if written[j] is not None:
+            differ &= written[j]
+        if not differ.any():
+            continue
+        name = names[gm.num_index_operands + gm.num_inputs + j]
+        count = int(differ.sum())
+        rng = _bbox(differ)
+        first = reads[0]
+        accesses = tuple(
+            Access("read", r.actor, r.buffer, r.memory_space, r.index_range, r.frames,
+                   r.grid_point)
+            for r in reads[:8]
+        )
+        read_lines = ", ".join(
+            f"{r.buffer}{format_range(r.index_range)}"
+            + (f" at {r.frames[0].file}:{r.frames[0].line}" if r.frames else "")
+            for r in reads[:3])
+        findings.append(Finding(
+            kind=FindingKind.UNINITIALIZED,
+            message=f"{count} elements of output {name}{format_range(rng)} depend on memory that"
+                    f" was never written: read of {read_lines}",
+            kernel=kernel, call_index=call_index, grid_point=first.grid_point,
+            actor=first.actor, buffer=first.buffer, memory_space=first.memory_space,
+            index_range=first.index_range, frames=first.frames, accesses=accesses,
+            details={"output": name, "output_range": [list(r) for r in rng],
+                     "elements": count},
+        ))
+    return findings
+
+
+def _distinct_reads(reads: list[UninitRead]) -> list[UninitRead]:
+    seen: dict[tuple, UninitRead] = {}
+    for r in reads:
+        key = (r.buffer, r.frames[:1])
+        if key not in seen:
+            seen[key] = r
+    return list(seen.values())
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "fc" or "float" in a.dtype.name:
+        af, bf = a.astype(np.float64), b.astype(np.float64)
+        both_nan = np.isnan(af) & np.isnan(bf)
+        return ~((af == bf) | both_nan)
+    return a != b
+
+
+def _deadlock_finding(state: CallState, deadlock: Deadlock, ctx: CoreContext) -> Finding:
+    parts = []
+    accesses = []
+    for actor, wait in deadlock.blocked:
+        current = wait.current() if callable(wait.current) else wait.current
+        parts.append(f"{actor} waits in a {wait.what} for {wait.semaphore} to reach"
+                     f" {wait.wanted} (it is {current})")
+        accesses.append(Access("wait", actor, wait.semaphore, MemorySpace.SEMAPHORE, None,
+                               wait.frames, ctx.grid_point))
+    first = deadlock.blocked[0][1] if deadlock.blocked else None
+    return Finding(
+        kind=FindingKind.DEADLOCK,
+        message="deadlock: " + "; ".join(parts) + ", and nothing can signal it",
+        kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
+        actor=deadlock.blocked[0][0] if deadlock.blocked else "",
+        buffer=first.semaphore if first else "", memory_space=MemorySpace.SEMAPHORE,
+        frames=first.frames if first else (), accesses=tuple(accesses),
+    )

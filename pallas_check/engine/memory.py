@@ -1,0 +1,362 @@
+"""Simulated TPU memory: buffers with a shadow of written elements, and ref views onto them.
+
+A kernel's refs are `RefView`s: a buffer plus the ref transforms (indexers, bitcasts,
+reshapes) applied to it. Every access resolves a view to a `Region` of the buffer, which
+says which elements are touched (for bounds, the written-shadow and, later, races) and
+gives a fast numpy path for the common in-bounds, plain-indexing case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Sequence
+
+import numpy as np
+from jax._src.state import indexing as state_indexing
+from jax._src.state import types as state_types
+
+from pallas_check.findings import IndexRange
+
+_buffer_ids = itertools.count()
+
+
+class MemorySpace:
+    """Names of the memory spaces as shown to users."""
+
+    HBM = "HBM"
+    VMEM = "VMEM"
+    SMEM = "SMEM"
+    SEMAPHORE = "SEMAPHORE"
+    VMEM_SHARED = "VMEM_SHARED"
+
+
+def fill_value(dtype: np.dtype, fill: str) -> Any:
+    """The value never-written memory holds under a fill mode ('nan' or 'zero')."""
+    dtype = np.dtype(dtype)
+    if fill == "zero":
+        return np.zeros((), dtype)
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or "float" in dtype.name:
+        return np.array(np.nan, dtype=dtype)
+    if np.issubdtype(dtype, np.integer):
+        return np.array(np.iinfo(dtype).max, dtype=dtype)
+    if dtype == np.bool_:
+        return np.array(True)
+    return np.zeros((), dtype)
+
+
+class Buffer:
+    """One allocation: its values, which elements were ever written, and its user-facing name."""
+
+    __slots__ = ("id", "name", "space", "data", "written", "fully_written", "owner")
+
+    def __init__(
+        self,
+        name: str,
+        space: str,
+        data: np.ndarray,
+        written: bool | np.ndarray = False,
+        owner: str = "",
+    ) -> None:
+        self.id = next(_buffer_ids)
+        self.name = name
+        self.space = space
+        self.data = data
+        self.owner = owner
+        if isinstance(written, np.ndarray):
+            self.written = written
+            self.fully_written = bool(written.all())
+        else:
+            self.written = np.full(data.shape, bool(written))
+            self.fully_written = bool(written)
+
+    @classmethod
+    def filled(cls, name: str, space: str, shape: Sequence[int], dtype: Any, fill: str,
+               owner: str = "") -> "Buffer":
+        data = np.full(tuple(shape), fill_value(dtype, fill), dtype=dtype)
+        return cls(name, space, data, written=False, owner=owner)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
+        self.written[index] = value
+        if value is True:
+            if not self.fully_written and self.written.all():
+                self.fully_written = True
+        else:
+            self.fully_written = bool(self.written.all())
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name}, {self.space}, {self.data.dtype}{list(self.data.shape)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RefView:
+    """A kernel ref: a buffer seen through a chain of ref transforms."""
+
+    buffer: Buffer
+    transforms: tuple[Any, ...] = ()
+
+    def with_transforms(self, more: Sequence[Any]) -> "RefView":
+        if not more:
+            return self
+        return RefView(self.buffer, self.transforms + tuple(more))
+
+
+@dataclasses.dataclass
+class OutOfBounds:
+    """An index outside a ref's dimension, found while resolving an access."""
+
+    dim: int
+    index: str
+    size: int
+
+
+class Region:
+    """The elements of a buffer that one access touches.
+
+    `index` is a numpy index (slices and ints) into the buffer for the plain case; `post`
+    holds transforms (bitcast, reshape, gathers) that have to be applied after it.
+    When some index is out of bounds, `oob` lists where and `masked` holds per-dimension
+    index arrays with validity masks, so reads give the fill value there and writes drop.
+    """
+
+    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape")
+
+    def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds]):
+        self.buffer = buffer
+        self.dims = dims  # per base dim: int or (start, size, stride)
+        self.post = post
+        self.oob = oob
+        self.index = tuple(
+            d if isinstance(d, int) else slice(d[0], d[0] + d[1] * d[2], d[2]) if d[1] > 0
+            else slice(0, 0)
+            for d in dims
+        ) if not oob else None
+        self.out_shape = tuple(d[1] for d in dims if not isinstance(d, int))
+
+    # -- description -------------------------------------------------------------------
+    def index_range(self) -> IndexRange:
+        """Per base dimension [start, stop) covered (before any post transform)."""
+        out = []
+        for d in self.dims:
+            if isinstance(d, int):
+                out.append((d, d + 1))
+            else:
+                start, size, stride = d
+                if size <= 0:
+                    out.append((start, start))
+                elif stride >= 0:
+                    out.append((start, start + (size - 1) * stride + 1))
+                else:
+                    out.append((start + (size - 1) * stride, start + 1))
+        return tuple(out)
+
+    # -- masked (out-of-bounds) helpers -------------------------------------------------
+    def _masked_index(self) -> tuple[tuple, np.ndarray]:
+        arrays, masks = [], []
+        for d, n in zip(self.dims, self.buffer.shape):
+            if isinstance(d, int):
+                idx = np.array([d])
+            else:
+                idx = d[0] + d[2] * np.arange(d[1])
+            valid = (idx >= 0) & (idx < n)
+            arrays.append(np.clip(idx, 0, max(n - 1, 0)))
+            masks.append(valid)
+        mesh = np.ix_(*arrays)
+        mask = np.ones((), bool)
+        for axis, m in enumerate(masks):
+            shape = [1] * len(masks)
+            shape[axis] = m.shape[0]
+            mask = mask & m.reshape(shape)
+        return mesh, mask
+
+    def _squeeze_ints(self, arr: np.ndarray) -> np.ndarray:
+        axes = tuple(i for i, d in enumerate(self.dims) if isinstance(d, int))
+        return arr.reshape(tuple(s for i, s in enumerate(arr.shape) if i not in axes))
+
+    # -- reads and writes ---------------------------------------------------------------
+    def read_base(self, fill: Any) -> np.ndarray:
+        """Values of the region in buffer coordinates (copy), before post transforms."""
+        if self.index is not None:
+            return np.array(self.buffer.data[self.index])
+        mesh, mask = self._masked_index()
+        if mask.size and not mask.any():
+            vals = np.full(mask.shape, fill, dtype=self.buffer.data.dtype)
+        else:
+            vals = np.where(mask, self.buffer.data[mesh], fill).astype(self.buffer.data.dtype)
+        return self._squeeze_ints(vals)
+
+    def written_base(self) -> np.ndarray:
+        """The written-shadow of the region (out-of-bounds elements count as written)."""
+        if self.index is not None:
+            return self.buffer.written[self.index]
+        mesh, mask = self._masked_index()
+        return self._squeeze_ints(np.where(mask, self.buffer.written[mesh], True))
+
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray = True) -> None:
+        """Store values (already in buffer coordinates); out-of-bounds elements are dropped."""
+        buf = self.buffer
+        if self.index is not None:
+            buf.data[self.index] = value
+            buf.mark_written(self.index, written)
+            return
+        mesh, mask = self._masked_index()
+        full_shape = mask.shape
+        value = np.broadcast_to(np.asarray(value, dtype=buf.data.dtype), self.out_shape)
+        value = value.reshape(full_shape)
+        current = buf.data[mesh]
+        buf.data[mesh] = np.where(mask, value, current)
+        cur_written = buf.written[mesh]
+        new_written = np.broadcast_to(np.asarray(written), self.out_shape).reshape(full_shape)
+        buf.written[mesh] = np.where(mask, new_written, cur_written)
+        buf.fully_written = bool(buf.written.all())
+
+    def read(self, fill: Any) -> np.ndarray:
+        value = self.read_base(fill)
+        for transform in self.post:
+            value = _apply_post(transform, value)
+        return value
+
+    def read_written(self) -> np.ndarray:
+        """Written-shadow in the access's own coordinates (post transforms applied)."""
+        written = self.written_base()
+        dtype = self.buffer.data.dtype
+        for transform in self.post:
+            if isinstance(transform, state_types.BitcastTransform):
+                written = _bitcast_shadow(written, dtype, np.dtype(transform.dtype))
+                dtype = np.dtype(transform.dtype)
+            else:
+                written = _apply_post(transform, written)
+        return written
+
+    def write(self, value: np.ndarray, fill: Any) -> None:
+        if not self.post:
+            self.write_base(value)
+            return
+        # Slow path: recompute each stage, replace the innermost, then undo the chain.
+        stages = [self.read_base(fill)]
+        for transform in self.post:
+            stages.append(_apply_post(transform, stages[-1]))
+        new = np.asarray(value, dtype=stages[-1].dtype)
+        new = np.broadcast_to(new, stages[-1].shape)
+        for transform, before in zip(reversed(self.post), reversed(stages[:-1])):
+            new = _undo_post(transform, before, new)
+        self.write_base(new)
+
+
+# -- transforms after a non-indexing step ---------------------------------------------
+
+def _apply_post(transform: Any, value: np.ndarray) -> np.ndarray:
+    if isinstance(transform, state_indexing.NDIndexer):
+        return value[_numpy_index(transform)]
+    if isinstance(transform, state_types.ReshapeTransform):
+        return value.reshape(transform.shape)
+    if isinstance(transform, state_types.BitcastTransform):
+        return tpu_bitcast(value, np.dtype(transform.dtype))
+    if isinstance(transform, state_types.TransposeTransform):
+        return np.transpose(value, transform.permutation)
+    raise UnsupportedTransform(type(transform).__name__)
+
+
+def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray:
+    src_bits, dst_bits = src.itemsize * 8, np.dtype(dst).itemsize * 8
+    if src_bits == dst_bits:
+        return written
+    *lead, m, n = written.shape
+    if src_bits < dst_bits:
+        packing = dst_bits // src_bits
+        return written.reshape(*lead, m // packing, packing, n).all(axis=-2)
+    return np.repeat(written, src_bits // dst_bits, axis=-2)
+
+
+def _undo_post(transform: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    if isinstance(transform, state_indexing.NDIndexer):
+        out = np.array(before)
+        out[_numpy_index(transform)] = new
+        return out
+    if isinstance(transform, state_types.ReshapeTransform):
+        return new.reshape(before.shape)
+    if isinstance(transform, state_types.BitcastTransform):
+        return tpu_bitcast(new, before.dtype)
+    if isinstance(transform, state_types.TransposeTransform):
+        inverse = np.argsort(transform.permutation)
+        return np.transpose(new, inverse)
+    raise UnsupportedTransform(type(transform).__name__)
+
+
+def tpu_bitcast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Bitcast as the TPU does: packing changes the second-minor dimension."""
+    src_bits = value.dtype.itemsize * 8
+    dst_bits = np.dtype(dtype).itemsize * 8
+    if src_bits == dst_bits:
+        return value.view(dtype)
+    *lead, m, n = value.shape
+    if src_bits < dst_bits:
+        packing = dst_bits // src_bits
+        packed = value.reshape(*lead, m // packing, packing, n).swapaxes(-1, -2)
+        return np.ascontiguousarray(packed).view(dtype).reshape(*lead, m // packing, n)
+    packing = src_bits // dst_bits
+    unpacked = np.ascontiguousarray(value).view(dtype).reshape(*lead, m, n, packing)
+    return unpacked.swapaxes(-1, -2).reshape(*lead, m * packing, n)
+
+
+class UnsupportedTransform(Exception):
+    """A ref transform pallas-check does not model."""
+
+
+def _numpy_index(indexer: Any) -> tuple:
+    out = []
+    for idx in indexer.indices:
+        if isinstance(idx, state_indexing.Slice):
+            start, size, stride = int(idx.start), int(idx.size), int(idx.stride)
+            out.append(slice(start, start + size * stride, stride))
+        else:
+            out.append(np.asarray(idx))
+    return tuple(out)
+
+
+def _as_int(x: Any) -> int:
+    return int(np.asarray(x))
+
+
+def resolve(view: RefView) -> Region:
+    """Turn a ref view into the region of its buffer that an access touches."""
+    buffer = view.buffer
+    dims: list = [(0, n, 1) for n in buffer.shape]
+    post: list = []
+    oob: list[OutOfBounds] = []
+    for transform in view.transforms:
+        if post or not isinstance(transform, state_indexing.NDIndexer) or _has_array_index(
+            transform
+        ):
+            post.append(transform)
+            continue
+        live = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+        if len(transform.indices) != len(live):
+            raise UnsupportedTransform(
+                f"indexer of rank {len(transform.indices)} on a view of rank {len(live)}"
+            )
+        for base_dim, idx in zip(live, transform.indices):
+            start0, size0, stride0 = dims[base_dim]
+            if isinstance(idx, state_indexing.Slice):
+                start, size, stride = _as_int(idx.start), _as_int(idx.size), int(idx.stride)
+                if size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
+                    oob.append(OutOfBounds(base_dim, f"{start}:{start + size * stride}"
+                                           + (f":{stride}" if stride != 1 else ""), size0))
+                dims[base_dim] = (start0 + start * stride0, size, stride0 * stride)
+            else:
+                i = _as_int(idx)
+                if i < 0 or i >= size0:
+                    oob.append(OutOfBounds(base_dim, str(i), size0))
+                dims[base_dim] = start0 + i * stride0
+    return Region(buffer, dims, post, oob)
+
+
+def _has_array_index(indexer: Any) -> bool:
+    for idx in indexer.indices:
+        if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
+            return True
+    return False

@@ -1,0 +1,271 @@
+"""Rules for the memory, grid and control-flow primitives of a kernel jaxpr.
+
+Every memory access goes through `access_read` / `access_write`, the one place where
+bounds are checked and the written-shadow is consulted and updated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jax._src import core as jax_core
+from jax._src.lax import control_flow as lax_control_flow
+from jax._src.lax import lax as lax_internal
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.state import primitives as state_primitives
+from jax._src import pjit
+
+from pallas_check.engine import memory
+from pallas_check.engine.evaluate import (
+    KernelError,
+    eval_closed,
+    eval_jaxpr,
+    rule,
+)
+from pallas_check.engine.memory import RefView, Region
+
+
+# -- the one path for reads and writes ---------------------------------------------------
+
+def view_of(ref: Any, transforms: Any) -> RefView:
+    if not isinstance(ref, RefView):
+        raise KernelError(f"expected a ref, got {type(ref).__name__}")
+    return ref.with_transforms(tuple(transforms or ()))
+
+
+def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.ndarray:
+    """Read through a view: bounds-checked, uninitialized reads recorded."""
+    region = _resolve(ctx, view)
+    fill = ctx.fill(view.buffer.data.dtype)
+    if region.oob:
+        ctx.call.out_of_bounds(ctx, region, "load", mask)
+    value = region.read(fill)
+    if not view.buffer.fully_written:
+        written = region.read_written()
+        unwritten = ~written if mask is None else (~written & np.broadcast_to(mask, written.shape))
+        if unwritten.any():
+            ctx.call.uninitialized_read(ctx, region, int(unwritten.sum()))
+    return value
+
+
+def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = None) -> None:
+    region = _resolve(ctx, view)
+    if region.oob:
+        ctx.call.out_of_bounds(ctx, region, "store", mask)
+    value = np.asarray(value)
+    if mask is not None:
+        old = region.read(ctx.fill(view.buffer.data.dtype))
+        value = np.where(mask, value, old)
+        if not region.post and region.index is not None:
+            # Only the masked elements count as written.
+            written = region.buffer.written[region.index] | np.broadcast_to(mask, old.shape)
+            region.buffer.data[region.index] = value
+            region.buffer.mark_written(region.index, written)
+            ctx.call.on_write(ctx, region)
+            return
+    region.write(value, ctx.fill(view.buffer.data.dtype))
+    ctx.call.on_write(ctx, region)
+
+
+def _resolve(ctx: Any, view: RefView) -> Region:
+    try:
+        return memory.resolve(view)
+    except memory.UnsupportedTransform as exc:
+        from pallas_check.sourceinfo import user_frames
+
+        raise KernelError(f"unsupported ref transform: {exc}", user_frames(ctx.eqn.source_info))
+
+
+def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
+    dtype = getattr(aval, "dtype", None)
+    if dtype is not None and value.dtype != dtype:
+        value = value.astype(dtype)
+    return value
+
+
+# -- state primitives ----------------------------------------------------------------------
+
+@rule(state_primitives.get_p)
+def _get(ctx, eqn, invals):
+    ref, *flat = invals
+    view = view_of(ref, eqn.params["tree"].unflatten(flat))
+    return _cast(access_read(ctx, view), eqn.outvars[0].aval)
+
+
+@rule(state_primitives.swap_p)
+def _swap(ctx, eqn, invals):
+    ref, value, *flat = invals
+    view = view_of(ref, eqn.params["tree"].unflatten(flat))
+    old = _peek(ctx, view) if not _is_drop(eqn.outvars[0]) else None
+    access_write(ctx, view, value)
+    return old if old is not None else np.zeros(eqn.outvars[0].aval.shape,
+                                                eqn.outvars[0].aval.dtype)
+
+
+@rule(state_primitives.addupdate_p)
+def _addupdate(ctx, eqn, invals):
+    ref, value, *flat = invals
+    view = view_of(ref, eqn.params["tree"].unflatten(flat))
+    old = access_read(ctx, view)
+    access_write(ctx, view, old + np.asarray(value, dtype=old.dtype))
+    return []
+
+
+def _is_drop(v: Any) -> bool:
+    return isinstance(v, jax_core.DropVar)
+
+
+def _peek(ctx: Any, view: RefView) -> np.ndarray:
+    """The old value a swap returns (its uninitialized-ness does not matter unless used)."""
+    region = _resolve(ctx, view)
+    return region.read(ctx.fill(view.buffer.data.dtype))
+
+
+@rule(pallas_primitives.load_p)
+def _masked_load(ctx, eqn, invals):
+    ref, transforms, mask, other = eqn.params["args_tree"].unflatten(invals)
+    view = view_of(ref, transforms)
+    mask_np = None if mask is None else np.asarray(mask, dtype=bool)
+    value = access_read(ctx, view, mask_np)
+    if mask_np is not None:
+        alt = ctx.fill(value.dtype) if other is None else np.asarray(other, dtype=value.dtype)
+        value = np.where(mask_np, value, alt)
+    return _cast(value, eqn.outvars[0].aval)
+
+
+@rule(pallas_primitives.swap_p)
+def _masked_swap(ctx, eqn, invals):
+    ref, transforms, value, mask = eqn.params["args_tree"].unflatten(invals)
+    view = view_of(ref, transforms)
+    old = _peek(ctx, view)
+    mask_np = None if mask is None else np.asarray(mask, dtype=bool)
+    access_write(ctx, view, value, mask_np)
+    return old
+
+
+# -- grid ------------------------------------------------------------------------------------
+
+@rule(pallas_primitives.program_id_p)
+def _program_id(ctx, eqn, invals):
+    return np.int32(ctx.program_id(eqn.params["axis"]))
+
+
+@rule(pallas_primitives.num_programs_p)
+def _num_programs(ctx, eqn, invals):
+    return np.int32(ctx.num_programs(eqn.params["axis"]))
+
+
+# -- no-ops and hints --------------------------------------------------------------------------
+
+@rule(pallas_primitives.multiple_of_p)
+def _multiple_of(ctx, eqn, invals):
+    return invals[0]
+
+
+@rule(pallas_primitives.delay_p, mosaic_primitives.touch_p, mosaic_primitives.trace_value_p)
+def _no_op(ctx, eqn, invals):
+    return [] if eqn.primitive.multiple_results else None
+
+
+# -- control flow ------------------------------------------------------------------------------
+
+@rule(pjit.jit_p, generator=True)
+def _jit(ctx, eqn, invals):
+    return (yield from eval_closed(ctx, eqn.params["jaxpr"], invals))
+
+
+@rule(jax_core.closed_call_p, generator=True)
+def _closed_call(ctx, eqn, invals):
+    return (yield from eval_closed(ctx, eqn.params["call_jaxpr"], invals))
+
+
+@rule(lax_control_flow.cond_p, generator=True)
+def _cond(ctx, eqn, invals):
+    index, *ops = invals
+    branches = eqn.params["branches"]
+    i = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+    return (yield from eval_closed(ctx, branches[i], ops))
+
+
+@rule(lax_control_flow.while_p, generator=True)
+def _while(ctx, eqn, invals):
+    p = eqn.params
+    cond_consts = invals[: p["cond_nconsts"]]
+    body_consts = invals[p["cond_nconsts"]: p["cond_nconsts"] + p["body_nconsts"]]
+    carry = list(invals[p["cond_nconsts"] + p["body_nconsts"]:])
+    cond_jaxpr, body_jaxpr = p["cond_jaxpr"], p["body_jaxpr"]
+    while True:
+        (keep_going,) = yield from eval_closed(ctx, cond_jaxpr, [*cond_consts, *carry])
+        if not bool(np.asarray(keep_going)):
+            return carry
+        carry = list((yield from eval_closed(ctx, body_jaxpr, [*body_consts, *carry])))
+
+
+@rule(lax_control_flow.scan_p, generator=True)
+def _scan(ctx, eqn, invals):
+    p = eqn.params
+    num_consts, num_carry, length = p["num_consts"], p["num_carry"], p["length"]
+    consts = invals[:num_consts]
+    carry = list(invals[num_consts: num_consts + num_carry])
+    xs = [np.asarray(x) for x in invals[num_consts + num_carry:]]
+    ys_per_step: list[list[Any]] = []
+    order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    for i in order:
+        outs = yield from eval_closed(ctx, p["jaxpr"], [*consts, *carry, *[x[i] for x in xs]])
+        carry = list(outs[:num_carry])
+        ys_per_step.append(list(outs[num_carry:]))
+    if p["reverse"]:
+        ys_per_step.reverse()
+    y_avals = [v.aval for v in eqn.outvars[num_carry:]]
+    ys = []
+    for j, aval in enumerate(y_avals):
+        if length == 0:
+            ys.append(np.zeros(aval.shape, aval.dtype))
+        else:
+            ys.append(np.stack([np.asarray(step[j]) for step in ys_per_step]).astype(aval.dtype))
+    return [*carry, *ys]
+
+
+@rule(pallas_primitives.run_scoped_p, generator=True)
+def _run_scoped(ctx, eqn, invals):
+    body = eqn.params["jaxpr"]
+    names = _arg_names(body, len(body.invars), prefix="scoped")
+    refs = [ctx.call.allocate_scoped(ctx, var.aval, name) for var, name in zip(body.invars, names)]
+    try:
+        outs = yield from eval_jaxpr(ctx, body, invals, refs)
+    finally:
+        ctx.call.release_scoped(ctx, refs)
+    return outs
+
+
+def _arg_names(jaxpr: Any, n: int, prefix: str) -> list[str]:
+    info = getattr(jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    out = []
+    for i in range(n):
+        name = names[i] if i < len(names) and names[i] else f"{prefix}[{i}]"
+        out.append(name)
+    return out
+
+
+def _register_custom_calls() -> None:
+    """custom_jvp / custom_vjp calls inside a kernel evaluate their primal function."""
+    try:
+        from jax._src import custom_derivatives as cd
+    except ImportError:  # pragma: no cover - layout of this JAX version
+        return
+
+    def _custom(ctx, eqn, invals):
+        closed = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+        return (yield from eval_closed(ctx, closed, invals))
+
+    prims = [getattr(cd, n) for n in ("custom_jvp_call_p", "custom_vjp_call_p") if hasattr(cd, n)]
+    rule(*prims, generator=True)(_custom)
+
+
+_register_custom_calls()
+
+# Keep an explicit reference so linters see lax_internal is used for dtype helpers.
+_ = lax_internal

@@ -1,0 +1,280 @@
+"""Semaphores and DMAs as small state machines, and the rules of their primitives.
+
+DMA semaphores count bytes, as on a TPU: a DMA adds the bytes it moved to its
+destination semaphore and a wait takes the bytes of the waited ref off it. In `eager`
+mode a DMA copies when it starts; in `on_wait` mode it copies when a wait on its
+semaphore needs it (or, if never waited, when the kernel ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import numpy as np
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.state import types as state_types
+
+from pallas_check.config import DmaMode
+from pallas_check.engine import memory
+from pallas_check.engine.evaluate import KernelError, rule
+from pallas_check.engine.memory import RefView, Region
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """A scheduler request: the actor cannot go on until `ready()` holds."""
+
+    ready: Any
+    what: str
+    frames: tuple[SourceFrame, ...]
+    semaphore: str = ""
+    wanted: int = 0
+    current: Any = None
+
+
+@dataclasses.dataclass
+class Dma:
+    """One DMA from start to wait."""
+
+    id: int
+    src: Region
+    dst: Region
+    dst_sem: tuple[memory.Buffer, tuple]
+    src_sem: tuple[memory.Buffer, tuple] | None
+    nbytes: int
+    actor: str
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    copied: bool = False
+    waited_bytes: int = 0
+
+
+class SyncState:
+    """Semaphore counts live in their buffers; this tracks DMAs and who signalled what."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self.dmas: list[Dma] = []
+        self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
+
+    def start(self, dma: Dma) -> None:
+        self.dmas.append(dma)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma]:
+        buf, idx = sem
+        return [d for d in self.dmas
+                if not d.copied and d.dst_sem[0] is buf and d.dst_sem[1] == idx]
+
+
+def as_view(x: Any) -> RefView:
+    """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
+    if isinstance(x, state_types.TransformedRef):
+        base = as_view(x.ref)
+        return base.with_transforms(tuple(x.transforms))
+    if isinstance(x, RefView):
+        return x
+    raise KernelError(f"expected a ref, got {type(x).__name__}")
+
+
+def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
+    region = memory.resolve(view)
+    if region.oob or region.post or region.out_shape:
+        raise KernelError(
+            f"semaphore access {view.buffer.name}{_describe(region)} must pick one semaphore",
+            user_frames(ctx.eqn.source_info),
+        )
+    return view.buffer, region.index
+
+
+def _describe(region: Region) -> str:
+    from pallas_check.findings import format_range
+
+    return format_range(region.index_range())
+
+
+def sem_value(cell: tuple[memory.Buffer, tuple]) -> int:
+    buf, idx = cell
+    return int(buf.data[idx])
+
+
+def sem_add(cell: tuple[memory.Buffer, tuple], amount: int) -> None:
+    buf, idx = cell
+    buf.data[idx] = buf.data[idx] + amount
+
+
+def sem_name(cell: tuple[memory.Buffer, tuple]) -> str:
+    buf, idx = cell
+    if buf.data.ndim == 0:
+        return buf.name
+    return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
+
+
+def complete(ctx: Any, dma: Dma) -> None:
+    """Move a DMA's data (values and the written-shadow) and signal its semaphores."""
+    if dma.copied:
+        return
+    dma.copied = True
+    call = ctx.call
+    fill = ctx.fill(dma.src.buffer.data.dtype)
+    value = dma.src.read(fill)
+    written = dma.src.read_written()
+    target_dtype = dma.dst.buffer.data.dtype
+    if value.dtype != target_dtype:
+        value = value.astype(target_dtype)
+    if dma.dst.post:
+        dma.dst.write(value, ctx.fill(target_dtype))
+    else:
+        if dma.dst.oob:
+            dma.dst.write_base(value, written)
+        else:
+            dma.dst.write_base(value, written)
+    call.on_dma_copy(ctx, dma)
+    sem_add(dma.dst_sem, dma.nbytes)
+    if dma.src_sem is not None:
+        sem_add(dma.src_sem, dma.nbytes)
+
+
+# -- rules ----------------------------------------------------------------------------------
+
+
+def _dma_args(eqn: Any, invals: list) -> tuple:
+    return eqn.params["tree"].unflatten(invals)
+
+
+def _check_local(ctx: Any, device_id: Any) -> None:
+    if device_id is None:
+        return
+    ids = np.atleast_1d(np.asarray(device_id))
+    if ctx.num_devices == 1 and np.all(ids == 0):
+        return
+    raise KernelError(
+        "remote DMAs and signals (device_id=...) need several simulated devices;"
+        " pallas-check simulates one device per call in this version",
+        user_frames(ctx.eqn.source_info),
+    )
+
+
+@rule(mosaic_primitives.dma_start_p)
+def _dma_start(ctx, eqn, invals):
+    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
+    _check_local(ctx, device_id)
+    src_view, dst_view = as_view(src), as_view(dst)
+    src_region = memory.resolve(src_view)
+    dst_region = memory.resolve(dst_view)
+    frames = user_frames(eqn.source_info)
+    if src_region.oob:
+        ctx.call.out_of_bounds(ctx, src_region, "DMA source", None)
+    if dst_region.oob:
+        ctx.call.out_of_bounds(ctx, dst_region, "DMA destination", None)
+    src_shape = _shape_after(src_region)
+    dst_shape = _shape_after(dst_region)
+    if int(np.prod(src_shape)) != int(np.prod(dst_shape)):
+        raise KernelError(
+            f"DMA shapes differ: {src_view.buffer.name}{list(src_shape)} ->"
+            f" {dst_view.buffer.name}{list(dst_shape)}", frames)
+    nbytes = int(np.prod(dst_shape)) * dst_view.buffer.data.dtype.itemsize
+    dma = Dma(
+        id=ctx.call.sync.next_id(),
+        src=src_region,
+        dst=dst_region,
+        dst_sem=semaphore_cell(ctx, as_view(dst_sem)),
+        src_sem=semaphore_cell(ctx, as_view(src_sem)) if src_sem is not None else None,
+        nbytes=nbytes,
+        actor=ctx.actor,
+        frames=frames,
+        grid_point=ctx.grid_point,
+    )
+    ctx.call.sync.start(dma)
+    if ctx.config.dma_mode == DmaMode.EAGER:
+        complete(ctx, dma)
+    return []
+
+
+def _shape_after(region: Region) -> tuple[int, ...]:
+    if not region.post:
+        return region.out_shape
+    # Post transforms (reshape, bitcast) change the shape: evaluate on a dummy.
+    return np.shape(region.read(np.zeros((), region.buffer.data.dtype)))
+
+
+@rule(mosaic_primitives.dma_wait_p, generator=True)
+def _dma_wait(ctx, eqn, invals):
+    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
+    view = as_view(src)
+    region = memory.resolve(view)
+    nbytes = int(np.prod(_shape_after(region))) * view.buffer.data.dtype.itemsize
+    cell = semaphore_cell(ctx, as_view(dst_sem))
+    frames = user_frames(eqn.source_info)
+    sync = ctx.call.sync
+    if ctx.config.dma_mode == DmaMode.ON_WAIT:
+        for dma in sync.pending_on(cell):
+            if sem_value(cell) >= nbytes:
+                break
+            complete(ctx, dma)
+    if sem_value(cell) < nbytes:
+        yield Wait(lambda: sem_value(cell) >= nbytes, "DMA wait", frames,
+                   semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell))
+    sem_add(cell, -nbytes)
+    _account_wait(sync, cell, nbytes)
+    ctx.call.on_dma_wait(ctx, cell, frames)
+    return []
+
+
+def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
+    """Attribute waited bytes to the DMAs on this semaphore, oldest first."""
+    buf, idx = cell
+    for dma in sync.dmas:
+        if nbytes <= 0:
+            break
+        if dma.dst_sem[0] is buf and dma.dst_sem[1] == idx and dma.waited_bytes < dma.nbytes:
+            take = min(dma.nbytes - dma.waited_bytes, nbytes)
+            dma.waited_bytes += take
+            nbytes -= take
+
+
+@rule(pallas_primitives.semaphore_signal_p)
+def _semaphore_signal(ctx, eqn, invals):
+    sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
+    _check_local(ctx, device_id)
+    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    cell = semaphore_cell(ctx, view)
+    sem_add(cell, int(np.asarray(inc)))
+    ctx.call.sync.last_signal[(cell[0].id, cell[1])] = user_frames(eqn.source_info)
+    ctx.call.on_signal(ctx, cell)
+    return []
+
+
+@rule(pallas_primitives.semaphore_wait_p, generator=True)
+def _semaphore_wait(ctx, eqn, invals):
+    sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
+    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    cell = semaphore_cell(ctx, view)
+    wanted = int(np.asarray(value))
+    if sem_value(cell) < wanted:
+        yield Wait(lambda: sem_value(cell) >= wanted, "semaphore wait",
+                   user_frames(eqn.source_info), semaphore=sem_name(cell), wanted=wanted,
+                   current=lambda: sem_value(cell))
+    if decrement is None or bool(np.asarray(decrement)):
+        sem_add(cell, -wanted)
+    ctx.call.on_semaphore_wait(ctx, cell)
+    return []
+
+
+@rule(pallas_primitives.semaphore_read_p)
+def _semaphore_read(ctx, eqn, invals):
+    sem, transforms = eqn.params["args_tree"].unflatten(invals)
+    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    return np.int32(sem_value(semaphore_cell(ctx, view)))
+
+
+@rule(mosaic_primitives.get_barrier_semaphore_p)
+def _get_barrier_semaphore(ctx, eqn, invals):
+    return ctx.call.barrier_semaphore(ctx)

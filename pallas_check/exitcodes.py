@@ -1,0 +1,13 @@
+"""Exit codes of the `pallas-check` command, named once here and documented in README."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What a run of pallas-check ended with; CI and pre-commit hooks read these."""
+
+    CLEAN = 0  # the script ran and no finding was reported
+    FINDINGS = 1  # the script ran and at least one finding was reported
+    USAGE = 2  # bad command line or configuration
+    USER_ERROR = 3  # the user's script raised or exited non-zero
+    INTERNAL = 4  # pallas-check itself failed (or met a primitive it does not support)

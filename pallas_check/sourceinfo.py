@@ -1,0 +1,70 @@
+"""The user's source frames for a jaxpr equation, with JAX's and our own frames trimmed."""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+from typing import Any
+
+import jax
+
+from pallas_check.findings import SourceFrame
+
+_JAX_DIR = os.path.dirname(jax.__file__)
+_JAX_LIB_DIRS = tuple(
+    os.path.dirname(os.path.dirname(jax.__file__)) + os.sep + name + os.sep
+    for name in ("jax", "jaxlib", "numpy", "ml_dtypes")
+)
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_EXCLUDED_PREFIXES = _JAX_LIB_DIRS + (_OUR_DIR,)
+_EXCLUDED_PARTS = (os.sep + "contextlib.py", "<frozen ", os.sep + "runpy.py")
+
+
+def _is_user_file(path: str) -> bool:
+    if path.startswith(_EXCLUDED_PREFIXES):
+        return False
+    return not any(part in path for part in _EXCLUDED_PARTS)
+
+
+def _frame(file: str, line: int, function: str) -> SourceFrame:
+    code = linecache.getline(file, line).strip() if line > 0 else ""
+    return SourceFrame(file=file, line=line, function=function, code=code)
+
+
+@functools.lru_cache(maxsize=65536)
+def _user_frames_cached(traceback: Any, limit: int) -> tuple[SourceFrame, ...]:
+    frames: list[SourceFrame] = []
+    if traceback is None:
+        return ()
+    for tb_frame in traceback.frames:
+        path = tb_frame.file_name
+        if not _is_user_file(path):
+            continue
+        frames.append(_frame(path, tb_frame.line_num, tb_frame.function_name))
+        if len(frames) >= limit:
+            break
+    return tuple(frames)
+
+
+def user_frames(source_info: Any, limit: int = 4) -> tuple[SourceFrame, ...]:
+    """Innermost-first user frames of an equation's source_info (empty when unknown)."""
+    traceback = getattr(source_info, "traceback", None)
+    if traceback is None:
+        return ()
+    try:
+        return _user_frames_cached(traceback, limit)
+    except TypeError:  # unhashable traceback object in some JAX builds
+        return _user_frames_cached.__wrapped__(traceback, limit)
+
+
+def parse_src_info(func_src_info: str | None) -> tuple[str, str, int]:
+    """Split JAX's 'name at file:line' into (name, file, line)."""
+    if not func_src_info:
+        return ("kernel", "", 0)
+    name, _, where = func_src_info.partition(" at ")
+    file, _, line = where.rpartition(":")
+    try:
+        return (name, file, int(line))
+    except ValueError:
+        return (name, where, 0)
