@@ -35,7 +35,7 @@ DEFAULT_TPU = TpuGeneration.V5E
 class Config:
     """Options of one checking run; defaults match `pallas-check run` with no flags."""
 
-    dma_mode: DmaMode = DmaMode.EAGER
+    dma_mode: DmaMode = DmaMode.ON_WAIT
     uninit: UninitFill = UninitFill.NAN
     skip_floats: bool = False
     tpu: TpuGeneration = DEFAULT_TPU

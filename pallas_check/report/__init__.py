@@ -1,0 +1,29 @@
+"""Reporters: each renders a finished `RunReport` in one format (one module per format)."""
+
+from __future__ import annotations
+
+from typing import Protocol, TextIO
+
+from pallas_check.report.model import RunReport
+
+
+class Reporter(Protocol):
+    """The contract every output format implements."""
+
+    def render(self, report: RunReport, stream: TextIO) -> None: ...
+
+
+def reporter_for(fmt: str) -> Reporter:
+    """The reporter of a format name ('table', 'json')."""
+    if fmt == "table":
+        from pallas_check.report.table import TableReporter
+
+        return TableReporter()
+    if fmt == "json":
+        from pallas_check.report.json import JsonReporter
+
+        return JsonReporter()
+    raise ValueError(f"unknown report format {fmt!r}")
+
+
+__all__ = ["Reporter", "RunReport", "reporter_for"]

@@ -1,0 +1,43 @@
+"""JSON report with a versioned schema (documented in README.md, "JSON report")."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, TextIO
+
+from pallas_check import __version__
+from pallas_check.report.model import RunReport
+
+SCHEMA = "pallas-check/report"
+SCHEMA_VERSION = 1
+
+
+def report_dict(report: RunReport) -> dict[str, Any]:
+    """The report as JSON-ready data; stable key order, no timestamps (reproducible)."""
+    by_kind = Counter(f.kind.value for f in report.findings)
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "pallas-check", "version": __version__},
+        "script": report.script,
+        "config": report.config,
+        "exit_code": report.exit_code,
+        "partial": report.partial,
+        "user_error": report.user_error,
+        "user_traceback": report.user_traceback,
+        "internal_error": report.internal_error,
+        "calls": [
+            {"index": c.index, "kernel": c.kernel, "file": c.file, "line": c.line,
+             "grid": list(c.grid), "findings": c.findings}
+            for c in report.calls
+        ],
+        "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items()))},
+        "findings": [f.to_dict() for f in report.findings],
+    }
+
+
+class JsonReporter:
+    def render(self, report: RunReport, stream: TextIO) -> None:
+        json.dump(report_dict(report), stream, indent=2, default=str)
+        stream.write("\n")

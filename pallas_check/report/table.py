@@ -1,0 +1,109 @@
+"""Rich tables for a terminal: one table per finding kind, with the user's source line."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
+from pallas_check.report.model import RunReport
+
+_TITLES = {
+    FindingKind.OUT_OF_BOUNDS: "Out-of-bounds accesses",
+    FindingKind.UNINITIALIZED: "Uninitialized memory reaching outputs",
+    FindingKind.UNWRITTEN_OUTPUT: "Output elements never written",
+    FindingKind.OUTPUT_REVISITED: "Output blocks revisited",
+    FindingKind.SEMAPHORE_LEAK: "Semaphore leaks",
+    FindingKind.DMA_NOT_WAITED: "DMAs never waited",
+    FindingKind.RACE: "Data races",
+    FindingKind.DEADLOCK: "Deadlocks",
+}
+
+
+def _where(frame: SourceFrame | None) -> Text:
+    if frame is None:
+        return Text("?")
+    path = frame.file
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:
+        pass
+    text = Text(f"{path}:{frame.line}", style="cyan")
+    if frame.code:
+        text.append("\n" + frame.code, style="bold")
+    return text
+
+
+def _row(index: int, f: Finding) -> list[Text | str]:
+    buffer = f.buffer + format_range(f.index_range)
+    if f.memory_space:
+        buffer += f" ({f.memory_space})"
+    grid = "" if f.grid_point is None else str(tuple(f.grid_point))
+    count = f"×{f.count}" if f.count > 1 else ""
+    return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
+            _where(f.location), Text(f.message), count]
+
+
+class TableReporter:
+    def render(self, report: RunReport, stream: TextIO) -> None:
+        console = Console(file=stream, width=max(100, _width(stream)), highlight=False,
+                          soft_wrap=False)
+        groups: dict[FindingKind, list[Finding]] = defaultdict(list)
+        for f in report.findings:
+            groups[f.kind].append(f)
+        n = 0
+        for kind in FindingKind:
+            items = groups.get(kind)
+            if not items:
+                continue
+            table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
+                          show_lines=True, expand=True)
+            for col, ratio in (("#", 0), ("kernel", 1), ("buffer", 2), ("grid point", 1),
+                               ("where", 3), ("what", 4), ("count", 0)):
+                table.add_column(col, ratio=ratio or None, overflow="fold")
+            for f in items:
+                n += 1
+                table.add_row(*_row(n, f))
+            console.print(table)
+            for f in items:
+                if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
+                                           FindingKind.DEADLOCK):
+                    _print_accesses(console, f)
+        if report.user_error:
+            console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
+            if report.user_traceback:
+                console.print(Text(report.user_traceback.rstrip()))
+        if report.internal_error:
+            console.print(Text("pallas-check error: ", style="bold red")
+                          + Text(report.internal_error))
+        calls = len(report.calls)
+        summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
+                   f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+        if report.partial:
+            summary += " (partial: the run did not finish)"
+        style = "bold green" if not report.findings else "bold red"
+        console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style))
+
+
+def _print_accesses(console: Console, f: Finding) -> None:
+    console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
+    for a in f.accesses:
+        where = a.frames[0] if a.frames else None
+        loc = f"{where.file}:{where.line}  {where.code}" if where else "?"
+        grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
+        console.print(f"    {a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
+                      f"{grid}: {loc}", highlight=False, markup=False)
+
+
+def _width(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, AttributeError, ValueError):
+        return 140
