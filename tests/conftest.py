@@ -1,0 +1,91 @@
+"""Shared fixtures: run code under interception, run samples through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+from pallas_check.cli import app
+from pallas_check.config import Config
+from pallas_check.findings import Finding
+from pallas_check.session import Session
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+
+
+class Checked:
+    """Result of running a function under pallas-check: its value and the findings."""
+
+    def __init__(self, value: Any, session: Session) -> None:
+        self.value = value
+        self.session = session
+        self.findings: list[Finding] = session.findings
+
+    def kinds(self) -> list[str]:
+        return [f.kind.value for f in self.findings]
+
+
+@pytest.fixture
+def check() -> Callable[..., Checked]:
+    """`check(fn, *args, config=Config(...))` runs fn with every pallas_call intercepted."""
+
+    def run(fn: Callable[..., Any], *args: Any, config: Config | None = None,
+            **kwargs: Any) -> Checked:
+        session = Session(config or Config())
+        with session.install():
+            value = jax.block_until_ready(fn(*args, **kwargs))
+        return Checked(value, session)
+
+    return run
+
+
+class CliResult:
+    def __init__(self, exit_code: int, report: dict | None, output: str, stderr: str) -> None:
+        self.exit_code = exit_code
+        self.report = report
+        self.output = output
+        self.stderr = stderr
+
+    @property
+    def findings(self) -> list[dict]:
+        return self.report["findings"] if self.report else []
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., CliResult]:
+    """`cli("run", "samples/x.py", "--dma", "eager")` through typer's CliRunner, JSON report."""
+
+    def invoke(*args: str, json_report: bool = True) -> CliResult:
+        argv = list(args)
+        out_file = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
+        if json_report and argv and argv[0] == "run":
+            argv[1:1] = ["--format", "json", "--output", str(out_file)]
+        runner = CliRunner()
+        result = runner.invoke(app, argv, catch_exceptions=False)
+        report = json.loads(out_file.read_text()) if out_file.exists() else None
+        stderr = result.stderr if hasattr(result, "stderr") else ""
+        return CliResult(result.exit_code, report, result.output, stderr)
+
+    return invoke
+
+
+@pytest.fixture
+def sample() -> Callable[[str], str]:
+    """Absolute path of a file in samples/."""
+
+    def path(name: str) -> str:
+        full = SAMPLES / name
+        assert full.exists(), full
+        return str(full)
+
+    return path
+
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
