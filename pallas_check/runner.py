@@ -32,10 +32,9 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
                    output: Path | None) -> ExitCode:
     from pallas_check.execfile import run_script
     from pallas_check.session import Session
-    from pallas_check.tpu_info import simulated_tpu
 
     session = Session(config)
-    with session.install(), simulated_tpu(config.tpu):
+    with session.install():
         outcome = run_script(script, args)
     findings = session.findings
     engine_failed = session.engine_error is not None

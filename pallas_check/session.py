@@ -7,11 +7,12 @@ error the engine raised (so the runner can tell our failure from the user's).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
 import time
-from typing import Any, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -81,8 +82,12 @@ class Session:
     def findings(self) -> list[Finding]:
         return self.store.all()
 
-    def install(self) -> Any:
-        """Context manager: intercept pallas_calls into this session."""
+    @contextlib.contextmanager
+    def install(self) -> Iterator[None]:
+        """Intercept pallas_calls into this session, with the simulated TPU answering
+        kernels that ask which chip they run on."""
         from pallas_check.intercept import intercepted
+        from pallas_check.tpu_info import simulated_tpu
 
-        return intercepted(self.handle_call)
+        with intercepted(self.handle_call), simulated_tpu(self.config.tpu):
+            yield
