@@ -124,11 +124,31 @@ def program_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
     return program
 
 
+def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:
+    from jax._src.interpreters import mlir
+
+    return (primitive in mlir._lowerings
+            or primitive in mlir._platform_specific_lowerings.get("cpu", {}))
+
+
+def _check_lowerable(eqn: jax_core.JaxprEqn) -> None:
+    """A pure equation JAX cannot run on a CPU is unsupported: say which and where."""
+    if not _has_cpu_lowering(eqn.primitive):
+        raise UnsupportedPrimitive(
+            f"pallas-check does not support the primitive '{eqn.primitive.name}'",
+            user_frames(eqn.source_info),
+        )
+    for sub in jax_core.jaxprs_in_params(eqn.params):
+        for inner in sub.eqns:
+            _check_lowerable(inner)
+
+
 def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
     steps: list[Segment | jax_core.JaxprEqn] = []
     current: list[jax_core.JaxprEqn] = []
     for eqn in jaxpr.eqns:
         if _eqn_is_pure(eqn):
+            _check_lowerable(eqn)
             current.append(eqn)
             continue
         if current:

@@ -96,15 +96,11 @@ def _program_axes(grid_mapping: Any) -> list[int]:
 @functools.lru_cache(maxsize=512)
 def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
     """All grid points' block indices in one vectorised, compiled call."""
-    jaxpr = index_map_jaxpr.jaxpr
-    consts = index_map_jaxpr.consts
-    if any(isinstance(v.aval, jax_core.AbstractValue) and hasattr(v.aval, "inner_aval")
-           for v in jaxpr.invars):
-        jaxpr, consts = state_discharge.discharge_state(jaxpr, consts)
+    closed = _discharged(index_map_jaxpr)
     n_out = len(index_map_jaxpr.jaxpr.outvars)
 
     def one(*args):
-        return jax_core.eval_jaxpr(jaxpr, consts, *args)[:n_out]
+        return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
 
     in_axes = (0,) * num_grid + (None,) * num_scalars
     return jax.jit(jax.vmap(one, in_axes=in_axes))
@@ -251,6 +247,8 @@ class CoreContext:
         self.actor = f"device {device_id} core {core_id}" if num_devices > 1 else f"core {core_id}"
         self.grid_point: tuple[int, ...] | None = None
         self.eqn: Any = None
+        # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
+        self.rng = np.random.default_rng([device_id, core_id])
 
     def fill(self, dtype: Any) -> Any:
         return self.call.fill(dtype)
@@ -434,8 +432,10 @@ def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np
 
 
 def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:
-    jaxpr, consts = state_discharge.discharge_state(closed.jaxpr, closed.consts)
-    return jax_core.ClosedJaxpr(jaxpr, consts)
+    """The index map with scalar-prefetch refs turned into plain array arguments."""
+    if not any(hasattr(v.aval, "inner_aval") for v in closed.jaxpr.invars):
+        return closed
+    return state_discharge.discharge_state(closed)
 
 
 def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],

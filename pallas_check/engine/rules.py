@@ -269,3 +269,19 @@ _register_custom_calls()
 
 # Keep an explicit reference so linters see lax_internal is used for dtype helpers.
 _ = lax_internal
+
+
+# -- the TPU's stateful PRNG ---------------------------------------------------------------
+
+@rule(mosaic_primitives.prng_seed_p)
+def _prng_seed(ctx, eqn, invals):
+    seeds = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in invals]
+    ctx.rng = np.random.default_rng(seeds or [0])
+    return []
+
+
+@rule(mosaic_primitives.prng_random_bits_p)
+def _prng_random_bits(ctx, eqn, invals):
+    shape = tuple(eqn.params["shape"])
+    bits = ctx.rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+    return bits.view(np.int32)
