@@ -168,10 +168,14 @@ class CallState:
             details={"operation": operation, "shape": list(buf.shape)},
         ))
 
-    def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int) -> None:
+    def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
+                           unwritten: np.ndarray | None = None) -> None:
+        """A read touched never-written elements (`unwritten`: which, in the access's shape);
+        the recorded range is theirs, not the whole access's."""
         frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
         self.uninit_reads.append(UninitRead(
-            region.buffer.name, region.buffer.space, region.index_range(), frames,
+            region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
 
     def on_write(self, ctx: "CoreContext", region: Region) -> None:
@@ -708,14 +712,24 @@ def _deadlock_finding(state: CallState, deadlock: Deadlock, ctx: CoreContext) ->
         current = wait.current() if callable(wait.current) else wait.current
         parts.append(f"{actor} waits in a {wait.what} for {wait.semaphore} to reach"
                      f" {wait.wanted} (it is {current})")
-        accesses.append(Access("wait", actor, wait.semaphore, MemorySpace.SEMAPHORE, None,
+        buffer, rng = _wait_target(wait)
+        accesses.append(Access("wait", actor, buffer, MemorySpace.SEMAPHORE, rng,
                                wait.frames, ctx.grid_point))
     first = deadlock.blocked[0][1] if deadlock.blocked else None
+    buffer, rng = _wait_target(first) if first else ("", None)
     return Finding(
         kind=FindingKind.DEADLOCK,
         message="deadlock: " + "; ".join(parts) + ", and nothing can signal it",
         kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
         actor=deadlock.blocked[0][0] if deadlock.blocked else "",
-        buffer=first.semaphore if first else "", memory_space=MemorySpace.SEMAPHORE,
+        buffer=buffer, memory_space=MemorySpace.SEMAPHORE, index_range=rng,
         frames=first.frames if first else (), accesses=tuple(accesses),
     )
+
+
+def _wait_target(wait: Any) -> tuple[str, IndexRange | None]:
+    """The semaphore buffer a wait is on (the kernel's own name) and its index in it."""
+    if getattr(wait, "cell", None) is None:
+        return wait.semaphore, None
+    buf, idx = wait.cell
+    return buf.name, tuple((int(i), int(i) + 1) for i in idx) or None

@@ -154,6 +154,26 @@ class Region:
                     out.append((start + (size - 1) * stride, start + 1))
         return tuple(out)
 
+    def selected_range(self, selected: np.ndarray) -> IndexRange:
+        """Per base dimension [start, stop) of the elements `selected` (a boolean array in
+        the access's own shape) picks; the whole `index_range()` when post transforms
+        make the access's coordinates differ from the buffer's, or nothing is selected."""
+        selected = np.asarray(selected, bool)
+        if self.post or selected.shape != self.out_shape or not selected.any():
+            return self.index_range()
+        out, axis = [], 0
+        for d in self.dims:
+            if isinstance(d, int):
+                out.append((d, d + 1))
+                continue
+            start, _, stride = d
+            others = tuple(a for a in range(selected.ndim) if a != axis)
+            hit = np.nonzero(selected.any(axis=others) if others else selected)[0]
+            lo, hi = start + int(hit[0]) * stride, start + int(hit[-1]) * stride
+            out.append((lo, hi + 1) if stride >= 0 else (hi, lo + 1))
+            axis += 1
+        return tuple(out)
+
     # -- masked (out-of-bounds) helpers -------------------------------------------------
     def _masked_index(self) -> tuple[tuple, np.ndarray]:
         arrays, masks = [], []

@@ -46,7 +46,7 @@ def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.n
         written = region.read_written()
         unwritten = ~written if mask is None else (~written & np.broadcast_to(mask, written.shape))
         if unwritten.any():
-            ctx.call.uninitialized_read(ctx, region, int(unwritten.sum()))
+            ctx.call.uninitialized_read(ctx, region, int(unwritten.sum()), unwritten)
     return value
 
 

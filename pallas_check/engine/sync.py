@@ -35,6 +35,7 @@ class Wait:
     semaphore: str = ""
     wanted: int = 0
     current: Any = None
+    cell: Any = None  # the (buffer, index) waited on, for findings to name buffer and index
 
 
 @dataclasses.dataclass
@@ -221,7 +222,8 @@ def _dma_wait(ctx, eqn, invals):
             complete(ctx, dma)
     if sem_value(cell) < nbytes:
         yield Wait(lambda: sem_value(cell) >= nbytes, "DMA wait", frames,
-                   semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell))
+                   semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell),
+                   cell=cell)
     sem_add(cell, -nbytes)
     _account_wait(sync, cell, nbytes)
     ctx.call.on_dma_wait(ctx, cell, frames)
@@ -261,7 +263,7 @@ def _semaphore_wait(ctx, eqn, invals):
     if sem_value(cell) < wanted:
         yield Wait(lambda: sem_value(cell) >= wanted, "semaphore wait",
                    user_frames(eqn.source_info), semaphore=sem_name(cell), wanted=wanted,
-                   current=lambda: sem_value(cell))
+                   current=lambda: sem_value(cell), cell=cell)
     if decrement is None or bool(np.asarray(decrement)):
         sem_add(cell, -wanted)
     ctx.call.on_semaphore_wait(ctx, cell)
