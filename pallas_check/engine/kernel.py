@@ -136,6 +136,7 @@ class CallState:
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
+        self.deadlocked = False
         self._fill_cache: dict[Any, Any] = {}
 
     def fill(self, dtype: Any) -> Any:
@@ -292,7 +293,8 @@ def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
     outputs, state, written = _simulate(params, operands, config, main_fill, kernel,
                                         call_index, report=True)
     findings = list(state.findings)
-    if state.uninit_reads and config.check_uninit_outputs and not config.skip_floats:
+    if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
+            and not state.deadlocked):
         other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
         other_outputs, _, _ = _simulate(params, operands, config, other_fill, kernel,
                                         call_index, report=False)
@@ -392,15 +394,19 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
         Scheduler(seed=0).run([actor])
     except Deadlock as deadlock:
         state.add(_deadlock_finding(state, deadlock, ctx))
-    _finish_dmas(ctx)
-    _semaphore_findings(state, ctx)
+        state.deadlocked = True
+    # After a deadlock the kernel never finished: leaks and unwritten outputs would be
+    # consequences of the hang, not defects of their own.
+    _finish_dmas(ctx, report=not state.deadlocked)
+    if not state.deadlocked:
+        _semaphore_findings(state, ctx)
     written = []
     for j, buf in enumerate(hbm_outputs):
         if j in out_to_in:
             written.append(None)
             continue
         written.append(buf.written.copy())
-        if not buf.fully_written:
+        if not buf.fully_written and not state.deadlocked:
             _unwritten_finding(state, buf)
     outputs = [np.array(buf.data) for buf in hbm_outputs]
     return outputs, state, written
@@ -571,13 +577,13 @@ def _revisit_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]
     ))
 
 
-def _finish_dmas(ctx: CoreContext) -> None:
+def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
     """DMAs still in flight complete at kernel end; those never waited are findings."""
     state = ctx.call
     for dma in state.sync.dmas:
         if not dma.copied:
             sync.complete(ctx, dma)
-    for dma in state.sync.dmas:
+    for dma in state.sync.dmas if report else ():
         if dma.waited_bytes < dma.nbytes:
             state.add(Finding(
                 kind=FindingKind.DMA_NOT_WAITED,
