@@ -76,6 +76,11 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise a CI artifact step
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -83,7 +88,9 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+# Options may follow SCRIPT (`run k.py --dma eager`); the script's own arguments go after
+# `--` (`run k.py --dma eager -- --its-flag 3`), so a typo in our options is exit 2.
+@app.command(context_settings={"allow_interspersed_args": True})
 def run(
     script: Path = typer.Argument(..., help="The Python script to run (as __main__)."),
     script_args: Optional[List[str]] = typer.Argument(
@@ -113,7 +120,17 @@ def run(
                     devices=devices)
     from pallas_check.runner import run_and_report
 
-    code = run_and_report(str(script), list(script_args or []), config, fmt, output)
+    args = list(script_args or [])
+    if args[:1] == ["--"]:  # `run script.py -- a b`: the `--` is ours, not the script's
+        args = args[1:]
+    try:
+        code = run_and_report(str(script), args, config, fmt, output)
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # our bug outside the script: one line, not a traceback
+        if os.environ.get("PALLAS_CHECK_DEBUG"):
+            raise
+        raise fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL)
     raise typer.Exit(int(code))
 
 

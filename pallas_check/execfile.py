@@ -30,9 +30,14 @@ class ScriptOutcome:
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def _is_runpy(filename: str) -> bool:
+    """runpy's frames: `.../runpy.py`, or `<frozen runpy>` on Python 3.11+."""
+    return filename == "<frozen runpy>" or os.path.basename(filename) == "runpy.py"
+
+
 def _user_traceback(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(_OUR_DIR) and "runpy.py" not in f.filename]
+              if not f.filename.startswith(_OUR_DIR) and not _is_runpy(f.filename)]
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import logging
+import os
+import re
 import sys
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode
@@ -34,10 +39,13 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
     from pallas_check.session import Session
 
     session = Session(config)
-    with session.install():
+    with _callback_failures() as ours, session.install():
         outcome = run_script(script, args)
     findings = session.findings
-    engine_failed = session.engine_error is not None
+    engine_error = session.engine_error or (ours[0] if ours else None)
+    if engine_error is not None:
+        engine_error = one_line(engine_error)
+    engine_failed = engine_error is not None
     user_failed = not outcome.ok and not engine_failed
     code = exit_code_for(len(findings), user_failed, engine_failed)
     report = RunReport(
@@ -48,11 +56,16 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
         exit_code=int(code),
         user_error=outcome.error if user_failed else None,
         user_traceback=outcome.traceback if user_failed else None,
-        internal_error=session.engine_error,
+        internal_error=engine_error,
         partial=outcome.interrupted,
     )
     buffer = io.StringIO()
     reporter_for(fmt).render(report, buffer)
+    if user_failed and (fmt != "table" or output is not None):
+        # The table on stdout shows the script's failure; otherwise it goes where Python
+        # would have put it, so that `--format json` or `--output` does not hide it.
+        sys.stderr.write(outcome.traceback
+                         or f"pallas-check: the script failed: {outcome.error}\n")
     if output is not None:
         from pallas_check.cli import write_atomically
 
@@ -66,5 +79,71 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
         sys.stdout.write(buffer.getvalue())
         sys.stdout.flush()
     if engine_failed:
-        print(f"pallas-check: error: {session.engine_error}", file=sys.stderr)
+        print(f"pallas-check: error: {engine_error}", file=sys.stderr)
     return code
+
+
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def one_line(message: str) -> str:
+    """An error message as one line, without object addresses (reports are reproducible)."""
+    return " ".join(_ADDRESS.sub("", message).split())
+
+
+def _raised_by_us(exc: BaseException) -> bool:
+    """Whether pallas-check's own code raised `exc` (directly or as a cause)."""
+    from pallas_check.session import EngineFailure
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, EngineFailure):
+            return True
+        tb = current.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.startswith(_OUR_DIR):
+                return True
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _OurCallbackFailures(logging.Filter):
+    """Drops JAX's "jax.io_callback failed" traceback when the failure is pallas-check's.
+
+    The session already holds an `EngineFailure`'s one-line message; any other exception
+    raised in our handler is our bug, kept here so that the run still ends with exit 4.
+    A failure of the user's own callbacks is logged by JAX as usual.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not _raised_by_us(exc):
+            return True
+        from pallas_check.session import EngineFailure
+
+        if not isinstance(exc, (EngineFailure, KeyboardInterrupt)):
+            with self._lock:
+                self.errors.append(f"internal error in pallas-check's host callback:"
+                                   f" {type(exc).__name__}: {exc}")
+        return False
+
+
+@contextlib.contextmanager
+def _callback_failures() -> Iterator[list[str]]:
+    """While active, JAX's log of a callback failure that is ours is dropped and kept."""
+    logger = logging.getLogger("jax._src.callback")
+    flt = _OurCallbackFailures()
+    logger.addFilter(flt)
+    try:
+        yield flt.errors
+    finally:
+        logger.removeFilter(flt)

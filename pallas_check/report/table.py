@@ -25,20 +25,31 @@ _TITLES = {
 }
 
 
-def _where(frame: SourceFrame | None) -> Text:
-    if frame is None:
-        return Text("?")
-    path = frame.file
+def _path(file: str) -> str:
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(file)
         if not rel.startswith(".."):
-            path = rel
+            return rel
     except ValueError:
         pass
-    text = Text(f"{path}:{frame.line}", style="cyan")
+    return file
+
+
+def _where(frame: SourceFrame | None) -> Text:
+    """file:line only; the source line itself is printed under the table, unwrapped."""
+    if frame is None:
+        return Text("?")
+    return Text(f"{_path(frame.file)}:{frame.line}", style="cyan")
+
+
+def _print_source(console: Console, index: int, f: Finding) -> None:
+    """`#n file:line` and the user's source line, never folded, so it can be copied."""
+    frame = f.location
+    if frame is None:
+        return
+    console.print(Text(f"  #{index} ", style="bold") + _where(frame), soft_wrap=True)
     if frame.code:
-        text.append("\n" + frame.code, style="bold")
-    return text
+        console.print(Text(f"      {frame.code}", style="bold"), soft_wrap=True)
 
 
 def _row(index: int, f: Finding) -> list[Text | str]:
@@ -65,14 +76,20 @@ class TableReporter:
                 continue
             table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
                           show_lines=True, expand=True)
-            for col, ratio in (("#", 0), ("kernel", 1), ("buffer", 2), ("grid point", 1),
-                               ("where", 3), ("what", 4), ("count", 0)):
-                table.add_column(col, ratio=ratio or None, overflow="fold")
+            # Flexible (ratio) columns ignore min_width in rich: the kernel column is sized
+            # by its content, so a name is folded only when it is very long.
+            name_width = min(24, max(len(f.kernel.name) for f in items))
+            for col, ratio in (("#", 0), ("kernel", 0), ("buffer", 2), ("grid point", 1),
+                               ("where", 3), ("what", 5), ("count", 0)):
+                table.add_column(col, ratio=ratio or None, overflow="fold",
+                                 max_width=name_width if col == "kernel" else None)
+            first = n + 1
             for f in items:
                 n += 1
                 table.add_row(*_row(n, f))
             console.print(table)
-            for f in items:
+            for index, f in enumerate(items, start=first):
+                _print_source(console, index, f)
                 if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
                                            FindingKind.DEADLOCK):
                     _print_accesses(console, f)
@@ -96,10 +113,10 @@ def _print_accesses(console: Console, f: Finding) -> None:
     console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
     for a in f.accesses:
         where = a.frames[0] if a.frames else None
-        loc = f"{where.file}:{where.line}  {where.code}" if where else "?"
+        loc = f"{_path(where.file)}:{where.line}  {where.code}" if where else "?"
         grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
         console.print(f"    {a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
-                      f"{grid}: {loc}", highlight=False, markup=False)
+                      f"{grid}: {loc}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _width(stream: TextIO) -> int:
