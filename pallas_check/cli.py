@@ -107,6 +107,10 @@ def run(
     devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
     tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
                                       help="TPU generation kernels are told they run on."),
+    cores: int = typer.Option(1, "--cores", min=1,
+                              help="TensorCores per device; 'parallel' grid axes are split"
+                                   " over them (megacore)."),
+    seed: int = typer.Option(0, "--seed", help="Scheduler seed (replays an interleaving)."),
 ) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     if fmt not in ("table", "json"):
@@ -117,7 +121,7 @@ def run(
         raise fail(f"not a file: {script}")
     _set_device_count(devices)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
-                    devices=devices)
+                    devices=devices, cores=cores, seed=seed)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])

@@ -40,6 +40,8 @@ class Config:
     skip_floats: bool = False
     tpu: TpuGeneration = DEFAULT_TPU
     devices: int = 1
+    cores: int = 1  # TensorCores per device; 'parallel' grid axes are split over them
+    seed: int = 0  # scheduler seed: the same seed gives the same interleaving
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

@@ -89,5 +89,5 @@ class Session:
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import simulated_tpu
 
-        with intercepted(self.handle_call), simulated_tpu(self.config.tpu):
+        with intercepted(self.handle_call), simulated_tpu(self.config.tpu, self.config.cores):
             yield

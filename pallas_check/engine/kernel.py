@@ -137,6 +137,7 @@ class CallState:
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.deadlocked = False
+        self.scheduler: Scheduler | None = None
         self._fill_cache: dict[Any, Any] = {}
 
     def fill(self, dtype: Any) -> Any:
@@ -194,16 +195,18 @@ class CallState:
     def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
         """Hook for checkers that watch semaphore waits."""
 
-    def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM) -> Buffer:
+    def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
+                 owner: str = "") -> Buffer:
         space = memory_space_name(getattr(aval, "memory_space", None), default_space)
         if is_semaphore_aval(aval) or space == MemorySpace.SEMAPHORE:
-            buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True)
+            buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True,
+                         owner=owner)
             self.semaphores.append(buf)
             return buf
-        return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode)
+        return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
 
     def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str) -> RefView:
-        return RefView(self.allocate(aval, name))
+        return RefView(self.allocate(aval, name, owner=ctx.actor))
 
     def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
         """Scoped allocations end here; semaphores among them are checked at kernel end."""
@@ -326,14 +329,7 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
     block_vars = invars[gm.num_index_operands: gm.num_index_operands + n_in + n_out]
     scratch_vars = invars[gm.num_index_operands + n_in + n_out:]
 
-    # Scalar prefetch lives in SMEM.
-    scalar_bufs = [
-        Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True)
-        for i, v in enumerate(scalars)
-    ]
-    kernel_args: list[Any] = [RefView(b) for b in scalar_bufs]
-
-    # HBM arrays for inputs and outputs.
+    # HBM arrays for inputs and outputs, shared by every core.
     hbm_inputs = [
         Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM, np.array(a), True)
         for i, a in enumerate(arrays[:n_in])
@@ -349,49 +345,62 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
             aval = out_avals[j]
             hbm_outputs.append(Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill))
 
-    operand_list: list[Operand] = []
+    # Block indices for every grid point, computed in one compiled call per operand.
+    points = _grid_points(grid)
+    templates: list[Operand] = []
     for k, (var, bm) in enumerate(zip(block_vars, gm.block_mappings)):
         is_output = k >= n_in
         hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
-        name = arg_names[gm.num_index_operands + k]
-        space = memory_space_name(getattr(var.aval, "memory_space", None))
-        block_sizes, squeezed, element = [], [], []
-        for dim in bm.block_shape:
-            if isinstance(dim, pallas_core.Squeezed):
-                block_sizes.append(1), squeezed.append(True), element.append(False)
-            elif isinstance(dim, pallas_core.Blocked):
-                block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
-            elif isinstance(dim, pallas_core.Element):
-                if dim.padding != (0, 0):
-                    raise KernelError(f"pl.Element with padding is not supported ({name})")
-                block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
-            else:
-                raise KernelError(f"block dimension {dim!r} of {name} is not supported")
-        op = Operand(name, gm.num_index_operands + k, is_output, bm, hbm, space,
-                     tuple(block_sizes), tuple(squeezed), tuple(element))
-        if space == MemorySpace.HBM:
-            kernel_args.append(RefView(hbm))
-        else:
-            ref_shape = tuple(s for s, sq in zip(block_sizes, squeezed) if not sq)
-            op.vmem = Buffer.filled(name, space, ref_shape, hbm.data.dtype, fill)
-            kernel_args.append(RefView(op.vmem))
-        operand_list.append(op)
+        op = _operand(arg_names[gm.num_index_operands + k], gm.num_index_operands + k,
+                      is_output, bm, hbm, var)
+        if op.kernel_space != MemorySpace.HBM:
+            op.block_indices = _block_indices(bm, points, scalars)
+        templates.append(op)
 
-    for var, name in zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:]):
-        kernel_args.append(RefView(state.allocate(var.aval, name)))
-
-    # Block indices for every grid point, computed in one compiled call per operand.
-    points = _grid_points(grid)
-    for op in operand_list:
-        if op.whole_array:
-            continue
-        op.block_indices = _block_indices(op.mapping, points, scalars)
-
+    shared_scratch: dict[int, Buffer] = {}
     program_axes = _program_axes(gm)
-    ctx = CoreContext(state, grid, program_axes)
-    actor = Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args, operand_list, points))
+    core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
+    contexts: list[CoreContext] = []
+    actors: list[Actor] = []
+    for core_id, my_steps in enumerate(core_steps):
+        my_points = points[my_steps]
+        ctx = CoreContext(state, grid, program_axes, core_id=core_id)
+        contexts.append(ctx)
+        # Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
+        # scratch; VMEM_SHARED scratch is one buffer for all cores.
+        kernel_args: list[Any] = [
+            RefView(Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor))
+            for i, v in enumerate(scalars)
+        ]
+        core_operands = []
+        for template in templates:
+            op = dataclasses.replace(template)
+            if op.block_indices is not None:
+                op.block_indices = op.block_indices[my_steps]
+            if op.kernel_space == MemorySpace.HBM:
+                kernel_args.append(RefView(op.hbm))
+            else:
+                ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed) if not sq)
+                op.vmem = Buffer.filled(op.name, op.kernel_space, ref_shape,
+                                        op.hbm.data.dtype, fill, owner=ctx.actor)
+                kernel_args.append(RefView(op.vmem))
+            core_operands.append(op)
+        for position, (var, name) in enumerate(
+                zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:])):
+            space = memory_space_name(getattr(var.aval, "memory_space", None))
+            if space == MemorySpace.VMEM_SHARED:
+                if position not in shared_scratch:
+                    shared_scratch[position] = state.allocate(var.aval, name)
+                kernel_args.append(RefView(shared_scratch[position]))
+            else:
+                kernel_args.append(RefView(state.allocate(var.aval, name, owner=ctx.actor)))
+        if len(my_points):
+            actors.append(Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args, core_operands,
+                                                      my_points)))
+    ctx = contexts[0]
+    state.scheduler = Scheduler(seed=config.seed)
     try:
-        Scheduler(seed=0).run([actor])
+        state.scheduler.run(actors)
     except Deadlock as deadlock:
         state.add(_deadlock_finding(state, deadlock, ctx))
         state.deadlocked = True
@@ -410,6 +419,55 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
             _unwritten_finding(state, buf)
     outputs = [np.array(buf.data) for buf in hbm_outputs]
     return outputs, state, written
+
+
+def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
+             var: Any) -> Operand:
+    space = memory_space_name(getattr(var.aval, "memory_space", None))
+    block_sizes, squeezed, element = [], [], []
+    for dim in bm.block_shape:
+        if isinstance(dim, pallas_core.Squeezed):
+            block_sizes.append(1), squeezed.append(True), element.append(False)
+        elif isinstance(dim, pallas_core.Blocked):
+            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
+        elif isinstance(dim, pallas_core.Element):
+            if dim.padding != (0, 0):
+                raise KernelError(f"pl.Element with padding is not supported ({name})")
+            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+        else:
+            raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+    return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
+                   tuple(squeezed), tuple(element))
+
+
+def dimension_semantics(params: dict) -> tuple[str, ...]:
+    """'parallel' / 'core_parallel' / 'arbitrary' per grid axis (arbitrary when unsaid)."""
+    compiler_params = params.get("compiler_params")
+    semantics = getattr(compiler_params, "dimension_semantics", None)
+    if semantics is None and isinstance(compiler_params, dict):
+        semantics = (compiler_params.get("mosaic") or {}).get("dimension_semantics")
+    grid = params["grid_mapping"].grid
+    if not semantics:
+        return ("arbitrary",) * len(grid)
+    names = tuple(getattr(x, "name", str(x)).lower() for x in semantics)
+    # Under vmap the grid gains leading axes that the semantics do not list.
+    return ("arbitrary",) * (len(grid) - len(names)) + names
+
+
+def split_grid(points: np.ndarray, grid: tuple[int, ...], semantics: tuple[str, ...],
+               cores: int) -> list[np.ndarray]:
+    """Which grid steps (indices into `points`, in grid order) each core runs: the first
+    parallel axis is cut into contiguous chunks, as megacore TPUs split it; without a
+    parallel axis core 0 runs the whole grid."""
+    everything = np.arange(len(points))
+    if cores <= 1:
+        return [everything]
+    axis = next((d for d, name in enumerate(semantics) if "parallel" in name), None)
+    if axis is None:
+        return [everything] + [everything[:0] for _ in range(cores - 1)]
+    chunk = -(-grid[axis] // cores)
+    return [everything[(points[:, axis] >= c * chunk) & (points[:, axis] < (c + 1) * chunk)]
+            for c in range(cores)]
 
 
 def _kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
@@ -461,6 +519,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         point = tuple(int(x) for x in points[step])
         ctx.grid_point = point
         ctx.eqn = None
+        yield None  # a scheduling point: another core may run a step here
         for op in inputs:
             idx = op.block_indices[step]  # type: ignore[index]
             if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
