@@ -111,6 +111,7 @@ def run(
                               help="TensorCores per device; 'parallel' grid axes are split"
                                    " over them (megacore)."),
     seed: int = typer.Option(0, "--seed", help="Scheduler seed (replays an interleaving)."),
+    races: bool = typer.Option(False, "--races", help="Detect data races (happens-before)."),
 ) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     if fmt not in ("table", "json"):
@@ -121,7 +122,7 @@ def run(
         raise fail(f"not a file: {script}")
     _set_device_count(devices)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
-                    devices=devices, cores=cores, seed=seed)
+                    devices=devices, cores=cores, seed=seed, races=races)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])

@@ -42,6 +42,7 @@ class Config:
     devices: int = 1
     cores: int = 1  # TensorCores per device; 'parallel' grid axes are split over them
     seed: int = 0  # scheduler seed: the same seed gives the same interleaving
+    races: bool = False  # happens-before race detection (costs a little per access)
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

@@ -19,11 +19,13 @@ from jax._src import core as jax_core
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas.mosaic import core as tpu_core
 from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as state_indexing
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.evaluate import KernelError, eval_jaxpr
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
+from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import (
     Access,
@@ -138,6 +140,8 @@ class CallState:
         self.barrier: Buffer | None = None
         self.deadlocked = False
         self.scheduler: Scheduler | None = None
+        self.races: RaceChecker | None = (
+            RaceChecker(self._finding, self.add) if config.races else None)
         self._fill_cache: dict[Any, Any] = {}
 
     def fill(self, dtype: Any) -> Any:
@@ -150,6 +154,20 @@ class CallState:
     def add(self, finding: Finding) -> None:
         if self.report:
             self.findings.append(finding)
+
+    def _finding(self, **fields: Any) -> Finding:
+        return Finding(kernel=self.kernel, call_index=self.call_index,
+                       seed=self.config.seed, **fields)
+
+    def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
+               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None) -> None:
+        """Tell the race checker (when on) that an actor touched a region."""
+        if self.races is None:
+            return
+        if frames is None:
+            frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        self.races.access(actor or ctx.actor, region.buffer, region.index_range(), is_write,
+                          operation, frames, ctx.grid_point)
 
     # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
@@ -181,19 +199,37 @@ class CallState:
             ctx.grid_point, ctx.actor, count))
 
     def on_write(self, ctx: "CoreContext", region: Region) -> None:
-        """Hook for checkers that watch writes (races, in a later version)."""
+        if self.races is not None:
+            self.access(ctx, region, True, "write")
+
+    def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        if self.races is not None:
+            self.races.fork(ctx.actor, dma.actor_name)
 
     def on_dma_copy(self, ctx: "CoreContext", dma: sync.Dma) -> None:
-        """Hook for checkers that watch DMA copies."""
+        """The DMA (its own actor) read its source and wrote its destination."""
+        races = self.races
+        if races is None:
+            return
+        races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False, "DMA read",
+                     dma.frames, dma.grid_point)
+        races.access(dma.actor_name, dma.dst.buffer, dma.dst.index_range(), True, "DMA write",
+                     dma.frames, dma.grid_point)
+        races.release(dma.actor_name, _sync_key(dma.dst_sem))
+        if dma.src_sem is not None:
+            races.release(dma.actor_name, _sync_key(dma.src_sem))
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
-        """Hook for checkers that watch DMA waits."""
+        if self.races is not None:
+            self.races.acquire(ctx.actor, _sync_key(cell))
 
     def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
-        """Hook for checkers that watch semaphore signals."""
+        if self.races is not None:
+            self.races.release(ctx.actor, _sync_key(cell))
 
     def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
-        """Hook for checkers that watch semaphore waits."""
+        if self.races is not None:
+            self.races.acquire(ctx.actor, _sync_key(cell))
 
     def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
                  owner: str = "") -> Buffer:
@@ -217,6 +253,11 @@ class CallState:
                                   np.zeros((), np.int64), True)
             self.semaphores.append(self.barrier)
         return RefView(self.barrier)
+
+
+def _sync_key(cell: tuple) -> tuple:
+    buf, idx = cell
+    return (buf.id, tuple(int(i) for i in idx))
 
 
 def _masked_oob(region: Region, mask: np.ndarray) -> bool:
@@ -321,7 +362,9 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
     scalars = operands[: gm.num_index_operands]
     arrays = operands[gm.num_index_operands:]
     n_in, n_out = gm.num_inputs, gm.num_outputs
-    aliases = dict(params.get("input_output_aliases") or ())  # input index -> output index
+    # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
+    aliases = {i - gm.num_index_operands: o
+               for i, o in (params.get("input_output_aliases") or ())}
     out_to_in = {o: i for i, o in aliases.items()}
 
     invars = jaxpr.invars
@@ -353,7 +396,9 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
         hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
         op = _operand(arg_names[gm.num_index_operands + k], gm.num_index_operands + k,
                       is_output, bm, hbm, var)
-        if op.kernel_space != MemorySpace.HBM:
+        if op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
+            # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by
+            # the kernel as that window of the array, moved at every grid step.
             op.block_indices = _block_indices(bm, points, scalars)
         templates.append(op)
 
@@ -513,6 +558,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     blocked = [op for op in operands if not op.whole_array]
     inputs = [op for op in blocked if not op.is_output]
     outputs = [op for op in blocked if op.is_output]
+    windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
     visited: dict[int, set[tuple[int, ...]]] = {id(op): set() for op in outputs}
     num_steps = len(points)
     for step in range(num_steps):
@@ -520,6 +566,8 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         ctx.grid_point = point
         ctx.eqn = None
         yield None  # a scheduling point: another core may run a step here
+        for op in windowed:
+            kernel_args[op.position] = _hbm_window(op, op.block_indices[step])  # type: ignore[index]
         for op in inputs:
             idx = op.block_indices[step]  # type: ignore[index]
             if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
@@ -543,6 +591,14 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 key = tuple(int(i) for i in idx)
                 _copy_out(ctx, op, key)
                 visited[id(op)].add(key)
+
+
+def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:
+    """The kernel's ref for an HBM operand whose BlockSpec selects a window of it."""
+    indices = tuple(int(start) if sq else state_indexing.Slice(int(start), size)
+                    for (start, size), sq in zip(op.block_window(block_index), op.squeezed))
+    return RefView(op.hbm, (state_indexing.NDIndexer.from_indices_shape(indices,
+                                                                        op.hbm.shape),))
 
 
 def _block_slices(op: Operand, block_index: tuple[int, ...]
@@ -607,6 +663,9 @@ def _copy_in(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> Non
         return
     vmem.data[vmem_index] = op.hbm.data[hbm_index]
     vmem.mark_written(vmem_index, op.hbm.written[hbm_index])
+    if ctx.call.races is not None:
+        ctx.call.races.access(ctx.actor, op.hbm, _hbm_range(hbm_index), False,
+                              "block copy-in", _index_map_frames(op), ctx.grid_point)
 
 
 def _copy_out(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
@@ -617,6 +676,20 @@ def _copy_out(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> No
     hbm = op.hbm
     hbm.data[hbm_index] = op.vmem.data[vmem_index]
     hbm.mark_written(hbm_index, op.vmem.written[vmem_index])
+    if ctx.call.races is not None:
+        ctx.call.races.access(ctx.actor, hbm, _hbm_range(hbm_index), True,
+                              "block write-back", _index_map_frames(op), ctx.grid_point)
+
+
+def _hbm_range(index: tuple) -> IndexRange:
+    return tuple((i, i + 1) if isinstance(i, int) else (i.start, i.stop) for i in index)
+
+
+def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:
+    """Where the operand's BlockSpec index_map is defined (pipeline copies have no line)."""
+    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
+    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    return (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
 
 
 def _revisit_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:

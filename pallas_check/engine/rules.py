@@ -42,6 +42,8 @@ def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.n
     if region.oob:
         ctx.call.out_of_bounds(ctx, region, "load", mask)
     value = region.read(fill)
+    if ctx.call.races is not None:
+        ctx.call.access(ctx, region, False, "read")
     if not view.buffer.fully_written:
         written = region.read_written()
         unwritten = ~written if mask is None else (~written & np.broadcast_to(mask, written.shape))

@@ -54,6 +54,12 @@ class Dma:
     copied: bool = False
     waited_bytes: int = 0
 
+    @property
+    def actor_name(self) -> str:
+        """The DMA as an actor, as race reports name it."""
+        where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
+        return f"DMA #{self.id} started by {self.actor}{where}"
+
 
 class SyncState:
     """Semaphore counts live in their buffers; this tracks DMAs and who signalled what."""
@@ -194,6 +200,7 @@ def _dma_start(ctx, eqn, invals):
         grid_point=ctx.grid_point,
     )
     ctx.call.sync.start(dma)
+    ctx.call.on_dma_start(ctx, dma)
     if ctx.config.dma_mode == DmaMode.EAGER:
         complete(ctx, dma)
     return []

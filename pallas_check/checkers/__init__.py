@@ -1,0 +1,1 @@
+"""Checkers turn engine events into findings while the kernel runs (one module each)."""
