@@ -26,7 +26,7 @@ class FindingKind(str, enum.Enum):
     DEADLOCK = "deadlock"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class SourceFrame:
     """One frame of the user's code (JAX's and pallas-check's own frames are trimmed)."""
 
@@ -95,6 +95,11 @@ class Finding:
 
     def merge_key(self) -> tuple:
         """Findings with this key equal are the same defect seen again (e.g. each grid step)."""
+        if self.kind == FindingKind.RACE:
+            # A race is one pair of accesses, whichever of the two was seen second.
+            return (self.kind, self.kernel.name, self.kernel.file, self.buffer,
+                    tuple(sorted((a.operation.removeprefix("DMA "), a.frames[:1])
+                                 for a in self.accesses)))
         return (
             self.kind,
             self.kernel.name,

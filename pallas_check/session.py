@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -31,6 +31,21 @@ class CallSummary:
     grid: tuple[int, ...]
     seconds: float
     findings: int
+    devices: int = 1
+
+
+_RENDEZVOUS_TIMEOUT_S = 600.0
+
+
+class _Meeting:
+    """One multi-device pallas_call while its devices' callbacks arrive."""
+
+    def __init__(self, num_devices: int) -> None:
+        self.num_devices = num_devices
+        self.operands: dict[int, Sequence[np.ndarray]] = {}
+        self.outputs: list[list[np.ndarray]] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
 
 
 class EngineFailure(Exception):
@@ -47,18 +62,62 @@ class Session:
         self.engine_error: str | None = None
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        # Multi-device calls: per-device call sequence numbers and pending meetings.
+        self._device_calls: dict[int, int] = {}
+        self._meetings: dict[int, _Meeting] = {}
+        # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
+        self.carried: dict = {}
 
     # The interception handler.
-    def handle_call(self, params: dict, operands: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
+                    mesh_axes: tuple = ()) -> list[np.ndarray]:
+        from pallas_check.engine.kernel import MeshInfo
+
+        mesh = MeshInfo(tuple(mesh_axes))
+        if mesh.num_devices == 1:
+            return self._simulate(params, [operands], mesh)[0]
+        return self._rendezvous(params, operands, device, mesh)
+
+    def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
+                    mesh: Any) -> list[np.ndarray]:
+        """Every device's callback of one call meets here; the last to arrive runs the
+        simulation of all devices together, the others wait for their outputs."""
+        with self._lock:
+            seq = self._device_calls.get(device, 0)
+            self._device_calls[device] = seq + 1
+            meeting = self._meetings.setdefault(seq, _Meeting(mesh.num_devices))
+            meeting.operands[device] = operands
+            last = len(meeting.operands) == mesh.num_devices
+            if last:
+                del self._meetings[seq]
+        if last:
+            try:
+                ordered = [meeting.operands[d] for d in range(mesh.num_devices)]
+                meeting.outputs = self._simulate(params, ordered, mesh)
+            except BaseException as exc:
+                meeting.error = exc
+            finally:
+                meeting.done.set()
+        elif not meeting.done.wait(timeout=_RENDEZVOUS_TIMEOUT_S):
+            self._fail(f"device {device} waited {_RENDEZVOUS_TIMEOUT_S:.0f} s for the other"
+                       f" devices' callbacks of the same pallas_call; they never came")
+            raise EngineFailure(self.engine_error)
+        if meeting.error is not None:
+            raise meeting.error
+        assert meeting.outputs is not None
+        return meeting.outputs[device]
+
+    def _simulate(self, params: dict, device_operands: list, mesh: Any) -> list[list[np.ndarray]]:
         from pallas_check.engine.evaluate import KernelError
-        from pallas_check.engine.kernel import kernel_info, run_call
+        from pallas_check.engine.kernel import kernel_info, run_call_devices
 
         with self._lock:
             index = next(self._counter)
         started = time.perf_counter()
         kernel = kernel_info(params)
         try:
-            result = run_call(params, operands, self.config, index)
+            result = run_call_devices(params, device_operands, self.config, index, mesh,
+                                      self.carried)
         except KernelError as exc:
             self._fail(f"{kernel.name}: {exc.located()}")
             raise EngineFailure(self.engine_error) from exc
@@ -70,7 +129,8 @@ class Session:
         grid = tuple(int(g) for g in params["grid_mapping"].grid)
         with self._lock:
             self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
-                                          time.perf_counter() - started, len(result.findings)))
+                                          time.perf_counter() - started, len(result.findings),
+                                          mesh.num_devices))
         return result.outputs
 
     def _fail(self, message: str) -> None:

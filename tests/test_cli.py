@@ -253,7 +253,7 @@ def test_engine_crash_inside_the_callback_is_exit_4(cli, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated engine bug\nsecond line")
 
-    monkeypatch.setattr(kernel, "run_call", broken)
+    monkeypatch.setattr(kernel, "run_call_devices", broken)
     script = write_script(tmp_path, "jax.block_until_ready(jax.jit(half)(X))\n")
     result = cli("run", str(script))
     assert result.exit_code == ExitCode.INTERNAL

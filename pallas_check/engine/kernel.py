@@ -140,6 +140,10 @@ class CallState:
         self.barrier: Buffer | None = None
         self.deadlocked = False
         self.scheduler: Scheduler | None = None
+        self.registry: dict[tuple, Buffer] = {}
+        self.mesh: MeshInfo = MeshInfo()
+        self.carried: dict = {}
+        self.collective_id: Any = None
         self.races: RaceChecker | None = (
             RaceChecker(self._finding, self.add) if config.races else None)
         self._fill_cache: dict[Any, Any] = {}
@@ -242,17 +246,53 @@ class CallState:
         return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
 
     def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str) -> RefView:
-        return RefView(self.allocate(aval, name, owner=ctx.actor))
+        ctx.scoped_count += 1
+        buf = self.allocate(aval, name, owner=ctx.actor)
+        return RefView(self.register(buf, ctx.device_id, ctx.core_id,
+                                     ("scoped", ctx.scoped_count)))
 
     def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
         """Scoped allocations end here; semaphores among them are checked at kernel end."""
 
+    def register(self, buf: Buffer, device: int, core: int | None, key: tuple) -> Buffer:
+        """Name a buffer by its place in the kernel, so that another device's DMA or
+        signal aimed at "the same" ref finds this device's copy."""
+        buf.key, buf.device, buf.core = key, device, core
+        self.registry[(device, core, key)] = buf
+        return buf
+
+    def remote(self, buf: Buffer, device: int, frames: tuple = ()) -> Buffer:
+        """The buffer on `device` that corresponds to `buf` (a ref of this device)."""
+        if device == buf.device:
+            return buf
+        if not 0 <= device < self.mesh.num_devices:
+            raise KernelError(f"device id {device} is outside the mesh of"
+                              f" {self.mesh.num_devices} devices", frames)
+        other = self.registry.get((device, buf.core, buf.key))
+        if other is None and buf.key == ("barrier",):
+            other = self._barrier(device)
+        if other is None:
+            raise KernelError(f"{buf.name} has no counterpart on device {device}", frames)
+        return other
+
     def barrier_semaphore(self, ctx: "CoreContext") -> RefView:
-        if self.barrier is None:
-            self.barrier = Buffer("barrier_semaphore", MemorySpace.SEMAPHORE,
-                                  np.zeros((), np.int64), True)
-            self.semaphores.append(self.barrier)
-        return RefView(self.barrier)
+        return RefView(self._barrier(ctx.device_id))
+
+    def _barrier(self, device: int) -> Buffer:
+        """A device's barrier semaphore; its count carries over to the next call."""
+        buf = self.registry.get((device, None, ("barrier",)))
+        if buf is None:
+            count = self.carried.get(("barrier", self.collective_id, device), 0)
+            buf = Buffer("barrier_semaphore", MemorySpace.SEMAPHORE,
+                         np.array(count, np.int64), True)
+            self.register(buf, device, None, ("barrier",))
+            self.semaphores.append(buf)
+        return buf
+
+    def save_carried(self) -> None:
+        for (device, _, key), buf in self.registry.items():
+            if key == ("barrier",):
+                self.carried[("barrier", self.collective_id, device)] = int(buf.data)
 
 
 def _sync_key(cell: tuple) -> tuple:
@@ -298,6 +338,8 @@ class CoreContext:
         self.eqn: Any = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
         self.rng = np.random.default_rng([device_id, core_id])
+        self.scoped_count = 0
+        self.mesh = call.mesh
 
     def fill(self, dtype: Any) -> Any:
         return self.call.fill(dtype)
@@ -308,6 +350,19 @@ class CoreContext:
 
     def num_programs(self, axis: int) -> int:
         return int(self.grid[self.program_axes[axis]])
+
+    def axis_index(self, name: Any) -> int:
+        """This device's coordinate along a mesh axis (several axes: row-major)."""
+        names = name if isinstance(name, (tuple, list)) else (name,)
+        coords = self.mesh.coords(self.device_id)
+        sizes = dict(self.mesh.axes)
+        index = 0
+        for n in names:
+            if n not in coords:
+                raise KernelError(f"axis {n!r} is not a mesh axis of this call"
+                                  f" (axes: {', '.join(map(str, sizes)) or 'none'})")
+            index = index * sizes[n] + coords[n]
+        return index
 
 
 # ---------------------------------------------------------------------------------------
@@ -329,38 +384,83 @@ def kernel_info(params: dict) -> KernelInfo:
     return KernelInfo(name=name, file=file, line=line)
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshInfo:
+    """The named device axes a call runs over (from shard_map), row-major device ids."""
+
+    axes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod([size for _, size in self.axes])) if self.axes else 1
+
+    def coords(self, device: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, size in reversed(self.axes):
+            out[name] = device % size
+            device //= size
+        return out
+
+    def logical(self, coords: dict[str, int]) -> int:
+        device = 0
+        for name, size in self.axes:
+            device = device * size + int(coords[name])
+        return device
+
+
+SINGLE_DEVICE = MeshInfo()
+
+
+@dataclasses.dataclass
+class DevicesResult:
+    outputs: list[list[np.ndarray]]  # per device, per output
+    findings: list[Finding]
+
+
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
              call_index: int) -> CallResult:
-    """Simulate one pallas_call; return its outputs and the findings it produced."""
+    """Simulate one pallas_call on one device; return its outputs and findings."""
+    result = run_call_devices(params, [operands], config, call_index)
+    return CallResult(result.outputs[0], result.findings)
+
+
+def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
+                     config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
+                     carried: dict | None = None) -> DevicesResult:
+    """Simulate one pallas_call on every device of `mesh` together (one operand list per
+    device); `carried` holds what outlives a call on a TPU (barrier semaphores)."""
     kernel = kernel_info(params)
     main_fill = config.uninit.value
-    outputs, state, written = _simulate(params, operands, config, main_fill, kernel,
-                                        call_index, report=True)
+    outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
+                                        call_index, True, mesh, carried)
     findings = list(state.findings)
     if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
             and not state.deadlocked):
         other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
-        other_outputs, _, _ = _simulate(params, operands, config, other_fill, kernel,
-                                        call_index, report=False)
-        findings.extend(_uninit_findings(params, state, outputs, other_outputs, written,
+        other_outputs, _, _ = _simulate(params, device_operands, config, other_fill, kernel,
+                                        call_index, False, mesh, dict(carried or {}))
+        flat = [o for dev in outputs for o in dev]
+        flat_other = [o for dev in other_outputs for o in dev]
+        flat_written = [w for dev in written for w in dev]
+        findings.extend(_uninit_findings(params, state, flat, flat_other, flat_written,
                                          kernel, call_index))
-    return CallResult(outputs, findings)
+    return DevicesResult(outputs, findings)
 
 
-def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill: str,
-              kernel: KernelInfo, call_index: int, report: bool
-              ) -> tuple[list[np.ndarray], CallState, list[np.ndarray | None]]:
+def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+              fill: str, kernel: KernelInfo, call_index: int, report: bool,
+              mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
+              ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     jaxpr: jax_core.Jaxpr = params["jaxpr"]
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report)
+    state.mesh = mesh
+    state.carried = carried if carried is not None else {}
+    state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
     if gm.num_dynamic_grid_bounds:
         raise KernelError("dynamic grid bounds are not supported")
     grid = tuple(int(g) for g in gm.grid)
     arg_names = _kernel_arg_names(jaxpr)
-
-    operands = [np.asarray(x) for x in operands]
-    scalars = operands[: gm.num_index_operands]
-    arrays = operands[gm.num_index_operands:]
     n_in, n_out = gm.num_inputs, gm.num_outputs
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
     aliases = {i - gm.num_index_operands: o
@@ -368,80 +468,93 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
     out_to_in = {o: i for i, o in aliases.items()}
 
     invars = jaxpr.invars
-    scalar_vars = invars[: gm.num_index_operands]
     block_vars = invars[gm.num_index_operands: gm.num_index_operands + n_in + n_out]
     scratch_vars = invars[gm.num_index_operands + n_in + n_out:]
-
-    # HBM arrays for inputs and outputs, shared by every core.
-    hbm_inputs = [
-        Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM, np.array(a), True)
-        for i, a in enumerate(arrays[:n_in])
-    ]
-    hbm_outputs: list[Buffer] = []
-    out_avals = params["out_avals"]
-    for j in range(n_out):
-        name = arg_names[gm.num_index_operands + n_in + j]
-        if j in out_to_in:
-            buf = hbm_inputs[out_to_in[j]]
-            hbm_outputs.append(buf)
-        else:
-            aval = out_avals[j]
-            hbm_outputs.append(Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill))
-
-    # Block indices for every grid point, computed in one compiled call per operand.
     points = _grid_points(grid)
-    templates: list[Operand] = []
-    for k, (var, bm) in enumerate(zip(block_vars, gm.block_mappings)):
-        is_output = k >= n_in
-        hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
-        op = _operand(arg_names[gm.num_index_operands + k], gm.num_index_operands + k,
-                      is_output, bm, hbm, var)
-        if op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
-            # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by
-            # the kernel as that window of the array, moved at every grid step.
-            op.block_indices = _block_indices(bm, points, scalars)
-        templates.append(op)
-
-    shared_scratch: dict[int, Buffer] = {}
     program_axes = _program_axes(gm)
     core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
-    for core_id, my_steps in enumerate(core_steps):
-        my_points = points[my_steps]
-        ctx = CoreContext(state, grid, program_axes, core_id=core_id)
-        contexts.append(ctx)
-        # Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
-        # scratch; VMEM_SHARED scratch is one buffer for all cores.
-        kernel_args: list[Any] = [
-            RefView(Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor))
-            for i, v in enumerate(scalars)
-        ]
-        core_operands = []
-        for template in templates:
-            op = dataclasses.replace(template)
-            if op.block_indices is not None:
-                op.block_indices = op.block_indices[my_steps]
-            if op.kernel_space == MemorySpace.HBM:
-                kernel_args.append(RefView(op.hbm))
+    device_hbm_outputs: list[list[Buffer]] = []
+
+    for device in range(mesh.num_devices):
+        operands = [np.asarray(x) for x in device_operands[device]]
+        scalars = operands[: gm.num_index_operands]
+        arrays = operands[gm.num_index_operands:]
+        # HBM arrays for inputs and outputs, shared by the device's cores.
+        hbm_inputs = []
+        for i, a in enumerate(arrays[:n_in]):
+            buf = Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM, np.array(a), True)
+            hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
+        hbm_outputs: list[Buffer] = []
+        for j in range(n_out):
+            name = arg_names[gm.num_index_operands + n_in + j]
+            if j in out_to_in:
+                hbm_outputs.append(hbm_inputs[out_to_in[j]])
             else:
-                ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed) if not sq)
-                op.vmem = Buffer.filled(op.name, op.kernel_space, ref_shape,
-                                        op.hbm.data.dtype, fill, owner=ctx.actor)
-                kernel_args.append(RefView(op.vmem))
-            core_operands.append(op)
-        for position, (var, name) in enumerate(
-                zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:])):
-            space = memory_space_name(getattr(var.aval, "memory_space", None))
-            if space == MemorySpace.VMEM_SHARED:
-                if position not in shared_scratch:
-                    shared_scratch[position] = state.allocate(var.aval, name)
-                kernel_args.append(RefView(shared_scratch[position]))
-            else:
-                kernel_args.append(RefView(state.allocate(var.aval, name, owner=ctx.actor)))
-        if len(my_points):
-            actors.append(Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args, core_operands,
-                                                      my_points)))
+                aval = params["out_avals"][j]
+                buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
+                hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
+        device_hbm_outputs.append(hbm_outputs)
+
+        # Block indices for every grid point, computed in one compiled call per operand.
+        templates: list[Operand] = []
+        for k, (var, bm) in enumerate(zip(block_vars, gm.block_mappings)):
+            is_output = k >= n_in
+            hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
+            op = _operand(arg_names[gm.num_index_operands + k], gm.num_index_operands + k,
+                          is_output, bm, hbm, var)
+            if op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
+                # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by
+                # the kernel as that window of the array, moved at every grid step.
+                op.block_indices = _block_indices(bm, points, scalars)
+            templates.append(op)
+
+        shared_scratch: dict[int, Buffer] = {}
+        for core_id, my_steps in enumerate(core_steps):
+            my_points = points[my_steps]
+            ctx = CoreContext(state, grid, program_axes, device_id=device, core_id=core_id,
+                              num_devices=mesh.num_devices)
+            contexts.append(ctx)
+            # Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks
+            # and scratch; VMEM_SHARED scratch is one buffer for all cores of a device.
+            kernel_args: list[Any] = [
+                RefView(state.register(
+                    Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
+                    device, core_id, ("smem", i)))
+                for i, v in enumerate(scalars)
+            ]
+            core_operands = []
+            for k, template in enumerate(templates):
+                op = dataclasses.replace(template)
+                if op.block_indices is not None:
+                    op.block_indices = op.block_indices[my_steps]
+                if op.kernel_space == MemorySpace.HBM and op.block_indices is None:
+                    kernel_args.append(RefView(op.hbm))
+                else:
+                    ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed)
+                                      if not sq)
+                    op.vmem = state.register(
+                        Buffer.filled(op.name, op.kernel_space, ref_shape, op.hbm.data.dtype,
+                                      fill, owner=ctx.actor),
+                        device, core_id, ("block", k))
+                    kernel_args.append(RefView(op.vmem))
+                core_operands.append(op)
+            for position, (var, name) in enumerate(
+                    zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:])):
+                space = memory_space_name(getattr(var.aval, "memory_space", None))
+                if space == MemorySpace.VMEM_SHARED:
+                    if position not in shared_scratch:
+                        shared_scratch[position] = state.register(
+                            state.allocate(var.aval, name), device, None, ("scratch", position))
+                    kernel_args.append(RefView(shared_scratch[position]))
+                else:
+                    buf = state.allocate(var.aval, name, owner=ctx.actor)
+                    kernel_args.append(RefView(state.register(buf, device, core_id,
+                                                              ("scratch", position))))
+            if len(my_points):
+                actors.append(Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args,
+                                                          core_operands, my_points)))
     ctx = contexts[0]
     state.scheduler = Scheduler(seed=config.seed)
     try:
@@ -454,15 +567,19 @@ def _simulate(params: dict, operands: Sequence[np.ndarray], config: Config, fill
     _finish_dmas(ctx, report=not state.deadlocked)
     if not state.deadlocked:
         _semaphore_findings(state, ctx)
-    written = []
-    for j, buf in enumerate(hbm_outputs):
-        if j in out_to_in:
-            written.append(None)
-            continue
-        written.append(buf.written.copy())
-        if not buf.fully_written and not state.deadlocked:
-            _unwritten_finding(state, buf)
-    outputs = [np.array(buf.data) for buf in hbm_outputs]
+    state.save_carried()
+    outputs, written = [], []
+    for hbm_outputs in device_hbm_outputs:
+        device_written: list[np.ndarray | None] = []
+        for j, buf in enumerate(hbm_outputs):
+            if j in out_to_in:
+                device_written.append(None)
+                continue
+            device_written.append(buf.written.copy())
+            if not buf.fully_written and not state.deadlocked:
+                _unwritten_finding(state, buf)
+        outputs.append([np.array(buf.data) for buf in hbm_outputs])
+        written.append(device_written)
     return outputs, state, written
 
 

@@ -48,7 +48,8 @@ def fill_value(dtype: np.dtype, fill: str) -> Any:
 class Buffer:
     """One allocation: its values, which elements were ever written, and its user-facing name."""
 
-    __slots__ = ("id", "name", "space", "data", "written", "fully_written", "owner")
+    __slots__ = ("id", "name", "space", "data", "written", "fully_written", "owner", "key",
+                 "device", "core")
 
     def __init__(
         self,
@@ -63,6 +64,10 @@ class Buffer:
         self.space = space
         self.data = data
         self.owner = owner
+        # Where the buffer sits in the kernel (set when registered with a call).
+        self.key: tuple = ()
+        self.device = 0
+        self.core: int | None = None
         if isinstance(written, np.ndarray):
             self.written = written
             self.fully_written = bool(written.all())

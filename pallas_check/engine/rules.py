@@ -16,6 +16,7 @@ from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
 from jax._src.state import primitives as state_primitives
 from jax._src import pjit
+from jax._src.lax import parallel as lax_parallel
 
 from pallas_check.engine import memory
 from pallas_check.engine.evaluate import (
@@ -271,6 +272,13 @@ _register_custom_calls()
 
 # Keep an explicit reference so linters see lax_internal is used for dtype helpers.
 _ = lax_internal
+
+
+# -- devices ----------------------------------------------------------------------------------
+
+@rule(lax_parallel.axis_index_p)
+def _axis_index(ctx, eqn, invals):
+    return np.int32(ctx.axis_index(eqn.params["axis_name"]))
 
 
 # -- the TPU's stateful PRNG ---------------------------------------------------------------

@@ -77,8 +77,9 @@ class SyncState:
 
     def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma]:
         buf, idx = sem
-        return [d for d in self.dmas
-                if not d.copied and d.dst_sem[0] is buf and d.dst_sem[1] == idx]
+        return [d for d in self.dmas if not d.copied and (
+            (d.dst_sem[0] is buf and d.dst_sem[1] == idx)
+            or (d.src_sem is not None and d.src_sem[0] is buf and d.src_sem[1] == idx))]
 
 
 def as_view(x: Any) -> RefView:
@@ -156,24 +157,40 @@ def _dma_args(eqn: Any, invals: list) -> tuple:
     return eqn.params["tree"].unflatten(invals)
 
 
-def _check_local(ctx: Any, device_id: Any) -> None:
+def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> int:
+    """The logical id of the device a DMA or signal is aimed at (None: this device)."""
     if device_id is None:
-        return
-    ids = np.atleast_1d(np.asarray(device_id))
-    if ctx.num_devices == 1 and np.all(ids == 0):
-        return
-    raise KernelError(
-        "remote DMAs and signals (device_id=...) need several simulated devices;"
-        " pallas-check simulates one device per call in this version",
-        user_frames(ctx.eqn.source_info),
-    )
+        return ctx.device_id
+    mesh = ctx.call.mesh
+    names = [name for name, _ in mesh.axes]
+    if isinstance(device_id, dict):
+        coords = mesh.coords(ctx.device_id)
+        coords.update({k: int(np.asarray(v)) for k, v in device_id.items()})
+        return mesh.logical(coords)
+    ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
+    ids = [int(np.asarray(x)) for x in ids]
+    logical = getattr(device_id_type, "name", str(device_id_type)).upper().endswith("LOGICAL")
+    if len(ids) == 1 and (logical or len(names) <= 1):
+        return ids[0]
+    if len(ids) == len(names):
+        return mesh.logical(dict(zip(names, ids)))
+    raise KernelError(f"device id {tuple(ids)} does not match the mesh axes {names}",
+                      user_frames(ctx.eqn.source_info))
+
+
+def on_device(ctx: Any, view: RefView, device: int) -> RefView:
+    """The same ref on another device (a remote DMA's destination, a remote signal)."""
+    if device == view.buffer.device:
+        return view
+    other = ctx.call.remote(view.buffer, device, user_frames(ctx.eqn.source_info))
+    return RefView(other, view.transforms)
 
 
 @rule(mosaic_primitives.dma_start_p)
 def _dma_start(ctx, eqn, invals):
     src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
-    _check_local(ctx, device_id)
-    src_view, dst_view = as_view(src), as_view(dst)
+    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    src_view, dst_view = as_view(src), on_device(ctx, as_view(dst), target)
     src_region = memory.resolve(src_view)
     dst_region = memory.resolve(dst_view)
     frames = user_frames(eqn.source_info)
@@ -192,7 +209,7 @@ def _dma_start(ctx, eqn, invals):
         id=ctx.call.sync.next_id(),
         src=src_region,
         dst=dst_region,
-        dst_sem=semaphore_cell(ctx, as_view(dst_sem)),
+        dst_sem=semaphore_cell(ctx, on_device(ctx, as_view(dst_sem), target)),
         src_sem=semaphore_cell(ctx, as_view(src_sem)) if src_sem is not None else None,
         nbytes=nbytes,
         actor=ctx.actor,
@@ -252,8 +269,8 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
 @rule(pallas_primitives.semaphore_signal_p)
 def _semaphore_signal(ctx, eqn, invals):
     sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
-    _check_local(ctx, device_id)
-    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
     cell = semaphore_cell(ctx, view)
     sem_add(cell, int(np.asarray(inc)))
     ctx.call.sync.last_signal[(cell[0].id, cell[1])] = user_frames(eqn.source_info)
