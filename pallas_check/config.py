@@ -11,6 +11,7 @@ class DmaMode(str, enum.Enum):
 
     EAGER = "eager"  # the copy is done when the DMA starts
     ON_WAIT = "on_wait"  # the copy is done when its semaphore is waited on
+    RANDOM = "random"  # read and write at scheduler-chosen points between start and wait
 
 
 class UninitFill(str, enum.Enum):
@@ -43,6 +44,8 @@ class Config:
     cores: int = 1  # TensorCores per device; 'parallel' grid axes are split over them
     seed: int = 0  # scheduler seed: the same seed gives the same interleaving
     races: bool = False  # happens-before race detection (costs a little per access)
+    schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
+    keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

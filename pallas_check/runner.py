@@ -11,7 +11,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode
@@ -39,7 +39,7 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
     from pallas_check.session import Session
 
     session = Session(config)
-    with _callback_failures() as ours, session.install():
+    with _callback_failures() as ours, session.install(), _progress_bar(session, config):
         outcome = run_script(script, args)
     findings = session.findings
     engine_error = session.engine_error or (ours[0] if ours else None)
@@ -135,6 +135,30 @@ class _OurCallbackFailures(logging.Filter):
                 self.errors.append(f"internal error in pallas-check's host callback:"
                                    f" {type(exc).__name__}: {exc}")
         return False
+
+
+@contextlib.contextmanager
+def _progress_bar(session: Any, config: Config) -> Iterator[None]:
+    """A rich progress bar over the schedules of each call (only on a terminal)."""
+    if config.schedules <= 1 or not sys.stderr.isatty():
+        yield
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        tasks: dict[int, Any] = {}
+
+        def update(call_index: int, kernel: str, done: int, total: int) -> None:
+            if call_index not in tasks:
+                tasks[call_index] = progress.add_task(
+                    f"call {call_index} ({kernel}): schedules", total=total)
+            progress.update(tasks[call_index], completed=done)
+
+        session.progress = update
+        try:
+            yield
+        finally:
+            session.progress = None
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -67,6 +67,8 @@ class Session:
         self._meetings: dict[int, _Meeting] = {}
         # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
         self.carried: dict = {}
+        # progress(call_index, kernel, schedules_done, schedules_total), e.g. a progress bar.
+        self.progress: Callable[[int, str, int, int], None] | None = None
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -116,8 +118,10 @@ class Session:
         started = time.perf_counter()
         kernel = kernel_info(params)
         try:
-            result = run_call_devices(params, device_operands, self.config, index, mesh,
-                                      self.carried)
+            result = run_call_devices(
+                params, device_operands, self.config, index, mesh, self.carried,
+                progress=(lambda done, total: self.progress(index, kernel.name, done, total))
+                if self.progress is not None else None)
         except KernelError as exc:
             self._fail(f"{kernel.name}: {exc.located()}")
             raise EngineFailure(self.engine_error) from exc

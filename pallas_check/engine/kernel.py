@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -210,13 +210,17 @@ class CallState:
         if self.races is not None:
             self.races.fork(ctx.actor, dma.actor_name)
 
-    def on_dma_copy(self, ctx: "CoreContext", dma: sync.Dma) -> None:
-        """The DMA (its own actor) read its source and wrote its destination."""
+    def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        """The DMA (its own actor) read its source."""
+        if self.races is not None:
+            self.races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
+                              "DMA read", dma.frames, dma.grid_point)
+
+    def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        """The DMA wrote its destination and signals its semaphores."""
         races = self.races
         if races is None:
             return
-        races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False, "DMA read",
-                     dma.frames, dma.grid_point)
         races.access(dma.actor_name, dma.dst.buffer, dma.dst.index_range(), True, "DMA write",
                      dma.frames, dma.grid_point)
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
@@ -426,9 +430,43 @@ def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
 
 def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                      config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
-                     carried: dict | None = None) -> DevicesResult:
+                     carried: dict | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
-    device); `carried` holds what outlives a call on a TPU (barrier semaphores)."""
+    device); `carried` holds what outlives a call on a TPU (barrier semaphores).
+
+    With `config.schedules` > 1 the call is simulated under seeds seed, seed+1, ...
+    until one schedule has findings (or all of them, with keep_going); each finding
+    carries the seed that replays it."""
+    carried = carried if carried is not None else {}
+    schedules = max(1, config.schedules)
+    merged: dict[tuple, Finding] = {}
+    result: DevicesResult | None = None
+    chosen_carried = dict(carried)
+    for i in range(schedules):
+        trial_carried = dict(carried)
+        trial = _one_schedule(params, device_operands,
+                              dataclasses.replace(config, seed=config.seed + i), call_index,
+                              mesh, trial_carried)
+        if progress is not None:
+            progress(i + 1, schedules)
+        if result is None or (trial.findings and not merged):
+            result, chosen_carried = trial, trial_carried
+        for finding in trial.findings:
+            if finding.seed is None:
+                finding.seed = config.seed + i
+            merged.setdefault(finding.merge_key(), finding)
+        if merged and not config.keep_going:
+            break
+    assert result is not None
+    carried.clear()
+    carried.update(chosen_carried)
+    return DevicesResult(result.outputs, list(merged.values()))
+
+
+def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
+                  config: Config, call_index: int, mesh: MeshInfo,
+                  carried: dict) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,

@@ -1,8 +1,12 @@
 """Runs actors (generators that yield where another actor could run) to completion.
 
-An actor yields a `Wait` when it cannot proceed. The scheduler picks the next runnable
-actor deterministically from its seed; when every unfinished actor waits on something
-that cannot become true, that is a deadlock, reported with who waits on what.
+An actor yields `None` at a scheduling point, or a `Wait` when it cannot proceed. The
+scheduler picks the next runnable actor from its seed with PCT-style priorities (each actor
+gets a random priority; the highest runnable one runs; at a few random change points the
+running actor drops to the lowest priority), which reaches rare orderings far more often
+than uniform choice. The same seed always gives the same interleaving. When every
+unfinished actor waits on something that cannot become true, that is a deadlock, reported
+with who waits on what.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from typing import Any, Generator
 
 from pallas_check.engine.sync import Wait
 
+PRIORITY_CHANGE_POINTS = 3
+CHANGE_POINT_HORIZON = 512  # scheduling steps within which the change points fall
+
 
 @dataclasses.dataclass
 class Actor:
@@ -21,6 +28,7 @@ class Actor:
     waiting: Wait | None = None
     done: bool = False
     result: Any = None
+    priority: float = 0.0
 
 
 @dataclasses.dataclass
@@ -36,16 +44,31 @@ class Scheduler:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._rng = random.Random(seed)
+        self.actors: list[Actor] = []
+        self.steps = 0
+        self._change_points = set(self._rng.sample(range(1, CHANGE_POINT_HORIZON),
+                                                   PRIORITY_CHANGE_POINTS))
+        self._lowest = 0.0
+
+    def spawn(self, actor: Actor) -> None:
+        """Add an actor (a core at the start, a DMA when it starts in `random` mode)."""
+        actor.priority = self._rng.random() + 1.0
+        self.actors.append(actor)
 
     def pick(self, runnable: list[Actor]) -> Actor:
-        if len(runnable) == 1:
-            return runnable[0]
-        return runnable[self._rng.randrange(len(runnable))]
+        chosen = max(runnable, key=lambda a: a.priority)
+        self.steps += 1
+        if self.steps in self._change_points:
+            self._lowest -= 1.0
+            chosen.priority = self._lowest
+        return chosen
 
-    def run(self, actors: list[Actor]) -> None:
+    def run(self, actors: list[Actor] | None = None) -> None:
         """Advance actors until all finish; raise Deadlock when none can move."""
+        for actor in actors or ():
+            self.spawn(actor)
         while True:
-            live = [a for a in actors if not a.done]
+            live = [a for a in self.actors if not a.done]
             if not live:
                 return
             runnable = [a for a in live if a.waiting is None or a.waiting.ready()]

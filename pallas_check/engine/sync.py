@@ -53,6 +53,7 @@ class Dma:
     grid_point: tuple[int, ...] | None
     copied: bool = False
     waited_bytes: int = 0
+    staged: Any = None  # (values, written-shadow) read from the source, not yet written
 
     @property
     def actor_name(self) -> str:
@@ -125,29 +126,50 @@ def sem_name(cell: tuple[memory.Buffer, tuple]) -> str:
     return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
-def complete(ctx: Any, dma: Dma) -> None:
-    """Move a DMA's data (values and the written-shadow) and signal its semaphores."""
-    if dma.copied:
+def dma_read(ctx: Any, dma: Dma) -> None:
+    """The DMA reads its source now (values and written-shadow are staged)."""
+    if dma.copied or dma.staged is not None:
         return
-    dma.copied = True
-    call = ctx.call
-    fill = ctx.fill(dma.src.buffer.data.dtype)
-    value = dma.src.read(fill)
-    written = dma.src.read_written()
+    value = dma.src.read(ctx.fill(dma.src.buffer.data.dtype))
     target_dtype = dma.dst.buffer.data.dtype
     if value.dtype != target_dtype:
         value = value.astype(target_dtype)
+    dma.staged = (value, dma.src.read_written())
+    ctx.call.on_dma_read(ctx, dma)
+
+
+def dma_write(ctx: Any, dma: Dma) -> None:
+    """The DMA writes its destination and signals its semaphores."""
+    if dma.copied:
+        return
+    dma_read(ctx, dma)
+    assert dma.staged is not None
+    value, written = dma.staged
+    dma.staged = None
+    dma.copied = True
     if dma.dst.post:
-        dma.dst.write(value, ctx.fill(target_dtype))
+        dma.dst.write(value, ctx.fill(value.dtype))
     else:
-        if dma.dst.oob:
-            dma.dst.write_base(value, written)
-        else:
-            dma.dst.write_base(value, written)
-    call.on_dma_copy(ctx, dma)
+        dma.dst.write_base(value, written)
+    ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.nbytes)
     if dma.src_sem is not None:
         sem_add(dma.src_sem, dma.nbytes)
+
+
+def complete(ctx: Any, dma: Dma) -> None:
+    """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
+    dma_read(ctx, dma)
+    dma_write(ctx, dma)
+
+
+def dma_actor(ctx: Any, dma: Dma):
+    """In `random` mode a DMA is an actor: its read and its write each happen at a point
+    the scheduler picks, after its start and before what waits for it."""
+    yield None
+    dma_read(ctx, dma)
+    yield None
+    dma_write(ctx, dma)
 
 
 # -- rules ----------------------------------------------------------------------------------
@@ -186,7 +208,7 @@ def on_device(ctx: Any, view: RefView, device: int) -> RefView:
     return RefView(other, view.transforms)
 
 
-@rule(mosaic_primitives.dma_start_p)
+@rule(mosaic_primitives.dma_start_p, generator=True)
 def _dma_start(ctx, eqn, invals):
     src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
     target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
@@ -220,6 +242,11 @@ def _dma_start(ctx, eqn, invals):
     ctx.call.on_dma_start(ctx, dma)
     if ctx.config.dma_mode == DmaMode.EAGER:
         complete(ctx, dma)
+    elif ctx.config.dma_mode == DmaMode.RANDOM:
+        from pallas_check.engine.scheduler import Actor
+
+        ctx.call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
+    yield None  # a scheduling point: another actor may run between start and what follows
     return []
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from pallas_check import __version__
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, replay_command
 
 SCHEMA = "pallas-check/report"
 SCHEMA_VERSION = 1
@@ -33,7 +33,10 @@ def report_dict(report: RunReport) -> dict[str, Any]:
             for c in report.calls
         ],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items()))},
-        "findings": [f.to_dict() for f in report.findings],
+        "findings": [
+            {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed)}
+            for f in report.findings
+        ],
     }
 
 

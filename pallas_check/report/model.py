@@ -20,3 +20,28 @@ class RunReport:
     user_traceback: str | None = None
     internal_error: str | None = None
     partial: bool = False
+
+
+# Options that change what a simulation does, with their defaults: a replay names those
+# that differ, plus the seed.
+_REPLAY_OPTIONS = (
+    ("dma_mode", "--dma", "on_wait"),
+    ("uninit", "--uninit", "nan"),
+    ("skip_floats", "--skip-floats", False),
+    ("tpu", "--tpu", "v5e"),
+    ("devices", "--devices", 1),
+    ("cores", "--cores", 1),
+    ("races", "--races", False),
+)
+
+
+def replay_command(script: str, config: dict[str, Any], seed: int | None) -> str:
+    """The command that reproduces a finding: same options, the finding's seed."""
+    parts = ["pallas-check", "run", script]
+    for key, flag, default in _REPLAY_OPTIONS:
+        value = config.get(key, default)
+        if value == default:
+            continue
+        parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
+    parts.append(f"--seed {seed if seed is not None else config.get('seed', 0)}")
+    return " ".join(parts)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, replay_command
 
 _TITLES = {
     FindingKind.OUT_OF_BOUNDS: "Out-of-bounds accesses",
@@ -93,6 +93,10 @@ class TableReporter:
                 if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
                                            FindingKind.DEADLOCK):
                     _print_accesses(console, f)
+                if kind in (FindingKind.RACE, FindingKind.DEADLOCK) or _explores(report):
+                    console.print(Text("      replay: ", style="dim")
+                                  + Text(replay_command(report.script, report.config, f.seed)),
+                                  soft_wrap=True)
         if report.user_error:
             console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
             if report.user_traceback:
@@ -109,13 +113,19 @@ class TableReporter:
         console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style))
 
 
+def _explores(report: RunReport) -> bool:
+    return report.config.get("schedules", 1) > 1 or report.config.get("dma_mode") == "random"
+
+
 def _print_accesses(console: Console, f: Finding) -> None:
     console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
-    for a in f.accesses:
+    labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
+    for i, a in enumerate(f.accesses):
+        label = labels[i] if i < len(labels) else ""
         where = a.frames[0] if a.frames else None
         loc = f"{_path(where.file)}:{where.line}  {where.code}" if where else "?"
         grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
-        console.print(f"    {a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
+        console.print(f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
                       f"{grid}: {loc}", highlight=False, markup=False, soft_wrap=True)
 
 
