@@ -440,7 +440,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     carries the seed that replays it."""
     carried = carried if carried is not None else {}
     schedules = max(1, config.schedules)
-    merged: dict[tuple, Finding] = {}
+    findings: list[Finding] = []
+    seen: set[tuple] = set()
     result: DevicesResult | None = None
     chosen_carried = dict(carried)
     for i in range(schedules):
@@ -450,18 +451,25 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                               mesh, trial_carried)
         if progress is not None:
             progress(i + 1, schedules)
-        if result is None or (trial.findings and not merged):
+        if result is None or (trial.findings and not findings):
             result, chosen_carried = trial, trial_carried
+        # Every occurrence is kept (the store counts them); a defect already seen under an
+        # earlier seed is not reported again under a later one.
+        keys = set()
         for finding in trial.findings:
             if finding.seed is None:
                 finding.seed = config.seed + i
-            merged.setdefault(finding.merge_key(), finding)
-        if merged and not config.keep_going:
+            key = finding.merge_key()
+            if key not in seen:
+                findings.append(finding)
+                keys.add(key)
+        seen |= keys
+        if findings and not config.keep_going:
             break
     assert result is not None
     carried.clear()
     carried.update(chosen_carried)
-    return DevicesResult(result.outputs, list(merged.values()))
+    return DevicesResult(result.outputs, findings)
 
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
