@@ -118,10 +118,16 @@ class Session:
         started = time.perf_counter()
         kernel = kernel_info(params)
         try:
-            result = run_call_devices(
-                params, device_operands, self.config, index, mesh, self.carried,
-                progress=(lambda done, total: self.progress(index, kernel.name, done, total))
-                if self.progress is not None else None)
+            import jax  # not at module level: --devices must reach XLA_FLAGS first
+
+            # The engine's own compiled pieces run on the host CPU, whatever the default
+            # backend of the user's script is.
+            with jax.default_device(jax.devices("cpu")[0]):
+                result = run_call_devices(
+                    params, device_operands, self.config, index, mesh, self.carried,
+                    progress=(lambda done, total: self.progress(index, kernel.name, done,
+                                                                total))
+                    if self.progress is not None else None)
         except KernelError as exc:
             self._fail(f"{kernel.name}: {exc.located()}")
             raise EngineFailure(self.engine_error) from exc
@@ -130,7 +136,10 @@ class Session:
                        f" {type(exc).__name__}: {exc}")
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
-        grid = tuple(int(g) for g in params["grid_mapping"].grid)
+        from pallas_check.engine.kernel import resolve_grid
+
+        gm = params["grid_mapping"]
+        grid = resolve_grid(gm.grid, device_operands[0][:gm.num_dynamic_grid_bounds])
         with self._lock:
             self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
                                           time.perf_counter() - started, len(result.findings),

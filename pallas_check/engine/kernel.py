@@ -503,9 +503,10 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     state.mesh = mesh
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
-    if gm.num_dynamic_grid_bounds:
-        raise KernelError("dynamic grid bounds are not supported")
-    grid = tuple(int(g) for g in gm.grid)
+    # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.
+    num_bounds = gm.num_dynamic_grid_bounds
+    grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
+    device_operands = [list(ops)[num_bounds:] for ops in device_operands]
     arg_names = _kernel_arg_names(jaxpr)
     n_in, n_out = gm.num_inputs, gm.num_outputs
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
@@ -627,6 +628,18 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
         outputs.append([np.array(buf.data) for buf in hbm_outputs])
         written.append(device_written)
     return outputs, state, written
+
+
+def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int, ...]:
+    """The grid with its dynamic dimensions replaced by the call's bound operands."""
+    values = iter(bounds)
+    out = []
+    for dim in grid:
+        if dim is pallas_core.dynamic_grid_dim:
+            out.append(int(next(values)))
+        else:
+            out.append(int(dim))
+    return tuple(out)
 
 
 def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,

@@ -1,0 +1,486 @@
+"""`pallas-check diff`: every pallas_call run twice, outputs compared call by call.
+
+One side is always ours (the engine with the run's Config; its outputs are what the script
+gets, so the script goes on exactly as under `pallas-check run`). The other side, in the
+same host callback and on the same operands, is one of:
+
+- `native`   the hardware lowering (Mosaic on a TPU, Triton / Mosaic GPU on a GPU). It
+             is compiled into the script's own executable next to the callback, which
+             receives the hardware's outputs (see `intercept._make_native_lowering`);
+- `hlo`      JAX's HLO interpreter (`pallas_call(..., interpret=True)`);
+- `jax-interpret`  JAX's TPU interpreter (`InterpretParams()`, with our uninitialized
+             fill and DMA mode so that a difference is one of the interpreters);
+- another configuration of ours, given as options: `--against "--uninit zero"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import inspect
+import io
+import itertools
+import shlex
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from pallas_check.config import Config, DmaMode, UninitFill
+from pallas_check.exitcodes import ExitCode
+
+FIRST_MISMATCHES = 5
+
+# Default tolerances per float dtype (itemsize; bfloat16 is told apart by name).
+_TOLERANCES = {"bfloat16": (1.6e-2, 1e-3), 2: (1e-3, 1e-5), 4: (1e-5, 1e-6),
+               8: (1e-7, 1e-9)}
+
+
+class UsageError(ValueError):
+    """A bad `--against` value (the CLI turns it into exit 2)."""
+
+
+# ---------------------------------------------------------------- the other side
+
+
+class Side:
+    label = "?"
+    native = False
+
+    def outputs(self, params: dict, operands: Sequence[np.ndarray], device: int,
+                mesh_axes: tuple, native: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def config_dict(self) -> dict | None:
+        return None
+
+
+class NativeSide(Side):
+    label = "native"
+    native = True
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        assert native is not None
+        return [np.asarray(x) for x in native]
+
+
+class _JaxInterpreterSide(Side):
+    """A JAX interpreter, jitted once per lowered call and run on the call's operands."""
+
+    def __init__(self) -> None:
+        self._jitted: dict[int, tuple[dict, Any]] = {}
+        self._lock = threading.Lock()
+
+    def _function(self, params: dict) -> Any:
+        raise NotImplementedError
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        import jax
+
+        if mesh_axes and int(np.prod([s for _, s in mesh_axes])) > 1:
+            raise RuntimeError(f"a call inside shard_map over several devices cannot be"
+                               f" compared against {self.label}")
+        with self._lock:
+            # `params` is the same dict for every run of one lowered call.
+            entry = self._jitted.get(id(params))
+            if entry is None:
+                entry = self._jitted[id(params)] = (params, jax.jit(self._function(params)))
+        return [np.asarray(x) for x in entry[1](*operands)]
+
+
+def _accepted(fn: Any, params: dict) -> dict:
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in params.items() if k in names}
+
+
+class HloSide(_JaxInterpreterSide):
+    label = "hlo"
+
+    def _function(self, params):
+        from jax._src.pallas import hlo_interpreter
+
+        fn = hlo_interpreter.pallas_call_hlo_interpret
+        return functools.partial(fn, **_accepted(fn, params))
+
+
+class JaxInterpretSide(_JaxInterpreterSide):
+    label = "jax-interpret"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+
+    def interpret_params(self) -> Any:
+        from jax._src.pallas.mosaic.interpret.params import InterpretParams
+
+        return InterpretParams(uninitialized_memory=self.config.uninit.value,
+                               dma_execution_mode=self.config.dma_mode.value)
+
+    def config_dict(self):
+        return {k: v for k, v in dataclasses.asdict(self.interpret_params()).items()
+                if isinstance(v, (int, float, str, bool, type(None)))}
+
+    def _function(self, params):
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+
+        fn = tpu_interpret.interpret_pallas_call
+        return functools.partial(fn, interpret_params=self.interpret_params(),
+                                 **_accepted(fn, params))
+
+
+class ConfigSide(Side):
+    """Our engine again, with another Config; its findings are not reported."""
+
+    def __init__(self, config: Config, text: str) -> None:
+        from pallas_check.session import Session
+
+        self.config = config
+        self.label = text
+        self.session = Session(dataclasses.replace(config, check_uninit_outputs=False))
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        return [np.asarray(x) for x in
+                self.session.handle_call(params, operands, device, mesh_axes)]
+
+    def config_dict(self):
+        from pallas_check.runner import config_dict
+
+        return config_dict(self.config)
+
+
+def _option_parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # never print, never exit
+            raise UsageError(message)
+
+    p = Parser(prog="--against", add_help=False, allow_abbrev=False)
+    p.add_argument("--dma", choices=[m.value for m in DmaMode])
+    p.add_argument("--uninit", choices=[m.value for m in UninitFill])
+    p.add_argument("--skip-floats", dest="skip_floats", action="store_true", default=None)
+    p.add_argument("--no-skip-floats", dest="skip_floats", action="store_false")
+    p.add_argument("--races", dest="races", action="store_true", default=None)
+    p.add_argument("--no-races", dest="races", action="store_false")
+    p.add_argument("--cores", type=int)
+    p.add_argument("--seed", type=int)
+    return p
+
+
+def parse_against(text: str | None, config: Config) -> Side:
+    """The comparison side named by `--against` (None: the hardware)."""
+    text = (text or "native").strip()
+    if text == "native":
+        return NativeSide()
+    if text == "hlo":
+        return HloSide()
+    if text == "jax-interpret":
+        return JaxInterpretSide(config)
+    if not text.startswith("-"):
+        raise UsageError(f"unknown --against {text!r} (choose native, hlo, jax-interpret or"
+                         f" options of ours such as \"--uninit zero\")")
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--against {text!r}: {exc}") from None
+    try:
+        ns = _option_parser().parse_args(words)
+    except UsageError as exc:
+        raise UsageError(f"--against {text!r}: {exc} (options allowed there: --dma,"
+                         f" --uninit, --[no-]skip-floats, --[no-]races, --cores, --seed)"
+                         ) from None
+    changes: dict[str, Any] = {}
+    if ns.dma is not None:
+        changes["dma_mode"] = DmaMode(ns.dma)
+    if ns.uninit is not None:
+        changes["uninit"] = UninitFill(ns.uninit)
+    for name in ("skip_floats", "races", "seed"):
+        if getattr(ns, name) is not None:
+            changes[name] = getattr(ns, name)
+    if ns.cores is not None:
+        if ns.cores < 1:
+            raise UsageError(f"--against {text!r}: --cores must be at least 1")
+        changes["cores"] = ns.cores
+    other = dataclasses.replace(config, **changes)
+    if other == config:
+        raise UsageError(f"--against {text!r} is the configuration already in use;"
+                         f" nothing would differ")
+    return ConfigSide(other, " ".join(words))
+
+
+# ---------------------------------------------------------------- comparing outputs
+
+
+@dataclasses.dataclass
+class Mismatch:
+    index: tuple[int, ...]
+    ours: Any
+    theirs: Any
+
+
+@dataclasses.dataclass
+class OutputDiff:
+    output: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    size: int
+    mismatches: int
+    max_abs: float
+    max_rel: float
+    first: list[Mismatch]
+    rtol: float | None = None
+    atol: float | None = None
+    note: str | None = None  # e.g. the other side's shape or dtype, when it differs
+
+
+def tolerances(dtype: np.dtype, rtol: float | None, atol: float | None
+               ) -> tuple[float, float]:
+    """(rtol, atol) for a dtype: the user's where given, else the dtype's defaults."""
+    if not _is_float(dtype):
+        return 0.0, 0.0
+    key: Any = "bfloat16" if dtype.name == "bfloat16" else min(dtype.itemsize, 8)
+    if np.issubdtype(dtype, np.complexfloating):
+        key = dtype.itemsize // 2
+    default_rtol, default_atol = _TOLERANCES.get(key, _TOLERANCES[4])
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc" or dtype.name in ("bfloat16",) or "float8" in dtype.name
+
+
+def _scalar(x: Any) -> Any:
+    """A JSON-friendly scalar: ints and bools as such, non-finite floats as strings."""
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer, int)):
+        return int(x)
+    if isinstance(x, (np.complexfloating, complex)):
+        return str(complex(x))
+    value = float(x)
+    return value if np.isfinite(value) else str(value)
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
+            atol: float | None = None, output: int = 0, name: str = "") -> OutputDiff:
+    """Element-wise comparison; NaN equals NaN, infinities equal themselves."""
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    r, a = tolerances(ours.dtype, rtol, atol)
+    base = dict(output=output, name=name, shape=tuple(ours.shape), dtype=str(ours.dtype),
+                size=int(ours.size))
+    if ours.shape != theirs.shape:
+        return OutputDiff(**base, mismatches=int(ours.size), max_abs=float("inf"),
+                          max_rel=float("inf"), first=[],
+                          note=f"the other side's shape is {tuple(theirs.shape)}")
+    note = (None if ours.dtype == theirs.dtype
+            else f"the other side's dtype is {theirs.dtype}")
+    if _is_float(ours.dtype) or _is_float(theirs.dtype):
+        wide = np.complex128 if (ours.dtype.kind == "c" or theirs.dtype.kind == "c") \
+            else np.float64
+        x, y = ours.astype(wide), theirs.astype(wide)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            err = np.where(same, 0.0, np.abs(x - y))
+            err = np.where(np.isnan(err), np.inf, err)  # NaN against a number, inf - inf
+            close = same | (err <= a + r * np.abs(y))
+            rel = np.where(err == 0, 0.0, err / np.abs(y))
+            rel = np.where(np.isnan(rel), np.inf, rel)  # an infinite error against inf
+    else:
+        x, y = ours, theirs
+        close = x == y
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            err = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            rel = np.where(err == 0, 0.0, err / np.abs(y.astype(np.float64)))
+    bad = np.flatnonzero(~np.asarray(close).ravel())
+    first = [Mismatch(tuple(int(i) for i in np.unravel_index(k, ours.shape)),
+                      _scalar(ours.ravel()[k]), _scalar(theirs.ravel()[k]))
+             for k in bad[:FIRST_MISMATCHES]]
+    max_abs = float(np.max(err)) if err.size else 0.0
+    max_rel = float(np.max(rel)) if rel.size else 0.0
+    return OutputDiff(**base, mismatches=int(bad.size), max_abs=max_abs, max_rel=max_rel,
+                      first=first, rtol=r, atol=a, note=note)
+
+
+# ---------------------------------------------------------------- the session
+
+
+@dataclasses.dataclass
+class CallDiff:
+    index: int
+    device: int
+    kernel: str
+    file: str
+    line: int
+    grid: tuple[int, ...]
+    outputs: list[OutputDiff]
+    error: str | None = None  # the other side could not run this call
+
+    @property
+    def mismatches(self) -> int:
+        return sum(o.mismatches for o in self.outputs)
+
+
+def _output_names(params: dict) -> list[str]:
+    n_out = len(params["out_avals"])
+    try:
+        from pallas_check.engine.kernel import _kernel_arg_names
+
+        gm = params["grid_mapping"]
+        names = _kernel_arg_names(params["jaxpr"])
+        start = gm.num_index_operands + gm.num_inputs
+        return [names[start + j] for j in range(n_out)]
+    except Exception:  # noqa: BLE001 - names are a nicety
+        return [f"out{j}" for j in range(n_out)]
+
+
+@contextlib.contextmanager
+def _on_cpu() -> Iterator[None]:
+    """Our engine and JAX's interpreters run on the CPU even where the default device is an
+    accelerator: calling back into a busy accelerator from its own callback can deadlock."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+class DiffSession:
+    """The interception handler of `pallas-check diff`: ours, then the other side."""
+
+    def __init__(self, config: Config, side: Side, rtol: float | None = None,
+                 atol: float | None = None) -> None:
+        from pallas_check.session import Session
+
+        self.config = config
+        self.side = side
+        self.rtol, self.atol = rtol, atol
+        self.ours = Session(config)
+        self.calls: list[CallDiff] = []
+        self.side_error: str | None = None
+        self._seq: dict[int, itertools.count] = {}
+        self._lock = threading.Lock()
+
+    def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
+                    mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None
+                    ) -> list[np.ndarray]:
+        from pallas_check.engine.kernel import kernel_info
+
+        with _on_cpu():
+            ours = self.ours.handle_call(params, operands, device, mesh_axes)
+            with self._lock:
+                index = next(self._seq.setdefault(device, itertools.count()))
+            kernel = kernel_info(params)
+            grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
+                         for g in params["grid_mapping"].grid)
+            record = CallDiff(index, device, kernel.name, kernel.file, kernel.line, grid, [])
+            try:
+                theirs = self.side.outputs(params, operands, device, mesh_axes, native)
+            except Exception as exc:  # noqa: BLE001 - reported; the script goes on
+                from pallas_check.runner import one_line
+
+                record.error = one_line(f"{type(exc).__name__}: {exc}")[:500]
+                with self._lock:
+                    if self.side_error is None:
+                        self.side_error = (f"{self.side.label} could not run call {index}"
+                                           f" ({kernel.name}): {record.error}")
+            else:
+                names = _output_names(params)
+                record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j])
+                                  for j, (o, t) in enumerate(zip(ours, theirs))]
+                if len(theirs) != len(ours):
+                    record.error = (f"{self.side.label} returned {len(theirs)} output(s),"
+                                    f" ours {len(ours)}")
+            with self._lock:
+                self.calls.append(record)
+        return ours
+
+    @contextlib.contextmanager
+    def install(self) -> Iterator[None]:
+        from pallas_check.intercept import intercepted
+        from pallas_check.tpu_info import simulated_tpu
+
+        if self.side.native:  # kernels asking which chip they run on get the real one
+            with intercepted(self.handle_call, mode="alongside"):
+                yield
+            return
+        with intercepted(self.handle_call), simulated_tpu(self.config.tpu, self.config.cores):
+            yield
+
+
+# ---------------------------------------------------------------- the run and its report
+
+
+@dataclasses.dataclass
+class DiffReport:
+    script: str
+    against: str
+    config: dict
+    against_config: dict | None
+    rtol: float | None
+    atol: float | None
+    calls: list[CallDiff]
+    findings: int
+    exit_code: int
+    user_error: str | None = None
+    user_traceback: str | None = None
+    internal_error: str | None = None
+    partial: bool = False
+
+    @property
+    def mismatching_outputs(self) -> int:
+        return sum(1 for c in self.calls for o in c.outputs if o.mismatches)
+
+
+def exit_code_for(mismatches: int, user_failed: bool, failed: bool) -> ExitCode:
+    """Our failure (or the other side's) outranks the user's; the user's outranks a diff."""
+    if failed:
+        return ExitCode.INTERNAL
+    if user_failed:
+        return ExitCode.USER_ERROR
+    return ExitCode.FINDINGS if mismatches else ExitCode.CLEAN
+
+
+def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
+                        rtol: float | None, atol: float | None, fmt: str,
+                        output: Path | None) -> ExitCode:
+    from pallas_check.execfile import run_script
+    from pallas_check.report.diff import render
+    from pallas_check.runner import _callback_failures, config_dict, one_line
+
+    session = DiffSession(config, side, rtol, atol)
+    with _callback_failures() as ours, session.install():
+        outcome = run_script(script, args)
+    error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
+    error = one_line(error) if error else None
+    user_failed = not outcome.ok and error is None
+    calls = sorted(session.calls, key=lambda c: (c.index, c.device))
+    code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None)
+    report = DiffReport(
+        script=script, against=side.label, config=config_dict(config),
+        against_config=side.config_dict(), rtol=rtol, atol=atol, calls=calls,
+        findings=len(session.ours.findings), exit_code=int(code),
+        user_error=outcome.error if user_failed else None,
+        user_traceback=outcome.traceback if user_failed else None,
+        internal_error=error, partial=outcome.interrupted)
+    buffer = io.StringIO()
+    render(report, fmt, buffer)
+    if user_failed and (fmt != "table" or output is not None):
+        sys.stderr.write(outcome.traceback
+                         or f"pallas-check: the script failed: {outcome.error}\n")
+    if output is not None:
+        from pallas_check.cli import write_atomically
+
+        write_atomically(output, buffer.getvalue())
+        print(f"pallas-check: {report.mismatching_outputs} mismatching output(s) in"
+              f" {len(calls)} call(s); report written to {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(buffer.getvalue())
+        sys.stdout.flush()
+    if error:
+        print(f"pallas-check: error: {error}", file=sys.stderr)
+    return code

@@ -1,0 +1,280 @@
+"""`--native`: the real hardware lowering (Mosaic on a TPU, Triton / Mosaic GPU on a GPU).
+
+`pallas-check run --native` runs the script with every pallas_call going to the hardware
+lowering; nothing of ours replaces any value. What is timed, and how:
+
+- while the script runs, the hardware kernel of each call is in the script's own
+  executable, untouched; next to it, one host callback copies the call's operands to the
+  host (the only thing added; it is why the script's own wall time is a little longer);
+- after the script ends, each recorded call's kernel is run again on its own, on the same
+  operands moved back to the device: compiled once (the compile time is reported), run once
+  to warm up, then `REPEATS` times, each run ended by `block_until_ready`; the report gives
+  the best and the median of those runs (so: the kernel alone, with dispatch, not the
+  surrounding XLA program, and not the host copies).
+
+A kernel running inside a `shard_map` over several devices is not re-run alone (a single
+device's part of a call that communicates could wait forever); it is listed as not timed.
+Where no TPU or GPU backend exists, `native_unavailable()` names what there is and the CLI
+stops with exit 2 before running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import numpy as np
+
+from pallas_check.exitcodes import ExitCode
+
+ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
+REPEATS = 5
+MAX_TIMED_CALLS = 256  # calls beyond these are counted, not kept (their operands cost memory)
+
+SCHEMA = "pallas-check/native-timing"
+SCHEMA_VERSION = 1
+
+
+def platforms() -> list[str]:
+    """The JAX platforms that have devices in this process (e.g. ['cpu'])."""
+    import jax
+
+    found = []
+    for name in ("tpu", "gpu", "cpu"):
+        try:
+            if jax.devices(name):
+                found.append(name)
+        except RuntimeError:
+            pass
+    return found
+
+
+def native_unavailable() -> str | None:
+    """None when the default JAX backend is a TPU or GPU; else the one-line reason."""
+    import jax
+
+    try:
+        backend = jax.default_backend()
+    except RuntimeError as exc:
+        return f"--native needs a TPU or GPU backend; JAX could not start one ({exc})"
+    if backend in ACCELERATORS:
+        return None
+    return ("--native needs a TPU or GPU backend; this machine has: "
+            + (", ".join(platforms()) or backend))
+
+
+@dataclasses.dataclass
+class RecordedCall:
+    index: int
+    params: dict
+    operands: list[np.ndarray] | None  # None: not kept (beyond MAX_TIMED_CALLS)
+    device: int
+    devices: int
+
+
+@dataclasses.dataclass
+class CallTiming:
+    index: int
+    kernel: str
+    file: str
+    line: int
+    grid: tuple[int, ...]
+    compile_s: float | None = None
+    best_s: float | None = None
+    median_s: float | None = None
+    runs: int = 0
+    not_timed: str | None = None  # why, when the call was not timed
+
+
+class NativeRecorder:
+    """The observer behind `intercepted(..., mode="observe")`: keeps each call's operands."""
+
+    def __init__(self) -> None:
+        self.calls: list[RecordedCall] = []
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def observe(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
+                mesh_axes: tuple = ()) -> None:
+        devices = int(np.prod([size for _, size in mesh_axes])) if mesh_axes else 1
+        with self._lock:
+            index = next(self._counter)
+            keep = index < MAX_TIMED_CALLS and devices == 1
+            self.calls.append(RecordedCall(index, params,
+                                           [np.array(x) for x in operands] if keep else None,
+                                           device, devices))
+
+
+def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[CallTiming]:
+    """Re-run each recorded call's hardware kernel alone (no interception installed)."""
+    import jax
+
+    from pallas_check.engine.kernel import kernel_info
+    from pallas_check.intercept import native_function
+
+    compiled: dict[tuple, tuple[Any, float]] = {}
+    out = []
+    for call in sorted(calls, key=lambda c: c.index):
+        kernel = kernel_info(call.params)
+        grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
+                     for g in call.params["grid_mapping"].grid)
+        timing = CallTiming(call.index, kernel.name, kernel.file, kernel.line, grid)
+        out.append(timing)
+        if call.devices > 1:
+            timing.not_timed = (f"part of a {call.devices}-device call (shard_map): one"
+                                f" device's kernel is not re-run alone")
+            continue
+        if call.operands is None:
+            timing.not_timed = f"beyond the first {MAX_TIMED_CALLS} calls"
+            continue
+        try:
+            args = [jax.device_put(x) for x in call.operands]
+            key = (id(call.params), tuple((a.shape, str(a.dtype)) for a in call.operands))
+            if key not in compiled:
+                started = time.perf_counter()
+                executable = native_function(call.params).lower(*args).compile()
+                compiled[key] = (executable, time.perf_counter() - started)
+            executable, timing.compile_s = compiled[key]
+            jax.block_until_ready(executable(*args))  # warm-up
+            seconds = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                jax.block_until_ready(executable(*args))
+                seconds.append(time.perf_counter() - started)
+            timing.best_s, timing.median_s = min(seconds), statistics.median(seconds)
+            timing.runs = len(seconds)
+        except Exception as exc:  # reported per call; the other calls are still timed
+            from pallas_check.runner import one_line
+
+            timing.not_timed = one_line(f"{type(exc).__name__}: {exc}")[:300]
+    return out
+
+
+@dataclasses.dataclass
+class NativeReport:
+    script: str
+    backend: str
+    script_seconds: float
+    calls: list[CallTiming]
+    exit_code: int
+    user_error: str | None = None
+    user_traceback: str | None = None
+    internal_error: str | None = None
+    partial: bool = False
+
+
+def report_dict(report: NativeReport) -> dict[str, Any]:
+    from pallas_check import __version__
+
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "pallas-check", "version": __version__},
+        "script": report.script,
+        "backend": report.backend,
+        "timed": (f"each call's kernel re-run alone after the script on the same operands:"
+                  f" compile once, 1 warm-up, best and median of {REPEATS} runs ended by"
+                  f" block_until_ready"),
+        "script_seconds": report.script_seconds,
+        "exit_code": report.exit_code,
+        "partial": report.partial,
+        "user_error": report.user_error,
+        "user_traceback": report.user_traceback,
+        "internal_error": report.internal_error,
+        "calls": [dataclasses.asdict(c) | {"grid": list(c.grid)} for c in report.calls],
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def render_table(report: NativeReport, stream: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
+    table = Table(title=f"pallas_call wall times on {report.backend} (native lowering)",
+                  title_justify="left", expand=True)
+    for col in ("call", "kernel", "where", "grid", "compile ms", "best ms", "median ms",
+                "note"):
+        table.add_column(col, overflow="fold")
+    for c in report.calls:
+        table.add_row(str(c.index), c.kernel, f"{c.file}:{c.line}", str(c.grid),
+                      _ms(c.compile_s), _ms(c.best_s), _ms(c.median_s), c.not_timed or "")
+    console.print(table)
+    console.print(Text(f"Timed: each call's kernel re-run alone after the script, on the"
+                       f" same operands; best and median of {REPEATS} runs after a warm-up,"
+                       f" each ended by block_until_ready.", style="dim"))
+    if report.user_error:
+        console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
+        if report.user_traceback:
+            console.print(Text(report.user_traceback.rstrip()))
+    if report.internal_error:
+        console.print(Text("pallas-check error: ", style="bold red")
+                      + Text(report.internal_error))
+    timed = sum(1 for c in report.calls if c.best_s is not None)
+    summary = (f"{timed} of {len(report.calls)} pallas_call(s) timed; the script ran"
+               f" {report.script_seconds:.3f} s")
+    console.print(Text("pallas-check: ", style="bold") + Text(summary, style="bold"))
+
+
+def run_native_and_report(script: str, args: Sequence[str], fmt: str,
+                          output: Path | None) -> ExitCode:
+    """`pallas-check run --native`: the script on the hardware lowering, each call timed."""
+    import json
+
+    import jax
+
+    from pallas_check.execfile import run_script
+    from pallas_check.intercept import intercepted
+    from pallas_check.runner import _callback_failures, one_line
+
+    recorder = NativeRecorder()
+    started = time.perf_counter()
+    with _callback_failures() as ours, intercepted(recorder.observe, mode="observe"):
+        outcome = run_script(script, args)
+    script_seconds = time.perf_counter() - started
+    internal = None
+    try:
+        timings = time_calls(recorder.calls)
+    except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
+        timings, internal = [], one_line(f"timing failed: {type(exc).__name__}: {exc}")
+    if ours and internal is None:
+        internal = one_line(ours[0])
+    user_failed = not outcome.ok and internal is None
+    code = (ExitCode.INTERNAL if internal else
+            ExitCode.USER_ERROR if user_failed else ExitCode.CLEAN)
+    report = NativeReport(script, jax.default_backend(), script_seconds, timings, int(code),
+                          outcome.error if user_failed else None,
+                          outcome.traceback if user_failed else None, internal,
+                          outcome.interrupted)
+    buffer = io.StringIO()
+    if fmt == "json":
+        json.dump(report_dict(report), buffer, indent=2, default=str)
+        buffer.write("\n")
+    else:
+        render_table(report, buffer)
+    if user_failed and (fmt != "table" or output is not None):
+        sys.stderr.write(outcome.traceback
+                         or f"pallas-check: the script failed: {outcome.error}\n")
+    if output is not None:
+        from pallas_check.cli import write_atomically
+
+        write_atomically(output, buffer.getvalue())
+        print(f"pallas-check: {len(timings)} pallas_call(s); report written to {output}",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(buffer.getvalue())
+        sys.stdout.flush()
+    if internal:
+        print(f"pallas-check: error: {internal}", file=sys.stderr)
+    return code
