@@ -143,6 +143,10 @@ def install(handler: CallHandler, mode: str = "replace") -> None:
         rule = (_make_lowering(handler) if mode == "replace"
                 else _make_native_lowering(handler, mode, _saved["default"]))
         mlir.register_lowering(prim, rule, cacheable=False)
+        # `pl.kernel` / `mpmd_map` kernels reach the same lowering through this module
+        # function rather than through the primitive's registered rule.
+        _saved["module_lowering"] = pallas_call_module._pallas_call_lowering
+        pallas_call_module._pallas_call_lowering = rule
     # Executables compiled before now used the real lowering.
     jax.clear_caches()
 
@@ -160,6 +164,7 @@ def uninstall() -> None:
             mlir._lowerings.pop(prim, None)
         for platform, entry in _saved["platforms"].items():
             mlir._platform_specific_lowerings[platform][prim] = entry
+        pallas_call_module._pallas_call_lowering = _saved["module_lowering"]
         _saved = None
     jax.clear_caches()
 

@@ -253,7 +253,16 @@ def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Seq
         invals = [read_atom(env, v) for v in eqn.invars]
         ctx.eqn = eqn
         if entry.is_generator:
-            outs = yield from entry.fn(ctx, eqn, invals)
+            if eqn.params and _has_subjaxprs(eqn):
+                # Pallas clips source tracebacks at each traced body: an equation inside
+                # (e.g. the DMA of a sync_copy) may have no user frame; it gets ours.
+                ctx.frame_stack.append(current_frames(ctx))
+                try:
+                    outs = yield from entry.fn(ctx, eqn, invals)
+                finally:
+                    ctx.frame_stack.pop()
+            else:
+                outs = yield from entry.fn(ctx, eqn, invals)
         else:
             outs = entry.fn(ctx, eqn, invals)
         if not eqn.primitive.multiple_results:
@@ -262,6 +271,30 @@ def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Seq
             if not _is_dropvar(v):
                 env[v] = value
     return [read_atom(env, v) for v in jaxpr.outvars]
+
+
+_SUBJAXPRS: dict[int, bool] = {}
+
+
+def _has_subjaxprs(eqn: jax_core.JaxprEqn) -> bool:
+    key = id(eqn)
+    known = _SUBJAXPRS.get(key)
+    if known is None:
+        known = _SUBJAXPRS[key] = any(True for _ in jax_core.jaxprs_in_params(eqn.params))
+    return known
+
+
+def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:
+    """The user's frames for the equation being evaluated, or else for the nearest
+    enclosing equation (cond, loop, run_scoped, jit) that has some."""
+    eqn = ctx.eqn
+    frames = user_frames(eqn.source_info) if eqn is not None else ()
+    if frames:
+        return frames
+    for outer in reversed(ctx.frame_stack):
+        if outer:
+            return outer
+    return ()
 
 
 def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:

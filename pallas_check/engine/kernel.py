@@ -17,13 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 from jax._src.pallas import core as pallas_core
-from jax._src.pallas.mosaic import core as tpu_core
 from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
-from pallas_check.engine.evaluate import KernelError, eval_jaxpr
+from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
@@ -36,7 +35,7 @@ from pallas_check.findings import (
     SourceFrame,
     format_range,
 )
-from pallas_check.sourceinfo import parse_src_info, user_frames
+from pallas_check.sourceinfo import parse_src_info
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,7 +168,7 @@ class CallState:
         if self.races is None:
             return
         if frames is None:
-            frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+            frames = current_frames(ctx)
         self.races.access(actor or ctx.actor, region.buffer, region.index_range(), is_write,
                           operation, frames, ctx.grid_point)
 
@@ -181,7 +180,7 @@ class CallState:
         buf = region.buffer
         detail = ", ".join(f"index {o.index} in dimension {o.dim} of size {o.size}"
                            for o in region.oob)
-        frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        frames = current_frames(ctx)
         self.add(Finding(
             kind=FindingKind.OUT_OF_BOUNDS,
             message=f"{operation} of {buf.name}{format_range(region.index_range())} is out of"
@@ -196,7 +195,7 @@ class CallState:
                            unwritten: np.ndarray | None = None) -> None:
         """A read touched never-written elements (`unwritten`: which, in the access's shape);
         the recorded range is theirs, not the whole access's."""
-        frames = user_frames(ctx.eqn.source_info) if ctx.eqn is not None else ()
+        frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
         self.uninit_reads.append(UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
@@ -344,6 +343,9 @@ class CoreContext:
         self.rng = np.random.default_rng([device_id, core_id])
         self.scoped_count = 0
         self.mesh = call.mesh
+        self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
+        # Source frames of the enclosing equations being evaluated (see current_frames).
+        self.frame_stack: list[tuple[SourceFrame, ...]] = []
 
     def fill(self, dtype: Any) -> Any:
         return self.call.fill(dtype)
@@ -355,11 +357,17 @@ class CoreContext:
     def num_programs(self, axis: int) -> int:
         return int(self.grid[self.program_axes[axis]])
 
+    def core_mesh_sizes(self) -> dict[str, int]:
+        if not self.core_coords:
+            return {}
+        names = list(self.core_coords)
+        return dict(zip(names, self.grid[-len(names):]))
+
     def axis_index(self, name: Any) -> int:
         """This device's coordinate along a mesh axis (several axes: row-major)."""
         names = name if isinstance(name, (tuple, list)) else (name,)
-        coords = self.mesh.coords(self.device_id)
-        sizes = dict(self.mesh.axes)
+        coords = {**self.mesh.coords(self.device_id), **self.core_coords}
+        sizes = {**dict(self.mesh.axes), **self.core_mesh_sizes()}
         index = 0
         for n in names:
             if n not in coords:
@@ -519,7 +527,13 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     scratch_vars = invars[gm.num_index_operands + n_in + n_out:]
     points = _grid_points(grid)
     program_axes = _program_axes(gm)
-    core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
+    core_axes = core_mesh_axes(params)
+    if core_axes:
+        # A core_map / pl.kernel over a TensorCore mesh: every point of the mesh is a core
+        # of its own, all running at once with private VMEM.
+        core_steps = [np.array([i]) for i in range(len(points))]
+    else:
+        core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
@@ -562,6 +576,8 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
             my_points = points[my_steps]
             ctx = CoreContext(state, grid, program_axes, device_id=device, core_id=core_id,
                               num_devices=mesh.num_devices)
+            if core_axes:
+                ctx.core_coords = dict(zip(core_axes, (int(c) for c in points[core_id])))
             contexts.append(ctx)
             # Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks
             # and scratch; VMEM_SHARED scratch is one buffer for all cores of a device.
@@ -630,12 +646,23 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     return outputs, state, written
 
 
+def core_mesh_axes(params: dict) -> tuple[str, ...]:
+    """Axis names of a TensorCore mesh the call runs over (core_map / pl.kernel), or ()."""
+    mesh = params.get("mesh")
+    if mesh is None:
+        return ()
+    names = getattr(mesh, "axis_names", None) or tuple(getattr(mesh, "shape", {}) or ())
+    return tuple(names)
+
+
 def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int, ...]:
     """The grid with its dynamic dimensions replaced by the call's bound operands."""
     values = iter(bounds)
     out = []
     for dim in grid:
-        if dim is pallas_core.dynamic_grid_dim:
+        if isinstance(dim, tuple):  # a named mesh axis of a core_map kernel: (name, size)
+            out.append(int(dim[1]))
+        elif dim is pallas_core.dynamic_grid_dim:
             out.append(int(next(values)))
         else:
             out.append(int(dim))
@@ -730,7 +757,6 @@ def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:
 def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                operands: list[Operand], points: np.ndarray):
     """The actor of one core: the grid walk with the block pipeline around each step."""
-    state = ctx.call
     blocked = [op for op in operands if not op.whole_array]
     inputs = [op for op in blocked if not op.is_output]
     outputs = [op for op in blocked if op.is_output]
@@ -921,13 +947,19 @@ def _semaphore_findings(state: CallState, ctx: CoreContext) -> None:
             if left == 0:
                 continue  # explained by a DMA never waited, reported as such
             frames = state.sync.last_signal.get((buf.id, idx), ())
+            signaller = state.sync.last_signaller.get((buf.id, idx), "")
             cell = sync.sem_name((buf, idx))
-            where = f", last signalled at {frames[0].file}:{frames[0].line}" if frames else ""
+            # Several devices: say whose semaphore leaked and who signalled it last (a
+            # remote signal's target is another device than its signaller).
+            on = f" of device {buf.device}" if state.mesh.num_devices > 1 else ""
+            by = f" by {signaller}" if signaller and state.mesh.num_devices > 1 else ""
+            where = (f", last signalled{by} at {frames[0].file}:{frames[0].line}"
+                     if frames else "")
             state.add(Finding(
                 kind=FindingKind.SEMAPHORE_LEAK,
-                message=f"semaphore {cell} ends the kernel with count {count}{where}",
+                message=f"semaphore {cell}{on} ends the kernel with count {count}{where}",
                 kernel=state.kernel, call_index=state.call_index, grid_point=None,
-                actor=ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
+                actor=signaller or ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
                 index_range=tuple((i, i + 1) for i in idx) or None, frames=frames,
                 details={"count": count, "semaphore": cell},
             ))

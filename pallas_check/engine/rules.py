@@ -21,6 +21,7 @@ from jax._src.lax import parallel as lax_parallel
 from pallas_check.engine import memory
 from pallas_check.engine.evaluate import (
     KernelError,
+    current_frames,
     eval_closed,
     eval_jaxpr,
     rule,
@@ -76,9 +77,7 @@ def _resolve(ctx: Any, view: RefView) -> Region:
     try:
         return memory.resolve(view)
     except memory.UnsupportedTransform as exc:
-        from pallas_check.sourceinfo import user_frames
-
-        raise KernelError(f"unsupported ref transform: {exc}", user_frames(ctx.eqn.source_info))
+        raise KernelError(f"unsupported ref transform: {exc}", current_frames(ctx))
 
 
 def _cast(value: np.ndarray, aval: Any) -> np.ndarray:

@@ -19,10 +19,9 @@ from jax._src.state import types as state_types
 
 from pallas_check.config import DmaMode
 from pallas_check.engine import memory
-from pallas_check.engine.evaluate import KernelError, rule
+from pallas_check.engine.evaluate import KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import user_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +68,7 @@ class SyncState:
         self._ids = itertools.count(1)
         self.dmas: list[Dma] = []
         self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
+        self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
 
     def start(self, dma: Dma) -> None:
         self.dmas.append(dma)
@@ -98,7 +98,7 @@ def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
     if region.oob or region.post or region.out_shape:
         raise KernelError(
             f"semaphore access {view.buffer.name}{_describe(region)} must pick one semaphore",
-            user_frames(ctx.eqn.source_info),
+            current_frames(ctx),
         )
     return view.buffer, region.index
 
@@ -197,14 +197,14 @@ def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> int:
     if len(ids) == len(names):
         return mesh.logical(dict(zip(names, ids)))
     raise KernelError(f"device id {tuple(ids)} does not match the mesh axes {names}",
-                      user_frames(ctx.eqn.source_info))
+                      current_frames(ctx))
 
 
 def on_device(ctx: Any, view: RefView, device: int) -> RefView:
     """The same ref on another device (a remote DMA's destination, a remote signal)."""
     if device == view.buffer.device:
         return view
-    other = ctx.call.remote(view.buffer, device, user_frames(ctx.eqn.source_info))
+    other = ctx.call.remote(view.buffer, device, current_frames(ctx))
     return RefView(other, view.transforms)
 
 
@@ -215,7 +215,7 @@ def _dma_start(ctx, eqn, invals):
     src_view, dst_view = as_view(src), on_device(ctx, as_view(dst), target)
     src_region = memory.resolve(src_view)
     dst_region = memory.resolve(dst_view)
-    frames = user_frames(eqn.source_info)
+    frames = current_frames(ctx)
     if src_region.oob:
         ctx.call.out_of_bounds(ctx, src_region, "DMA source", None)
     if dst_region.oob:
@@ -264,7 +264,7 @@ def _dma_wait(ctx, eqn, invals):
     region = memory.resolve(view)
     nbytes = int(np.prod(_shape_after(region))) * view.buffer.data.dtype.itemsize
     cell = semaphore_cell(ctx, as_view(dst_sem))
-    frames = user_frames(eqn.source_info)
+    frames = current_frames(ctx)
     sync = ctx.call.sync
     if ctx.config.dma_mode == DmaMode.ON_WAIT:
         for dma in sync.pending_on(cell):
@@ -300,7 +300,8 @@ def _semaphore_signal(ctx, eqn, invals):
     view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
     cell = semaphore_cell(ctx, view)
     sem_add(cell, int(np.asarray(inc)))
-    ctx.call.sync.last_signal[(cell[0].id, cell[1])] = user_frames(eqn.source_info)
+    ctx.call.sync.last_signal[(cell[0].id, cell[1])] = current_frames(ctx)
+    ctx.call.sync.last_signaller[(cell[0].id, cell[1])] = ctx.actor
     ctx.call.on_signal(ctx, cell)
     return []
 
@@ -313,7 +314,7 @@ def _semaphore_wait(ctx, eqn, invals):
     wanted = int(np.asarray(value))
     if sem_value(cell) < wanted:
         yield Wait(lambda: sem_value(cell) >= wanted, "semaphore wait",
-                   user_frames(eqn.source_info), semaphore=sem_name(cell), wanted=wanted,
+                   current_frames(ctx), semaphore=sem_name(cell), wanted=wanted,
                    current=lambda: sem_value(cell), cell=cell)
     if decrement is None or bool(np.asarray(decrement)):
         sem_add(cell, -wanted)

@@ -1,0 +1,35 @@
+"""A `pl.kernel` over a 2-TensorCore mesh whose cores both write the same rows of the
+output: each core copies its half of the input, doubles it, and writes it back — but to
+rows 0:8 on both cores, so the two DMAs race and half of the output is never written.
+
+Run: pallas-check run samples/core_map_race_bug.py --races
+Expected finding: kind=race buffer=o_hbm range=[0:8, 0:128] line=27 args=--races
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+MESH = pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+
+def double(x):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=MESH,
+               scratch_types=[pltpu.VMEM((8, 128), jnp.float32)])
+    def double_kernel(x_hbm, o_hbm, buf):
+        core = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[pl.ds(core * 8, 8)], buf)
+        buf[...] = buf[...] * 2.0
+        # BUG: should write rows core*8 : core*8+8.
+        row = 0
+        pltpu.sync_copy(buf, o_hbm.at[pl.ds(row, 8)])
+
+    return double_kernel(x)
+
+
+if __name__ == "__main__":
+    x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+    out = jax.jit(double)(x)
+    print("core_map_race_bug: output", "matches" if np.allclose(out, x * 2) else "is wrong")
