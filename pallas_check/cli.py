@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -35,10 +35,19 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
     """Run a script's Pallas kernels under pallas-check's TPU interpreter."""
+    if ctx.invoked_subcommand == "run":
+        # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win.
+        from pallas_check.settings import SettingsError, default_map, load_settings
+
+        try:
+            ctx.default_map = {"run": default_map(load_settings(run))}
+        except SettingsError as exc:
+            raise fail(str(exc))
 
 
 class Format(str):
@@ -101,7 +110,7 @@ def run(
                                       help="Fill of never-written memory."),
     skip_floats: bool = typer.Option(False, "--skip-floats",
                                      help="Skip float-only computation (results become inf)."),
-    fmt: str = typer.Option("table", "--format", help="Report format: table or json."),
+    fmt: str = typer.Option("table", "--format", help="Report format: table, json or sarif."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
                                           help="Write the report to this file."),
     devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
@@ -112,17 +121,30 @@ def run(
                                    " over them (megacore)."),
     seed: int = typer.Option(0, "--seed", help="Scheduler seed (replays an interleaving)."),
     races: bool = typer.Option(False, "--races", help="Detect data races (happens-before)."),
+    schedules: int = typer.Option(1, "--schedules", min=1,
+                                  help="Try N scheduler seeds per call (with --dma random:"
+                                       " explore interleavings); stop at a finding."),
+    keep_going: bool = typer.Option(False, "--keep-going",
+                                    help="With --schedules: try every schedule."),
+    native: bool = typer.Option(False, "--native",
+                                help="No simulation: run the calls on the hardware lowering"
+                                     " (TPU or GPU) and report each call's wall time."),
 ) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
-    if fmt not in ("table", "json"):
-        raise fail(f"unknown --format {fmt!r} (choose table or json)")
+    from pallas_check.report import FORMATS
+
+    if fmt not in FORMATS:
+        raise fail(f"unknown --format {fmt!r} (choose {', '.join(FORMATS)})")
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
     _set_device_count(devices)
+    if native:
+        _run_native(script, script_args, fmt, output)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
-                    devices=devices, cores=cores, seed=seed, races=races)
+                    devices=devices, cores=cores, seed=seed, races=races,
+                    schedules=schedules, keep_going=keep_going)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])
@@ -137,6 +159,107 @@ def run(
             raise
         raise fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL)
     raise typer.Exit(int(code))
+
+
+@app.command()
+def hook(
+    files: Optional[List[str]] = typer.Argument(
+        None, help="Files pre-commit passes; every configured script is checked."),
+) -> None:
+    """Check the scripts [tool.pallas-check] names, each in its own process (pre-commit)."""
+    from pallas_check.hook import run_hook
+
+    raise typer.Exit(int(run_hook(files or [])))
+
+
+def _script_args(script_args: Optional[List[str]]) -> list[str]:
+    args = list(script_args or [])
+    return args[1:] if args[:1] == ["--"] else args
+
+
+def _guarded(call: Any) -> "typer.Exit":
+    """Run `call()` (which returns an ExitCode); our own failure is one line, exit 4."""
+    try:
+        code = call()
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # our bug outside the script: one line, not a traceback
+        if os.environ.get("PALLAS_CHECK_DEBUG"):
+            raise
+        return fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL)
+    return typer.Exit(int(code))
+
+
+def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
+                output: Optional[Path]) -> None:
+    """`run --native`: no simulation; the calls on the hardware, each one timed."""
+    from pallas_check.native import native_unavailable, run_native_and_report
+
+    if fmt not in ("table", "json"):
+        raise fail(f"--native reports as table or json, not {fmt!r}")
+    reason = native_unavailable()
+    if reason:
+        raise fail(reason)
+    raise _guarded(lambda: run_native_and_report(str(script), _script_args(script_args),
+                                                 fmt, output))
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def diff(
+    script: Path = typer.Argument(..., help="The Python script to run (as __main__)."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="Arguments for the script (put them after --)."),
+    against: Optional[str] = typer.Option(
+        None, "--against",
+        help="The other side: native (default), hlo (JAX's HLO interpreter), jax-interpret"
+             " (JAX's TPU interpreter), or options of ours in quotes, e.g. \"--uninit zero\"."),
+    native: bool = typer.Option(False, "--native",
+                                help="Compare against the hardware lowering (the default)."),
+    rtol: Optional[float] = typer.Option(
+        None, "--rtol", min=0.0, help="Relative tolerance (default per dtype; f32: 1e-5)."),
+    atol: Optional[float] = typer.Option(
+        None, "--atol", min=0.0, help="Absolute tolerance (default per dtype; f32: 1e-6)."),
+    dma: DmaMode = typer.Option(DmaMode.ON_WAIT, "--dma",
+                                help="Our side: when DMAs copy (eager or on_wait)."),
+    uninit: UninitFill = typer.Option(UninitFill.NAN, "--uninit",
+                                      help="Our side: fill of never-written memory."),
+    skip_floats: bool = typer.Option(False, "--skip-floats",
+                                     help="Our side: skip float-only computation."),
+    fmt: str = typer.Option("table", "--format", help="Report format: table or json."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                          help="Write the report to this file."),
+    devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
+    tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
+                                      help="TPU generation kernels are told they run on."),
+    cores: int = typer.Option(1, "--cores", min=1, help="TensorCores per device (ours)."),
+    seed: int = typer.Option(0, "--seed", help="Scheduler seed (ours)."),
+) -> None:
+    """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
+    if fmt not in ("table", "json"):
+        raise fail(f"unknown --format {fmt!r} for diff (choose table or json)")
+    if native and against not in (None, "native"):
+        raise fail(f"--native and --against {against!r} name two different other sides")
+    if not script.exists():
+        raise fail(f"script not found: {script}")
+    if not script.is_file():
+        raise fail(f"not a file: {script}")
+    _set_device_count(devices)
+    config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
+                    devices=devices, cores=cores, seed=seed)
+    from pallas_check.diff import UsageError, parse_against, run_diff_and_report
+
+    try:
+        side = parse_against(against, config)
+    except UsageError as exc:
+        raise fail(str(exc)) from None
+    if side.native:
+        from pallas_check.native import native_unavailable
+
+        reason = native_unavailable()
+        if reason:
+            raise fail(reason)
+    raise _guarded(lambda: run_diff_and_report(str(script), _script_args(script_args), config,
+                                               side, rtol, atol, fmt, output))
 
 
 def main() -> None:

@@ -13,8 +13,11 @@ class Reporter(Protocol):
     def render(self, report: RunReport, stream: TextIO) -> None: ...
 
 
+FORMATS = ("table", "json", "sarif")  # the names `--format` accepts
+
+
 def reporter_for(fmt: str) -> Reporter:
-    """The reporter of a format name ('table', 'json')."""
+    """The reporter of a format name ('table', 'json', 'sarif')."""
     if fmt == "table":
         from pallas_check.report.table import TableReporter
 
@@ -23,7 +26,11 @@ def reporter_for(fmt: str) -> Reporter:
         from pallas_check.report.json import JsonReporter
 
         return JsonReporter()
+    if fmt == "sarif":
+        from pallas_check.report.sarif import SarifReporter
+
+        return SarifReporter()
     raise ValueError(f"unknown report format {fmt!r}")
 
 
-__all__ = ["Reporter", "RunReport", "reporter_for"]
+__all__ = ["FORMATS", "Reporter", "RunReport", "reporter_for"]

@@ -1,0 +1,128 @@
+"""pytest plugin: `pytest --pallas-check` checks every pallas_call a test makes.
+
+Registered as the `pallas_check` entry point of `pytest11`, so it is loaded wherever
+pallas-check is installed, and does nothing unless `--pallas-check` is given (it imports
+neither JAX nor the engine before that). With it, each test's call phase runs inside a
+`Session(config).install()`: findings fail the test, with the table report as the failure
+text; a test that failed on its own keeps its failure and gets the table as an extra report
+section. `@pytest.mark.pallas_check_skip` runs a test without interception.
+
+Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait`,
+`--pallas-check-uninit nan|zero`; the other settings of `[tool.pallas-check]` in the
+pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
+these flags over them. One session per test and per process, so pytest-xdist (`-n N`) needs
+nothing more.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Generator
+
+import pytest
+
+MARKER = "pallas_check_skip"
+SECTION = "pallas-check"
+
+_CONFIG_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pallas-check", "pallas-check: check Pallas kernels on CPU")
+    group.addoption("--pallas-check", action="store_true", default=False,
+                    help="Run each test with every pallas_call simulated and checked by"
+                         " pallas-check; findings fail the test.")
+    group.addoption("--pallas-check-races", action="store_true", default=None,
+                    help="Also detect data races (happens-before).")
+    group.addoption("--pallas-check-dma", choices=("eager", "on_wait"), default=None,
+                    help="When DMAs copy: at start (eager) or at their wait (on_wait).")
+    group.addoption("--pallas-check-uninit", choices=("nan", "zero"), default=None,
+                    help="Fill of never-written memory.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: run this test without pallas-check's interception.")
+    if config.getoption("pallas_check"):
+        config.stash[_CONFIG_KEY] = _check_config(config)
+
+
+def _check_config(config: pytest.Config) -> Any:
+    """The run Config: defaults < [tool.pallas-check] < PALLAS_CHECK_* < these flags."""
+    from pallas_check.cli import run
+    from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
+    from pallas_check.settings import SettingsError, load_settings
+
+    try:
+        values = load_settings(run, cwd=config.rootpath).values
+    except SettingsError as exc:
+        raise pytest.UsageError(f"pallas-check: {exc}") from None
+    fields: dict[str, Any] = {}
+    for name, field, convert in (("dma", "dma_mode", DmaMode), ("uninit", "uninit", UninitFill),
+                                 ("tpu", "tpu", TpuGeneration), ("cores", "cores", int),
+                                 ("skip_floats", "skip_floats", bool), ("seed", "seed", int),
+                                 ("races", "races", bool)):
+        if name in values:
+            fields[field] = convert(values[name])
+    if config.getoption("pallas_check_races"):
+        fields["races"] = True
+    if config.getoption("pallas_check_dma"):
+        fields["dma_mode"] = DmaMode(config.getoption("pallas_check_dma"))
+    if config.getoption("pallas_check_uninit"):
+        fields["uninit"] = UninitFill(config.getoption("pallas_check_uninit"))
+    return Config(**fields)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    check = config.stash.get(_CONFIG_KEY, None)
+    if check is None:
+        return None
+    return (f"pallas-check: on (dma={check.dma_mode.value}, uninit={check.uninit.value},"
+            f" races={check.races})")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    check = item.config.stash.get(_CONFIG_KEY, None)
+    if check is None or item.get_closest_marker(MARKER) is not None:
+        return (yield)
+
+    from pallas_check.runner import _callback_failures, one_line
+    from pallas_check.session import Session
+
+    session = Session(check)
+    failure: BaseException | None = None
+    result = None
+    with _callback_failures() as ours, session.install():
+        try:
+            result = yield
+        except BaseException as exc:  # the test's own failure; re-raised below
+            failure = exc
+    findings = session.findings
+    engine_error = session.engine_error or (ours[0] if ours else None)
+    item.user_properties.append(("pallas_check_findings", len(findings)))
+    if not findings and engine_error is None:
+        if failure is not None:
+            raise failure
+        return result
+    text = _render(item, session, findings, engine_error)
+    if engine_error is not None:
+        pytest.fail(f"pallas-check error: {one_line(engine_error)}\n{text}", pytrace=False)
+    if failure is not None:
+        item.add_report_section("call", SECTION, text)
+        raise failure
+    pytest.fail(f"pallas-check: {len(findings)} finding(s) in {item.nodeid}\n{text}",
+                pytrace=False)
+
+
+def _render(item: pytest.Item, session: Any, findings: list, engine_error: str | None) -> str:
+    from pallas_check.report.model import RunReport
+    from pallas_check.report.table import TableReporter
+    from pallas_check.runner import config_dict
+
+    report = RunReport(script=item.nodeid, config=config_dict(session.config),
+                       findings=findings, calls=sorted(session.calls, key=lambda c: c.index),
+                       exit_code=4 if engine_error else 1, internal_error=engine_error)
+    buffer = io.StringIO()
+    TableReporter().render(report, buffer)
+    return buffer.getvalue()

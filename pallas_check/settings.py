@@ -1,0 +1,255 @@
+"""Project settings: `[tool.pallas-check]` in pyproject.toml, then `PALLAS_CHECK_*` variables.
+
+Precedence, lowest first: the option's default < the pyproject table < the environment <
+a flag given on the command line. The keys are the long option names of `pallas-check run`
+without their dashes (`dma`, `skip-floats` or `skip_floats`, `format`, ...), read from the
+command's own signature, so an option added to `run` can be set here with no change to this
+module. The table may also name the scripts the pre-commit hook checks (`scripts`, `pattern`).
+
+Nothing here imports JAX. Every error is a `SettingsError` naming the key and the file (or
+the variable); the command line turns it into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import os
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+TABLE = "pallas-check"
+ENV_PREFIX = "PALLAS_CHECK_"
+HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`
+
+
+class SettingsError(Exception):
+    """A bad `[tool.pallas-check]` table or `PALLAS_CHECK_*` variable (exit 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionSpec:
+    """One option of a command, as a settings key: its parameter name and value type."""
+
+    key: str  # e.g. "skip-floats"
+    name: str  # the command function's parameter, e.g. "skip_floats"
+    kind: Any  # bool, int, float, str, Path, an Enum subclass, or None (passed through)
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper().replace("-", "_")
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the pyproject table and the environment set."""
+
+    path: Path | None = None  # the pyproject.toml that was read, if any
+    has_table: bool = False  # whether it has a [tool.pallas-check] table
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # by parameter name
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> where from
+    scripts: list[str] = dataclasses.field(default_factory=list)
+    patterns: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        """Where relative paths of the table are resolved: the pyproject's folder."""
+        return self.path.parent if self.path is not None else Path.cwd()
+
+
+# Constraints the command's signature does not carry (checked in the command's body).
+def _extra_checks() -> dict[str, Callable[[Any], str | None]]:
+    from pallas_check.report import FORMATS
+
+    return {
+        "format": lambda v: None if v in FORMATS else f"expected one of {', '.join(FORMATS)}",
+        "devices": lambda v: None if v >= 1 else "must be at least 1",
+    }
+
+
+def option_specs(command: Callable[..., Any]) -> dict[str, OptionSpec]:
+    """The settings keys of a typer command function: one per option (not per argument)."""
+    import typer.models
+
+    hints = typing.get_type_hints(command, include_extras=True)
+    specs: dict[str, OptionSpec] = {}
+    for name, param in inspect.signature(command).parameters.items():
+        annotation = hints.get(name)
+        info = param.default
+        if typing.get_origin(annotation) is typing.Annotated:
+            args = typing.get_args(annotation)
+            annotation = args[0]
+            info = next((a for a in args[1:] if isinstance(a, typer.models.ParameterInfo)),
+                        info)
+        if not isinstance(info, typer.models.OptionInfo):
+            continue
+        longs = [d.split("/")[0] for d in (info.param_decls or ()) if d.startswith("--")]
+        key = longs[0][2:] if longs else name.replace("_", "-")
+        specs[key] = OptionSpec(key, name, _kind(annotation),
+                                getattr(info, "min", None), getattr(info, "max", None))
+    return specs
+
+
+def _kind(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if annotation in (bool, int, float, str, Path):
+        return annotation
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return annotation
+    return None
+
+
+def find_pyproject(start: Path | None = None) -> Path | None:
+    """The first pyproject.toml in `start` (default: the current directory) or a parent."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def normalize_key(key: str) -> str:
+    return key.strip().replace("_", "-")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> Any:
+    """A checked value, in the form a command-line default takes (raises ValueError)."""
+    kind = spec.kind
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if from_env and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError("expected true or false")
+    if kind in (int, float):
+        if isinstance(value, bool):
+            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}")
+        if from_env or isinstance(value, str):
+            try:
+                value = kind(str(value).strip())
+            except ValueError:
+                raise ValueError(f"expected {'an integer' if kind is int else 'a number'},"
+                                 f" got {value!r}") from None
+        if kind is int and not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+        if kind is float and not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {value!r}")
+        if spec.minimum is not None and value < spec.minimum:
+            raise ValueError(f"must be at least {spec.minimum}")
+        if spec.maximum is not None and value > spec.maximum:
+            raise ValueError(f"must be at most {spec.maximum}")
+        value = kind(value)
+    elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+        choices = [str(m.value) for m in kind]
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+    elif kind in (str, Path):
+        if not isinstance(value, str) or (kind is Path and not value):
+            raise ValueError(f"expected {'a path' if kind is Path else 'a string'},"
+                             f" got {value!r}")
+        if kind is Path and base is not None:
+            value = str(base / value)  # a path in pyproject.toml is relative to its folder
+    check = _extra_checks().get(spec.key)
+    problem = check(value) if check is not None else None
+    if problem:
+        raise ValueError(f"{problem}, got {value!r}")
+    return value
+
+
+def _string_list(key: str, value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SettingsError(f"{where}: [tool.{TABLE}] {key}: expected a path or a list of"
+                            f" paths, got {value!r}")
+    return list(value)
+
+
+def read_table(path: Path) -> dict[str, Any] | None:
+    """The `[tool.pallas-check]` table of `path` (None if it has none)."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot be read: {exc.strerror}") from None
+    tool = data.get("tool", {})
+    table = tool.get(TABLE) if isinstance(tool, dict) else None
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise SettingsError(f"{path}: tool.{TABLE} must be a table ([tool.{TABLE}])")
+    return table
+
+
+def load_settings(command: Callable[..., Any], cwd: Path | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings for `command` (a typer command function, e.g. `cli.run`).
+
+    Reads the nearest pyproject.toml from `cwd` up, then `PALLAS_CHECK_<KEY>` variables
+    (unknown variables are left alone: the prefix is shared with e.g. PALLAS_CHECK_DEBUG).
+    """
+    specs = option_specs(command)
+    environ = os.environ if environ is None else environ
+    settings = Settings(path=find_pyproject(cwd))
+    if settings.path is not None:
+        table = read_table(settings.path)
+        if table is not None:
+            settings.has_table = True
+            _apply_table(settings, specs, table)
+    for spec in specs.values():
+        if spec.env in environ:
+            try:
+                settings.values[spec.name] = _convert(spec, environ[spec.env], True, None)
+            except ValueError as exc:
+                raise SettingsError(f"environment variable {spec.env}: {exc}") from None
+            settings.origins[spec.name] = spec.env
+    return settings
+
+
+def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
+                 table: dict[str, Any]) -> None:
+    path = settings.path
+    seen: dict[str, str] = {}
+    for raw_key, value in table.items():
+        key = normalize_key(raw_key)
+        if key in seen:
+            raise SettingsError(f"{path}: [tool.{TABLE}] sets {key!r} twice"
+                                f" ({seen[key]!r} and {raw_key!r})")
+        seen[key] = raw_key
+        if key == "scripts":
+            settings.scripts = _string_list(raw_key, value, str(path))
+            continue
+        if key == "pattern":
+            settings.patterns = _string_list(raw_key, value, str(path))
+            continue
+        spec = specs.get(key)
+        if spec is None:
+            known = ", ".join(sorted([*specs, *HOOK_KEYS]))
+            raise SettingsError(f"{path}: [tool.{TABLE}] unknown key {raw_key!r}"
+                                f" (known keys: {known})")
+        try:
+            settings.values[spec.name] = _convert(spec, value, False, path.parent)
+        except ValueError as exc:
+            raise SettingsError(f"{path}: [tool.{TABLE}] {raw_key}: {exc}") from None
+        settings.origins[spec.name] = str(path)
+
+
+def default_map(settings: Settings) -> dict[str, Any]:
+    """The values as a click `default_map` for the command (flags still override them)."""
+    return {name: (v.value if isinstance(v, enum.Enum) else v)
+            for name, v in settings.values.items()}
