@@ -120,7 +120,8 @@ def _render(item: pytest.Item, session: Any, findings: list, engine_error: str |
     from pallas_check.report.table import TableReporter
     from pallas_check.runner import config_dict
 
-    report = RunReport(script=item.nodeid, config=config_dict(session.config),
+    report = RunReport(script=item.nodeid, rerun=f"pytest {item.nodeid} --pallas-check",
+                       config=config_dict(session.config),
                        findings=findings, calls=sorted(session.calls, key=lambda c: c.index),
                        exit_code=4 if engine_error else 1, internal_error=engine_error)
     buffer = io.StringIO()

@@ -20,6 +20,9 @@ class RunReport:
     user_traceback: str | None = None
     internal_error: str | None = None
     partial: bool = False
+    # How to run the same thing again: "pallas-check run SCRIPT" for the CLI; the pytest
+    # plugin sets "pytest NODEID --pallas-check".
+    rerun: str | None = None
 
 
 # Options that change what a simulation does, with their defaults: a replay names those
@@ -35,13 +38,19 @@ _REPLAY_OPTIONS = (
 )
 
 
-def replay_command(script: str, config: dict[str, Any], seed: int | None) -> str:
+def replay_command(script: str, config: dict[str, Any], seed: int | None,
+                   rerun: str | None = None) -> str:
     """The command that reproduces a finding: same options, the finding's seed."""
-    parts = ["pallas-check", "run", script]
+    seed = seed if seed is not None else config.get("seed", 0)
+    if rerun is not None and not rerun.startswith("pallas-check"):
+        # Under pytest the options are the plugin's; name them as such.
+        flags = " --pallas-check-races" if config.get("races") else ""
+        return f"{rerun}{flags} (seed {seed})"
+    parts = [rerun or f"pallas-check run {script}"]
     for key, flag, default in _REPLAY_OPTIONS:
         value = config.get(key, default)
         if value == default:
             continue
         parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
-    parts.append(f"--seed {seed if seed is not None else config.get('seed', 0)}")
+    parts.append(f"--seed {seed}")
     return " ".join(parts)

@@ -95,7 +95,8 @@ class TableReporter:
                     _print_accesses(console, f)
                 if kind in (FindingKind.RACE, FindingKind.DEADLOCK) or _explores(report):
                     console.print(Text("      replay: ", style="dim")
-                                  + Text(replay_command(report.script, report.config, f.seed)),
+                                  + Text(replay_command(report.script, report.config, f.seed,
+                                                       report.rerun)),
                                   soft_wrap=True)
         if report.user_error:
             console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
