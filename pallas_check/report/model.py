@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
 from pallas_check.findings import Finding
@@ -46,7 +47,7 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
         # Under pytest the options are the plugin's; name them as such.
         flags = " --pallas-check-races" if config.get("races") else ""
         return f"{rerun}{flags} (seed {seed})"
-    parts = [rerun or f"pallas-check run {script}"]
+    parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for key, flag, default in _REPLAY_OPTIONS:
         value = config.get(key, default)
         if value == default:
