@@ -58,6 +58,7 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
         user_traceback=outcome.traceback if user_failed else None,
         internal_error=engine_error,
         partial=outcome.interrupted,
+        script_args=tuple(args),
     )
     buffer = io.StringIO()
     reporter_for(fmt).render(report, buffer)

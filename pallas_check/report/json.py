@@ -34,7 +34,8 @@ def report_dict(report: RunReport) -> dict[str, Any]:
         ],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items()))},
         "findings": [
-            {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed, report.rerun)}
+            {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed, report.rerun,
+                                     report.script_args)}
             for f in report.findings
         ],
     }

@@ -24,6 +24,7 @@ class RunReport:
     # How to run the same thing again: "pallas-check run SCRIPT" for the CLI; the pytest
     # plugin sets "pytest NODEID --pallas-check".
     rerun: str | None = None
+    script_args: tuple[str, ...] = ()  # what followed `--` on the command line
 
 
 # Options that change what a simulation does, with their defaults: a replay names those
@@ -40,7 +41,7 @@ _REPLAY_OPTIONS = (
 
 
 def replay_command(script: str, config: dict[str, Any], seed: int | None,
-                   rerun: str | None = None) -> str:
+                   rerun: str | None = None, script_args: tuple[str, ...] = ()) -> str:
     """The command that reproduces a finding: same options, the finding's seed."""
     seed = seed if seed is not None else config.get("seed", 0)
     if rerun is not None and not rerun.startswith("pallas-check"):
@@ -54,4 +55,6 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
             continue
         parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
     parts.append(f"--seed {seed}")
+    if script_args:
+        parts.append("-- " + " ".join(shlex.quote(a) for a in script_args))
     return " ".join(parts)

@@ -96,7 +96,7 @@ class TableReporter:
                 if kind in (FindingKind.RACE, FindingKind.DEADLOCK) or _explores(report):
                     console.print(Text("      replay: ", style="dim")
                                   + Text(replay_command(report.script, report.config, f.seed,
-                                                       report.rerun)),
+                                                       report.rerun, report.script_args)),
                                   soft_wrap=True)
         if report.user_error:
             console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
