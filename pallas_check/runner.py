@@ -41,6 +41,12 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
     session = Session(config)
     with _callback_failures() as ours, session.install(), _progress_bar(session, config):
         outcome = run_script(script, args)
+    if session.interrupted and not outcome.interrupted:
+        # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
+        # caught that). It is still an interruption: a partial report, not the user's bug.
+        from pallas_check.execfile import ScriptOutcome
+
+        outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
     findings = session.findings
     engine_error = session.engine_error or (ours[0] if ours else None)
     if engine_error is not None:

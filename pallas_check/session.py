@@ -60,6 +60,9 @@ class Session:
         self.store = FindingStore()
         self.calls: list[CallSummary] = []
         self.engine_error: str | None = None
+        # Ctrl-C arrived while a call was being simulated (the host callback runs on the
+        # main thread); JAX hands the script its own runtime error instead.
+        self.interrupted = False
         self._counter = itertools.count()
         self._lock = threading.Lock()
         # Multi-device calls: per-device call sequence numbers and pending meetings.
@@ -128,6 +131,9 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
         except KernelError as exc:
             self._fail(f"{kernel.name}: {exc.located()}")
             raise EngineFailure(self.engine_error) from exc

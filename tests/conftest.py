@@ -16,6 +16,10 @@ from pallas_check.config import Config
 from pallas_check.findings import Finding
 from pallas_check.session import Session
 
+# The fuzz tests' hypothesis profiles must exist before hypothesis' pytest plugin reads
+# --hypothesis-profile (while pytest configures, before tests/fuzz/conftest.py loads).
+import fuzz.conftest  # noqa: E402,F401  (tests/ is on sys.path: this folder's conftest)
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 

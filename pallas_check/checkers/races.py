@@ -3,12 +3,20 @@
 Actors are cores and DMAs (each DMA is its own actor, whose clock starts as its starter's
 clock at the start). Edges: program order; DMA start -> the DMA's read and write;
 the DMA -> its semaphores; semaphore signal -> the wait that consumes it; barriers.
-No clock slot is shared, so a DMA-DMA race is never hidden.
+A finished DMA's clock slot is reused by a later DMA of the same starter only when the
+starter has seen (waited for) every access of the finished one: then the later DMA is
+ordered after the earlier, epochs in the slot keep growing, and every happens-before
+answer is the same as with a slot per DMA — so no DMA-DMA race is hidden, and clocks stay
+as small as the number of DMAs in flight instead of growing with every DMA ever started.
 
 Per buffer only the accesses not yet ordered before a newer, covering access are kept
 (FastTrack-style pruning): an access P ordered before a new access N whose range covers
 P's, with N a write or P a read, can only race with later accesses that would race with N
 too — so P is dropped and the cost per access stays near constant as a kernel runs on.
+Accesses to disjoint parts of a buffer are never covered; once the call's cores are
+declared (`declare`), a record that every actor still live (cores whose grid is not done,
+DMAs in flight) has ordered before its clock is dropped too, in a sweep each time a
+buffer's history doubles, so a long grid keeps only a few records per buffer.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class AccessRecord:
     memory_space: str
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
+    slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
 
     def as_access(self, index_range: IndexRange | None = None) -> Access:
         return Access(self.operation, self.actor, self.buffer, self.memory_space,
@@ -56,6 +65,112 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
         olo <= ilo and ihi <= ohi for (olo, ohi), (ilo, ihi) in zip(outer, inner))
 
 
+def _empty(rng: IndexRange) -> bool:
+    """No element: such an access overlaps nothing, so it can neither race nor prune."""
+    return any(hi <= lo for lo, hi in rng)
+
+
+class _History:
+    """One buffer's live access records, in the order they were made.
+
+    Pruning keeps only what is not covered by a newer ordered access, but accesses to
+    disjoint parts of a buffer (one block per grid step, one slice per DMA) all stay
+    live, and visiting each of them at every new access would make the cost per access
+    grow with the run. So beyond a few records they are also indexed in buckets along one
+    dimension (the one where they differ most, buckets as wide as a typical access);
+    a new access visits only the records in the buckets it touches, plus the few that
+    span many buckets. Records that do not overlap an access can neither race with it nor
+    be pruned by it, so visiting this superset, in the same order, changes no result.
+    """
+
+    __slots__ = ("records", "seq", "dim", "width", "buckets", "wide", "built_at")
+    INDEX_AFTER = 32
+    WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
+
+    def __init__(self) -> None:
+        self.records: dict[int, AccessRecord] = {}  # insertion order
+        self.seq = 0
+        self.dim: int | None = None
+        self.width = 1
+        self.buckets: dict[int, dict[int, None]] = {}
+        self.wide: dict[int, None] = {}
+        self.built_at = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def values(self):
+        return self.records.values()
+
+    def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
+        dim = self.dim
+        if dim is None or len(rng) <= dim:
+            return list(self.records.items())
+        lo, hi = rng[dim]
+        first, last = lo // self.width, (hi - 1) // self.width
+        seqs = set(self.wide)
+        if last - first >= len(self.buckets):
+            for bucket in self.buckets.values():
+                seqs.update(bucket)
+        else:
+            for k in range(first, last + 1):
+                bucket = self.buckets.get(k)
+                if bucket:
+                    seqs.update(bucket)
+        records = self.records
+        return [(s, records[s]) for s in sorted(seqs)]
+
+    def add(self, record: AccessRecord) -> None:
+        self.seq += 1
+        self.records[self.seq] = record
+        if self.dim is not None:
+            self._place(self.seq, record)
+        if len(self.records) > max(self.INDEX_AFTER, 2 * self.built_at):
+            self._build()
+
+    def remove(self, seq: int) -> None:
+        record = self.records.pop(seq)
+        if self.dim is None:
+            return
+        if seq in self.wide:
+            del self.wide[seq]
+            return
+        for k in self._span(record.index_range):
+            bucket = self.buckets[k]
+            del bucket[seq]
+            if not bucket:
+                del self.buckets[k]
+
+    def _span(self, rng: IndexRange) -> range:
+        lo, hi = rng[self.dim]  # type: ignore[index]
+        return range(lo // self.width, (hi - 1) // self.width + 1)
+
+    def _place(self, seq: int, record: AccessRecord) -> None:
+        rng = record.index_range
+        if len(rng) <= self.dim or len(self._span(rng)) > self.WIDE:  # type: ignore[operator]
+            self.wide[seq] = None
+            return
+        for k in self._span(rng):
+            self.buckets.setdefault(k, {})[seq] = None
+
+    def _build(self) -> None:
+        """(Re)index along the dimension where the live records differ most."""
+        ranges = [r.index_range for r in self.records.values()]
+        rank = min(len(r) for r in ranges)
+        if rank == 0:
+            return
+        best = max(range(rank), key=lambda d: (len({r[d] for r in ranges}), -d))
+        extents = sorted(r[best][1] - r[best][0] for r in ranges)
+        self.dim, self.width = best, max(1, extents[len(extents) // 2])
+        self.buckets, self.wide = {}, {}
+        for seq, record in self.records.items():
+            self._place(seq, record)
+        self.built_at = len(self.records)
+
+
+_SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
+
+
 class RaceChecker:
     """Collects races of one pallas_call; `report` receives each as a Finding."""
 
@@ -64,19 +179,29 @@ class RaceChecker:
         self._report = report
         self.clocks: dict[str, Clock] = {}
         self.sync_clocks: dict[Any, Clock] = {}
-        self.history: dict[int, list[AccessRecord]] = {}
+        self.history: dict[int, _History] = {}
         self.checked = 0  # accesses checked (for benchmarks)
+        # Clock slots: an actor's own entry in the clocks (its name, or a reused DMA slot).
+        self.slot_of: dict[str, str] = {}
+        self._parent: dict[str, str] = {}  # DMA -> the actor that started it
+        self._last_epoch: dict[str, int] = {}  # DMA -> epoch of its latest access
+        self._free: dict[str, list[tuple[str, int, int]]] = {}  # starter -> (slot, needed, next)
+        # Actors that may still access memory: the call's cores (see `declare`) and the
+        # DMAs in flight. None: not declared, so records are pruned only by coverage.
+        self.live: set[str] | None = None
+        self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
 
     # -- clocks ------------------------------------------------------------------------
     def clock(self, actor: str) -> Clock:
         vc = self.clocks.get(actor)
         if vc is None:
-            vc = self.clocks[actor] = {actor: 1}
+            vc = self.clocks[actor] = {self.slot_of.get(actor, actor): 1}
         return vc
 
     def _tick(self, actor: str) -> None:
         vc = self.clock(actor)
-        vc[actor] = vc.get(actor, 0) + 1
+        slot = self.slot_of.get(actor, actor)
+        vc[slot] = vc.get(slot, 0) + 1
 
     @staticmethod
     def _join(into: Clock, other: Clock) -> None:
@@ -86,10 +211,64 @@ class RaceChecker:
 
     def fork(self, parent: str, child: str) -> None:
         """`child` (a DMA) starts now: everything `parent` did so far happens before it."""
-        vc = dict(self.clock(parent))
-        vc[child] = 1
+        parent_vc = self.clock(parent)
+        vc = dict(parent_vc)
+        slot, epoch = child, 1
+        free = self._free.get(parent)
+        if free:
+            for i, (old, needed, start) in enumerate(free[:4]):
+                if parent_vc.get(old, 0) >= needed:  # parent saw all the old DMA did
+                    del free[i]
+                    slot, epoch = old, start
+                    self.slot_of[child] = old
+                    break
+        vc[slot] = epoch
         self.clocks[child] = vc
+        self._parent[child] = parent
+        if self.live is not None:
+            if parent in self.live:
+                self.live.add(child)
+            else:
+                self.live = None  # an actor we were not told of: stop frontier pruning
         self._tick(parent)
+
+    def finish(self, actor: str) -> None:
+        """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
+        parent = self._parent.pop(actor, None)
+        vc = self.clocks.get(actor)
+        if parent is None or vc is None:
+            return
+        slot = self.slot_of.get(actor, actor)
+        self._free.setdefault(parent, []).append(
+            (slot, self._last_epoch.pop(actor, 0), vc[slot] + 1))
+
+    def declare(self, actors: Any) -> None:
+        """Every root actor of the call (its cores), before any of them acts. From then on
+        a record that every live actor has ordered before its clock can race with no later
+        access and is dropped (a sweep whenever a buffer's history doubles), so history
+        stays bounded by what is live, not by the length of the run."""
+        self.live = set(actors)
+        for actor in self.live:
+            self.clock(actor)
+
+    def end(self, actor: str) -> None:
+        """`actor` will access no memory again (a core whose grid ended, a DMA that wrote)."""
+        self.finish(actor)  # a DMA's clock slot may serve a later DMA of its starter
+        if self.live is not None:
+            self.live.discard(actor)
+
+    def _sweep(self, buffer_id: int, history: "_History") -> None:
+        live = self.live
+        assert live is not None
+        frontier: dict[str, float] = {}
+        for seq, prev in list(history.records.items()):
+            known = frontier.get(prev.slot)
+            if known is None:
+                known = frontier[prev.slot] = min(
+                    (self.clocks[x].get(prev.slot, 0) for x in live), default=float("inf"))
+            if prev.epoch <= known:
+                history.remove(seq)
+        self._prune_at[buffer_id] = max(_SWEEP_AFTER, 2 * len(history))
 
     def release(self, actor: str, sync_object: Any) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
@@ -108,21 +287,31 @@ class RaceChecker:
                grid_point: tuple[int, ...] | None) -> None:
         self.checked += 1
         vc = self.clock(actor)
-        record = AccessRecord(actor, vc[actor], index_range, is_write, operation, buffer.name,
-                              buffer.space, frames, grid_point)
-        kept: list[AccessRecord] = []
-        for prev in self.history.get(buffer.id, ()):
-            ordered = prev.actor == actor or prev.epoch <= vc.get(prev.actor, 0)
+        slot = self.slot_of.get(actor, actor)
+        record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer.name,
+                              buffer.space, frames, grid_point, slot)
+        if _empty(index_range):
+            return
+        if actor in self._parent:
+            self._last_epoch[actor] = vc[slot]
+        history = self.history.get(buffer.id)
+        if history is None:
+            history = self.history[buffer.id] = _History()
+        for seq, prev in history.candidates(index_range):
+            ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
             if not ordered and (prev.is_write or is_write):
                 overlap = _overlap(prev.index_range, index_range)
                 if overlap is not None:
                     self._race(record, prev, overlap)
             if ordered and (is_write or not prev.is_write) and _covers(index_range,
                                                                        prev.index_range):
-                continue  # pruned: any later race with prev is a race with this access
-            kept.append(prev)
-        kept.append(record)
-        self.history[buffer.id] = kept
+                history.remove(seq)  # pruned: a later race with prev is one with this access
+        history.add(record)
+        if self.live is not None:
+            if actor not in self.live:
+                self.live = None  # an actor we were not told of: stop frontier pruning
+            elif len(history) > self._prune_at.get(buffer.id, _SWEEP_AFTER):
+                self._sweep(buffer.id, history)
 
     def _race(self, current: AccessRecord, previous: AccessRecord, overlap: IndexRange) -> None:
         where = format_range(overlap)

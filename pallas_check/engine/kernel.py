@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -143,8 +144,13 @@ class CallState:
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
         self.collective_id: Any = None
-        self.races: RaceChecker | None = (
-            RaceChecker(self._finding, self.add) if config.races else None)
+        self.races: RaceChecker | None = None
+        if config.races:
+            # Weak callbacks: a checker pointing back at the state would make a cycle that
+            # keeps the call's buffers alive until some later garbage collection.
+            me = weakref.ref(self)
+            self.races = RaceChecker(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
+                                     lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
 
     def fill(self, dtype: Any) -> Any:
@@ -225,6 +231,7 @@ class CallState:
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
         if dma.src_sem is not None:
             races.release(dma.actor_name, _sync_key(dma.src_sem))
+        races.end(dma.actor_name)
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
         if self.races is not None:
@@ -619,6 +626,8 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 actors.append(Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args,
                                                           core_operands, my_points)))
     ctx = contexts[0]
+    if state.races is not None:
+        state.races.declare(actor.name for actor in actors)
     state.scheduler = Scheduler(seed=config.seed)
     try:
         state.scheduler.run(actors)
@@ -638,10 +647,11 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
             if j in out_to_in:
                 device_written.append(None)
                 continue
-            device_written.append(buf.written.copy())
+            device_written.append(buf.written)
             if not buf.fully_written and not state.deadlocked:
                 _unwritten_finding(state, buf)
-        outputs.append([np.array(buf.data) for buf in hbm_outputs])
+        # The call's buffers die with it: hand their arrays over rather than copy them.
+        outputs.append([buf.data for buf in hbm_outputs])
         written.append(device_written)
     return outputs, state, written
 
@@ -793,6 +803,8 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 key = tuple(int(i) for i in idx)
                 _copy_out(ctx, op, key)
                 visited[id(op)].add(key)
+    if ctx.call.races is not None:
+        ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
 
 
 def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:

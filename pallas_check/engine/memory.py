@@ -49,7 +49,7 @@ class Buffer:
     """One allocation: its values, which elements were ever written, and its user-facing name."""
 
     __slots__ = ("id", "name", "space", "data", "written", "fully_written", "owner", "key",
-                 "device", "core")
+                 "device", "core", "_unwritten")
 
     def __init__(
         self,
@@ -70,10 +70,9 @@ class Buffer:
         self.core: int | None = None
         if isinstance(written, np.ndarray):
             self.written = written
-            self.fully_written = bool(written.all())
         else:
             self.written = np.full(data.shape, bool(written))
-            self.fully_written = bool(written)
+        self.recount()
 
     @classmethod
     def filled(cls, name: str, space: str, shape: Sequence[int], dtype: Any, fill: str,
@@ -85,13 +84,25 @@ class Buffer:
     def shape(self) -> tuple[int, ...]:
         return self.data.shape
 
+    def recount(self) -> None:
+        """Recompute `fully_written` from the shadow (after writing `written` directly)."""
+        self._unwritten = int(self.written.size - np.count_nonzero(self.written))
+        self.fully_written = self._unwritten == 0
+
     def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
+        """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
+        of the indexed part, not of the buffer (a count of unwritten elements is kept)."""
+        if any(not isinstance(i, (int, np.integer, slice)) and i is not Ellipsis
+               for i in (index if isinstance(index, tuple) else (index,))):
+            self.written[index] = value  # advanced indexing: recount the whole buffer
+            self.recount()
+            return
+        part = self.written[index]
+        before = int(np.count_nonzero(part))
         self.written[index] = value
-        if value is True:
-            if not self.fully_written and self.written.all():
-                self.fully_written = True
-        else:
-            self.fully_written = bool(self.written.all())
+        after = int(np.count_nonzero(self.written[index]))
+        self._unwritten -= after - before
+        self.fully_written = self._unwritten == 0
 
     def __repr__(self) -> str:
         return f"Buffer({self.name}, {self.space}, {self.data.dtype}{list(self.data.shape)})"
@@ -237,7 +248,7 @@ class Region:
         cur_written = buf.written[mesh]
         new_written = np.broadcast_to(np.asarray(written), self.out_shape).reshape(full_shape)
         buf.written[mesh] = np.where(mask, new_written, cur_written)
-        buf.fully_written = bool(buf.written.all())
+        buf.recount()
 
     def read(self, fill: Any) -> np.ndarray:
         value = self.read_base(fill)

@@ -8,6 +8,7 @@ semaphore needs it (or, if never waited, when the kernel ends).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from typing import Any
@@ -69,18 +70,30 @@ class SyncState:
         self.dmas: list[Dma] = []
         self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
         self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
+        # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
+        # signal it, and those not yet fully waited on it (so that a wait does not rescan
+        # every DMA of the call).
+        self._signalling: dict[tuple, list[Dma]] = {}
+        self._unwaited: dict[tuple, collections.deque[Dma]] = {}
 
     def start(self, dma: Dma) -> None:
         self.dmas.append(dma)
+        dst = (dma.dst_sem[0].id, dma.dst_sem[1])
+        self._signalling.setdefault(dst, []).append(dma)
+        if dma.src_sem is not None and (dma.src_sem[0].id, dma.src_sem[1]) != dst:
+            self._signalling.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
+        self._unwaited.setdefault(dst, collections.deque()).append(dma)
 
     def next_id(self) -> int:
         return next(self._ids)
 
     def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma]:
-        buf, idx = sem
-        return [d for d in self.dmas if not d.copied and (
-            (d.dst_sem[0] is buf and d.dst_sem[1] == idx)
-            or (d.src_sem is not None and d.src_sem[0] is buf and d.src_sem[1] == idx))]
+        """The DMAs not yet copied that signal `sem` (as destination or source semaphore)."""
+        dmas = self._signalling.get((sem[0].id, sem[1]))
+        if not dmas:
+            return []
+        dmas[:] = [d for d in dmas if not d.copied]
+        return list(dmas)
 
 
 def as_view(x: Any) -> RefView:
@@ -283,14 +296,15 @@ def _dma_wait(ctx, eqn, invals):
 
 def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
     """Attribute waited bytes to the DMAs on this semaphore, oldest first."""
-    buf, idx = cell
-    for dma in sync.dmas:
-        if nbytes <= 0:
-            break
-        if dma.dst_sem[0] is buf and dma.dst_sem[1] == idx and dma.waited_bytes < dma.nbytes:
+    queue = sync._unwaited.get((cell[0].id, cell[1]))
+    while queue and nbytes > 0:
+        dma = queue[0]
+        if dma.waited_bytes < dma.nbytes:
             take = min(dma.nbytes - dma.waited_bytes, nbytes)
             dma.waited_bytes += take
             nbytes -= take
+        if dma.waited_bytes >= dma.nbytes:
+            queue.popleft()  # fully waited: only ever the oldest ones
 
 
 @rule(pallas_primitives.semaphore_signal_p)

@@ -1,0 +1,135 @@
+"""Differential fuzzing: generated valid Pallas TPU kernels (tests/fuzz/kernels.py) run by
+pallas-check must give JAX's outputs and no finding.
+
+- Kernels without DMAs: against JAX's HLO interpreter (`interpret=True`).
+- Kernels with DMAs: against JAX's TPU interpreter (`interpret=pltpu.InterpretParams()`),
+  falling back to the description's own numpy reference where it cannot run a case.
+
+The oracles run outside interception. pallas-check runs each kernel under several
+configurations (races on and off; for DMA kernels both DMA modes). Every kernel is also
+run by `kernels.reference`, which must agree with JAX too (so that the fallback oracle is
+itself checked).
+
+Profiles (tests/fuzz/conftest.py): "ci" by default, `--hypothesis-profile=deep` for more.
+Each disagreement found is kept below as an `@example`.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from hypothesis import event, example, given
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_check.config import Config, DmaMode
+
+from .kernels import (
+    BF16, F32, I32, Dim, Index, Kernel, Op, Term, build, kernels, operands, reference,
+)
+
+# 'parallel' axes form a prefix of the grid and carry no state from step to step, so
+# every kernel is also a valid megacore kernel: two cores must give the same outputs.
+NO_DMA_CONFIGS = (Config(), Config(races=True, cores=2))
+DMA_CONFIGS = (Config(), Config(races=True, dma_mode=DmaMode.EAGER, cores=2),
+               Config(races=True, dma_mode=DmaMode.ON_WAIT),
+               Config(races=True, dma_mode=DmaMode.RANDOM, seed=3))
+
+
+def assert_same(got, want, dtype: str, what: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    if dtype == I32:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{what}: NaN positions")
+    finite = np.isfinite(w) & np.isfinite(g)
+    np.testing.assert_array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)],
+                                  err_msg=f"{what}: infinities")
+    rtol = 1e-5 if dtype == F32 else 2e-2
+    scale = max(1.0, float(np.abs(w[finite]).max())) if finite.any() else 1.0
+    np.testing.assert_allclose(g[finite], w[finite], rtol=rtol, atol=rtol * scale,
+                               err_msg=what)
+
+
+def assert_all_same(got, want, dtype: str, what: str) -> None:
+    got, want = list(got), list(want)
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, dtype, f"{what}, output {i}")
+
+
+def _describe(desc: Kernel) -> None:
+    """Coverage statistics (`--hypothesis-show-statistics`)."""
+    event(f"dtype={desc.dtype}")
+    event(f"grid rank={len(desc.grid)}")
+    event(f"acc={desc.acc}, store={desc.store}")
+    for t in desc.terms:
+        event(f"term={t.kind}{'/' + t.dma if t.dma else ''}")
+        event(f"index kinds={sorted({ix.kind for ix in t.index})}")
+        if t.kind == "block":
+            event(f"read={t.read}")
+        if t.transposed or t.stacked:
+            event(f"term transposed={t.transposed} stacked={t.stacked}")
+    for op in desc.ops:
+        event(f"op={op.name}")
+    event(f"side output={desc.side}")
+    event(f"parallel axes={desc.semantics.count('parallel')}")
+    if any(d.axis != -1 and d.block and d.size % d.block for d in desc.out):
+        event("edge blocks")
+
+
+def _check_against(check, desc: Kernel, want: np.ndarray, configs) -> None:
+    tables, arrays = operands(desc)
+    fn = build(desc)
+    for config in configs:
+        r = check(fn, *tables, *arrays, config=config)
+        where = f"pallas-check {config}"
+        assert r.session.engine_error is None, (where, r.session.engine_error)
+        assert r.findings == [], (where, [f"{f.kind.value}: {f.message}" for f in r.findings])
+        assert len(r.session.calls) == 1, where
+        assert_all_same(r.value, want, desc.dtype, where)
+
+
+def check_no_dma(check, desc: Kernel) -> None:
+    _describe(desc)
+    tables, arrays = operands(desc)
+    want = jax.block_until_ready(build(desc)(*tables, *arrays, interpret=True))
+    assert_all_same(reference(desc, tables, arrays), want, desc.dtype, "reference vs HLO")
+    _check_against(check, desc, want, NO_DMA_CONFIGS)
+
+
+def tpu_interpret(desc: Kernel) -> list | None:
+    """JAX's TPU interpreter's output, or None where it cannot run the case on a CPU."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
+    tables, arrays = operands(desc)
+    try:
+        return jax.block_until_ready(
+            build(desc)(*tables, *arrays, interpret=pltpu.InterpretParams()))
+    except Exception as exc:  # noqa: BLE001  (any failure of the oracle: fall back)
+        event(f"TPU interpreter failed: {type(exc).__name__}")
+        ipc.reset_tpu_interpret_mode_state()
+        return None
+
+
+def check_dma(check, desc: Kernel) -> None:
+    _describe(desc)
+    tables, arrays = operands(desc)
+    ref = reference(desc, tables, arrays)
+    want = tpu_interpret(desc)
+    if want is None:
+        want = ref
+    else:
+        assert_all_same(ref, want, desc.dtype, "reference vs TPU interpreter")
+    _check_against(check, desc, want, DMA_CONFIGS)
+
+
+@given(desc=kernels(dma=False))
+def test_kernels_match_hlo_interpreter(check, desc):
+    check_no_dma(check, desc)
+
+
+@given(desc=kernels(dma=True))
+def test_dma_kernels_match_tpu_interpreter(check, desc):
+    check_dma(check, desc)
