@@ -68,3 +68,8 @@ def parse_src_info(func_src_info: str | None) -> tuple[str, str, int]:
         return (name, file, int(line))
     except ValueError:
         return (name, where, 0)
+
+
+def code_line(file: str, line: int) -> str:
+    """The stripped source text of a line ('' when unknown)."""
+    return linecache.getline(file, line).strip() if file and line > 0 else ""

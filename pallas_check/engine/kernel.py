@@ -25,18 +25,12 @@ from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
+from pallas_check.checkers import bounds, init, pipeline, semaphores
+from pallas_check.checkers import deadlock as deadlock_checker
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
-from pallas_check.findings import (
-    Access,
-    Finding,
-    FindingKind,
-    IndexRange,
-    KernelInfo,
-    SourceFrame,
-    format_range,
-)
-from pallas_check.sourceinfo import parse_src_info
+from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
+from pallas_check.sourceinfo import code_line, parse_src_info
 
 
 # ---------------------------------------------------------------------------------------
@@ -112,17 +106,6 @@ def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scal
 # Per-call state shared by the actors, and per-actor context.
 
 
-@dataclasses.dataclass
-class UninitRead:
-    buffer: str
-    memory_space: str
-    index_range: IndexRange
-    frames: tuple[SourceFrame, ...]
-    grid_point: tuple[int, ...] | None
-    actor: str
-    count: int
-
-
 class CallState:
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
@@ -134,7 +117,7 @@ class CallState:
         self.call_index = call_index
         self.report = report
         self.findings: list[Finding] = []
-        self.uninit_reads: list[UninitRead] = []
+        self.uninit_reads: list[init.UninitRead] = []
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
@@ -181,21 +164,9 @@ class CallState:
     # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
-        if mask is not None and not _masked_oob(region, mask):
+        if mask is not None and not bounds.masked_oob(region, mask):
             return
-        buf = region.buffer
-        detail = ", ".join(f"index {o.index} in dimension {o.dim} of size {o.size}"
-                           for o in region.oob)
-        frames = current_frames(ctx)
-        self.add(Finding(
-            kind=FindingKind.OUT_OF_BOUNDS,
-            message=f"{operation} of {buf.name}{format_range(region.index_range())} is out of"
-                    f" bounds of {buf.name} (shape {list(buf.shape)}): {detail}",
-            kernel=self.kernel, call_index=self.call_index, grid_point=ctx.grid_point,
-            actor=ctx.actor, buffer=buf.name, memory_space=buf.space,
-            index_range=region.index_range(), frames=frames,
-            details={"operation": operation, "shape": list(buf.shape)},
-        ))
+        self.add(bounds.access_finding(self, ctx, region, operation, current_frames(ctx)))
 
     def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
                            unwritten: np.ndarray | None = None) -> None:
@@ -203,7 +174,7 @@ class CallState:
         the recorded range is theirs, not the whole access's."""
         frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
-        self.uninit_reads.append(UninitRead(
+        self.uninit_reads.append(init.UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
 
@@ -308,27 +279,6 @@ class CallState:
 def _sync_key(cell: tuple) -> tuple:
     buf, idx = cell
     return (buf.id, tuple(int(i) for i in idx))
-
-
-def _masked_oob(region: Region, mask: np.ndarray) -> bool:
-    """Whether any element the mask selects lies outside the buffer."""
-    valid = np.ones((), bool)
-    shapes = []
-    for d, n in zip(region.dims, region.buffer.shape):
-        if isinstance(d, int):
-            continue
-        idx = d[0] + d[2] * np.arange(d[1])
-        shapes.append(((idx >= 0) & (idx < n)))
-    for axis, m in enumerate(shapes):
-        shape = [1] * len(shapes)
-        shape[axis] = m.shape[0]
-        valid = valid & m.reshape(shape)
-    scalar_oob = any(isinstance(d, int) and not (0 <= d < n)
-                     for d, n in zip(region.dims, region.buffer.shape))
-    mask = np.broadcast_to(mask, region.out_shape)
-    if scalar_oob:
-        return bool(mask.any())
-    return bool((mask & ~np.broadcast_to(valid, mask.shape)).any())
 
 
 class CoreContext:
@@ -503,8 +453,12 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat = [o for dev in outputs for o in dev]
         flat_other = [o for dev in other_outputs for o in dev]
         flat_written = [w for dev in written for w in dev]
-        findings.extend(_uninit_findings(params, state, flat, flat_other, flat_written,
-                                         kernel, call_index))
+        gm = params["grid_mapping"]
+        first_output = gm.num_index_operands + gm.num_inputs
+        names = _kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
+        flat_names = [name for _ in outputs for name in names]
+        findings.extend(init.uninit_findings(flat_names, state, flat, flat_other,
+                                             flat_written, kernel, call_index))
     return DevicesResult(outputs, findings)
 
 
@@ -632,13 +586,13 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     try:
         state.scheduler.run(actors)
     except Deadlock as deadlock:
-        state.add(_deadlock_finding(state, deadlock, ctx))
+        state.add(deadlock_checker.deadlock_finding(state, deadlock, ctx))
         state.deadlocked = True
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
     _finish_dmas(ctx, report=not state.deadlocked)
     if not state.deadlocked:
-        _semaphore_findings(state, ctx)
+        semaphores.semaphore_findings(state, ctx)
     state.save_carried()
     outputs, written = [], []
     for hbm_outputs in device_hbm_outputs:
@@ -649,7 +603,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 continue
             device_written.append(buf.written)
             if not buf.fully_written and not state.deadlocked:
-                _unwritten_finding(state, buf)
+                init.unwritten_finding(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
         outputs.append([buf.data for buf in hbm_outputs])
         written.append(device_written)
@@ -789,7 +743,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
             key = tuple(int(i) for i in idx)
             if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
                 if key in visited[id(op)]:
-                    _revisit_finding(ctx, op, key)
+                    pipeline.revisit_finding(ctx, op, key)
                 _check_block_bounds(ctx, op, key)
                 assert op.vmem is not None
                 op.vmem.data[...] = ctx.fill(op.vmem.data.dtype)
@@ -841,29 +795,8 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
             bad.append(d)
     if not bad:
         return True
-    window = op.block_window(block_index)
-    rng = tuple((s, s + z) for s, z in window)
-    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
-    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
-    frames = (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
-    ctx.call.add(Finding(
-        kind=FindingKind.OUT_OF_BOUNDS,
-        message=f"block index {block_index} of {op.name} selects {op.name}{format_range(rng)},"
-                f" outside the array of shape {list(op.hbm.shape)} (dimension"
-                f"{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})",
-        kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=ctx.grid_point,
-        actor=ctx.actor, buffer=op.name, memory_space=MemorySpace.HBM, index_range=rng,
-        frames=frames,
-        details={"operation": "block " + ("write-back" if op.is_output else "copy-in"),
-                 "block_index": list(block_index), "shape": list(op.hbm.shape)},
-    ))
+    ctx.call.add(bounds.block_finding(ctx, op, block_index, bad, _index_map_frames(op)))
     return False
-
-
-def _code_line(file: str, line: int) -> str:
-    import linecache
-
-    return linecache.getline(file, line).strip() if line else ""
 
 
 def _copy_in(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
@@ -903,24 +836,7 @@ def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:
     """Where the operand's BlockSpec index_map is defined (pipeline copies have no line)."""
     info = op.mapping.index_map_jaxpr.jaxpr.debug_info
     _, file, line = parse_src_info(getattr(info, "func_src_info", None))
-    return (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
-
-
-def _revisit_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> None:
-    window = op.block_window(block_index)
-    rng = tuple((s, s + z) for s, z in window)
-    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
-    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
-    frames = (SourceFrame(file, line, "index_map", _code_line(file, line)),) if file else ()
-    ctx.call.add(Finding(
-        kind=FindingKind.OUTPUT_REVISITED,
-        message=f"output block {block_index} of {op.name} is visited again after other blocks"
-                f" at grid point {ctx.grid_point}; on a TPU its earlier contents are not"
-                f" read back, so the earlier write-back is overwritten",
-        kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=ctx.grid_point,
-        actor=ctx.actor, buffer=op.name, memory_space=MemorySpace.HBM, index_range=rng,
-        frames=frames, details={"block_index": list(block_index)},
-    ))
+    return (SourceFrame(file, line, "index_map", code_line(file, line)),) if file else ()
 
 
 def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
@@ -929,165 +845,8 @@ def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
     for dma in state.sync.dmas:
         if not dma.copied:
             sync.complete(ctx, dma)
-    for dma in state.sync.dmas if report else ():
-        if dma.waited_bytes < dma.nbytes:
-            state.add(Finding(
-                kind=FindingKind.DMA_NOT_WAITED,
-                message=f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
-                        f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())} was"
-                        f" started but never waited on (semaphore {sync.sem_name(dma.dst_sem)})",
-                kernel=state.kernel, call_index=state.call_index, grid_point=dma.grid_point,
-                actor=dma.actor, buffer=dma.dst.buffer.name, memory_space=dma.dst.buffer.space,
-                index_range=dma.dst.index_range(), frames=dma.frames,
-                details={"semaphore": sync.sem_name(dma.dst_sem), "bytes": dma.nbytes,
-                         "waited_bytes": dma.waited_bytes},
-            ))
+    if report:
+        for finding in semaphores.dma_not_waited_findings(state):
+            state.add(finding)
 
 
-def _semaphore_findings(state: CallState, ctx: CoreContext) -> None:
-    unwaited: dict[tuple[int, tuple], int] = {}
-    for dma in state.sync.dmas:
-        key = (dma.dst_sem[0].id, dma.dst_sem[1])
-        unwaited[key] = unwaited.get(key, 0) + dma.nbytes - dma.waited_bytes
-    for buf in state.semaphores:
-        for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
-            idx = tuple(int(i) for i in idx)
-            count = int(buf.data[idx])
-            if count == 0:
-                continue
-            left = count - unwaited.get((buf.id, idx), 0)
-            if left == 0:
-                continue  # explained by a DMA never waited, reported as such
-            frames = state.sync.last_signal.get((buf.id, idx), ())
-            signaller = state.sync.last_signaller.get((buf.id, idx), "")
-            cell = sync.sem_name((buf, idx))
-            # Several devices: say whose semaphore leaked and who signalled it last (a
-            # remote signal's target is another device than its signaller).
-            on = f" of device {buf.device}" if state.mesh.num_devices > 1 else ""
-            by = f" by {signaller}" if signaller and state.mesh.num_devices > 1 else ""
-            where = (f", last signalled{by} at {frames[0].file}:{frames[0].line}"
-                     if frames else "")
-            state.add(Finding(
-                kind=FindingKind.SEMAPHORE_LEAK,
-                message=f"semaphore {cell}{on} ends the kernel with count {count}{where}",
-                kernel=state.kernel, call_index=state.call_index, grid_point=None,
-                actor=signaller or ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
-                index_range=tuple((i, i + 1) for i in idx) or None, frames=frames,
-                details={"count": count, "semaphore": cell},
-            ))
-
-
-def _bbox(mask: np.ndarray) -> IndexRange:
-    if mask.ndim == 0:
-        return ()
-    out = []
-    for axis in range(mask.ndim):
-        other = tuple(a for a in range(mask.ndim) if a != axis)
-        hit = np.nonzero(mask.any(axis=other) if other else mask)[0]
-        out.append((int(hit[0]), int(hit[-1]) + 1))
-    return tuple(out)
-
-
-def _unwritten_finding(state: CallState, buf: Buffer) -> None:
-    missing = ~buf.written
-    count = int(missing.sum())
-    total = int(missing.size)
-    rng = _bbox(missing)
-    state.add(Finding(
-        kind=FindingKind.UNWRITTEN_OUTPUT,
-        message=f"{count} of {total} elements of output {buf.name} are never written"
-                f" (within {buf.name}{format_range(rng)})",
-        kernel=state.kernel, call_index=state.call_index, grid_point=None, actor="",
-        buffer=buf.name, memory_space=MemorySpace.HBM, index_range=rng,
-        frames=(SourceFrame(state.kernel.file, state.kernel.line, state.kernel.name,
-                            _code_line(state.kernel.file, state.kernel.line)),)
-        if state.kernel.file else (),
-        details={"elements": count, "total": total},
-    ))
-
-
-def _uninit_findings(params: dict, state: CallState, outputs: list[np.ndarray],
-                     other: list[np.ndarray], written: list[np.ndarray | None],
-                     kernel: KernelInfo, call_index: int) -> list[Finding]:
-    """Outputs that change with the fill of never-written memory depend on it."""
-    findings = []
-    names = _kernel_arg_names(params["jaxpr"])
-    gm = params["grid_mapping"]
-    reads = _distinct_reads(state.uninit_reads)
-    for j, (a, b) in enumerate(zip(outputs, other)):
-        differ = _differs(a, b)
-        if written[j] is not None:
-            differ &= written[j]
-        if not differ.any():
-            continue
-        name = names[gm.num_index_operands + gm.num_inputs + j]
-        count = int(differ.sum())
-        rng = _bbox(differ)
-        first = reads[0]
-        accesses = tuple(
-            Access("read", r.actor, r.buffer, r.memory_space, r.index_range, r.frames,
-                   r.grid_point)
-            for r in reads[:8]
-        )
-        read_lines = ", ".join(
-            f"{r.buffer}{format_range(r.index_range)}"
-            + (f" at {r.frames[0].file}:{r.frames[0].line}" if r.frames else "")
-            for r in reads[:3])
-        findings.append(Finding(
-            kind=FindingKind.UNINITIALIZED,
-            message=f"{count} elements of output {name}{format_range(rng)} depend on memory that"
-                    f" was never written: read of {read_lines}",
-            kernel=kernel, call_index=call_index, grid_point=first.grid_point,
-            actor=first.actor, buffer=first.buffer, memory_space=first.memory_space,
-            index_range=first.index_range, frames=first.frames, accesses=accesses,
-            details={"output": name, "output_range": [list(r) for r in rng],
-                     "elements": count},
-        ))
-    return findings
-
-
-def _distinct_reads(reads: list[UninitRead]) -> list[UninitRead]:
-    seen: dict[tuple, UninitRead] = {}
-    for r in reads:
-        key = (r.buffer, r.frames[:1])
-        if key not in seen:
-            seen[key] = r
-    return list(seen.values())
-
-
-def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "fc" or "float" in a.dtype.name:
-        af, bf = a.astype(np.float64), b.astype(np.float64)
-        both_nan = np.isnan(af) & np.isnan(bf)
-        return ~((af == bf) | both_nan)
-    return a != b
-
-
-def _deadlock_finding(state: CallState, deadlock: Deadlock, ctx: CoreContext) -> Finding:
-    parts = []
-    accesses = []
-    for actor, wait in deadlock.blocked:
-        current = wait.current() if callable(wait.current) else wait.current
-        parts.append(f"{actor} waits in a {wait.what} for {wait.semaphore} to reach"
-                     f" {wait.wanted} (it is {current})")
-        buffer, rng = _wait_target(wait)
-        accesses.append(Access("wait", actor, buffer, MemorySpace.SEMAPHORE, rng,
-                               wait.frames, ctx.grid_point))
-    first = deadlock.blocked[0][1] if deadlock.blocked else None
-    buffer, rng = _wait_target(first) if first else ("", None)
-    return Finding(
-        kind=FindingKind.DEADLOCK,
-        message="deadlock: " + "; ".join(parts) + ", and nothing can signal it",
-        kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
-        actor=deadlock.blocked[0][0] if deadlock.blocked else "",
-        buffer=buffer, memory_space=MemorySpace.SEMAPHORE, index_range=rng,
-        frames=first.frames if first else (), accesses=tuple(accesses),
-    )
-
-
-def _wait_target(wait: Any) -> tuple[str, IndexRange | None]:
-    """The semaphore buffer a wait is on (the kernel's own name) and its index in it."""
-    if getattr(wait, "cell", None) is None:
-        return wait.semaphore, None
-    buf, idx = wait.cell
-    return buf.name, tuple((int(i), int(i) + 1) for i in idx) or None

@@ -1,0 +1,114 @@
+"""Uninitialized memory: reads of never-written elements, and whether they reached an
+output (the call is re-run with another fill and the outputs compared); output elements
+the kernel never wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pallas_check.findings import (
+    Access, Finding, FindingKind, IndexRange, KernelInfo, SourceFrame, format_range)
+from pallas_check.engine.memory import Buffer, MemorySpace
+from pallas_check.sourceinfo import code_line
+
+if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+    from pallas_check.engine.kernel import CallState
+
+
+@dataclasses.dataclass
+class UninitRead:
+    buffer: str
+    memory_space: str
+    index_range: IndexRange
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    actor: str
+    count: int
+
+
+def bbox(mask: np.ndarray) -> IndexRange:
+    if mask.ndim == 0:
+        return ()
+    out = []
+    for axis in range(mask.ndim):
+        other = tuple(a for a in range(mask.ndim) if a != axis)
+        hit = np.nonzero(mask.any(axis=other) if other else mask)[0]
+        out.append((int(hit[0]), int(hit[-1]) + 1))
+    return tuple(out)
+
+
+def unwritten_finding(state: CallState, buf: Buffer) -> None:
+    missing = ~buf.written
+    count = int(missing.sum())
+    total = int(missing.size)
+    rng = bbox(missing)
+    state.add(Finding(
+        kind=FindingKind.UNWRITTEN_OUTPUT,
+        message=f"{count} of {total} elements of output {buf.name} are never written"
+                f" (within {buf.name}{format_range(rng)})",
+        kernel=state.kernel, call_index=state.call_index, grid_point=None, actor="",
+        buffer=buf.name, memory_space=MemorySpace.HBM, index_range=rng,
+        frames=(SourceFrame(state.kernel.file, state.kernel.line, state.kernel.name,
+                            code_line(state.kernel.file, state.kernel.line)),)
+        if state.kernel.file else (),
+        details={"elements": count, "total": total},
+    ))
+
+
+def uninit_findings(output_names: list[str], state: CallState, outputs: list[np.ndarray],
+                    other: list[np.ndarray], written: list[np.ndarray | None],
+                    kernel: KernelInfo, call_index: int) -> list[Finding]:
+    """Outputs that change with the fill of never-written memory depend on it (the lists
+    run over every device's outputs; `output_names` names each)."""
+    findings = []
+    reads = distinct_reads(state.uninit_reads)
+    for j, (a, b) in enumerate(zip(outputs, other)):
+        differ = differs(a, b)
+        if written[j] is not None:
+            differ &= written[j]
+        if not differ.any():
+            continue
+        name = output_names[j]
+        count = int(differ.sum())
+        rng = bbox(differ)
+        first = reads[0]
+        accesses = tuple(
+            Access("read", r.actor, r.buffer, r.memory_space, r.index_range, r.frames,
+                   r.grid_point)
+            for r in reads[:8]
+        )
+        read_lines = ", ".join(
+            f"{r.buffer}{format_range(r.index_range)}"
+            + (f" at {r.frames[0].file}:{r.frames[0].line}" if r.frames else "")
+            for r in reads[:3])
+        findings.append(Finding(
+            kind=FindingKind.UNINITIALIZED,
+            message=f"{count} elements of output {name}{format_range(rng)} depend on memory that"
+                    f" was never written: read of {read_lines}",
+            kernel=kernel, call_index=call_index, grid_point=first.grid_point,
+            actor=first.actor, buffer=first.buffer, memory_space=first.memory_space,
+            index_range=first.index_range, frames=first.frames, accesses=accesses,
+            details={"output": name, "output_range": [list(r) for r in rng],
+                     "elements": count},
+        ))
+    return findings
+
+
+def distinct_reads(reads: list[UninitRead]) -> list[UninitRead]:
+    seen: dict[tuple, UninitRead] = {}
+    for r in reads:
+        key = (r.buffer, r.frames[:1])
+        if key not in seen:
+            seen[key] = r
+    return list(seen.values())
+
+
+def differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "fc" or "float" in a.dtype.name:
+        af, bf = a.astype(np.float64), b.astype(np.float64)
+        both_nan = np.isnan(af) & np.isnan(bf)
+        return ~((af == bf) | both_nan)
+    return a != b

@@ -1,0 +1,68 @@
+"""Semaphores left with a non-zero count at kernel end, with where they were last signalled
+(counts explained by a DMA never waited are reported as that DMA instead)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.engine.memory import MemorySpace
+from pallas_check.engine import sync
+
+if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+    from pallas_check.engine.kernel import CallState, CoreContext
+
+
+def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
+    unwaited: dict[tuple[int, tuple], int] = {}
+    for dma in state.sync.dmas:
+        key = (dma.dst_sem[0].id, dma.dst_sem[1])
+        unwaited[key] = unwaited.get(key, 0) + dma.nbytes - dma.waited_bytes
+    for buf in state.semaphores:
+        for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
+            idx = tuple(int(i) for i in idx)
+            count = int(buf.data[idx])
+            if count == 0:
+                continue
+            left = count - unwaited.get((buf.id, idx), 0)
+            if left == 0:
+                continue  # explained by a DMA never waited, reported as such
+            frames = state.sync.last_signal.get((buf.id, idx), ())
+            signaller = state.sync.last_signaller.get((buf.id, idx), "")
+            cell = sync.sem_name((buf, idx))
+            # Several devices: say whose semaphore leaked and who signalled it last (a
+            # remote signal's target is another device than its signaller).
+            on = f" of device {buf.device}" if state.mesh.num_devices > 1 else ""
+            by = f" by {signaller}" if signaller and state.mesh.num_devices > 1 else ""
+            where = (f", last signalled{by} at {frames[0].file}:{frames[0].line}"
+                     if frames else "")
+            state.add(Finding(
+                kind=FindingKind.SEMAPHORE_LEAK,
+                message=f"semaphore {cell}{on} ends the kernel with count {count}{where}",
+                kernel=state.kernel, call_index=state.call_index, grid_point=None,
+                actor=signaller or ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
+                index_range=tuple((i, i + 1) for i in idx) or None, frames=frames,
+                details={"count": count, "semaphore": cell},
+            ))
+
+
+def dma_not_waited_findings(state: CallState) -> list[Finding]:
+    """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
+    findings = []
+    for dma in state.sync.dmas:
+        if dma.waited_bytes >= dma.nbytes:
+            continue
+        findings.append(Finding(
+            kind=FindingKind.DMA_NOT_WAITED,
+            message=f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
+                    f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())} was"
+                    f" started but never waited on (semaphore {sync.sem_name(dma.dst_sem)})",
+            kernel=state.kernel, call_index=state.call_index, grid_point=dma.grid_point,
+            actor=dma.actor, buffer=dma.dst.buffer.name, memory_space=dma.dst.buffer.space,
+            index_range=dma.dst.index_range(), frames=dma.frames,
+            details={"semaphore": sync.sem_name(dma.dst_sem), "bytes": dma.nbytes,
+                     "waited_bytes": dma.waited_bytes},
+        ))
+    return findings
