@@ -34,20 +34,6 @@ class CallSummary:
     devices: int = 1
 
 
-_RENDEZVOUS_TIMEOUT_S = 600.0
-
-
-class _Meeting:
-    """One multi-device pallas_call while its devices' callbacks arrive."""
-
-    def __init__(self, num_devices: int) -> None:
-        self.num_devices = num_devices
-        self.operands: dict[int, Sequence[np.ndarray]] = {}
-        self.outputs: list[list[np.ndarray]] | None = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-
 class EngineFailure(Exception):
     """Raised inside the host callback when the engine cannot go on (reported, exit 4)."""
 
@@ -65,9 +51,10 @@ class Session:
         self.interrupted = False
         self._counter = itertools.count()
         self._lock = threading.Lock()
-        # Multi-device calls: per-device call sequence numbers and pending meetings.
-        self._device_calls: dict[int, int] = {}
-        self._meetings: dict[int, _Meeting] = {}
+        # Multi-device calls: where each device's callback meets the others'.
+        from pallas_check.engine.rendezvous import Rendezvous
+
+        self._meeting_point = Rendezvous()
         # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
         self.carried: dict = {}
         # progress(call_index, kernel, schedules_done, schedules_total), e.g. a progress bar.
@@ -85,32 +72,15 @@ class Session:
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any) -> list[np.ndarray]:
-        """Every device's callback of one call meets here; the last to arrive runs the
-        simulation of all devices together, the others wait for their outputs."""
-        with self._lock:
-            seq = self._device_calls.get(device, 0)
-            self._device_calls[device] = seq + 1
-            meeting = self._meetings.setdefault(seq, _Meeting(mesh.num_devices))
-            meeting.operands[device] = operands
-            last = len(meeting.operands) == mesh.num_devices
-            if last:
-                del self._meetings[seq]
-        if last:
-            try:
-                ordered = [meeting.operands[d] for d in range(mesh.num_devices)]
-                meeting.outputs = self._simulate(params, ordered, mesh)
-            except BaseException as exc:
-                meeting.error = exc
-            finally:
-                meeting.done.set()
-        elif not meeting.done.wait(timeout=_RENDEZVOUS_TIMEOUT_S):
-            self._fail(f"device {device} waited {_RENDEZVOUS_TIMEOUT_S:.0f} s for the other"
-                       f" devices' callbacks of the same pallas_call; they never came")
-            raise EngineFailure(self.engine_error)
-        if meeting.error is not None:
-            raise meeting.error
-        assert meeting.outputs is not None
-        return meeting.outputs[device]
+        from pallas_check.engine.rendezvous import RendezvousTimeout
+
+        try:
+            return self._meeting_point.meet(
+                device, mesh.num_devices, operands,
+                lambda ordered: self._simulate(params, ordered, mesh))
+        except RendezvousTimeout as exc:
+            self._fail(str(exc))
+            raise EngineFailure(self.engine_error) from exc
 
     def _simulate(self, params: dict, device_operands: list, mesh: Any) -> list[list[np.ndarray]]:
         from pallas_check.engine.evaluate import KernelError

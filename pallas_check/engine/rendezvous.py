@@ -1,0 +1,64 @@
+"""Where the devices of one multi-device pallas_call meet.
+
+Under `shard_map` each device's host callback arrives on its own thread. The k-th call of
+every device is the same pallas_call, so callbacks are matched by a per-device sequence
+number; the last device to arrive runs the one simulation of all devices (`run`), the
+others wait and take their own outputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+TIMEOUT_S = 600.0
+
+
+class RendezvousTimeout(Exception):
+    """A device waited too long for the other devices' callbacks of the same call."""
+
+
+class _Meeting:
+    """One multi-device pallas_call while its devices' callbacks arrive."""
+
+    def __init__(self) -> None:
+        self.operands: dict[int, Sequence[Any]] = {}
+        self.outputs: list[Any] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class Rendezvous:
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._device_calls: dict[int, int] = {}
+        self._meetings: dict[int, _Meeting] = {}
+
+    def meet(self, device: int, num_devices: int, operands: Sequence[Any],
+             run: Callable[[list[Sequence[Any]]], list[Any]]) -> Any:
+        """Hand in this device's operands; return this device's outputs of `run`, which is
+        called once, with every device's operands in device order."""
+        with self._lock:
+            seq = self._device_calls.get(device, 0)
+            self._device_calls[device] = seq + 1
+            meeting = self._meetings.setdefault(seq, _Meeting())
+            meeting.operands[device] = operands
+            last = len(meeting.operands) == num_devices
+            if last:
+                del self._meetings[seq]
+        if last:
+            try:
+                meeting.outputs = run([meeting.operands[d] for d in range(num_devices)])
+            except BaseException as exc:
+                meeting.error = exc
+            finally:
+                meeting.done.set()
+        elif not meeting.done.wait(timeout=self.timeout_s):
+            raise RendezvousTimeout(
+                f"device {device} waited {self.timeout_s:.0f} s for the other devices'"
+                f" callbacks of the same pallas_call; they never came")
+        if meeting.error is not None:
+            raise meeting.error
+        assert meeting.outputs is not None
+        return meeting.outputs[device]
