@@ -201,6 +201,8 @@ def render_table(report: NativeReport, stream: TextIO) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from pallas_check.report.table import print_failures
+
     console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
     table = Table(title=f"pallas_call wall times on {report.backend} (native lowering)",
                   title_justify="left", expand=True)
@@ -214,13 +216,8 @@ def render_table(report: NativeReport, stream: TextIO) -> None:
     console.print(Text(f"Timed: each call's kernel re-run alone after the script, on the"
                        f" same operands; best and median of {REPEATS} runs after a warm-up,"
                        f" each ended by block_until_ready.", style="dim"))
-    if report.user_error:
-        console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
-        if report.user_traceback:
-            console.print(Text(report.user_traceback.rstrip()))
-    if report.internal_error:
-        console.print(Text("pallas-check error: ", style="bold red")
-                      + Text(report.internal_error))
+    print_failures(console, report.user_error, report.user_traceback,
+                   report.internal_error)
     timed = sum(1 for c in report.calls if c.best_s is not None)
     summary = (f"{timed} of {len(report.calls)} pallas_call(s) timed; the script ran"
                f" {report.script_seconds:.3f} s")

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pallas_check.report.table import print_failures
+
 from pallas_check import __version__
 
 SCHEMA = "pallas-check/diff"
@@ -118,13 +120,8 @@ def render_table(report: Any, stream: TextIO) -> None:
     if report.findings:
         console.print(Text(f"Our run also reported {report.findings} finding(s);"
                            f" `pallas-check run` shows them.", style="yellow"))
-    if report.user_error:
-        console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
-        if report.user_traceback:
-            console.print(Text(report.user_traceback.rstrip()))
-    if report.internal_error:
-        console.print(Text("pallas-check error: ", style="bold red")
-                      + Text(report.internal_error))
+    print_failures(console, report.user_error, report.user_traceback,
+                   report.internal_error)
     outputs = sum(len(c.outputs) for c in report.calls)
     bad = report.mismatching_outputs
     summary = (f"{bad} of {outputs} output(s) differ in {len(report.calls)} pallas_call(s)"

@@ -98,13 +98,8 @@ class TableReporter:
                                   + Text(replay_command(report.script, report.config, f.seed,
                                                        report.rerun, report.script_args)),
                                   soft_wrap=True)
-        if report.user_error:
-            console.print(Text("The script failed: ", style="bold red") + Text(report.user_error))
-            if report.user_traceback:
-                console.print(Text(report.user_traceback.rstrip()))
-        if report.internal_error:
-            console.print(Text("pallas-check error: ", style="bold red")
-                          + Text(report.internal_error))
+        print_failures(console, report.user_error, report.user_traceback,
+                       report.internal_error)
         calls = len(report.calls)
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
@@ -112,6 +107,17 @@ class TableReporter:
             summary += " (partial: the run did not finish)"
         style = "bold green" if not report.findings else "bold red"
         console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style))
+
+
+def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
+                   internal_error: str | None) -> None:
+    """The script's failure (with its traceback) and pallas-check's own, if any."""
+    if user_error:
+        console.print(Text("The script failed: ", style="bold red") + Text(user_error))
+        if user_traceback:
+            console.print(Text(user_traceback.rstrip()))
+    if internal_error:
+        console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error))
 
 
 def _explores(report: RunReport) -> bool:
