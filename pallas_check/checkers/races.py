@@ -157,8 +157,9 @@ class _History:
         """(Re)index along the dimension where the live records differ most."""
         ranges = [r.index_range for r in self.records.values()]
         rank = min(len(r) for r in ranges)
+        self.built_at = len(self.records)
         if rank == 0:
-            return
+            return  # scalars: nothing to index by; try again when the history doubles
         best = max(range(rank), key=lambda d: (len({r[d] for r in ranges}), -d))
         extents = sorted(r[best][1] - r[best][0] for r in ranges)
         self.dim, self.width = best, max(1, extents[len(extents) // 2])
