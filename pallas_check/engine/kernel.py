@@ -553,7 +553,9 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 op = dataclasses.replace(template)
                 if op.block_indices is not None:
                     op.block_indices = op.block_indices[my_steps]
-                if op.kernel_space == MemorySpace.HBM and op.block_indices is None:
+                if op.kernel_space == MemorySpace.HBM:
+                    # The whole array, or (under vmap) its window, which _core_body moves
+                    # at every grid step: HBM is shared by the cores, never copied to VMEM.
                     kernel_args.append(RefView(op.hbm))
                 else:
                     ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed)

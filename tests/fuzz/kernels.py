@@ -61,7 +61,11 @@ class Term:
     """A value of the output block's (M, N) shape, read at each grid step (a "weight" is
     an (N, N) matrix for the `matmul` op instead)."""
 
-    kind: str  # "block" | "dma" | "dot" | "weight"
+    # "block" (a BlockSpec'd block) | "dma" (DMA'd from a pl.ANY input) | "vmem" (sliced
+    # with pl.ds from a whole-array VMEM input) | "dot" | "weight" (an (N, N) matrix for
+    # the `matmul` op) | "smem" (a whole-array int32 SMEM vector of length k, for the
+    # `smem` op: v + s[sum(program ids) % k])
+    kind: str
     index: tuple[Index, ...] = ()  # one per output dim (dot: x's [B,] M and y's N)
     transposed: bool = False  # block: the array is stored (.., N, M); the value is .T
     stacked: bool = False  # block/dma: a leading dim walked by the reduction axis
@@ -70,7 +74,8 @@ class Term:
     k_split: bool = False
     # dma: "single" | "loop" (start+wait per chunk) | "split" (start all chunks, then
     # wait for all) | "pipelined" (double-buffered across grid steps: step s starts the
-    # copy for step s+1 into the other slot, then waits for its own)
+    # copy for step s+1 into the other slot, then waits for its own) | "sync"
+    # (pltpu.sync_copy) | "scoped" (buffer and semaphore from pl.run_scoped)
     dma: str = ""
     chunk: int = 0  # dma loops: rows per DMA; block "rows"/"at"/"cols": chunk or split
     # block: how the ref is read: "whole" | "rows" (a fori_loop copies row chunks into
@@ -97,17 +102,23 @@ class Kernel:
     terms: tuple[Term, ...]
     ops: tuple[Op, ...]
     acc: str  # "none" | "out" | "scratch"
-    store: str  # "whole" | "rows" (staged in VMEM scratch, stored in a fori_loop)
+    # "whole" | "rows" (staged in VMEM scratch, stored in a fori_loop) | "cond" (a
+    # lax.cond on the program ids picks "whole" or "rows") | "masked" (two pltpu.store
+    # with complementary row masks: rows < chunk, rows >= chunk)
+    store: str
     chunk: int  # rows per store ("rows")
     seed: int
-    side: str = "none"  # a second output holding term 0: "none" | "plain" | "transposed"
+    # a second output holding term 0's value: "none" | "plain" | "transposed" | "dma"
+    # (a pl.ANY output, DMA'd from VMEM scratch; its dims rounded up to whole blocks)
+    side: str = "none"
     # how the call is made: "none" (eagerly) | "jit" | "vmap" (over a batch of 2 of every
-    # input array; the scalar-prefetch tables are shared)
+    # input array; the scalar-prefetch tables are shared) | "vmap_all" (the tables are
+    # batched too: the second batch element reads them reversed)
     wrap: str = "none"
 
     @property
     def has_dma(self) -> bool:
-        return any(t.kind == "dma" for t in self.terms)
+        return any(t.kind == "dma" for t in self.terms) or self.side == "dma"
 
 
 # ---------------------------------------------------------------------------------------
@@ -143,6 +154,8 @@ def _dim_array(desc: Kernel, od: Dim, ix: Index, extra: int, exact_ok: bool
 
 
 def term_arrays(desc: Kernel, term: Term) -> list[ArraySpec]:
+    if term.kind == "smem":
+        return [ArraySpec((term.k,), (term.k,), (Index("const"),))]
     if term.kind == "weight":
         n = desc.out[-1].block if desc.out[-1].axis != -1 else desc.out[-1].size
         return [ArraySpec((n, n), (n, n), (Index("const"), Index("const")))]
@@ -173,22 +186,39 @@ def operands(desc: Kernel) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(scalar-prefetch tables, input arrays) of a description, from its seed."""
     rng = np.random.default_rng(desc.seed)
     arrays = []
-    batch = (2,) if desc.wrap == "vmap" else ()
+    batch = (2,) if desc.wrap.startswith("vmap") else ()
     for term in desc.terms:
         for spec in term_arrays(desc, term):
             shape = batch + spec.shape
-            if desc.dtype == I32:
+            if desc.dtype == I32 or term.kind == "smem":
                 arrays.append(np.asarray(rng.integers(-5, 6, shape), np.int32))
             else:  # quarters: exact in bf16, and in f32 sums of products
                 values = rng.integers(-8, 9, shape) / 4
                 arrays.append(np.asarray(jnp.asarray(values, desc.dtype)))
     tables = [np.asarray(values, np.int32) for _, values in desc.tables]
+    if desc.wrap == "vmap_all":
+        tables = [np.stack([t, t[::-1]]) for t in tables]
     return tables, arrays
 
 
 def out_block_shape(desc: Kernel) -> tuple[int, int]:
     m, n = (d.block if d.axis != -1 else d.size for d in desc.out[-2:])
     return m, n
+
+
+def value_shape(desc: Kernel) -> tuple[int, ...]:
+    """The shape of the output block as the kernel sees it (squeezed dims dropped)."""
+    return tuple(d.block if d.axis != -1 else d.size for d in desc.out
+                 if d.axis == -1 or d.block != 0)
+
+
+def _t(v: Any) -> Any:
+    return jnp.swapaxes(v, -1, -2)
+
+
+def _rows(index: Any, ndim: int) -> tuple:
+    """An index of the second-minor dim of a ref of rank `ndim`."""
+    return (slice(None),) * (ndim - 2) + (index,)
 
 
 def acc_dtype(desc: Kernel) -> str:
@@ -222,11 +252,12 @@ def _scalar(x: Any, dtype: str) -> Any:
     return jnp.asarray(x).astype(dtype)
 
 
-def compute(desc: Kernel, values: dict[int, Any], pids: Sequence[Any]) -> Any:
+def compute(desc: Kernel, values: dict[int, Any], pids: Sequence[Any],
+            in_kernel: bool = True) -> Any:
     cdt = desc.dtype
     v = values[0]
     for op in desc.ops:
-        other = values[op.arg] if op.arg >= 0 else _scalar(op.const, cdt)
+        other = values[op.arg] if op.arg >= 0 and op.name != "smem" else _scalar(op.const, cdt)
         name = op.name
         if name == "add":
             v = v + other
@@ -255,9 +286,9 @@ def compute(desc: Kernel, values: dict[int, Any], pids: Sequence[Any]) -> Any:
         elif name == "exp":
             v = jnp.exp(jnp.minimum(v, _scalar(3, cdt)))
         elif name == "rowsum":  # mixes the rows (M) of the block
-            v = jnp.broadcast_to(jnp.sum(v, axis=0, keepdims=True), v.shape)
+            v = jnp.broadcast_to(jnp.sum(v, axis=-2, keepdims=True), v.shape)
         elif name == "colsum":  # mixes the columns (N)
-            v = jnp.broadcast_to(jnp.sum(v, axis=1, keepdims=True), v.shape)
+            v = jnp.broadcast_to(jnp.sum(v, axis=-1, keepdims=True), v.shape)
         elif name == "pid":
             total = 0
             for a, p in enumerate(pids):
@@ -268,6 +299,13 @@ def compute(desc: Kernel, values: dict[int, Any], pids: Sequence[Any]) -> Any:
                 return c + step * _scalar(t + 1, cdt)
 
             v = lax.fori_loop(0, op.const, body, v)
+        elif name in ("roll0", "roll1"):  # pltpu.roll is jnp.roll, in kernels only
+            roll = pltpu.roll if in_kernel else jnp.roll
+            axis = v.ndim - 2 + int(name[-1])
+            v = roll(v, op.const % v.shape[axis], axis)
+        elif name == "smem":
+            total = sum(pids) % desc.terms[op.arg].k
+            v = v + values[op.arg][total].astype(cdt)
         elif name == "matmul":  # mixes the columns (N)
             v = jnp.dot(v, values[op.arg], preferred_element_type=jnp.float32).astype(cdt)
         else:
@@ -275,8 +313,8 @@ def compute(desc: Kernel, values: dict[int, Any], pids: Sequence[Any]) -> Any:
     return v
 
 
-MIXES_M = {"rowsum"}
-MIXES_N = {"colsum", "matmul"}
+MIXES_M = {"rowsum", "roll0"}
+MIXES_N = {"colsum", "matmul", "roll1"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -312,32 +350,33 @@ def _window(spec: ArraySpec, pids: Sequence[Any], tables: Sequence[Any],
     return tuple(window)
 
 
-def _ref_shape(spec: ArraySpec) -> tuple[int, int]:
-    r, c = (b for b in spec.block if b != 0)
-    return r, c
+def _ref_shape(spec: ArraySpec) -> tuple[int, ...]:
+    return tuple(b for b in spec.block if b != 0)
 
 
 def _read(term: Term, ref: Any, spec: ArraySpec, scratch: Any) -> Any:
     """The value of a block term's ref, read the way the term says."""
-    r, c = _ref_shape(spec)
+    shape = _ref_shape(spec)
+    nd, (r, c) = len(shape), shape[-2:]
     if term.read == "rows":
         def body(i, carry):
-            rows = pl.ds(i * term.chunk, term.chunk)
-            scratch[rows, :] = ref[rows, :]
+            rows = _rows(pl.ds(i * term.chunk, term.chunk), nd)
+            scratch[rows] = ref[rows]
             return carry
 
         lax.fori_loop(0, r // term.chunk, body, 0)
         return scratch[...]
     if term.read == "strided":
-        even = ref[pl.ds(0, r // 2, stride=2), :]
-        odd = ref[pl.ds(1, r // 2, stride=2), :]
-        return jnp.stack([even, odd], axis=1).reshape(r, c)
+        even = ref[_rows(pl.ds(0, r // 2, stride=2), nd)]
+        odd = ref[_rows(pl.ds(1, r // 2, stride=2), nd)]
+        return jnp.stack([even, odd], axis=-2).reshape(shape)
     if term.read == "at":
         h = term.chunk
-        return jnp.concatenate([ref.at[pl.ds(0, h)][...], ref.at[pl.ds(h, r - h)][...]], 0)
+        return jnp.concatenate([ref.at[_rows(pl.ds(0, h), nd)][...],
+                                ref.at[_rows(pl.ds(h, r - h), nd)][...]], -2)
     if term.read == "cols":
         w = term.chunk
-        return jnp.concatenate([ref[:, :w], ref[:, pl.ds(w, c - w)]], 1)
+        return jnp.concatenate([ref[..., :w], ref[..., pl.ds(w, c - w)]], -1)
     return ref[...]
 
 
@@ -353,6 +392,8 @@ def build(desc: Kernel) -> Callable[..., Any]:
     """`fn(*tables, *arrays, interpret=...)` calling the described pallas_call."""
     rank = len(desc.grid)
     bm, bn = out_block_shape(desc)
+    vs = value_shape(desc)
+    nd = len(vs)
     specs = [term_arrays(desc, t) for t in desc.terms]
     first = _starts([len(s) for s in specs])
     n_in = sum(len(s) for s in specs)
@@ -369,14 +410,16 @@ def build(desc: Kernel) -> Callable[..., Any]:
         scratch_shapes.extend(shapes)
         return len(scratch_shapes) - len(shapes)
 
-    acc_at = alloc(pltpu.VMEM((bm, bn), adt)) if desc.acc == "scratch" else -1
-    stage_at = alloc(pltpu.VMEM((bm, bn), odt)) if desc.store == "rows" else -1
+    acc_at = alloc(pltpu.VMEM(vs, adt)) if desc.acc == "scratch" else -1
+    stage_at = alloc(pltpu.VMEM(vs, odt)) if desc.store in ("rows", "cond") else -1
+    side_at = (alloc(pltpu.VMEM(vs, odt), pltpu.SemaphoreType.DMA)
+               if desc.side == "dma" else -1)
     term_at: dict[int, int] = {}
     for ti, t in enumerate(desc.terms):
         if t.kind == "dma" and t.dma == "pipelined":
-            term_at[ti] = alloc(pltpu.VMEM((2, bm, bn), odt), pltpu.SemaphoreType.DMA((2,)))
-        elif t.kind == "dma":
-            term_at[ti] = alloc(pltpu.VMEM((bm, bn), odt), pltpu.SemaphoreType.DMA)
+            term_at[ti] = alloc(pltpu.VMEM((2, *vs), odt), pltpu.SemaphoreType.DMA((2,)))
+        elif t.kind == "dma" and t.dma != "scoped":
+            term_at[ti] = alloc(pltpu.VMEM(vs, odt), pltpu.SemaphoreType.DMA)
         elif t.kind == "block" and t.read == "rows":
             term_at[ti] = alloc(pltpu.VMEM(_ref_shape(specs[ti][0]), odt))
 
@@ -400,7 +443,8 @@ def build(desc: Kernel) -> Callable[..., Any]:
                 return pltpu.make_async_copy(src.at[_window(specs[ti][0], at, tables)],
                                              buf, sem)
             window = _window(specs[ti][0], at, tables, (row, t.chunk))
-            return pltpu.make_async_copy(src.at[window], buf.at[pl.ds(row, t.chunk)], sem)
+            return pltpu.make_async_copy(src.at[window], buf.at[_rows(pl.ds(row, t.chunk), nd)],
+                                         sem)
 
         for ti, t in enumerate(desc.terms):  # DMAs that start before anything is read
             if t.kind == "dma" and t.dma == "single":
@@ -420,9 +464,13 @@ def build(desc: Kernel) -> Callable[..., Any]:
             if t.kind == "block":
                 v = _read(t, ins[j], specs[ti][0],
                           scratch[term_at[ti]] if ti in term_at else None)
-                values[ti] = v.T if t.transposed else v
+                values[ti] = _t(v) if t.transposed else v
             elif t.kind == "weight":
                 values[ti] = ins[j][...]
+            elif t.kind == "smem":
+                values[ti] = ins[j]  # read by the `smem` op
+            elif t.kind == "vmem":
+                values[ti] = ins[j][_window(specs[ti][0], pids, tables)]
             elif t.kind == "dot":
                 values[ti] = jnp.dot(ins[j][...], ins[j + 1][...],
                                      preferred_element_type=jnp.float32).astype(odt)
@@ -431,7 +479,21 @@ def build(desc: Kernel) -> Callable[..., Any]:
                 copy_of(ti, slot=slot).wait()
                 values[ti] = scratch[term_at[ti]][slot]
             else:
-                if t.dma == "single":
+                if t.dma == "sync":
+                    pltpu.sync_copy(ins[j].at[_window(specs[ti][0], pids, tables)],
+                                    scratch[term_at[ti]])
+                elif t.dma == "scoped":
+                    def scoped(buf, sem, ti=ti, j=j):
+                        copy = pltpu.make_async_copy(
+                            ins[j].at[_window(specs[ti][0], pids, tables)], buf, sem)
+                        copy.start()
+                        copy.wait()
+                        return buf[...]
+
+                    values[ti] = pl.run_scoped(scoped, pltpu.VMEM(vs, odt),
+                                               pltpu.SemaphoreType.DMA)
+                    continue
+                elif t.dma == "single":
                     copy_of(ti).wait()
                 elif t.dma == "loop":
                     def one(c, carry, ti=ti, t=t):
@@ -453,23 +515,42 @@ def build(desc: Kernel) -> Callable[..., Any]:
                     lax.fori_loop(0, bm // t.chunk, start, 0)
                     lax.fori_loop(0, bm // t.chunk, wait, 0)
                 values[ti] = scratch[term_at[ti]][...]
-        if side_ref is not None:
-            side_ref[...] = values[0].T if desc.side == "transposed" else values[0]
+        if desc.side == "dma":
+            buf, sem = scratch[side_at], scratch[side_at + 1]
+            buf[...] = values[0]
+            window = _window(output_arrays(desc)[1], pids, tables)
+            copy = pltpu.make_async_copy(buf, side_ref.at[window], sem)
+            copy.start()
+            copy.wait()
+        elif side_ref is not None:
+            side_ref[...] = _t(values[0]) if desc.side == "transposed" else values[0]
         contrib = compute(desc, values, pids)
 
-        def write(value):
-            if desc.store == "whole":
-                o_ref[...] = value
-                return
+        def write_rows(value):
             stage = scratch[stage_at]
             stage[...] = value
 
             def body(c, carry):
-                rows = pl.ds(c * desc.chunk, desc.chunk)
-                o_ref[rows, :] = stage[rows, :]
+                rows = _rows(pl.ds(c * desc.chunk, desc.chunk), nd)
+                o_ref[rows] = stage[rows]
                 return carry
 
             lax.fori_loop(0, bm // desc.chunk, body, 0)
+
+        def write_whole(value):
+            o_ref[...] = value
+
+        def write(value):
+            if desc.store == "whole":
+                write_whole(value)
+            elif desc.store == "rows":
+                write_rows(value)
+            elif desc.store == "masked":
+                row = lax.broadcasted_iota(jnp.int32, vs, nd - 2)
+                pltpu.store(o_ref, value, mask=row < desc.chunk)
+                pltpu.store(o_ref, value, mask=row >= desc.chunk)
+            else:
+                lax.cond(sum(pids) % 2 == 0, write_whole, write_rows, value)
 
         if desc.acc == "none":
             write(contrib.astype(odt))
@@ -478,7 +559,7 @@ def build(desc: Kernel) -> Callable[..., Any]:
         if desc.acc == "out":
             @pl.when(k == 0)
             def _():
-                write(jnp.zeros((bm, bn), odt))
+                write(jnp.zeros(vs, odt))
 
             write(o_ref[...] + contrib.astype(odt))
             return
@@ -486,7 +567,7 @@ def build(desc: Kernel) -> Callable[..., Any]:
 
         @pl.when(k == 0)
         def _():
-            acc[...] = jnp.zeros((bm, bn), adt)
+            acc[...] = jnp.zeros(vs, adt)
 
         acc[...] += contrib.astype(adt)
 
@@ -499,12 +580,20 @@ def build(desc: Kernel) -> Callable[..., Any]:
         for spec in specs[ti]:
             if t.kind == "dma":
                 in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
+            elif t.kind == "vmem":
+                in_specs.append(pl.BlockSpec(memory_space=pltpu.VMEM))
+            elif t.kind == "smem":
+                in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
             else:
                 in_specs.append(pl.BlockSpec(_block_shape(spec.block),
                                              _index_map(spec.index, rank)))
     out_specs, out_shapes = [], []
-    for out in output_arrays(desc):
-        out_specs.append(pl.BlockSpec(_block_shape(out.block), _index_map(out.index, rank)))
+    for i, out in enumerate(output_arrays(desc)):
+        if i == 1 and desc.side == "dma":
+            out_specs.append(pl.BlockSpec(memory_space=pl.ANY))
+        else:
+            out_specs.append(pl.BlockSpec(_block_shape(out.block),
+                                          _index_map(out.index, rank)))
         out_shapes.append(jax.ShapeDtypeStruct(out.shape, odt))
     params = pltpu.CompilerParams(dimension_semantics=desc.semantics)
 
@@ -525,6 +614,8 @@ def build(desc: Kernel) -> Callable[..., Any]:
         if desc.wrap == "vmap":
             tables = args[:nt]
             return jax.vmap(lambda *a: call(*tables, *a))(*args[nt:])
+        if desc.wrap == "vmap_all":
+            return jax.vmap(lambda *a: call(*a))(*args)
         return call(*args)
 
     return fn
@@ -539,6 +630,10 @@ def output_arrays(desc: Kernel) -> list[ArraySpec]:
     out = [ArraySpec(shape, block, index)]
     if desc.side == "plain":
         out.append(out[0])
+    elif desc.side == "dma":  # whole blocks: every DMA'd window lies inside the array
+        whole = tuple(desc.grid[d.axis] * (d.block or 1) if d.axis != -1 else d.size
+                      for d in desc.out)
+        out.append(ArraySpec(whole, block, index))
     elif desc.side == "transposed":
         swap = lambda t: (*t[:-2], t[-1], t[-2])  # noqa: E731
         out.append(ArraySpec(swap(shape), swap(block), swap(index)))
@@ -583,8 +678,9 @@ def _write_block(array: np.ndarray, spec: ArraySpec, value: Any, pids: Sequence[
 def reference(desc: Kernel, tables: Sequence[np.ndarray], arrays: Sequence[np.ndarray]
               ) -> list[np.ndarray]:
     """The outputs (out, then the side output if any) by walking the grid."""
-    if desc.wrap == "vmap":
-        per = [reference(dataclasses.replace(desc, wrap="none"), tables,
+    if desc.wrap.startswith("vmap"):
+        per = [reference(dataclasses.replace(desc, wrap="none"),
+                         [t[b] for t in tables] if desc.wrap == "vmap_all" else tables,
                          [a[b] for a in arrays]) for b in range(2)]
         return [np.stack(outs) for outs in zip(*per)]
     specs = [term_arrays(desc, t) for t in desc.terms]
@@ -604,17 +700,17 @@ def reference(desc: Kernel, tables: Sequence[np.ndarray], arrays: Sequence[np.nd
                 values[ti] = jnp.dot(blocks[0], blocks[1],
                                      preferred_element_type=jnp.float32).astype(odt)
             else:
-                values[ti] = jnp.asarray(blocks[0].T if t.transposed else blocks[0])
+                values[ti] = jnp.asarray(_t(blocks[0]) if t.transposed else blocks[0])
         if desc.side != "none":
-            side = values[0].T if desc.side == "transposed" else values[0]
+            side = _t(values[0]) if desc.side == "transposed" else values[0]
             _write_block(outs[1], out_specs[1], np.asarray(side).astype(odt), pids)
-        contrib = compute(desc, values, pids)
+        contrib = compute(desc, values, pids, in_kernel=False)
         if desc.acc == "none":
             result = contrib.astype(odt)
         else:
             k, last = pids[desc.reduce], desc.grid[desc.reduce] - 1
             if k == 0:
-                block = jnp.zeros((bm, bn), odt if desc.acc == "out" else adt)
+                block = jnp.zeros(value_shape(desc), odt if desc.acc == "out" else adt)
             block = block + contrib.astype(block.dtype)
             if desc.acc == "scratch" and k != last:
                 continue
@@ -637,10 +733,11 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
     dtype = draw(st.sampled_from(DTYPES))
     floaty = dtype != I32
     reduce = draw(st.booleans())
-    batch = draw(st.integers(0, 3)) == 0
+    # A leading batch dim: walked squeezed, walked in blocks of 1 or 2, or taken whole.
+    batch = draw(st.sampled_from(["none"] * 3 + ["squeezed", "blocked", "full"]))
     m_tiled = draw(st.booleans())
     n_tiled = draw(st.booleans())
-    free = 3 - reduce - batch  # grid rank <= 3
+    free = 3 - reduce - (batch in ("squeezed", "blocked"))  # grid rank <= 3
     if m_tiled and n_tiled and free < 2:
         n_tiled = False
     if free < 1:
@@ -648,8 +745,14 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
 
     # Output dims before edge blocks: [size, block (0: squeezed), walked].
     raw: list[list[int]] = []
-    if batch:
+    if batch == "squeezed":
         raw.append([draw(st.integers(1, 3)), 0, 1])
+    elif batch == "blocked":
+        b = draw(st.integers(1, 2))
+        raw.append([b * draw(st.integers(1, 3)), b, 1])
+    elif batch == "full":
+        size = draw(st.integers(1, 3))
+        raw.append([size, size, 0])
     if m_tiled:
         b = draw(st.sampled_from([8, 16, 32, 128]))
         raw.append([b * draw(st.integers(1, 3 if b < 128 else 2)), b, 1])
@@ -723,18 +826,22 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
                      "cols": lambda: draw(st.integers(1, c - 1))}.get(read, lambda: 0)()
             return Term("block", index, transposed=transposed, stacked=stacked, extra=extra,
                         read=read, chunk=chunk)
-        mode = draw(st.sampled_from(["single", "loop", "split", "pipelined"]))
+        if kind == "vmem":
+            return Term("vmem", index, stacked=stacked, extra=extra)
+        mode = draw(st.sampled_from(["single", "loop", "split", "pipelined", "sync",
+                                     "scoped"]))
         chunk = draw(st.sampled_from(_divisors(bm))) if mode in ("loop", "split") else 0
         return Term("dma", index, stacked=stacked, extra=extra, dma=mode, chunk=chunk)
 
-    kinds = ["block", "block"] + (["dot"] if floaty else []) + (["dma"] if dma else [])
+    kinds = ["block", "block", "vmem"] + (["dot"] if floaty else []) + (["dma"] if dma else [])
     n_terms = draw(st.integers(1, 3))
     terms = [draw_term(draw(st.sampled_from(kinds))) for _ in range(n_terms)]
     if dma and not any(t.kind == "dma" for t in terms):
         terms[draw(st.integers(0, n_terms - 1))] = draw_term("dma")
 
     binary = ["add", "sub", "mul", "max", "min", "select"] + ([] if floaty else ["and", "xor"])
-    unary = ["neg", "abs", "square", "rowsum", "colsum", "pid", "fori"] + (
+    unary = ["neg", "abs", "square", "rowsum", "colsum", "pid", "fori", "smem", "roll0",
+             "roll1"] + (
         ["tanh", "exp", "matmul"] if floaty else [])
     ops: list[Op] = []
     for _ in range(draw(st.integers(0, 4))):
@@ -746,24 +853,35 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
         elif name == "matmul":
             terms.append(Term("weight"))
             ops.append(Op(name, len(terms) - 1))
+        elif name == "smem":
+            terms.append(Term("smem", k=draw(st.integers(1, 8))))
+            ops.append(Op(name, len(terms) - 1))
+        elif name in ("roll0", "roll1"):
+            ops.append(Op(name, const=draw(st.integers(1, 300))))
         else:
             ops.append(Op(name, const=draw(st.integers(1, 3))))
 
-    # Edge blocks, where no op mixes elements across the dim (padding stays in padding).
+    side = draw(st.sampled_from(["none", "none", "plain"] + (["transposed"] if can_t else [])
+                                + (["dma"] if dma else [])))
+    # Edge blocks, where no op mixes elements across the dim (padding stays in padding)
+    # and no padding is DMA'd into the side output.
     names = {op.name for op in ops}
     out = list(out0)
-    for d, mixes in ((len(out) - 2, MIXES_M), (len(out) - 1, MIXES_N)):
+    edges = [(len(out) - 2, MIXES_M), (len(out) - 1, MIXES_N)]
+    if batch == "blocked" and out[0].block > 1:
+        edges.append((0, set()))
+    for d, mixes in edges:
         od = out[d]
-        if od.axis != -1 and not (names & mixes) and draw(st.integers(0, 2)) == 0:
+        if (od.axis != -1 and not (names & mixes) and side != "dma"
+                and draw(st.integers(0, 2)) == 0):
             out[d] = dataclasses.replace(od, size=od.size - draw(st.integers(1, od.block - 1)))
 
     if any(t.dma == "pipelined" for t in terms):  # state carried across grid steps
         semantics = ["arbitrary"] * len(semantics)
     acc = draw(st.sampled_from(["out", "scratch"])) if reduce else "none"
-    store = draw(st.sampled_from(["whole", "rows"]))
-    chunk = draw(st.sampled_from(_divisors(bm))) if store == "rows" else 0
-    side = draw(st.sampled_from(["none", "none", "plain"] + (["transposed"] if can_t else [])))
-    wrap = draw(st.sampled_from(["none", "none", "jit", "vmap"]))
+    store = draw(st.sampled_from(["whole", "rows", "cond", "masked"]))
+    chunk = draw(st.sampled_from(_divisors(bm))) if store != "whole" else 0
+    wrap = draw(st.sampled_from(["none", "none", "jit", "vmap", "vmap_all"]))
     return Kernel(dtype, grid_t, tuple(semantics), tuple(out), red, tuple(tables),
                   tuple(terms), tuple(ops), acc, store, chunk,
                   draw(st.integers(0, 2**16)), side, wrap)
