@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import logging
-import os
 import re
 import sys
 import threading
@@ -90,58 +88,12 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
     return code
 
 
-_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def one_line(message: str) -> str:
     """An error message as one line, without object addresses (reports are reproducible)."""
     return " ".join(_ADDRESS.sub("", message).split())
-
-
-def _raised_by_us(exc: BaseException) -> bool:
-    """Whether pallas-check's own code raised `exc` (directly or as a cause)."""
-    from pallas_check.session import EngineFailure
-
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, EngineFailure):
-            return True
-        tb = current.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename.startswith(_OUR_DIR):
-                return True
-            tb = tb.tb_next
-        current = current.__cause__ or current.__context__
-    return False
-
-
-class _OurCallbackFailures(logging.Filter):
-    """Drops JAX's "jax.io_callback failed" traceback when the failure is pallas-check's.
-
-    The session already holds an `EngineFailure`'s one-line message; any other exception
-    raised in our handler is our bug, kept here so that the run still ends with exit 4.
-    A failure of the user's own callbacks is logged by JAX as usual.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is None or not _raised_by_us(exc):
-            return True
-        from pallas_check.session import EngineFailure
-
-        if not isinstance(exc, (EngineFailure, KeyboardInterrupt)):
-            with self._lock:
-                self.errors.append(f"internal error in pallas-check's host callback:"
-                                   f" {type(exc).__name__}: {exc}")
-        return False
 
 
 @contextlib.contextmanager
@@ -170,11 +122,19 @@ def _progress_bar(session: Any, config: Config) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _callback_failures() -> Iterator[list[str]]:
-    """While active, JAX's log of a callback failure that is ours is dropped and kept."""
-    logger = logging.getLogger("jax._src.callback")
-    flt = _OurCallbackFailures()
-    logger.addFilter(flt)
-    try:
-        yield flt.errors
-    finally:
-        logger.removeFilter(flt)
+    """While active, exceptions our host callback raised that are bugs of ours (not an
+    `EngineFailure`, whose message the session already holds, nor Ctrl-C) are kept."""
+    from pallas_check.intercept import handler_failures
+    from pallas_check.session import EngineFailure
+
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def keep(exc: BaseException) -> None:
+        if not isinstance(exc, (EngineFailure, KeyboardInterrupt)):
+            with lock:
+                errors.append(f"internal error in pallas-check's host callback:"
+                              f" {type(exc).__name__}: {exc}")
+
+    with handler_failures(keep):
+        yield errors

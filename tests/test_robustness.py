@@ -313,8 +313,10 @@ def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, mo
         finally:
             with lock:
                 in_flight[0] -= 1
+        # Copies: operands and outputs are XLA's buffers, valid only during the call.
+        outputs = [np.array(o) for o in result.outputs[0]]
         per_call[call_index] = (engine_kernel.kernel_info(params).name,
-                                np.asarray(device_operands[0][0]), result)
+                                np.array(device_operands[0][0]), (outputs, result.findings))
         return result
 
     monkeypatch.setattr(engine_kernel, "run_call_devices", observed)
@@ -326,16 +328,16 @@ def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, mo
     assert sorted(c["index"] for c in calls) == list(range(12)) == sorted(per_call)
     # Every call's own findings (before the run merges repeats): exactly the half kernel's
     # defect, over that call's own array, and nothing on the scale kernel.
-    for index, (name, x, res) in per_call.items():
+    for index, (name, x, (outputs, findings)) in per_call.items():
         rows = x.shape[0]
         if name == "half_kernel":
-            assert [(f.kind.value, f.call_index, f.index_range) for f in res.findings] == [
+            assert [(f.kind.value, f.call_index, f.index_range) for f in findings] == [
                 ("unwritten-output", index, ((4, rows), (0, 128)))]
-            got = res.outputs[0][0].reshape(-1, 8, 128)
+            got = outputs[0].reshape(-1, 8, 128)
             np.testing.assert_array_equal(got[:, :4], x.reshape(-1, 8, 128)[:, :4])
         else:
-            assert name == "scale_kernel" and res.findings == []
-            np.testing.assert_array_equal(res.outputs[0][0], x * 3.0 + 1.0)
+            assert name == "scale_kernel" and findings == []
+            np.testing.assert_array_equal(outputs[0], x * 3.0 + 1.0)
     summary = {c["index"]: (c["kernel"], c["findings"], c["grid"]) for c in calls}
     for index, (name, x, _) in per_call.items():
         assert summary[index] == (name, int(name == "half_kernel"), [x.shape[0] // 8])
@@ -438,3 +440,25 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
     assert state.races.checked >= steps
     for buf in state.registry.values():
         assert buf.written.shape == buf.data.shape and buf.written.dtype == np.bool_, buf
+
+
+def test_a_device_arriving_after_another_gave_up_does_not_use_its_operands():
+    """Operands are XLA's buffers, alive only while their device's callback waits: once a
+    device stops waiting, the meeting must never run with them."""
+    from pallas_check.engine.rendezvous import Rendezvous, RendezvousTimeout
+
+    meeting_point = Rendezvous(timeout_s=0.05)
+    ran = []
+    with pytest.raises(RendezvousTimeout, match="device 0 waited"):
+        meeting_point.meet(0, 2, ["device 0's operands"], ran.append)
+    with pytest.raises(RendezvousTimeout, match="device 1 arrived after"):
+        meeting_point.meet(1, 2, ["device 1's operands"], ran.append)
+    assert ran == []
+    # The next call of both devices meets normally.
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault(
+        0, meeting_point.meet(0, 2, ["a0"], lambda ops: [o[0] * 2 for o in ops])))
+    worker.start()
+    assert meeting_point.meet(1, 2, ["a1"], lambda ops: [o[0] * 2 for o in ops]) == "a1a1"
+    worker.join()
+    assert result[0] == "a0a0"

@@ -396,9 +396,13 @@ def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
 def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                      config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
                      carried: dict | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> DevicesResult:
+                     progress: Callable[[int, int], None] | None = None,
+                     results: Sequence[np.ndarray] | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores).
+
+    `results` (one device): the arrays the call's outputs end up in; the first schedule
+    simulates the outputs' HBM in them, so that no second copy of the outputs is made.
 
     With `config.schedules` > 1 the call is simulated under seeds seed, seed+1, ...
     until one schedule has findings (or all of them, with keep_going); each finding
@@ -413,7 +417,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
         trial_carried = dict(carried)
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
-                              mesh, trial_carried)
+                              mesh, trial_carried, results if i == 0 else None)
         if progress is not None:
             progress(i + 1, schedules)
         if result is None or (trial.findings and not findings):
@@ -439,11 +443,11 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
-                  carried: dict) -> DevicesResult:
+                  carried: dict, results: Sequence[np.ndarray] | None = None) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
-                                        call_index, True, mesh, carried)
+                                        call_index, True, mesh, carried, results)
     findings = list(state.findings)
     if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
             and not state.deadlocked):
@@ -465,6 +469,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
 def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
+              results: Sequence[np.ndarray] | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     jaxpr: jax_core.Jaxpr = params["jaxpr"]
     gm = params["grid_mapping"]
@@ -506,7 +511,10 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
         # HBM arrays for inputs and outputs, shared by the device's cores.
         hbm_inputs = []
         for i, a in enumerate(arrays[:n_in]):
-            buf = Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM, np.array(a), True)
+            # Shared with the operand until written (copy on write): most kernels never
+            # write their inputs, and an input may be as large as the device's memory.
+            buf = Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM,
+                         _read_only(a), True)
             hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
         hbm_outputs: list[Buffer] = []
         for j in range(n_out):
@@ -515,7 +523,14 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 hbm_outputs.append(hbm_inputs[out_to_in[j]])
             else:
                 aval = params["out_avals"][j]
-                buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
+                if (results is not None and mesh.num_devices == 1
+                        and results[j].shape == tuple(aval.shape)
+                        and results[j].dtype == np.dtype(aval.dtype)):
+                    data = results[j]  # the call's own result: filled, then simulated in
+                    data[...] = memory.fill_value(aval.dtype, fill)
+                    buf = Buffer(name, MemorySpace.HBM, data, written=False)
+                else:
+                    buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
                 hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
         device_hbm_outputs.append(hbm_outputs)
 
@@ -603,13 +618,21 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
             if j in out_to_in:
                 device_written.append(None)
                 continue
-            device_written.append(buf.written)
+            device_written.append(buf.shadow)
             if not buf.fully_written and not state.deadlocked:
                 init.unwritten_finding(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
         outputs.append([buf.data for buf in hbm_outputs])
         written.append(device_written)
     return outputs, state, written
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of an operand, so that the first write copies it (the operands
+    are shared by every schedule and fill the call is simulated under)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def core_mesh_axes(params: dict) -> tuple[str, ...]:
@@ -811,7 +834,7 @@ def _copy_in(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> Non
     if empty:
         return
     vmem.data[vmem_index] = op.hbm.data[hbm_index]
-    vmem.mark_written(vmem_index, op.hbm.written[hbm_index])
+    vmem.mark_written(vmem_index, op.hbm.written_at(hbm_index))
     if ctx.call.races is not None:
         ctx.call.races.access(ctx.actor, op.hbm, _hbm_range(hbm_index), False,
                               "block copy-in", _index_map_frames(op), ctx.grid_point)
@@ -823,8 +846,8 @@ def _copy_out(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> No
     if empty:
         return
     hbm = op.hbm
-    hbm.data[hbm_index] = op.vmem.data[vmem_index]
-    hbm.mark_written(hbm_index, op.vmem.written[vmem_index])
+    hbm.writable()[hbm_index] = op.vmem.data[vmem_index]
+    hbm.mark_written(hbm_index, op.vmem.written_at(vmem_index))
     if ctx.call.races is not None:
         ctx.call.races.access(ctx.actor, hbm, _hbm_range(hbm_index), True,
                               "block write-back", _index_map_frames(op), ctx.grid_point)

@@ -46,9 +46,15 @@ def fill_value(dtype: np.dtype, fill: str) -> Any:
 
 
 class Buffer:
-    """One allocation: its values, which elements were ever written, and its user-facing name."""
+    """One allocation: its values, which elements were ever written, and its user-facing name.
 
-    __slots__ = ("id", "name", "space", "data", "written", "fully_written", "owner", "key",
+    Memory is proportional to the kernel's data, never more than needed: a buffer made
+    from a read-only array (a call's operand) shares it until first written (copy on
+    write), and a buffer written everywhere keeps no shadow until something marks part
+    of it unwritten again.
+    """
+
+    __slots__ = ("id", "name", "space", "data", "_written", "fully_written", "owner", "key",
                  "device", "core", "_unwritten")
 
     def __init__(
@@ -68,11 +74,18 @@ class Buffer:
         self.key: tuple = ()
         self.device = 0
         self.core: int | None = None
+        self._written: np.ndarray | None
         if isinstance(written, np.ndarray):
-            self.written = written
+            self._written = written
+            self.recount()
+        elif written:
+            self._written = None  # all written: no shadow
+            self._unwritten = 0
+            self.fully_written = True
         else:
-            self.written = np.full(data.shape, bool(written))
-        self.recount()
+            self._written = np.zeros(data.shape, bool)
+            self._unwritten = int(self._written.size)
+            self.fully_written = self._unwritten == 0
 
     @classmethod
     def filled(cls, name: str, space: str, shape: Sequence[int], dtype: Any, fill: str,
@@ -84,23 +97,59 @@ class Buffer:
     def shape(self) -> tuple[int, ...]:
         return self.data.shape
 
+    @property
+    def written(self) -> np.ndarray:
+        """The written-shadow, one bool per element (made here if the buffer had none)."""
+        if self._written is None:
+            self._written = np.ones(self.data.shape, bool)
+        return self._written
+
+    @property
+    def shadow(self) -> np.ndarray | None:
+        """The written-shadow, or None when every element is written."""
+        return None if self.fully_written else self._written
+
+    def written_at(self, index: Any) -> bool | np.ndarray:
+        """The shadow of `index`; just True for a buffer written everywhere."""
+        if self._written is None:
+            return True
+        return self._written[index]
+
+    def writable(self) -> np.ndarray:
+        """The values, to write to: copied first while they are a read-only operand."""
+        if not self.data.flags.writeable:
+            self.data = np.array(self.data)
+        return self.data
+
     def recount(self) -> None:
         """Recompute `fully_written` from the shadow (after writing `written` directly)."""
-        self._unwritten = int(self.written.size - np.count_nonzero(self.written))
+        if self._written is None:
+            self._unwritten = 0
+        else:
+            self._unwritten = int(self._written.size - np.count_nonzero(self._written))
         self.fully_written = self._unwritten == 0
 
     def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
         """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
         of the indexed part, not of the buffer (a count of unwritten elements is kept)."""
+        if self._written is None:
+            if value is True or (isinstance(value, (bool, np.bool_)) and value) or (
+                    isinstance(value, np.ndarray) and value.all()):
+                return  # already written everywhere
+            if index is Ellipsis and not isinstance(value, np.ndarray):
+                self._written = np.zeros(self.data.shape, bool)
+                self.recount()
+                return
+            self._written = np.ones(self.data.shape, bool)
         if any(not isinstance(i, (int, np.integer, slice)) and i is not Ellipsis
                for i in (index if isinstance(index, tuple) else (index,))):
-            self.written[index] = value  # advanced indexing: recount the whole buffer
+            self._written[index] = value  # advanced indexing: recount the whole buffer
             self.recount()
             return
-        part = self.written[index]
+        part = self._written[index]
         before = int(np.count_nonzero(part))
-        self.written[index] = value
-        after = int(np.count_nonzero(self.written[index]))
+        self._written[index] = value
+        after = int(np.count_nonzero(self._written[index]))
         self._unwritten -= after - before
         self.fully_written = self._unwritten == 0
 
@@ -227,6 +276,8 @@ class Region:
 
     def written_base(self) -> np.ndarray:
         """The written-shadow of the region (out-of-bounds elements count as written)."""
+        if self.buffer.fully_written:
+            return np.ones(self.out_shape, bool)
         if self.index is not None:
             return self.buffer.written[self.index]
         mesh, mask = self._masked_index()
@@ -235,16 +286,17 @@ class Region:
     def write_base(self, value: np.ndarray, written: bool | np.ndarray = True) -> None:
         """Store values (already in buffer coordinates); out-of-bounds elements are dropped."""
         buf = self.buffer
+        data = buf.writable()
         if self.index is not None:
-            buf.data[self.index] = value
+            data[self.index] = value
             buf.mark_written(self.index, written)
             return
         mesh, mask = self._masked_index()
         full_shape = mask.shape
-        value = np.broadcast_to(np.asarray(value, dtype=buf.data.dtype), self.out_shape)
+        value = np.broadcast_to(np.asarray(value, dtype=data.dtype), self.out_shape)
         value = value.reshape(full_shape)
-        current = buf.data[mesh]
-        buf.data[mesh] = np.where(mask, value, current)
+        current = data[mesh]
+        data[mesh] = np.where(mask, value, current)
         cur_written = buf.written[mesh]
         new_written = np.broadcast_to(np.asarray(written), self.out_shape).reshape(full_shape)
         buf.written[mesh] = np.where(mask, new_written, cur_written)

@@ -25,6 +25,7 @@ class _Meeting:
         self.operands: dict[int, Sequence[Any]] = {}
         self.outputs: list[Any] | None = None
         self.error: BaseException | None = None
+        self.abandoned = False  # a device stopped waiting (its operands are gone)
         self.done = threading.Event()
 
 
@@ -38,7 +39,8 @@ class Rendezvous:
     def meet(self, device: int, num_devices: int, operands: Sequence[Any],
              run: Callable[[list[Sequence[Any]]], list[Any]]) -> Any:
         """Hand in this device's operands; return this device's outputs of `run`, which is
-        called once, with every device's operands in device order."""
+        called once, with every device's operands in device order. The operands are only
+        used while every device's callback is still inside `meet`."""
         with self._lock:
             seq = self._device_calls.get(device, 0)
             self._device_calls[device] = seq + 1
@@ -49,15 +51,27 @@ class Rendezvous:
                 del self._meetings[seq]
         if last:
             try:
+                if meeting.abandoned:
+                    raise RendezvousTimeout(
+                        f"device {device} arrived after another device of the same"
+                        f" pallas_call stopped waiting for it")
                 meeting.outputs = run([meeting.operands[d] for d in range(num_devices)])
             except BaseException as exc:
                 meeting.error = exc
             finally:
                 meeting.done.set()
         elif not meeting.done.wait(timeout=self.timeout_s):
-            raise RendezvousTimeout(
-                f"device {device} waited {self.timeout_s:.0f} s for the other devices'"
-                f" callbacks of the same pallas_call; they never came")
+            with self._lock:
+                if not meeting.done.is_set():
+                    # This device's operands are XLA's buffers, valid only while its
+                    # callback runs: a device arriving later must not simulate with them.
+                    meeting.operands[device] = None  # type: ignore[assignment]
+                    meeting.abandoned = True
+            if not meeting.done.is_set():
+                raise RendezvousTimeout(
+                    f"device {device} waited {self.timeout_s:.0f} s for the other devices'"
+                    f" callbacks of the same pallas_call; they never came")
+            meeting.done.wait()
         if meeting.error is not None:
             raise meeting.error
         assert meeting.outputs is not None

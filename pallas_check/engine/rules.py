@@ -64,9 +64,10 @@ def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = 
         value = np.where(mask, value, old)
         if not region.post and region.index is not None:
             # Only the masked elements count as written.
-            written = region.buffer.written[region.index] | np.broadcast_to(mask, old.shape)
-            region.buffer.data[region.index] = value
-            region.buffer.mark_written(region.index, written)
+            buf = region.buffer
+            written = buf.written_at(region.index) | np.broadcast_to(mask, old.shape)
+            buf.writable()[region.index] = value
+            buf.mark_written(region.index, written)
             ctx.call.on_write(ctx, region)
             return
     region.write(value, ctx.fill(view.buffer.data.dtype))

@@ -129,7 +129,7 @@ def sem_value(cell: tuple[memory.Buffer, tuple]) -> int:
 
 def sem_add(cell: tuple[memory.Buffer, tuple], amount: int) -> None:
     buf, idx = cell
-    buf.data[idx] = buf.data[idx] + amount
+    buf.writable()[idx] = buf.data[idx] + amount
 
 
 def sem_name(cell: tuple[memory.Buffer, tuple]) -> str:
