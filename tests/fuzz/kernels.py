@@ -2,18 +2,25 @@
 draws descriptions, and two interpreters of a description:
 
 - `build(desc)` makes the pallas_call (kernel body, BlockSpecs, index maps, scratch,
-  scalar prefetch, DMAs) from the description — no generated source text, no exec;
-- `reference(desc, tables, arrays)` computes the output by walking the grid on numpy
+  scalar prefetch, DMAs, aliases) from the description — no generated source text, no
+  exec;
+- `reference(desc, tables, arrays)` computes the outputs by walking the grid on numpy
   blocks (the fallback oracle where JAX's TPU interpreter cannot run a case).
 
-A kernel computes one output of shape ([B,] M, N). Each of its dims is walked by a grid
-axis (a squeezed batch dim; (8,128)-multiple blocks, maybe with a partial edge block) or
-taken whole (a full-dim block). An optional reduction axis (the last grid axis,
-'arbitrary') accumulates into the output or into a VMEM scratch, initialised under
-`pl.when(k == 0)`. Each grid step computes a value of the output block's (M, N) shape
-from *terms* (input blocks under various index maps, windows DMA'd from `pl.ANY` inputs,
-dot products) combined by a chain of *ops* (elementwise, dots with a weight, fori_loops,
-in-block sums, program ids).
+A kernel computes an output of shape ([B,] M, N). Each of its dims is walked by a grid
+axis (the batch dim squeezed or in blocks of 1-2; M, N in (8,128)-multiple blocks, maybe
+with a partial edge block) or taken whole (a full-dim block). The grid has rank 1-3;
+its 'parallel' axes form a prefix and carry no state, so kernels are valid on 1 or 2
+cores. An optional reduction axis (the last grid axis, 'arbitrary') accumulates into the
+output or into a VMEM scratch, initialised under `pl.when(k == 0)`. Each grid step
+computes a value of the output block's shape from *terms* (input blocks under identity,
+transposed-axis, constant, offset and scalar-prefetch index maps; windows DMA'd from
+`pl.ANY` inputs in several ways, or sliced from whole-array VMEM inputs; dot products)
+combined by a chain of *ops* (elementwise, dots with a weight, fori_loops, in-block sums,
+rolls, program ids, SMEM scalars), and stores it (whole, by rows in a fori_loop, under a
+lax.cond, or by masked stores). Optional: a second output (term 0's value, plain,
+transposed or DMA'd to a `pl.ANY` output), an input/output alias, a REGULAR semaphore,
+and calling the kernel under jit or vmap.
 """
 
 from __future__ import annotations
@@ -58,13 +65,14 @@ class Dim:
 
 @dataclasses.dataclass(frozen=True)
 class Term:
-    """A value of the output block's (M, N) shape, read at each grid step (a "weight" is
-    an (N, N) matrix for the `matmul` op instead)."""
+    """A value of the output block's shape, read at each grid step (except "weight" and
+    "smem" terms, which ops read)."""
 
     # "block" (a BlockSpec'd block) | "dma" (DMA'd from a pl.ANY input) | "vmem" (sliced
     # with pl.ds from a whole-array VMEM input) | "dot" | "weight" (an (N, N) matrix for
     # the `matmul` op) | "smem" (a whole-array int32 SMEM vector of length k, for the
-    # `smem` op: v + s[sum(program ids) % k])
+    # `smem` op: v + s[sum(program ids) % k]) | "pipeline" (the sum of k blocks of a
+    # pl.ANY input, brought in by a nested pltpu.emit_pipeline)
     kind: str
     index: tuple[Index, ...] = ()  # one per output dim (dot: x's [B,] M and y's N)
     transposed: bool = False  # block: the array is stored (.., N, M); the value is .T
@@ -115,10 +123,8 @@ class Kernel:
     # input array; the scalar-prefetch tables are shared) | "vmap_all" (the tables are
     # batched too: the second batch element reads them reversed)
     wrap: str = "none"
-
-    @property
-    def has_dma(self) -> bool:
-        return any(t.kind == "dma" for t in self.terms) or self.side == "dma"
+    alias: int = -1  # a term whose (identity-mapped) input array the output aliases
+    sem: int = 0  # > 0: signal a REGULAR semaphore by this much first, wait for it last
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,6 +176,8 @@ def term_arrays(desc: Kernel, term: Term) -> list[ArraySpec]:
         return [ArraySpec((*xs, term.k * nk), (*xb, term.k), (*xi, kix)),
                 ArraySpec((term.k * nk, s), (term.k, b), (kix, term.index[-1]))]
     shape, block, index = [], [], []
+    if term.kind == "pipeline":  # the inner pipeline's axis (the kernel takes it whole)
+        shape.append(term.k), block.append(0), index.append(Index("const"))
     if term.stacked:
         shape.append(desc.grid[desc.reduce]), block.append(0)
         index.append(Index("axis", desc.reduce))
@@ -391,7 +399,7 @@ def _unravel(step: Any, grid: Sequence[int]) -> tuple[Any, ...]:
 def build(desc: Kernel) -> Callable[..., Any]:
     """`fn(*tables, *arrays, interpret=...)` calling the described pallas_call."""
     rank = len(desc.grid)
-    bm, bn = out_block_shape(desc)
+    bm, _ = out_block_shape(desc)
     vs = value_shape(desc)
     nd = len(vs)
     specs = [term_arrays(desc, t) for t in desc.terms]
@@ -414,12 +422,15 @@ def build(desc: Kernel) -> Callable[..., Any]:
     stage_at = alloc(pltpu.VMEM(vs, odt)) if desc.store in ("rows", "cond") else -1
     side_at = (alloc(pltpu.VMEM(vs, odt), pltpu.SemaphoreType.DMA)
                if desc.side == "dma" else -1)
+    sem_at = alloc(pltpu.SemaphoreType.REGULAR) if desc.sem else -1
     term_at: dict[int, int] = {}
     for ti, t in enumerate(desc.terms):
         if t.kind == "dma" and t.dma == "pipelined":
             term_at[ti] = alloc(pltpu.VMEM((2, *vs), odt), pltpu.SemaphoreType.DMA((2,)))
         elif t.kind == "dma" and t.dma != "scoped":
             term_at[ti] = alloc(pltpu.VMEM(vs, odt), pltpu.SemaphoreType.DMA)
+        elif t.kind == "pipeline":
+            term_at[ti] = alloc(pltpu.VMEM(vs, odt))
         elif t.kind == "block" and t.read == "rows":
             term_at[ti] = alloc(pltpu.VMEM(_ref_shape(specs[ti][0]), odt))
 
@@ -431,6 +442,8 @@ def build(desc: Kernel) -> Callable[..., Any]:
         scratch = refs[nt + n_in + n_out:]
         pids = tuple(pl.program_id(a) for a in range(rank))
         step = sum(p * st_ for p, st_ in zip(pids, strides))
+        if desc.sem:
+            pl.semaphore_signal(scratch[sem_at], desc.sem)
 
         def copy_of(ti: int, row: Any = None, at: Sequence[Any] = pids, slot: Any = None):
             t = desc.terms[ti]
@@ -471,6 +484,21 @@ def build(desc: Kernel) -> Callable[..., Any]:
                 values[ti] = ins[j]  # read by the `smem` op
             elif t.kind == "vmem":
                 values[ti] = ins[j][_window(specs[ti][0], pids, tables)]
+            elif t.kind == "pipeline":
+                acc_ref = scratch[term_at[ti]]
+                acc_ref[...] = jnp.zeros(vs, odt)
+                spec = specs[ti][0]
+                outer = ArraySpec(spec.shape[1:], spec.block[1:], spec.index[1:])
+                view = ins[j].at[(slice(None), *_window(outer, pids, tables))]
+
+                def inner(x_ref, acc_ref=acc_ref):
+                    acc_ref[...] += x_ref[...]
+
+                pltpu.emit_pipeline(
+                    inner, grid=(t.k,),
+                    in_specs=[pl.BlockSpec((pl.Squeezed(), *vs), lambda s: (s,) + (0,) * nd)],
+                )(view)
+                values[ti] = acc_ref[...]
             elif t.kind == "dot":
                 values[ti] = jnp.dot(ins[j][...], ins[j + 1][...],
                                      preferred_element_type=jnp.float32).astype(odt)
@@ -552,6 +580,8 @@ def build(desc: Kernel) -> Callable[..., Any]:
             else:
                 lax.cond(sum(pids) % 2 == 0, write_whole, write_rows, value)
 
+        if desc.sem:  # (the pl.when bodies below may return early: wait here)
+            pl.semaphore_wait(scratch[sem_at], desc.sem)
         if desc.acc == "none":
             write(contrib.astype(odt))
             return
@@ -571,14 +601,14 @@ def build(desc: Kernel) -> Callable[..., Any]:
 
         acc[...] += contrib.astype(adt)
 
-        @pl.when(k == desc.grid[desc.reduce] - 1)
+        @pl.when(k == pl.num_programs(desc.reduce) - 1)
         def _():
             write(acc[...].astype(odt))
 
     in_specs = []
     for ti, t in enumerate(desc.terms):
         for spec in specs[ti]:
-            if t.kind == "dma":
+            if t.kind in ("dma", "pipeline"):
                 in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
             elif t.kind == "vmem":
                 in_specs.append(pl.BlockSpec(memory_space=pltpu.VMEM))
@@ -596,6 +626,7 @@ def build(desc: Kernel) -> Callable[..., Any]:
                                           _index_map(out.index, rank)))
         out_shapes.append(jax.ShapeDtypeStruct(out.shape, odt))
     params = pltpu.CompilerParams(dimension_semantics=desc.semantics)
+    aliases = {nt + first[desc.alias]: 0} if desc.alias >= 0 else {}
 
     def fn(*args, interpret: Any = False):
         if nt:
@@ -603,12 +634,13 @@ def build(desc: Kernel) -> Callable[..., Any]:
                 num_scalar_prefetch=nt, grid=desc.grid, in_specs=in_specs,
                 out_specs=out_specs, scratch_shapes=scratch_shapes)
             call = pl.pallas_call(kernel, grid_spec=grid_spec, out_shape=out_shapes,
-                                  compiler_params=params, interpret=interpret)
+                                  compiler_params=params, input_output_aliases=aliases,
+                                  interpret=interpret)
         else:
             call = pl.pallas_call(kernel, grid=desc.grid, in_specs=in_specs,
                                   out_specs=out_specs, out_shape=out_shapes,
                                   scratch_shapes=scratch_shapes, compiler_params=params,
-                                  interpret=interpret)
+                                  input_output_aliases=aliases, interpret=interpret)
         if desc.wrap == "jit":
             return jax.jit(lambda *a: call(*a))(*args)
         if desc.wrap == "vmap":
@@ -688,12 +720,20 @@ def reference(desc: Kernel, tables: Sequence[np.ndarray], arrays: Sequence[np.nd
     odt, adt = desc.dtype, acc_dtype(desc)
     out_specs = output_arrays(desc)
     outs = [np.zeros(o.shape, jnp.dtype(odt)) for o in out_specs]
-    bm, bn = out_block_shape(desc)
     block: Any = None  # the output block in VMEM (acc "out") or the scratch accumulator
     for point in np.ndindex(*desc.grid):
         pids = tuple(int(p) for p in point)
         values: dict[int, Any] = {}
         for ti, t in enumerate(desc.terms):
+            if t.kind == "pipeline":
+                spec = specs[ti][0]
+                acc = jnp.zeros(value_shape(desc), odt)
+                for inner in range(t.k):
+                    at = dataclasses.replace(spec, index=(Index("const", offset=inner),
+                                                          *spec.index[1:]))
+                    acc = acc + _read_block(at, arrays[first[ti]], pids, tables)
+                values[ti] = acc
+                continue
             blocks = [_read_block(s, arrays[first[ti] + i], pids, tables)
                       for i, s in enumerate(specs[ti])]
             if t.kind == "dot":
@@ -828,12 +868,16 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
                         read=read, chunk=chunk)
         if kind == "vmem":
             return Term("vmem", index, stacked=stacked, extra=extra)
+        if kind == "pipeline":
+            return Term("pipeline", index, stacked=stacked, extra=extra,
+                        k=draw(st.integers(1, 3)))
         mode = draw(st.sampled_from(["single", "loop", "split", "pipelined", "sync",
                                      "scoped"]))
         chunk = draw(st.sampled_from(_divisors(bm))) if mode in ("loop", "split") else 0
         return Term("dma", index, stacked=stacked, extra=extra, dma=mode, chunk=chunk)
 
-    kinds = ["block", "block", "vmem"] + (["dot"] if floaty else []) + (["dma"] if dma else [])
+    kinds = ["block", "block", "vmem"] + (["dot"] if floaty else []) + (
+        ["dma", "dma", "pipeline"] if dma else [])
     n_terms = draw(st.integers(1, 3))
     terms = [draw_term(draw(st.sampled_from(kinds))) for _ in range(n_terms)]
     if dma and not any(t.kind == "dma" for t in terms):
@@ -882,6 +926,13 @@ def kernels(draw: Any, dma: bool = False) -> Kernel:
     store = draw(st.sampled_from(["whole", "rows", "cond", "masked"]))
     chunk = draw(st.sampled_from(_divisors(bm))) if store != "whole" else 0
     wrap = draw(st.sampled_from(["none", "none", "jit", "vmap", "vmap_all"]))
+    # The output may alias the input of a block term read at the output's own block.
+    identity = tuple(Index("axis", d.axis) if d.axis != -1 else Index("const") for d in out)
+    can_alias = [i for i, t in enumerate(terms[:n_terms])
+                 if t.kind == "block" and t.index == identity and not t.transposed
+                 and not t.stacked and not t.extra]
+    alias = draw(st.sampled_from([-1, -1] + can_alias))
+    sem = draw(st.sampled_from([0, 0, 0, 1, 3]))
     return Kernel(dtype, grid_t, tuple(semantics), tuple(out), red, tuple(tables),
                   tuple(terms), tuple(ops), acc, store, chunk,
-                  draw(st.integers(0, 2**16)), side, wrap)
+                  draw(st.integers(0, 2**16)), side, wrap, alias, sem)

@@ -6,9 +6,10 @@ pallas-check must give JAX's outputs and no finding.
   falling back to the description's own numpy reference where it cannot run a case.
 
 The oracles run outside interception. pallas-check runs each kernel under several
-configurations (races on and off; for DMA kernels both DMA modes). Every kernel is also
-run by `kernels.reference`, which must agree with JAX too (so that the fallback oracle is
-itself checked).
+configurations (races off; races on with 2 cores; for DMA kernels also the eager, on_wait
+and random DMA modes) and must report no finding under any. Every kernel is also run by
+`kernels.reference`, which must agree with JAX too (so that the fallback oracle is itself
+checked).
 
 Profiles (tests/fuzz/conftest.py): "ci" by default, `--hypothesis-profile=deep` for more.
 Each disagreement found is kept below as an `@example`.
@@ -21,10 +22,11 @@ import numpy as np
 from hypothesis import event, example, given
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_check.config import Config, DmaMode
+from pallas_check.config import Config, DmaMode, TpuGeneration
+from pallas_check.tpu_info import simulated_tpu
 
 from .kernels import (
-    BF16, F32, I32, Dim, Index, Kernel, Op, Term, build, kernels, operands, reference,
+    F32, I32, Dim, Index, Kernel, Op, Term, build, kernels, operands, reference, value_shape,
 )
 
 # 'parallel' axes form a prefix of the grid and carry no state from step to step, so
@@ -74,6 +76,12 @@ def _describe(desc: Kernel) -> None:
     for op in desc.ops:
         event(f"op={op.name}")
     event(f"side output={desc.side}")
+    event(f"wrap={desc.wrap}")
+    event(f"output dims={len(desc.out)}, value rank={len(value_shape(desc))}")
+    if desc.alias >= 0:
+        event("input_output_aliases")
+    if desc.sem:
+        event("regular semaphore")
     event(f"parallel axes={desc.semantics.count('parallel')}")
     if any(d.axis != -1 and d.block and d.size % d.block for d in desc.out):
         event("edge blocks")
@@ -107,8 +115,10 @@ def tpu_interpret(desc: Kernel) -> list | None:
 
     tables, arrays = operands(desc)
     try:
-        return jax.block_until_ready(
-            build(desc)(*tables, *arrays, interpret=pltpu.InterpretParams()))
+        # pltpu.emit_pipeline asks which TPU it runs on: tell it (as pallas-check does).
+        with simulated_tpu(TpuGeneration.V5E):
+            return jax.block_until_ready(
+                build(desc)(*tables, *arrays, interpret=pltpu.InterpretParams()))
     except Exception as exc:  # noqa: BLE001  (any failure of the oracle: fall back)
         event(f"TPU interpreter failed: {type(exc).__name__}")
         ipc.reset_tpu_interpret_mode_state()
@@ -152,7 +162,17 @@ VMAP_ANY_OUTPUT_TWO_CORES = Kernel(
     ops=(), acc="none", store="whole", chunk=0, seed=0, side="dma", wrap="vmap")
 
 
+# 3. Test harness: vmapping a call over batched scalar-prefetch operands makes JAX loop
+#    over the batch, one pallas_call per element; the harness expected one call.
+VMAP_BATCHED_PREFETCH = Kernel(
+    dtype=F32, grid=(1,), semantics=("arbitrary",),
+    out=(Dim(1, 1, -1), Dim(128, 128, 0)), reduce=-1, tables=((0, (0,)),),
+    terms=(Term("block", (Index("const"), Index("prefetch", 0, table=0))),),
+    ops=(), acc="none", store="whole", chunk=0, seed=0, wrap="vmap_all")
+
+
 @given(desc=kernels(dma=False))
+@example(desc=VMAP_BATCHED_PREFETCH)
 def test_kernels_match_hlo_interpreter(check, desc):
     check_no_dma(check, desc)
 
