@@ -15,20 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import callback as callback_module
-from jax._src import ffi
-from jax._src import sharding_impls
 from jax._src import core as jax_core
 from jax._src.interpreters import mlir
 from jax._src.pallas import pallas_call as pallas_call_module
 
-from pallas_check import hostcall
-
 # handler(params, operands, device, mesh_axes) -> outputs. Under shard_map every device's
 # callback arrives on its own thread with its logical device id and the named mesh axes
 # ((name, size) pairs, row-major); elsewhere device is 0 and mesh_axes is empty. The
-# operands are read-only and valid only during the call (they are XLA's own buffers): a
-# handler that keeps one copies it. Installed with fills_results, a handler also gets
-# `results=`, the arrays its outputs will be copied into, and may return them filled.
+# operands are read-only numpy arrays.
 CallHandler = Callable[[dict, Sequence[np.ndarray], int, tuple], Sequence[np.ndarray]]
 
 _lock = threading.Lock()
@@ -38,52 +32,26 @@ _saved: dict[str, Any] | None = None
 # One host callback, emitted straight into the lowered module. `jax.experimental.io_callback`
 # would do the same with two more copies of every operand (it puts the arrays XLA hands
 # the host back on a device, and the handler then copies them out again): for a kernel
-# whose operands are large that is most of the memory a run takes.
+# whose operands are large, those copies were most of the memory a run took.
 _host_call_p = jax_core.Primitive("pallas_check_host_call")
 _host_call_p.multiple_results = True
 _host_call_p.def_abstract_eval(lambda *args, host, result_avals: result_avals)
 
 
-def _one_cpu_device(ctx: mlir.LoweringRuleContext) -> bool:
-    """Whether the call runs in a computation of one CPU device: the zero-copy host call
-    is used there. Elsewhere JAX's Python callback is: other platforms have no host
-    buffers to share; and in a multi-device CPU computation, devices waiting in this
-    handler for each other were seen to block the engine's own jitted computations
-    (JAX's Python callback does not)."""
-    axis_context = ctx.module_context.axis_context
-    return (tuple(ctx.module_context.platforms) == ("cpu",)
-            and isinstance(axis_context, sharding_impls.ShardingContext)
-            and axis_context.num_devices == 1)
-
-
 def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callable[..., Any],
                         result_avals: tuple) -> Any:
+    # JAX's own Python callback, not a custom FFI handler of ours that could hand over
+    # XLA's buffers without the copy: XLA runs computations started from inside JAX's
+    # callback inline on the calling thread (it marks the thread as inside a host
+    # callback), which the engine's many small compiled segments need -- from any other
+    # handler they go through asynchronous dispatch (measured 1.7x slower end to end;
+    # calls of several devices waiting for each other deadlocked).
     sharding = callback_module._callback_op_sharding(
         ctx.module_context.axis_context, None, ctx.avals_out)
-    if not _one_cpu_device(ctx):
-        results, _, _ = callback_module.emit_python_callback(
-            ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True,
-            returns_token=False, sharding=sharding)
-        return results
-
-    def fill(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
-        for result, value in zip(results, host(*operands, results=results)):
-            if not _same_memory(result, value):
-                np.copyto(result, value)
-
-    target = hostcall.add_target(fill, ctx.avals_in, ctx.avals_out)
-    # Declared as a host callback of the module, as JAX's own are: JAX then dispatches the
-    # executable as one that calls back into Python (without that, a script dispatching
-    # more work while the call runs was seen to deadlock with the engine's computations).
-    ctx.module_context.add_host_callback(fill)
-    with _lock:
-        if _saved is not None:
-            _saved["targets"].append(target)
-    op = ffi.build_ffi_lowering_function(hostcall.TARGET_NAME, has_side_effect=True)(
-        ctx, *args, index=np.uint64(target))
-    if sharding is not None:
-        mlir.set_sharding(ctx.module_context, op, sharding)
-    return op.results
+    results, _, _ = callback_module.emit_python_callback(
+        ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True,
+        returns_token=False, sharding=sharding)
+    return results
 
 
 mlir.register_lowering(_host_call_p, _host_call_lowering, cacheable=False)
@@ -106,21 +74,15 @@ def handler_failures(listener: Callable[[BaseException], None]) -> Iterator[None
             _failure_listeners.remove(listener)
 
 
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether `b` is `a` (the handler filled the result in place)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
-
-
 def _host_call(host: Callable[..., Sequence[np.ndarray]], result_shapes: Sequence[Any],
                *args: Any) -> list[Any]:
     """Call `host` on the host with `args` as (read-only) numpy arrays; it returns numpy
     arrays of `result_shapes`."""
     avals = tuple(jax_core.ShapedArray(s.shape, s.dtype) for s in result_shapes)
 
-    def reporting_host(*arrays: Any, **kwargs: Any) -> Sequence[np.ndarray]:
+    def reporting_host(*arrays: Any) -> Sequence[np.ndarray]:
         try:
-            return host(*arrays, **kwargs)
+            return host(*arrays)
         except BaseException as exc:
             with _lock:
                 listeners = list(_failure_listeners)
@@ -144,7 +106,7 @@ def _mesh_axes() -> tuple:
                  for name, size in jax_core.get_axis_env().axis_sizes.items())
 
 
-def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., Any]:
+def _make_lowering(handler: CallHandler) -> Callable[..., Any]:
     def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
@@ -152,12 +114,8 @@ def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., A
         def impl(*args: Any) -> Any:
             axes = _mesh_axes()
 
-            def host(device_id: Any, *operands: Any, results: Any = None) -> list[np.ndarray]:
-                if fills_results and results is not None:
-                    outs = handler(params, list(operands), int(device_id), axes,
-                                   results=results)
-                else:
-                    outs = handler(params, list(operands), int(device_id), axes)
+            def host(device_id: Any, *operands: Any) -> list[np.ndarray]:
+                outs = handler(params, list(operands), int(device_id), axes)
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
@@ -198,14 +156,14 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
             axes = _mesh_axes()
             device = _device_index(axes)
             if mode == "observe":
-                def observe(device_id: Any, *arrays: Any, results: Any = None) -> tuple:
+                def observe(device_id: Any, *arrays: Any) -> tuple:
                     handler(params, list(arrays), int(device_id), axes)
                     return ()
 
                 _host_call(observe, (), device, *operands)
                 return outs
 
-            def host(device_id: Any, *arrays: Any, results: Any = None) -> list[np.ndarray]:
+            def host(device_id: Any, *arrays: Any) -> list[np.ndarray]:
                 arrays = list(arrays)
                 res = handler(params, arrays[:n_in], int(device_id), axes, arrays[n_in:])
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
@@ -230,12 +188,11 @@ def native_function(params: dict) -> Callable[..., Any]:
     return jax.jit(lambda *args: prim.bind(*args, interpret=NATIVE_INTERPRET, **params))
 
 
-def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False) -> None:
+def install(handler: CallHandler, mode: str = "replace") -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
-    and "observe" keep the hardware lowering too (see `_make_native_lowering`).
-    fills_results (replace mode): the handler takes `results=` (see CallHandler)."""
+    and "observe" keep the hardware lowering too (see `_make_native_lowering`)."""
     global _saved
 
     prim = pallas_call_module.pallas_call_p
@@ -249,12 +206,11 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
             raise RuntimeError("this JAX's pallas_call lowering is not the one pallas-check"
                                " knows how to wrap")
         _saved = {
-            "targets": [],  # host-call targets lowered while installed
             "default": mlir._lowerings.get(prim),
             "platforms": {p: rules.pop(prim) for p, rules in
                           mlir._platform_specific_lowerings.items() if prim in rules},
         }
-        rule = (_make_lowering(handler, fills_results) if mode == "replace"
+        rule = (_make_lowering(handler) if mode == "replace"
                 else _make_native_lowering(handler, mode, _saved["default"]))
         mlir.register_lowering(prim, rule, cacheable=False)
         # `pl.kernel` / `mpmd_map` kernels reach the same lowering through this module
@@ -279,15 +235,13 @@ def uninstall() -> None:
         for platform, entry in _saved["platforms"].items():
             mlir._platform_specific_lowerings[platform][prim] = entry
         pallas_call_module._pallas_call_lowering = _saved["module_lowering"]
-        hostcall.drop_targets(_saved["targets"])
         _saved = None
     jax.clear_caches()
 
 
 @contextlib.contextmanager
-def intercepted(handler: CallHandler, mode: str = "replace",
-                fills_results: bool = False) -> Iterator[None]:
-    install(handler, mode, fills_results)
+def intercepted(handler: CallHandler, mode: str = "replace") -> Iterator[None]:
+    install(handler, mode)
     try:
         yield
     finally:

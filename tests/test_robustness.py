@@ -313,7 +313,7 @@ def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, mo
         finally:
             with lock:
                 in_flight[0] -= 1
-        # Copies: operands and outputs are XLA's buffers, valid only during the call.
+        # Copies: the test looks at them after the call's buffers are gone.
         outputs = [np.array(o) for o in result.outputs[0]]
         per_call[call_index] = (engine_kernel.kernel_info(params).name,
                                 np.array(device_operands[0][0]), (outputs, result.findings))
@@ -443,8 +443,8 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
 
 
 def test_a_device_arriving_after_another_gave_up_does_not_use_its_operands():
-    """Operands are XLA's buffers, alive only while their device's callback waits: once a
-    device stops waiting, the meeting must never run with them."""
+    """Once a device stops waiting (its call failed), the meeting must never run with its
+    operands; the devices' next call meets normally."""
     from pallas_check.engine.rendezvous import Rendezvous, RendezvousTimeout
 
     meeting_point = Rendezvous(timeout_s=0.05)
@@ -462,3 +462,48 @@ def test_a_device_arriving_after_another_gave_up_does_not_use_its_operands():
     assert meeting_point.meet(1, 2, ["a1"], lambda ops: [o[0] * 2 for o in ops]) == "a1a1"
     worker.join()
     assert result[0] == "a0a0"
+
+
+@pytest.mark.parametrize("races", [False, True], ids=["races-off", "races-on"])
+def test_a_call_allocates_its_output_and_shadow_but_never_copies_its_inputs(races):
+    """Memory of a call is bounded by its outputs: inputs nobody writes are shared with
+    the operands (copy on write) and keep no written-shadow; the output has its values
+    and a one-byte-per-element shadow; the rest is block-sized."""
+    import tracemalloc
+
+    from pallas_check.engine.kernel import run_call
+    from pallas_check.intercept import intercepted
+
+    rows = 8 * 512
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+
+    def add(x, y):
+        return pl.pallas_call(
+            lambda x_ref, y_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + y_ref[...]),
+            grid=(rows // 8,), in_specs=[spec, spec], out_specs=spec,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+    captured = {}
+
+    def capture(params, operands, device, mesh_axes):
+        captured["params"] = params
+        return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
+
+    x = jnp.ones((rows, 128), jnp.float32)
+    with intercepted(capture):
+        jax.block_until_ready(jax.jit(add)(x, x))
+    operands = [np.full((rows, 128), 2.0, np.float32), np.full((rows, 128), 3.0, np.float32)]
+    for operand in operands:
+        operand.flags.writeable = False  # as JAX hands them to the callback
+    config = Config(races=races)
+    run_call(captured["params"], operands, config, 0)  # compiles the kernel's segments
+    tracemalloc.start()
+    try:
+        result = run_call(captured["params"], operands, config, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.findings == []
+    np.testing.assert_array_equal(result.outputs[0], 5.0)
+    output_bytes = operands[0].nbytes
+    assert peak < output_bytes + output_bytes // 4 + 2**20, (peak, output_bytes)

@@ -39,8 +39,8 @@ class Rendezvous:
     def meet(self, device: int, num_devices: int, operands: Sequence[Any],
              run: Callable[[list[Sequence[Any]]], list[Any]]) -> Any:
         """Hand in this device's operands; return this device's outputs of `run`, which is
-        called once, with every device's operands in device order. The operands are only
-        used while every device's callback is still inside `meet`."""
+        called once, with every device's operands in device order, while every device's
+        callback is still inside `meet`."""
         with self._lock:
             seq = self._device_calls.get(device, 0)
             self._device_calls[device] = seq + 1
@@ -63,8 +63,8 @@ class Rendezvous:
         elif not meeting.done.wait(timeout=self.timeout_s):
             with self._lock:
                 if not meeting.done.is_set():
-                    # This device's operands are XLA's buffers, valid only while its
-                    # callback runs: a device arriving later must not simulate with them.
+                    # This device's call fails now: a device arriving later must not be
+                    # simulated together with it (its operands are from a dead call).
                     meeting.operands[device] = None  # type: ignore[assignment]
                     meeting.abandoned = True
             if not meeting.done.is_set():
