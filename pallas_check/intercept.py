@@ -16,8 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import callback as callback_module
 from jax._src import core as jax_core
+from jax._src import ffi
+from jax._src import sharding_impls
 from jax._src.interpreters import mlir
 from jax._src.pallas import pallas_call as pallas_call_module
+
+from pallas_check import hostcall
 
 # handler(params, operands, device, mesh_axes) -> outputs. Under shard_map every device's
 # callback arrives on its own thread with its logical device id and the named mesh axes
@@ -40,18 +44,54 @@ _host_call_p.def_abstract_eval(lambda *args, host, result_avals: result_avals)
 
 def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callable[..., Any],
                         result_avals: tuple) -> Any:
-    # JAX's own Python callback, not a custom FFI handler of ours that could hand over
-    # XLA's buffers without the copy: XLA runs computations started from inside JAX's
-    # callback inline on the calling thread (it marks the thread as inside a host
-    # callback), which the engine's many small compiled segments need -- from any other
-    # handler they go through asynchronous dispatch (measured 1.7x slower end to end;
-    # calls of several devices waiting for each other deadlocked).
+    """JAX's Python callback running `host`. The handler runs inside JAX's own callback:
+    XLA runs computations started from there inline on the calling thread (it marks the
+    thread as inside a host callback), which the engine's many small compiled segments
+    need -- started from any other handler they go through asynchronous dispatch (1.7x
+    slower end to end; devices waiting for each other deadlocked). On one CPU device the
+    callback's operands are lent by hostcall.py instead of copied in."""
     sharding = callback_module._callback_op_sharding(
         ctx.module_context.axis_context, None, ctx.avals_out)
-    results, _, _ = callback_module.emit_python_callback(
-        ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True,
-        returns_token=False, sharding=sharding)
+    if not _one_cpu_device(ctx):
+        results, _, _ = callback_module.emit_python_callback(
+            ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True,
+            returns_token=False, sharding=sharding)
+        return results
+    ticket_aval = jax_core.ShapedArray((), np.int32)
+    lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval])
+    give_back_target = hostcall.add_target(hostcall.give_back,
+                                           [ticket_aval, ticket_aval, *ctx.avals_in], [])
+    with _lock:
+        if _saved is not None:
+            _saved["targets"] += [lend_target, give_back_target]
+    ffi_call = ffi.build_ffi_lowering_function(hostcall.TARGET_NAME, has_side_effect=True)
+    (ticket,) = ffi_call(ctx.replace(avals_out=[ticket_aval]), *args,
+                         index=np.uint64(lend_target)).results
+
+    def run(ticket_value: np.ndarray) -> list[np.ndarray]:
+        outs = host(*hostcall.take(int(ticket_value)))
+        return [*outs, np.zeros((), np.int32)]
+
+    callback_avals = [*ctx.avals_out, ticket_aval]
+    *results, done = callback_module.emit_python_callback(
+        ctx.replace(avals_in=[ticket_aval], avals_out=callback_avals), run, None, [ticket],
+        [ticket_aval], callback_avals, has_side_effect=True, returns_token=False,
+        sharding=callback_module._callback_op_sharding(
+            ctx.module_context.axis_context, None, callback_avals))[0]
+    # Using the operands again after the callback keeps XLA from reusing their buffers
+    # while the callback reads them.
+    ffi_call(ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in], avals_out=[]),
+             done, ticket, *args, index=np.uint64(give_back_target))
     return results
+
+
+def _one_cpu_device(ctx: mlir.LoweringRuleContext) -> bool:
+    """Whether the call runs in a computation of one CPU device (where operands are lent:
+    other platforms have no host buffers to lend; several devices keep JAX's copies)."""
+    axis_context = ctx.module_context.axis_context
+    return (tuple(ctx.module_context.platforms) == ("cpu",)
+            and isinstance(axis_context, sharding_impls.ShardingContext)
+            and axis_context.num_devices == 1)
 
 
 mlir.register_lowering(_host_call_p, _host_call_lowering, cacheable=False)
@@ -206,6 +246,7 @@ def install(handler: CallHandler, mode: str = "replace") -> None:
             raise RuntimeError("this JAX's pallas_call lowering is not the one pallas-check"
                                " knows how to wrap")
         _saved = {
+            "targets": [],  # hostcall targets lowered while installed
             "default": mlir._lowerings.get(prim),
             "platforms": {p: rules.pop(prim) for p, rules in
                           mlir._platform_specific_lowerings.items() if prim in rules},
@@ -235,6 +276,7 @@ def uninstall() -> None:
         for platform, entry in _saved["platforms"].items():
             mlir._platform_specific_lowerings[platform][prim] = entry
         pallas_call_module._pallas_call_lowering = _saved["module_lowering"]
+        hostcall.drop_targets(_saved["targets"])
         _saved = None
     jax.clear_caches()
 

@@ -8,6 +8,7 @@ error the engine raised (so the runner can tell our failure from the user's).
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import itertools
 import threading
@@ -32,6 +33,25 @@ class CallSummary:
     seconds: float
     findings: int
     devices: int = 1
+
+
+def _return_freed_memory() -> None:
+    """Hand the memory a call freed back to the OS (glibc keeps freed blocks of up to its
+    adaptive mmap threshold, which a call's large arrays raise, in the heap: without this
+    a long script's resident memory grows by the size of its largest calls)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
 
 
 class EngineFailure(Exception):
@@ -112,6 +132,7 @@ class Session:
                        f" {type(exc).__name__}: {exc}")
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
+        _return_freed_memory()
         from pallas_check.engine.kernel import resolve_grid
 
         gm = params["grid_mapping"]
