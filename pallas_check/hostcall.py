@@ -211,28 +211,32 @@ def add_target(host: HostFunction, operand_avals: Sequence[Any],
     return target_id
 
 
-_lent: dict[int, list[np.ndarray]] = {}
+# ticket -> (the operands, the result buffers), between `lend` and the callback's `take`.
+_lent: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
 _tickets = itertools.count(1)
 
 
 def lend(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
     """Target of the `lend` call: file the operands (read-only views of XLA's buffers)
-    and write the ticket that names them into the one int32 result."""
+    and the buffers the call's outputs will be returned in (`results[1:]`, writable),
+    and write the ticket that names them into `results[0]`."""
     with _lock:
         ticket = next(_tickets) % (2**31 - 1) or 1
-        _lent[ticket] = list(operands)
+        _lent[ticket] = (list(operands), list(results[1:]))
     results[0][...] = ticket
 
 
-def take(ticket: int) -> list[np.ndarray]:
-    """The operands filed under `ticket` (once): valid until the `give_back` call runs."""
+def take(ticket: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The operands and output buffers filed under `ticket` (once): valid until the
+    `give_back` call runs; what is written to the output buffers is the call's result."""
     with _lock:
         return _lent.pop(ticket)
 
 
 def give_back(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
-    """Target of the `give_back` call (operands: the callback's done flag, the ticket and
-    the lent operands): forget the ticket if the callback never took it."""
+    """Target of the `give_back` call (operands: the callback's done flag, the ticket, the
+    lent operands and output buffers; results: those output buffers, aliased): forget the
+    ticket if the callback never took it."""
     with _lock:
         _lent.pop(int(operands[1]), None)
 

@@ -26,7 +26,10 @@ from pallas_check import hostcall
 # handler(params, operands, device, mesh_axes) -> outputs. Under shard_map every device's
 # callback arrives on its own thread with its logical device id and the named mesh axes
 # ((name, size) pairs, row-major); elsewhere device is 0 and mesh_axes is empty. The
-# operands are read-only numpy arrays.
+# operands are read-only numpy arrays, valid during the call only (on one CPU device they
+# are XLA's own buffers): a handler that keeps one copies it. Installed with
+# fills_results, a handler also gets `results=` (one CPU device), the buffers its outputs
+# are returned in, and may fill them in place and return them.
 CallHandler = Callable[[dict, Sequence[np.ndarray], int, tuple], Sequence[np.ndarray]]
 
 _lock = threading.Lock()
@@ -58,31 +61,44 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
             returns_token=False, sharding=sharding)
         return results
     ticket_aval = jax_core.ShapedArray((), np.int32)
-    lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval])
-    give_back_target = hostcall.add_target(hostcall.give_back,
-                                           [ticket_aval, ticket_aval, *ctx.avals_in], [])
+    outputs = list(ctx.avals_out)
+    lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
+    give_back_target = hostcall.add_target(
+        hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in, *outputs], outputs)
     with _lock:
         if _saved is not None:
             _saved["targets"] += [lend_target, give_back_target]
     ffi_call = ffi.build_ffi_lowering_function(hostcall.TARGET_NAME, has_side_effect=True)
-    (ticket,) = ffi_call(ctx.replace(avals_out=[ticket_aval]), *args,
-                         index=np.uint64(lend_target)).results
+    ticket, *buffers = ffi_call(ctx.replace(avals_out=[ticket_aval, *outputs]), *args,
+                                index=np.uint64(lend_target)).results
 
     def run(ticket_value: np.ndarray) -> list[np.ndarray]:
-        outs = host(*hostcall.take(int(ticket_value)))
-        return [*outs, np.zeros((), np.int32)]
+        operands, results = hostcall.take(int(ticket_value))
+        for result, value in zip(results, host(*operands, results=results)):
+            if not _same_memory(result, value):
+                np.copyto(result, value)
+        return [np.zeros((), np.int32)]
 
-    callback_avals = [*ctx.avals_out, ticket_aval]
-    *results, done = callback_module.emit_python_callback(
-        ctx.replace(avals_in=[ticket_aval], avals_out=callback_avals), run, None, [ticket],
-        [ticket_aval], callback_avals, has_side_effect=True, returns_token=False,
+    (done,) = callback_module.emit_python_callback(
+        ctx.replace(avals_in=[ticket_aval], avals_out=[ticket_aval]), run, None, [ticket],
+        [ticket_aval], [ticket_aval], has_side_effect=True, returns_token=False,
         sharding=callback_module._callback_op_sharding(
-            ctx.module_context.axis_context, None, callback_avals))[0]
+            ctx.module_context.axis_context, None, [ticket_aval]))[0]
     # Using the operands again after the callback keeps XLA from reusing their buffers
-    # while the callback reads them.
-    ffi_call(ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in], avals_out=[]),
-             done, ticket, *args, index=np.uint64(give_back_target))
-    return results
+    # while the callback reads them; the outputs are the buffers it filled (aliased).
+    first_buffer = 2 + len(args)
+    give_back = ffi.build_ffi_lowering_function(
+        hostcall.TARGET_NAME, has_side_effect=True,
+        operand_output_aliases={first_buffer + k: k for k in range(len(outputs))})
+    return give_back(
+        ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in, *outputs]),
+        done, ticket, *args, *buffers, index=np.uint64(give_back_target)).results
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `b` is `a` (the handler filled the output buffer in place)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
 def _one_cpu_device(ctx: mlir.LoweringRuleContext) -> bool:
@@ -120,9 +136,9 @@ def _host_call(host: Callable[..., Sequence[np.ndarray]], result_shapes: Sequenc
     arrays of `result_shapes`."""
     avals = tuple(jax_core.ShapedArray(s.shape, s.dtype) for s in result_shapes)
 
-    def reporting_host(*arrays: Any) -> Sequence[np.ndarray]:
+    def reporting_host(*arrays: Any, **kwargs: Any) -> Sequence[np.ndarray]:
         try:
-            return host(*arrays)
+            return host(*arrays, **kwargs)
         except BaseException as exc:
             with _lock:
                 listeners = list(_failure_listeners)
@@ -146,7 +162,7 @@ def _mesh_axes() -> tuple:
                  for name, size in jax_core.get_axis_env().axis_sizes.items())
 
 
-def _make_lowering(handler: CallHandler) -> Callable[..., Any]:
+def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., Any]:
     def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
@@ -154,8 +170,12 @@ def _make_lowering(handler: CallHandler) -> Callable[..., Any]:
         def impl(*args: Any) -> Any:
             axes = _mesh_axes()
 
-            def host(device_id: Any, *operands: Any) -> list[np.ndarray]:
-                outs = handler(params, list(operands), int(device_id), axes)
+            def host(device_id: Any, *operands: Any, results: Any = None) -> list[np.ndarray]:
+                if fills_results and results is not None:
+                    outs = handler(params, list(operands), int(device_id), axes,
+                                   results=results)
+                else:
+                    outs = handler(params, list(operands), int(device_id), axes)
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
@@ -196,14 +216,14 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
             axes = _mesh_axes()
             device = _device_index(axes)
             if mode == "observe":
-                def observe(device_id: Any, *arrays: Any) -> tuple:
+                def observe(device_id: Any, *arrays: Any, results: Any = None) -> tuple:
                     handler(params, list(arrays), int(device_id), axes)
                     return ()
 
                 _host_call(observe, (), device, *operands)
                 return outs
 
-            def host(device_id: Any, *arrays: Any) -> list[np.ndarray]:
+            def host(device_id: Any, *arrays: Any, results: Any = None) -> list[np.ndarray]:
                 arrays = list(arrays)
                 res = handler(params, arrays[:n_in], int(device_id), axes, arrays[n_in:])
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
@@ -228,11 +248,12 @@ def native_function(params: dict) -> Callable[..., Any]:
     return jax.jit(lambda *args: prim.bind(*args, interpret=NATIVE_INTERPRET, **params))
 
 
-def install(handler: CallHandler, mode: str = "replace") -> None:
+def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False) -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
-    and "observe" keep the hardware lowering too (see `_make_native_lowering`)."""
+    and "observe" keep the hardware lowering too (see `_make_native_lowering`).
+    fills_results (replace mode): the handler also takes `results=` (see CallHandler)."""
     global _saved
 
     prim = pallas_call_module.pallas_call_p
@@ -251,7 +272,7 @@ def install(handler: CallHandler, mode: str = "replace") -> None:
             "platforms": {p: rules.pop(prim) for p, rules in
                           mlir._platform_specific_lowerings.items() if prim in rules},
         }
-        rule = (_make_lowering(handler) if mode == "replace"
+        rule = (_make_lowering(handler, fills_results) if mode == "replace"
                 else _make_native_lowering(handler, mode, _saved["default"]))
         mlir.register_lowering(prim, rule, cacheable=False)
         # `pl.kernel` / `mpmd_map` kernels reach the same lowering through this module
@@ -282,8 +303,9 @@ def uninstall() -> None:
 
 
 @contextlib.contextmanager
-def intercepted(handler: CallHandler, mode: str = "replace") -> Iterator[None]:
-    install(handler, mode)
+def intercepted(handler: CallHandler, mode: str = "replace",
+                fills_results: bool = False) -> Iterator[None]:
+    install(handler, mode, fills_results)
     try:
         yield
     finally:

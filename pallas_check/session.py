@@ -82,12 +82,15 @@ class Session:
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = ()) -> list[np.ndarray]:
+                    mesh_axes: tuple = (), results: Sequence[np.ndarray] | None = None
+                    ) -> list[np.ndarray]:
+        """The call's outputs; `results`, when given, are the buffers they are returned in
+        (one device: the engine simulates the outputs in them)."""
         from pallas_check.engine.kernel import MeshInfo
 
         mesh = MeshInfo(tuple(mesh_axes))
         if mesh.num_devices == 1:
-            return self._simulate(params, [operands], mesh)[0]
+            return self._simulate(params, [operands], mesh, results)[0]
         return self._rendezvous(params, operands, device, mesh)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
@@ -102,7 +105,8 @@ class Session:
             self._fail(str(exc))
             raise EngineFailure(self.engine_error) from exc
 
-    def _simulate(self, params: dict, device_operands: list, mesh: Any) -> list[list[np.ndarray]]:
+    def _simulate(self, params: dict, device_operands: list, mesh: Any,
+                  results: Sequence[np.ndarray] | None = None) -> list[list[np.ndarray]]:
         from pallas_check.engine.evaluate import KernelError
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
@@ -120,7 +124,8 @@ class Session:
                     params, device_operands, self.config, index, mesh, self.carried,
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
-                    if self.progress is not None else None)
+                    if self.progress is not None else None,
+                    results=results)
         except KeyboardInterrupt:
             self.interrupted = True
             raise
@@ -159,5 +164,5 @@ class Session:
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import simulated_tpu
 
-        with intercepted(self.handle_call), simulated_tpu(self.config.tpu, self.config.cores):
+        with intercepted(self.handle_call, fills_results=True), simulated_tpu(self.config.tpu, self.config.cores):
             yield

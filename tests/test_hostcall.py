@@ -1,8 +1,9 @@
 """The host callback's operands (pallas_check/hostcall.py, intercept.py).
 
 On one CPU device a checked call's operands reach the handler as read-only views of XLA's
-own buffers (lent, not copied); a kernel that writes its input works on a copy (the
-user's array is never altered); an executable that outlives its session fails with a
+own buffers (lent, not copied) and the engine simulates the outputs in the buffers the
+script gets back; a kernel that writes its input works on a copy (the user's array is
+never altered); an executable that outlives its session fails with a
 clear error; a handler's exception fails the call with its message.
 """
 
@@ -48,6 +49,28 @@ def test_operands_are_lent_xla_buffers_not_copies():
     assert seen[0] == [(x.unsafe_buffer_pointer(), False, (16, 128))]
     assert seen[1][0][1:] == (False, (16, 128))
     assert hostcall._lent == {}  # every ticket was taken
+
+
+def test_engine_simulates_the_outputs_in_the_calls_own_result_buffers(check, monkeypatch):
+    from pallas_check.engine import kernel as engine_kernel
+
+    original = engine_kernel.run_call_devices
+    addresses = {}
+
+    def observed(*args, **kwargs):
+        result = original(*args, **kwargs)
+        addresses["results"] = [_address(r) for r in kwargs["results"]]
+        addresses["outputs"] = [_address(o) for o in result.outputs[0]]
+        return result
+
+    monkeypatch.setattr(engine_kernel, "run_call_devices", observed)
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+    checked = check(jax.jit(_double), x)
+    assert checked.findings == []
+    np.testing.assert_array_equal(np.asarray(checked.value), np.asarray(x) * 2.0)
+    # The engine wrote the outputs where the script finds them: nothing was copied.
+    assert addresses["outputs"] == addresses["results"]
+    assert addresses["results"] == [checked.value.unsafe_buffer_pointer()]
 
 
 def test_a_kernel_writing_its_aliased_input_never_alters_the_users_array(check):
