@@ -30,12 +30,14 @@ def verification_setup():
   pl.pallas_call = pallas_call
 
 
-def interpret_ctx():
+def interpret_ctx(num_cores=None):
+  """JAX's TPU interpreter for every call (CASE_INTERPRET=tpu), on `num_cores` cores."""
   if MODE != "tpu":
     return contextlib.nullcontext()
   from jax.experimental.pallas import tpu as pltpu
+  cores = {} if num_cores is None else {"num_cores_or_threads": num_cores}
   params = pltpu.InterpretParams(
-      detect_races=os.environ.get("CASE_DETECT_RACES") == "1")
+      detect_races=os.environ.get("CASE_DETECT_RACES") == "1", **cores)
   return pltpu.force_tpu_interpret_mode(params)
 
 

@@ -23,11 +23,8 @@ CASE_INTERPRET (verification only; unset under the pallas-check interceptor):
             (CASE_DETECT_RACES=1 turns on the interpreter's race detector)
 Verified with: hlo, tpu (2 simulated cores, see TPU_CORES)
 """
-import contextlib
-import os
 
 NAME = "paged_attention"
-MODE = os.environ.get("CASE_INTERPRET")
 # megacore_mode != None splits grid axis 0 ("parallel", size 2) across two
 # TensorCores, each with its own copy of the scalar-prefetch refs; on a single
 # core the second half waits on a DMA nobody started (documented caveat "the
@@ -36,39 +33,13 @@ TPU_CORES = 2
 
 
 # ---------------------------------------------------------------- verification
-def _verification_setup():
-  """Route pl.pallas_call through the HLO interpreter (CASE_INTERPRET=hlo)."""
-  if MODE != "hlo":
-    return
-  from jax.experimental import pallas as pl
-  orig = pl.pallas_call
-  if getattr(orig, "_case_hlo", False):
-    return
-
-  def pallas_call(*args, **kwargs):
-    if not kwargs.get("interpret"):
-      kwargs["interpret"] = True
-    return orig(*args, **kwargs)
-
-  pallas_call._case_hlo = True
-  pl.pallas_call = pallas_call
+from _case_common import (  # noqa: E402  (this folder is sys.path[0] when run)
+    interpret_ctx, report_races as _report_races,
+    verification_setup as _verification_setup)
 
 
 def _interpret_ctx():
-  if MODE != "tpu":
-    return contextlib.nullcontext()
-  from jax.experimental.pallas import tpu as pltpu
-  params = pltpu.InterpretParams(
-      detect_races=os.environ.get("CASE_DETECT_RACES") == "1",
-      num_cores_or_threads=TPU_CORES)
-  return pltpu.force_tpu_interpret_mode(params)
-
-
-def _report_races():
-  if MODE == "tpu" and os.environ.get("CASE_DETECT_RACES") == "1":
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-    found = bool(ipc.races is not None and ipc.races.races_found)
-    print(f"races_found={found}")
+  return interpret_ctx(TPU_CORES)
 
 
 # ----------------------------------------------------------------------- calls

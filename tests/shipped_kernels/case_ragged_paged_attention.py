@@ -26,14 +26,15 @@ CASE_INTERPRET (verification only; unset under the pallas-check interceptor):
 Verified with: hlo (+ TypedInt.shape patch, see _verification_setup); tpu
 mode fails in jax 0.10.2 (ReshapeTransform unsupported by the TPU interpreter)
 """
-import contextlib
-import os
 
 NAME = "ragged_paged_attention"
-MODE = os.environ.get("CASE_INTERPRET")
 
 
 # ---------------------------------------------------------------- verification
+from _case_common import (  # noqa: E402  (this folder is sys.path[0] when run)
+    MODE, interpret_ctx, report_races as _report_races, verification_setup)
+
+
 def _verification_setup():
   """Route pl.pallas_call through the HLO interpreter (CASE_INTERPRET=hlo)."""
   if MODE != "hlo":
@@ -46,34 +47,10 @@ def _verification_setup():
   from jax._src import literals
   if not hasattr(literals.TypedInt, "shape"):
     literals.TypedInt.shape = ()
-  from jax.experimental import pallas as pl
-  orig = pl.pallas_call
-  if getattr(orig, "_case_hlo", False):
-    return
-
-  def pallas_call(*args, **kwargs):
-    if not kwargs.get("interpret"):
-      kwargs["interpret"] = True
-    return orig(*args, **kwargs)
-
-  pallas_call._case_hlo = True
-  pl.pallas_call = pallas_call
+  verification_setup()
 
 
-def _interpret_ctx():
-  if MODE != "tpu":
-    return contextlib.nullcontext()
-  from jax.experimental.pallas import tpu as pltpu
-  params = pltpu.InterpretParams(
-      detect_races=os.environ.get("CASE_DETECT_RACES") == "1")
-  return pltpu.force_tpu_interpret_mode(params)
-
-
-def _report_races():
-  if MODE == "tpu" and os.environ.get("CASE_DETECT_RACES") == "1":
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-    found = bool(ipc.races is not None and ipc.races.races_found)
-    print(f"races_found={found}")
+_interpret_ctx = interpret_ctx
 
 
 # ----------------------------------------------------------------------- calls
