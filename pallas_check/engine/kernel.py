@@ -768,7 +768,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
             key = tuple(int(i) for i in idx)
             if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
                 if key in visited[id(op)]:
-                    pipeline.revisit_finding(ctx, op, key)
+                    pipeline.revisit_finding(ctx, op, key, _index_map_frames(op))
                 _check_block_bounds(ctx, op, key)
                 assert op.vmem is not None
                 op.vmem.data[...] = ctx.fill(op.vmem.data.dtype)
