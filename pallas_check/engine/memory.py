@@ -55,7 +55,7 @@ class Buffer:
     """
 
     __slots__ = ("id", "name", "space", "data", "_written", "fully_written", "owner", "key",
-                 "device", "core", "_unwritten")
+                 "device", "core", "_unwritten", "_borrowed")
 
     def __init__(
         self,
@@ -69,6 +69,7 @@ class Buffer:
         self.name = name
         self.space = space
         self.data = data
+        self._borrowed = not data.flags.writeable  # an operand's array: copy before writing
         self.owner = owner
         # Where the buffer sits in the kernel (set when registered with a call).
         self.key: tuple = ()
@@ -117,8 +118,9 @@ class Buffer:
 
     def writable(self) -> np.ndarray:
         """The values, to write to: copied first while they are a read-only operand."""
-        if not self.data.flags.writeable:
+        if self._borrowed:
             self.data = np.array(self.data)
+            self._borrowed = False
         return self.data
 
     def recount(self) -> None:

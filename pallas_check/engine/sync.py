@@ -147,7 +147,9 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     target_dtype = dma.dst.buffer.data.dtype
     if value.dtype != target_dtype:
         value = value.astype(target_dtype)
-    dma.staged = (value, dma.src.read_written())
+    # A source written everywhere (an input, say) needs no per-element shadow copied along.
+    written = True if dma.src.buffer.fully_written else dma.src.read_written()
+    dma.staged = (value, written)
     ctx.call.on_dma_read(ctx, dma)
 
 
