@@ -8,8 +8,8 @@ error the engine raised (so the runner can tell our failure from the user's).
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -164,5 +164,6 @@ class Session:
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import simulated_tpu
 
-        with intercepted(self.handle_call, fills_results=True), simulated_tpu(self.config.tpu, self.config.cores):
+        with (intercepted(self.handle_call, fills_results=True),
+              simulated_tpu(self.config.tpu, self.config.cores)):
             yield

@@ -135,8 +135,7 @@ class Buffer:
         """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
         of the indexed part, not of the buffer (a count of unwritten elements is kept)."""
         if self._written is None:
-            if value is True or (isinstance(value, (bool, np.bool_)) and value) or (
-                    isinstance(value, np.ndarray) and value.all()):
+            if value.all() if isinstance(value, np.ndarray) else bool(value):
                 return  # already written everywhere
             if index is Ellipsis and not isinstance(value, np.ndarray):
                 self._written = np.zeros(self.data.shape, bool)
