@@ -6,19 +6,57 @@ XLA_FLAGS before JAX starts.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+import typer.core
 
 from pallas_check import __version__
 from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
 from pallas_check.exitcodes import ExitCode
 
+def _click() -> Any:
+    """The click typer is built on (recent typers vendor their own copy)."""
+    vendored = getattr(typer.core, "_click", None)
+    if vendored is not None:
+        return vendored
+    import click
+
+    return click
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """Usage errors as the one documented line (`pallas-check: error: ...`, exit 2), not
+    click's usage block."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        click = _click()
+        try:
+            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)
+        except click.exceptions.ClickException as exc:
+            message = " ".join(exc.format_message().split())
+            typer.echo(f"pallas-check: error: {message}", err=True)
+            if not standalone_mode:
+                raise
+            sys.exit(int(ExitCode.USAGE))
+        except click.exceptions.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("pallas-check: interrupted", err=True)
+            sys.exit(int(ExitCode.USER_ERROR))
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -50,9 +88,25 @@ def _main(
             raise fail(str(exc))
 
 
-class Format(str):
+class Format(str, enum.Enum):
+    """Report formats of `run` (`diff` and `--native` take table and json)."""
+
     TABLE = "table"
     JSON = "json"
+    SARIF = "sarif"
+    TEXT = "text"
+
+
+def _check_output(output: Optional[Path], script: Path) -> None:
+    """A bad --output is a usage error before the run, not a lost report after it."""
+    if output is None:
+        return
+    from pallas_check.outfile import OutputError, check_target
+
+    try:
+        check_target(output, script)
+    except OutputError as exc:
+        raise fail(str(exc)) from None
 
 
 def fail(message: str, code: ExitCode = ExitCode.USAGE) -> "typer.Exit":
@@ -78,25 +132,6 @@ def _set_device_count(devices: int) -> None:
     os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers never see half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise a CI artifact step
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # Options may follow SCRIPT (`run k.py --dma eager`); the script's own arguments go after
 # `--` (`run k.py --dma eager -- --its-flag 3`), so a typo in our options is exit 2.
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -110,9 +145,12 @@ def run(
                                       help="Fill of never-written memory."),
     skip_floats: bool = typer.Option(False, "--skip-floats",
                                      help="Skip float-only computation (results become inf)."),
-    fmt: str = typer.Option("table", "--format", help="Report format: table, json or sarif."),
+    fmt: Format = typer.Option(Format.TABLE, "--format",
+                               help="Report format: a table for people, json, sarif, or"
+                                    " text (path:line: kind: message)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to this file."),
+                                          help="Write the report to this file (- for"
+                                               " stdout)."),
     devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
     tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
                                       help="TPU generation kernels are told they run on."),
@@ -131,27 +169,23 @@ def run(
                                      " (TPU or GPU) and report each call's wall time."),
 ) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
-    from pallas_check.report import FORMATS
-
-    if fmt not in FORMATS:
-        raise fail(f"unknown --format {fmt!r} (choose {', '.join(FORMATS)})")
+    fmt_name = Format(fmt).value
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
+    _check_output(output, script)
     _set_device_count(devices)
     if native:
-        _run_native(script, script_args, fmt, output)
+        _run_native(script, script_args, fmt_name, output)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed, races=races,
                     schedules=schedules, keep_going=keep_going)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])
-    if args[:1] == ["--"]:  # `run script.py -- a b`: the `--` is ours, not the script's
-        args = args[1:]
     try:
-        code = run_and_report(str(script), args, config, fmt, output)
+        code = run_and_report(str(script), args, config, fmt_name, output)
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # our bug outside the script: one line, not a traceback
@@ -173,8 +207,8 @@ def hook(
 
 
 def _script_args(script_args: Optional[List[str]]) -> list[str]:
-    args = list(script_args or [])
-    return args[1:] if args[:1] == ["--"] else args
+    # click has taken the `--` that ends our options; a second one is the script's own.
+    return list(script_args or [])
 
 
 def _guarded(call: Any) -> "typer.Exit":
@@ -225,9 +259,10 @@ def diff(
                                       help="Our side: fill of never-written memory."),
     skip_floats: bool = typer.Option(False, "--skip-floats",
                                      help="Our side: skip float-only computation."),
-    fmt: str = typer.Option("table", "--format", help="Report format: table or json."),
+    fmt: Format = typer.Option(Format.TABLE, "--format", help="Report format: table or json."),
     output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to this file."),
+                                          help="Write the report to this file (- for"
+                                               " stdout)."),
     devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
     tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
                                       help="TPU generation kernels are told they run on."),
@@ -235,14 +270,16 @@ def diff(
     seed: int = typer.Option(0, "--seed", help="Scheduler seed (ours)."),
 ) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
+    fmt = Format(fmt).value
     if fmt not in ("table", "json"):
-        raise fail(f"unknown --format {fmt!r} for diff (choose table or json)")
+        raise fail(f"--format {fmt} is not for diff (choose table or json)")
     if native and against not in (None, "native"):
         raise fail(f"--native and --against {against!r} name two different other sides")
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
+    _check_output(output, script)
     _set_device_count(devices)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed)
@@ -263,5 +300,13 @@ def diff(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Once the report is out, the process ends even if the
+    script left JAX computations that never finish (JAX's exit handler waits for them)."""
+    try:
+        app()
+    except SystemExit as exc:
+        from pallas_check.watchdog import guard_exit
+
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        guard_exit(code)
+        raise

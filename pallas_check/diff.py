@@ -23,7 +23,6 @@ import inspect
 import io
 import itertools
 import shlex
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -448,15 +447,16 @@ def exit_code_for(mismatches: int, user_failed: bool, failed: bool) -> ExitCode:
 def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
                         rtol: float | None, atol: float | None, fmt: str,
                         output: Path | None) -> ExitCode:
+    from pallas_check.delivery import deliver
     from pallas_check.execfile import run_script
     from pallas_check.report.diff import render
-    from pallas_check.runner import _callback_failures, config_dict, one_line
+    from pallas_check.runner import _callback_failures, config_dict, short_error
 
     session = DiffSession(config, side, rtol, atol)
     with _callback_failures() as ours, session.install():
         outcome = run_script(script, args)
     error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
-    error = one_line(error) if error else None
+    error = short_error(error) if error else None
     user_failed = not outcome.ok and error is None
     calls = sorted(session.calls, key=lambda c: (c.index, c.device))
     code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None)
@@ -469,18 +469,10 @@ def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: 
         internal_error=error, partial=outcome.interrupted)
     buffer = io.StringIO()
     render(report, fmt, buffer)
-    if user_failed and (fmt != "table" or output is not None):
-        sys.stderr.write(outcome.traceback
-                         or f"pallas-check: the script failed: {outcome.error}\n")
-    if output is not None:
-        from pallas_check.cli import write_atomically
-
-        write_atomically(output, buffer.getvalue())
-        print(f"pallas-check: {report.mismatching_outputs} mismatching output(s) in"
-              f" {len(calls)} call(s); report written to {output}", file=sys.stderr)
-    else:
-        sys.stdout.write(buffer.getvalue())
-        sys.stdout.flush()
-    if error:
-        print(f"pallas-check: error: {error}", file=sys.stderr)
+    deliver(buffer.getvalue(), output,
+            summary=f"{report.mismatching_outputs} mismatching output(s) in {len(calls)} call(s)",
+            shows_traceback=fmt == "table",
+            traceback_text=(outcome.traceback
+                            or f"pallas-check: the script failed: {outcome.error}\n")
+            if user_failed else None, error=error)
     return code

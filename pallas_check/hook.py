@@ -14,10 +14,12 @@ configured script is checked whenever the hook runs.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from pallas_check.exitcodes import ExitCode
 from pallas_check.settings import Settings, SettingsError, load_settings
@@ -70,19 +72,61 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
     except SettingsError as exc:
         return _error(str(exc))
     root = settings.root
+    output = settings.values.get("output")
+    fmt = str(getattr(settings.values.get("fmt"), "value", settings.values.get("fmt"))
+              or "table")
     worst = 0
     results: list[tuple[str, int]] = []
-    for script in scripts:
-        try:
-            shown = str(script.relative_to(root.resolve()))
-        except ValueError:
-            shown = str(script)
-        print(f"pallas-check hook: {shown}", flush=True)
-        sys.stderr.flush()
-        proc = subprocess.run([sys.executable, "-m", "pallas_check", "run", shown], cwd=root)
-        code = proc.returncode if proc.returncode in _WHAT else int(ExitCode.INTERNAL)
-        results.append((shown, code))
-        worst = max(worst, code)
+    with tempfile.TemporaryDirectory(prefix="pallas-check-hook-") as parts_dir:
+        parts: list[tuple[str, Path]] = []
+        for number, script in enumerate(scripts):
+            try:
+                shown = str(script.relative_to(root.resolve()))
+            except ValueError:
+                shown = str(script)
+            print(f"pallas-check hook: {shown}", flush=True)
+            sys.stderr.flush()
+            command = [sys.executable, "-m", "pallas_check", "run", shown]
+            if output is not None:
+                # Each script's report goes to a part of its own; one merged report is
+                # written to `output` at the end (otherwise each would overwrite the last).
+                part = Path(parts_dir) / f"{number}.report"
+                command += ["--output", str(part)]
+                parts.append((shown, part))
+            proc = subprocess.run(command, cwd=root)
+            code = proc.returncode if proc.returncode in _WHAT else int(ExitCode.INTERNAL)
+            results.append((shown, code))
+            worst = max(worst, code)
+        if output is not None:
+            worst = max(worst, _write_merged(Path(output), fmt, parts))
     for shown, code in results:
         print(f"pallas-check hook: {shown}: exit {code} ({_WHAT[code]})")
     return ExitCode(worst)
+
+
+def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
+    """One report for every script: SARIF with one run per script, JSON with every
+    script's report under `reports`, table and text one after the other."""
+    from pallas_check.outfile import OutputError, check_target, write_report
+
+    texts = [(shown, part.read_text(encoding="utf-8")) for shown, part in parts
+             if part.exists()]
+    if fmt == "sarif":
+        logs = [json.loads(text) for _, text in texts]
+        merged: Any = dict(logs[0]) if logs else {"version": "2.1.0", "runs": []}
+        merged["runs"] = [run for log in logs for run in log.get("runs", [])]
+        text = json.dumps(merged, indent=2) + "\n"
+    elif fmt == "json":
+        text = json.dumps({"schema": "pallas-check/hook-report", "schema_version": 1,
+                           "reports": [json.loads(t) for _, t in texts]}, indent=2) + "\n"
+    else:
+        text = "".join(f"== {shown}\n{t}" if fmt == "table" else t for shown, t in texts)
+    try:
+        check_target(output)
+        write_report(output, text)
+    except (OSError, OutputError) as exc:
+        print(f"pallas-check: error: cannot write the hook's report to {output}: {exc}",
+              file=sys.stderr)
+        return int(ExitCode.USAGE)
+    print(f"pallas-check hook: report of {len(texts)} script(s) written to {output}")
+    return 0

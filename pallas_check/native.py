@@ -24,7 +24,6 @@ import dataclasses
 import io
 import itertools
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -231,6 +230,7 @@ def run_native_and_report(script: str, args: Sequence[str], fmt: str,
 
     import jax
 
+    from pallas_check.delivery import deliver
     from pallas_check.execfile import run_script
     from pallas_check.intercept import intercepted
     from pallas_check.runner import _callback_failures, one_line
@@ -260,18 +260,9 @@ def run_native_and_report(script: str, args: Sequence[str], fmt: str,
         buffer.write("\n")
     else:
         render_table(report, buffer)
-    if user_failed and (fmt != "table" or output is not None):
-        sys.stderr.write(outcome.traceback
-                         or f"pallas-check: the script failed: {outcome.error}\n")
-    if output is not None:
-        from pallas_check.cli import write_atomically
-
-        write_atomically(output, buffer.getvalue())
-        print(f"pallas-check: {len(timings)} pallas_call(s); report written to {output}",
-              file=sys.stderr)
-    else:
-        sys.stdout.write(buffer.getvalue())
-        sys.stdout.flush()
-    if internal:
-        print(f"pallas-check: error: {internal}", file=sys.stderr)
+    deliver(buffer.getvalue(), output, summary=f"{len(timings)} pallas_call(s)",
+            shows_traceback=fmt == "table",
+            traceback_text=(outcome.traceback
+                            or f"pallas-check: the script failed: {outcome.error}\n")
+            if user_failed else None, error=internal)
     return code

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode
@@ -35,65 +36,158 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
                    output: Path | None) -> ExitCode:
     from pallas_check.execfile import run_script
     from pallas_check.session import Session
+    from pallas_check.watchdog import Watchdog
 
     session = Session(config)
-    with _callback_failures() as ours, session.install(), _progress_bar(session, config):
+    finisher = _Finisher(script, args, config, fmt, output, session)
+    with (_callback_failures() as ours, session.install(), _progress_bar(session, config),
+          Watchdog(finisher.emergency, lambda: session.calls_in_flight),
+          _reporting_os_exit(finisher), _script_stdout(fmt, output)):
+        finisher.ours = ours
         outcome = run_script(script, args)
-    if session.interrupted and not outcome.interrupted:
-        # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
-        # caught that). It is still an interruption: a partial report, not the user's bug.
+    return finisher.finish(outcome)
+
+
+class _Finisher:
+    """Turns how the script ended into the report and the exit code, exactly once: from
+    the main thread at the end, from the watchdog when the run is stuck or interrupted, or
+    from a script's `os._exit`."""
+
+    def __init__(self, script: str, args: Sequence[str], config: Config, fmt: str,
+                 output: Path | None, session: Any) -> None:
+        self.script, self.args, self.config = script, args, config
+        self.fmt, self.output, self.session = fmt, output, session
+        self.ours: list[str] = []
+        self.stdout = sys.stdout  # the report's, even while the script's goes to stderr
+        self._lock = threading.Lock()
+        self._code: ExitCode | None = None
+
+    def emergency(self, reason: str) -> bool:
+        """The watchdog's way out: a partial report; False when the run already reported."""
         from pallas_check.execfile import ScriptOutcome
 
-        outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
-    findings = session.findings
-    engine_error = session.engine_error or (ours[0] if ours else None)
-    if engine_error is not None:
-        engine_error = one_line(engine_error)
-    engine_failed = engine_error is not None
-    user_failed = not outcome.ok and not engine_failed
-    code = exit_code_for(len(findings), user_failed, engine_failed)
-    report = RunReport(
-        script=script,
-        config=config_dict(config),
-        findings=findings,
-        calls=sorted(session.calls, key=lambda c: c.index),
-        exit_code=int(code),
-        user_error=outcome.error if user_failed else None,
-        user_traceback=outcome.traceback if user_failed else None,
-        internal_error=engine_error,
-        partial=outcome.interrupted,
-        script_args=tuple(args),
-    )
-    buffer = io.StringIO()
-    reporter_for(fmt).render(report, buffer)
-    if user_failed and (fmt != "table" or output is not None):
-        # The table on stdout shows the script's failure; otherwise it goes where Python
-        # would have put it, so that `--format json` or `--output` does not hide it.
-        sys.stderr.write(outcome.traceback
-                         or f"pallas-check: the script failed: {outcome.error}\n")
-    if output is not None:
-        from pallas_check.cli import write_atomically
+        with self._lock:
+            if self._code is not None:
+                return False
+        self.finish(ScriptOutcome(ok=False, interrupted=True, error=reason))
+        return True
 
-        write_atomically(output, buffer.getvalue())
-        if fmt != "table":
-            print(f"pallas-check: {len(findings)} finding(s); report written to {output}",
-                  file=sys.stderr)
-        else:
-            sys.stderr.write(buffer.getvalue().splitlines()[-1] + "\n")
-    else:
-        sys.stdout.write(buffer.getvalue())
+    def finish(self, outcome: Any) -> ExitCode:
+        with self._lock:
+            if self._code is None:
+                self._code = self._report(outcome)
+            return self._code
+
+    def _report(self, outcome: Any) -> ExitCode:
+        from pallas_check.delivery import deliver, stdout_encodes_unicode
+        from pallas_check.execfile import ScriptOutcome
+
+        session, config, fmt = self.session, self.config, self.fmt
+        if session.interrupted and not outcome.interrupted:
+            # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
+            # caught that). It is still an interruption: a partial report, not the user's bug.
+            outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
+        findings = session.findings
+        engine_error = session.engine_error or (self.ours[0] if self.ours else None)
+        if engine_error is not None:
+            engine_error = short_error(engine_error)
+        engine_failed = engine_error is not None
+        user_failed = not outcome.ok and not engine_failed
+        code = exit_code_for(len(findings), user_failed, engine_failed)
+        report = RunReport(
+            script=self.script,
+            config=config_dict(config),
+            findings=findings,
+            calls=sorted(session.calls, key=lambda c: c.index),
+            exit_code=int(code),
+            user_error=outcome.error if user_failed else None,
+            user_traceback=outcome.traceback if user_failed else None,
+            internal_error=engine_error,
+            partial=outcome.interrupted,
+            script_args=tuple(self.args),
+        )
+        to_stdout = self.output is None or str(self.output) == "-"
+        buffer = io.StringIO()
+        reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
+                     width=terminal_width() if to_stdout else None).render(report, buffer)
+        traceback_text = None
+        if user_failed:
+            traceback_text = (outcome.traceback
+                              or f"pallas-check: the script failed: {outcome.error}\n")
+        calls = len(report.calls)
+        summary = f"{len(findings)} finding(s) in {calls} pallas_call(s)"
+        delivered = deliver(buffer.getvalue(), self.output, summary=summary,
+                            shows_traceback=fmt == "table", traceback_text=traceback_text,
+                            error=engine_error, stdout=self.stdout)
+        if not delivered and code < ExitCode.USAGE:
+            code = ExitCode.USAGE  # the report is on stdout, not where it was asked for
+        return code
+
+
+@contextlib.contextmanager
+def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
+    """A script that ends with `os._exit(n)` skips every `finally`: report first, then exit
+    with the ranked code (a finding is not hidden by `os._exit(0)`)."""
+    from pallas_check.execfile import ScriptOutcome
+
+    real_exit: Callable[[int], Any] = os._exit
+
+    def exit_after_report(status: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            real_exit(status)
+        ok = status == 0
+        code = finisher.finish(ScriptOutcome(
+            ok=ok, exit_code=status,
+            error=None if ok else f"the script called os._exit({status})"))
         sys.stdout.flush()
-    if engine_failed:
-        print(f"pallas-check: error: {engine_error}", file=sys.stderr)
-    return code
+        sys.stderr.flush()
+        real_exit(int(code))
+
+    os._exit = exit_after_report  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+
+
+@contextlib.contextmanager
+def _script_stdout(fmt: str, output: Path | None) -> Iterator[None]:
+    """When a machine-readable report owns stdout, the script's prints go to stderr, so
+    that stdout parses."""
+    if fmt == "table" or (output is not None and str(output) != "-"):
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def terminal_width() -> int:
+    """Columns of the terminal stdout is (or `COLUMNS`); 120 when it is no terminal."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, AttributeError, ValueError):
+        return 120
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+MAX_ERROR_CHARS = 400
 
 
 def one_line(message: str) -> str:
     """An error message as one line, without object addresses (reports are reproducible)."""
     return " ".join(_ADDRESS.sub("", message).split())
+
+
+def short_error(message: str) -> str:
+    """One line, at most MAX_ERROR_CHARS long unless PALLAS_CHECK_DEBUG is set (an MLIR
+    dump inside a JAX error can be kilobytes)."""
+    line = one_line(message)
+    if len(line) <= MAX_ERROR_CHARS or os.environ.get("PALLAS_CHECK_DEBUG"):
+        return line
+    return line[:MAX_ERROR_CHARS].rstrip() + " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
 
 
 @contextlib.contextmanager

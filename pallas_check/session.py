@@ -79,6 +79,7 @@ class Session:
         self.carried: dict = {}
         # progress(call_index, kernel, schedules_done, schedules_total), e.g. a progress bar.
         self.progress: Callable[[int, str, int, int], None] | None = None
+        self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -86,12 +87,21 @@ class Session:
                     ) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
+        from pallas_check.engine import progress
         from pallas_check.engine.kernel import MeshInfo
 
-        mesh = MeshInfo(tuple(mesh_axes))
-        if mesh.num_devices == 1:
-            return self._simulate(params, [operands], mesh, results)[0]
-        return self._rendezvous(params, operands, device, mesh)
+        with self._lock:
+            self.calls_in_flight += 1
+        progress.beat()
+        try:
+            mesh = MeshInfo(tuple(mesh_axes))
+            if mesh.num_devices == 1:
+                return self._simulate(params, [operands], mesh, results)[0]
+            return self._rendezvous(params, operands, device, mesh)
+        finally:
+            with self._lock:
+                self.calls_in_flight -= 1
+            progress.beat()
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any) -> list[np.ndarray]:
@@ -117,9 +127,11 @@ class Session:
         try:
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
-            # The engine's own compiled pieces run on the host CPU, whatever the default
-            # backend of the user's script is.
-            with jax.default_device(jax.devices("cpu")[0]):
+            from pallas_check.engine.backend import engine_device
+
+            # The engine's own compiled pieces run on a CPU client of its own, whatever
+            # the script's backend is, and never queue behind the script's work.
+            with jax.default_device(engine_device()):
                 result = run_call_devices(
                     params, device_operands, self.config, index, mesh, self.carried,
                     progress=(lambda done, total: self.progress(index, kernel.name, done,

@@ -8,8 +8,11 @@ where another actor could run (semaphore waits, DMA starts and waits).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
+import warnings
+import weakref
 from typing import Any, Callable, Generator, Iterable, Sequence
 
 import jax
@@ -85,11 +88,21 @@ class Segment:
 class Program:
     jaxpr: jax_core.Jaxpr
     steps: list[Segment | jax_core.JaxprEqn]
+    # Per ruled equation: whether it has sub-jaxprs (looked up at every evaluation).
+    nested: dict[int, bool] = dataclasses.field(default_factory=dict)
 
 
-_programs: dict[tuple[int, bool], Program] = {}
-_programs_lock = threading.Lock()
-_keepalive: list[Any] = []
+# Two bounded caches. Programs by jaxpr identity (a weak reference: a jaxpr that dies takes
+# its program with it); compiled segments by their structure (the segment's equations as
+# text, without source lines), so that a kernel traced anew at every eager call -- a new
+# jaxpr each time -- reuses the segments compiled for its first call.
+_MAX_PROGRAMS = 256
+_MAX_SEGMENT_FNS = 1024
+_programs: "collections.OrderedDict[tuple[int, bool], tuple[Any, Program]]" = (
+    collections.OrderedDict())
+_segment_fns: "collections.OrderedDict[tuple[str, bool], Callable[..., Any]]" = (
+    collections.OrderedDict())
+_programs_lock = threading.RLock()
 
 
 def _is_ref(aval: Any) -> bool:
@@ -112,16 +125,44 @@ def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
 
 
 def program_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
-    """The compiled program of a jaxpr (cached for the life of the process)."""
+    """The compiled program of a jaxpr (cached while the jaxpr lives, bounded)."""
     key = (id(jaxpr), skip_floats)
-    program = _programs.get(key)
-    if program is not None and program.jaxpr is jaxpr:
-        return program
     with _programs_lock:
+        entry = _programs.get(key)
+        if entry is not None and entry[0]() is jaxpr:
+            _programs.move_to_end(key)
+            return entry[1]
         program = _build_program(jaxpr, skip_floats)
-        _programs[key] = program
-        _keepalive.append(jaxpr)
+        _programs[key] = (weakref.ref(jaxpr), program)
+        while len(_programs) > _MAX_PROGRAMS:
+            _programs.popitem(last=False)
     return program
+
+
+def structure_key(jaxpr: jax_core.Jaxpr) -> str:
+    """A jaxpr's equations as text, every parameter spelled out and no source lines: equal
+    for two tracings of the same code on the same shapes."""
+    settings = jax_core.JaxprPpSettings(source_info=False, name_stack=False,
+                                        custom_pp_eqn_rules=False, print_effects=True)
+    return jax_core.pp_jaxpr(jaxpr, jax_core.JaxprPpContext(), settings).format()
+
+
+def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
+    """The compiled function of a segment, shared with every segment of the same structure
+    (it takes the segment's inputs and returns its outputs by position)."""
+    with warnings.catch_warnings():  # a Jaxpr made only to be printed needs no debug info
+        warnings.simplefilter("ignore", DeprecationWarning)
+        structure = jax_core.Jaxpr([], segment.invars, segment.outvars, segment.eqns)
+    key = (structure_key(structure), skip_floats)
+    with _programs_lock:
+        fn = _segment_fns.get(key)
+        if fn is not None:
+            _segment_fns.move_to_end(key)
+            return fn
+        fn = _segment_fns[key] = _compile_segment(segment, skip_floats)
+        while len(_segment_fns) > _MAX_SEGMENT_FNS:
+            _segment_fns.popitem(last=False)
+    return fn
 
 
 def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:
@@ -172,7 +213,7 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
             step.invars = used
             step.outvars = [v for e in step.eqns for v in e.outvars
                             if not _is_dropvar(v) and v in needed_later]
-            step.fn = _compile_segment(step, skip_floats)
+            step.fn = _segment_fn(step, skip_floats)
             needed_later -= defined
             needed_later.update(used)
         else:
@@ -253,7 +294,7 @@ def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Seq
         invals = [read_atom(env, v) for v in eqn.invars]
         ctx.eqn = eqn
         if entry.is_generator:
-            if eqn.params and _has_subjaxprs(eqn):
+            if eqn.params and _has_subjaxprs(program, eqn):
                 # Pallas clips source tracebacks at each traced body: an equation inside
                 # (e.g. the DMA of a sync_copy) may have no user frame; it gets ours.
                 ctx.frame_stack.append(current_frames(ctx))
@@ -273,14 +314,11 @@ def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Seq
     return [read_atom(env, v) for v in jaxpr.outvars]
 
 
-_SUBJAXPRS: dict[int, bool] = {}
-
-
-def _has_subjaxprs(eqn: jax_core.JaxprEqn) -> bool:
-    key = id(eqn)
-    known = _SUBJAXPRS.get(key)
+def _has_subjaxprs(program: Program, eqn: jax_core.JaxprEqn) -> bool:
+    key = id(eqn)  # the program keeps its equations alive: the id stays theirs
+    known = program.nested.get(key)
     if known is None:
-        known = _SUBJAXPRS[key] = any(True for _ in jax_core.jaxprs_in_params(eqn.params))
+        known = program.nested[key] = any(True for _ in jax_core.jaxprs_in_params(eqn.params))
     return known
 
 

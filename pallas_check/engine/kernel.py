@@ -8,8 +8,9 @@ padded by the uninitialized fill. Findings go to the `CallState`; nothing is pri
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import functools
+import threading
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -23,7 +24,7 @@ from jax._src.state import indexing as state_indexing
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
-from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr
+from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr, structure_key
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
 from pallas_check.checkers import bounds, init, pipeline, semaphores
 from pallas_check.checkers import deadlock as deadlock_checker
@@ -89,9 +90,22 @@ def _program_axes(grid_mapping: Any) -> list[int]:
     return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]
 
 
-@functools.lru_cache(maxsize=512)
+_MAX_INDEX_MAP_FNS = 512
+_index_map_fns: "collections.OrderedDict[tuple, Callable[..., Any]]" = collections.OrderedDict()
+_index_map_lock = threading.Lock()
+
+
 def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
-    """All grid points' block indices in one vectorised, compiled call."""
+    """All grid points' block indices in one vectorised, compiled call. Cached by the index
+    map's structure and constants (an eager call traces its index maps anew every time),
+    bounded."""
+    key = (structure_key(index_map_jaxpr.jaxpr), _consts_key(index_map_jaxpr.consts),
+           num_grid, num_scalars)
+    with _index_map_lock:
+        fn = _index_map_fns.get(key)
+        if fn is not None:
+            _index_map_fns.move_to_end(key)
+            return fn
     closed = _discharged(index_map_jaxpr)
     n_out = len(index_map_jaxpr.jaxpr.outvars)
 
@@ -99,7 +113,17 @@ def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scal
         return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
 
     in_axes = (0,) * num_grid + (None,) * num_scalars
-    return jax.jit(jax.vmap(one, in_axes=in_axes))
+    fn = jax.jit(jax.vmap(one, in_axes=in_axes))
+    with _index_map_lock:
+        _index_map_fns[key] = fn
+        while len(_index_map_fns) > _MAX_INDEX_MAP_FNS:
+            _index_map_fns.popitem(last=False)
+    return fn
+
+
+def _consts_key(consts: Sequence[Any]) -> tuple:
+    values = [np.asarray(c) for c in consts]
+    return tuple((v.shape, v.dtype.str, v.tobytes()) for v in values)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import dataclasses
 import random
 from typing import Any, Generator
 
+from pallas_check.engine import progress
 from pallas_check.engine.sync import Wait
 
 PRIORITY_CHANGE_POINTS = 3
@@ -76,6 +77,7 @@ class Scheduler:
                 raise Deadlock([(a.name, a.waiting) for a in live if a.waiting is not None])
             actor = self.pick(runnable)
             actor.waiting = None
+            progress.beat()
             try:
                 request = next(actor.gen)
             except StopIteration as stop:

@@ -13,15 +13,21 @@ class Reporter(Protocol):
     def render(self, report: RunReport, stream: TextIO) -> None: ...
 
 
-FORMATS = ("table", "json", "sarif")  # the names `--format` accepts
+FORMATS = ("table", "json", "sarif", "text")  # the names `--format` accepts
 
 
-def reporter_for(fmt: str) -> Reporter:
-    """The reporter of a format name ('table', 'json', 'sarif')."""
+def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None) -> Reporter:
+    """The reporter of a format name ('table', 'json', 'sarif', 'text'). ascii_only and
+    width describe where a table will be shown (a terminal that cannot draw boxes, its
+    columns); the machine formats ignore them."""
     if fmt == "table":
         from pallas_check.report.table import TableReporter
 
-        return TableReporter()
+        return TableReporter(ascii_only=ascii_only, width=width)
+    if fmt == "text":
+        from pallas_check.report.text import TextReporter
+
+        return TextReporter()
     if fmt == "json":
         from pallas_check.report.json import JsonReporter
 

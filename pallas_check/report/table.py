@@ -6,12 +6,14 @@ import os
 from collections import defaultdict
 from typing import TextIO
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.model import RunReport, replay_command
+from pallas_check.report.paths import display_path, display_text
 
 _TITLES = {
     FindingKind.OUT_OF_BOUNDS: "Out-of-bounds accesses",
@@ -25,14 +27,7 @@ _TITLES = {
 }
 
 
-def _path(file: str) -> str:
-    try:
-        rel = os.path.relpath(file)
-        if not rel.startswith(".."):
-            return rel
-    except ValueError:
-        pass
-    return file
+_path = display_path
 
 
 def _where(frame: SourceFrame | None) -> Text:
@@ -52,20 +47,29 @@ def _print_source(console: Console, index: int, f: Finding) -> None:
         console.print(Text(f"      {frame.code}", style="bold"), soft_wrap=True)
 
 
+def _buffer(f: Finding) -> str:
+    return f.buffer + format_range(f.index_range)
+
+
 def _row(index: int, f: Finding) -> list[Text | str]:
-    buffer = f.buffer + format_range(f.index_range)
+    buffer = _buffer(f)
     if f.memory_space:
-        buffer += f" ({f.memory_space})"
+        buffer += f"\n({f.memory_space})"
     grid = "" if f.grid_point is None else str(tuple(f.grid_point))
     count = f"×{f.count}" if f.count > 1 else ""
     return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
-            _where(f.location), Text(f.message), count]
+            _where(f.location), Text(display_text(f.message)), count]
 
 
 class TableReporter:
+    def __init__(self, ascii_only: bool = False, width: int | None = None) -> None:
+        self.ascii_only = ascii_only
+        self.width = width  # the columns of the terminal it is shown on (None: a file)
+
     def render(self, report: RunReport, stream: TextIO) -> None:
-        console = Console(file=stream, width=max(100, _width(stream)), highlight=False,
-                          soft_wrap=False)
+        width = self.width if self.width is not None else _width(stream)
+        console = Console(file=stream, width=max(60, width), highlight=False,
+                          soft_wrap=False, emoji=False, legacy_windows=False)
         groups: dict[FindingKind, list[Finding]] = defaultdict(list)
         for f in report.findings:
             groups[f.kind].append(f)
@@ -74,54 +78,106 @@ class TableReporter:
             items = groups.get(kind)
             if not items:
                 continue
-            table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
-                          show_lines=True, expand=True)
-            # Flexible (ratio) columns ignore min_width in rich: the kernel column is sized
-            # by its content, so a name is folded only when it is very long.
-            name_width = min(24, max(len(f.kernel.name) for f in items))
-            for col, ratio in (("#", 0), ("kernel", 0), ("buffer", 2), ("grid point", 1),
-                               ("where", 3), ("what", 5), ("count", 0)):
-                table.add_column(col, ratio=ratio or None, overflow="fold",
-                                 max_width=name_width if col == "kernel" else None)
             first = n + 1
-            for f in items:
-                n += 1
-                table.add_row(*_row(n, f))
-            console.print(table)
+            n += len(items)
+            if width >= WIDE:
+                console.print(self._table(kind, items, first, width))
+            else:
+                _print_blocks(console, kind, items, first)
             for index, f in enumerate(items, start=first):
                 _print_source(console, index, f)
                 if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
                                            FindingKind.DEADLOCK):
                     _print_accesses(console, f)
-                if kind in (FindingKind.RACE, FindingKind.DEADLOCK) or _explores(report):
-                    console.print(Text("      replay: ", style="dim")
+                console.print(Text("      replay: ", style="dim")
                                   + Text(replay_command(report.script, report.config, f.seed,
                                                        report.rerun, report.script_args)),
                                   soft_wrap=True)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
-        calls = len(report.calls)
+        summary = summary_line(report)
+        style = "bold green" if not report.findings else "bold red"
+        console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style),
+                      soft_wrap=True)
+
+
+    def _table(self, kind: FindingKind, items: list[Finding], first: int,
+               width: int) -> Table:
+        table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
+                      show_lines=True, expand=True,
+                      box=box.ASCII if self.ascii_only else box.HEAVY_HEAD)
+        # Flexible (ratio) columns ignore min_width in rich: the kernel column is sized by
+        # its content (never narrower than its header), folded only when very long.
+        name_width = min(24, max(len("kernel"), *(len(f.kernel.name) for f in items)))
+        # file:line and the buffer's range are not folded mid-token: their columns are as
+        # wide as their longest entry (within reason).
+        where_width = min(max(20, width // 3),
+                          max(len(_where(f.location).plain) for f in items))
+        buffer_width = min(max(16, width // 4),
+                           max(len("buffer"), *(len(_buffer(f)) for f in items)))
+        for col, ratio in (("#", 0), ("kernel", 0), ("buffer", 2), ("grid point", 1),
+                           ("where", 3), ("what", 5), ("count", 0)):
+            fixed = {"kernel": name_width, "where": where_width,
+                     "buffer": buffer_width}.get(col)
+            table.add_column(col, ratio=None if fixed else ratio or None,
+                             overflow="fold", min_width=fixed, max_width=fixed)
+        for index, f in enumerate(items, start=first):
+            table.add_row(*_row(index, f))
+        return table
+
+
+WIDE = 110  # narrower terminals get one block per finding instead of a table
+
+
+def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
+                  first: int) -> None:
+    """Findings for a narrow terminal: a heading line per finding, then its message."""
+    console.print(Text(f"{_TITLES[kind]} ({len(items)})", style="bold"))
+    for index, f in enumerate(items, start=first):
+        head = Text(f"#{index} ", style="bold") + _where(f.location) + Text(
+            f"  {f.kernel.name} (call {f.call_index})  {_buffer(f)}")
+        if f.memory_space:
+            head += Text(f" ({f.memory_space})")
+        if f.grid_point is not None:
+            head += Text(f"  grid point {tuple(f.grid_point)}")
+        if f.count > 1:
+            head += Text(f"  ×{f.count}")
+        console.print(head)
+        console.print(Text(display_text(f.message)), overflow="fold")
+    console.print()
+
+
+def summary_line(report: RunReport) -> str:
+    """`N findings in M pallas_calls`, saying so when nothing was checked or the run
+    did not finish."""
+    calls = len(report.calls)
+    if report.internal_error:
+        summary = (f"stopped by an error of pallas-check after {calls}"
+                   f" pallas_call{'s' if calls != 1 else ''};"
+                   f" {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
+                   " until then")
+    elif calls == 0:
+        summary = ("no pallas_call was checked: the script made none"
+                   " (or its calls never ran)")
+    else:
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
-        if report.partial:
-            summary += " (partial: the run did not finish)"
-        style = "bold green" if not report.findings else "bold red"
-        console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style))
+    if report.partial:
+        summary += " (partial: the run did not finish)"
+    return summary
 
 
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
                    internal_error: str | None) -> None:
     """The script's failure (with its traceback) and pallas-check's own, if any."""
     if user_error:
-        console.print(Text("The script failed: ", style="bold red") + Text(user_error))
+        console.print(Text("The script failed: ", style="bold red") + Text(user_error),
+                      soft_wrap=True)
         if user_traceback:
-            console.print(Text(user_traceback.rstrip()))
+            console.print(Text(user_traceback.rstrip()), soft_wrap=True)
     if internal_error:
-        console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error))
-
-
-def _explores(report: RunReport) -> bool:
-    return report.config.get("schedules", 1) > 1 or report.config.get("dma_mode") == "random"
+        console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error),
+                      soft_wrap=True)
 
 
 def _print_accesses(console: Console, f: Finding) -> None:
@@ -132,12 +188,13 @@ def _print_accesses(console: Console, f: Finding) -> None:
         where = a.frames[0] if a.frames else None
         loc = f"{_path(where.file)}:{where.line}  {where.code}" if where else "?"
         grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
-        console.print(f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
-                      f"{grid}: {loc}", highlight=False, markup=False, soft_wrap=True)
+        console.print(display_text(
+            f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
+            f"{grid}: {loc}"), highlight=False, markup=False, soft_wrap=True)
 
 
 def _width(stream: TextIO) -> int:
     try:
         return os.get_terminal_size(stream.fileno()).columns
     except (OSError, AttributeError, ValueError):
-        return 140
+        return 120  # a file or a pipe: wide enough for the columns, narrow enough to read

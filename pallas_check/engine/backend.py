@@ -1,0 +1,30 @@
+"""The engine's own CPU client: every computation the engine starts runs there.
+
+The engine runs inside a host callback of the user's computation. Computations it started
+on JAX's default CPU client could queue behind work of the user's that waits for that very
+callback (a jitted kernel in a loop hung this way). A private client shares no queue, thread
+pool or device with the user's runtime, so nothing the engine runs can wait on the callback
+it runs in. It is synchronous: the engine's small segments execute inline on the calling
+thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _client() -> Any:
+    from jax._src.lib import xla_client
+
+    return xla_client.make_cpu_client(asynchronous=False)
+
+
+def engine_device() -> Any:
+    """The device of the engine's private CPU client (created on first use)."""
+    with _lock:
+        return _client().devices()[0]

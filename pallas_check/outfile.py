@@ -1,0 +1,106 @@
+"""Where a report goes when `--output FILE` is given, and how it is written there safely.
+
+A report file is checked before the script runs (a bad target is a usage error, exit 2,
+before any work is lost) and written after it:
+
+- `-` is standard output;
+- a regular file (or a new one) is replaced atomically: a temporary file in the same
+  folder, then a rename, so a reader sees the old report or the whole new one;
+- a symlink is followed: its target is replaced atomically, in the target's folder, and
+  the link stays a link;
+- a device, FIFO or socket (`/dev/null`, `>(cat)`) is written directly, never replaced;
+- a folder, the script itself, or a place we may not write is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+STDOUT = "-"
+
+
+class OutputError(Exception):
+    """The report cannot go where `--output` says (one line, names the path)."""
+
+
+def is_stdout(path: Path | str | None) -> bool:
+    return path is not None and str(path) == STDOUT
+
+
+def check_target(path: Path, script: Path | None = None) -> None:
+    """Raise OutputError unless a report can be written to `path` after the run."""
+    if is_stdout(path):
+        return
+    real = Path(os.path.realpath(path))
+    if script is not None and script.exists() and real == Path(os.path.realpath(script)):
+        raise OutputError(f"--output {path} is the script itself; refusing to overwrite it")
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        _check_new_file(path, real)
+        return
+    except OSError as exc:
+        raise OutputError(f"cannot use --output {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"--output {path} is a folder, not a file")
+    if not os.access(real, os.W_OK):
+        if stat.S_ISREG(info.st_mode) and os.access(real.parent, os.W_OK):
+            return  # a read-only file in a writable folder is replaced, as `mv` would
+        raise OutputError(f"cannot write --output {path}: permission denied")
+    if stat.S_ISREG(info.st_mode) and not os.access(real.parent, os.W_OK | os.X_OK):
+        return  # written in place (see write_report)
+
+
+def _check_new_file(path: Path, real: Path) -> None:
+    folder = real.parent
+    while not folder.exists():
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"cannot create --output {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot create --output {path}: {folder} is not writable")
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write `text` to `path` as described above (call check_target first)."""
+    real = Path(os.path.realpath(path))
+    try:
+        info: os.stat_result | None = os.stat(real)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        # A device, FIFO or socket: written into, never replaced.
+        with open(real, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    if info is not None and not os.access(real.parent, os.W_OK | os.X_OK):
+        with open(real, "w", encoding="utf-8") as handle:  # no folder to stage a copy in
+            handle.write(text)
+        return
+    _replace_atomically(real, text, None if info is None else stat.S_IMODE(info.st_mode))
+
+
+def _replace_atomically(path: Path, text: str, mode: int | None) -> None:
+    """A temporary file in `path`'s folder, then a rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is None:  # a new file: what `open` would give (mkstemp's is 0600)
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
