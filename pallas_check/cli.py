@@ -140,7 +140,8 @@ def run(
     script_args: Optional[List[str]] = typer.Argument(
         None, help="Arguments for the script (put them after --)."),
     dma: DmaMode = typer.Option(DmaMode.ON_WAIT, "--dma",
-                                help="When DMAs copy: at start (eager) or at their wait."),
+                                help="When DMAs copy: at their start (eager), at their wait (on_wait), or at"
+                                     " scheduler-chosen points between the two (random)."),
     uninit: UninitFill = typer.Option(UninitFill.NAN, "--uninit",
                                       help="Fill of never-written memory."),
     skip_floats: bool = typer.Option(False, "--skip-floats",

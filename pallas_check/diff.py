@@ -337,14 +337,14 @@ def _output_names(params: dict) -> list[str]:
 
 @contextlib.contextmanager
 def _on_cpu() -> Iterator[None]:
-    """Our engine and JAX's interpreters run on the CPU even where the default device is an
-    accelerator: calling back into a busy accelerator from its own callback can deadlock."""
+    """Our engine and JAX's interpreters run on the engine's own CPU client (whatever the
+    default device is): computations started from inside a callback must not wait for the
+    runtime that waits for the callback."""
     import jax
 
-    if jax.default_backend() == "cpu":
-        yield
-        return
-    with jax.default_device(jax.devices("cpu")[0]):
+    from pallas_check.engine.backend import engine_device
+
+    with jax.default_device(engine_device()):
         yield
 
 
@@ -368,9 +368,11 @@ class DiffSession:
                     mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None
                     ) -> list[np.ndarray]:
         from pallas_check.engine.kernel import kernel_info
+        from pallas_check.intercept import split_call_site
 
         with _on_cpu():
             ours = self.ours.handle_call(params, operands, device, mesh_axes)
+            params, _ = split_call_site(params)
             with self._lock:
                 index = next(self._seq.setdefault(device, itertools.count()))
             kernel = kernel_info(params)

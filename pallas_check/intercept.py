@@ -166,6 +166,9 @@ def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., A
     def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
+        # Where the script made the call (the innermost frame of the user's code).
+        frames = _user_frames_of(ctx.traceback)
+        params[CALL_SITE] = frames[0] if frames else None
 
         def impl(*args: Any) -> Any:
             axes = _mesh_axes()
@@ -184,6 +187,33 @@ def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., A
         return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
 
     return lowering
+
+
+# The key under which a replace-mode handler finds, in `params`, the SourceFrame of the
+# script's line that made the call (or None); not a parameter of the primitive.
+CALL_SITE = "pallas_check_call_site"
+
+
+def split_call_site(params: dict) -> tuple[dict, Any]:
+    """The primitive's own params and the call site the lowering added (or None)."""
+    if CALL_SITE not in params:
+        return params, None
+    params = dict(params)
+    return params, params.pop(CALL_SITE)
+
+
+def _user_frames_of(traceback: Any) -> tuple:
+    from pallas_check.sourceinfo import user_frames
+
+    class _Info:  # user_frames reads a source_info's traceback
+        pass
+
+    info = _Info()
+    info.traceback = traceback  # type: ignore[attr-defined]
+    try:
+        return user_frames(info, limit=1)
+    except Exception:  # noqa: BLE001 - a missing call site is no reason to fail the call
+        return ()
 
 
 # What the hardware lowering is given as `interpret=`: False (Mosaic on a TPU, Triton or

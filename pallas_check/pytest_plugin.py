@@ -7,7 +7,7 @@ neither JAX nor the engine before that). With it, each test's call phase runs in
 text; a test that failed on its own keeps its failure and gets the table as an extra report
 section. `@pytest.mark.pallas_check_skip` runs a test without interception.
 
-Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait`,
+Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait|random`,
 `--pallas-check-uninit nan|zero`; the other settings of `[tool.pallas-check]` in the
 pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
 these flags over them. One session per test and per process, so pytest-xdist (`-n N`) needs
@@ -20,6 +20,8 @@ import io
 from typing import Any, Generator
 
 import pytest
+
+from pallas_check.config import DmaMode, UninitFill  # plain enums: no JAX imported
 
 MARKER = "pallas_check_skip"
 SECTION = "pallas-check"
@@ -34,10 +36,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          " pallas-check; findings fail the test.")
     group.addoption("--pallas-check-races", action="store_true", default=None,
                     help="Also detect data races (happens-before).")
-    group.addoption("--pallas-check-dma", choices=("eager", "on_wait"), default=None,
-                    help="When DMAs copy: at start (eager) or at their wait (on_wait).")
-    group.addoption("--pallas-check-uninit", choices=("nan", "zero"), default=None,
-                    help="Fill of never-written memory.")
+    group.addoption("--pallas-check-dma", choices=[m.value for m in DmaMode], default=None,
+                    help="When DMAs copy: at start (eager), at their wait (on_wait), or at"
+                         " scheduler-chosen points (random).")
+    group.addoption("--pallas-check-uninit", choices=[m.value for m in UninitFill],
+                    default=None, help="Fill of never-written memory.")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -33,6 +33,7 @@ class CallSummary:
     seconds: float
     findings: int
     devices: int = 1
+    call_site: Any = None  # SourceFrame of the script's line that made the call, if known
 
 
 def _return_freed_memory() -> None:
@@ -89,6 +90,9 @@ class Session:
         (one device: the engine simulates the outputs in them)."""
         from pallas_check.engine import progress
         from pallas_check.engine.kernel import MeshInfo
+        from pallas_check.intercept import split_call_site
+
+        params, call_site = split_call_site(params)
 
         with self._lock:
             self.calls_in_flight += 1
@@ -96,27 +100,28 @@ class Session:
         try:
             mesh = MeshInfo(tuple(mesh_axes))
             if mesh.num_devices == 1:
-                return self._simulate(params, [operands], mesh, results)[0]
-            return self._rendezvous(params, operands, device, mesh)
+                return self._simulate(params, [operands], mesh, results, call_site)[0]
+            return self._rendezvous(params, operands, device, mesh, call_site)
         finally:
             with self._lock:
                 self.calls_in_flight -= 1
             progress.beat()
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
-                    mesh: Any) -> list[np.ndarray]:
+                    mesh: Any, call_site: Any = None) -> list[np.ndarray]:
         from pallas_check.engine.rendezvous import RendezvousTimeout
 
         try:
             return self._meeting_point.meet(
                 device, mesh.num_devices, operands,
-                lambda ordered: self._simulate(params, ordered, mesh))
+                lambda ordered: self._simulate(params, ordered, mesh, None, call_site))
         except RendezvousTimeout as exc:
             self._fail(str(exc))
             raise EngineFailure(self.engine_error) from exc
 
     def _simulate(self, params: dict, device_operands: list, mesh: Any,
-                  results: Sequence[np.ndarray] | None = None) -> list[list[np.ndarray]]:
+                  results: Sequence[np.ndarray] | None = None,
+                  call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.engine.evaluate import KernelError
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
@@ -157,7 +162,7 @@ class Session:
         with self._lock:
             self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
                                           time.perf_counter() - started, len(result.findings),
-                                          mesh.num_devices))
+                                          mesh.num_devices, call_site))
         return result.outputs
 
     def _fail(self, message: str) -> None:

@@ -13,6 +13,7 @@ the variable); the command line turns it into one line and exit 2.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import inspect
 import os
@@ -25,6 +26,9 @@ from typing import Any, Callable, Mapping
 TABLE = "pallas-check"
 ENV_PREFIX = "PALLAS_CHECK_"
 HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`
+# Variables with our prefix that are not options: a traceback for bug reports, and those the
+# pytest plugin and the hook set for the processes they start.
+OTHER_VARIABLES = ("PALLAS_CHECK_DEBUG",)
 
 
 class SettingsError(Exception):
@@ -200,8 +204,8 @@ def load_settings(command: Callable[..., Any], cwd: Path | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
     """Settings for `command` (a typer command function, e.g. `cli.run`).
 
-    Reads the nearest pyproject.toml from `cwd` up, then `PALLAS_CHECK_<KEY>` variables
-    (unknown variables are left alone: the prefix is shared with e.g. PALLAS_CHECK_DEBUG).
+    Reads the nearest pyproject.toml from `cwd` up, then `PALLAS_CHECK_<KEY>` variables;
+    a variable with the prefix that names no option (a typo) is an error, not ignored.
     """
     specs = option_specs(command)
     environ = os.environ if environ is None else environ
@@ -211,6 +215,13 @@ def load_settings(command: Callable[..., Any], cwd: Path | None = None,
         if table is not None:
             settings.has_table = True
             _apply_table(settings, specs, table)
+    known = {spec.env for spec in specs.values()} | set(OTHER_VARIABLES)
+    for variable in sorted(environ):
+        if variable.startswith(ENV_PREFIX) and variable not in known:
+            close = difflib.get_close_matches(variable, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise SettingsError(f"unknown environment variable {variable}{hint} (known:"
+                                f" {', '.join(sorted(known))})")
     for spec in specs.values():
         if spec.env in environ:
             try:

@@ -80,7 +80,9 @@ def test_json_report_fields(cli, script):
     assert [c["kernel"] for c in calls] == ["shifted_kernel", "half_kernel"]
     assert [c["index"] for c in calls] == [0, 1]
     assert calls[0]["grid"] == [GRID] and calls[0]["file"] == str(script)
-    assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings"} for c in calls)
+    assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site"}
+               for c in calls)
+    assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)
 
     assert report["summary"] == {"findings": 2,
                                  "by_kind": {"out-of-bounds": 1, "unwritten-output": 1}}

@@ -434,32 +434,38 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     carried = carried if carried is not None else {}
     schedules = max(1, config.schedules)
     findings: list[Finding] = []
-    seen: set[tuple] = set()
+    seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
     result: DevicesResult | None = None
     chosen_carried = dict(carried)
+    tried = 0
     for i in range(schedules):
         trial_carried = dict(carried)
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
                               mesh, trial_carried, results if i == 0 else None)
+        tried += 1
         if progress is not None:
             progress(i + 1, schedules)
         if result is None or (trial.findings and not findings):
             result, chosen_carried = trial, trial_carried
         # Every occurrence is kept (the store counts them); a defect already seen under an
         # earlier seed is not reported again under a later one.
-        keys = set()
+        keys: set[tuple] = set()
         for finding in trial.findings:
             if finding.seed is None:
                 finding.seed = config.seed + i
             key = finding.merge_key()
             if key not in seen:
                 findings.append(finding)
-                keys.add(key)
-        seen |= keys
+            keys.add(key)
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
         if findings and not config.keep_going:
             break
     assert result is not None
+    if schedules > 1:
+        for finding in findings:
+            finding.details["schedules"] = [seen[finding.merge_key()], tried]
     carried.clear()
     carried.update(chosen_carried)
     return DevicesResult(result.outputs, findings)

@@ -418,7 +418,7 @@ def resolve(view: RefView) -> Region:
     post: list = []
     oob: list[OutOfBounds] = []
     for transform in view.transforms:
-        if post or not isinstance(transform, state_indexing.NDIndexer) or _has_array_index(
+        if post or not isinstance(transform, state_indexing.NDIndexer) or has_array_index(
             transform
         ):
             post.append(transform)
@@ -444,7 +444,7 @@ def resolve(view: RefView) -> Region:
     return Region(buffer, dims, post, oob)
 
 
-def _has_array_index(indexer: Any) -> bool:
+def has_array_index(indexer: Any) -> bool:
     for idx in indexer.indices:
         if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
             return True

@@ -14,6 +14,7 @@ from jax._src.lax import control_flow as lax_control_flow
 from jax._src.lax import lax as lax_internal
 from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src import pjit
 from jax._src.lax import parallel as lax_parallel
@@ -21,6 +22,7 @@ from jax._src.lax import parallel as lax_parallel
 from pallas_check.engine import memory
 from pallas_check.engine.evaluate import (
     KernelError,
+    UnsupportedPrimitive,
     current_frames,
     eval_closed,
     eval_jaxpr,
@@ -75,6 +77,13 @@ def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = 
 
 
 def _resolve(ctx: Any, view: RefView) -> Region:
+    for transform in view.transforms:
+        if (isinstance(transform, state_indexing.NDIndexer)
+                and memory.has_array_index(transform)):
+            raise UnsupportedPrimitive(
+                f"indexing {view.buffer.name} with an array of indices (a gather or scatter)"
+                " does not lower on TPU: Mosaic takes only scalar and slice indices into a"
+                " ref", current_frames(ctx))
     try:
         return memory.resolve(view)
     except memory.UnsupportedTransform as exc:

@@ -45,8 +45,13 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
     """The command that reproduces a finding: same options, the finding's seed."""
     seed = seed if seed is not None else config.get("seed", 0)
     if rerun is not None and not rerun.startswith("pallas-check"):
-        # Under pytest the options are the plugin's; name them as such.
+        # Under pytest the options are the plugin's; name them as such (the others come
+        # from [tool.pallas-check], which the rerun reads again).
         flags = " --pallas-check-races" if config.get("races") else ""
+        for key, flag in (("dma_mode", "--pallas-check-dma"), ("uninit", "--pallas-check-uninit")):
+            default = dict((k, d) for k, _, d in _REPLAY_OPTIONS)[key]
+            if config.get(key, default) != default:
+                flags += f" {flag} {config[key]}"
         return f"{rerun}{flags} (seed {seed})"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for key, flag, default in _REPLAY_OPTIONS:

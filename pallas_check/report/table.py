@@ -51,6 +51,15 @@ def _buffer(f: Finding) -> str:
     return f.buffer + format_range(f.index_range)
 
 
+def _message(f: Finding) -> str:
+    """The finding's message, with in how many explored schedules it appeared."""
+    message = display_text(f.message)
+    schedules = f.details.get("schedules")
+    if schedules:
+        message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
+    return message
+
+
 def _row(index: int, f: Finding) -> list[Text | str]:
     buffer = _buffer(f)
     if f.memory_space:
@@ -58,7 +67,7 @@ def _row(index: int, f: Finding) -> list[Text | str]:
     grid = "" if f.grid_point is None else str(tuple(f.grid_point))
     count = f"×{f.count}" if f.count > 1 else ""
     return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
-            _where(f.location), Text(display_text(f.message)), count]
+            _where(f.location), Text(_message(f)), count]
 
 
 class TableReporter:
@@ -70,6 +79,8 @@ class TableReporter:
         width = self.width if self.width is not None else _width(stream)
         console = Console(file=stream, width=max(60, width), highlight=False,
                           soft_wrap=False, emoji=False, legacy_windows=False)
+        call_sites = {c.index: c.call_site for c in report.calls
+                      if getattr(c, "call_site", None) is not None}
         groups: dict[FindingKind, list[Finding]] = defaultdict(list)
         for f in report.findings:
             groups[f.kind].append(f)
@@ -86,6 +97,11 @@ class TableReporter:
                 _print_blocks(console, kind, items, first)
             for index, f in enumerate(items, start=first):
                 _print_source(console, index, f)
+                site = call_sites.get(f.call_index)
+                if site is not None:
+                    console.print(Text("      called from ", style="dim") + _where(site)
+                                  + Text(f"  {site.code}" if site.code else ""),
+                                  soft_wrap=True)
                 if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
                                            FindingKind.DEADLOCK):
                     _print_accesses(console, f)
@@ -143,7 +159,7 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
         if f.count > 1:
             head += Text(f"  ×{f.count}")
         console.print(head)
-        console.print(Text(display_text(f.message)), overflow="fold")
+        console.print(Text(_message(f)), overflow="fold")
     console.print()
 
 

@@ -1,6 +1,7 @@
 """A tiny BlockSpec kernel called in a loop whose every output feeds the next JAX op.
 
-Usage: kernel_loop.py N MODE [sync], MODE one of jit, eager, vmap, shard_map (2 devices). It
+Usage: kernel_loop.py N MODE [sync], MODE one of jit, eager, vmap, shard_map (2 devices),
+eager-interpret (JAX's interpret=True, no pallas-check). It
 checks and prints the final value of one element (each call adds 1e-3 everywhere). With
 `sync` every step is waited for before the next is dispatched.
 """
@@ -18,9 +19,9 @@ def add_kernel(x_ref, y_ref, o_ref):
     o_ref[...] = x_ref[...] + y_ref[...]
 
 
-def add(x, y):
+def add(x, y, interpret=False):
     return pl.pallas_call(
-        add_kernel,
+        add_kernel, interpret=interpret,
         grid=(x.shape[0] // 8,),
         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))] * 2,
         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
@@ -33,6 +34,8 @@ def step_function(mode: str):
         return jax.jit(add)
     if mode == "eager":
         return add
+    if mode == "eager-interpret":  # JAX's own interpreter, for the eager benchmark
+        return lambda x, y: add(x, y, interpret=True)
     if mode == "vmap":
         return jax.jit(jax.vmap(add))
     if mode == "shard_map":
