@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from pallas_check.config import Config, DmaMode, UninitFill
-from pallas_check.exitcodes import ExitCode
+from pallas_check.exitcodes import ExitCode, exit_code_for
 
 FIRST_MISMATCHES = 5
 
@@ -325,10 +325,10 @@ class CallDiff:
 def _output_names(params: dict) -> list[str]:
     n_out = len(params["out_avals"])
     try:
-        from pallas_check.engine.kernel import _kernel_arg_names
+        from pallas_check.engine.kernel import kernel_arg_names
 
         gm = params["grid_mapping"]
-        names = _kernel_arg_names(params["jaxpr"])
+        names = kernel_arg_names(params["jaxpr"])
         start = gm.num_index_operands + gm.num_inputs
         return [names[start + j] for j in range(n_out)]
     except Exception:  # noqa: BLE001 - names are a nicety
@@ -437,25 +437,16 @@ class DiffReport:
         return sum(1 for c in self.calls for o in c.outputs if o.mismatches)
 
 
-def exit_code_for(mismatches: int, user_failed: bool, failed: bool) -> ExitCode:
-    """Our failure (or the other side's) outranks the user's; the user's outranks a diff."""
-    if failed:
-        return ExitCode.INTERNAL
-    if user_failed:
-        return ExitCode.USER_ERROR
-    return ExitCode.FINDINGS if mismatches else ExitCode.CLEAN
-
-
 def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
                         rtol: float | None, atol: float | None, fmt: str,
                         output: Path | None) -> ExitCode:
     from pallas_check.delivery import deliver
     from pallas_check.execfile import run_script
     from pallas_check.report.diff import render
-    from pallas_check.runner import _callback_failures, config_dict, short_error
+    from pallas_check.runner import callback_failures, config_dict, short_error
 
     session = DiffSession(config, side, rtol, atol)
-    with _callback_failures() as ours, session.install():
+    with callback_failures() as ours, session.install():
         outcome = run_script(script, args)
     error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
     error = short_error(error) if error else None

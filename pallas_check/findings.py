@@ -180,3 +180,18 @@ def _sort_key(f: Finding) -> tuple:
         loc.line if loc else 0,
         f.grid_point or (),
     )
+
+
+@dataclasses.dataclass
+class CallSummary:
+    """What the report says about one pallas_call: which kernel, its grid, its cost."""
+
+    index: int
+    kernel: str
+    file: str
+    line: int
+    grid: tuple[int, ...]
+    seconds: float
+    findings: int
+    devices: int = 1
+    call_site: SourceFrame | None = None  # SourceFrame of the script's line that made the call, if known

@@ -233,11 +233,11 @@ def run_native_and_report(script: str, args: Sequence[str], fmt: str,
     from pallas_check.delivery import deliver
     from pallas_check.execfile import run_script
     from pallas_check.intercept import intercepted
-    from pallas_check.runner import _callback_failures, one_line
+    from pallas_check.runner import callback_failures, one_line
 
     recorder = NativeRecorder()
     started = time.perf_counter()
-    with _callback_failures() as ours, intercepted(recorder.observe, mode="observe"):
+    with callback_failures() as ours, intercepted(recorder.observe, mode="observe"):
         outcome = run_script(script, args)
     script_seconds = time.perf_counter() - started
     internal = None

@@ -90,13 +90,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if check is None or item.get_closest_marker(MARKER) is not None:
         return (yield)
 
-    from pallas_check.runner import _callback_failures, one_line
+    from pallas_check.runner import callback_failures, one_line
     from pallas_check.session import Session
 
     session = Session(check)
     failure: BaseException | None = None
     result = None
-    with _callback_failures() as ours, session.install():
+    with callback_failures() as ours, session.install():
         try:
             result = yield
         except BaseException as exc:  # the test's own failure; re-raised below

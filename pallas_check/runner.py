@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from pallas_check.config import Config
-from pallas_check.exitcodes import ExitCode
+from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport
 
@@ -21,15 +21,6 @@ from pallas_check.report.model import RunReport
 def config_dict(config: Config) -> dict:
     return {k: (v.value if hasattr(v, "value") else v)
             for k, v in dataclasses.asdict(config).items()}
-
-
-def exit_code_for(findings: int, user_failed: bool, engine_failed: bool) -> ExitCode:
-    """Our failure outranks the user's; the user's outranks findings."""
-    if engine_failed:
-        return ExitCode.INTERNAL
-    if user_failed:
-        return ExitCode.USER_ERROR
-    return ExitCode.FINDINGS if findings else ExitCode.CLEAN
 
 
 def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
@@ -40,7 +31,7 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
 
     session = Session(config)
     finisher = _Finisher(script, args, config, fmt, output, session)
-    with (_callback_failures() as ours, session.install(), _progress_bar(session, config),
+    with (callback_failures() as ours, session.install(), _progress_bar(session, config),
           Watchdog(finisher.emergency, lambda: session.calls_in_flight),
           _reporting_os_exit(finisher), _script_stdout(fmt, output)):
         finisher.ours = ours
@@ -215,7 +206,7 @@ def _progress_bar(session: Any, config: Config) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _callback_failures() -> Iterator[list[str]]:
+def callback_failures() -> Iterator[list[str]]:
     """While active, exceptions our host callback raised that are bugs of ours (not an
     `EngineFailure`, whose message the session already holds, nor Ctrl-C) are kept."""
     from pallas_check.intercept import handler_failures

@@ -8,7 +8,6 @@ error the engine raised (so the runner can tell our failure from the user's).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import itertools
 import threading
@@ -18,22 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.findings import Finding, FindingStore
-
-
-@dataclasses.dataclass
-class CallSummary:
-    """What the report says about one pallas_call: which kernel, its grid, its cost."""
-
-    index: int
-    kernel: str
-    file: str
-    line: int
-    grid: tuple[int, ...]
-    seconds: float
-    findings: int
-    devices: int = 1
-    call_site: Any = None  # SourceFrame of the script's line that made the call, if known
+from pallas_check.findings import CallSummary, Finding, FindingStore
 
 
 def _return_freed_memory() -> None:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from pallas_check.cli import app
@@ -47,7 +46,8 @@ def test_a_wide_table_keeps_paths_and_a_short_kernel_name_whole(tmp_path):
 
 
 def test_ascii_stdout_gets_ascii_boxes_and_a_report():
-    result = run("run", "samples/oob_load_bug.py", env={"PYTHONIOENCODING": "ascii"})
+    result = run("run", "samples/oob_load_bug.py",
+                 env={"PYTHONIOENCODING": "ascii", "COLUMNS": "140"})
     assert result.returncode == 1, result.stderr
     assert "+---" in result.stdout and "pallas-check: 1 finding in 1 pallas_call" in (
         result.stdout)

@@ -489,7 +489,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat_written = [w for dev in written for w in dev]
         gm = params["grid_mapping"]
         first_output = gm.num_index_operands + gm.num_inputs
-        names = _kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
+        names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
         flat_names = [name for _ in outputs for name in names]
         findings.extend(init.uninit_findings(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
@@ -511,7 +511,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     num_bounds = gm.num_dynamic_grid_bounds
     grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
     device_operands = [list(ops)[num_bounds:] for ops in device_operands]
-    arg_names = _kernel_arg_names(jaxpr)
+    arg_names = kernel_arg_names(jaxpr)
     n_in, n_out = gm.num_inputs, gm.num_outputs
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
     aliases = {i - gm.num_index_operands: o
@@ -737,7 +737,7 @@ def split_grid(points: np.ndarray, grid: tuple[int, ...], semantics: tuple[str, 
             for c in range(cores)]
 
 
-def _kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
+def kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
     info = getattr(jaxpr, "debug_info", None)
     names = list(getattr(info, "arg_names", None) or ())
     out = []

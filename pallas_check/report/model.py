@@ -6,8 +6,7 @@ import dataclasses
 import shlex
 from typing import Any
 
-from pallas_check.findings import Finding
-from pallas_check.session import CallSummary
+from pallas_check.findings import CallSummary, Finding
 
 
 @dataclasses.dataclass
