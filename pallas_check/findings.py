@@ -194,4 +194,5 @@ class CallSummary:
     seconds: float
     findings: int
     devices: int = 1
-    call_site: SourceFrame | None = None  # SourceFrame of the script's line that made the call, if known
+    call_site: SourceFrame | None = None  # the script's line that made the call, if known
+    failed: bool = False  # pallas-check could not simulate this call (the run exits 4)

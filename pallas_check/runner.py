@@ -36,7 +36,21 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
           _reporting_os_exit(finisher), _script_stdout(fmt, output)):
         finisher.ours = ours
         outcome = run_script(script, args)
+        if session.engine_error is not None or ours:
+            _settle_failed_computations()
     return finisher.finish(outcome)
+
+
+def _settle_failed_computations() -> None:
+    """After our callback failed, JAX keeps the failed computations' tokens and raises their
+    errors again from its exit handlers (stray tracebacks of our frames after the report).
+    Wait for them here, once, and forget them: the failure is in the report already."""
+    from jax._src import dispatch
+
+    try:
+        dispatch.runtime_tokens.block_until_ready()
+    except Exception:  # noqa: BLE001 - the error we already report
+        dispatch.runtime_tokens.clear()
 
 
 class _Finisher:

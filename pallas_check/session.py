@@ -132,22 +132,36 @@ class Session:
             raise
         except KernelError as exc:
             self._fail(f"{kernel.name}: {exc.located()}")
+            self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
+                         failed=True)
             raise EngineFailure(self.engine_error) from exc
         except Exception as exc:  # our bug: keep the message, the runner exits 4
             self._fail(f"internal error while simulating {kernel.name}:"
                        f" {type(exc).__name__}: {exc}")
+            self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
+                         failed=True)
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
         _return_freed_memory()
+        self._record(index, kernel, params, device_operands, started, len(result.findings),
+                     mesh, call_site)
+        return result.outputs
+
+    def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
+                started: float, findings: int, mesh: Any, call_site: Any,
+                failed: bool = False) -> None:
+        """The call's line in the report (a call the engine failed on is marked so)."""
         from pallas_check.engine.kernel import resolve_grid
 
         gm = params["grid_mapping"]
-        grid = resolve_grid(gm.grid, device_operands[0][:gm.num_dynamic_grid_bounds])
+        try:
+            grid = resolve_grid(gm.grid, device_operands[0][:gm.num_dynamic_grid_bounds])
+        except Exception:  # noqa: BLE001 - a failed call may not even have a grid
+            grid = ()
         with self._lock:
             self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
-                                          time.perf_counter() - started, len(result.findings),
-                                          mesh.num_devices, call_site))
-        return result.outputs
+                                          time.perf_counter() - started, findings,
+                                          mesh.num_devices, call_site, failed))
 
     def _fail(self, message: str) -> None:
         with self._lock:

@@ -79,8 +79,9 @@ def test_json_report_fields(cli, script):
     assert [c["kernel"] for c in calls] == ["shifted_kernel", "half_kernel"]
     assert [c["index"] for c in calls] == [0, 1]
     assert calls[0]["grid"] == [GRID] and calls[0]["file"] == str(script)
-    assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site"}
-               for c in calls)
+    assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site",
+                          "failed"} for c in calls)
+    assert not any(c["failed"] for c in calls)
     assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)
 
     assert report["summary"] == {"findings": 2,

@@ -207,7 +207,8 @@ def test_internal_error_keeps_what_was_found_so_far(cli, tmp_path):
     assert result.report["exit_code"] == ExitCode.INTERNAL
     assert "'get_global'" in result.report["internal_error"]
     assert [f["kind"] for f in result.findings] == ["unwritten-output"]
-    assert len(result.report["calls"]) == 1
+    # The call made before the failure, and the failing call, marked.
+    assert [c["failed"] for c in result.report["calls"]] == [False, True]
 
 
 def test_sys_exit_after_findings_keeps_them(cli, tmp_path):

@@ -148,6 +148,7 @@ class CallState:
         self.deadlocked = False
         self.scheduler: Scheduler | None = None
         self.registry: dict[tuple, Buffer] = {}
+        self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
         self.collective_id: Any = None
@@ -250,14 +251,29 @@ class CallState:
             return buf
         return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
 
-    def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str) -> RefView:
-        ctx.scoped_count += 1
-        buf = self.allocate(aval, name, owner=ctx.actor)
-        return RefView(self.register(buf, ctx.device_id, ctx.core_id,
-                                     ("scoped", ctx.scoped_count)))
+    def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str,
+                        site: tuple) -> RefView:
+        """A `pl.run_scoped` allocation. The same program allocates in the same order on
+        every device and core, so an allocation is at one address for the whole kernel:
+        `site` (the run_scoped equation and the position in it) names it everywhere, and
+        what another device sent there before this core entered the scope (a semaphore
+        count, a DMA's data) is kept."""
+        key = ("scoped",) + site
+        self.scoped_avals.setdefault(key, (aval, name))
+        buf = self.registry.get((ctx.device_id, ctx.core_id, key))
+        if buf is None:
+            buf = self.register(self.allocate(aval, name, owner=ctx.actor), ctx.device_id,
+                                ctx.core_id, key)
+        return RefView(buf)
 
     def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
-        """Scoped allocations end here; semaphores among them are checked at kernel end."""
+        """The scope ends: its memory holds nothing defined any more (semaphore counts stay,
+        as on the chip, and are checked at kernel end)."""
+        for ref in refs:
+            buf = ref.buffer
+            if buf.space != MemorySpace.SEMAPHORE:
+                buf.writable()[...] = self.fill(buf.data.dtype)
+                buf.mark_written(Ellipsis, False)
 
     def register(self, buf: Buffer, device: int, core: int | None, key: tuple) -> Buffer:
         """Name a buffer by its place in the kernel, so that another device's DMA or
@@ -266,18 +282,30 @@ class CallState:
         self.registry[(device, core, key)] = buf
         return buf
 
-    def remote(self, buf: Buffer, device: int, frames: tuple = ()) -> Buffer:
-        """The buffer on `device` that corresponds to `buf` (a ref of this device)."""
-        if device == buf.device:
+    def remote(self, buf: Buffer, device: int, frames: tuple = (),
+               core: int | None = None) -> Buffer:
+        """The buffer on `device` (and `core`, when the id names a core of a TensorCore
+        mesh) that corresponds to `buf` (a ref of this core)."""
+        target_core = buf.core if core is None or buf.core is None else core
+        if device == buf.device and target_core == buf.core:
             return buf
         if not 0 <= device < self.mesh.num_devices:
             raise KernelError(f"device id {device} is outside the mesh of"
                               f" {self.mesh.num_devices} devices", frames)
-        other = self.registry.get((device, buf.core, buf.key))
+        other = self.registry.get((device, target_core, buf.key))
         if other is None and buf.key == ("barrier",):
             other = self._barrier(device)
+        if other is None and buf.key[:1] == ("scoped",) and buf.key in self.scoped_avals:
+            # The other core has not entered the scope yet: its allocation is there all
+            # the same (same address), and keeps what lands in it.
+            aval, name = self.scoped_avals[buf.key]
+            owner = (f"device {device} core {target_core}" if self.mesh.num_devices > 1
+                     else f"core {target_core}")
+            other = self.register(self.allocate(aval, name, owner=owner), device,
+                                  target_core, buf.key)
         if other is None:
-            raise KernelError(f"{buf.name} has no counterpart on device {device}", frames)
+            where = f"device {device}" + (f" core {target_core}" if core is not None else "")
+            raise KernelError(f"{buf.name} has no counterpart on {where}", frames)
         return other
 
     def barrier_semaphore(self, ctx: "CoreContext") -> RefView:
@@ -322,7 +350,6 @@ class CoreContext:
         self.eqn: Any = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
         self.rng = np.random.default_rng([device_id, core_id])
-        self.scoped_count = 0
         self.mesh = call.mesh
         self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
         # Source frames of the enclosing equations being evaluated (see current_frames).

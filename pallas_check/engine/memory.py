@@ -196,12 +196,23 @@ class Region:
         self.dims = dims  # per base dim: int or (start, size, stride)
         self.post = post
         self.oob = oob
+        # A stride of 0 (a broadcast load) has no numpy slice: such a region is read through
+        # index arrays, like an out-of-bounds one.
         self.index = tuple(
             d if isinstance(d, int) else slice(d[0], d[0] + d[1] * d[2], d[2]) if d[1] > 0
             else slice(0, 0)
             for d in dims
-        ) if not oob else None
+        ) if not oob and not self.has_zero_stride_of(dims) else None
         self.out_shape = tuple(d[1] for d in dims if not isinstance(d, int))
+
+    @staticmethod
+    def has_zero_stride_of(dims: list) -> bool:
+        return any(not isinstance(d, int) and d[1] > 1 and d[2] == 0 for d in dims)
+
+    @property
+    def zero_stride(self) -> bool:
+        """Whether some dimension repeats one element (`pl.ds(start, n, stride=0)`)."""
+        return self.has_zero_stride_of(self.dims)
 
     # -- description -------------------------------------------------------------------
     def index_range(self) -> IndexRange:
@@ -433,8 +444,10 @@ def resolve(view: RefView) -> Region:
             if isinstance(idx, state_indexing.Slice):
                 start, size, stride = _as_int(idx.start), _as_int(idx.size), int(idx.stride)
                 if size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
-                    oob.append(OutOfBounds(base_dim, f"{start}:{start + size * stride}"
-                                           + (f":{stride}" if stride != 1 else ""), size0))
+                    where = (f"{start} (stride 0, {size} times)" if stride == 0 else
+                             f"{start}:{start + size * stride}"
+                             + (f":{stride}" if stride != 1 else ""))
+                    oob.append(OutOfBounds(base_dim, where, size0))
                 dims[base_dim] = (start0 + start * stride0, size, stride0 * stride)
             else:
                 i = _as_int(idx)

@@ -58,6 +58,11 @@ def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.n
 
 def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = None) -> None:
     region = _resolve(ctx, view)
+    if region.zero_stride:
+        raise KernelError(
+            f"a store into {view.buffer.name} with a stride of 0 (pl.ds(start, n, 0)) writes"
+            " one element n times: Pallas TPU takes stride-0 slices only in loads",
+            current_frames(ctx))
     if region.oob:
         ctx.call.out_of_bounds(ctx, region, "store", mask)
     value = np.asarray(value)
@@ -244,7 +249,8 @@ def _scan(ctx, eqn, invals):
 def _run_scoped(ctx, eqn, invals):
     body = eqn.params["jaxpr"]
     names = _arg_names(body, len(body.invars), prefix="scoped")
-    refs = [ctx.call.allocate_scoped(ctx, var.aval, name) for var, name in zip(body.invars, names)]
+    refs = [ctx.call.allocate_scoped(ctx, var.aval, name, (id(eqn), position))
+            for position, (var, name) in enumerate(zip(body.invars, names))]
     try:
         outs = yield from eval_jaxpr(ctx, body, invals, refs)
     finally:

@@ -194,32 +194,60 @@ def _dma_args(eqn: Any, invals: list) -> tuple:
     return eqn.params["tree"].unflatten(invals)
 
 
-def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> int:
-    """The logical id of the device a DMA or signal is aimed at (None: this device)."""
+def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, int | None]:
+    """The logical device, and the core when the id names one, that a DMA or signal is
+    aimed at. A device id resolves over every named axis: the shard_map mesh's and, in a
+    kernel over a TensorCore mesh (core_map / pl.kernel), the core axes; core None means
+    "the same core as the sender"."""
     if device_id is None:
-        return ctx.device_id
+        return ctx.device_id, None
     mesh = ctx.call.mesh
     names = [name for name, _ in mesh.axes]
+    core_sizes = ctx.core_mesh_sizes()
     if isinstance(device_id, dict):
+        unknown = [k for k in device_id if k not in names and k not in core_sizes]
+        if unknown:
+            known = ", ".join(map(str, [*names, *core_sizes])) or "none"
+            raise KernelError(f"device id names the axis {unknown[0]!r}, which is not an axis"
+                              f" of this call (axes: {known})", current_frames(ctx))
         coords = mesh.coords(ctx.device_id)
-        coords.update({k: int(np.asarray(v)) for k, v in device_id.items()})
-        return mesh.logical(coords)
+        coords.update({k: int(np.asarray(v)) for k, v in device_id.items() if k in names})
+        cores = {k: int(np.asarray(v)) for k, v in device_id.items() if k in core_sizes}
+        return mesh.logical(coords), _core_index(ctx, cores) if cores else None
     ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
     ids = [int(np.asarray(x)) for x in ids]
     logical = getattr(device_id_type, "name", str(device_id_type)).upper().endswith("LOGICAL")
+    if core_sizes and not logical and len(ids) == len(names) + len(core_sizes):
+        device = mesh.logical(dict(zip(names, ids))) if names else ctx.device_id
+        return device, _core_index(ctx, dict(zip(core_sizes, ids[len(names):])))
     if len(ids) == 1 and (logical or len(names) <= 1):
-        return ids[0]
+        return ids[0], None
     if len(ids) == len(names):
-        return mesh.logical(dict(zip(names, ids)))
+        return mesh.logical(dict(zip(names, ids))), None
     raise KernelError(f"device id {tuple(ids)} does not match the mesh axes {names}",
                       current_frames(ctx))
 
 
-def on_device(ctx: Any, view: RefView, device: int) -> RefView:
-    """The same ref on another device (a remote DMA's destination, a remote signal)."""
-    if device == view.buffer.device:
+def _core_index(ctx: Any, cores: dict[str, int]) -> int:
+    """A core of the TensorCore mesh, by its coordinates (others: the sender's own)."""
+    sizes = ctx.core_mesh_sizes()
+    coords = {**ctx.core_coords, **cores}
+    index = 0
+    for name, size in sizes.items():
+        if not 0 <= coords[name] < size:
+            raise KernelError(f"core {coords[name]} of axis {name!r} is outside the"
+                              f" TensorCore mesh (size {size})", current_frames(ctx))
+        index = index * size + coords[name]
+    return index
+
+
+def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefView:
+    """The same ref on another device or core (a remote DMA's destination, a remote
+    signal)."""
+    device, core = target
+    if device == view.buffer.device and (core is None or core == view.buffer.core):
         return view
-    other = ctx.call.remote(view.buffer, device, current_frames(ctx))
+    other = ctx.call.remote(view.buffer, device, current_frames(ctx), core)
     return RefView(other, view.transforms)
 
 
@@ -231,6 +259,10 @@ def _dma_start(ctx, eqn, invals):
     src_region = memory.resolve(src_view)
     dst_region = memory.resolve(dst_view)
     frames = current_frames(ctx)
+    if src_region.zero_stride or dst_region.zero_stride:
+        raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
+                          " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
+                          " in loads", frames)
     if src_region.oob:
         ctx.call.out_of_bounds(ctx, src_region, "DMA source", None)
     if dst_region.oob:

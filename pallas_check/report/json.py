@@ -29,7 +29,7 @@ def report_dict(report: RunReport) -> dict[str, Any]:
         "internal_error": report.internal_error,
         "calls": [
             {"index": c.index, "kernel": c.kernel, "file": c.file, "line": c.line,
-             "grid": list(c.grid), "findings": c.findings,
+             "grid": list(c.grid), "findings": c.findings, "failed": c.failed,
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,
               "function": c.call_site.function, "code": c.call_site.code}}

@@ -166,7 +166,7 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
 def summary_line(report: RunReport) -> str:
     """`N findings in M pallas_calls`, saying so when nothing was checked or the run
     did not finish."""
-    calls = len(report.calls)
+    calls = sum(1 for c in report.calls if not getattr(c, "failed", False))
     if report.internal_error:
         summary = (f"stopped by an error of pallas-check after {calls}"
                    f" pallas_call{'s' if calls != 1 else ''};"
