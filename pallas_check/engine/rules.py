@@ -82,17 +82,18 @@ def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = 
 
 
 def _resolve(ctx: Any, view: RefView) -> Region:
-    for transform in view.transforms:
-        if (isinstance(transform, state_indexing.NDIndexer)
-                and memory.has_array_index(transform)):
-            raise UnsupportedPrimitive(
-                f"indexing {view.buffer.name} with an array of indices (a gather or scatter)"
-                " does not lower on TPU: Mosaic takes only scalar and slice indices into a"
-                " ref", current_frames(ctx))
     try:
-        return memory.resolve(view)
+        region = memory.resolve(view)
     except memory.UnsupportedTransform as exc:
         raise KernelError(f"unsupported ref transform: {exc}", current_frames(ctx))
+    # An indexer with an array of indices is left for after the plain ones (`post`).
+    if region.post and any(isinstance(t, state_indexing.NDIndexer)
+                           and memory.has_array_index(t) for t in region.post):
+        raise UnsupportedPrimitive(
+            f"indexing {view.buffer.name} with an array of indices (a gather or scatter)"
+            " does not lower on TPU: Mosaic takes only scalar and slice indices into a ref",
+            current_frames(ctx))
+    return region
 
 
 def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
