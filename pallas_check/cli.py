@@ -97,16 +97,18 @@ class Format(str, enum.Enum):
     TEXT = "text"
 
 
-def _check_output(output: Optional[Path], script: Path) -> None:
-    """A bad --output is a usage error before the run, not a lost report after it."""
+def _check_output(output: Optional[Path], script: Path) -> Optional[Path]:
+    """A bad --output is a usage error before the run, not a lost report after it. The
+    path is made absolute now: a script that changes directory does not move the report."""
     if output is None:
-        return
-    from pallas_check.outfile import OutputError, check_target
+        return None
+    from pallas_check.outfile import OutputError, check_target, is_stdout
 
     try:
         check_target(output, script)
     except OutputError as exc:
         raise fail(str(exc)) from None
+    return output if is_stdout(output) else Path(os.path.abspath(output))
 
 
 def fail(message: str, code: ExitCode = ExitCode.USAGE) -> "typer.Exit":
@@ -175,7 +177,7 @@ def run(
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
-    _check_output(output, script)
+    output = _check_output(output, script)
     _set_device_count(devices)
     if native:
         _run_native(script, script_args, fmt_name, output)
@@ -280,11 +282,11 @@ def diff(
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
-    _check_output(output, script)
+    output = _check_output(output, script)
     _set_device_count(devices)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed)
-    from pallas_check.diff import UsageError, parse_against, run_diff_and_report
+    from pallas_check.compare import UsageError, parse_against, run_diff_and_report
 
     try:
         side = parse_against(against, config)

@@ -1,4 +1,4 @@
-"""The one module that touches Pallas internals: a patched lowering of `pallas_call`.
+"""A patched lowering of `pallas_call`: every call becomes one host callback to a handler.
 
 While installed, every pallas_call that is lowered (eagerly, under jit, vmap, grad or
 shard_map) becomes ONE host callback carrying the call's operands to a handler, which runs
@@ -14,12 +14,12 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import callback as callback_module
-from jax._src import core as jax_core
-from jax._src import ffi
-from jax._src import sharding_impls
-from jax._src.interpreters import mlir
-from jax._src.pallas import pallas_call as pallas_call_module
+from pallas_check.jaxbridge import callback_module
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import ffi
+from pallas_check.jaxbridge import sharding_impls
+from pallas_check.jaxbridge import mlir
+from pallas_check.jaxbridge import pallas_call_module
 
 from pallas_check import hostcall
 

@@ -45,7 +45,7 @@ def _settle_failed_computations() -> None:
     """After our callback failed, JAX keeps the failed computations' tokens and raises their
     errors again from its exit handlers (stray tracebacks of our frames after the report).
     Wait for them here, once, and forget them: the failure is in the report already."""
-    from jax._src import dispatch
+    from pallas_check.jaxbridge import dispatch
 
     try:
         dispatch.runtime_tokens.block_until_ready()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+from pallas_check.jaxbridge import jax_tpu_info
 
 from pallas_check.config import TpuGeneration
 

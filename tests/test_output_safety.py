@@ -171,3 +171,14 @@ def test_the_hook_writes_one_report_with_every_script(tmp_path, fmt, ext):
         assert [r["script"] for r in report["reports"]] == ["oob_load_bug.py",
                                                             "semaphore_leak_bug.py"]
     assert sorted(kinds) == ["out-of-bounds", "semaphore-leak"]
+
+
+def test_a_relative_output_is_where_it_was_asked_for_even_if_the_script_moves(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = tmp_path / "moves.py"
+    script.write_text(f"import os\nos.chdir({str(elsewhere)!r})\n")
+    result = run(str(script), "--format", "json", "-o", "report.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 0
+    assert not (elsewhere / "report.json").exists()

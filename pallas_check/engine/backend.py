@@ -19,9 +19,9 @@ _lock = threading.Lock()
 
 @functools.cache
 def _client() -> Any:
-    from jax._src.lib import xla_client
+    from pallas_check.jaxbridge import xla_client
 
-    return xla_client.make_cpu_client(asynchronous=False)
+    return xla_client().make_cpu_client(asynchronous=False)
 
 
 def engine_device() -> Any:

@@ -18,8 +18,8 @@ from typing import Any, Callable, Generator, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as jax_core
-from jax._src.state import types as state_types
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import state_types
 
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
@@ -166,7 +166,7 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 
 
 def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:
-    from jax._src.interpreters import mlir
+    from pallas_check.jaxbridge import mlir
 
     return (primitive in mlir._lowerings
             or primitive in mlir._platform_specific_lowerings.get("cpu", {}))

@@ -17,16 +17,16 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core as jax_core
-from jax._src.pallas import core as pallas_core
-from jax._src.state import discharge as state_discharge
-from jax._src.state import indexing as state_indexing
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import pallas_core
+from pallas_check.jaxbridge import state_discharge
+from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr, structure_key
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
-from pallas_check.checkers import bounds, init, pipeline, semaphores
+from pallas_check.checkers import bounds, pipeline, semaphores, uninit
 from pallas_check.checkers import deadlock as deadlock_checker
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
@@ -141,7 +141,7 @@ class CallState:
         self.call_index = call_index
         self.report = report
         self.findings: list[Finding] = []
-        self.uninit_reads: list[init.UninitRead] = []
+        self.uninit_reads: list[uninit.UninitRead] = []
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
@@ -199,7 +199,7 @@ class CallState:
         the recorded range is theirs, not the whole access's."""
         frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
-        self.uninit_reads.append(init.UninitRead(
+        self.uninit_reads.append(uninit.UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
 
@@ -518,7 +518,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         first_output = gm.num_index_operands + gm.num_inputs
         names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
         flat_names = [name for _ in outputs for name in names]
-        findings.extend(init.uninit_findings(flat_names, state, flat, flat_other,
+        findings.extend(uninit.uninit_findings(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
     return DevicesResult(outputs, findings)
 
@@ -677,7 +677,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 continue
             device_written.append(buf.shadow)
             if not buf.fully_written and not state.deadlocked:
-                init.unwritten_finding(state, buf)
+                uninit.unwritten_finding(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
         outputs.append([buf.data for buf in hbm_outputs])
         written.append(device_written)

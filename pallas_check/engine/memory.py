@@ -13,8 +13,8 @@ import itertools
 from typing import Any, Sequence
 
 import numpy as np
-from jax._src.state import indexing as state_indexing
-from jax._src.state import types as state_types
+from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import state_types
 
 from pallas_check.findings import IndexRange
 

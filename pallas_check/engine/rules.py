@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from jax._src import core as jax_core
-from jax._src.lax import control_flow as lax_control_flow
-from jax._src.lax import lax as lax_internal
-from jax._src.pallas import primitives as pallas_primitives
-from jax._src.pallas.mosaic import primitives as mosaic_primitives
-from jax._src.state import indexing as state_indexing
-from jax._src.state import primitives as state_primitives
-from jax._src import pjit
-from jax._src.lax import parallel as lax_parallel
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import lax_control_flow
+from pallas_check.jaxbridge import lax_internal
+from pallas_check.jaxbridge import pallas_primitives
+from pallas_check.jaxbridge import mosaic_primitives
+from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import state_primitives
+from pallas_check.jaxbridge import pjit
+from pallas_check.jaxbridge import lax_parallel
 
 from pallas_check.engine import memory
 from pallas_check.engine.evaluate import (
@@ -271,9 +271,10 @@ def _arg_names(jaxpr: Any, n: int, prefix: str) -> list[str]:
 
 def _register_custom_calls() -> None:
     """custom_jvp / custom_vjp calls inside a kernel evaluate their primal function."""
-    try:
-        from jax._src import custom_derivatives as cd
-    except ImportError:  # pragma: no cover - layout of this JAX version
+    from pallas_check.jaxbridge import custom_derivatives
+
+    cd = custom_derivatives()
+    if cd is None:  # pragma: no cover - layout of another JAX version
         return
 
     def _custom(ctx, eqn, invals):

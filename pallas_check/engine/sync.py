@@ -14,9 +14,9 @@ import itertools
 from typing import Any
 
 import numpy as np
-from jax._src.pallas import primitives as pallas_primitives
-from jax._src.pallas.mosaic import primitives as mosaic_primitives
-from jax._src.state import types as state_types
+from pallas_check.jaxbridge import pallas_primitives
+from pallas_check.jaxbridge import mosaic_primitives
+from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
 from pallas_check.engine import memory

@@ -46,3 +46,26 @@ def report_races():
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     found = bool(ipc.races is not None and ipc.races.races_found)
     print(f"races_found={found}")
+
+
+def _as_float32(out, expected):
+  import numpy as np
+  return np.asarray(out, np.float32), np.asarray(expected, np.float32)
+
+
+def run_case(name, make_calls, setup, ctx, report, comparable=_as_float32):
+  """The main() of every case: `setup()`, then under `ctx()` each call's output against
+  its reference (compared as `comparable` makes them), then `report()` and `OK name`."""
+  import jax
+  import numpy as np
+  setup()
+  with ctx():
+    for label, fn, args, ref, rtol, atol in make_calls():
+      out = fn(*args)
+      expected = ref(*args)
+      jax.tree.map(
+          lambda o, e: np.testing.assert_allclose(
+              *comparable(o, e), rtol=rtol, atol=atol, err_msg=label),
+          out, expected)
+  report()
+  print(f"OK {name}")

@@ -28,6 +28,8 @@ Verified with: tpu (eager DMA mode)
 import contextlib
 import os
 
+from _case_common import run_case  # noqa: E402  (this folder is sys.path[0] when run)
+
 NAME = "all_gather"
 MODE = os.environ.get("CASE_INTERPRET")
 NUM_DEVICES = 4
@@ -94,20 +96,7 @@ def main():
     print(f"SKIP {NAME}: the HLO interpreter cannot run remote DMAs; "
           "use CASE_INTERPRET=tpu")
     return
-  _verification_setup()
-  import jax
-  import numpy as np
-  with _interpret_ctx():
-    for label, fn, args, ref, rtol, atol in make_calls():
-      out = fn(*args)
-      expected = ref(*args)
-      jax.tree.map(
-          lambda o, e: np.testing.assert_allclose(
-              np.asarray(o, np.float32), np.asarray(e, np.float32),
-              rtol=rtol, atol=atol, err_msg=label),
-          out, expected)
-  _report_races()
-  print(f"OK {NAME}")
+  run_case(NAME, make_calls, _verification_setup, _interpret_ctx, _report_races)
 
 
 if __name__ == "__main__":

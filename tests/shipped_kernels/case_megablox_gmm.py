@@ -30,7 +30,7 @@ NAME = "megablox_gmm"
 # ---------------------------------------------------------------- verification
 from _case_common import (  # noqa: E402  (this folder is sys.path[0] when run)
     MODE, interpret_ctx as _interpret_ctx, report_races as _report_races,
-    verification_setup as _verification_setup)
+    verification_setup as _verification_setup, run_case)
 
 
 # ----------------------------------------------------------------------- calls
@@ -102,20 +102,7 @@ def make_calls():
 
 # ------------------------------------------------------------------------ main
 def main():
-  _verification_setup()
-  import jax
-  import numpy as np
-  with _interpret_ctx():
-    for label, fn, args, ref, rtol, atol in make_calls():
-      out = fn(*args)
-      expected = ref(*args)
-      jax.tree.map(
-          lambda o, e: np.testing.assert_allclose(
-              np.asarray(o, np.float32), np.asarray(e, np.float32),
-              rtol=rtol, atol=atol, err_msg=label),
-          out, expected)
-  _report_races()
-  print(f"OK {NAME}")
+  run_case(NAME, make_calls, _verification_setup, _interpret_ctx, _report_races)
 
 
 if __name__ == "__main__":

@@ -100,9 +100,9 @@ class HloSide(_JaxInterpreterSide):
     label = "hlo"
 
     def _function(self, params):
-        from jax._src.pallas import hlo_interpreter
+        from pallas_check.jaxbridge import hlo_interpreter
 
-        fn = hlo_interpreter.pallas_call_hlo_interpret
+        fn = hlo_interpreter().pallas_call_hlo_interpret
         return functools.partial(fn, **_accepted(fn, params))
 
 
@@ -114,9 +114,9 @@ class JaxInterpretSide(_JaxInterpreterSide):
         self.config = config
 
     def interpret_params(self) -> Any:
-        from jax._src.pallas.mosaic.interpret.params import InterpretParams
+        from pallas_check.jaxbridge import tpu_interpret_params
 
-        return InterpretParams(uninitialized_memory=self.config.uninit.value,
+        return tpu_interpret_params()(uninitialized_memory=self.config.uninit.value,
                                dma_execution_mode=self.config.dma_mode.value)
 
     def config_dict(self):
@@ -124,9 +124,9 @@ class JaxInterpretSide(_JaxInterpreterSide):
                 if isinstance(v, (int, float, str, bool, type(None)))}
 
     def _function(self, params):
-        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+        from pallas_check.jaxbridge import tpu_interpreter
 
-        fn = tpu_interpret.interpret_pallas_call
+        fn = tpu_interpreter().interpret_pallas_call
         return functools.partial(fn, interpret_params=self.interpret_params(),
                                  **_accepted(fn, params))
 

@@ -1,0 +1,97 @@
+"""The one place pallas-check touches JAX's private modules (`jax._src`).
+
+Pallas has no stable plugin API: intercepting `pallas_call`, reading its GridMapping and the
+kernel's jaxpr, and evaluating Pallas, Mosaic and state primitives all need JAX internals.
+Each private module is imported here once, with what it is for; the rest of pallas-check
+imports these names from this package. When JAX moves something, this file (and the code
+using the name) is where to look. Tested with jax 0.10.2 (pinned in pyproject.toml).
+
+Importing this package imports JAX: modules that must run before JAX starts (the command
+line, which sets XLA_FLAGS for --devices) import it lazily.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+# Jaxprs, equations, vars, literals, primitives, avals; `jaxpr_as_fun`, `get_axis_env`.
+from jax._src import core as jax_core
+# Python host callbacks emitted straight into a lowered module (intercept.py).
+from jax._src import callback as callback_module
+# Runtime tokens of side-effecting computations, settled after our callback failed.
+from jax._src import dispatch
+# Lowering of XLA FFI custom calls (hostcall.py's lend / give_back).
+from jax._src import ffi
+# The sharding context of a lowering: one device or several (intercept.py).
+from jax._src import sharding_impls
+# The nested-jit primitive (`pjit_p`) inside kernels (rules.py).
+from jax._src import pjit
+# MLIR lowering registry: where the pallas_call lowering is patched (intercept.py), and
+# whether a primitive has a CPU lowering (evaluate.py).
+from jax._src.interpreters import mlir
+# lax internals: control flow (cond, while, scan), `convert_element_type_p`, axis_index.
+from jax._src.lax import control_flow as lax_control_flow
+from jax._src.lax import lax as lax_internal
+from jax._src.lax import parallel as lax_parallel
+# The pallas_call primitive and its lowering (intercept.py); GridMapping, BlockSpec dims,
+# semaphore dtypes, dynamic grid dims (engine/kernel.py).
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas import pallas_call as pallas_call_module
+from jax._src.pallas import primitives as pallas_primitives
+# Mosaic (TPU) primitives: DMAs, semaphores, PRNG, barrier (engine/rules.py, sync.py), and
+# which chip a kernel is told it runs on (tpu_info.py).
+from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+# Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
+# primitives, and discharge of index maps that read scalar-prefetch refs.
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as state_indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+
+
+def xla_client() -> ModuleType:
+    """The XLA client, for the engine's own CPU client (engine/backend.py)."""
+    from jax._src.lib import xla_client as module
+
+    return module
+
+
+def custom_derivatives() -> ModuleType | None:
+    """custom_jvp / custom_vjp call primitives inside kernels (None if JAX moved them)."""
+    try:
+        from jax._src import custom_derivatives as module
+    except ImportError:  # pragma: no cover - layout of another JAX version
+        return None
+    return module
+
+
+def hlo_interpreter() -> ModuleType:
+    """JAX's HLO interpreter of pallas_call (`diff --against hlo`)."""
+    from jax._src.pallas import hlo_interpreter as module
+
+    return module
+
+
+def tpu_interpreter() -> ModuleType:
+    """JAX's own TPU interpreter (`diff --against jax-interpret`): a competitor to compare
+    with, never used to do pallas-check's work."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as module
+
+    return module
+
+
+def tpu_interpret_params() -> type:
+    """The InterpretParams class of JAX's TPU interpreter (`diff --against jax-interpret`)."""
+    from jax._src.pallas.mosaic.interpret.params import InterpretParams
+
+    return InterpretParams
+
+
+__all__ = [
+    "callback_module", "custom_derivatives", "dispatch", "ffi", "hlo_interpreter",
+    "jax_core", "jax_tpu_info", "lax_control_flow", "lax_internal", "lax_parallel", "mlir",
+    "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
+    "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
+    "tpu_interpret_params", "tpu_interpreter", "xla_client",
+]

@@ -1,0 +1,45 @@
+"""The boundaries the code promises (ARCHITECTURE.md), checked on its source.
+
+import-linter (`lint-imports`, in the README's test command) checks the layer contracts in
+pyproject.toml; it sees only pallas-check's own modules, so the JAX boundary is checked here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pallas_check"
+BRIDGE = PACKAGE / "jaxbridge"
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from jax._src import core` imports jax._src.core (or a name of jax._src).
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_only_the_bridge_imports_jax_private_modules():
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+                 for path in sorted(PACKAGE.rglob("*.py")) if BRIDGE not in path.parents
+                 for line, module in _imported_modules(path)
+                 if module == "jax._src" or module.startswith("jax._src.")]
+    assert offenders == []
+
+
+def test_the_bridge_imports_each_private_module_once():
+    modules = [m for _, m in _imported_modules(BRIDGE / "__init__.py")
+               if m.startswith("jax._src")]
+    assert modules and len(modules) == len(set(modules))
+
+
+def test_every_folder_of_the_package_is_a_package():
+    """setuptools ships only folders with an __init__.py (engine/ once had none)."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    assert [f for f in folders if not (f / "__init__.py").exists()] == []
