@@ -440,32 +440,52 @@ class DiffReport:
 def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
                         rtol: float | None, atol: float | None, fmt: str,
                         output: Path | None) -> ExitCode:
-    from pallas_check.delivery import deliver
-    from pallas_check.execfile import run_script
-    from pallas_check.report.diff import render
-    from pallas_check.runner import callback_failures, config_dict, short_error
+    """`pallas-check diff`: every call run by ours and by `side`, outputs compared."""
+    from pallas_check.runner import run_command
 
-    session = DiffSession(config, side, rtol, atol)
-    with callback_failures() as ours, session.install():
-        outcome = run_script(script, args)
-    error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
-    error = short_error(error) if error else None
-    user_failed = not outcome.ok and error is None
-    calls = sorted(session.calls, key=lambda c: (c.index, c.device))
-    code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None)
-    report = DiffReport(
-        script=script, against=side.label, config=config_dict(config),
-        against_config=side.config_dict(), rtol=rtol, atol=atol, calls=calls,
-        findings=len(session.ours.findings), exit_code=int(code),
-        user_error=outcome.error if user_failed else None,
-        user_traceback=outcome.traceback if user_failed else None,
-        internal_error=error, partial=outcome.interrupted)
-    buffer = io.StringIO()
-    render(report, fmt, buffer)
-    deliver(buffer.getvalue(), output,
-            summary=f"{report.mismatching_outputs} mismatching output(s) in {len(calls)} call(s)",
-            shows_traceback=fmt == "table",
-            traceback_text=(outcome.traceback
-                            or f"pallas-check: the script failed: {outcome.error}\n")
-            if user_failed else None, error=error)
-    return code
+    return run_command(DiffCommand(script, config, side, rtol, atol), script, args, fmt,
+                       output)
+
+
+class DiffCommand:
+    """`pallas-check diff` for runner.run_command: a DiffSession installed while the script
+    runs; the report compares the outputs call by call."""
+
+    def __init__(self, script: str, config: Config, side: Side, rtol: float | None,
+                 atol: float | None) -> None:
+        self.script, self.config, self.side = script, config, side
+        self.rtol, self.atol = rtol, atol
+        self.session = DiffSession(config, side, rtol, atol)
+
+    def installed(self) -> Any:
+        return self.session.install()
+
+    def calls_in_flight(self) -> int:
+        return self.session.ours.calls_in_flight
+
+    def failed(self) -> bool:
+        return self.session.ours.engine_error is not None or self.session.side_error is not None
+
+    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
+        from pallas_check.report.diff import render
+        from pallas_check.runner import Verdict, config_dict, script_traceback, short_error
+
+        session = self.session
+        error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
+        error = short_error(error) if error else None
+        user_failed = not outcome.ok and error is None
+        calls = sorted(session.calls, key=lambda c: (c.index, c.device))
+        code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None)
+        report = DiffReport(
+            script=self.script, against=self.side.label, config=config_dict(self.config),
+            against_config=self.side.config_dict(), rtol=self.rtol, atol=self.atol,
+            calls=calls, findings=len(session.ours.findings), exit_code=int(code),
+            user_error=outcome.error if user_failed else None,
+            user_traceback=outcome.traceback if user_failed else None,
+            internal_error=error, partial=outcome.interrupted)
+        buffer = io.StringIO()
+        render(report, fmt, buffer)
+        return Verdict(buffer.getvalue(), code,
+                       f"{report.mismatching_outputs} mismatching output(s) in"
+                       f" {len(calls)} call(s)", error,
+                       script_traceback(outcome) if user_failed else None)

@@ -226,43 +226,61 @@ def render_table(report: NativeReport, stream: TextIO) -> None:
 def run_native_and_report(script: str, args: Sequence[str], fmt: str,
                           output: Path | None) -> ExitCode:
     """`pallas-check run --native`: the script on the hardware lowering, each call timed."""
-    import json
+    from pallas_check.runner import run_command
 
-    import jax
+    return run_command(NativeCommand(script), script, args, fmt, output)
 
-    from pallas_check.delivery import deliver
-    from pallas_check.execfile import run_script
-    from pallas_check.intercept import intercepted
-    from pallas_check.runner import callback_failures, one_line
 
-    recorder = NativeRecorder()
-    started = time.perf_counter()
-    with callback_failures() as ours, intercepted(recorder.observe, mode="observe"):
-        outcome = run_script(script, args)
-    script_seconds = time.perf_counter() - started
-    internal = None
-    try:
-        timings = time_calls(recorder.calls)
-    except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
-        timings, internal = [], one_line(f"timing failed: {type(exc).__name__}: {exc}")
-    if ours and internal is None:
-        internal = one_line(ours[0])
-    user_failed = not outcome.ok and internal is None
-    code = (ExitCode.INTERNAL if internal else
-            ExitCode.USER_ERROR if user_failed else ExitCode.CLEAN)
-    report = NativeReport(script, jax.default_backend(), script_seconds, timings, int(code),
-                          outcome.error if user_failed else None,
-                          outcome.traceback if user_failed else None, internal,
-                          outcome.interrupted)
-    buffer = io.StringIO()
-    if fmt == "json":
-        json.dump(report_dict(report), buffer, indent=2, default=str)
-        buffer.write("\n")
-    else:
-        render_table(report, buffer)
-    deliver(buffer.getvalue(), output, summary=f"{len(timings)} pallas_call(s)",
-            shows_traceback=fmt == "table",
-            traceback_text=(outcome.traceback
-                            or f"pallas-check: the script failed: {outcome.error}\n")
-            if user_failed else None, error=internal)
-    return code
+class NativeCommand:
+    """`run --native` for runner.run_command: the calls are only observed while the script
+    runs; afterwards each is re-run alone on the hardware and timed."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+        self.recorder = NativeRecorder()
+        self.started = time.perf_counter()
+
+    def installed(self) -> Any:
+        from pallas_check.intercept import intercepted
+
+        self.started = time.perf_counter()
+        return intercepted(self.recorder.observe, mode="observe")
+
+    def calls_in_flight(self) -> int:
+        return 0  # nothing is simulated: the watchdog only answers Ctrl-C
+
+    def failed(self) -> bool:
+        return False
+
+    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
+        import json
+
+        import jax
+
+        from pallas_check.runner import Verdict, one_line, script_traceback
+
+        script_seconds = time.perf_counter() - self.started
+        internal = None
+        timings: list = []
+        if not outcome.interrupted:  # a stuck or interrupted run is not re-run to be timed
+            try:
+                timings = time_calls(self.recorder.calls)
+            except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
+                internal = one_line(f"timing failed: {type(exc).__name__}: {exc}")
+        if ours and internal is None:
+            internal = one_line(ours[0])
+        user_failed = not outcome.ok and internal is None
+        code = (ExitCode.INTERNAL if internal else
+                ExitCode.USER_ERROR if user_failed else ExitCode.CLEAN)
+        report = NativeReport(self.script, jax.default_backend(), script_seconds, timings,
+                              int(code), outcome.error if user_failed else None,
+                              outcome.traceback if user_failed else None, internal,
+                              outcome.interrupted)
+        buffer = io.StringIO()
+        if fmt == "json":
+            json.dump(report_dict(report), buffer, indent=2, default=str)
+            buffer.write("\n")
+        else:
+            render_table(report, buffer)
+        return Verdict(buffer.getvalue(), code, f"{len(timings)} pallas_call(s)", internal,
+                       script_traceback(outcome) if user_failed else None)

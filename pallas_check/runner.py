@@ -10,7 +10,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode, exit_code_for
@@ -23,22 +23,110 @@ def config_dict(config: Config) -> dict:
             for k, v in dataclasses.asdict(config).items()}
 
 
-def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
-                   output: Path | None) -> ExitCode:
+@dataclasses.dataclass
+class Verdict:
+    """What a command made of a finished run: the report as text and its exit code."""
+
+    text: str
+    code: ExitCode
+    summary: str  # the stderr line when the report went to a file ("3 finding(s) ...")
+    error: str | None = None  # pallas-check's own failure, one line
+    traceback: str | None = None  # the script's traceback, shown on stderr unless in a table
+
+
+class Command(Protocol):
+    """What `run`, `diff` and `run --native` differ in: what is installed while the script
+    runs, and how the finished run becomes a report. Everything else is `run_command`'s."""
+
+    def installed(self) -> ContextManager[Any]: ...
+
+    def calls_in_flight(self) -> int: ...
+
+    def failed(self) -> bool:
+        """Whether pallas-check's own callback failed (JAX then keeps failed tokens)."""
+        ...
+
+    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
+        ...
+
+
+def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
+                output: Path | None) -> ExitCode:
+    """The one run path: run the script with `command` installed, under the watchdog, and
+    deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit)."""
     from pallas_check.execfile import run_script
-    from pallas_check.session import Session
     from pallas_check.watchdog import Watchdog
 
-    session = Session(config)
-    finisher = _Finisher(script, args, config, fmt, output, session)
-    with (callback_failures() as ours, session.install(), _progress_bar(session, config),
-          Watchdog(finisher.emergency, lambda: session.calls_in_flight),
+    finisher = _Finisher(command, fmt, output)
+    with (callback_failures() as ours, command.installed(),
+          Watchdog(finisher.emergency, command.calls_in_flight),
           _reporting_os_exit(finisher), _script_stdout(fmt, output)):
         finisher.ours = ours
         outcome = run_script(script, args)
-        if session.engine_error is not None or ours:
+        if command.failed() or ours:
             _settle_failed_computations()
     return finisher.finish(outcome)
+
+
+def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
+                   output: Path | None) -> ExitCode:
+    """`pallas-check run`: every call simulated and checked."""
+    return run_command(CheckCommand(script, args, config), script, args, fmt, output)
+
+
+class CheckCommand:
+    """`pallas-check run`: a Session checks every call; the report lists its findings."""
+
+    def __init__(self, script: str, args: Sequence[str], config: Config) -> None:
+        from pallas_check.session import Session
+
+        self.script, self.args, self.config = script, args, config
+        self.session = Session(config)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        with self.session.install(), _progress_bar(self.session, self.config):
+            yield
+
+    def calls_in_flight(self) -> int:
+        return self.session.calls_in_flight
+
+    def failed(self) -> bool:
+        return self.session.engine_error is not None
+
+    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
+        from pallas_check.delivery import stdout_encodes_unicode
+        from pallas_check.execfile import ScriptOutcome
+
+        session = self.session
+        if session.interrupted and not outcome.interrupted:
+            # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
+            # caught that). It is still an interruption: a partial report, not the user's bug.
+            outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
+        findings = session.findings
+        engine_error = session.engine_error or (ours[0] if ours else None)
+        if engine_error is not None:
+            engine_error = short_error(engine_error)
+        user_failed = not outcome.ok and engine_error is None
+        code = exit_code_for(len(findings), user_failed, engine_error is not None)
+        report = RunReport(
+            script=self.script, config=config_dict(self.config), findings=findings,
+            calls=sorted(session.calls, key=lambda c: c.index), exit_code=int(code),
+            user_error=outcome.error if user_failed else None,
+            user_traceback=outcome.traceback if user_failed else None,
+            internal_error=engine_error, partial=outcome.interrupted,
+            script_args=tuple(self.args))
+        buffer = io.StringIO()
+        reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
+                     width=terminal_width() if to_stdout else None).render(report, buffer)
+        return Verdict(buffer.getvalue(), code,
+                       f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)",
+                       engine_error, script_traceback(outcome) if user_failed else None)
+
+
+def script_traceback(outcome: Any) -> str:
+    """What stderr shows of a failed script: its traceback, or a line saying how it ended."""
+    return outcome.traceback or f"pallas-check: the script failed: {outcome.error}\n"
 
 
 def _settle_failed_computations() -> None:
@@ -54,14 +142,12 @@ def _settle_failed_computations() -> None:
 
 
 class _Finisher:
-    """Turns how the script ended into the report and the exit code, exactly once: from
-    the main thread at the end, from the watchdog when the run is stuck or interrupted, or
-    from a script's `os._exit`."""
+    """Turns how the script ended into the delivered report and the exit code, exactly
+    once: from the main thread at the end, from the watchdog when the run is stuck or
+    interrupted, or from a script's `os._exit`."""
 
-    def __init__(self, script: str, args: Sequence[str], config: Config, fmt: str,
-                 output: Path | None, session: Any) -> None:
-        self.script, self.args, self.config = script, args, config
-        self.fmt, self.output, self.session = fmt, output, session
+    def __init__(self, command: Command, fmt: str, output: Path | None) -> None:
+        self.command, self.fmt, self.output = command, fmt, output
         self.ours: list[str] = []
         self.stdout = sys.stdout  # the report's, even while the script's goes to stderr
         self._lock = threading.Lock()
@@ -80,50 +166,19 @@ class _Finisher:
     def finish(self, outcome: Any) -> ExitCode:
         with self._lock:
             if self._code is None:
-                self._code = self._report(outcome)
+                self._code = self._deliver(outcome)
             return self._code
 
-    def _report(self, outcome: Any) -> ExitCode:
-        from pallas_check.delivery import deliver, stdout_encodes_unicode
-        from pallas_check.execfile import ScriptOutcome
+    def _deliver(self, outcome: Any) -> ExitCode:
+        from pallas_check.delivery import deliver
 
-        session, config, fmt = self.session, self.config, self.fmt
-        if session.interrupted and not outcome.interrupted:
-            # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
-            # caught that). It is still an interruption: a partial report, not the user's bug.
-            outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
-        findings = session.findings
-        engine_error = session.engine_error or (self.ours[0] if self.ours else None)
-        if engine_error is not None:
-            engine_error = short_error(engine_error)
-        engine_failed = engine_error is not None
-        user_failed = not outcome.ok and not engine_failed
-        code = exit_code_for(len(findings), user_failed, engine_failed)
-        report = RunReport(
-            script=self.script,
-            config=config_dict(config),
-            findings=findings,
-            calls=sorted(session.calls, key=lambda c: c.index),
-            exit_code=int(code),
-            user_error=outcome.error if user_failed else None,
-            user_traceback=outcome.traceback if user_failed else None,
-            internal_error=engine_error,
-            partial=outcome.interrupted,
-            script_args=tuple(self.args),
-        )
         to_stdout = self.output is None or str(self.output) == "-"
-        buffer = io.StringIO()
-        reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
-                     width=terminal_width() if to_stdout else None).render(report, buffer)
-        traceback_text = None
-        if user_failed:
-            traceback_text = (outcome.traceback
-                              or f"pallas-check: the script failed: {outcome.error}\n")
-        calls = len(report.calls)
-        summary = f"{len(findings)} finding(s) in {calls} pallas_call(s)"
-        delivered = deliver(buffer.getvalue(), self.output, summary=summary,
-                            shows_traceback=fmt == "table", traceback_text=traceback_text,
-                            error=engine_error, stdout=self.stdout)
+        verdict = self.command.verdict(outcome, self.ours, self.fmt, to_stdout)
+        delivered = deliver(verdict.text, self.output, summary=verdict.summary,
+                            shows_traceback=self.fmt == "table",
+                            traceback_text=verdict.traceback, error=verdict.error,
+                            stdout=self.stdout)
+        code = verdict.code
         if not delivered and code < ExitCode.USAGE:
             code = ExitCode.USAGE  # the report is on stdout, not where it was asked for
         return code

@@ -43,3 +43,24 @@ def test_every_folder_of_the_package_is_a_package():
     """setuptools ships only folders with an __init__.py (engine/ once had none)."""
     folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
     assert [f for f in folders if not (f / "__init__.py").exists()] == []
+
+
+def test_run_diff_and_native_share_one_run_path(monkeypatch):
+    """The three commands differ only in the Command they hand to runner.run_command."""
+    from pallas_check import compare, native, runner
+    from pallas_check.config import Config
+    from pallas_check.exitcodes import ExitCode
+
+    seen: list[str] = []
+
+    def fake_run_command(command, script, args, fmt, output):
+        seen.append(type(command).__name__)
+        return ExitCode.CLEAN
+
+    monkeypatch.setattr(runner, "run_command", fake_run_command)
+    config = Config()
+    runner.run_and_report("k.py", [], config, "json", None)
+    compare.run_diff_and_report("k.py", [], config, compare.parse_against("hlo", config),
+                                None, None, "json", None)
+    native.run_native_and_report("k.py", [], "json", None)
+    assert seen == ["CheckCommand", "DiffCommand", "NativeCommand"]
