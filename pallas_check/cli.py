@@ -6,7 +6,7 @@ XLA_FLAGS before JAX starts.
 
 from __future__ import annotations
 
-import enum
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -17,6 +17,7 @@ import typer.core
 
 from pallas_check import __version__
 from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
+from pallas_check.options import DIFF_OPTIONS, RUN_OPTIONS, Format, with_options
 from pallas_check.exitcodes import ExitCode
 
 def _click() -> Any:
@@ -88,15 +89,6 @@ def _main(
             raise fail(str(exc))
 
 
-class Format(str, enum.Enum):
-    """Report formats of `run` (`diff` and `--native` take table and json)."""
-
-    TABLE = "table"
-    JSON = "json"
-    SARIF = "sarif"
-    TEXT = "text"
-
-
 def _check_output(output: Optional[Path], script: Path) -> Optional[Path]:
     """A bad --output is a usage error before the run, not a lost report after it. The
     path is made absolute now: a script that changes directory does not move the report."""
@@ -136,41 +128,24 @@ def _set_device_count(devices: int) -> None:
 
 # Options may follow SCRIPT (`run k.py --dma eager`); the script's own arguments go after
 # `--` (`run k.py --dma eager -- --its-flag 3`), so a typo in our options is exit 2.
+# The options themselves are declared once, in options.py.
+_SCRIPT_PARAMETERS = [
+    inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Path,
+                      default=typer.Argument(..., help="The Python script to run (as"
+                                                       " __main__).")),
+    inspect.Parameter("script_args", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      annotation=Optional[List[str]],
+                      default=typer.Argument(None, help="Arguments for the script (put them"
+                                                        " after --).")),
+]
+
+
 @app.command(context_settings={"allow_interspersed_args": True})
-def run(
-    script: Path = typer.Argument(..., help="The Python script to run (as __main__)."),
-    script_args: Optional[List[str]] = typer.Argument(
-        None, help="Arguments for the script (put them after --)."),
-    dma: DmaMode = typer.Option(DmaMode.ON_WAIT, "--dma",
-                                help="When DMAs copy: at their start (eager), at their wait (on_wait), or at"
-                                     " scheduler-chosen points between the two (random)."),
-    uninit: UninitFill = typer.Option(UninitFill.NAN, "--uninit",
-                                      help="Fill of never-written memory."),
-    skip_floats: bool = typer.Option(False, "--skip-floats",
-                                     help="Skip float-only computation (results become inf)."),
-    fmt: Format = typer.Option(Format.TABLE, "--format",
-                               help="Report format: a table for people, json, sarif, or"
-                                    " text (path:line: kind: message)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to this file (- for"
-                                               " stdout)."),
-    devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
-    tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
-                                      help="TPU generation kernels are told they run on."),
-    cores: int = typer.Option(1, "--cores", min=1,
-                              help="TensorCores per device; 'parallel' grid axes are split"
-                                   " over them (megacore)."),
-    seed: int = typer.Option(0, "--seed", help="Scheduler seed (replays an interleaving)."),
-    races: bool = typer.Option(False, "--races", help="Detect data races (happens-before)."),
-    schedules: int = typer.Option(1, "--schedules", min=1,
-                                  help="Try N scheduler seeds per call (with --dma random:"
-                                       " explore interleavings); stop at a finding."),
-    keep_going: bool = typer.Option(False, "--keep-going",
-                                    help="With --schedules: try every schedule."),
-    native: bool = typer.Option(False, "--native",
-                                help="No simulation: run the calls on the hardware lowering"
-                                     " (TPU or GPU) and report each call's wall time."),
-) -> None:
+@with_options(RUN_OPTIONS, _SCRIPT_PARAMETERS)
+def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
+        uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
+        devices: int, tpu: TpuGeneration, cores: int, seed: int, races: bool,
+        schedules: int, keep_going: bool, native: bool) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     fmt_name = Format(fmt).value
     if not script.exists():
@@ -242,36 +217,11 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
-def diff(
-    script: Path = typer.Argument(..., help="The Python script to run (as __main__)."),
-    script_args: Optional[List[str]] = typer.Argument(
-        None, help="Arguments for the script (put them after --)."),
-    against: Optional[str] = typer.Option(
-        None, "--against",
-        help="The other side: native (default), hlo (JAX's HLO interpreter), jax-interpret"
-             " (JAX's TPU interpreter), or options of ours in quotes, e.g. \"--uninit zero\"."),
-    native: bool = typer.Option(False, "--native",
-                                help="Compare against the hardware lowering (the default)."),
-    rtol: Optional[float] = typer.Option(
-        None, "--rtol", min=0.0, help="Relative tolerance (default per dtype; f32: 1e-5)."),
-    atol: Optional[float] = typer.Option(
-        None, "--atol", min=0.0, help="Absolute tolerance (default per dtype; f32: 1e-6)."),
-    dma: DmaMode = typer.Option(DmaMode.ON_WAIT, "--dma",
-                                help="Our side: when DMAs copy (eager or on_wait)."),
-    uninit: UninitFill = typer.Option(UninitFill.NAN, "--uninit",
-                                      help="Our side: fill of never-written memory."),
-    skip_floats: bool = typer.Option(False, "--skip-floats",
-                                     help="Our side: skip float-only computation."),
-    fmt: Format = typer.Option(Format.TABLE, "--format", help="Report format: table or json."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                          help="Write the report to this file (- for"
-                                               " stdout)."),
-    devices: int = typer.Option(1, "--devices", help="Number of simulated CPU devices."),
-    tpu: TpuGeneration = typer.Option(TpuGeneration.V5E, "--tpu",
-                                      help="TPU generation kernels are told they run on."),
-    cores: int = typer.Option(1, "--cores", min=1, help="TensorCores per device (ours)."),
-    seed: int = typer.Option(0, "--seed", help="Scheduler seed (ours)."),
-) -> None:
+@with_options(DIFF_OPTIONS, _SCRIPT_PARAMETERS)
+def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Optional[str],
+         native: bool, rtol: Optional[float], atol: Optional[float], dma: DmaMode,
+         uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
+         devices: int, tpu: TpuGeneration, cores: int, seed: int) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
     fmt = Format(fmt).value
     if fmt not in ("table", "json"):

@@ -29,8 +29,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config, DmaMode, UninitFill
+from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode, exit_code_for
+from pallas_check.options import BY_PARAM
 
 FIRST_MISMATCHES = 5
 
@@ -151,21 +152,32 @@ class ConfigSide(Side):
         return config_dict(self.config)
 
 
+# The options of ours `--against "..."` takes (declared in options.py): those that change
+# what one simulation computes.
+AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "races",
+                                                    "cores", "seed"))
+
+
 def _option_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # never print, never exit
             raise UsageError(message)
 
     p = Parser(prog="--against", add_help=False, allow_abbrev=False)
-    p.add_argument("--dma", choices=[m.value for m in DmaMode])
-    p.add_argument("--uninit", choices=[m.value for m in UninitFill])
-    p.add_argument("--skip-floats", dest="skip_floats", action="store_true", default=None)
-    p.add_argument("--no-skip-floats", dest="skip_floats", action="store_false")
-    p.add_argument("--races", dest="races", action="store_true", default=None)
-    p.add_argument("--no-races", dest="races", action="store_false")
-    p.add_argument("--cores", type=int)
-    p.add_argument("--seed", type=int)
+    for option in AGAINST_OPTIONS:
+        if option.kind is bool:
+            p.add_argument(option.flags[0], dest=option.param, action="store_true",
+                           default=None)
+            p.add_argument(f"--no-{option.key}", dest=option.param, action="store_false")
+        else:
+            p.add_argument(option.flags[0], dest=option.param, choices=option.choices or None,
+                           type=None if option.choices else option.kind)
     return p
+
+
+def _against_help() -> str:
+    return ", ".join(f"--[no-]{o.key}" if o.kind is bool else o.flags[0]
+                     for o in AGAINST_OPTIONS)
 
 
 def parse_against(text: str | None, config: Config) -> Side:
@@ -187,21 +199,17 @@ def parse_against(text: str | None, config: Config) -> Side:
     try:
         ns = _option_parser().parse_args(words)
     except UsageError as exc:
-        raise UsageError(f"--against {text!r}: {exc} (options allowed there: --dma,"
-                         f" --uninit, --[no-]skip-floats, --[no-]races, --cores, --seed)"
-                         ) from None
+        raise UsageError(f"--against {text!r}: {exc} (options allowed there:"
+                         f" {_against_help()})") from None
     changes: dict[str, Any] = {}
-    if ns.dma is not None:
-        changes["dma_mode"] = DmaMode(ns.dma)
-    if ns.uninit is not None:
-        changes["uninit"] = UninitFill(ns.uninit)
-    for name in ("skip_floats", "races", "seed"):
-        if getattr(ns, name) is not None:
-            changes[name] = getattr(ns, name)
-    if ns.cores is not None:
-        if ns.cores < 1:
-            raise UsageError(f"--against {text!r}: --cores must be at least 1")
-        changes["cores"] = ns.cores
+    for option in AGAINST_OPTIONS:
+        value = getattr(ns, option.param)
+        if value is None:
+            continue
+        if option.minimum is not None and value < option.minimum:
+            raise UsageError(f"--against {text!r}: {option.flags[0]} must be at least"
+                             f" {option.minimum}")
+        changes[option.config_field] = option.kind(value)
     other = dataclasses.replace(config, **changes)
     if other == config:
         raise UsageError(f"--against {text!r} is the configuration already in use;"

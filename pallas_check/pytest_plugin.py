@@ -21,7 +21,9 @@ from typing import Any, Generator
 
 import pytest
 
-from pallas_check.config import DmaMode, UninitFill  # plain enums: no JAX imported
+from pallas_check.options import RUN_OPTIONS  # plain data: no JAX imported
+
+PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 
 MARKER = "pallas_check_skip"
 SECTION = "pallas-check"
@@ -34,13 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--pallas-check", action="store_true", default=False,
                     help="Run each test with every pallas_call simulated and checked by"
                          " pallas-check; findings fail the test.")
-    group.addoption("--pallas-check-races", action="store_true", default=None,
-                    help="Also detect data races (happens-before).")
-    group.addoption("--pallas-check-dma", choices=[m.value for m in DmaMode], default=None,
-                    help="When DMAs copy: at start (eager), at their wait (on_wait), or at"
-                         " scheduler-chosen points (random).")
-    group.addoption("--pallas-check-uninit", choices=[m.value for m in UninitFill],
-                    default=None, help="Fill of never-written memory.")
+    for option in PYTEST_OPTIONS:  # declared in options.py
+        if option.kind is bool:
+            group.addoption(f"--pallas-check-{option.key}", action="store_true", default=None,
+                            help=option.help)
+        else:
+            group.addoption(f"--pallas-check-{option.key}", choices=option.choices or None,
+                            default=None, help=option.help)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_config(config: pytest.Config) -> Any:
     """The run Config: defaults < [tool.pallas-check] < PALLAS_CHECK_* < these flags."""
     from pallas_check.cli import run
-    from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
+    from pallas_check.config import Config
     from pallas_check.settings import SettingsError, load_settings
 
     try:
@@ -61,18 +63,15 @@ def _check_config(config: pytest.Config) -> Any:
     except SettingsError as exc:
         raise pytest.UsageError(f"pallas-check: {exc}") from None
     fields: dict[str, Any] = {}
-    for name, field, convert in (("dma", "dma_mode", DmaMode), ("uninit", "uninit", UninitFill),
-                                 ("tpu", "tpu", TpuGeneration), ("cores", "cores", int),
-                                 ("skip_floats", "skip_floats", bool), ("seed", "seed", int),
-                                 ("races", "races", bool)):
-        if name in values:
-            fields[field] = convert(values[name])
-    if config.getoption("pallas_check_races"):
-        fields["races"] = True
-    if config.getoption("pallas_check_dma"):
-        fields["dma_mode"] = DmaMode(config.getoption("pallas_check_dma"))
-    if config.getoption("pallas_check_uninit"):
-        fields["uninit"] = UninitFill(config.getoption("pallas_check_uninit"))
+    for option in RUN_OPTIONS:
+        # --devices cannot apply: the test process started JAX with its own device count.
+        if option.config_field is None or option.param == "devices":
+            continue
+        value = config.getoption(f"pallas_check_{option.param}") if option.pytest else None
+        if value is None and option.param in values:
+            value = values[option.param]
+        if value is not None:
+            fields[option.config_field] = option.kind(value)
     return Config(**fields)
 
 

@@ -2,9 +2,9 @@
 
 Precedence, lowest first: the option's default < the pyproject table < the environment <
 a flag given on the command line. The keys are the long option names of `pallas-check run`
-without their dashes (`dma`, `skip-floats` or `skip_floats`, `format`, ...), read from the
-command's own signature, so an option added to `run` can be set here with no change to this
-module. The table may also name the scripts the pre-commit hook checks (`scripts`, `pattern`).
+without their dashes (`dma`, `skip-floats` or `skip_floats`, `format`, ...), taken from
+their one declaration in options.py, so an option added there can be set here with no
+change to this module. The table may also name the scripts the pre-commit hook checks (`scripts`, `pattern`).
 
 Nothing here imports JAX. Every error is a `SettingsError` naming the key and the file (or
 the variable); the command line turns it into one line and exit 2.
@@ -67,18 +67,13 @@ class Settings:
         return self.path.parent if self.path is not None else Path.cwd()
 
 
-# Constraints the command's signature does not carry (checked in the command's body).
-def _extra_checks() -> dict[str, Callable[[Any], str | None]]:
-    from pallas_check.report import FORMATS
-
-    return {
-        "format": lambda v: None if v in FORMATS else f"expected one of {', '.join(FORMATS)}",
-        "devices": lambda v: None if v >= 1 else "must be at least 1",
-    }
-
-
 def option_specs(command: Callable[..., Any]) -> dict[str, OptionSpec]:
-    """The settings keys of a typer command function: one per option (not per argument)."""
+    """The settings keys of a command: from its options.py declaration (`run`), else from
+    the typer function's signature; one per option (not per argument)."""
+    declared = getattr(command, "__pallas_check_options__", None)
+    if declared is not None:
+        return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, None)
+                for o in declared}
     import typer.models
 
     hints = typing.get_type_hints(command, include_extras=True)
@@ -166,10 +161,6 @@ def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) ->
                              f" got {value!r}")
         if kind is Path and base is not None:
             value = str(base / value)  # a path in pyproject.toml is relative to its folder
-    check = _extra_checks().get(spec.key)
-    problem = check(value) if check is not None else None
-    if problem:
-        raise ValueError(f"{problem}, got {value!r}")
     return value
 
 

@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 
 from pallas_check.findings import CallSummary, Finding
+from pallas_check.options import RUN_OPTIONS, replay_options
 
 
 @dataclasses.dataclass
@@ -26,17 +27,9 @@ class RunReport:
     script_args: tuple[str, ...] = ()  # what followed `--` on the command line
 
 
-# Options that change what a simulation does, with their defaults: a replay names those
-# that differ, plus the seed.
-_REPLAY_OPTIONS = (
-    ("dma_mode", "--dma", "on_wait"),
-    ("uninit", "--uninit", "nan"),
-    ("skip_floats", "--skip-floats", False),
-    ("tpu", "--tpu", "v5e"),
-    ("devices", "--devices", 1),
-    ("cores", "--cores", 1),
-    ("races", "--races", False),
-)
+# Options that change what a simulation does (options.py marks them), with their defaults:
+# a replay names those that differ, plus the seed.
+_REPLAY_OPTIONS = replay_options()
 
 
 def replay_command(script: str, config: dict[str, Any], seed: int | None,
@@ -46,11 +39,15 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
     if rerun is not None and not rerun.startswith("pallas-check"):
         # Under pytest the options are the plugin's; name them as such (the others come
         # from [tool.pallas-check], which the rerun reads again).
-        flags = " --pallas-check-races" if config.get("races") else ""
-        for key, flag in (("dma_mode", "--pallas-check-dma"), ("uninit", "--pallas-check-uninit")):
-            default = dict((k, d) for k, _, d in _REPLAY_OPTIONS)[key]
-            if config.get(key, default) != default:
-                flags += f" {flag} {config[key]}"
+        flags = ""
+        for option in RUN_OPTIONS:
+            if not option.pytest or option.config_field is None:
+                continue
+            default = getattr(option.default, "value", option.default)
+            value = config.get(option.config_field, default)
+            if value != default:
+                flag = f"--pallas-check-{option.key}"
+                flags += f" {flag}" if option.kind is bool else f" {flag} {value}"
         return f"{rerun}{flags} (seed {seed})"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for key, flag, default in _REPLAY_OPTIONS:

@@ -1,0 +1,151 @@
+"""Every option of `pallas-check run`, declared once.
+
+From this one table come: the typer command (cli.run's parameters), the
+`[tool.pallas-check]` keys and `PALLAS_CHECK_*` variables with their checks (settings.py),
+the pytest plugin's `--pallas-check-*` options, and the replay command printed under each
+finding (report/model.py). Adding an option is one entry here (and reading it where it
+acts); tests/test_options.py proves every surface accepts every option.
+
+Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pallas_check.config import DmaMode, TpuGeneration, UninitFill
+
+
+class Format(str, enum.Enum):
+    """Report formats of `run` (`diff` and `--native` take table and json)."""
+
+    TABLE = "table"
+    JSON = "json"
+    SARIF = "sarif"
+    TEXT = "text"
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option: its flag(s), type, default and help, and where else it appears."""
+
+    param: str  # the command function's parameter, e.g. "skip_floats"
+    flags: tuple[str, ...]  # e.g. ("--output", "-o"); the first is the long flag
+    kind: Any  # bool, int, Path, str or an Enum class
+    default: Any
+    help: str
+    minimum: int | None = None
+    config_field: str | None = None  # the Config attribute it sets, if the engine reads it
+    replayed: bool = False  # the replay command repeats it when it is not the default
+    pytest: bool = False  # the pytest plugin offers it as --pallas-check-<key>
+
+    @property
+    def key(self) -> str:
+        """The settings key and long flag without dashes, e.g. "skip-floats"."""
+        return self.flags[0][2:]
+
+    @property
+    def env(self) -> str:
+        return "PALLAS_CHECK_" + self.key.upper().replace("-", "_")
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
+            return tuple(str(m.value) for m in self.kind)
+        return ()
+
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("dma", ("--dma",), DmaMode, DmaMode.ON_WAIT,
+           "When DMAs copy: at their start (eager), at their wait (on_wait), or at"
+           " scheduler-chosen points between the two (random).",
+           config_field="dma_mode", replayed=True, pytest=True),
+    Option("uninit", ("--uninit",), UninitFill, UninitFill.NAN,
+           "Fill of never-written memory.", config_field="uninit", replayed=True,
+           pytest=True),
+    Option("skip_floats", ("--skip-floats",), bool, False,
+           "Skip float-only computation (results become inf).", config_field="skip_floats",
+           replayed=True),
+    Option("fmt", ("--format",), Format, Format.TABLE,
+           "Report format: a table for people, json, sarif, or text (path:line: kind:"
+           " message)."),
+    Option("output", ("--output", "-o"), Optional[Path], None,
+           "Write the report to this file (- for stdout)."),
+    Option("tpu", ("--tpu",), TpuGeneration, TpuGeneration.V5E,
+           "TPU generation kernels are told they run on.", config_field="tpu",
+           replayed=True),
+    Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
+           minimum=1, config_field="devices", replayed=True),
+    Option("cores", ("--cores",), int, 1,
+           "TensorCores per device; 'parallel' grid axes are split over them (megacore).",
+           minimum=1, config_field="cores", replayed=True),
+    Option("seed", ("--seed",), int, 0, "Scheduler seed (replays an interleaving).",
+           config_field="seed"),
+    Option("races", ("--races",), bool, False, "Detect data races (happens-before).",
+           config_field="races", replayed=True, pytest=True),
+    Option("schedules", ("--schedules",), int, 1,
+           "Try N scheduler seeds per call (with --dma random: explore interleavings);"
+           " stop at a finding.", minimum=1, config_field="schedules"),
+    Option("keep_going", ("--keep-going",), bool, False,
+           "With --schedules: try every schedule.", config_field="keep_going"),
+    Option("native", ("--native",), bool, False,
+           "No simulation: run the calls on the hardware lowering (TPU or GPU) and report"
+           " each call's wall time."),
+)
+
+BY_PARAM = {option.param: option for option in RUN_OPTIONS}
+
+# `pallas-check diff`: its own options, then those of `run` that set up our side.
+DIFF_OPTIONS: tuple[Option, ...] = (
+    Option("against", ("--against",), Optional[str], None,
+           "The other side: native (default), hlo (JAX's HLO interpreter), jax-interpret"
+           " (JAX's TPU interpreter), or options of ours in quotes, e.g. \"--uninit zero\"."),
+    Option("native", ("--native",), bool, False,
+           "Compare against the hardware lowering (the default)."),
+    Option("rtol", ("--rtol",), Optional[float], None,
+           "Relative tolerance (default per dtype; f32: 1e-5).", minimum=0),
+    Option("atol", ("--atol",), Optional[float], None,
+           "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0),
+    *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "fmt", "output",
+                                  "devices", "tpu", "cores", "seed")),
+)
+
+
+def typer_parameters(options: tuple[Option, ...]) -> list[inspect.Parameter]:
+    """The options as parameters of a typer command function."""
+    import typer
+
+    params = []
+    for option in options:
+        info = typer.Option(option.default, *option.flags, help=option.help,
+                            min=option.minimum)
+        params.append(inspect.Parameter(option.param, inspect.Parameter.KEYWORD_ONLY,
+                                        default=info, annotation=option.kind))
+    return params
+
+
+def with_options(options: tuple[Option, ...],
+                 leading: list[inspect.Parameter]) -> Callable[[Callable[..., Any]],
+                                                                Callable[..., Any]]:
+    """Give a command function the declared options as its signature (after `leading`,
+    its arguments); typer reads the signature, settings.py the declaration."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        params = leading + typer_parameters(options)
+        fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        fn.__annotations__ = {p.name: p.annotation for p in params}
+        fn.__pallas_check_options__ = options  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def replay_options() -> tuple[tuple[str, str, Any], ...]:
+    """(Config field, flag, default value) of the options a replay command repeats."""
+    return tuple((o.config_field, o.flags[0],
+                  o.default.value if isinstance(o.default, enum.Enum) else o.default)
+                 for o in RUN_OPTIONS if o.replayed and o.config_field)

@@ -1,0 +1,98 @@
+"""Every option declared in options.py reaches every surface: the `run` command, the
+[tool.pallas-check] table, PALLAS_CHECK_* variables, the Config, the replay command and
+(where declared) the pytest plugin. Adding an option is one entry in options.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from pathlib import Path
+
+import pytest
+import typer
+
+from pallas_check import pytest_plugin
+from pallas_check.cli import app, run
+from pallas_check.config import Config
+from pallas_check.options import RUN_OPTIONS, Option
+from pallas_check.report.model import replay_command
+from pallas_check.settings import load_settings
+
+IDS = [o.key for o in RUN_OPTIONS]
+
+
+def sample(option: Option) -> tuple[object, str]:
+    """A non-default value of the option: as TOML text and as the converted value."""
+    if option.kind is bool:
+        return True, "true"
+    if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
+        member = [m for m in option.kind if m != option.default][-1]
+        return member.value, f'"{member.value}"'
+    if option.kind is int:
+        value = (option.minimum or 0) + 2
+        return value, str(value)
+    return "r.json", '"r.json"'  # a path
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_the_run_command_takes_it(option):
+    command = typer.main.get_command(app).commands["run"]
+    flags = {flag for param in command.params for flag in param.opts}
+    assert set(option.flags) <= flags
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_the_table_and_the_environment_set_it(option, tmp_path):
+    value, toml = sample(option)
+    (tmp_path / "pyproject.toml").write_text(f"[tool.pallas-check]\n{option.key} = {toml}\n")
+    settings = load_settings(run, cwd=tmp_path, environ={})
+    expected = str(tmp_path / value) if option.param == "output" else value
+    assert settings.values == {option.param: expected}
+    env_text = toml.strip('"')
+    (tmp_path / "pyproject.toml").unlink()
+    settings = load_settings(run, cwd=tmp_path, environ={option.env: env_text})
+    assert settings.values == {option.param: value}
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_the_config_and_the_replay_command_follow_it(option):
+    if option.config_field is None:
+        assert not option.replayed
+        return
+    assert option.config_field in {f.name for f in dataclasses.fields(Config)}
+    value, _ = sample(option)
+    config = {option.config_field: value}
+    replay = replay_command("k.py", config, seed=3)
+    shown = option.flags[0] if option.kind is bool else f"{option.flags[0]} {value}"
+    assert (shown in replay) == option.replayed, replay
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_the_pytest_plugin_offers_what_is_declared_for_it(option):
+    registered: list[str] = []
+
+    class Group:
+        def addoption(self, name, **kwargs):
+            registered.append(name)
+
+    class Parser:
+        def getgroup(self, *args):
+            return Group()
+
+    pytest_plugin.pytest_addoption(Parser())
+    assert (f"--pallas-check-{option.key}" in registered) == option.pytest
+    if option.pytest:
+        value, _ = sample(option)
+        replay = replay_command("k.py", {option.config_field: value}, seed=0,
+                                rerun="pytest t.py::test --pallas-check")
+        assert f"--pallas-check-{option.key}" in replay
+
+
+def test_every_config_field_a_user_sets_has_an_option():
+    declared = {o.config_field for o in RUN_OPTIONS}
+    internal = {"check_uninit_outputs"}  # not a user's choice
+    assert {f.name for f in dataclasses.fields(Config)} - internal <= declared
+
+
+def test_output_is_a_path():
+    assert [o.kind for o in RUN_OPTIONS if o.param == "output"][0].__args__[0] is Path
