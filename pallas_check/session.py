@@ -106,6 +106,7 @@ class Session:
     def _simulate(self, params: dict, device_operands: list, mesh: Any,
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
+        from pallas_check.checkers import CHECKERS
         from pallas_check.engine.evaluate import KernelError
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
@@ -126,7 +127,7 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None,
-                    results=results)
+                    results=results, checkers=CHECKERS)
         except KeyboardInterrupt:
             self.interrupted = True
             raise

@@ -1,1 +1,61 @@
-"""Checkers turn engine events into findings while the kernel runs (one module each)."""
+"""Checkers turn engine events into findings while the kernel runs (one module each).
+
+`CHECKERS` answers the engine's events (`engine/events.py`'s `Checkers` protocol); the
+session hands it to the engine, which imports no checker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from pallas_check.checkers import bounds, deadlock, pipeline, semaphores, uninit
+from pallas_check.checkers.races import RaceChecker
+from pallas_check.engine import events
+from pallas_check.findings import Finding, KernelInfo
+
+
+class _Checkers:
+    """The checkers behind the engine's events (see engine/events.py)."""
+
+    def masked_out_of_bounds(self, region: Any, mask: np.ndarray) -> bool:
+        return bounds.masked_oob(region, mask)
+
+    def access_out_of_bounds(self, state: Any, ctx: Any, region: Any, operation: str,
+                             frames: tuple) -> Finding:
+        return bounds.access_finding(state, ctx, region, operation, frames)
+
+    def block_out_of_bounds(self, ctx: Any, op: Any, block_index: tuple,
+                            bad_dims: list[int], frames: tuple) -> Finding:
+        return bounds.block_finding(ctx, op, block_index, bad_dims, frames)
+
+    def block_revisited(self, ctx: Any, op: Any, block_index: tuple, frames: tuple) -> None:
+        pipeline.revisit_finding(ctx, op, block_index, frames)
+
+    def deadlocked(self, state: Any, found: Any, ctx: Any) -> Finding:
+        return deadlock.deadlock_finding(state, found, ctx)
+
+    def call_ended(self, state: Any, ctx: Any) -> None:
+        semaphores.semaphore_findings(state, ctx)
+
+    def dmas_not_waited(self, state: Any) -> list[Finding]:
+        return semaphores.dma_not_waited_findings(state)
+
+    def output_unwritten(self, state: Any, buffer: Any) -> None:
+        uninit.unwritten_finding(state, buffer)
+
+    def outputs_of_two_fills(self, output_names: list[str], state: Any,
+                             outputs: list[np.ndarray], other_outputs: list[np.ndarray],
+                             written: list[np.ndarray | None], kernel: KernelInfo,
+                             call_index: int) -> list[Finding]:
+        return uninit.uninit_findings(output_names, state, outputs, other_outputs, written,
+                                      kernel, call_index)
+
+    def race_detector(self, make_finding: Callable[..., Finding],
+                      add: Callable[[Finding], None]) -> RaceChecker:
+        return RaceChecker(make_finding, add)
+
+
+CHECKERS = _Checkers()
+events.set_default_checkers(CHECKERS)

@@ -13,7 +13,7 @@ from pallas_check.engine.memory import MemorySpace, Region
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 
 
-if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.kernel import CallState, CoreContext, Operand
 
 

@@ -9,7 +9,7 @@ from pallas_check.findings import Access, Finding, FindingKind, IndexRange
 from pallas_check.engine.memory import MemorySpace
 from pallas_check.engine.scheduler import Deadlock
 
-if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.kernel import CallState, CoreContext
 
 

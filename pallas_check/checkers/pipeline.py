@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pallas_check.findings import Finding, FindingKind, SourceFrame
 from pallas_check.engine.memory import MemorySpace
 
-if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.kernel import CoreContext, Operand
 
 

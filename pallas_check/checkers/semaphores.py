@@ -11,7 +11,7 @@ from pallas_check.findings import Finding, FindingKind, format_range
 from pallas_check.engine.memory import MemorySpace
 from pallas_check.engine import sync
 
-if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.kernel import CallState, CoreContext
 
 

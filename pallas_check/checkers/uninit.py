@@ -4,29 +4,18 @@ the kernel never wrote."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pallas_check.findings import (
     Access, Finding, FindingKind, IndexRange, KernelInfo, SourceFrame, format_range)
+from pallas_check.engine.events import UninitRead
 from pallas_check.engine.memory import Buffer, MemorySpace
 from pallas_check.sourceinfo import code_line
 
-if TYPE_CHECKING:  # only for annotations: the engine imports these checkers
+if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.kernel import CallState
-
-
-@dataclasses.dataclass
-class UninitRead:
-    buffer: str
-    memory_space: str
-    index_range: IndexRange
-    frames: tuple[SourceFrame, ...]
-    grid_point: tuple[int, ...] | None
-    actor: str
-    count: int
 
 
 def bbox(mask: np.ndarray) -> IndexRange:

@@ -26,9 +26,7 @@ from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.evaluate import KernelError, current_frames, eval_jaxpr, structure_key
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
-from pallas_check.checkers import bounds, pipeline, semaphores, uninit
-from pallas_check.checkers import deadlock as deadlock_checker
-from pallas_check.checkers.races import RaceChecker
+from pallas_check.engine.events import Checkers, RaceDetector, UninitRead, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
@@ -134,14 +132,15 @@ class CallState:
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
     def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
-                 report: bool) -> None:
+                 report: bool, checkers: Checkers) -> None:
         self.config = config
+        self.checkers = checkers  # what the events of this call go to
         self.fill_mode = fill
         self.kernel = kernel
         self.call_index = call_index
         self.report = report
         self.findings: list[Finding] = []
-        self.uninit_reads: list[uninit.UninitRead] = []
+        self.uninit_reads: list[UninitRead] = []
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
@@ -152,12 +151,12 @@ class CallState:
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
         self.collective_id: Any = None
-        self.races: RaceChecker | None = None
+        self.races: RaceDetector | None = None
         if config.races:
             # Weak callbacks: a checker pointing back at the state would make a cycle that
             # keeps the call's buffers alive until some later garbage collection.
             me = weakref.ref(self)
-            self.races = RaceChecker(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
+            self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
                                      lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
 
@@ -189,9 +188,10 @@ class CallState:
     # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
-        if mask is not None and not bounds.masked_oob(region, mask):
+        if mask is not None and not self.checkers.masked_out_of_bounds(region, mask):
             return
-        self.add(bounds.access_finding(self, ctx, region, operation, current_frames(ctx)))
+        self.add(self.checkers.access_out_of_bounds(self, ctx, region, operation,
+                                                    current_frames(ctx)))
 
     def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
                            unwritten: np.ndarray | None = None) -> None:
@@ -199,7 +199,7 @@ class CallState:
         the recorded range is theirs, not the whole access's."""
         frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
-        self.uninit_reads.append(uninit.UninitRead(
+        self.uninit_reads.append(UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
 
@@ -438,9 +438,9 @@ class DevicesResult:
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
-             call_index: int) -> CallResult:
+             call_index: int, checkers: Checkers | None = None) -> CallResult:
     """Simulate one pallas_call on one device; return its outputs and findings."""
-    result = run_call_devices(params, [operands], config, call_index)
+    result = run_call_devices(params, [operands], config, call_index, checkers=checkers)
     return CallResult(result.outputs[0], result.findings)
 
 
@@ -448,7 +448,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
                      carried: dict | None = None,
                      progress: Callable[[int, int], None] | None = None,
-                     results: Sequence[np.ndarray] | None = None) -> DevicesResult:
+                     results: Sequence[np.ndarray] | None = None,
+                     checkers: Checkers | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores).
 
@@ -459,6 +460,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     until one schedule has findings (or all of them, with keep_going); each finding
     carries the seed that replays it."""
     carried = carried if carried is not None else {}
+    checkers = checkers if checkers is not None else default_checkers()
     schedules = max(1, config.schedules)
     findings: list[Finding] = []
     seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
@@ -469,7 +471,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
         trial_carried = dict(carried)
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
-                              mesh, trial_carried, results if i == 0 else None)
+                              mesh, trial_carried, results if i == 0 else None, checkers)
         tried += 1
         if progress is not None:
             progress(i + 1, schedules)
@@ -500,17 +502,19 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
-                  carried: dict, results: Sequence[np.ndarray] | None = None) -> DevicesResult:
+                  carried: dict, results: Sequence[np.ndarray] | None,
+                  checkers: Checkers) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
-                                        call_index, True, mesh, carried, results)
+                                        call_index, True, mesh, carried, results, checkers)
     findings = list(state.findings)
     if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
             and not state.deadlocked):
         other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
         other_outputs, _, _ = _simulate(params, device_operands, config, other_fill, kernel,
-                                        call_index, False, mesh, dict(carried or {}))
+                                        call_index, False, mesh, dict(carried or {}), None,
+                                        checkers)
         flat = [o for dev in outputs for o in dev]
         flat_other = [o for dev in other_outputs for o in dev]
         flat_written = [w for dev in written for w in dev]
@@ -518,7 +522,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         first_output = gm.num_index_operands + gm.num_inputs
         names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
         flat_names = [name for _ in outputs for name in names]
-        findings.extend(uninit.uninit_findings(flat_names, state, flat, flat_other,
+        findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
     return DevicesResult(outputs, findings)
 
@@ -527,10 +531,12 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
+              checkers: Checkers | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     jaxpr: jax_core.Jaxpr = params["jaxpr"]
     gm = params["grid_mapping"]
-    state = CallState(config, fill, kernel, call_index, report)
+    state = CallState(config, fill, kernel, call_index, report,
+                      checkers if checkers is not None else default_checkers())
     state.mesh = mesh
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
@@ -660,13 +666,13 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     try:
         state.scheduler.run(actors)
     except Deadlock as deadlock:
-        state.add(deadlock_checker.deadlock_finding(state, deadlock, ctx))
+        state.add(state.checkers.deadlocked(state, deadlock, ctx))
         state.deadlocked = True
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
     _finish_dmas(ctx, report=not state.deadlocked)
     if not state.deadlocked:
-        semaphores.semaphore_findings(state, ctx)
+        state.checkers.call_ended(state, ctx)
     state.save_carried()
     outputs, written = [], []
     for hbm_outputs in device_hbm_outputs:
@@ -677,7 +683,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
                 continue
             device_written.append(buf.shadow)
             if not buf.fully_written and not state.deadlocked:
-                uninit.unwritten_finding(state, buf)
+                state.checkers.output_unwritten(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
         outputs.append([buf.data for buf in hbm_outputs])
         written.append(device_written)
@@ -825,7 +831,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
             key = tuple(int(i) for i in idx)
             if step == 0 or not np.array_equal(idx, op.block_indices[step - 1]):  # type: ignore[index]
                 if key in visited[id(op)]:
-                    pipeline.revisit_finding(ctx, op, key, _index_map_frames(op))
+                    ctx.call.checkers.block_revisited(ctx, op, key, _index_map_frames(op))
                 _check_block_bounds(ctx, op, key)
                 assert op.vmem is not None
                 op.vmem.data[...] = ctx.fill(op.vmem.data.dtype)
@@ -877,7 +883,8 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
             bad.append(d)
     if not bad:
         return True
-    ctx.call.add(bounds.block_finding(ctx, op, block_index, bad, _index_map_frames(op)))
+    ctx.call.add(ctx.call.checkers.block_out_of_bounds(ctx, op, block_index, bad,
+                                                      _index_map_frames(op)))
     return False
 
 
@@ -928,7 +935,7 @@ def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
         if not dma.copied:
             sync.complete(ctx, dma)
     if report:
-        for finding in semaphores.dma_not_waited_findings(state):
+        for finding in state.checkers.dmas_not_waited(state):
             state.add(finding)
 
 

@@ -16,10 +16,23 @@ import random
 from typing import Any, Generator
 
 from pallas_check.engine import progress
-from pallas_check.engine.sync import Wait
+from pallas_check.findings import SourceFrame
 
 PRIORITY_CHANGE_POINTS = 3
 CHANGE_POINT_HORIZON = 512  # scheduling steps within which the change points fall
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """A scheduler request: the actor cannot go on until `ready()` holds."""
+
+    ready: Any
+    what: str
+    frames: tuple[SourceFrame, ...]
+    semaphore: str = ""
+    wanted: int = 0
+    current: Any = None
+    cell: Any = None  # the (buffer, index) waited on, for findings to name buffer and index
 
 
 @dataclasses.dataclass

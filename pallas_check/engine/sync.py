@@ -22,20 +22,8 @@ from pallas_check.config import DmaMode
 from pallas_check.engine import memory
 from pallas_check.engine.evaluate import KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
+from pallas_check.engine.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
-
-
-@dataclasses.dataclass(frozen=True)
-class Wait:
-    """A scheduler request: the actor cannot go on until `ready()` holds."""
-
-    ready: Any
-    what: str
-    frames: tuple[SourceFrame, ...]
-    semaphore: str = ""
-    wanted: int = 0
-    current: Any = None
-    cell: Any = None  # the (buffer, index) waited on, for findings to name buffer and index
 
 
 @dataclasses.dataclass
@@ -290,8 +278,6 @@ def _dma_start(ctx, eqn, invals):
     if ctx.config.dma_mode == DmaMode.EAGER:
         complete(ctx, dma)
     elif ctx.config.dma_mode == DmaMode.RANDOM:
-        from pallas_check.engine.scheduler import Actor
-
         ctx.call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
     yield None  # a scheduling point: another actor may run between start and what follows
     return []

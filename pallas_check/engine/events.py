@@ -1,0 +1,97 @@
+"""What the engine tells the checkers: a small protocol, so the engine imports no checker.
+
+The engine simulates; at each event below it calls the `Checkers` it was given (the session
+hands it `pallas_check.checkers.CHECKERS`), and the checkers build the findings. The engine
+never decides what is a defect, and never prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
+
+
+@dataclasses.dataclass
+class UninitRead:
+    """A read of never-written elements (collected during a call; whether they reached an
+    output is decided after the call, by the checkers)."""
+
+    buffer: str
+    memory_space: str
+    index_range: IndexRange
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    actor: str
+    count: int
+
+
+class RaceDetector(Protocol):
+    """Happens-before bookkeeping, fed by the engine's accesses and sync edges."""
+
+    def declare(self, actors: Any) -> None: ...
+
+    def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
+               operation: str, frames: tuple, grid_point: Any) -> None: ...
+
+    def fork(self, parent: str, child: str) -> None: ...
+
+    def release(self, actor: str, key: Any) -> None: ...
+
+    def acquire(self, actor: str, key: Any) -> None: ...
+
+    def end(self, actor: str) -> None: ...
+
+
+class Checkers(Protocol):
+    """The events of one simulated call, answered with findings (state: engine.kernel's
+    CallState; ctx: its CoreContext; op: an Operand)."""
+
+    def masked_out_of_bounds(self, region: Any, mask: np.ndarray) -> bool:
+        """Whether an access's mask lets any out-of-bounds element through."""
+
+    def access_out_of_bounds(self, state: Any, ctx: Any, region: Any, operation: str,
+                             frames: tuple) -> Finding: ...
+
+    def block_out_of_bounds(self, ctx: Any, op: Any, block_index: tuple,
+                            bad_dims: list[int], frames: tuple) -> Finding: ...
+
+    def block_revisited(self, ctx: Any, op: Any, block_index: tuple, frames: tuple) -> None:
+        ...
+
+    def deadlocked(self, state: Any, deadlock: Any, ctx: Any) -> Finding: ...
+
+    def call_ended(self, state: Any, ctx: Any) -> None:
+        """The kernel finished (not deadlocked): semaphores left with a count."""
+
+    def dmas_not_waited(self, state: Any) -> list[Finding]: ...
+
+    def output_unwritten(self, state: Any, buffer: Any) -> None: ...
+
+    def outputs_of_two_fills(self, output_names: list[str], state: Any,
+                             outputs: list[np.ndarray], other_outputs: list[np.ndarray],
+                             written: list[np.ndarray | None], kernel: KernelInfo,
+                             call_index: int) -> list[Finding]:
+        """The call re-run with the other fill: which outputs never-written memory reached."""
+
+    def race_detector(self, make_finding: Callable[..., Finding],
+                      add: Callable[[Finding], None]) -> RaceDetector: ...
+
+
+_default: Checkers | None = None
+
+
+def set_default_checkers(checkers: Checkers) -> None:
+    """What a call is checked by when its caller names no Checkers (pallas_check.checkers
+    registers itself here when imported)."""
+    global _default
+    _default = checkers
+
+
+def default_checkers() -> Checkers:
+    if _default is None:
+        raise RuntimeError("no checkers: import pallas_check.checkers (or pass checkers=)")
+    return _default
