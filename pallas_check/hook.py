@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pallas_check.exitcodes import ExitCode
+from pallas_check.options import RUN_OPTIONS
 from pallas_check.settings import Settings, SettingsError, load_settings
 
 _WHAT = {0: "clean", 1: "findings", 2: "usage or configuration error",
@@ -57,10 +58,9 @@ def configured_scripts(settings: Settings) -> list[Path]:
 
 def run_hook(files: Sequence[str] = ()) -> ExitCode:
     """Check every configured script in its own process; the worst exit code."""
-    from pallas_check.cli import run
 
     try:
-        settings = load_settings(run)
+        settings = load_settings(RUN_OPTIONS)
         if settings.path is None or not settings.has_table:
             where = settings.path or "the current directory or its parents"
             return _error(f"no [tool.pallas-check] table in {where}: name the scripts to"

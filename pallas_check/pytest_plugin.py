@@ -54,12 +54,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _check_config(config: pytest.Config) -> Any:
     """The run Config: defaults < [tool.pallas-check] < PALLAS_CHECK_* < these flags."""
-    from pallas_check.cli import run
     from pallas_check.config import Config
     from pallas_check.settings import SettingsError, load_settings
 
     try:
-        values = load_settings(run, cwd=config.rootpath).values
+        values = load_settings(RUN_OPTIONS, cwd=config.rootpath).values
     except SettingsError as exc:
         raise pytest.UsageError(f"pallas-check: {exc}") from None
     fields: dict[str, Any] = {}

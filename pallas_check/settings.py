@@ -21,7 +21,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 TABLE = "pallas-check"
 ENV_PREFIX = "PALLAS_CHECK_"
@@ -67,10 +67,11 @@ class Settings:
         return self.path.parent if self.path is not None else Path.cwd()
 
 
-def option_specs(command: Callable[..., Any]) -> dict[str, OptionSpec]:
+def option_specs(command: Any) -> dict[str, OptionSpec]:
     """The settings keys of a command: from its options.py declaration (`run`), else from
     the typer function's signature; one per option (not per argument)."""
-    declared = getattr(command, "__pallas_check_options__", None)
+    declared = (command if isinstance(command, tuple)
+                else getattr(command, "__pallas_check_options__", None))
     if declared is not None:
         return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, None)
                 for o in declared}
@@ -191,9 +192,10 @@ def read_table(path: Path) -> dict[str, Any] | None:
     return table
 
 
-def load_settings(command: Callable[..., Any], cwd: Path | None = None,
+def load_settings(command: Any, cwd: Path | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings for `command` (a typer command function, e.g. `cli.run`).
+    """Settings for `command`: a typer command function (e.g. `cli.run`) or a tuple of
+    options.py's declarations (`RUN_OPTIONS`, for the hook and the pytest plugin).
 
     Reads the nearest pyproject.toml from `cwd` up, then `PALLAS_CHECK_<KEY>` variables;
     a variable with the prefix that names no option (a typo) is an error, not ignored.

@@ -16,6 +16,12 @@ from pallas_check.config import Config
 from pallas_check.findings import Finding
 from pallas_check.session import Session
 
+# The engine and checkers are imported once, here: pytester's in-process runs restore
+# sys.modules afterwards, and an engine module first imported inside one would be imported
+# again later as a second copy with its own rule registry.
+import pallas_check.checkers  # noqa: E402,F401
+import pallas_check.engine.kernel  # noqa: E402,F401
+
 # The fuzz tests' hypothesis profiles must exist before hypothesis' pytest plugin reads
 # --hypothesis-profile (while pytest configures, before tests/fuzz/conftest.py loads).
 import fuzz.conftest  # noqa: E402,F401  (tests/ is on sys.path: this folder's conftest)

@@ -64,3 +64,39 @@ def test_run_diff_and_native_share_one_run_path(monkeypatch):
                                 None, None, "json", None)
     native.run_native_and_report("k.py", [], "json", None)
     assert seen == ["CheckCommand", "DiffCommand", "NativeCommand"]
+
+
+def test_no_import_cycle_anywhere():
+    """Strongly connected groups of pallas-check modules (lazy imports included): none."""
+    import grimp
+
+    graph = grimp.build_graph("pallas_check")
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in edges[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert cycles == []
