@@ -1,0 +1,268 @@
+"""The static description of one pallas_call: its operands, block mappings, grid and
+cores, read from the primitive's params before anything runs."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import pallas_core
+from pallas_check.jaxbridge import state_discharge
+
+from pallas_check.engine.evaluate import KernelError, structure_key
+from pallas_check.engine.memory import Buffer, MemorySpace
+from pallas_check.findings import KernelInfo
+from pallas_check.sourceinfo import parse_src_info
+
+
+
+
+def memory_space_name(space: Any, default: str = MemorySpace.VMEM) -> str:
+    if space is None:
+        return default
+    name = getattr(space, "name", str(space)).upper()
+    if name in ("ANY", "HBM", "GLOBAL"):
+        return MemorySpace.HBM
+    if name in ("SEMAPHORE", "SEMAPHORE_MEM"):
+        return MemorySpace.SEMAPHORE
+    if name in ("VMEM", "SMEM", "VMEM_SHARED"):
+        return name
+    return default
+
+
+def is_semaphore_aval(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    try:
+        return dtype is not None and jnp.issubdtype(dtype, pallas_core.semaphore_dtype)
+    except TypeError:
+        return False
+
+
+@dataclasses.dataclass
+class Operand:
+    """An input or output of the call: its HBM array and how blocks map onto it."""
+
+    name: str
+    position: int  # index among the kernel's parameters
+    is_output: bool
+    mapping: Any  # BlockMapping
+    hbm: Buffer
+    kernel_space: str
+    block_sizes: tuple[int, ...]  # one per array dim (squeezed dims are 1)
+    squeezed: tuple[bool, ...]
+    element: tuple[bool, ...]
+    block_indices: np.ndarray | None = None  # (num_steps, ndim)
+    vmem: Buffer | None = None
+
+    @property
+    def whole_array(self) -> bool:
+        return self.vmem is None
+
+    def block_window(self, block_index: Sequence[int]) -> list[tuple[int, int]]:
+        """(start, size) per array dim for a block index."""
+        return [(int(bi) if elem else int(bi) * size, size)
+                for bi, size, elem in zip(block_index, self.block_sizes, self.element)]
+
+
+def _program_axes(grid_mapping: Any) -> list[int]:
+    vmapped = set(grid_mapping.vmapped_dims)
+    return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]
+
+
+_MAX_INDEX_MAP_FNS = 512
+
+
+_index_map_fns: "collections.OrderedDict[tuple, Callable[..., Any]]" = collections.OrderedDict()
+
+
+_index_map_lock = threading.Lock()
+
+
+def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
+    """All grid points' block indices in one vectorised, compiled call. Cached by the index
+    map's structure and constants (an eager call traces its index maps anew every time),
+    bounded."""
+    key = (structure_key(index_map_jaxpr.jaxpr), _consts_key(index_map_jaxpr.consts),
+           num_grid, num_scalars)
+    with _index_map_lock:
+        fn = _index_map_fns.get(key)
+        if fn is not None:
+            _index_map_fns.move_to_end(key)
+            return fn
+    closed = _discharged(index_map_jaxpr)
+    n_out = len(index_map_jaxpr.jaxpr.outvars)
+
+    def one(*args):
+        return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
+
+    in_axes = (0,) * num_grid + (None,) * num_scalars
+    fn = jax.jit(jax.vmap(one, in_axes=in_axes))
+    with _index_map_lock:
+        _index_map_fns[key] = fn
+        while len(_index_map_fns) > _MAX_INDEX_MAP_FNS:
+            _index_map_fns.popitem(last=False)
+    return fn
+
+
+def _consts_key(consts: Sequence[Any]) -> tuple:
+    values = [np.asarray(c) for c in consts]
+    return tuple((v.shape, v.dtype.str, v.tobytes()) for v in values)
+
+
+def kernel_info(params: dict) -> KernelInfo:
+    jaxpr = params["jaxpr"]
+    info = getattr(jaxpr, "debug_info", None)
+    name, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    if params.get("name"):
+        name = params["name"]
+    return KernelInfo(name=name, file=file, line=line)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshInfo:
+    """The named device axes a call runs over (from shard_map), row-major device ids."""
+
+    axes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod([size for _, size in self.axes])) if self.axes else 1
+
+    def coords(self, device: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, size in reversed(self.axes):
+            out[name] = device % size
+            device //= size
+        return out
+
+    def logical(self, coords: dict[str, int]) -> int:
+        device = 0
+        for name, size in self.axes:
+            device = device * size + int(coords[name])
+        return device
+
+
+SINGLE_DEVICE = MeshInfo()
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of an operand, so that the first write copies it (the operands
+    are shared by every schedule and fill the call is simulated under)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def core_mesh_axes(params: dict) -> tuple[str, ...]:
+    """Axis names of a TensorCore mesh the call runs over (core_map / pl.kernel), or ()."""
+    mesh = params.get("mesh")
+    if mesh is None:
+        return ()
+    names = getattr(mesh, "axis_names", None) or tuple(getattr(mesh, "shape", {}) or ())
+    return tuple(names)
+
+
+def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int, ...]:
+    """The grid with its dynamic dimensions replaced by the call's bound operands."""
+    values = iter(bounds)
+    out = []
+    for dim in grid:
+        if isinstance(dim, tuple):  # a named mesh axis of a core_map kernel: (name, size)
+            out.append(int(dim[1]))
+        elif dim is pallas_core.dynamic_grid_dim:
+            out.append(int(next(values)))
+        else:
+            out.append(int(dim))
+    return tuple(out)
+
+
+def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
+             var: Any) -> Operand:
+    space = memory_space_name(getattr(var.aval, "memory_space", None))
+    block_sizes, squeezed, element = [], [], []
+    for dim in bm.block_shape:
+        if isinstance(dim, pallas_core.Squeezed):
+            block_sizes.append(1), squeezed.append(True), element.append(False)
+        elif isinstance(dim, pallas_core.Blocked):
+            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
+        elif isinstance(dim, pallas_core.Element):
+            if dim.padding != (0, 0):
+                raise KernelError(f"pl.Element with padding is not supported ({name})")
+            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+        else:
+            raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+    return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
+                   tuple(squeezed), tuple(element))
+
+
+def dimension_semantics(params: dict) -> tuple[str, ...]:
+    """'parallel' / 'core_parallel' / 'arbitrary' per grid axis (arbitrary when unsaid)."""
+    compiler_params = params.get("compiler_params")
+    semantics = getattr(compiler_params, "dimension_semantics", None)
+    if semantics is None and isinstance(compiler_params, dict):
+        semantics = (compiler_params.get("mosaic") or {}).get("dimension_semantics")
+    grid = params["grid_mapping"].grid
+    if not semantics:
+        return ("arbitrary",) * len(grid)
+    names = tuple(getattr(x, "name", str(x)).lower() for x in semantics)
+    # Under vmap the grid gains leading axes that the semantics do not list.
+    return ("arbitrary",) * (len(grid) - len(names)) + names
+
+
+def split_grid(points: np.ndarray, grid: tuple[int, ...], semantics: tuple[str, ...],
+               cores: int) -> list[np.ndarray]:
+    """Which grid steps (indices into `points`, in grid order) each core runs: the first
+    parallel axis is cut into contiguous chunks, as megacore TPUs split it; without a
+    parallel axis core 0 runs the whole grid."""
+    everything = np.arange(len(points))
+    if cores <= 1:
+        return [everything]
+    axis = next((d for d, name in enumerate(semantics) if "parallel" in name), None)
+    if axis is None:
+        return [everything] + [everything[:0] for _ in range(cores - 1)]
+    chunk = -(-grid[axis] // cores)
+    return [everything[(points[:, axis] >= c * chunk) & (points[:, axis] < (c + 1) * chunk)]
+            for c in range(cores)]
+
+
+def kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
+    info = getattr(jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    out = []
+    for i in range(len(jaxpr.invars)):
+        name = names[i] if i < len(names) and names[i] else f"arg{i}"
+        out.append(name)
+    return out
+
+
+def _grid_points(grid: tuple[int, ...]) -> np.ndarray:
+    if not grid:
+        return np.zeros((1, 0), np.int32)
+    return np.indices(grid, dtype=np.int32).reshape(len(grid), -1).T.copy()
+
+
+def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np.ndarray:
+    num_grid = points.shape[1]
+    fn = _index_map_fn(bm.index_map_jaxpr, num_grid, len(scalars))
+    cols = [points[:, d] for d in range(num_grid)]
+    if num_grid == 0:
+        # vmap needs a mapped axis: evaluate once.
+        outs = jax_core.jaxpr_as_fun(
+            _discharged(bm.index_map_jaxpr))(*scalars)[: len(bm.index_map_jaxpr.jaxpr.outvars)]
+        return np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
+    outs = fn(*cols, *scalars)
+    return np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
+
+
+def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:
+    """The index map with scalar-prefetch refs turned into plain array arguments."""
+    if not any(hasattr(v.aval, "inner_aval") for v in closed.jaxpr.invars):
+        return closed
+    return state_discharge.discharge_state(closed)
+

@@ -1,0 +1,278 @@
+"""The run-time state of one simulated call (`CallState`, the hub the rules report to and
+that forwards events to the checkers) and of one core running kernel code (`CoreContext`)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from pallas_check.config import Config
+from pallas_check.engine import memory, sync
+from pallas_check.engine.evaluate import KernelError, current_frames
+from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
+from pallas_check.engine.events import Checkers, RaceDetector, UninitRead
+from pallas_check.engine.scheduler import Scheduler
+from pallas_check.findings import Finding, KernelInfo, SourceFrame
+
+
+from pallas_check.engine.call import MeshInfo, memory_space_name, is_semaphore_aval
+
+
+class CallState:
+    """Everything one simulation of one pallas_call owns; discarded when it ends."""
+
+    def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
+                 report: bool, checkers: Checkers) -> None:
+        self.config = config
+        self.checkers = checkers  # what the events of this call go to
+        self.fill_mode = fill
+        self.kernel = kernel
+        self.call_index = call_index
+        self.report = report
+        self.findings: list[Finding] = []
+        self.uninit_reads: list[UninitRead] = []
+        self.sync = sync.SyncState()
+        self.semaphores: list[Buffer] = []
+        self.barrier: Buffer | None = None
+        self.deadlocked = False
+        self.scheduler: Scheduler | None = None
+        self.registry: dict[tuple, Buffer] = {}
+        self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
+        self.mesh: MeshInfo = MeshInfo()
+        self.carried: dict = {}
+        self.collective_id: Any = None
+        self.races: RaceDetector | None = None
+        if config.races:
+            # Weak callbacks: a checker pointing back at the state would make a cycle that
+            # keeps the call's buffers alive until some later garbage collection.
+            me = weakref.ref(self)
+            self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
+                                     lambda finding: me().add(finding))  # type: ignore[union-attr]
+        self._fill_cache: dict[Any, Any] = {}
+
+    def fill(self, dtype: Any) -> Any:
+        value = self._fill_cache.get(dtype)
+        if value is None:
+            value = memory.fill_value(dtype, self.fill_mode)
+            self._fill_cache[dtype] = value
+        return value
+
+    def add(self, finding: Finding) -> None:
+        if self.report:
+            self.findings.append(finding)
+
+    def _finding(self, **fields: Any) -> Finding:
+        return Finding(kernel=self.kernel, call_index=self.call_index,
+                       seed=self.config.seed, **fields)
+
+    def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
+               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None) -> None:
+        """Tell the race checker (when on) that an actor touched a region."""
+        if self.races is None:
+            return
+        if frames is None:
+            frames = current_frames(ctx)
+        self.races.access(actor or ctx.actor, region.buffer, region.index_range(), is_write,
+                          operation, frames, ctx.grid_point)
+
+    # -- hooks called by the rules ----------------------------------------------------
+    def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
+                      mask: np.ndarray | None) -> None:
+        if mask is not None and not self.checkers.masked_out_of_bounds(region, mask):
+            return
+        self.add(self.checkers.access_out_of_bounds(self, ctx, region, operation,
+                                                    current_frames(ctx)))
+
+    def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
+                           unwritten: np.ndarray | None = None) -> None:
+        """A read touched never-written elements (`unwritten`: which, in the access's shape);
+        the recorded range is theirs, not the whole access's."""
+        frames = current_frames(ctx)
+        rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
+        self.uninit_reads.append(UninitRead(
+            region.buffer.name, region.buffer.space, rng, frames,
+            ctx.grid_point, ctx.actor, count))
+
+    def on_write(self, ctx: "CoreContext", region: Region) -> None:
+        if self.races is not None:
+            self.access(ctx, region, True, "write")
+
+    def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        if self.races is not None:
+            self.races.fork(ctx.actor, dma.actor_name)
+
+    def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        """The DMA (its own actor) read its source."""
+        if self.races is not None:
+            self.races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
+                              "DMA read", dma.frames, dma.grid_point)
+
+    def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        """The DMA wrote its destination and signals its semaphores."""
+        races = self.races
+        if races is None:
+            return
+        races.access(dma.actor_name, dma.dst.buffer, dma.dst.index_range(), True, "DMA write",
+                     dma.frames, dma.grid_point)
+        races.release(dma.actor_name, _sync_key(dma.dst_sem))
+        if dma.src_sem is not None:
+            races.release(dma.actor_name, _sync_key(dma.src_sem))
+        races.end(dma.actor_name)
+
+    def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
+        if self.races is not None:
+            self.races.acquire(ctx.actor, _sync_key(cell))
+
+    def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.races is not None:
+            self.races.release(ctx.actor, _sync_key(cell))
+
+    def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.races is not None:
+            self.races.acquire(ctx.actor, _sync_key(cell))
+
+    def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
+                 owner: str = "") -> Buffer:
+        space = memory_space_name(getattr(aval, "memory_space", None), default_space)
+        if is_semaphore_aval(aval) or space == MemorySpace.SEMAPHORE:
+            buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True,
+                         owner=owner)
+            self.semaphores.append(buf)
+            return buf
+        return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
+
+    def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str,
+                        site: tuple) -> RefView:
+        """A `pl.run_scoped` allocation. The same program allocates in the same order on
+        every device and core, so an allocation is at one address for the whole kernel:
+        `site` (the run_scoped equation and the position in it) names it everywhere, and
+        what another device sent there before this core entered the scope (a semaphore
+        count, a DMA's data) is kept."""
+        key = ("scoped",) + site
+        self.scoped_avals.setdefault(key, (aval, name))
+        buf = self.registry.get((ctx.device_id, ctx.core_id, key))
+        if buf is None:
+            buf = self.register(self.allocate(aval, name, owner=ctx.actor), ctx.device_id,
+                                ctx.core_id, key)
+        return RefView(buf)
+
+    def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
+        """The scope ends: its memory holds nothing defined any more (semaphore counts stay,
+        as on the chip, and are checked at kernel end)."""
+        for ref in refs:
+            buf = ref.buffer
+            if buf.space != MemorySpace.SEMAPHORE:
+                buf.writable()[...] = self.fill(buf.data.dtype)
+                buf.mark_written(Ellipsis, False)
+
+    def register(self, buf: Buffer, device: int, core: int | None, key: tuple) -> Buffer:
+        """Name a buffer by its place in the kernel, so that another device's DMA or
+        signal aimed at "the same" ref finds this device's copy."""
+        buf.key, buf.device, buf.core = key, device, core
+        self.registry[(device, core, key)] = buf
+        return buf
+
+    def remote(self, buf: Buffer, device: int, frames: tuple = (),
+               core: int | None = None) -> Buffer:
+        """The buffer on `device` (and `core`, when the id names a core of a TensorCore
+        mesh) that corresponds to `buf` (a ref of this core)."""
+        target_core = buf.core if core is None or buf.core is None else core
+        if device == buf.device and target_core == buf.core:
+            return buf
+        if not 0 <= device < self.mesh.num_devices:
+            raise KernelError(f"device id {device} is outside the mesh of"
+                              f" {self.mesh.num_devices} devices", frames)
+        other = self.registry.get((device, target_core, buf.key))
+        if other is None and buf.key == ("barrier",):
+            other = self._barrier(device)
+        if other is None and buf.key[:1] == ("scoped",) and buf.key in self.scoped_avals:
+            # The other core has not entered the scope yet: its allocation is there all
+            # the same (same address), and keeps what lands in it.
+            aval, name = self.scoped_avals[buf.key]
+            owner = (f"device {device} core {target_core}" if self.mesh.num_devices > 1
+                     else f"core {target_core}")
+            other = self.register(self.allocate(aval, name, owner=owner), device,
+                                  target_core, buf.key)
+        if other is None:
+            where = f"device {device}" + (f" core {target_core}" if core is not None else "")
+            raise KernelError(f"{buf.name} has no counterpart on {where}", frames)
+        return other
+
+    def barrier_semaphore(self, ctx: "CoreContext") -> RefView:
+        return RefView(self._barrier(ctx.device_id))
+
+    def _barrier(self, device: int) -> Buffer:
+        """A device's barrier semaphore; its count carries over to the next call."""
+        buf = self.registry.get((device, None, ("barrier",)))
+        if buf is None:
+            count = self.carried.get(("barrier", self.collective_id, device), 0)
+            buf = Buffer("barrier_semaphore", MemorySpace.SEMAPHORE,
+                         np.array(count, np.int64), True)
+            self.register(buf, device, None, ("barrier",))
+            self.semaphores.append(buf)
+        return buf
+
+    def save_carried(self) -> None:
+        for (device, _, key), buf in self.registry.items():
+            if key == ("barrier",):
+                self.carried[("barrier", self.collective_id, device)] = int(buf.data)
+
+
+def _sync_key(cell: tuple) -> tuple:
+    buf, idx = cell
+    return (buf.id, tuple(int(i) for i in idx))
+
+
+class CoreContext:
+    """What the rules see of the actor running kernel code: one core of one device."""
+
+    def __init__(self, call: CallState, grid: tuple[int, ...], program_axes: list[int],
+                 device_id: int = 0, core_id: int = 0, num_devices: int = 1) -> None:
+        self.call = call
+        self.config = call.config
+        self.grid = grid
+        self.program_axes = program_axes
+        self.device_id = device_id
+        self.core_id = core_id
+        self.num_devices = num_devices
+        self.actor = f"device {device_id} core {core_id}" if num_devices > 1 else f"core {core_id}"
+        self.grid_point: tuple[int, ...] | None = None
+        self.eqn: Any = None
+        # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
+        self.rng = np.random.default_rng([device_id, core_id])
+        self.mesh = call.mesh
+        self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
+        # Source frames of the enclosing equations being evaluated (see current_frames).
+        self.frame_stack: list[tuple[SourceFrame, ...]] = []
+
+    def fill(self, dtype: Any) -> Any:
+        return self.call.fill(dtype)
+
+    def program_id(self, axis: int) -> int:
+        assert self.grid_point is not None
+        return int(self.grid_point[self.program_axes[axis]])
+
+    def num_programs(self, axis: int) -> int:
+        return int(self.grid[self.program_axes[axis]])
+
+    def core_mesh_sizes(self) -> dict[str, int]:
+        if not self.core_coords:
+            return {}
+        names = list(self.core_coords)
+        return dict(zip(names, self.grid[-len(names):]))
+
+    def axis_index(self, name: Any) -> int:
+        """This device's coordinate along a mesh axis (several axes: row-major)."""
+        names = name if isinstance(name, (tuple, list)) else (name,)
+        coords = {**self.mesh.coords(self.device_id), **self.core_coords}
+        sizes = {**dict(self.mesh.axes), **self.core_mesh_sizes()}
+        index = 0
+        for n in names:
+            if n not in coords:
+                raise KernelError(f"axis {n!r} is not a mesh axis of this call"
+                                  f" (axes: {', '.join(map(str, sizes)) or 'none'})")
+            index = index * sizes[n] + coords[n]
+        return index
+
