@@ -100,3 +100,15 @@ def test_no_import_cycle_anywhere():
         if module not in index:
             visit(module)
     assert cycles == []
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                                f" {node.name} ({lines} lines)")
+    assert long == []

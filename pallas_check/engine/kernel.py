@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import jax_core
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
@@ -132,13 +131,59 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
     return DevicesResult(outputs, findings)
 
 
+@dataclasses.dataclass
+class _Layout:
+    """What one simulation of a call needs to know of its params, computed once."""
+
+    jaxpr: Any
+    gm: Any
+    grid: tuple[int, ...]
+    arg_names: list[str]
+    out_to_in: dict[int, int]  # output index -> the input it is aliased to
+    block_vars: list[Any]
+    scratch_vars: list[Any]
+    points: np.ndarray
+    program_axes: list[int]
+    core_axes: tuple[str, ...]
+    core_steps: list[np.ndarray]  # per core: its grid steps (indices into points)
+
+    @property
+    def n_in(self) -> int:
+        return self.gm.num_inputs
+
+    @property
+    def first(self) -> int:
+        """Where the inputs start among the kernel's parameters (after scalar prefetch)."""
+        return self.gm.num_index_operands
+
+
+def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
+    jaxpr, gm = params["jaxpr"], params["grid_mapping"]
+    n_in, n_out, first = gm.num_inputs, gm.num_outputs, gm.num_index_operands
+    # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
+    aliases = {i - first: o for i, o in (params.get("input_output_aliases") or ())}
+    points = _grid_points(grid)
+    core_axes = core_mesh_axes(params)
+    if core_axes:
+        # A core_map / pl.kernel over a TensorCore mesh: every point of the mesh is a core
+        # of its own, all running at once with private VMEM.
+        core_steps = [np.array([i]) for i in range(len(points))]
+    else:
+        core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
+    return _Layout(jaxpr, gm, grid, kernel_arg_names(jaxpr),
+                   {o: i for i, o in aliases.items()},
+                   jaxpr.invars[first: first + n_in + n_out],
+                   jaxpr.invars[first + n_in + n_out:], points, _program_axes(gm),
+                   core_axes, core_steps)
+
+
 def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
               checkers: Checkers | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
-    jaxpr: jax_core.Jaxpr = params["jaxpr"]
+    """One schedule of the call on every device: buffers, one actor per core, the run."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
@@ -148,126 +193,133 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.
     num_bounds = gm.num_dynamic_grid_bounds
     grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
-    device_operands = [list(ops)[num_bounds:] for ops in device_operands]
-    arg_names = kernel_arg_names(jaxpr)
-    n_in, n_out = gm.num_inputs, gm.num_outputs
-    # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
-    aliases = {i - gm.num_index_operands: o
-               for i, o in (params.get("input_output_aliases") or ())}
-    out_to_in = {o: i for i, o in aliases.items()}
-
-    invars = jaxpr.invars
-    block_vars = invars[gm.num_index_operands: gm.num_index_operands + n_in + n_out]
-    scratch_vars = invars[gm.num_index_operands + n_in + n_out:]
-    points = _grid_points(grid)
-    program_axes = _program_axes(gm)
-    core_axes = core_mesh_axes(params)
-    if core_axes:
-        # A core_map / pl.kernel over a TensorCore mesh: every point of the mesh is a core
-        # of its own, all running at once with private VMEM.
-        core_steps = [np.array([i]) for i in range(len(points))]
-    else:
-        core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
+    layout = _layout(params, grid, config)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
-
     for device in range(mesh.num_devices):
-        operands = [np.asarray(x) for x in device_operands[device]]
-        scalars = operands[: gm.num_index_operands]
-        arrays = operands[gm.num_index_operands:]
-        # HBM arrays for inputs and outputs, shared by the device's cores.
-        hbm_inputs = []
-        for i, a in enumerate(arrays[:n_in]):
-            # Shared with the operand until written (copy on write): most kernels never
-            # write their inputs, and an input may be as large as the device's memory.
-            buf = Buffer(arg_names[gm.num_index_operands + i], MemorySpace.HBM,
-                         _read_only(a), True)
-            hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
-        hbm_outputs: list[Buffer] = []
-        for j in range(n_out):
-            name = arg_names[gm.num_index_operands + n_in + j]
-            if j in out_to_in:
-                hbm_outputs.append(hbm_inputs[out_to_in[j]])
-            else:
-                aval = params["out_avals"][j]
-                if (results is not None and mesh.num_devices == 1
-                        and results[j].shape == tuple(aval.shape)
-                        and results[j].dtype == np.dtype(aval.dtype)):
-                    data = results[j]  # the call's own output buffer: filled, simulated in
-                    data[...] = memory.fill_value(aval.dtype, fill)
-                    buf = Buffer(name, MemorySpace.HBM, data, written=False)
-                else:
-                    buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
-                hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
+        operands = [np.asarray(x) for x in list(device_operands[device])[num_bounds:]]
+        scalars = operands[: layout.first]
+        hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
+                                              operands[layout.first:], fill, results)
         device_hbm_outputs.append(hbm_outputs)
-
-        # Block indices for every grid point, computed in one compiled call per operand.
-        templates: list[Operand] = []
-        for k, (var, bm) in enumerate(zip(block_vars, gm.block_mappings)):
-            is_output = k >= n_in
-            hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
-            op = _operand(arg_names[gm.num_index_operands + k], gm.num_index_operands + k,
-                          is_output, bm, hbm, var)
-            if op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
-                # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by
-                # the kernel as that window of the array, moved at every grid step.
-                op.block_indices = _block_indices(bm, points, scalars)
-            templates.append(op)
-
+        templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
         shared_scratch: dict[int, Buffer] = {}
-        for core_id, my_steps in enumerate(core_steps):
-            my_points = points[my_steps]
-            ctx = CoreContext(state, grid, program_axes, device_id=device, core_id=core_id,
-                              num_devices=mesh.num_devices)
-            if core_axes:
-                ctx.core_coords = dict(zip(core_axes, (int(c) for c in points[core_id])))
+        for core_id, my_steps in enumerate(layout.core_steps):
+            ctx, actor = _core(state, layout, device, core_id, my_steps, scalars, templates,
+                               shared_scratch, fill)
             contexts.append(ctx)
-            # Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks
-            # and scratch; VMEM_SHARED scratch is one buffer for all cores of a device.
-            kernel_args: list[Any] = [
-                RefView(state.register(
-                    Buffer(arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
-                    device, core_id, ("smem", i)))
-                for i, v in enumerate(scalars)
-            ]
-            core_operands = []
-            for k, template in enumerate(templates):
-                op = dataclasses.replace(template)
-                if op.block_indices is not None:
-                    op.block_indices = op.block_indices[my_steps]
-                if op.kernel_space == MemorySpace.HBM:
-                    # The whole array, or (under vmap) its window, which _core_body moves
-                    # at every grid step: HBM is shared by the cores, never copied to VMEM.
-                    kernel_args.append(RefView(op.hbm))
-                else:
-                    ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed)
-                                      if not sq)
-                    op.vmem = state.register(
-                        Buffer.filled(op.name, op.kernel_space, ref_shape, op.hbm.data.dtype,
-                                      fill, owner=ctx.actor),
-                        device, core_id, ("block", k))
-                    kernel_args.append(RefView(op.vmem))
-                core_operands.append(op)
-            for position, (var, name) in enumerate(
-                    zip(scratch_vars, arg_names[gm.num_index_operands + n_in + n_out:])):
-                space = memory_space_name(getattr(var.aval, "memory_space", None))
-                if space == MemorySpace.VMEM_SHARED:
-                    if position not in shared_scratch:
-                        shared_scratch[position] = state.register(
-                            state.allocate(var.aval, name), device, None, ("scratch", position))
-                    kernel_args.append(RefView(shared_scratch[position]))
-                else:
-                    buf = state.allocate(var.aval, name, owner=ctx.actor)
-                    kernel_args.append(RefView(state.register(buf, device, core_id,
-                                                              ("scratch", position))))
-            if len(my_points):
-                actors.append(Actor(ctx.actor, _core_body(ctx, jaxpr, kernel_args,
-                                                          core_operands, my_points)))
-    ctx = contexts[0]
+            if actor is not None:
+                actors.append(actor)
+    _run(state, contexts[0], actors)
+    return _outputs(state, device_hbm_outputs, layout.out_to_in)
+
+
+def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
+                arrays: list[np.ndarray], fill: str,
+                results: Sequence[np.ndarray] | None) -> tuple[list[Buffer], list[Buffer]]:
+    """A device's HBM arrays for the inputs and outputs, shared by its cores."""
+    names, first, n_in = layout.arg_names, layout.first, layout.n_in
+    hbm_inputs = []
+    for i, a in enumerate(arrays[:n_in]):
+        # Shared with the operand until written (copy on write): most kernels never write
+        # their inputs, and an input may be as large as the device's memory.
+        buf = Buffer(names[first + i], MemorySpace.HBM, _read_only(a), True)
+        hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
+    hbm_outputs: list[Buffer] = []
+    for j in range(layout.gm.num_outputs):
+        if j in layout.out_to_in:
+            hbm_outputs.append(hbm_inputs[layout.out_to_in[j]])
+            continue
+        name, aval = names[first + n_in + j], params["out_avals"][j]
+        if (results is not None and state.mesh.num_devices == 1
+                and results[j].shape == tuple(aval.shape)
+                and results[j].dtype == np.dtype(aval.dtype)):
+            data = results[j]  # the call's own output buffer: filled, simulated in
+            data[...] = memory.fill_value(aval.dtype, fill)
+            buf = Buffer(name, MemorySpace.HBM, data, written=False)
+        else:
+            buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
+        hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
+    return hbm_inputs, hbm_outputs
+
+
+def _operand_templates(layout: _Layout, hbm_inputs: list[Buffer], hbm_outputs: list[Buffer],
+                       scalars: list[np.ndarray]) -> list[Operand]:
+    """The blocked operands of a device, with every grid point's block index (one compiled
+    call per operand)."""
+    templates: list[Operand] = []
+    n_in, first = layout.n_in, layout.first
+    for k, (var, bm) in enumerate(zip(layout.block_vars, layout.gm.block_mappings)):
+        is_output = k >= n_in
+        hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
+        op = _operand(layout.arg_names[first + k], first + k, is_output, bm, hbm, var)
+        if op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
+            # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by the
+            # kernel as that window of the array, moved at every grid step.
+            op.block_indices = _block_indices(bm, layout.points, scalars)
+        templates.append(op)
+    return templates
+
+
+def _core(state: CallState, layout: _Layout, device: int, core_id: int,
+          my_steps: np.ndarray, scalars: list[np.ndarray], templates: list[Operand],
+          shared_scratch: dict[int, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
+    """One core: its context, its kernel arguments, and the actor walking its grid steps.
+    Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
+    scratch; VMEM_SHARED scratch is one buffer for all cores of a device."""
+    ctx = CoreContext(state, layout.grid, layout.program_axes, device_id=device,
+                      core_id=core_id, num_devices=state.mesh.num_devices)
+    if layout.core_axes:
+        ctx.core_coords = dict(zip(layout.core_axes,
+                                   (int(c) for c in layout.points[core_id])))
+    kernel_args: list[Any] = [
+        RefView(state.register(
+            Buffer(layout.arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
+            device, core_id, ("smem", i)))
+        for i, v in enumerate(scalars)
+    ]
+    core_operands = []
+    for k, template in enumerate(templates):
+        op = dataclasses.replace(template)
+        if op.block_indices is not None:
+            op.block_indices = op.block_indices[my_steps]
+        if op.kernel_space == MemorySpace.HBM:
+            # The whole array, or (under vmap) its window, which the pipeline moves at
+            # every grid step: HBM is shared by the cores, never copied to VMEM.
+            kernel_args.append(RefView(op.hbm))
+        else:
+            ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed) if not sq)
+            op.vmem = state.register(
+                Buffer.filled(op.name, op.kernel_space, ref_shape, op.hbm.data.dtype, fill,
+                              owner=ctx.actor),
+                device, core_id, ("block", k))
+            kernel_args.append(RefView(op.vmem))
+        core_operands.append(op)
+    scratch_names = layout.arg_names[layout.first + layout.n_in + layout.gm.num_outputs:]
+    for position, (var, name) in enumerate(zip(layout.scratch_vars, scratch_names)):
+        space = memory_space_name(getattr(var.aval, "memory_space", None))
+        if space == MemorySpace.VMEM_SHARED:
+            if position not in shared_scratch:
+                shared_scratch[position] = state.register(
+                    state.allocate(var.aval, name), device, None, ("scratch", position))
+            kernel_args.append(RefView(shared_scratch[position]))
+        else:
+            buf = state.allocate(var.aval, name, owner=ctx.actor)
+            kernel_args.append(RefView(state.register(buf, device, core_id,
+                                                      ("scratch", position))))
+    my_points = layout.points[my_steps]
+    if not len(my_points):
+        return ctx, None
+    return ctx, Actor(ctx.actor, _core_body(ctx, layout.jaxpr, kernel_args, core_operands,
+                                            my_points))
+
+
+def _run(state: CallState, ctx: CoreContext, actors: list[Actor]) -> None:
+    """Every actor to its end (or a deadlock), then what the end of a kernel checks."""
     if state.races is not None:
         state.races.declare(actor.name for actor in actors)
-    state.scheduler = Scheduler(seed=config.seed)
+    state.scheduler = Scheduler(seed=state.config.seed)
     try:
         state.scheduler.run(actors)
     except Deadlock as deadlock:
@@ -279,6 +331,12 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     if not state.deadlocked:
         state.checkers.call_ended(state, ctx)
     state.save_carried()
+
+
+def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
+             out_to_in: dict[int, int]
+             ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
+    """Per device, the outputs and their written-shadows; never-written outputs reported."""
     outputs, written = [], []
     for hbm_outputs in device_hbm_outputs:
         device_written: list[np.ndarray | None] = []
