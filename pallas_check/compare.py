@@ -373,14 +373,13 @@ class DiffSession:
         self._lock = threading.Lock()
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None
-                    ) -> list[np.ndarray]:
+                    mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
+                    call_site: Any = None) -> list[np.ndarray]:
         from pallas_check.engine.kernel import kernel_info
-        from pallas_check.intercept import split_call_site
 
         with _on_cpu():
-            ours = self.ours.handle_call(params, operands, device, mesh_axes)
-            params, _ = split_call_site(params)
+            ours = self.ours.handle_call(params, operands, device, mesh_axes,
+                                         call_site=call_site)
             with self._lock:
                 index = next(self._seq.setdefault(device, itertools.count()))
             kernel = kernel_info(params)
@@ -417,7 +416,7 @@ class DiffSession:
             with intercepted(self.handle_call, mode="alongside"):
                 yield
             return
-        with intercepted(self.handle_call), simulated_tpu(self.config.tpu, self.config.cores):
+        with intercepted(self.handle_call, call_sites=True), simulated_tpu(self.config.tpu, self.config.cores):
             yield
 
 

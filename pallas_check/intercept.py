@@ -29,7 +29,8 @@ from pallas_check import hostcall
 # operands are read-only numpy arrays, valid during the call only (on one CPU device they
 # are XLA's own buffers): a handler that keeps one copies it. Installed with
 # fills_results, a handler also gets `results=` (one CPU device), the buffers its outputs
-# are returned in, and may fill them in place and return them.
+# are returned in, and may fill them in place and return them. Installed with call_sites, it
+# also gets `call_site=`, the SourceFrame of the script's line that made the call (or None).
 CallHandler = Callable[[dict, Sequence[np.ndarray], int, tuple], Sequence[np.ndarray]]
 
 _lock = threading.Lock()
@@ -162,23 +163,23 @@ def _mesh_axes() -> tuple:
                  for name, size in jax_core.get_axis_env().axis_sizes.items())
 
 
-def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., Any]:
+def _make_lowering(handler: CallHandler, fills_results: bool,
+                   call_sites: bool) -> Callable[..., Any]:
     def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         # Where the script made the call (the innermost frame of the user's code).
         frames = _user_frames_of(ctx.traceback)
-        params[CALL_SITE] = frames[0] if frames else None
+        call_site = frames[0] if frames else None
 
         def impl(*args: Any) -> Any:
             axes = _mesh_axes()
 
             def host(device_id: Any, *operands: Any, results: Any = None) -> list[np.ndarray]:
+                extra: dict[str, Any] = {"call_site": call_site} if call_sites else {}
                 if fills_results and results is not None:
-                    outs = handler(params, list(operands), int(device_id), axes,
-                                   results=results)
-                else:
-                    outs = handler(params, list(operands), int(device_id), axes)
+                    extra["results"] = results
+                outs = handler(params, list(operands), int(device_id), axes, **extra)
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
@@ -187,19 +188,6 @@ def _make_lowering(handler: CallHandler, fills_results: bool) -> Callable[..., A
         return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
 
     return lowering
-
-
-# The key under which a replace-mode handler finds, in `params`, the SourceFrame of the
-# script's line that made the call (or None); not a parameter of the primitive.
-CALL_SITE = "pallas_check_call_site"
-
-
-def split_call_site(params: dict) -> tuple[dict, Any]:
-    """The primitive's own params and the call site the lowering added (or None)."""
-    if CALL_SITE not in params:
-        return params, None
-    params = dict(params)
-    return params, params.pop(CALL_SITE)
 
 
 def _user_frames_of(traceback: Any) -> tuple:
@@ -278,12 +266,14 @@ def native_function(params: dict) -> Callable[..., Any]:
     return jax.jit(lambda *args: prim.bind(*args, interpret=NATIVE_INTERPRET, **params))
 
 
-def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False) -> None:
+def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
+            call_sites: bool = False) -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
     and "observe" keep the hardware lowering too (see `_make_native_lowering`).
-    fills_results (replace mode): the handler also takes `results=` (see CallHandler)."""
+    fills_results / call_sites (replace mode): the handler also takes `results=` /
+    `call_site=` (see CallHandler)."""
     global _saved
 
     prim = pallas_call_module.pallas_call_p
@@ -302,7 +292,7 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
             "platforms": {p: rules.pop(prim) for p, rules in
                           mlir._platform_specific_lowerings.items() if prim in rules},
         }
-        rule = (_make_lowering(handler, fills_results) if mode == "replace"
+        rule = (_make_lowering(handler, fills_results, call_sites) if mode == "replace"
                 else _make_native_lowering(handler, mode, _saved["default"]))
         mlir.register_lowering(prim, rule, cacheable=False)
         # `pl.kernel` / `mpmd_map` kernels reach the same lowering through this module
@@ -333,9 +323,9 @@ def uninstall() -> None:
 
 
 @contextlib.contextmanager
-def intercepted(handler: CallHandler, mode: str = "replace",
-                fills_results: bool = False) -> Iterator[None]:
-    install(handler, mode, fills_results)
+def intercepted(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
+                call_sites: bool = False) -> Iterator[None]:
+    install(handler, mode, fills_results, call_sites)
     try:
         yield
     finally:

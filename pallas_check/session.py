@@ -68,15 +68,12 @@ class Session:
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = (), results: Sequence[np.ndarray] | None = None
-                    ) -> list[np.ndarray]:
+                    mesh_axes: tuple = (), results: Sequence[np.ndarray] | None = None,
+                    call_site: Any = None) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
         from pallas_check.engine import progress
         from pallas_check.engine.kernel import MeshInfo
-        from pallas_check.intercept import split_call_site
-
-        params, call_site = split_call_site(params)
 
         with self._lock:
             self.calls_in_flight += 1
@@ -180,6 +177,6 @@ class Session:
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import simulated_tpu
 
-        with (intercepted(self.handle_call, fills_results=True),
+        with (intercepted(self.handle_call, fills_results=True, call_sites=True),
               simulated_tpu(self.config.tpu, self.config.cores)):
             yield

@@ -3,10 +3,8 @@ cores, read from the primitive's params before anything runs."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +13,7 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import state_discharge
 
+from pallas_check.engine.lru import BoundedCache
 from pallas_check.engine.evaluate import KernelError, structure_key
 from pallas_check.engine.memory import Buffer, MemorySpace
 from pallas_check.findings import KernelInfo
@@ -75,39 +74,31 @@ def _program_axes(grid_mapping: Any) -> list[int]:
     return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]
 
 
-_MAX_INDEX_MAP_FNS = 512
-
-
-_index_map_fns: "collections.OrderedDict[tuple, Callable[..., Any]]" = collections.OrderedDict()
-
-
-_index_map_lock = threading.Lock()
+# Index maps by identity (a jitted loop lowers once), then by structure and constants (an
+# eager call traces its index maps anew every time).
+_index_maps_seen = BoundedCache(512)
+_index_map_fns = BoundedCache(512)
 
 
 def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
-    """All grid points' block indices in one vectorised, compiled call. Cached by the index
-    map's structure and constants (an eager call traces its index maps anew every time),
-    bounded."""
-    key = (structure_key(index_map_jaxpr.jaxpr), _consts_key(index_map_jaxpr.consts),
-           num_grid, num_scalars)
-    with _index_map_lock:
-        fn = _index_map_fns.get(key)
-        if fn is not None:
-            _index_map_fns.move_to_end(key)
-            return fn
-    closed = _discharged(index_map_jaxpr)
-    n_out = len(index_map_jaxpr.jaxpr.outvars)
+    """All grid points' block indices in one vectorised, compiled call."""
 
-    def one(*args):
-        return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
+    def by_structure() -> Any:
+        key = (structure_key(index_map_jaxpr.jaxpr), _consts_key(index_map_jaxpr.consts),
+               num_grid, num_scalars)
+        return _index_map_fns.get_or_make(key, compile_it)
 
-    in_axes = (0,) * num_grid + (None,) * num_scalars
-    fn = jax.jit(jax.vmap(one, in_axes=in_axes))
-    with _index_map_lock:
-        _index_map_fns[key] = fn
-        while len(_index_map_fns) > _MAX_INDEX_MAP_FNS:
-            _index_map_fns.popitem(last=False)
-    return fn
+    def compile_it() -> Any:
+        closed = _discharged(index_map_jaxpr)
+        n_out = len(index_map_jaxpr.jaxpr.outvars)
+
+        def one(*args):
+            return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
+
+        in_axes = (0,) * num_grid + (None,) * num_scalars
+        return jax.jit(jax.vmap(one, in_axes=in_axes))
+
+    return _index_maps_seen.for_object(index_map_jaxpr, (num_grid, num_scalars), by_structure)
 
 
 def _consts_key(consts: Sequence[Any]) -> tuple:

@@ -8,11 +8,8 @@ where another actor could run (semaphore waits, DMA starts and waits).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import threading
 import warnings
-import weakref
 from typing import Any, Callable, Generator, Iterable, Sequence
 
 import jax
@@ -21,6 +18,7 @@ import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
+from pallas_check.engine.lru import BoundedCache
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -92,17 +90,11 @@ class Program:
     nested: dict[int, bool] = dataclasses.field(default_factory=dict)
 
 
-# Two bounded caches. Programs by jaxpr identity (a weak reference: a jaxpr that dies takes
-# its program with it); compiled segments by their structure (the segment's equations as
-# text, without source lines), so that a kernel traced anew at every eager call -- a new
+# Programs by jaxpr identity; compiled segments by their structure (the segment's equations
+# as text, without source lines), so that a kernel traced anew at every eager call -- a new
 # jaxpr each time -- reuses the segments compiled for its first call.
-_MAX_PROGRAMS = 256
-_MAX_SEGMENT_FNS = 1024
-_programs: "collections.OrderedDict[tuple[int, bool], tuple[Any, Program]]" = (
-    collections.OrderedDict())
-_segment_fns: "collections.OrderedDict[tuple[str, bool], Callable[..., Any]]" = (
-    collections.OrderedDict())
-_programs_lock = threading.RLock()
+_programs = BoundedCache(256)
+_segment_fns = BoundedCache(1024)
 
 
 def _is_ref(aval: Any) -> bool:
@@ -126,17 +118,8 @@ def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
 
 def program_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
     """The compiled program of a jaxpr (cached while the jaxpr lives, bounded)."""
-    key = (id(jaxpr), skip_floats)
-    with _programs_lock:
-        entry = _programs.get(key)
-        if entry is not None and entry[0]() is jaxpr:
-            _programs.move_to_end(key)
-            return entry[1]
-        program = _build_program(jaxpr, skip_floats)
-        _programs[key] = (weakref.ref(jaxpr), program)
-        while len(_programs) > _MAX_PROGRAMS:
-            _programs.popitem(last=False)
-    return program
+    return _programs.for_object(jaxpr, skip_floats,
+                                lambda: _build_program(jaxpr, skip_floats))
 
 
 def structure_key(jaxpr: jax_core.Jaxpr) -> str:
@@ -153,16 +136,8 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
     with warnings.catch_warnings():  # a Jaxpr made only to be printed needs no debug info
         warnings.simplefilter("ignore", DeprecationWarning)
         structure = jax_core.Jaxpr([], segment.invars, segment.outvars, segment.eqns)
-    key = (structure_key(structure), skip_floats)
-    with _programs_lock:
-        fn = _segment_fns.get(key)
-        if fn is not None:
-            _segment_fns.move_to_end(key)
-            return fn
-        fn = _segment_fns[key] = _compile_segment(segment, skip_floats)
-        while len(_segment_fns) > _MAX_SEGMENT_FNS:
-            _segment_fns.popitem(last=False)
-    return fn
+    return _segment_fns.get_or_make((structure_key(structure), skip_floats),
+                                     lambda: _compile_segment(segment, skip_floats))
 
 
 def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:

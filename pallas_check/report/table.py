@@ -26,16 +26,11 @@ _TITLES = {
     FindingKind.DEADLOCK: "Deadlocks",
 }
 
-
-_path = display_path
-
-
 def _where(frame: SourceFrame | None) -> Text:
     """file:line only; the source line itself is printed under the table, unwrapped."""
     if frame is None:
         return Text("?")
-    return Text(f"{_path(frame.file)}:{frame.line}", style="cyan")
-
+    return Text(f"{display_path(frame.file)}:{frame.line}", style="cyan")
 
 def _print_source(console: Console, index: int, f: Finding) -> None:
     """`#n file:line` and the user's source line, never folded, so it can be copied."""
@@ -46,10 +41,8 @@ def _print_source(console: Console, index: int, f: Finding) -> None:
     if frame.code:
         console.print(Text(f"      {frame.code}", style="bold"), soft_wrap=True)
 
-
 def _buffer(f: Finding) -> str:
     return f.buffer + format_range(f.index_range)
-
 
 def _message(f: Finding) -> str:
     """The finding's message, with in how many explored schedules it appeared."""
@@ -59,7 +52,6 @@ def _message(f: Finding) -> str:
         message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
     return message
 
-
 def _row(index: int, f: Finding) -> list[Text | str]:
     buffer = _buffer(f)
     if f.memory_space:
@@ -68,7 +60,6 @@ def _row(index: int, f: Finding) -> list[Text | str]:
     count = f"×{f.count}" if f.count > 1 else ""
     return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
             _where(f.location), Text(_message(f)), count]
-
 
 class TableReporter:
     def __init__(self, ascii_only: bool = False, width: int | None = None) -> None:
@@ -116,7 +107,6 @@ class TableReporter:
         console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style),
                       soft_wrap=True)
 
-
     def _table(self, kind: FindingKind, items: list[Finding], first: int,
                width: int) -> Table:
         table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
@@ -141,9 +131,7 @@ class TableReporter:
             table.add_row(*_row(index, f))
         return table
 
-
 WIDE = 110  # narrower terminals get one block per finding instead of a table
-
 
 def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
                   first: int) -> None:
@@ -161,7 +149,6 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
         console.print(head)
         console.print(Text(_message(f)), overflow="fold")
     console.print()
-
 
 def summary_line(report: RunReport) -> str:
     """`N findings in M pallas_calls`, saying so when nothing was checked or the run
@@ -182,7 +169,6 @@ def summary_line(report: RunReport) -> str:
         summary += " (partial: the run did not finish)"
     return summary
 
-
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
                    internal_error: str | None) -> None:
     """The script's failure (with its traceback) and pallas-check's own, if any."""
@@ -195,19 +181,17 @@ def print_failures(console: Console, user_error: str | None, user_traceback: str
         console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error),
                       soft_wrap=True)
 
-
 def _print_accesses(console: Console, f: Finding) -> None:
     console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
     labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
     for i, a in enumerate(f.accesses):
         label = labels[i] if i < len(labels) else ""
         where = a.frames[0] if a.frames else None
-        loc = f"{_path(where.file)}:{where.line}  {where.code}" if where else "?"
+        loc = f"{display_path(where.file)}:{where.line}  {where.code}" if where else "?"
         grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
         console.print(display_text(
             f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
             f"{grid}: {loc}"), highlight=False, markup=False, soft_wrap=True)
-
 
 def _width(stream: TextIO) -> int:
     try:
