@@ -26,11 +26,14 @@ _TITLES = {
     FindingKind.DEADLOCK: "Deadlocks",
 }
 
+
+
 def _where(frame: SourceFrame | None) -> Text:
     """file:line only; the source line itself is printed under the table, unwrapped."""
     if frame is None:
         return Text("?")
     return Text(f"{display_path(frame.file)}:{frame.line}", style="cyan")
+
 
 def _print_source(console: Console, index: int, f: Finding) -> None:
     """`#n file:line` and the user's source line, never folded, so it can be copied."""
@@ -41,8 +44,10 @@ def _print_source(console: Console, index: int, f: Finding) -> None:
     if frame.code:
         console.print(Text(f"      {frame.code}", style="bold"), soft_wrap=True)
 
+
 def _buffer(f: Finding) -> str:
     return f.buffer + format_range(f.index_range)
+
 
 def _message(f: Finding) -> str:
     """The finding's message, with in how many explored schedules it appeared."""
@@ -52,6 +57,7 @@ def _message(f: Finding) -> str:
         message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
     return message
 
+
 def _row(index: int, f: Finding) -> list[Text | str]:
     buffer = _buffer(f)
     if f.memory_space:
@@ -60,6 +66,7 @@ def _row(index: int, f: Finding) -> list[Text | str]:
     count = f"×{f.count}" if f.count > 1 else ""
     return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
             _where(f.location), Text(_message(f)), count]
+
 
 class TableReporter:
     def __init__(self, ascii_only: bool = False, width: int | None = None) -> None:
@@ -107,6 +114,7 @@ class TableReporter:
         console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style),
                       soft_wrap=True)
 
+
     def _table(self, kind: FindingKind, items: list[Finding], first: int,
                width: int) -> Table:
         table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
@@ -131,7 +139,9 @@ class TableReporter:
             table.add_row(*_row(index, f))
         return table
 
+
 WIDE = 110  # narrower terminals get one block per finding instead of a table
+
 
 def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
                   first: int) -> None:
@@ -149,6 +159,7 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
         console.print(head)
         console.print(Text(_message(f)), overflow="fold")
     console.print()
+
 
 def summary_line(report: RunReport) -> str:
     """`N findings in M pallas_calls`, saying so when nothing was checked or the run
@@ -169,6 +180,7 @@ def summary_line(report: RunReport) -> str:
         summary += " (partial: the run did not finish)"
     return summary
 
+
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
                    internal_error: str | None) -> None:
     """The script's failure (with its traceback) and pallas-check's own, if any."""
@@ -181,6 +193,7 @@ def print_failures(console: Console, user_error: str | None, user_traceback: str
         console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error),
                       soft_wrap=True)
 
+
 def _print_accesses(console: Console, f: Finding) -> None:
     console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
     labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
@@ -192,6 +205,7 @@ def _print_accesses(console: Console, f: Finding) -> None:
         console.print(display_text(
             f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
             f"{grid}: {loc}"), highlight=False, markup=False, soft_wrap=True)
+
 
 def _width(stream: TextIO) -> int:
     try:
