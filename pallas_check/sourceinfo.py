@@ -19,9 +19,14 @@ _JAX_LIB_DIRS = tuple(
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _EXCLUDED_PREFIXES = _JAX_LIB_DIRS + (_OUR_DIR,)
 _EXCLUDED_PARTS = (os.sep + "contextlib.py", "<frozen ", os.sep + "runpy.py")
+# The kernels JAX ships are kernel code like the user's own: a finding in one of them points
+# at its lines (JAX's other frames are trimmed).
+_SHIPPED_KERNELS = os.path.join(_JAX_DIR, "experimental", "pallas", "ops") + os.sep
 
 
 def _is_user_file(path: str) -> bool:
+    if path.startswith(_SHIPPED_KERNELS):
+        return True
     if path.startswith(_EXCLUDED_PREFIXES):
         return False
     return not any(part in path for part in _EXCLUDED_PARTS)

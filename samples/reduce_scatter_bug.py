@@ -87,5 +87,6 @@ if __name__ == "__main__":
     out = f(x)
     per_device = np.asarray(x).reshape(N, N, ROWS, 128)  # [device, chunk, rows, lanes]
     expected = per_device.sum(axis=0).reshape(N * ROWS, 128)  # device d gets chunk d
-    np.testing.assert_allclose(out, expected, rtol=1e-5)
-    print("reduce_scatter_bug: output matches")
+    # The race may or may not corrupt the output (it depends on which copy lands first).
+    print("reduce_scatter_bug: output " + ("matches" if np.allclose(out, expected, rtol=1e-5)
+                                           else "is wrong"))

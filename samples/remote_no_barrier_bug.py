@@ -5,8 +5,9 @@ device's `recv_buf`. Nothing orders the other device's clearing store before our
 write, so on a TPU the clear can land after the data and wipe it.
 
 Run: pallas-check run samples/remote_no_barrier_bug.py --devices 2 --races
-Expected finding: kind=race buffer=recv_buf range=[0:8, 0:128] line=31 args=--devices 2 --races
-(line 31 is the clearing store; the race's other access is the peer's remote copy, line 33)
+Expected finding: kind=race buffer=recv_buf range=[0:8, 0:128] line=34 args=--devices 2 --races
+(line 34 starts the peer's remote copy, whose write lands in recv_buf; the race's other
+access is this device's clearing store, line 32)
 """
 
 import jax

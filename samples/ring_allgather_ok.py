@@ -5,8 +5,13 @@ Each device first copies its own block into its slot of the output, then does a 
 handshake with both ring neighbours (so both are inside the kernel before any remote
 write), then passes blocks to the right N-1 times: at step s it sends the slot it
 received at step s-1 (its own at step 0) into the same slot of its right neighbour, and
-waits both for its send and for the block its left neighbour sends it. Only one DMA per
-direction is in flight at a time, and a slot is sent on only after it has arrived.
+waits both for its send and for the block its left neighbour sends it.
+
+Each slot has its own receive semaphore. With one receive semaphore for all slots the
+kernel would be wrong on a TPU: a neighbour that has finished *sending* block s (its send
+semaphore) may already send block s+1 while block s is still in flight, the two land in
+any order, and a wait for "one block's bytes" can be satisfied by block s+1 while the
+block this device forwards next has not arrived (pallas-check reports that race).
 
 Run: pallas-check run samples/ring_allgather_ok.py --devices 4 --races
 Expected findings: none (also under --dma eager, and --dma random --schedules 20).
@@ -24,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 NUM_DEVICES = 4
 
 
-def all_gather_kernel(x_ref, o_ref, local_sem, send_sem, recv_sem):
+def all_gather_kernel(x_ref, o_ref, local_sem, send_sem, recv_sems):
     me = lax.axis_index("x")
     right = lax.rem(me + 1, NUM_DEVICES)
     left = lax.rem(me + NUM_DEVICES - 1, NUM_DEVICES)
@@ -40,11 +45,17 @@ def all_gather_kernel(x_ref, o_ref, local_sem, send_sem, recv_sem):
 
     def step(s, carry):
         slot = lax.rem(me - s + NUM_DEVICES, NUM_DEVICES)
-        copy = pltpu.make_async_remote_copy(
-            src_ref=o_ref.at[slot], dst_ref=o_ref.at[slot], send_sem=send_sem,
-            recv_sem=recv_sem, device_id=(right,), device_id_type=pl.DeviceIdType.MESH)
-        copy.start()
-        copy.wait()  # our send has left, and the left neighbour's block has arrived
+        arriving = lax.rem(slot + NUM_DEVICES - 1, NUM_DEVICES)  # what the left one sends
+
+        def remote_copy(i):
+            return pltpu.make_async_remote_copy(
+                src_ref=o_ref.at[i], dst_ref=o_ref.at[i], send_sem=send_sem,
+                recv_sem=recv_sems.at[i], device_id=(right,),
+                device_id_type=pl.DeviceIdType.MESH)
+
+        remote_copy(slot).start()
+        remote_copy(slot).wait_send()  # our block has left
+        remote_copy(arriving).wait_recv()  # the left neighbour's block has arrived
         return carry
 
     lax.fori_loop(0, NUM_DEVICES - 1, step, 0)
@@ -57,7 +68,7 @@ def all_gather(x):
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA,
-                        pltpu.SemaphoreType.DMA],
+                        pltpu.SemaphoreType.DMA((NUM_DEVICES,))],
         compiler_params=pltpu.CompilerParams(collective_id=0),
     )(x)
 

@@ -74,5 +74,6 @@ if __name__ == "__main__":
                               check_vma=False))
     out = f(x)
     total = np.asarray(x).reshape(NUM_DEVICES, 8, 128).sum(axis=0)
-    np.testing.assert_allclose(out, np.tile(total, (NUM_DEVICES, 1)))
-    print("ring_allreduce_bug: output matches")
+    # The bug may or may not corrupt the output, depending on the interleaving.
+    print("ring_allreduce_bug: output " + ("matches" if np.allclose(out, np.tile(
+        total, (NUM_DEVICES, 1))) else "is wrong"))

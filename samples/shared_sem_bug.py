@@ -1,12 +1,13 @@
 """Double buffering whose two copies share one DMA semaphore.
 
 Both slot copies signal `sems.at[0]`. The wait for slot 0 is satisfied by whichever copy
-finishes first: when slot 1's copy wins, slot 0 is read before its data arrives. Only some
-interleavings show it, so a single eager or on_wait run misses it; `--schedules` finds it.
+finishes first: when slot 1's copy wins, slot 0 is read before its data arrives. `eager`
+lands each copy at its start and misses it; `on_wait` lands the newest copy first and shows
+it; `--dma random --schedules N` explores the landing orders.
 
 Run: pallas-check run samples/shared_sem_bug.py --dma random --races --schedules 20
-Expected finding: kind=race buffer=buf range=[0, 0:8, 0:128] line=23 args=--dma random --races --schedules 20
-(line 23 starts slot 0's copy, whose write races with the read of slot 0 on line 26)
+Expected finding: kind=race buffer=buf range=[0, 0:8, 0:128] line=24 args=--dma random --races --schedules 20
+(line 24 starts slot 0's copy, whose write races with the read of slot 0 on line 27)
 """
 
 import jax

@@ -104,21 +104,22 @@ class CallState:
             self.races.fork(ctx.actor, dma.actor_name)
 
     def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
-        """The DMA (its own actor) read its source."""
-        if self.races is not None:
-            self.races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
-                              "DMA read", dma.frames, dma.grid_point)
+        """The DMA (its own actor) read its source and signals its send semaphore."""
+        races = self.races
+        if races is not None:
+            races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
+                         "DMA read", dma.frames, dma.grid_point)
+            if dma.src_sem is not None:
+                races.release(dma.actor_name, _sync_key(dma.src_sem))
 
     def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
-        """The DMA wrote its destination and signals its semaphores."""
+        """The DMA wrote its destination and signals its receive semaphore."""
         races = self.races
         if races is None:
             return
         races.access(dma.actor_name, dma.dst.buffer, dma.dst.index_range(), True, "DMA write",
                      dma.frames, dma.grid_point)
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
-        if dma.src_sem is not None:
-            races.release(dma.actor_name, _sync_key(dma.src_sem))
         races.end(dma.actor_name)
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:

@@ -1,9 +1,13 @@
 """Semaphores and DMAs as small state machines, and the rules of their primitives.
 
-DMA semaphores count bytes, as on a TPU: a DMA adds the bytes it moved to its
-destination semaphore and a wait takes the bytes of the waited ref off it. In `eager`
-mode a DMA copies when it starts; in `on_wait` mode it copies when a wait on its
-semaphore needs it (or, if never waited, when the kernel ends).
+DMA semaphores count bytes, as on a TPU, and a DMA is two events: it reads its source,
+which signals the send semaphore (`wait_send`: the source may be reused), then it writes
+its destination, which signals the receive semaphore (`wait_recv`: the data has landed).
+A wait takes the bytes of the waited ref off its semaphore. In `eager` mode a DMA does
+both when it starts; in `on_wait` mode a wait does what it needs of the DMAs in flight on
+its semaphore, newest first (DMAs sharing a semaphore may land in any order on a TPU, and
+newest-first is the order that breaks a kernel relying on FIFO); in `random` mode each
+event happens where the scheduler puts it. DMAs never waited complete at kernel end.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class Dma:
     actor: str
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
-    copied: bool = False
+    read_done: bool = False  # the source was read (the send semaphore signalled)
+    copied: bool = False  # the destination was written (the receive semaphore signalled)
     waited_bytes: int = 0
     staged: Any = None  # (values, written-shadow) read from the source, not yet written
 
@@ -59,29 +64,39 @@ class SyncState:
         self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
         self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
-        # signal it, and those not yet fully waited on it (so that a wait does not rescan
-        # every DMA of the call).
-        self._signalling: dict[tuple, list[Dma]] = {}
+        # signal it (as receive or send semaphore), and those not yet fully waited on it
+        # (so that a wait does not rescan every DMA of the call).
+        self._receiving: dict[tuple, list[Dma]] = {}
+        self._sending: dict[tuple, list[Dma]] = {}
         self._unwaited: dict[tuple, collections.deque[Dma]] = {}
 
     def start(self, dma: Dma) -> None:
         self.dmas.append(dma)
         dst = (dma.dst_sem[0].id, dma.dst_sem[1])
-        self._signalling.setdefault(dst, []).append(dma)
-        if dma.src_sem is not None and (dma.src_sem[0].id, dma.src_sem[1]) != dst:
-            self._signalling.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
+        self._receiving.setdefault(dst, []).append(dma)
+        if dma.src_sem is not None:
+            self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
         self._unwaited.setdefault(dst, collections.deque()).append(dma)
 
     def next_id(self) -> int:
         return next(self._ids)
 
-    def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma]:
-        """The DMAs not yet copied that signal `sem` (as destination or source semaphore)."""
-        dmas = self._signalling.get((sem[0].id, sem[1]))
-        if not dmas:
-            return []
-        dmas[:] = [d for d in dmas if not d.copied]
-        return list(dmas)
+    def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[tuple[Dma, bool]]:
+        """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
+        DMA that has yet to land there (receive semaphore), (dma, False) for one that has
+        yet to read its source (send semaphore)."""
+        key = (sem[0].id, sem[1])
+        pending: list[tuple[Dma, bool]] = []
+        receiving = self._receiving.get(key)
+        if receiving:
+            receiving[:] = [d for d in receiving if not d.copied]
+            pending.extend((d, True) for d in receiving)
+        sending = self._sending.get(key)
+        if sending:
+            sending[:] = [d for d in sending if not d.read_done]
+            pending.extend((d, False) for d in sending)
+        pending.sort(key=lambda item: -item[0].id)
+        return pending
 
 
 def as_view(x: Any) -> RefView:
@@ -128,9 +143,11 @@ def sem_name(cell: tuple[memory.Buffer, tuple]) -> str:
 
 
 def dma_read(ctx: Any, dma: Dma) -> None:
-    """The DMA reads its source now (values and written-shadow are staged)."""
-    if dma.copied or dma.staged is not None:
+    """The DMA reads its source now (values and written-shadow are staged) and signals
+    its send semaphore: the source may be reused from here on."""
+    if dma.read_done:
         return
+    dma.read_done = True
     value = dma.src.read(ctx.fill(dma.src.buffer.data.dtype))
     target_dtype = dma.dst.buffer.data.dtype
     if value.dtype != target_dtype:
@@ -138,11 +155,14 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     # A source written everywhere (an input, say) needs no per-element shadow copied along.
     written = True if dma.src.buffer.fully_written else dma.src.read_written()
     dma.staged = (value, written)
+    if dma.src_sem is not None:
+        sem_add(dma.src_sem, dma.nbytes)
     ctx.call.on_dma_read(ctx, dma)
 
 
 def dma_write(ctx: Any, dma: Dma) -> None:
-    """The DMA writes its destination and signals its semaphores."""
+    """The DMA writes its destination (reading its source first if it has not yet) and
+    signals its receive semaphore: the data has landed."""
     if dma.copied:
         return
     dma_read(ctx, dma)
@@ -156,8 +176,6 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.nbytes)
-    if dma.src_sem is not None:
-        sem_add(dma.src_sem, dma.nbytes)
 
 
 def complete(ctx: Any, dma: Dma) -> None:
@@ -300,18 +318,32 @@ def _dma_wait(ctx, eqn, invals):
     frames = current_frames(ctx)
     sync = ctx.call.sync
     if ctx.config.dma_mode == DmaMode.ON_WAIT:
-        for dma in sync.pending_on(cell):
-            if sem_value(cell) >= nbytes:
-                break
-            complete(ctx, dma)
-    if sem_value(cell) < nbytes:
-        yield Wait(lambda: sem_value(cell) >= nbytes, "DMA wait", frames,
+        def ready() -> bool:  # a DMA started after the wait began is done on demand too
+            _deliver(ctx, sync, cell, nbytes)
+            return sem_value(cell) >= nbytes
+    else:
+        def ready() -> bool:
+            return sem_value(cell) >= nbytes
+    if not ready():
+        yield Wait(ready, "DMA wait", frames,
                    semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell),
                    cell=cell)
     sem_add(cell, -nbytes)
     _account_wait(sync, cell, nbytes)
     ctx.call.on_dma_wait(ctx, cell, frames)
     return []
+
+
+def _deliver(ctx: Any, sync: SyncState, cell: tuple, nbytes: int) -> None:
+    """`on_wait`: the events of DMAs in flight that signal `cell`, newest DMA first, until
+    it holds `nbytes` (a landing for a receive semaphore, a read for a send semaphore)."""
+    for dma, lands in sync.pending_on(cell):
+        if sem_value(cell) >= nbytes:
+            return
+        if lands:
+            complete(ctx, dma)
+        else:
+            dma_read(ctx, dma)
 
 
 def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
