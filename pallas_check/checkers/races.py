@@ -271,6 +271,15 @@ class RaceChecker:
                 history.remove(seq)
         self._prune_at[buffer_id] = max(_SWEEP_AFTER, 2 * len(history))
 
+    def join_finished(self, actor: str, finished: str) -> None:
+        """`actor` waited for `finished` (an ended DMA, such as a pipeline block copy):
+        all it did happens before what `actor` does next, and nothing more of it is kept
+        (its slot already serves later DMAs), so a long grid's copies cost no memory."""
+        vc = self.clocks.pop(finished, None)
+        self.slot_of.pop(finished, None)
+        if vc:
+            self._join(self.clock(actor), vc)
+
     def release(self, actor: str, sync_object: Any) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
         self._join(self.sync_clocks.setdefault(sync_object, {}), self.clock(actor))

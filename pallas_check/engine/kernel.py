@@ -194,6 +194,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     num_bounds = gm.num_dynamic_grid_bounds
     grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
     layout = _layout(params, grid, config)
+    state.cores_per_device = len(layout.core_steps)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []

@@ -99,6 +99,12 @@ class Buffer:
         return self.data.shape
 
     @property
+    def read_only(self) -> bool:
+        """The values are an operand's array never written: a write copies them first, so
+        the array itself never changes (a reader may keep it instead of a copy)."""
+        return self._borrowed
+
+    @property
     def written(self) -> np.ndarray:
         """The written-shadow, one bool per element (made here if the buffer had none)."""
         if self._written is None:

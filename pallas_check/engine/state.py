@@ -51,6 +51,8 @@ class CallState:
             self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
                                      lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
+        self.cores_per_device = 1
+        self._copies_in_flight: set[str] = set()
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -58,6 +60,26 @@ class CallState:
             value = memory.fill_value(dtype, self.fill_mode)
             self._fill_cache[dtype] = value
         return value
+
+    def pipeline_copy_name(self, ctx: "CoreContext", operand: str, writes_back: bool,
+                           block: tuple[int, ...]) -> str:
+        """A BlockSpec pipeline copy as an actor: `pipeline copy-in of x_ref block (3, 0)`,
+        with its core where there are several. The name is unique among the copies in
+        flight (`copy_done` frees it), which is all the race checker needs."""
+        name = (f"pipeline {'write-back' if writes_back else 'copy-in'} of {operand}"
+                f" block {block}")
+        if ctx.num_devices > 1 or self.cores_per_device > 1:
+            name += f" on {ctx.actor}"
+        base, again = name, 1
+        while name in self._copies_in_flight:
+            again += 1
+            name = f"{base} (#{again})"
+        self._copies_in_flight.add(name)
+        return name
+
+    def copy_done(self, name: str) -> None:
+        """A pipeline copy was waited: its name may serve a later copy."""
+        self._copies_in_flight.discard(name)
 
     def add(self, finding: Finding) -> None:
         if self.report:
