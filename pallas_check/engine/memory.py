@@ -137,6 +137,19 @@ class Buffer:
             self._unwritten = int(self._written.size - np.count_nonzero(self._written))
         self.fully_written = self._unwritten == 0
 
+    def adopt(self, values: np.ndarray, written: bool | np.ndarray) -> None:
+        """Take `values` (of the buffer's shape, which nobody else writes) as the whole
+        contents: a read-only array is shared until written (copy on write)."""
+        self.data = values
+        self._borrowed = not values.flags.writeable
+        if isinstance(written, np.ndarray) and not written.all():
+            self._written = written
+            self.recount()
+        else:
+            self._written = None
+            self._unwritten = 0
+            self.fully_written = True
+
     def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
         """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
         of the indexed part, not of the buffer (a count of unwritten elements is kept)."""

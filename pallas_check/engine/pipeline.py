@@ -27,10 +27,10 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                operands: list[Operand], points: np.ndarray):
     """The actor of one core: the grid walk with the block pipeline around each step."""
     blocked = [op for op in operands if not op.whole_array]
-    outputs = [op for op in blocked if op.is_output]
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
-    visited: dict[int, set[tuple[int, ...]]] = {id(op): set() for op in outputs}
-    pipe = Pipeline(ctx, [op for op in blocked if not op.is_output], outputs, points)
+    pipe = Pipeline(ctx, blocked, points)
+    outputs = pipe.outputs
+    visited: dict[int, set[tuple[int, ...]]] = {id(plan): set() for plan in outputs}
     num_steps = len(points)
     for step in range(num_steps):
         point = tuple(int(x) for x in points[step])
@@ -40,24 +40,67 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         for op in windowed:
             kernel_args[op.position] = _hbm_window(op, op.block_indices[step])  # type: ignore[index]
         yield from pipe.inputs_ready(step)
-        for op in outputs:
-            if pipe.changes(op, step):
-                key = pipe.block(op, step)
-                if key in visited[id(op)]:
-                    ctx.call.checkers.block_revisited(ctx, op, key, _index_map_frames(op))
-                _check_block_bounds(ctx, op, key)
-                assert op.vmem is not None
-                op.vmem.data[...] = ctx.fill(op.vmem.data.dtype)
-                op.vmem.mark_written(Ellipsis, False)
+        for plan in outputs:
+            if plan.changed[step]:
+                key = plan.blocks[step]
+                if key in visited[id(plan)]:
+                    ctx.call.checkers.block_revisited(ctx, plan.op, key, plan.frames)
+                plan.check_bounds(ctx, step)
+                vmem = plan.op.vmem
+                assert vmem is not None
+                vmem.writable()[...] = ctx.fill(vmem.data.dtype)
+                vmem.mark_written(Ellipsis, False)
         yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
         ctx.eqn = None
-        for op in outputs:
-            if step == num_steps - 1 or pipe.changes(op, step + 1):
-                visited[id(op)].add(pipe.block(op, step))
+        for plan in outputs:
+            if step == num_steps - 1 or plan.changed[step + 1]:
+                visited[id(plan)].add(plan.blocks[step])
         yield from pipe.outputs_done(step)
     yield from pipe.drain()
     if ctx.call.races is not None:
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
+
+
+class _Plan:
+    """What the pipeline knows of one blocked operand on one core, computed once: the
+    block of every step, where it changes, which blocks are out of bounds, the depth."""
+
+    def __init__(self, op: Operand) -> None:
+        indices = op.block_indices
+        assert indices is not None
+        self.op = op
+        self.blocks = [tuple(b) for b in indices.tolist()]
+        changed = np.ones(len(indices), bool)
+        if len(indices) > 1 and indices.shape[1]:
+            changed[1:] = np.any(indices[1:] != indices[:-1], axis=1)
+        elif len(indices) > 1:
+            changed[1:] = False
+        self.changed: list[bool] = changed.tolist()
+        self.depth = _depth(op)
+        self._frames: tuple[SourceFrame, ...] | None = None
+        self._bad = _out_of_bounds_steps(op, indices)
+
+    @property
+    def frames(self) -> tuple[SourceFrame, ...]:
+        if self._frames is None:
+            self._frames = _index_map_frames(self.op)
+        return self._frames
+
+    def check_bounds(self, ctx: CoreContext, step: int) -> None:
+        if step in self._bad:
+            _check_block_bounds(ctx, self.op, self.blocks[step])
+
+
+def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
+    """The steps whose block is (partly) outside the array, all steps at once."""
+    if not indices.shape[1] or not len(indices):
+        return set()
+    sizes = np.array(op.block_sizes)
+    element = np.array(op.element)
+    starts = np.where(element, indices, indices * sizes)
+    extent = np.array(op.hbm.shape)
+    bad = (starts < 0) | (starts >= extent) | (element & (starts + sizes > extent))
+    return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,13 +109,13 @@ class BlockCopy:
     a copy-in reads an input block from HBM for grid step `step`; a write-back writes the
     output block of `step` to HBM. `staged` holds what it read (values, written-shadow)."""
 
-    op: Operand
+    plan: _Plan
     block: tuple[int, ...]
     step: int
     grid_point: tuple[int, ...]
     writes_back: bool
-    name: str
-    frames: tuple[SourceFrame, ...]
+    name: str  # the copy as an actor (only when races are checked or DMAs are actors)
+    slices: tuple  # (HBM index, VMEM index, empty) of the block's valid part
     staged: Any = None
     moved: bool = False  # copy-in: HBM was read; write-back: HBM was written
 
@@ -86,45 +129,35 @@ class Pipeline:
     runs. Each copy takes part in race detection as its own actor, ordered after what
     its core did before starting it and before what the core does after waiting it."""
 
-    def __init__(self, ctx: CoreContext, inputs: list[Operand], outputs: list[Operand],
-                 points: np.ndarray) -> None:
+    def __init__(self, ctx: CoreContext, blocked: list[Operand], points: np.ndarray) -> None:
         self.ctx = ctx
-        self.inputs = inputs
-        self.outputs = outputs
+        self.inputs = [_Plan(op) for op in blocked if not op.is_output]
+        self.outputs = [_Plan(op) for op in blocked if op.is_output]
         self.points = points
-        self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (op id, step) -> copy-in
+        self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (plan id, step) -> copy-in
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
-
-    @staticmethod
-    def block(op: Operand, step: int) -> tuple[int, ...]:
-        return tuple(int(i) for i in op.block_indices[step])  # type: ignore[index]
-
-    @staticmethod
-    def changes(op: Operand, step: int) -> bool:
-        """Whether the block of `op` at `step` differs from the one before it."""
-        indices = op.block_indices
-        assert indices is not None
-        return step == 0 or not np.array_equal(indices[step], indices[step - 1])
+        self.named = ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
 
     def inputs_ready(self, step: int):
         """Before body `step`: its input blocks have landed; later ones are prefetched."""
-        for op in self.inputs:
-            if self.changes(op, step):
-                copy = self.fetching.pop((id(op), step), None) or self._start(op, step, False)
+        for plan in self.inputs:
+            if plan.changed[step]:
+                copy = self.fetching.pop((id(plan), step), None) or self._start(plan, step, False)
                 yield from self._wait(copy)
-        for op in self.inputs:
-            for ahead in range(step + 1, min(step + _depth(op), len(self.points))):
-                if self.changes(op, ahead) and (id(op), ahead) not in self.fetching:
-                    self.fetching[(id(op), ahead)] = self._start(op, ahead, False)
+        last = len(self.points)
+        for plan in self.inputs:
+            for ahead in range(step + 1, min(step + plan.depth, last)):
+                if plan.changed[ahead] and (id(plan), ahead) not in self.fetching:
+                    self.fetching[(id(plan), ahead)] = self._start(plan, ahead, False)
 
     def outputs_done(self, step: int):
         """After body `step`: write back the output blocks it finished; wait for those
         started far enough back (one step, with the default double buffering)."""
         last = step == len(self.points) - 1
-        for op in self.outputs:
-            if last or self.changes(op, step + 1):
-                self.writing.append(self._start(op, step, True))
-        while self.writing and self.writing[0].step <= step - (_depth(self.writing[0].op) - 1):
+        for plan in self.outputs:
+            if last or plan.changed[step + 1]:
+                self.writing.append(self._start(plan, step, True))
+        while self.writing and self.writing[0].step <= step - (self.writing[0].plan.depth - 1):
             yield from self._wait(self.writing.pop(0))
 
     def drain(self):
@@ -132,35 +165,37 @@ class Pipeline:
         while self.writing:
             yield from self._wait(self.writing.pop(0))
 
-    def _start(self, op: Operand, step: int, writes_back: bool) -> BlockCopy:
+    def _start(self, plan: _Plan, step: int, writes_back: bool) -> BlockCopy:
         ctx = self.ctx
-        block = self.block(op, step)
+        block = plan.blocks[step]
         if not writes_back:
-            _check_block_bounds(ctx, op, block)
-        copy = BlockCopy(op, block, step, tuple(int(x) for x in self.points[step]), writes_back,
-                         ctx.call.pipeline_copy_name(ctx, op.name, writes_back, block),
-                         _index_map_frames(op))
+            plan.check_bounds(ctx, step)
+        name = (ctx.call.pipeline_copy_name(ctx, plan.op.name, writes_back, block)
+                if self.named else "")
+        copy = BlockCopy(plan, block, step, tuple(int(x) for x in self.points[step]),
+                         writes_back, name, _block_slices(plan.op, block))
         if ctx.call.races is not None:
-            ctx.call.races.fork(ctx.actor, copy.name)
+            ctx.call.races.fork(ctx.actor, name)
         if writes_back:
             _stage_write_back(ctx, copy)
         mode = ctx.config.dma_mode
         if mode == DmaMode.EAGER:
-            _move(ctx, copy, detach=True)
+            _move(ctx, copy)
         elif mode == DmaMode.RANDOM:
-            ctx.call.scheduler.spawn(Actor(copy.name, _copy_actor(ctx, copy)))
+            ctx.call.scheduler.spawn(Actor(name, _copy_actor(ctx, copy)))
         return copy
 
     def _wait(self, copy: BlockCopy):
         ctx = self.ctx
         if not copy.moved:
             if ctx.config.dma_mode == DmaMode.RANDOM:
-                yield Wait(lambda: copy.moved, "pipeline copy wait", copy.frames)
+                yield Wait(lambda: copy.moved, "pipeline copy wait", copy.plan.frames)
             else:
-                _move(ctx, copy, detach=False)
+                _move(ctx, copy)
         if ctx.call.races is not None:
             ctx.call.races.join_finished(ctx.actor, copy.name)
-        ctx.call.copy_done(copy.name)
+        if self.named:
+            ctx.call.copy_done(copy.name)
         if not copy.writes_back:
             _land_in_vmem(ctx, copy)
 
@@ -175,15 +210,15 @@ def _depth(op: Operand) -> int:
 def _copy_actor(ctx: CoreContext, copy: BlockCopy):
     """`--dma random`: the copy moves its data at a point the scheduler picks."""
     yield None
-    _move(ctx, copy, detach=True)
+    _move(ctx, copy)
 
 
-def _move(ctx: CoreContext, copy: BlockCopy, detach: bool) -> None:
-    """The copy's DMA event: a copy-in reads HBM, a write-back writes it. `detach`: the
-    read happens before the wait, so what it read is copied out of HBM (HBM may change in
-    between; a read-only input's array never does)."""
-    op, races = copy.op, ctx.call.races
-    hbm_index, _, empty = _block_slices(op, copy.block)
+def _move(ctx: CoreContext, copy: BlockCopy) -> None:
+    """The copy's DMA event: a copy-in reads HBM, a write-back writes it. What a copy-in
+    read is its own: a view of a read-only input's array (which never changes), else a
+    copy (HBM may change before the copy is waited)."""
+    op, races = copy.plan.op, ctx.call.races
+    hbm_index, _, empty = copy.slices
     copy.moved = True
     if not empty and copy.writes_back:
         values, written = copy.staged
@@ -193,15 +228,15 @@ def _move(ctx: CoreContext, copy: BlockCopy, detach: bool) -> None:
     elif not empty:
         hbm = op.hbm
         values, written = hbm.data[hbm_index], hbm.written_at(hbm_index)
-        if detach and not hbm.read_only:
+        if not hbm.read_only:
             values = np.array(values)
-        if detach and isinstance(written, np.ndarray):
+        if isinstance(written, np.ndarray):
             written = np.array(written)
         copy.staged = (values, written)
     if races is not None:
         if not empty:
             races.access(copy.name, op.hbm, _hbm_range(hbm_index), copy.writes_back,
-                         "DMA write" if copy.writes_back else "DMA read", copy.frames,
+                         "DMA write" if copy.writes_back else "DMA read", copy.plan.frames,
                          copy.grid_point)
         races.end(copy.name)
 
@@ -209,9 +244,9 @@ def _move(ctx: CoreContext, copy: BlockCopy, detach: bool) -> None:
 def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:
     """A write-back reads the output block when it starts: the core goes on in the other
     buffer, so the block's array is handed to the copy and the core gets a fresh one."""
-    vmem = copy.op.vmem
+    vmem = copy.plan.op.vmem
     assert vmem is not None
-    _, vmem_index, empty = _block_slices(copy.op, copy.block)
+    _, vmem_index, empty = copy.slices
     if empty:
         return
     written = vmem.written_at(vmem_index)
@@ -224,16 +259,20 @@ def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:
 
 def _land_in_vmem(ctx: CoreContext, copy: BlockCopy) -> None:
     """A copy-in waited: the block is the kernel's input ref (its padding unwritten)."""
-    vmem = copy.op.vmem
+    vmem = copy.plan.op.vmem
     assert vmem is not None
-    vmem.data[...] = ctx.fill(vmem.data.dtype)
-    vmem.mark_written(Ellipsis, False)
-    if copy.staged is None:
+    staged, copy.staged = copy.staged, None
+    if staged is not None and staged[0].shape == vmem.data.shape:
+        vmem.adopt(*staged)  # a whole block: no padding to fill, no copy to make
         return
-    _, vmem_index, _ = _block_slices(copy.op, copy.block)
-    values, written = copy.staged
-    copy.staged = None
-    vmem.data[vmem_index] = values
+    data = vmem.writable()
+    data[...] = ctx.fill(data.dtype)
+    vmem.mark_written(Ellipsis, False)
+    if staged is None:
+        return
+    _, vmem_index, _ = copy.slices
+    values, written = staged
+    data[vmem_index] = values
     vmem.mark_written(vmem_index, written)
 
 
