@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from pallas_check.findings import format_range
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, suppressed_text
 from pallas_check.report.paths import display_path, display_text
 
 
@@ -21,6 +21,9 @@ class TextReporter:
             message = display_text(" ".join(f.message.split()))
             stream.write(f"{where}: {f.kind.value}: {f.kernel.name}{buffer}: {message}"
                          f"{count}\n")
+        if report.suppressed:
+            stream.write(f"{display_path(report.script)}: suppressed:"
+                         f" {suppressed_text(report)}\n")
         if report.user_error:
             stream.write(f"{display_path(report.script)}: script-failed: {report.user_error}\n")
         if report.internal_error:
