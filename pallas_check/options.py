@@ -95,6 +95,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("native", ("--native",), bool, False,
            "No simulation: run the calls on the hardware lowering (TPU or GPU) and report"
            " each call's wall time."),
+    Option("trace", ("--trace",), Optional[Path], None,
+           "Write the simulated run's timeline to this file as Chrome trace-event JSON"
+           " (open it in ui.perfetto.dev)."),
     # Suppressions (suppress.py): decided after the analysis, before the report.
     Option("ignore", ("--ignore",), Optional[List[str]], None,
            "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"

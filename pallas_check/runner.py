@@ -70,22 +70,25 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
 
 
 def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
-                   output: Path | None, policy: Any = None) -> ExitCode:
-    """`pallas-check run`: every call simulated and checked (`policy`: suppress.Policy)."""
-    return run_command(CheckCommand(script, args, config, policy), script, args, fmt,
-                       output)
+                   output: Path | None, policy: Any = None,
+                   trace: Path | None = None) -> ExitCode:
+    """`pallas-check run`: every call simulated and checked (`policy`: suppress.Policy;
+    `trace`: where the timeline goes, with config.timeline on)."""
+    return run_command(CheckCommand(script, args, config, policy, trace), script, args,
+                       fmt, output)
 
 
 class CheckCommand:
     """`pallas-check run`: a Session checks every call; the report lists its findings."""
 
     def __init__(self, script: str, args: Sequence[str], config: Config,
-                 policy: Any = None) -> None:
+                 policy: Any = None, trace: Path | None = None) -> None:
         from pallas_check.session import Session
         from pallas_check.suppress import Policy
 
         self.script, self.args, self.config = script, args, config
         self.policy = policy if policy is not None else Policy()
+        self.trace = trace
         self.session = Session(config)
 
     @contextlib.contextmanager
@@ -119,15 +122,17 @@ class CheckCommand:
         baseline_failed = self.policy.update_baseline and not self._update_baseline(
             kept, finished=outcome.ok and engine_error is None)
         code = exit_code_for(len(findings), user_failed, engine_error is not None)
-        if baseline_failed and code < ExitCode.USAGE:
-            code = ExitCode.USAGE  # the baseline asked for is not where it was asked for
+        trace_written = self._write_trace(kept) if self.trace is not None else None
+        if (baseline_failed or trace_written is False) and code < ExitCode.USAGE:
+            code = ExitCode.USAGE  # a file asked for is not where it was asked for
         report = RunReport(
             script=self.script, config=config_dict(self.config), findings=findings,
             calls=calls, exit_code=int(code),
             user_error=outcome.error if user_failed else None,
             user_traceback=outcome.traceback if user_failed else None,
             internal_error=engine_error, partial=outcome.interrupted,
-            script_args=tuple(self.args), suppressed=kept.suppressed)
+            script_args=tuple(self.args), suppressed=kept.suppressed,
+            trace=str(self.trace_shown) if trace_written else None)
         buffer = io.StringIO()
         reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
                      width=terminal_width() if to_stdout else None).render(report, buffer)
@@ -137,6 +142,30 @@ class CheckCommand:
                        f"{suppressed}",
                        engine_error, script_traceback(outcome) if user_failed else None)
 
+
+    @property
+    def trace_shown(self) -> str:
+        """The --trace path as the user can open it (relative when below the cwd)."""
+        assert self.trace is not None
+        relative = os.path.relpath(self.trace)
+        return str(self.trace) if relative.startswith(os.pardir) else relative
+
+    def _write_trace(self, kept: Any) -> bool:
+        """`--trace`: the recorded timelines as Chrome trace JSON, written like a report."""
+        from pallas_check.outfile import OutputError, write_report
+        from pallas_check.report.trace import trace_text
+
+        assert self.trace is not None
+        text = trace_text(self.session.timelines, kept.active, kept.suppressed, self.script)
+        try:
+            write_report(self.trace, text)
+        except (OSError, OutputError) as exc:
+            print(f"pallas-check: error: cannot write the trace {self.trace}: {exc}",
+                  file=sys.stderr)
+            return False
+        print(f"pallas-check: trace of {len(self.session.timelines)} call(s) written to"
+              f" {self.trace_shown} (open it in ui.perfetto.dev)", file=sys.stderr)
+        return True
 
     def _update_baseline(self, kept: Any, finished: bool) -> bool:
         """`--update-baseline`: this run's findings become the baseline, written the way

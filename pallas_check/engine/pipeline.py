@@ -34,6 +34,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         ctx.grid_point = point
         ctx.eqn = None
         yield None  # a scheduling point: another core may run a step here
+        ctx.call.on_grid_step(ctx, point)  # timeline: a grid step's slice begins
         for op in windowed:
             kernel_args[op.position] = _hbm_window(op, op.block_indices[step])  # type: ignore[index]
         for op in inputs:
@@ -61,6 +62,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 visited[id(op)].add(key)
     if ctx.call.races is not None:
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
+    ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
 
 
 def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:

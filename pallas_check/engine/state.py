@@ -14,6 +14,7 @@ from pallas_check.engine.evaluate import KernelError, current_frames
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
 from pallas_check.engine.events import Checkers, RaceDetector, UninitRead
 from pallas_check.engine.scheduler import Scheduler
+from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
 
 
@@ -51,6 +52,10 @@ class CallState:
             self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
                                      lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
+        # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
+        self.timeline: Timeline | None = (
+            Timeline(kernel.name, call_index, config.seed)
+            if config.timeline and report else None)
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -62,6 +67,8 @@ class CallState:
     def add(self, finding: Finding) -> None:
         if self.report:
             self.findings.append(finding)
+            if self.timeline is not None:  # timeline: the finding's instant
+                self.timeline.finding(finding)
 
     def _finding(self, **fields: Any) -> Finding:
         return Finding(kernel=self.kernel, call_index=self.call_index,
@@ -99,18 +106,34 @@ class CallState:
         if self.races is not None:
             self.access(ctx, region, True, "write")
 
+    def on_grid_step(self, ctx: "CoreContext", point: tuple[int, ...]) -> None:
+        """A core begins a grid step (only the timeline listens)."""
+        if self.timeline is not None:
+            self.timeline.grid_step(ctx, point)
+
+    def on_core_done(self, ctx: "CoreContext") -> None:
+        """A core finished its grid steps (only the timeline listens)."""
+        if self.timeline is not None:
+            self.timeline.core_done(ctx)
+
     def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        if self.timeline is not None:  # timeline: the DMA's track begins
+            self.timeline.dma_start(ctx, dma)
         if self.races is not None:
             self.races.fork(ctx.actor, dma.actor_name)
 
     def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
         """The DMA (its own actor) read its source."""
+        if self.timeline is not None:  # timeline: queued -> sending
+            self.timeline.dma_read(dma)
         if self.races is not None:
             self.races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
                               "DMA read", dma.frames, dma.grid_point)
 
     def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
         """The DMA wrote its destination and signals its semaphores."""
+        if self.timeline is not None:  # timeline: sending -> landed, the semaphores signalled
+            self.timeline.dma_landed(dma, [c for c in (dma.dst_sem, dma.src_sem) if c])
         races = self.races
         if races is None:
             return
@@ -122,14 +145,20 @@ class CallState:
         races.end(dma.actor_name)
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
+        if self.timeline is not None:  # timeline: arrows from the signals it consumed
+            self.timeline.waited(ctx, cell, "DMA wait")
         if self.races is not None:
             self.races.acquire(ctx.actor, _sync_key(cell))
 
     def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.timeline is not None:  # timeline: a signal instant
+            self.timeline.signal(ctx, cell)
         if self.races is not None:
             self.races.release(ctx.actor, _sync_key(cell))
 
     def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.timeline is not None:  # timeline: arrows from the signals it consumed
+            self.timeline.waited(ctx, cell, "semaphore wait")
         if self.races is not None:
             self.races.acquire(ctx.actor, _sync_key(cell))
 

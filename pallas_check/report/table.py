@@ -108,6 +108,10 @@ class TableReporter:
                                   + Text(replay_command(report.script, report.config, f.seed,
                                                        report.rerun, report.script_args)),
                                   soft_wrap=True)
+                if report.trace and kind in (FindingKind.RACE, FindingKind.DEADLOCK):
+                    console.print(Text("      timeline: ", style="dim")
+                                  + Text(f"open {report.trace} in ui.perfetto.dev"),
+                                  soft_wrap=True)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         summary = summary_line(report)
