@@ -226,11 +226,12 @@ def _unused(calls: Sequence[CallSummary], comments: "_Comments",
         if call.failed or not call.file or (call.file, call.line) in seen:
             continue
         seen.add((call.file, call.line))
-        span = function_span(call.file, call.line)
-        if span is None:
+        in_file = comments.in_file(call.file)
+        span = function_span(call.file, call.line) if in_file else None
+        if span is None:  # no comment in the file (the usual case): nothing to parse
             continue
         kernel = KernelInfo(call.kernel, call.file, call.line)
-        for line, comment in sorted(comments.in_file(call.file).items()):
+        for line, comment in sorted(in_file.items()):
             if not span[0] <= line <= span[1] or (call.file, line) in used:
                 continue
             message = _unused_message(comment, options)

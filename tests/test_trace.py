@@ -237,3 +237,23 @@ def test_trace_needs_a_file_and_keeps_the_script(cli):
     itself = cli("run", "--trace", str(script), str(script))
     assert itself.exit_code == 2 and "--trace" in itself.output
     assert script.read_text().startswith('"""A correct')
+
+
+def test_a_finding_the_timeline_did_not_see_is_marked_after_the_simulation():
+    """Uninitialized values reaching an output (two fills compared) or, with --keep-going,
+    a finding seen only under another seed: an instant on the call's track, after the end."""
+    from pallas_check.engine.timeline import Timeline
+    from pallas_check.findings import Finding, FindingKind, KernelInfo
+    from pallas_check.report.trace import trace_dict
+
+    timeline = Timeline("k", 0, seed=0)
+    seen = Finding(FindingKind.OUT_OF_BOUNDS, "seen", KernelInfo("k"), 0, seed=0)
+    timeline.finding(seen)
+    later = Finding(FindingKind.RACE, "under seed 4", KernelInfo("k"), 0, seed=4)
+    events = trace_dict([timeline], [seen, later], [], "k.py")["traceEvents"]
+    marks = [e for e in events if e.get("cat") == "finding"]
+    assert [(m["args"]["message"], m["args"].get("after_simulation"), m["args"]["seed"]
+             if "seed" in m["args"] else None) for m in marks] == [
+        ("seen", None, None), ("under seed 4", True, 4)]
+    assert marks[1]["ts"] > marks[0]["ts"]
+    assert [m["args"]["finding_index"] for m in marks] == [0, 1]
