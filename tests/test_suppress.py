@@ -60,8 +60,19 @@ def test_the_table_and_text_reports_say_what_was_suppressed(cli, tmp_path):
     assert table.exit_code == 0
     assert "0 findings in 3 pallas_calls; 3 suppressed (inline 2, def-line 1)" in table.output
     text = cli("run", "--format", "text", str(SUPPRESSED), json_report=False)
-    assert re.search(r"suppressed_findings\.py: suppressed: 3 suppressed \(inline 2,"
-                     r" def-line 1\)", text.output), text.output
+    assert re.search(r"suppressed_findings\.py: suppressed: 3 findings \(inline 2,"
+                     r" def-line 1\)$", text.output, re.MULTILINE), text.output
+    sarif_file = tmp_path / "run.sarif"
+    sarif = cli("run", "--format", "sarif", "-o", str(sarif_file), str(SUPPRESSED),
+                json_report=False)
+    assert sarif.exit_code == 0
+    log = json.loads(sarif_file.read_text())
+    validate_sarif(log)
+    results = log["runs"][0]["results"]
+    assert sorted(r["suppressions"][0]["properties"]["by"] for r in results) == [
+        "def-line", "inline", "inline"]
+    assert all(r["suppressions"][0]["kind"] == "inSource" for r in results)
+    assert log["runs"][0]["invocations"][0]["exitCode"] == 0
 
 
 def _copy(tmp_path: Path, name: str, edit=None) -> Path:

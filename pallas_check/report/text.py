@@ -21,9 +21,11 @@ class TextReporter:
             message = display_text(" ".join(f.message.split()))
             stream.write(f"{where}: {f.kind.value}: {f.kernel.name}{buffer}: {message}"
                          f"{count}\n")
-        if report.suppressed:
-            stream.write(f"{display_path(report.script)}: suppressed:"
-                         f" {suppressed_text(report)}\n")
+        if report.suppressed:  # "k.py: suppressed: 3 findings (inline 2, baseline 1)"
+            count, _, parts = suppressed_text(report).partition(" suppressed ")
+            noun = "finding" if count == "1" else "findings"
+            stream.write(f"{display_path(report.script)}: suppressed: {count} {noun}"
+                         f" {parts}\n")
         if report.user_error:
             stream.write(f"{display_path(report.script)}: script-failed: {report.user_error}\n")
         if report.internal_error:
