@@ -89,7 +89,8 @@ def _main(
             raise fail(str(exc))
 
 
-def _check_output(output: Optional[Path], script: Path) -> Optional[Path]:
+def _check_output(output: Optional[Path], script: Path,
+                  flag: str = "--output") -> Optional[Path]:
     """A bad --output is a usage error before the run, not a lost report after it. The
     path is made absolute now: a script that changes directory does not move the report."""
     if output is None:
@@ -99,8 +100,23 @@ def _check_output(output: Optional[Path], script: Path) -> Optional[Path]:
     try:
         check_target(output, script)
     except OutputError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc).replace("--output", flag)) from None
     return output if is_stdout(output) else Path(os.path.abspath(output))
+
+
+def _suppression_policy(ignore: Optional[List[str]], baseline: Optional[Path],
+                        update_baseline: bool, races: bool, script: Path) -> Any:
+    """Suppressions (suppress.py) checked before the run: a bad entry or baseline, or a
+    baseline that cannot be written, is exit 2 before any work is lost."""
+    from pallas_check.outfile import OutputError, check_target
+    from pallas_check.suppress import SuppressionError, make_policy
+
+    try:
+        if update_baseline and baseline is not None:
+            check_target(baseline, script)
+        return make_policy(ignore, baseline, update_baseline, races)
+    except (SuppressionError, OutputError) as exc:
+        raise fail(str(exc).replace("--output", "--baseline")) from None
 
 
 def fail(message: str, code: ExitCode = ExitCode.USAGE) -> "typer.Exit":
@@ -145,7 +161,8 @@ _SCRIPT_PARAMETERS = [
 def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
         uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
         devices: int, tpu: TpuGeneration, cores: int, seed: int, races: bool,
-        schedules: int, keep_going: bool, native: bool) -> None:
+        schedules: int, keep_going: bool, native: bool, ignore: Optional[List[str]],
+        baseline: Optional[Path], update_baseline: bool, trace: Optional[Path]) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     fmt_name = Format(fmt).value
     if not script.exists():
@@ -153,17 +170,21 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     if not script.is_file():
         raise fail(f"not a file: {script}")
     output = _check_output(output, script)
+    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
+    if trace is not None and str(trace) == "-":
+        raise fail("--trace needs a file (stdout is the report's)")
+    trace = _check_output(trace, script, "--trace")
     _set_device_count(devices)
     if native:
         _run_native(script, script_args, fmt_name, output)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed, races=races,
-                    schedules=schedules, keep_going=keep_going)
+                    schedules=schedules, keep_going=keep_going, timeline=trace is not None)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])
     try:
-        code = run_and_report(str(script), args, config, fmt_name, output)
+        code = run_and_report(str(script), args, config, fmt_name, output, policy, trace)
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # our bug outside the script: one line, not a traceback

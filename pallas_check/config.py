@@ -49,3 +49,4 @@ class Config:
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True
+    timeline: bool = False  # record each call's timeline (--trace FILE; engine/timeline.py)

@@ -24,6 +24,7 @@ class FindingKind(str, enum.Enum):
     DMA_NOT_WAITED = "dma-not-waited"
     RACE = "race"
     DEADLOCK = "deadlock"
+    UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
 
 
 @dataclass(frozen=True, order=True)

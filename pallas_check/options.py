@@ -15,7 +15,7 @@ import dataclasses
 import enum
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from pallas_check.config import DmaMode, TpuGeneration, UninitFill
 
@@ -95,6 +95,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("native", ("--native",), bool, False,
            "No simulation: run the calls on the hardware lowering (TPU or GPU) and report"
            " each call's wall time."),
+    Option("trace", ("--trace",), Optional[Path], None,
+           "Write the simulated run's timeline to this file as Chrome trace-event JSON"
+           " (open it in ui.perfetto.dev)."),
+    # Suppressions (suppress.py): decided after the analysis, before the report.
+    Option("ignore", ("--ignore",), Optional[List[str]], None,
+           "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"
+           " (KIND may be *); repeatable; in pyproject.toml a list."),
+    Option("baseline", ("--baseline",), Optional[Path], None,
+           "Fail only on findings whose fingerprint is not in this baseline file."),
+    Option("update_baseline", ("--update-baseline",), bool, False,
+           "With --baseline: write every current finding into the baseline file."),
 )
 
 BY_PARAM = {option.param: option for option in RUN_OPTIONS}

@@ -29,6 +29,7 @@ MARKER = "pallas_check_skip"
 SECTION = "pallas-check"
 
 _CONFIG_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+_POLICY_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,6 +51,21 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{MARKER}: run this test without pallas-check's interception.")
     if config.getoption("pallas_check"):
         config.stash[_CONFIG_KEY] = _check_config(config)
+        config.stash[_POLICY_KEY] = _policy(config, config.stash[_CONFIG_KEY])
+
+
+def _policy(config: pytest.Config, check: Any) -> Any:
+    """`ignore` and `baseline` of [tool.pallas-check] (inline comments always apply). One
+    test rarely runs every path of a kernel, so unused comments are not reported here."""
+    from pallas_check.settings import SettingsError, load_settings
+    from pallas_check.suppress import SuppressionError, make_policy
+
+    try:
+        values = load_settings(RUN_OPTIONS, cwd=config.rootpath).values
+        return make_policy(values.get("ignore"), values.get("baseline"), False,
+                           check.races, report_unused=False)
+    except (SettingsError, SuppressionError) as exc:
+        raise pytest.UsageError(f"pallas-check: {exc}") from None
 
 
 def _check_config(config: pytest.Config) -> Any:
@@ -90,6 +106,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
     from pallas_check.runner import callback_failures, one_line
     from pallas_check.session import Session
+    from pallas_check.suppress import apply
 
     session = Session(check)
     failure: BaseException | None = None
@@ -99,14 +116,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             result = yield
         except BaseException as exc:  # the test's own failure; re-raised below
             failure = exc
-    findings = session.findings
+    kept = apply(session.findings, session.calls, item.config.stash[_POLICY_KEY],
+                 cwd=str(item.config.rootpath))
+    findings = kept.active
     engine_error = session.engine_error or (ours[0] if ours else None)
     item.user_properties.append(("pallas_check_findings", len(findings)))
+    item.user_properties.append(("pallas_check_suppressed", len(kept.suppressed)))
     if not findings and engine_error is None:
         if failure is not None:
             raise failure
         return result
-    text = _render(item, session, findings, engine_error)
+    text = _render(item, session, findings, engine_error, kept.suppressed)
     if engine_error is not None:
         pytest.fail(f"pallas-check error: {one_line(engine_error)}\n{text}", pytrace=False)
     if failure is not None:
@@ -116,7 +136,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
                 pytrace=False)
 
 
-def _render(item: pytest.Item, session: Any, findings: list, engine_error: str | None) -> str:
+def _render(item: pytest.Item, session: Any, findings: list, engine_error: str | None,
+            suppressed: list) -> str:
     from pallas_check.report.model import RunReport
     from pallas_check.report.table import TableReporter
     from pallas_check.runner import config_dict
@@ -124,7 +145,8 @@ def _render(item: pytest.Item, session: Any, findings: list, engine_error: str |
     report = RunReport(script=item.nodeid, rerun=f"pytest {item.nodeid} --pallas-check",
                        config=config_dict(session.config),
                        findings=findings, calls=sorted(session.calls, key=lambda c: c.index),
-                       exit_code=4 if engine_error else 1, internal_error=engine_error)
+                       exit_code=4 if engine_error else 1, internal_error=engine_error,
+                       suppressed=suppressed)
     buffer = io.StringIO()
     TableReporter().render(report, buffer)
     return buffer.getvalue()

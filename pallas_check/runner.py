@@ -12,10 +12,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
+from pallas_check import suppress
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, suppressed_text
 
 
 def config_dict(config: Config) -> dict:
@@ -69,18 +70,25 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
 
 
 def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
-                   output: Path | None) -> ExitCode:
-    """`pallas-check run`: every call simulated and checked."""
-    return run_command(CheckCommand(script, args, config), script, args, fmt, output)
+                   output: Path | None, policy: Any = None,
+                   trace: Path | None = None) -> ExitCode:
+    """`pallas-check run`: every call simulated and checked (`policy`: suppress.Policy;
+    `trace`: where the timeline goes, with config.timeline on)."""
+    return run_command(CheckCommand(script, args, config, policy, trace), script, args,
+                       fmt, output)
 
 
 class CheckCommand:
     """`pallas-check run`: a Session checks every call; the report lists its findings."""
 
-    def __init__(self, script: str, args: Sequence[str], config: Config) -> None:
+    def __init__(self, script: str, args: Sequence[str], config: Config,
+                 policy: Any = None, trace: Path | None = None) -> None:
         from pallas_check.session import Session
+        from pallas_check.suppress import Policy
 
         self.script, self.args, self.config = script, args, config
+        self.policy = policy if policy is not None else Policy()
+        self.trace = trace
         self.session = Session(config)
 
     @contextlib.contextmanager
@@ -103,25 +111,83 @@ class CheckCommand:
             # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
             # caught that). It is still an interruption: a partial report, not the user's bug.
             outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
-        findings = session.findings
         engine_error = session.engine_error or (ours[0] if ours else None)
         if engine_error is not None:
             engine_error = short_error(engine_error)
         user_failed = not outcome.ok and engine_error is None
+        calls = sorted(session.calls, key=lambda c: c.index)
+        # Suppression is its own stage: after the analysis, before the report.
+        kept = suppress.apply(session.findings, calls, self.policy)
+        findings = kept.active
+        baseline_failed = self.policy.update_baseline and not self._update_baseline(
+            kept, finished=outcome.ok and engine_error is None)
         code = exit_code_for(len(findings), user_failed, engine_error is not None)
+        trace_written = self._write_trace(kept) if self.trace is not None else None
+        if (baseline_failed or trace_written is False) and code < ExitCode.USAGE:
+            code = ExitCode.USAGE  # a file asked for is not where it was asked for
         report = RunReport(
             script=self.script, config=config_dict(self.config), findings=findings,
-            calls=sorted(session.calls, key=lambda c: c.index), exit_code=int(code),
+            calls=calls, exit_code=int(code),
             user_error=outcome.error if user_failed else None,
             user_traceback=outcome.traceback if user_failed else None,
             internal_error=engine_error, partial=outcome.interrupted,
-            script_args=tuple(self.args))
+            script_args=tuple(self.args), suppressed=kept.suppressed,
+            trace=str(self.trace_shown) if trace_written else None)
         buffer = io.StringIO()
         reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
                      width=terminal_width() if to_stdout else None).render(report, buffer)
+        suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
         return Verdict(buffer.getvalue(), code,
-                       f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)",
+                       f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
+                       f"{suppressed}",
                        engine_error, script_traceback(outcome) if user_failed else None)
+
+
+    @property
+    def trace_shown(self) -> str:
+        """The --trace path as the user can open it (relative when below the cwd)."""
+        assert self.trace is not None
+        relative = os.path.relpath(self.trace)
+        return str(self.trace) if relative.startswith(os.pardir) else relative
+
+    def _write_trace(self, kept: Any) -> bool:
+        """`--trace`: the recorded timelines as Chrome trace JSON, written like a report."""
+        from pallas_check.outfile import OutputError, write_report
+        from pallas_check.report.trace import trace_text
+
+        assert self.trace is not None
+        text = trace_text(self.session.timelines, kept.active, kept.suppressed, self.script)
+        try:
+            write_report(self.trace, text)
+        except (OSError, OutputError) as exc:
+            print(f"pallas-check: error: cannot write the trace {self.trace}: {exc}",
+                  file=sys.stderr)
+            return False
+        print(f"pallas-check: trace of {len(self.session.timelines)} call(s) written to"
+              f" {self.trace_shown} (open it in ui.perfetto.dev)", file=sys.stderr)
+        return True
+
+    def _update_baseline(self, kept: Any, finished: bool) -> bool:
+        """`--update-baseline`: this run's findings become the baseline, written the way
+        reports are (atomically; a link stays a link); not after a run that did not finish,
+        whose findings are incomplete."""
+        from pallas_check.outfile import OutputError, write_report
+
+        target = self.policy.baseline
+        if not finished:
+            print(f"pallas-check: the baseline {target} was not updated: the run did not"
+                  " finish", file=sys.stderr)
+            return True
+        baselined = [f for f, why in kept.suppressed if why.by == "baseline"]
+        try:
+            write_report(target, suppress.baseline_text(self.policy, baselined, self.script))
+        except (OSError, OutputError) as exc:
+            print(f"pallas-check: error: cannot write the baseline {target}: {exc}",
+                  file=sys.stderr)
+            return False
+        print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
+              file=sys.stderr)
+        return True
 
 
 def script_traceback(outcome: Any) -> str:

@@ -65,6 +65,7 @@ class Session:
         # progress(call_index, kernel, schedules_done, schedules_total), e.g. a progress bar.
         self.progress: Callable[[int, str, int, int], None] | None = None
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
+        self.timelines: list = []  # with Config.timeline: each call's engine/timeline.py data
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -140,6 +141,9 @@ class Session:
                          failed=True)
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
+        if result.timeline is not None:
+            with self._lock:
+                self.timelines.append(result.timeline)
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started, len(result.findings),
                      mesh, call_site)

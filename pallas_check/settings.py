@@ -41,7 +41,7 @@ class OptionSpec:
 
     key: str  # e.g. "skip-floats"
     name: str  # the command function's parameter, e.g. "skip_floats"
-    kind: Any  # bool, int, float, str, Path, an Enum subclass, or None (passed through)
+    kind: Any  # bool, int, float, str, Path, list (of str), an Enum subclass, or None
     minimum: int | float | None = None
     maximum: int | float | None = None
 
@@ -102,6 +102,8 @@ def _kind(annotation: Any) -> Any:
         annotation = args[0]
     if annotation in (bool, int, float, str, Path):
         return annotation
+    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
+        return list  # a list of strings (e.g. `ignore`)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return annotation
     return None
@@ -156,6 +158,13 @@ def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) ->
         choices = [str(m.value) for m in kind]
         if not isinstance(value, str) or value not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+    elif kind is list:
+        if from_env:  # a variable holds one string: comma-separated entries
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ValueError(f"expected a list of strings, got {value!r}")
     elif kind in (str, Path):
         if not isinstance(value, str) or (kind is Path and not value):
             raise ValueError(f"expected {'a path' if kind is Path else 'a string'},"

@@ -31,7 +31,17 @@ def sample(option: Option) -> tuple[object, str]:
     if option.kind is int:
         value = (option.minimum or 0) + 2
         return value, str(value)
+    if _is_list(option):
+        return ["race:k"], '["race:k"]'
     return "r.json", '"r.json"'  # a path
+
+
+def _is_list(option: Option) -> bool:
+    return "List" in str(option.kind) or "list" in str(option.kind)
+
+
+def _is_path(option: Option) -> bool:
+    return "Path" in str(option.kind)
 
 
 @pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
@@ -46,9 +56,10 @@ def test_the_table_and_the_environment_set_it(option, tmp_path):
     value, toml = sample(option)
     (tmp_path / "pyproject.toml").write_text(f"[tool.pallas-check]\n{option.key} = {toml}\n")
     settings = load_settings(run, cwd=tmp_path, environ={})
-    expected = str(tmp_path / value) if option.param == "output" else value
+    # A path in pyproject.toml is relative to its folder.
+    expected = str(tmp_path / value) if _is_path(option) else value
     assert settings.values == {option.param: expected}
-    env_text = toml.strip('"')
+    env_text = ",".join(value) if _is_list(option) else toml.strip('"')
     (tmp_path / "pyproject.toml").unlink()
     settings = load_settings(run, cwd=tmp_path, environ={option.env: env_text})
     assert settings.values == {option.param: value}
@@ -90,7 +101,8 @@ def test_the_pytest_plugin_offers_what_is_declared_for_it(option):
 
 def test_every_config_field_a_user_sets_has_an_option():
     declared = {o.config_field for o in RUN_OPTIONS}
-    internal = {"check_uninit_outputs"}  # not a user's choice
+    # not a user's choice; timeline is on when --trace names a file
+    internal = {"check_uninit_outputs", "timeline"}
     assert {f.name for f in dataclasses.fields(Config)} - internal <= declared
 
 

@@ -85,7 +85,8 @@ def test_json_report_fields(cli, script):
     assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)
 
     assert report["summary"] == {"findings": 2,
-                                 "by_kind": {"out-of-bounds": 1, "unwritten-output": 1}}
+                                 "by_kind": {"out-of-bounds": 1, "unwritten-output": 1},
+                                 "suppressed": 0, "suppressed_by": {}}
     oob, unwritten = report["findings"]
     for finding in report["findings"]:
         assert FINDING_FIELDS <= set(finding)

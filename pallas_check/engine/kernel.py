@@ -39,6 +39,7 @@ class CallResult:
 class DevicesResult:
     outputs: list[list[np.ndarray]]  # per device, per output
     findings: list[Finding]
+    timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
@@ -101,7 +102,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
             finding.details["schedules"] = [seen[finding.merge_key()], tried]
     carried.clear()
     carried.update(chosen_carried)
-    return DevicesResult(result.outputs, findings)
+    return DevicesResult(result.outputs, findings, result.timeline)
 
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
@@ -128,7 +129,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat_names = [name for _ in outputs for name in names]
         findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
-    return DevicesResult(outputs, findings)
+    return DevicesResult(outputs, findings, state.timeline)
 
 
 @dataclasses.dataclass
@@ -321,6 +322,7 @@ def _run(state: CallState, ctx: CoreContext, actors: list[Actor]) -> None:
     if state.races is not None:
         state.races.declare(actor.name for actor in actors)
     state.scheduler = Scheduler(seed=state.config.seed)
+    state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
         state.scheduler.run(actors)
     except Deadlock as deadlock:

@@ -37,6 +37,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         ctx.grid_point = point
         ctx.eqn = None
         yield None  # a scheduling point: another core may run a step here
+        ctx.call.on_grid_step(ctx, point)  # timeline: a grid step's slice begins
         for op in windowed:
             kernel_args[op.position] = _hbm_window(op, op.block_indices[step])  # type: ignore[index]
         yield from pipe.inputs_ready(step)
@@ -59,6 +60,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     yield from pipe.drain()
     if ctx.call.races is not None:
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
+    ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
 
 
 class _Plan:
@@ -77,6 +79,7 @@ class _Plan:
             changed[1:] = False
         self.changed: list[bool] = changed.tolist()
         self.depth = _depth(op)
+        self.copies = 0  # started so far (copy k uses VMEM buffer k % depth)
         self._frames: tuple[SourceFrame, ...] | None = None
         self._bad = _out_of_bounds_steps(op, indices)
 
@@ -136,7 +139,8 @@ class Pipeline:
         self.points = points
         self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (plan id, step) -> copy-in
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
-        self.named = ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
+        self.named = (ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
+                      or ctx.call.timeline is not None)
 
     def inputs_ready(self, step: int):
         """Before body `step`: its input blocks have landed; later ones are prefetched."""
@@ -176,6 +180,8 @@ class Pipeline:
                          writes_back, name, _block_slices(plan.op, block))
         if ctx.call.races is not None:
             ctx.call.races.fork(ctx.actor, name)
+        ctx.call.on_copy(ctx, "start", name, f"{plan.op.name} buffer {plan.copies % plan.depth}")
+        plan.copies += 1
         if writes_back:
             _stage_write_back(ctx, copy)
         mode = ctx.config.dma_mode
@@ -195,6 +201,7 @@ class Pipeline:
         if ctx.call.races is not None:
             ctx.call.races.join_finished(ctx.actor, copy.name)
         if self.named:
+            ctx.call.on_copy(ctx, "waited", copy.name)
             ctx.call.copy_done(copy.name)
         if not copy.writes_back:
             _land_in_vmem(ctx, copy)
@@ -220,6 +227,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
     op, races = copy.plan.op, ctx.call.races
     hbm_index, _, empty = copy.slices
     copy.moved = True
+    ctx.call.on_copy(ctx, "moved", copy.name)
     if not empty and copy.writes_back:
         values, written = copy.staged
         copy.staged = None

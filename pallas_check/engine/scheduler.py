@@ -63,6 +63,8 @@ class Scheduler:
         self._change_points = set(self._rng.sample(range(1, CHANGE_POINT_HORIZON),
                                                    PRIORITY_CHANGE_POINTS))
         self._lowest = 0.0
+        # Told each step and each block (engine/timeline.py's Timeline, with --trace).
+        self.observer: Any = None
 
     def spawn(self, actor: Actor) -> None:
         """Add an actor (a core at the start, a DMA when it starts in `random` mode)."""
@@ -89,6 +91,8 @@ class Scheduler:
             if not runnable:
                 raise Deadlock([(a.name, a.waiting) for a in live if a.waiting is not None])
             actor = self.pick(runnable)
+            if self.observer is not None:  # timeline: one logical step; a wait ends
+                self.observer.scheduled(actor.name)
             actor.waiting = None
             progress.beat()
             try:
@@ -99,3 +103,5 @@ class Scheduler:
                 continue
             if isinstance(request, Wait):
                 actor.waiting = request
+                if self.observer is not None:  # timeline: a blocked span begins
+                    self.observer.blocked(actor.name, request)

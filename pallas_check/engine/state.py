@@ -14,6 +14,7 @@ from pallas_check.engine.evaluate import KernelError, current_frames
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
 from pallas_check.engine.events import Checkers, RaceDetector, UninitRead
 from pallas_check.engine.scheduler import Scheduler
+from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
 
 
@@ -53,6 +54,10 @@ class CallState:
         self._fill_cache: dict[Any, Any] = {}
         self.cores_per_device = 1
         self._copies_in_flight: set[str] = set()
+        # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
+        self.timeline: Timeline | None = (
+            Timeline(kernel.name, call_index, config.seed)
+            if config.timeline and report else None)
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -84,6 +89,8 @@ class CallState:
     def add(self, finding: Finding) -> None:
         if self.report:
             self.findings.append(finding)
+            if self.timeline is not None:  # timeline: the finding's instant
+                self.timeline.finding(finding)
 
     def _finding(self, **fields: Any) -> Finding:
         return Finding(kernel=self.kernel, call_index=self.call_index,
@@ -121,12 +128,38 @@ class CallState:
         if self.races is not None:
             self.access(ctx, region, True, "write")
 
+    def on_grid_step(self, ctx: "CoreContext", point: tuple[int, ...]) -> None:
+        """A core begins a grid step (only the timeline listens)."""
+        if self.timeline is not None:
+            self.timeline.grid_step(ctx, point)
+
+    def on_core_done(self, ctx: "CoreContext") -> None:
+        """A core finished its grid steps (only the timeline listens)."""
+        if self.timeline is not None:
+            self.timeline.core_done(ctx)
+
+    def on_copy(self, ctx: "CoreContext", event: str, name: str, buffer: str = "") -> None:
+        """A BlockSpec pipeline copy started, moved its data or was waited (only the
+        timeline listens; races see the copy as an actor of its own)."""
+        if self.timeline is None:
+            return
+        if event == "start":
+            self.timeline.copy_started(ctx, name, buffer)
+        elif event == "moved":
+            self.timeline.copy_moved(name)
+        else:
+            self.timeline.copy_waited(ctx, name)
+
     def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+        if self.timeline is not None:  # timeline: the DMA's track begins
+            self.timeline.dma_start(ctx, dma)
         if self.races is not None:
             self.races.fork(ctx.actor, dma.actor_name)
 
     def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
+        if self.timeline is not None:  # timeline: queued -> sending, the send semaphore
+            self.timeline.dma_read(dma, [dma.src_sem] if dma.src_sem is not None else [])
         races = self.races
         if races is not None:
             races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
@@ -136,6 +169,8 @@ class CallState:
 
     def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
         """The DMA wrote its destination and signals its receive semaphore."""
+        if self.timeline is not None:  # timeline: sending -> landed, the receive semaphore
+            self.timeline.dma_landed(dma, [dma.dst_sem])
         races = self.races
         if races is None:
             return
@@ -145,14 +180,20 @@ class CallState:
         races.end(dma.actor_name)
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
+        if self.timeline is not None:  # timeline: arrows from the signals it consumed
+            self.timeline.waited(ctx, cell, "DMA wait")
         if self.races is not None:
             self.races.acquire(ctx.actor, _sync_key(cell))
 
     def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.timeline is not None:  # timeline: a signal instant
+            self.timeline.signal(ctx, cell)
         if self.races is not None:
             self.races.release(ctx.actor, _sync_key(cell))
 
     def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.timeline is not None:  # timeline: arrows from the signals it consumed
+            self.timeline.waited(ctx, cell, "semaphore wait")
         if self.races is not None:
             self.races.acquire(ctx.actor, _sync_key(cell))
 

@@ -7,10 +7,11 @@ from collections import Counter
 from typing import Any, TextIO
 
 from pallas_check import __version__
-from pallas_check.report.model import RunReport, replay_command
+from pallas_check.report.model import RunReport, replay_command, suppressed_counts
 
 SCHEMA = "pallas-check/report"
-SCHEMA_VERSION = 1
+# 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).
+SCHEMA_VERSION = 2
 
 
 def report_dict(report: RunReport) -> dict[str, Any]:
@@ -35,12 +36,16 @@ def report_dict(report: RunReport) -> dict[str, Any]:
               "function": c.call_site.function, "code": c.call_site.code}}
             for c in report.calls
         ],
-        "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items()))},
+        "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items())),
+                    "suppressed": len(report.suppressed),
+                    "suppressed_by": suppressed_counts(report)},
         "findings": [
-            {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed, report.rerun,
-                                     report.script_args)}
-            for f in report.findings
+            {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed,
+                                                     report.rerun, report.script_args),
+             "suppressed": None if why is None else {"by": why.by, "where": why.where}}
+            for f, why in [*((f, None) for f in report.findings), *report.suppressed]
         ],
+        "trace": report.trace,
     }
 
 

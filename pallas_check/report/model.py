@@ -10,6 +10,22 @@ from pallas_check.findings import CallSummary, Finding
 from pallas_check.options import RUN_OPTIONS, replay_options
 
 
+@dataclasses.dataclass(frozen=True)
+class Suppression:
+    """Why a finding is not counted (suppress.py decides; reporters say so)."""
+
+    by: str  # "inline", "def-line", "config" or "baseline"
+    where: str  # "file:line" of the comment, the config entry, or the baseline file
+
+    @property
+    def in_source(self) -> bool:
+        """A comment in the code (SARIF `inSource`), not a file beside it (`external`)."""
+        return self.by in ("inline", "def-line")
+
+    def describe(self) -> str:
+        return f"{self.by} ({self.where})"
+
+
 @dataclasses.dataclass
 class RunReport:
     script: str
@@ -25,6 +41,29 @@ class RunReport:
     # plugin sets "pytest NODEID --pallas-check".
     rerun: str | None = None
     script_args: tuple[str, ...] = ()  # what followed `--` on the command line
+    # Findings suppressed (suppress.py), with what suppressed each; `findings` are the rest.
+    suppressed: list[tuple[Finding, Suppression]] = dataclasses.field(default_factory=list)
+    trace: str | None = None  # the --trace file written, if any
+
+
+SUPPRESSED_BY = ("inline", "def-line", "config", "baseline")  # the order reports list them
+
+
+def suppressed_counts(report: RunReport) -> dict[str, int]:
+    """How many findings each way of suppressing took (inline, def-line, config, baseline)."""
+    counts = {by: 0 for by in SUPPRESSED_BY}
+    for _, why in report.suppressed:
+        counts[why.by] = counts.get(why.by, 0) + 1
+    return {by: n for by, n in counts.items() if n}
+
+
+def suppressed_text(report: RunReport) -> str:
+    """`3 suppressed (inline 2, baseline 1)`, or "" when nothing was."""
+    counts = suppressed_counts(report)
+    if not counts:
+        return ""
+    parts = ", ".join(f"{by} {n}" for by, n in counts.items())
+    return f"{sum(counts.values())} suppressed ({parts})"
 
 
 # Options that change what a simulation does (options.py marks them), with their defaults:

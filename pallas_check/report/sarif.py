@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from pallas_check import __version__
 from pallas_check.findings import Access, Finding, FindingKind, SourceFrame, format_range
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, Suppression
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -80,6 +80,11 @@ RULES: dict[FindingKind, tuple[str, str, str]] = {
         "On a TPU the kernel hangs. The related locations show who waits on which semaphore"
         " for what value; make sure every wait has a matching signal or DMA, on the right"
         " core and device."),
+    FindingKind.UNUSED_SUPPRESSION: (
+        "UnusedSuppression",
+        "A `# pallas-check: ignore` comment that matched no finding in this run.",
+        "The finding it was written for is gone (or it names a kind that does not exist):"
+        " delete the comment, so that stale suppressions do not hide a future defect."),
 }
 
 
@@ -113,8 +118,8 @@ def artifact_location(file: str, cwd: str | None = None) -> dict[str, str]:
     return {"uri": Path(absolute).as_uri()}
 
 
-def _relative(file: str) -> str:
-    return artifact_location(file)["uri"]
+def _relative(file: str, root: str | None = None) -> str:
+    return artifact_location(file, root)["uri"]
 
 
 def _physical(frame: SourceFrame) -> dict[str, Any]:
@@ -143,13 +148,14 @@ def _primary(finding: Finding, script: str) -> dict[str, Any]:
     return location
 
 
-def fingerprint(finding: Finding) -> str:
-    """A hash that stays the same across runs and checkouts for the same defect."""
+def fingerprint(finding: Finding, root: str | None = None) -> str:
+    """A hash that stays the same across runs and checkouts for the same defect (paths
+    relative to `root`, default the current directory; a baseline passes its folder)."""
     def where(frames: tuple[SourceFrame, ...]) -> list[str]:
         if not frames:
             return []
         f = frames[0]
-        return [_relative(f.file), f.function, f.code.strip() or str(f.line)]
+        return [_relative(f.file, root), f.function, f.code.strip() or str(f.line)]
 
     parts: list[Any] = [finding.kind.value, finding.kernel.name, finding.buffer,
                         finding.memory_space, where(finding.frames),
@@ -171,6 +177,14 @@ def _rule(kind: FindingKind) -> dict[str, Any]:
         "properties": {"tags": ["correctness", "pallas", "tpu"], "precision": "high",
                        "problem.severity": "error"},
     }
+
+
+def _suppressions(why: Suppression) -> list[dict[str, Any]]:
+    """A suppressed result's `suppressions`: a comment in the code is `inSource`, a config
+    entry or baseline file `external`; accepted, with what suppressed it."""
+    return [{"kind": "inSource" if why.in_source else "external", "status": "accepted",
+             "justification": f"pallas-check {why.describe()}",
+             "properties": {"by": why.by, "where": why.where}}]
 
 
 def _result(finding: Finding, index: dict[FindingKind, int], script: str,
@@ -237,10 +251,12 @@ def report_sarif(report: RunReport) -> dict[str, Any]:
         }},
         "originalUriBaseIds": {SRCROOT: {"uri": cwd}},
         "invocations": [invocation],
-        "results": [_result(f, index, report.script, seen) for f in report.findings],
+        "results": [_result(f, index, report.script, seen) for f in report.findings]
+        + [{**_result(f, index, report.script, seen), "suppressions": _suppressions(why)}
+           for f, why in report.suppressed],
         "columnKind": "unicodeCodePoints",
         "properties": {"script": report.script, "config": report.config,
-                       "partial": report.partial},
+                       "partial": report.partial, "suppressed": len(report.suppressed)},
     }
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
-from pallas_check.report.model import RunReport, replay_command
+from pallas_check.report.model import RunReport, replay_command, suppressed_text
 from pallas_check.report.paths import display_path, display_text
 
 _TITLES = {
@@ -24,6 +24,7 @@ _TITLES = {
     FindingKind.DMA_NOT_WAITED: "DMAs never waited",
     FindingKind.RACE: "Data races",
     FindingKind.DEADLOCK: "Deadlocks",
+    FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
 }
 
 
@@ -107,6 +108,10 @@ class TableReporter:
                                   + Text(replay_command(report.script, report.config, f.seed,
                                                        report.rerun, report.script_args)),
                                   soft_wrap=True)
+                if report.trace and kind in (FindingKind.RACE, FindingKind.DEADLOCK):
+                    console.print(Text("      timeline: ", style="dim")
+                                  + Text(f"open {report.trace} in ui.perfetto.dev"),
+                                  soft_wrap=True)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         summary = summary_line(report)
@@ -176,6 +181,8 @@ def summary_line(report: RunReport) -> str:
     else:
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+    if report.suppressed:
+        summary += f"; {suppressed_text(report)}"
     if report.partial:
         summary += " (partial: the run did not finish)"
     return summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from pallas_check.findings import format_range
-from pallas_check.report.model import RunReport
+from pallas_check.report.model import RunReport, suppressed_text
 from pallas_check.report.paths import display_path, display_text
 
 
@@ -21,6 +21,11 @@ class TextReporter:
             message = display_text(" ".join(f.message.split()))
             stream.write(f"{where}: {f.kind.value}: {f.kernel.name}{buffer}: {message}"
                          f"{count}\n")
+        if report.suppressed:  # "k.py: suppressed: 3 findings (inline 2, baseline 1)"
+            count, _, parts = suppressed_text(report).partition(" suppressed ")
+            noun = "finding" if count == "1" else "findings"
+            stream.write(f"{display_path(report.script)}: suppressed: {count} {noun}"
+                         f" {parts}\n")
         if report.user_error:
             stream.write(f"{display_path(report.script)}: script-failed: {report.user_error}\n")
         if report.internal_error:
