@@ -75,9 +75,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            " message)."),
     Option("output", ("--output", "-o"), Optional[Path], None,
            "Write the report to this file (- for stdout)."),
-    Option("tpu", ("--tpu",), TpuGeneration, TpuGeneration.V5E,
-           "TPU generation kernels are told they run on.", config_field="tpu",
-           replayed=True),
+    Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
+           "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
+           " is the one kernels are told they run on; --compile compiles for each.",
+           config_field="tpu", replayed=True),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
            minimum=1, config_field="devices", replayed=True),
     Option("cores", ("--cores",), int, 1,
@@ -95,6 +96,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("native", ("--native",), bool, False,
            "No simulation: run the calls on the hardware lowering (TPU or GPU) and report"
            " each call's wall time."),
+    Option("compile", ("--compile",), bool, False,
+           "Also compile every call for the real TPU generation(s) of --tpu with libtpu"
+           " (no TPU needed): compile errors and VMEM overflows become findings.",
+           config_field="compile", replayed=True, pytest=True),
 )
 
 BY_PARAM = {option.param: option for option in RUN_OPTIONS}
@@ -112,6 +117,15 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0),
     *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "fmt", "output",
                                   "devices", "tpu", "cores", "seed")),
+)
+
+
+# `pallas-check compile`: compile only, no simulation.
+COMPILE_OPTIONS: tuple[Option, ...] = (
+    Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
+           "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas."),
+    Option("fmt", ("--format",), Format, Format.TABLE, "Report format: table or json."),
+    *(BY_PARAM[name] for name in ("output", "devices")),
 )
 
 

@@ -24,6 +24,8 @@ _TITLES = {
     FindingKind.DMA_NOT_WAITED: "DMAs never waited",
     FindingKind.RACE: "Data races",
     FindingKind.DEADLOCK: "Deadlocks",
+    FindingKind.COMPILE_ERROR: "TPU compile errors (--compile)",
+    FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
 }
 
 
