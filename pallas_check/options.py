@@ -17,7 +17,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pallas_check.config import DmaMode, TpuGeneration, UninitFill
+from pallas_check.config import DmaMode, TpuGeneration, UninitFill, parse_generations
 
 
 class Format(str, enum.Enum):
@@ -42,6 +42,8 @@ class Option:
     config_field: str | None = None  # the Config attribute it sets, if the engine reads it
     replayed: bool = False  # the replay command repeats it when it is not the default
     pytest: bool = False  # the pytest plugin offers it as --pallas-check-<key>
+    # A further check of a value (raises ValueError), e.g. `--tpu`'s list of generations.
+    check: Callable[[Any], Any] | None = None
 
     @property
     def key(self) -> str:
@@ -78,7 +80,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
            "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
            " is the one kernels are told they run on; --compile compiles for each.",
-           config_field="tpu", replayed=True),
+           config_field="tpu", replayed=True, check=parse_generations),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
            minimum=1, config_field="devices", replayed=True),
     Option("cores", ("--cores",), int, 1,
@@ -123,7 +125,8 @@ DIFF_OPTIONS: tuple[Option, ...] = (
 # `pallas-check compile`: compile only, no simulation.
 COMPILE_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
-           "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas."),
+           "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas.",
+           check=parse_generations),
     Option("fmt", ("--format",), Format, Format.TABLE, "Report format: table or json."),
     *(BY_PARAM[name] for name in ("output", "devices")),
 )

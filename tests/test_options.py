@@ -31,6 +31,8 @@ def sample(option: Option) -> tuple[object, str]:
     if option.kind is int:
         value = (option.minimum or 0) + 2
         return value, str(value)
+    if option.param == "tpu":  # a list of TPU generations
+        return "v6e,v7x", '"v6e,v7x"'
     return "r.json", '"r.json"'  # a path
 
 

@@ -60,15 +60,13 @@ def diagnose(message: str) -> Diagnosis:
     scoped = _SCOPED.search(message)
     if scoped:
         used, limit = _bytes(*scoped.group(1, 2)), _bytes(*scoped.group(3, 4))
-        return Diagnosis("vmem-exceeded", "the kernel's scoped VMEM"
-                         f" ({scoped.group(1)}{scoped.group(2)}iB) exceeds the scoped VMEM"
-                         f" limit ({scoped.group(3)}{scoped.group(4)}iB)",
-                         code, used_bytes=used, available_bytes=limit)
+        return Diagnosis("vmem-exceeded", "over the scoped VMEM limit", code,
+                         used_bytes=used, available_bytes=limit)
     exceed = _EXCEED.search(message)
     if exceed and "vmem" in message:
         used, capacity = int(exceed.group(1)), int(exceed.group(2))
-        return Diagnosis("vmem-exceeded", "an allocation of the kernel exceeds the chip's"
-                         " VMEM", code, used_bytes=used, available_bytes=capacity)
+        return Diagnosis("vmem-exceeded", "over the chip's VMEM", code, used_bytes=used,
+                         available_bytes=capacity)
     spec = _SPEC.search(_BLOCKED.sub(r"\1", message))
     if spec:
         return Diagnosis("compile-error", _first_sentence(message).replace(

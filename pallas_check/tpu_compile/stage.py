@@ -89,8 +89,8 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
                        allocations=[dataclasses.asdict(a) for a in outcome.allocations])
         names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
         message = (f"{generation}: {format_bytes(diagnosis.used_bytes or 0)} of VMEM needed,"
-                   f" {format_bytes(diagnosis.available_bytes or 0)} available:"
-                   f" {diagnosis.sentence}{_code(diagnosis.code)}; largest allocations:"
+                   f" {format_bytes(diagnosis.available_bytes or 0)} available"
+                   f" ({diagnosis.sentence}){_code(diagnosis.code)}; largest allocations:"
                    f" {names}")
         kind = FindingKind.VMEM_EXCEEDED
     else:
