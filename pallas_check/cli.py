@@ -156,7 +156,7 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     _generations(tpu, compile)
     output = _check_output(output, script)
     _set_device_count(devices)
-    _start_quietly()
+    _start_quietly(compile)
     if native:
         _run_native(script, script_args, fmt_name, output)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
@@ -204,11 +204,11 @@ def _generations(tpu: str, compiling: bool) -> tuple[TpuGeneration, ...]:
     return generations
 
 
-def _start_quietly() -> None:
+def _start_quietly(compiling: bool = False) -> None:
     """JAX's backends started now, libtpu's start-up chatter kept off the terminal."""
     from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
-    start_backends_quietly()
+    start_backends_quietly(compiling)
 
 
 @app.command(name="compile", context_settings={"allow_interspersed_args": True})
@@ -227,7 +227,7 @@ def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: 
     generations = _generations(tpu, compiling=True)
     output = _check_output(output, script)
     _set_device_count(devices)
-    _start_quietly()
+    _start_quietly(compiling=True)
     from pallas_check.compile_command import CompileOnlyCommand
     from pallas_check.runner import run_command
 

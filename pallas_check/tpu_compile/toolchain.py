@@ -48,10 +48,16 @@ def libtpu_missing() -> str | None:
             f" {INSTALL_HINT}")
 
 
-def quiet_environment() -> None:
-    """Lower libtpu's log levels; call before JAX starts its backends."""
+def quiet_environment(compiling: bool = False) -> None:
+    """Lower libtpu's log levels; call before JAX starts its backends. `compiling`: also
+    let libtpu load in several processes at once (it takes a lockfile in /tmp that only a
+    process driving a real TPU needs; without this, a second pallas-check process compiling
+    at the same time fails with "Internal error when accessing libtpu multi-process
+    lockfile")."""
     for name, value in _QUIET_ENV.items():
         os.environ.setdefault(name, value)
+    if compiling:
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 @contextlib.contextmanager
@@ -84,12 +90,12 @@ def quietly(fn: Callable[[], T]) -> T:
         return fn()
 
 
-def start_backends_quietly() -> None:
+def start_backends_quietly(compiling: bool = False) -> None:
     """Start JAX's backends now, with libtpu's chatter kept off the terminal (once libtpu
     is installed JAX tries it at start-up even for a CPU-only run)."""
     if importlib.util.find_spec("libtpu") is None:
         return
-    quiet_environment()
+    quiet_environment(compiling)
     import jax
 
     quietly(jax.devices)
@@ -108,7 +114,7 @@ def compile_devices(generation: TpuGeneration, devices_needed: int = 1) -> tuple
 
     small, large = TOPOLOGIES[generation]
     name = small if devices_needed <= 4 else large
-    quiet_environment()
+    quiet_environment(compiling=True)
     topology = quietly(lambda: topologies.get_topology_desc(name, "tpu"))
     found = tuple(topology.devices)
     if len(found) < devices_needed:
