@@ -38,6 +38,9 @@ RUN_OPTIONS = {"example_kernel": [], "matmul": ["--cores", "2"], "flash_attentio
                "megablox_gmm": [], "splash_attention": [], "random": [],
                "all_gather": ["--devices", "4"]}
 GENERATIONS = "v5e,v6e,v7x"
+# Compiled only (`pallas-check compile`), for a size where the generations differ.
+COMPILE_ONLY = {"flash_attention_2048": Path(__file__).resolve().parent
+                / "flash_attention_2048.py"}
 
 
 def _pallas_check(*args: str) -> tuple[int, float, str]:
@@ -71,11 +74,24 @@ def measure(case: str) -> dict:
             "run_compile_exit": with_code, "run_compile_wall_s": with_wall}
 
 
+def measure_compile_only(case: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "compile.json"
+        code, wall, output = _pallas_check("compile", str(COMPILE_ONLY[case]), "--tpu",
+                                           GENERATIONS, "--format", "json", "--output",
+                                           str(report))
+        data = json.loads(report.read_text()) if report.exists() else None
+    return {"case": case, "compile_exit": code, "compile_wall_s": wall, "report": data,
+            "compile_output": output if data is None else ""}
+
+
 def _cell(entry: dict) -> str:
     if entry["status"] == "ok":
-        used = entry["vmem_used_bytes"] or 0
-        return (f"ok, {used / 2**20:.2f} / {entry['vmem_scoped_limit_bytes'] / 2**20:.0f} MiB,"
-                f" {entry['compile_seconds']:.2f} s")
+        scoped = entry["vmem_scoped_bytes"] or 0
+        scratch = entry["vmem_scratch_bytes"] or 0
+        extra = f" + {scratch / 2**20:.2f} scratch" if scratch else ""
+        return (f"ok, {scoped / 2**20:.2f}{extra} / {entry['vmem_scoped_limit_bytes'] / 2**20:.0f}"
+                f" MiB, {entry['compile_seconds']:.2f} s")
     code = f" {entry['error_code']}" if entry.get("error_code") else ""
     return f"**{entry['status']}{code}**, {entry['compile_seconds']:.2f} s"
 
@@ -97,6 +113,8 @@ def table(results: list[dict]) -> str:
     lines += ["", "| case | pallas-check run (s) | run --compile (s) | cost of --compile |"
               " compile only (s) |", "|---|---|---|---|---|"]
     for r in results:
+        if "run_wall_s" not in r:
+            continue
         lines.append(f"| {r['case']} | {r['run_wall_s']:.1f} (exit {r['run_exit']}) |"
                      f" {r['run_compile_wall_s']:.1f} (exit {r['run_compile_exit']}) |"
                      f" +{r['run_compile_wall_s'] - r['run_wall_s']:.1f} s |"
@@ -110,11 +128,16 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--json", default=None, help="also write every number here")
     args = parser.parse_args()
-    cases = [c for c in RUN_OPTIONS if not args.only or c in args.only.split(",")]
+    wanted = args.only.split(",") if args.only else None
     results = []
-    for case in cases:
-        print(f"... {case}", file=sys.stderr, flush=True)
-        results.append(measure(case))
+    for case in RUN_OPTIONS:
+        if wanted is None or case in wanted:
+            print(f"... {case}", file=sys.stderr, flush=True)
+            results.append(measure(case))
+    for case in COMPILE_ONLY:
+        if wanted is None or case in wanted:
+            print(f"... {case} (compile only)", file=sys.stderr, flush=True)
+            results.append(measure_compile_only(case))
     print(table(results))
     for r in results:
         for f in (r["report"] or {}).get("findings", []):

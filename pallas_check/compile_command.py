@@ -140,16 +140,16 @@ def report_dict(report: CompileReport) -> dict[str, Any]:
 
 
 def vmem_text(entry: dict[str, Any]) -> str:
-    """`3.02 MiB / 16.00 MiB` (scoped use + scratch of the scoped limit), or the overflow."""
+    """`3.02 MiB / 16.00 MiB (+ scratch 1.00 MiB)`: the compiler's scoped VMEM use of the
+    scoped limit, and the scratch operands XLA allocates beside it."""
     from pallas_check.tpu_compile.footprint import format_bytes
 
-    used = entry.get("vmem_used_bytes")
-    if used is None:
+    scoped = entry.get("vmem_scoped_bytes")
+    if scoped is None:
         return ""
-    limit = entry["vmem_scoped_limit_bytes"]
-    text = f"{format_bytes(used)} / {format_bytes(limit)}"
+    text = f"{format_bytes(scoped)} / {format_bytes(entry['vmem_scoped_limit_bytes'])}"
     if entry.get("vmem_scratch_bytes"):
-        text += f" (scratch {format_bytes(entry['vmem_scratch_bytes'])})"
+        text += f" (+ scratch {format_bytes(entry['vmem_scratch_bytes'])})"
     return text
 
 
@@ -163,7 +163,7 @@ def render_table(report: CompileReport, stream: TextIO) -> None:
     console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
     table = Table(title=f"pallas_calls compiled for {', '.join(report.generations)}"
                   " (libtpu, no TPU)", title_justify="left", expand=True)
-    for col in ("call", "kernel", "where", "tpu", "result", "VMEM used / scoped limit",
+    for col in ("call", "kernel", "where", "tpu", "result", "VMEM scoped / limit",
                 "compile s"):
         table.add_column(col, overflow="fold")
     for call in report.calls:

@@ -20,6 +20,7 @@ from pallas_check.tpu_compile.compiler import CompileOutcome, compile_call
 from pallas_check.tpu_compile.footprint import format_bytes
 
 LARGEST = 3  # allocations a vmem-exceeded finding names
+MIB_FOR_REST = 1024 * 1024  # beyond the named allocations, worth saying
 
 
 @dataclasses.dataclass
@@ -88,10 +89,17 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
                        available_bytes=diagnosis.available_bytes,
                        allocations=[dataclasses.asdict(a) for a in outcome.allocations])
         names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
+        # Scratch operands sit beside the scoped VMEM, not in it.
+        scoped = diagnosis.code == "E1001"
+        named = sum(a.nbytes for a in outcome.allocations
+                    if not (scoped and a.what == "scratch"))
+        rest = (diagnosis.used_bytes or 0) - named
         message = (f"{generation}: {format_bytes(diagnosis.used_bytes or 0)} of VMEM needed,"
                    f" {format_bytes(diagnosis.available_bytes or 0)} available"
                    f" ({diagnosis.sentence}){_code(diagnosis.code)}; largest allocations:"
-                   f" {names}")
+                   f" {names}"
+                   + (f"; the compiler's own scratch (intermediate values): about"
+                      f" {format_bytes(rest)}" if rest > MIB_FOR_REST else ""))
         kind = FindingKind.VMEM_EXCEEDED
     else:
         message = f"{generation}: {diagnosis.sentence}{_code(diagnosis.code)}"
