@@ -105,7 +105,7 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
         message = f"{generation}: {diagnosis.sentence}{_code(diagnosis.code)}"
         kind = FindingKind.COMPILE_ERROR
     return Finding(kind=kind, message=message, kernel=call.kernel, call_index=call.index,
-                   buffer=buffer, memory_space="vmem" if buffer else "",
+                   buffer=buffer, memory_space="VMEM" if buffer else "",
                    frames=(frame,) if frame is not None else (), details=details)
 
 
@@ -130,5 +130,7 @@ def compile_session(session: Any) -> None:
     for summary in session.calls:
         outcomes = result.by_call.get(summary.index)
         if outcomes:
-            summary.compiled = {g: o.summary() for g, o in outcomes.items()}
+            # No compile times: a run's JSON report stays byte-identical run to run.
+            summary.compiled = {g: {k: v for k, v in o.summary().items()
+                                    if k != "compile_seconds"} for g, o in outcomes.items()}
             summary.findings += per_call.get(summary.index, 0)
