@@ -182,3 +182,49 @@ def test_hook_honours_compile(tmp_path):
 
 
 pytest_plugins = ["pytester"]
+
+
+def test_calls_under_grad_compile_and_repeats_compile_once(monkeypatch):
+    """A kernel with a custom_vjp whose backward pass is another kernel: both calls of
+    jax.grad compiled; the same call made again is not compiled again (per generation)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from pallas_check.config import Config
+    from pallas_check.session import Session
+    from pallas_check.tpu_compile import compiler
+    from pallas_check.tpu_compile.stage import compile_session
+
+    def scaled(x, name):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 3.0
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              name=name)(x)
+
+    @jax.custom_vjp
+    def triple(x):
+        return scaled(x, "forward")
+
+    triple.defvjp(lambda x: (scaled(x, "forward"), None),
+                  lambda _, g: (scaled(g, "backward"),))
+    compiled: list[str] = []
+    real = compiler._compile
+    monkeypatch.setattr(compiler, "_compile", lambda params, *rest: (
+        compiled.append(params["name"]) or real(params, *rest)))
+    monkeypatch.setattr(compiler, "_cache", {})
+    session = Session(Config(compile=True, tpu="v5e,v6e"))
+    x = jnp.ones((8, 128), jnp.float32)
+    grad = jax.jit(jax.grad(lambda x: triple(x).sum()))
+    with session.install():
+        first = jax.block_until_ready(grad(x))
+        second = jax.block_until_ready(grad(x + 1.0))  # the same calls again
+    compile_session(session)
+    assert float(first.sum()) == float(second.sum()) == 3.0 * 8 * 128
+    assert len(session.calls) == 4 and session.findings == []
+    # Each kernel once per generation, though each was called twice.
+    assert sorted(compiled) == ["backward", "backward", "forward", "forward"]
+    for summary in session.calls:
+        assert {g: e["status"] for g, e in summary.compiled.items()} == {"v5e": "ok",
+                                                                         "v6e": "ok"}
