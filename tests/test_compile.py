@@ -4,6 +4,7 @@ with libtpu's compile-only devices (no TPU). Compiles take 0.1-2 s each: few and
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,10 @@ def test_vmem_overflow_on_v5e_and_not_v6e(cli):
     assert v6e["status"] == "ok" and v6e["vmem_scoped_limit_bytes"] == 32 * MIB
     assert 16 * MIB < v6e["vmem_used_bytes"] < 32 * MIB  # the headroom an author sees
     assert "output matches" in result.output  # the simulation still ran
+    table = cli("run", str(path), "--compile", "--tpu", "v5e,v6e", json_report=False)
+    assert table.exit_code == ExitCode.FINDINGS
+    assert re.search(r"call 0 gram_kernel: v5e vmem-exceeded E1001; v6e \d+\.\d\d MiB of"
+                     r" 32\.00 MiB", table.output), table.output
 
 
 def test_a_fitting_kernel_reports_its_footprint_per_generation(cli):
