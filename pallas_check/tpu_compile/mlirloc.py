@@ -109,15 +109,18 @@ def locate(lowered_ir: Any, message: str, leading_scalars: int) -> OpLocation | 
 
 
 def _argument(op: Any, leading_scalars: int) -> int | None:
-    """The kernel argument (a ref) among `op`'s operands, if one is a function argument."""
+    """The kernel argument (a ref) among `op`'s operands: an argument of the kernel
+    function's own body (not of a loop's region inside it), past the grid indices."""
     from jaxlib.mlir import ir
 
     for operand in op.operands:
-        if isinstance(operand.owner, ir.Block) or type(operand).__name__ == "BlockArgument":
-            try:
-                number = ir.BlockArgument(operand).arg_number
-            except (ValueError, TypeError):
-                continue
-            if number >= leading_scalars:
-                return number - leading_scalars
+        try:
+            argument = ir.BlockArgument(operand)
+        except (ValueError, TypeError):  # not a block argument
+            continue
+        parent = argument.owner.owner
+        if getattr(parent, "operation", parent).name != "func.func":
+            continue
+        if argument.arg_number >= leading_scalars:
+            return argument.arg_number - leading_scalars
     return None

@@ -44,8 +44,8 @@ class CompileRecorder:
 
     def record(self, index: int, params: dict, operands: Sequence[Any], mesh_axes: tuple,
                kernel: KernelInfo, call_site: SourceFrame | None) -> None:
-        avals = tuple((tuple(int(d) for d in np.shape(x)), str(np.asarray(x).dtype)
-                       if not hasattr(x, "dtype") else str(x.dtype)) for x in operands)
+        avals = tuple((tuple(int(d) for d in np.shape(x)), str(np.result_type(x)))
+                      for x in operands)
         with self._lock:
             self.calls.append(RecordedCall(index, params, avals, tuple(mesh_axes), kernel,
                                            call_site))
