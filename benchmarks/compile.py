@@ -12,9 +12,11 @@ shipped-kernel tests use), in fresh processes, one after the other:
    results stops at its first check: only the calls before it are compiled);
 2. `pallas-check run CASE` and `pallas-check run CASE --compile --tpu v5e,v6e,v7x --format
    json`: wall time of the whole command (process start to exit), so the difference is what
-   `--compile` costs over a plain run; the JSON report of the second gives each call's
+   `--compile` costs over a plain run;
+3. `benchmarks/_compile_calls.py CASE`: the same checked run in-process, then each call's
    result per generation, its VMEM use and its compile time (`lower().compile()`, timed
-   around it; the first compile of a process also loads libtpu).
+   around it; the first compile of a process also loads libtpu), which the run's JSON
+   report leaves out to stay deterministic.
 
 Prints a Markdown table (the one in benchmarks/README.md) and, per failed compile, the
 finding's message.
@@ -67,11 +69,23 @@ def measure(case: str) -> dict:
             "run", script, *RUN_OPTIONS[case], "--compile", "--tpu", GENERATIONS,
             "--format", "json", "--output", str(run_report))
         data = json.loads(run_report.read_text()) if run_report.exists() else None
+    if data is not None:  # per-call compile times: the run's report has none
+        data["calls"] = _timed_calls(script, case)
     return {"case": case, "compile_exit": code, "compile_wall_s": compile_wall,
             "compile_only_calls": compile_calls,
             "report": data, "compile_output": output if data is None else "",
             "run_exit": plain_code, "run_wall_s": plain_wall,
             "run_compile_exit": with_code, "run_compile_wall_s": with_wall}
+
+
+def _timed_calls(script: str, case: str) -> list[dict]:
+    options = RUN_OPTIONS[case]
+    devices = options[options.index("--devices") + 1] if "--devices" in options else "1"
+    cores = options[options.index("--cores") + 1] if "--cores" in options else "1"
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "_compile_calls.py"),
+                           script, GENERATIONS, devices, cores], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def measure_compile_only(case: str) -> dict:
