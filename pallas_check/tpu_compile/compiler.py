@@ -154,9 +154,11 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
                              scratch_bytes=scratch_bytes(params),
                              capacity=VMEM_CAPACITY[generation],
                              allocations=tuple(allocations(params)))
+    # Where the call is placed is ours to get right: a failure there is pallas-check's
+    # (raised, exit 4), not a finding about the user's kernel.
+    fn, args, device = _placed(params, avals, mesh_axes, generation)
     started = time.perf_counter()
     try:
-        fn, args, device = _placed(params, avals, mesh_axes, generation)
         with jax.default_device(device):
             lowered = jax.jit(fn).lower(*args)
             outcome.lowered_ir = lowered.compiler_ir("stablehlo")
@@ -167,6 +169,7 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
         outcome.diagnosis = diagnose(str(exc))
         return outcome
     outcome.seconds = time.perf_counter() - started
+    outcome.lowered_ir = None  # kept only to place a failure
     outcome.scoped_bytes = _scoped_use(compiled.as_text())
     return outcome
 
