@@ -5,7 +5,7 @@ window apart. A dynamic lane offset must be a provable multiple of 128 on a TPU;
 is not, so Mosaic refuses the load (E2003). The simulation computes it fine; `--compile`
 reports the load's line and the ref it reads.
 
-Expected finding: kind=compile-error buffer=x_ref line=21 args=--compile --tpu v5e
+Expected finding: kind=compile-error buffer=x_ref line=21 generation=v7x args=--compile --tpu v7x
 """
 
 import jax

@@ -5,7 +5,7 @@ Pallas TPU lowering needs the last two block dimensions to be multiples of (8, 1
 whole array's). `--compile` compiles the call for the TPU and reports it at the
 pallas_call, naming the operand.
 
-Expected finding: kind=compile-error buffer=x_ref line=23 args=--compile --tpu v5e
+Expected finding: kind=compile-error buffer=x_ref line=23 generation=v5e args=--compile --tpu v5e
 """
 
 import jax

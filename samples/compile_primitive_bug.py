@@ -4,7 +4,7 @@ The kernel takes each row's maximum as the last element of the sorted row. It co
 the right values anywhere a sort exists (the simulation, JAX's interpreters), but Mosaic
 has no sort: `--compile` reports the line of the sort.
 
-Expected finding: kind=compile-error buffer= line=17 args=--compile --tpu v5e
+Expected finding: kind=compile-error buffer= line=17 generation=v6e args=--compile --tpu v6e
 """
 
 import jax

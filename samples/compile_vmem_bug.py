@@ -5,7 +5,7 @@ x @ y.T of two (2048, 128) matrices in a single grid step: the output block alon
 and not for v5e (E1001); `--compile --tpu v5e,v6e` reports the v5e overflow at the
 pallas_call, naming the largest allocation, and nothing for v6e.
 
-Expected finding: kind=vmem-exceeded buffer=o_ref line=24 args=--compile --tpu v5e,v6e
+Expected finding: kind=vmem-exceeded buffer=o_ref line=24 generation=v5e args=--compile --tpu v5e,v6e
 """
 
 import jax
