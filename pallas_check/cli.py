@@ -17,7 +17,8 @@ import typer.core
 
 from pallas_check import __version__
 from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
-from pallas_check.options import DIFF_OPTIONS, RUN_OPTIONS, Format, with_options
+from pallas_check.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Format,
+                                  with_options)
 from pallas_check.exitcodes import ExitCode
 
 def _click() -> Any:
@@ -160,26 +161,30 @@ _SCRIPT_PARAMETERS = [
 @with_options(RUN_OPTIONS, _SCRIPT_PARAMETERS)
 def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
         uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
-        devices: int, tpu: TpuGeneration, cores: int, seed: int, races: bool,
-        schedules: int, keep_going: bool, native: bool, ignore: Optional[List[str]],
-        baseline: Optional[Path], update_baseline: bool, trace: Optional[Path]) -> None:
+        devices: int, tpu: str, cores: int, seed: int, races: bool,
+        schedules: int, keep_going: bool, native: bool, compile: bool,
+        ignore: Optional[List[str]], baseline: Optional[Path], update_baseline: bool,
+        trace: Optional[Path]) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     fmt_name = Format(fmt).value
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
+    _generations(tpu, compile)
     output = _check_output(output, script)
     policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
     if trace is not None and str(trace) == "-":
         raise fail("--trace needs a file (stdout is the report's)")
     trace = _check_output(trace, script, "--trace")
     _set_device_count(devices)
+    _start_quietly(compile)
     if native:
         _run_native(script, script_args, fmt_name, output)
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed, races=races,
-                    schedules=schedules, keep_going=keep_going, timeline=trace is not None)
+                    schedules=schedules, keep_going=keep_going, compile=compile,
+                    timeline=trace is not None)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])
@@ -203,6 +208,55 @@ def hook(
     from pallas_check.hook import run_hook
 
     raise typer.Exit(int(run_hook(files or [])))
+
+
+def _generations(tpu: str, compiling: bool) -> tuple[TpuGeneration, ...]:
+    """`--tpu` checked (one line, exit 2); with --compile, libtpu must be installed."""
+    from pallas_check.config import parse_generations
+
+    try:
+        generations = parse_generations(tpu)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if compiling:
+        from pallas_check.tpu_compile.toolchain import libtpu_missing
+
+        missing = libtpu_missing()
+        if missing:
+            raise fail(missing)
+    return generations
+
+
+def _start_quietly(compiling: bool = False) -> None:
+    """JAX's backends started now, libtpu's start-up chatter kept off the terminal."""
+    from pallas_check.tpu_compile.toolchain import start_backends_quietly
+
+    start_backends_quietly(compiling)
+
+
+@app.command(name="compile", context_settings={"allow_interspersed_args": True})
+@with_options(COMPILE_OPTIONS, _SCRIPT_PARAMETERS)
+def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: str,
+                 fmt: Format, output: Optional[Path], devices: int) -> None:
+    """Compile every pallas_call of SCRIPT for real TPUs (libtpu, no TPU, no simulation):
+    a table of calls x generations."""
+    fmt_name = Format(fmt).value
+    if fmt_name not in ("table", "json"):
+        raise fail(f"compile reports as table or json, not {fmt_name!r}")
+    if not script.exists():
+        raise fail(f"script not found: {script}")
+    if not script.is_file():
+        raise fail(f"not a file: {script}")
+    generations = _generations(tpu, compiling=True)
+    output = _check_output(output, script)
+    _set_device_count(devices)
+    _start_quietly(compiling=True)
+    from pallas_check.compile_command import CompileOnlyCommand
+    from pallas_check.runner import run_command
+
+    raise _guarded(lambda: run_command(CompileOnlyCommand(str(script), generations),
+                                       str(script), _script_args(script_args), fmt_name,
+                                       output))
 
 
 def _script_args(script_args: Optional[List[str]]) -> list[str]:
@@ -242,7 +296,7 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
 def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Optional[str],
          native: bool, rtol: Optional[float], atol: Optional[float], dma: DmaMode,
          uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
-         devices: int, tpu: TpuGeneration, cores: int, seed: int) -> None:
+         devices: int, tpu: str, cores: int, seed: int) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
     fmt = Format(fmt).value
     if fmt not in ("table", "json"):
@@ -253,8 +307,10 @@ def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Opti
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
+    _generations(tpu, False)
     output = _check_output(output, script)
     _set_device_count(devices)
+    _start_quietly()
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed)
     from pallas_check.compare import UsageError, parse_against, run_diff_and_report

@@ -25,11 +25,26 @@ class TpuGeneration(str, enum.Enum):
     """The TPU that kernels asking which chip they run on are told about."""
 
     V5E = "v5e"
+    V5P = "v5p"
     V6E = "v6e"
     V7X = "v7x"
 
 
 DEFAULT_TPU = TpuGeneration.V5E
+
+
+def parse_generations(value: "str | TpuGeneration") -> tuple[TpuGeneration, ...]:
+    """`--tpu v5e,v6e,v7x` as generations, in order, without repeats (ValueError when a
+    name is not one of ours). The first is the one the simulation tells kernels about."""
+    if isinstance(value, TpuGeneration):
+        return (value,)
+    names = [n.strip().lower() for n in str(value).split(",") if n.strip()]
+    known = {g.value: g for g in TpuGeneration}
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"--tpu {value!r}: expected one or more of"
+                         f" {', '.join(known)} separated by commas")
+    return tuple(dict.fromkeys(known[n] for n in names))
 
 
 @dataclass(frozen=True)
@@ -39,13 +54,16 @@ class Config:
     dma_mode: DmaMode = DmaMode.ON_WAIT
     uninit: UninitFill = UninitFill.NAN
     skip_floats: bool = False
-    tpu: TpuGeneration = DEFAULT_TPU
+    # One generation, or several separated by commas ("v5e,v6e"): the first is the one
+    # kernels are told they run on; --compile compiles for each (parse_generations).
+    tpu: TpuGeneration | str = DEFAULT_TPU
     devices: int = 1
     cores: int = 1  # TensorCores per device; 'parallel' grid axes are split over them
     seed: int = 0  # scheduler seed: the same seed gives the same interleaving
     races: bool = False  # happens-before race detection (costs a little per access)
     schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
+    compile: bool = False  # also compile every call for the real TPUs named by `tpu`
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

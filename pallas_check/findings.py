@@ -25,6 +25,8 @@ class FindingKind(str, enum.Enum):
     RACE = "race"
     DEADLOCK = "deadlock"
     UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
+    COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
+    VMEM_EXCEEDED = "vmem-exceeded"  # --compile: the kernel does not fit the chip's VMEM
 
 
 @dataclass(frozen=True, order=True)
@@ -197,3 +199,6 @@ class CallSummary:
     devices: int = 1
     call_site: SourceFrame | None = None  # the script's line that made the call, if known
     failed: bool = False  # pallas-check could not simulate this call (the run exits 4)
+    # --compile: per TPU generation, the compile's status, VMEM footprint and time
+    # (tpu_compile.compiler.CompileOutcome.summary()).
+    compiled: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -66,7 +66,9 @@ def native_unavailable() -> str | None:
     if backend in ACCELERATORS:
         return None
     return ("--native needs a TPU or GPU backend; this machine has: "
-            + (", ".join(platforms()) or backend))
+            + (", ".join(platforms()) or backend)
+            + " (--compile, or `pallas-check compile`, checks that kernels build for a TPU"
+              " without one)")
 
 
 @dataclasses.dataclass

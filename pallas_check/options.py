@@ -17,7 +17,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from pallas_check.config import DmaMode, TpuGeneration, UninitFill
+from pallas_check.config import DmaMode, TpuGeneration, UninitFill, parse_generations
 
 
 class Format(str, enum.Enum):
@@ -42,6 +42,8 @@ class Option:
     config_field: str | None = None  # the Config attribute it sets, if the engine reads it
     replayed: bool = False  # the replay command repeats it when it is not the default
     pytest: bool = False  # the pytest plugin offers it as --pallas-check-<key>
+    # A further check of a value (raises ValueError), e.g. `--tpu`'s list of generations.
+    check: Callable[[Any], Any] | None = None
 
     @property
     def key(self) -> str:
@@ -75,9 +77,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            " message)."),
     Option("output", ("--output", "-o"), Optional[Path], None,
            "Write the report to this file (- for stdout)."),
-    Option("tpu", ("--tpu",), TpuGeneration, TpuGeneration.V5E,
-           "TPU generation kernels are told they run on.", config_field="tpu",
-           replayed=True),
+    Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
+           "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
+           " is the one kernels are told they run on; --compile compiles for each.",
+           config_field="tpu", replayed=True, check=parse_generations),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
            minimum=1, config_field="devices", replayed=True),
     Option("cores", ("--cores",), int, 1,
@@ -106,6 +109,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Fail only on findings whose fingerprint is not in this baseline file."),
     Option("update_baseline", ("--update-baseline",), bool, False,
            "With --baseline: write every current finding into the baseline file."),
+    Option("compile", ("--compile",), bool, False,
+           "Also compile every call for the real TPU generation(s) of --tpu with libtpu"
+           " (no TPU needed): compile errors and VMEM overflows become findings.",
+           config_field="compile", replayed=True, pytest=True),
 )
 
 BY_PARAM = {option.param: option for option in RUN_OPTIONS}
@@ -123,6 +130,16 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0),
     *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "fmt", "output",
                                   "devices", "tpu", "cores", "seed")),
+)
+
+
+# `pallas-check compile`: compile only, no simulation.
+COMPILE_OPTIONS: tuple[Option, ...] = (
+    Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
+           "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas.",
+           check=parse_generations),
+    Option("fmt", ("--format",), Format, Format.TABLE, "Report format: table or json."),
+    *(BY_PARAM[name] for name in ("output", "devices")),
 )
 
 

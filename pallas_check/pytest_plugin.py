@@ -8,7 +8,8 @@ text; a test that failed on its own keeps its failure and gets the table as an e
 section. `@pytest.mark.pallas_check_skip` runs a test without interception.
 
 Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait|random`,
-`--pallas-check-uninit nan|zero`; the other settings of `[tool.pallas-check]` in the
+`--pallas-check-uninit nan|zero`, `--pallas-check-compile` (each call also compiled for the
+TPU generations of `tpu`, after the test); the other settings of `[tool.pallas-check]` in the
 pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
 these flags over them. One session per test and per process, so pytest-xdist (`-n N`) needs
 nothing more.
@@ -50,8 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}: run this test without pallas-check's interception.")
     if config.getoption("pallas_check"):
-        config.stash[_CONFIG_KEY] = _check_config(config)
-        config.stash[_POLICY_KEY] = _policy(config, config.stash[_CONFIG_KEY])
+        config.stash[_CONFIG_KEY] = check = _check_config(config)
+        config.stash[_POLICY_KEY] = _policy(config, check)
+        if check.compile:
+            from pallas_check.tpu_compile.toolchain import quiet_environment
+
+            quiet_environment(compiling=True)  # before libtpu loads
 
 
 def _policy(config: pytest.Config, check: Any) -> Any:
@@ -116,10 +121,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             result = yield
         except BaseException as exc:  # the test's own failure; re-raised below
             failure = exc
+    compile_error = _compile(session)
     kept = apply(session.findings, session.calls, item.config.stash[_POLICY_KEY],
                  cwd=str(item.config.rootpath))
     findings = kept.active
-    engine_error = session.engine_error or (ours[0] if ours else None)
+    engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
     item.user_properties.append(("pallas_check_findings", len(findings)))
     item.user_properties.append(("pallas_check_suppressed", len(kept.suppressed)))
     if not findings and engine_error is None:
@@ -134,6 +140,24 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         raise failure
     pytest.fail(f"pallas-check: {len(findings)} finding(s) in {item.nodeid}\n{text}",
                 pytrace=False)
+
+
+def _compile(session: Any) -> str | None:
+    """`--pallas-check-compile` (or `compile = true`): the test's calls compiled for the TPU
+    generations of `tpu`, after the test, with no interception installed."""
+    if session.compile_recorder is None or session.engine_error:
+        return None
+    from pallas_check.tpu_compile.stage import compile_session
+    from pallas_check.tpu_compile.toolchain import libtpu_missing
+
+    missing = libtpu_missing()
+    if missing:
+        raise pytest.UsageError(f"pallas-check: {missing}")
+    try:
+        compile_session(session)
+    except Exception as exc:  # noqa: BLE001 - ours: the test fails with it
+        return f"internal error while compiling for TPU: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _render(item: pytest.Item, session: Any, findings: list, engine_error: str | None,

@@ -107,11 +107,12 @@ class CheckCommand:
         from pallas_check.execfile import ScriptOutcome
 
         session = self.session
+        compile_error = _compile_after_run(session, outcome)
         if session.interrupted and not outcome.interrupted:
             # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
             # caught that). It is still an interruption: a partial report, not the user's bug.
             outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
-        engine_error = session.engine_error or (ours[0] if ours else None)
+        engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
         if engine_error is not None:
             engine_error = short_error(engine_error)
         user_failed = not outcome.ok and engine_error is None
@@ -188,6 +189,20 @@ class CheckCommand:
         print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
               file=sys.stderr)
         return True
+
+
+def _compile_after_run(session: Any, outcome: Any) -> str | None:
+    """`--compile`: the calls the script made, compiled for the real TPUs now that no
+    interception is installed; None, or our failure as one line."""
+    if session.compile_recorder is None or outcome.interrupted or session.engine_error:
+        return None
+    from pallas_check.tpu_compile.stage import compile_session
+
+    try:
+        compile_session(session)
+    except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
+        return f"internal error while compiling for TPU: {type(exc).__name__}: {exc}"
+    return None
 
 
 def script_traceback(outcome: Any) -> str:

@@ -66,6 +66,13 @@ class Session:
         self.progress: Callable[[int, str, int, int], None] | None = None
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
         self.timelines: list = []  # with Config.timeline: each call's engine/timeline.py data
+        # --compile: each call's params and operand shapes, compiled after the script
+        # (tpu_compile.stage.compile_session).
+        self.compile_recorder: Any = None
+        if config.compile:
+            from pallas_check.tpu_compile.stage import CompileRecorder
+
+            self.compile_recorder = CompileRecorder()
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -112,6 +119,9 @@ class Session:
             index = next(self._counter)
         started = time.perf_counter()
         kernel = kernel_info(params)
+        if self.compile_recorder is not None:
+            self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
+                                         kernel, call_site)
         try:
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 

@@ -44,6 +44,7 @@ class OptionSpec:
     kind: Any  # bool, int, float, str, Path, list (of str), an Enum subclass, or None
     minimum: int | float | None = None
     maximum: int | float | None = None
+    check: Any = None  # a further check of the value (raises ValueError)
 
     @property
     def env(self) -> str:
@@ -73,7 +74,8 @@ def option_specs(command: Any) -> dict[str, OptionSpec]:
     declared = (command if isinstance(command, tuple)
                 else getattr(command, "__pallas_check_options__", None))
     if declared is not None:
-        return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, None)
+        return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, None,
+                                  getattr(o, "check", None))
                 for o in declared}
     import typer.models
 
@@ -171,6 +173,8 @@ def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) ->
                              f" got {value!r}")
         if kind is Path and base is not None:
             value = str(base / value)  # a path in pyproject.toml is relative to its folder
+    if spec.check is not None:
+        spec.check(value)
     return value
 
 

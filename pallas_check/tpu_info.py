@@ -12,10 +12,11 @@ from typing import Iterator
 
 from pallas_check.jaxbridge import jax_tpu_info
 
-from pallas_check.config import TpuGeneration
+from pallas_check.config import TpuGeneration, parse_generations
 
 DEVICE_KINDS = {
     TpuGeneration.V5E: "TPU v5 lite",
+    TpuGeneration.V5P: "TPU v5",
     TpuGeneration.V6E: "TPU v6 lite",
     TpuGeneration.V7X: "TPU7x",
 }
@@ -29,8 +30,10 @@ def _clear_caches() -> None:
 
 
 @contextlib.contextmanager
-def simulated_tpu(generation: TpuGeneration, cores: int = 1) -> Iterator[None]:
-    """While active, TPU-generation queries see `generation` with `cores` TensorCores."""
+def simulated_tpu(generation: TpuGeneration | str, cores: int = 1) -> Iterator[None]:
+    """While active, TPU-generation queries see `generation` (the first of a `--tpu` list)
+    with `cores` TensorCores."""
+    generation = parse_generations(generation)[0]
     saved = (jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores)
     jax_tpu_info.get_device_kind = lambda: DEVICE_KINDS[generation]
     jax_tpu_info.get_num_device_cores = lambda: cores

@@ -33,6 +33,8 @@ def sample(option: Option) -> tuple[object, str]:
         return value, str(value)
     if _is_list(option):
         return ["race:k"], '["race:k"]'
+    if option.param == "tpu":  # a list of TPU generations
+        return "v6e,v7x", '"v6e,v7x"'
     return "r.json", '"r.json"'  # a path
 
 

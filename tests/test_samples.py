@@ -8,7 +8,8 @@ A buggy sample (`*_bug.py`) states what pallas-check must report in its docstrin
 `range` the index range as the report prints it (omitted only where a sample says why),
 `line` the line of the sample the finding points at (its first source frame), and the
 optional `args` the CLI options the finding needs (e.g. `args=--dma on_wait`), given
-last on the line. Each `*_bug.py` has a fixed `*_ok.py` that must report nothing.
+last on the line; `generation` (the TPU generation of a `--compile` finding) goes before
+`args`. Each `*_bug.py` has a fixed `*_ok.py` that must report nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ OKS = sorted(SAMPLES.glob("*_ok.py"))
 
 _LINE = re.compile(r"^\s*Expected finding:\s*(.*)$", re.MULTILINE)
 _FIELD = re.compile(r"(\w+)=(\[[^\]]*\]|.*?)(?=\s+\w+=|\s*$)")
-_KNOWN_FIELDS = {"kind", "buffer", "range", "line", "args"}
+_KNOWN_FIELDS = {"kind", "buffer", "range", "line", "args", "generation"}
 
 
 def expectations(path: Path) -> list[dict[str, str]]:
@@ -94,6 +95,8 @@ def _matches(finding: dict, want: dict[str, str], path: Path) -> bool:
     if finding["kind"] != want["kind"] or finding["buffer"] != want["buffer"]:
         return False
     if "range" in want and _range_text(finding["index_range"]) != want["range"]:
+        return False
+    if "generation" in want and finding["details"].get("generation") != want["generation"]:
         return False
     frames = finding["frames"]
     return bool(frames) and frames[0]["line"] == int(want["line"]) \

@@ -88,9 +88,18 @@ def tpu_interpret_params() -> type:
     return InterpretParams
 
 
+def mosaic_dialect() -> ModuleType:
+    """Mosaic's MLIR dialect (register_dialect): `--compile` reads the Mosaic module of a
+    call back to map the operation the compiler failed on to its source line."""
+    from jax._src.lib import tpu as module
+
+    return module
+
+
 __all__ = [
     "callback_module", "custom_derivatives", "dispatch", "ffi", "hlo_interpreter",
     "jax_core", "jax_tpu_info", "lax_control_flow", "lax_internal", "lax_parallel", "mlir",
+    "mosaic_dialect",
     "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
     "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
     "tpu_interpret_params", "tpu_interpreter", "xla_client",

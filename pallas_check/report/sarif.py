@@ -85,6 +85,19 @@ RULES: dict[FindingKind, tuple[str, str, str]] = {
         "A `# pallas-check: ignore` comment that matched no finding in this run.",
         "The finding it was written for is gone (or it names a kind that does not exist):"
         " delete the comment, so that stale suppressions do not hide a future defect."),
+    FindingKind.COMPILE_ERROR: (
+        "TpuCompileError",
+        "The TPU compiler rejects the kernel for this TPU generation.",
+        "pallas-check compiled the call with libtpu for the named generation (--compile):"
+        " the Pallas TPU lowering or Mosaic failed at the reported line. Typical causes: a"
+        " block whose last two dimensions are not multiples of (8, 128), a primitive Mosaic"
+        " cannot lower, a dynamic slice whose alignment cannot be proven."),
+    FindingKind.VMEM_EXCEEDED: (
+        "VmemExceeded",
+        "The kernel needs more VMEM than this TPU generation has for it.",
+        "Blocks (double-buffered), scratch and the compiler's own scratch together exceed"
+        " the scoped VMEM limit or the chip's VMEM. Use smaller blocks, or raise the limit"
+        " with pltpu.CompilerParams(vmem_limit_bytes=...) where the chip has room."),
 }
 
 

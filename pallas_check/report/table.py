@@ -25,6 +25,8 @@ _TITLES = {
     FindingKind.RACE: "Data races",
     FindingKind.DEADLOCK: "Deadlocks",
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
+    FindingKind.COMPILE_ERROR: "TPU compile errors (--compile)",
+    FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
 }
 
 
@@ -112,6 +114,7 @@ class TableReporter:
                     console.print(Text("      timeline: ", style="dim")
                                   + Text(f"open {report.trace} in ui.perfetto.dev"),
                                   soft_wrap=True)
+        _print_compiled(console, report)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         summary = summary_line(report)
@@ -164,6 +167,33 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
         console.print(head)
         console.print(Text(_message(f)), overflow="fold")
     console.print()
+
+
+def _print_compiled(console: Console, report: RunReport) -> None:
+    """`--compile`: each call's VMEM per TPU generation (scoped use of the scoped limit,
+    plus scratch), or why it did not build, so the headroom shows before it is gone."""
+    calls = [c for c in report.calls if getattr(c, "compiled", None)]
+    if not calls:
+        return
+    console.print(Text("VMEM per call and TPU generation (--compile):", style="bold"))
+    for call in calls:
+        parts = []
+        for generation, entry in call.compiled.items():
+            if entry["status"] != "ok":
+                code = f" {entry['error_code']}" if entry.get("error_code") else ""
+                parts.append(f"{generation} {entry['status']}{code}")
+                continue
+            text = (f"{generation} {_mib(entry['vmem_scoped_bytes'])} of"
+                    f" {_mib(entry['vmem_scoped_limit_bytes'])}")
+            if entry.get("vmem_scratch_bytes"):
+                text += f" + scratch {_mib(entry['vmem_scratch_bytes'])}"
+            parts.append(text)
+        console.print(Text(f"  call {call.index} {call.kernel}: " + "; ".join(parts)),
+                      soft_wrap=True)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "?" if nbytes is None else f"{nbytes / (1024 * 1024):.2f} MiB"
 
 
 def summary_line(report: RunReport) -> str:

@@ -1,0 +1,188 @@
+"""One call compiled for one TPU generation: ok with its VMEM footprint, or why not.
+
+The call is re-bound exactly as the script made it (kernel, grid, BlockSpecs, scratch,
+compiler params) on `ShapeDtypeStruct`s of its operands placed on a compile-only device of
+the generation, lowered with that device as JAX's default device (the Pallas TPU lowering
+asks it which chip it targets) and compiled. A call that ran inside a shard_map is compiled
+inside one over as many chips of the topology, every operand at its per-device shape.
+Outcomes are cached per (call, shapes, mesh, generation) for the whole process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import threading
+import time
+from typing import Any
+
+from pallas_check.config import TpuGeneration
+from pallas_check.tpu_compile import toolchain
+from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
+from pallas_check.tpu_compile.footprint import Allocation, allocations, scratch_bytes
+
+MIB = 1024 * 1024
+# VMEM per TensorCore, as libtpu 0.0.42 reports it ("would exceed memory (size=...)").
+VMEM_CAPACITY = {TpuGeneration.V5E: 128 * MIB, TpuGeneration.V5P: 64 * MIB,
+                 TpuGeneration.V6E: 128 * MIB, TpuGeneration.V7X: 64 * MIB}
+# The default limit of a kernel's scoped VMEM (CompilerParams(vmem_limit_bytes=...) sets
+# another), as libtpu 0.0.42 applies it.
+SCOPED_VMEM_LIMIT = {TpuGeneration.V5E: 16 * MIB, TpuGeneration.V5P: 16 * MIB,
+                     TpuGeneration.V6E: 32 * MIB, TpuGeneration.V7X: 32 * MIB}
+
+_USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
+
+
+@dataclasses.dataclass
+class CompileOutcome:
+    """One call for one generation."""
+
+    generation: TpuGeneration
+    seconds: float
+    diagnosis: Diagnosis | None = None  # None: it compiled
+    error_text: str = ""  # the compiler's whole message (PALLAS_CHECK_DEBUG)
+    lowered_ir: Any = None  # the lowered module, when lowering got that far
+    scoped_bytes: int | None = None  # the compiler's scoped VMEM use, when it compiled
+    scoped_limit: int = 0
+    scratch_bytes: int = 0
+    capacity: int = 0
+    allocations: tuple[Allocation, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.diagnosis is None
+
+    @property
+    def used_bytes(self) -> int | None:
+        """VMEM the kernel takes: the compiler's scoped VMEM plus the scratch operands."""
+        if self.diagnosis is not None and self.diagnosis.used_bytes is not None:
+            return self.diagnosis.used_bytes
+        if self.scoped_bytes is None:
+            return None
+        return self.scoped_bytes + self.scratch_bytes
+
+    def summary(self) -> dict[str, Any]:
+        """The call's line in a report for this generation."""
+        return {"status": "ok" if self.ok else self.diagnosis.kind,
+                "vmem_used_bytes": self.used_bytes,
+                "vmem_scoped_bytes": self.scoped_bytes,
+                "vmem_scoped_limit_bytes": self.scoped_limit,
+                "vmem_scratch_bytes": self.scratch_bytes,
+                "vmem_capacity_bytes": self.capacity,
+                "compile_seconds": round(self.seconds, 3),
+                "error_code": None if self.ok else self.diagnosis.code}
+
+
+_cache: dict[tuple, CompileOutcome] = {}
+_cache_lock = threading.Lock()
+
+
+def _params_key(params: dict) -> Any:
+    try:
+        key = tuple(sorted(params.items()))
+        hash(key)
+        return key
+    except TypeError:  # an unhashable parameter: the call object itself
+        return ("id", id(params))
+
+
+def scoped_limit(params: dict, generation: TpuGeneration) -> int:
+    compiler_params = params.get("compiler_params")
+    if isinstance(compiler_params, dict):
+        compiler_params = compiler_params.get("mosaic_tpu") or compiler_params.get("mosaic")
+    limit = getattr(compiler_params, "vmem_limit_bytes", None)
+    if limit is None and isinstance(compiler_params, dict):
+        limit = compiler_params.get("vmem_limit_bytes")
+    return int(limit) if limit else SCOPED_VMEM_LIMIT[generation]
+
+
+def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
+                 generation: TpuGeneration) -> CompileOutcome:
+    """Compile the call (its pallas_call params, operand (shape, dtype) pairs, shard_map
+    axes) for `generation`; cached."""
+    key = (_params_key(params), avals, mesh_axes, generation)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    outcome = _compile(params, avals, mesh_axes, generation)
+    with _cache_lock:
+        _cache.setdefault(key, outcome)
+    return outcome
+
+
+def _bound(params: dict) -> Any:
+    from pallas_check.jaxbridge import pallas_call_module
+
+    prim = pallas_call_module.pallas_call_p
+    bound = {k: v for k, v in params.items() if k != "interpret"}
+    return lambda *args: prim.bind(*args, interpret=False, **bound)
+
+
+def _placed(params: dict, avals: tuple, mesh_axes: tuple,
+            generation: TpuGeneration) -> tuple[Any, list, Any]:
+    """The function to compile, its arguments as placed ShapeDtypeStructs, the device."""
+    import jax
+    import numpy as np
+
+    fn = _bound(params)
+    if not mesh_axes:
+        device = toolchain.compile_device(generation)
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        return fn, [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in avals], device
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    names = tuple(name for name, _ in mesh_axes)
+    sizes = tuple(size for _, size in mesh_axes)
+    devices = toolchain.compile_devices(generation, math.prod(sizes))
+    mesh = Mesh(np.array(devices[: math.prod(sizes)]).reshape(sizes), names)
+    # Every operand is a device's block: replicated over the mesh, each device has it at
+    # its per-device shape (values do not matter to a compiler).
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=tuple(PartitionSpec() for _ in avals),
+                           out_specs=PartitionSpec(), check_vma=False)
+    sharding = NamedSharding(mesh, PartitionSpec())
+    return (mapped, [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in avals],
+            devices[0])
+
+
+def _compile(params: dict, avals: tuple, mesh_axes: tuple,
+             generation: TpuGeneration) -> CompileOutcome:
+    import jax
+
+    outcome = CompileOutcome(generation, 0.0, scoped_limit=scoped_limit(params, generation),
+                             scratch_bytes=scratch_bytes(params),
+                             capacity=VMEM_CAPACITY[generation],
+                             allocations=tuple(allocations(params)))
+    # Where the call is placed is ours to get right: a failure there is pallas-check's
+    # (raised, exit 4), not a finding about the user's kernel.
+    fn, args, device = _placed(params, avals, mesh_axes, generation)
+    started = time.perf_counter()
+    try:
+        with jax.default_device(device):
+            lowered = jax.jit(fn).lower(*args)
+            outcome.lowered_ir = lowered.compiler_ir("stablehlo")
+            compiled = toolchain.quietly(lowered.compile)
+    except Exception as exc:  # noqa: BLE001 - the compiler's verdict on the user's kernel
+        outcome.seconds = time.perf_counter() - started
+        outcome.error_text = f"{type(exc).__name__}: {exc}"
+        outcome.diagnosis = diagnose(str(exc))
+        return outcome
+    outcome.seconds = time.perf_counter() - started
+    outcome.lowered_ir = None  # kept only to place a failure
+    outcome.scoped_bytes = _scoped_use(compiled.as_text())
+    return outcome
+
+
+def _scoped_use(hlo_text: str) -> int:
+    """The scoped VMEM (memory space 1) the compiled kernels use, the largest of them."""
+    used = 0
+    for configs in _USED_SCOPED.findall(hlo_text):
+        try:
+            entries = json.loads(f"[{configs}]")
+        except ValueError:
+            continue
+        for entry in entries:
+            if str(entry.get("memory_space")) == "1":
+                used = max(used, int(entry.get("size", 0)))
+    return used

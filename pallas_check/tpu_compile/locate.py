@@ -1,0 +1,87 @@
+"""Where a failed compile points in the user's code, and which of the kernel's refs.
+
+- Mosaic quoted an operation: its source location in the call's Mosaic module (mlirloc);
+- the lowering has no rule for a primitive: the kernel's first equation of that primitive;
+- a BlockSpec, or VMEM: the line that made the pallas_call (a BlockSpec has no line of its
+  own; it is written in the call).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from pallas_check.engine.call import kernel_arg_names
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import code_line, user_frames
+
+
+def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
+    """(the frame, the kernel's ref name or "") of a failed compile of `call`."""
+    diagnosis = outcome.diagnosis
+    params = call.params
+    names = kernel_arg_names(params["jaxpr"])
+    frame: SourceFrame | None = None
+    buffer = ""
+    if diagnosis.mosaic and outcome.lowered_ir is not None:
+        frame, buffer = _mosaic_place(call, outcome, names)
+    elif diagnosis.primitive:
+        frame = _primitive_frame(params["jaxpr"], diagnosis.primitive)
+    if diagnosis.spec_origin:
+        buffer = _spec_buffer(params, diagnosis.spec_origin, names)
+    outcome.lowered_ir = None  # the module is large; what it told is kept
+    return frame or call.call_site or _kernel_frame(call), buffer
+
+
+def _mosaic_place(call: Any, outcome: Any, names: list[str]) -> tuple[Any, str]:
+    from pallas_check.tpu_compile.mlirloc import locate
+
+    grid = call.params["grid_mapping"].grid
+    try:
+        where = locate(outcome.lowered_ir, outcome.error_text, len(grid))
+    except Exception:  # noqa: BLE001 - an unreadable module: the call's line instead
+        return None, ""
+    if where is None:
+        return None, ""
+    buffer = names[where.argument] if where.argument is not None and \
+        where.argument < len(names) else ""
+    return SourceFrame(where.file, where.line, call.kernel.name,
+                       code_line(where.file, where.line)), buffer
+
+
+def _equations(jaxpr: Any, outer: SourceFrame | None = None
+               ) -> Iterator[tuple[Any, SourceFrame | None]]:
+    """Every equation, nested ones included, with its user frame (a nested equation of
+    JAX's own code, e.g. inside `jnp.sort`'s jit, takes the frame of the one holding it)."""
+    for eqn in jaxpr.eqns:
+        frames = user_frames(eqn.source_info, limit=1)
+        frame = frames[0] if frames else outer
+        yield eqn, frame
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner, frame)
+
+
+def _primitive_frame(jaxpr: Any, primitive: str) -> SourceFrame | None:
+    for eqn, frame in _equations(getattr(jaxpr, "jaxpr", jaxpr)):
+        if eqn.primitive.name == primitive and frame is not None:
+            return frame
+    return None
+
+
+def _spec_buffer(params: dict, origin: str, names: list[str]) -> str:
+    gm = params["grid_mapping"]
+    for k, bm in enumerate(gm.block_mappings):
+        if getattr(bm, "origin", None) == origin:
+            position = gm.num_index_operands + k
+            return names[position] if position < len(names) else ""
+    return ""
+
+
+def _kernel_frame(call: Any) -> SourceFrame | None:
+    kernel = call.kernel
+    if not kernel.file:
+        return None
+    return SourceFrame(kernel.file, kernel.line, kernel.name,
+                       code_line(kernel.file, kernel.line))

@@ -1,0 +1,136 @@
+"""The compile stage of a run: calls recorded while the script runs, compiled after it
+(with no interception installed, so the real Pallas TPU lowering is the one used), and
+what failed turned into findings placed in the user's code.
+
+Shared by `run --compile` (runner.CheckCommand), `pallas-check compile` (compile-only) and
+the pytest plugin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from pallas_check.config import TpuGeneration
+from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.tpu_compile.compiler import CompileOutcome, compile_call
+from pallas_check.tpu_compile.footprint import format_bytes
+
+LARGEST = 3  # allocations a vmem-exceeded finding names
+MIB_FOR_REST = 1024 * 1024  # beyond the named allocations, worth saying
+
+
+@dataclasses.dataclass
+class RecordedCall:
+    """One intercepted call, as much of it as compiling needs."""
+
+    index: int
+    params: dict
+    avals: tuple  # ((shape, dtype name), ...) of one device's operands
+    mesh_axes: tuple
+    kernel: KernelInfo
+    call_site: SourceFrame | None
+
+
+class CompileRecorder:
+    """Keeps each call's params and operand shapes (not its values) while the script runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[RecordedCall] = []
+        self._lock = threading.Lock()
+
+    def record(self, index: int, params: dict, operands: Sequence[Any], mesh_axes: tuple,
+               kernel: KernelInfo, call_site: SourceFrame | None) -> None:
+        avals = tuple((tuple(int(d) for d in np.shape(x)), str(np.result_type(x)))
+                      for x in operands)
+        with self._lock:
+            self.calls.append(RecordedCall(index, params, avals, tuple(mesh_axes), kernel,
+                                           call_site))
+
+
+@dataclasses.dataclass
+class StageResult:
+    findings: list[Finding]
+    by_call: dict[int, dict[str, CompileOutcome]]  # call index -> generation -> outcome
+
+
+def compile_recorded(calls: Sequence[RecordedCall],
+                     generations: Sequence[TpuGeneration]) -> StageResult:
+    """Compile every recorded call for every generation (each distinct one once)."""
+    findings: list[Finding] = []
+    by_call: dict[int, dict[str, CompileOutcome]] = {}
+    for call in sorted(calls, key=lambda c: c.index):
+        outcomes = by_call.setdefault(call.index, {})
+        for generation in generations:
+            outcome = compile_call(call.params, call.avals, call.mesh_axes, generation)
+            outcomes[generation.value] = outcome
+            if not outcome.ok:
+                findings.append(finding_for(call, outcome))
+    return StageResult(findings, by_call)
+
+
+def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
+    """The finding of a failed compile, at the user's line it is about."""
+    from pallas_check.tpu_compile.locate import place
+
+    diagnosis = outcome.diagnosis
+    assert diagnosis is not None
+    generation = outcome.generation.value
+    frame, buffer = place(call, outcome)
+    details: dict[str, Any] = {"generation": generation, "merge": generation,
+                               "error_code": diagnosis.code}
+    if diagnosis.kind == "vmem-exceeded":
+        largest = list(outcome.allocations[:LARGEST])
+        buffer = largest[0].name if largest else buffer
+        details.update(used_bytes=diagnosis.used_bytes,
+                       available_bytes=diagnosis.available_bytes,
+                       allocations=[dataclasses.asdict(a) for a in outcome.allocations])
+        names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
+        # Scratch operands sit beside the scoped VMEM, not in it.
+        scoped = diagnosis.code == "E1001"
+        named = sum(a.nbytes for a in outcome.allocations
+                    if not (scoped and a.what == "scratch"))
+        rest = (diagnosis.used_bytes or 0) - named
+        message = (f"{generation}: {format_bytes(diagnosis.used_bytes or 0)} of VMEM needed,"
+                   f" {format_bytes(diagnosis.available_bytes or 0)} available"
+                   f" ({diagnosis.sentence}){_code(diagnosis.code)}; largest allocations:"
+                   f" {names}"
+                   + (f"; the compiler's own scratch (intermediate values): about"
+                      f" {format_bytes(rest)}" if rest > MIB_FOR_REST else ""))
+        kind = FindingKind.VMEM_EXCEEDED
+    else:
+        message = f"{generation}: {diagnosis.sentence}{_code(diagnosis.code)}"
+        kind = FindingKind.COMPILE_ERROR
+    return Finding(kind=kind, message=message, kernel=call.kernel, call_index=call.index,
+                   buffer=buffer, memory_space="VMEM" if buffer else "",
+                   frames=(frame,) if frame is not None else (), details=details)
+
+
+def _code(code: str | None) -> str:
+    return f" [{code}]" if code else ""
+
+
+def compile_session(session: Any) -> None:
+    """`--compile` after a checked run: every call the session recorded compiled for each
+    generation of `--tpu`; the failures join its findings, each call's summary gets its
+    footprint per generation."""
+    from pallas_check.config import parse_generations
+
+    recorder = getattr(session, "compile_recorder", None)
+    if recorder is None:
+        return
+    result = compile_recorded(recorder.calls, parse_generations(session.config.tpu))
+    session.store.extend(result.findings)
+    per_call: dict[int, int] = {}
+    for finding in result.findings:
+        per_call[finding.call_index] = per_call.get(finding.call_index, 0) + 1
+    for summary in session.calls:
+        outcomes = result.by_call.get(summary.index)
+        if outcomes:
+            # No compile times: a run's JSON report stays byte-identical run to run.
+            summary.compiled = {g: {k: v for k, v in o.summary().items()
+                                    if k != "compile_seconds"} for g, o in outcomes.items()}
+            summary.findings += per_call.get(summary.index, 0)
