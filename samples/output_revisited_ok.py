@@ -1,40 +1,54 @@
-"""Fixed output_revisited_bug.py: each output block's visits are consecutive.
+"""A reduction whose reduction axis is outer: every output block is visited once per pass,
+and written only on the last pass, from partial sums kept in per-block scratch.
 
-The input blocks are visited in the order 0, 2, 1, 3 (index_map j(i) below), so the
-output index_map lambda i: (i // 2, 0) visits output blocks 0, 0, 1, 1 and each block
-stays in VMEM while it accumulates. Expected findings: none.
+Grid (K, N): pass k adds x's k-th column block into row block n's partial sum in
+`acc_ref[n]`; the output index_map lambda k, n: (n, 0) returns to each block on every
+pass. Only the last pass writes o_ref, and it writes every element, so each block's last
+write-back (which lands last on a TPU) carries the full sum: nothing written on an earlier
+visit is lost, and pallas-check reports nothing. (output_revisited_bug.py loses half a
+block because its last visit does not rewrite it.)
+
+Run: pallas-check run samples/output_revisited_ok.py --races
+Expected findings: none.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+K, N = 3, 2  # reduction passes, output row blocks
 
 
-def pair_sum_kernel(x_ref, o_ref):
-    i = pl.program_id(0)
+def outer_reduction_kernel(x_ref, o_ref, acc_ref):
+    k, n = pl.program_id(0), pl.program_id(1)
 
-    @pl.when(i % 2 == 0)
+    @pl.when(k == 0)
     def _():
-        o_ref[...] = x_ref[...]
+        acc_ref[n] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
 
-    @pl.when(i % 2 == 1)
+    acc_ref[n] += x_ref[...]
+
+    @pl.when(k == K - 1)
     def _():
-        o_ref[...] += x_ref[...]
+        o_ref[...] = acc_ref[n]
 
 
-def pair_sum(x):
+def outer_reduction(x):
     return pl.pallas_call(
-        pair_sum_kernel,
-        grid=(4,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: ((i % 2) * 2 + i // 2, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i: (i // 2, 0)),
-        out_shape=jax.ShapeDtypeStruct((16, 128), x.dtype),
+        outer_reduction_kernel,
+        grid=(K, N),
+        in_specs=[pl.BlockSpec((8, 128), lambda k, n: (n, k))],
+        out_specs=pl.BlockSpec((8, 128), lambda k, n: (n, 0)),
+        out_shape=jax.ShapeDtypeStruct((N * 8, 128), x.dtype),
+        scratch_shapes=[pltpu.VMEM((N, 8, 128), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary")),
     )(x)
 
 
 if __name__ == "__main__":
-    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
-    out = jax.jit(pair_sum)(x)
-    np.testing.assert_allclose(out, x[:16] + x[16:])
+    x = jnp.arange(N * 8 * K * 128, dtype=jnp.float32).reshape(N * 8, K * 128)
+    out = jax.jit(outer_reduction)(x)
+    np.testing.assert_allclose(out, np.asarray(x).reshape(N * 8, K, 128).sum(axis=1))
     print("output_revisited_ok: output matches")

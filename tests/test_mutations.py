@@ -1,6 +1,6 @@
 """Mutation tests for the detectors: one known defect per mutant, found where it was made.
 
-Five CORRECT kernels are built by factories below. Each factory takes parameters that
+Seven CORRECT kernels are built by factories below. Each factory takes parameters that
 inject exactly one defect (no source text is edited); the mutable statements carry a
 `# MUT:<name>` marker so the test knows their line numbers.
 
@@ -22,6 +22,8 @@ finding kind at its anchor line, under both DMA modes:
 | parallel-reduction     | reduction         | races, 2 cores     | race             | output index_map          |
 | parallel-reduction     | matmul            | races, 2 cores     | race             | output index_map          |
 | wait-unsignalled       | regular semaphore |                    | deadlock         | the wait                  |
+| shift-prefetch-index   | in-place shift    | races              | race             | x's index_map / the DMA   |
+| output-revisited       | outer reduction   |                    | output-revisited | output index_map          |
 
 Where the mutation DELETES a statement (a wait, an init) or changes a non-executable
 setting (dimension semantics), no finding can point at it: the anchor is then the
@@ -244,7 +246,80 @@ def reduction_args():
     return (x,), np.asarray(x).reshape(4, 8, 128).sum(axis=0)
 
 
+def in_place_shift(backwards: bool = True) -> Callable[..., Any]:
+    """Shift by one block, in place: x (read through its BlockSpec) is aliased to the
+    output, written by the kernel's own DMA; walking backwards writes only blocks already
+    fetched. Forwards, the pipeline prefetches the block the step's DMA writes."""
+    blocks = 4
+
+    def kernel(x_ref, o_hbm, sem):
+        i = pl.program_id(0)
+        j = blocks - 1 - i if backwards else i  # MUT:shift-block
+        copy = pltpu.make_async_copy(x_ref, o_hbm.at[pl.ds((j + 1) * 8, 8)], sem)
+
+        @pl.when(j + 1 < blocks)
+        def _():
+            copy.start()  # MUT:shift-dma
+            copy.wait()
+
+    def run(x):
+        return pl.pallas_call(
+            kernel, grid=(blocks,),
+            in_specs=[pl.BlockSpec(
+                (8, 128), (lambda i: (blocks - 1 - i, 0)) if backwards else (lambda i: (i, 0)))],  # MUT:shift-x-map
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+            input_output_aliases={0: 0},
+        )(x)
+
+    return run
+
+
+def in_place_shift_args():
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(32, 128)
+    blocks = np.asarray(x).reshape(4, 8, 128)
+    return (x,), np.concatenate([blocks[0], *blocks[:-1]])
+
+
+def outer_reduction(write_pass: int = -1) -> Callable[..., Any]:
+    """Reduction axis outer: every output block is visited on each pass; partial sums live
+    in per-block scratch and o_ref is written on the last pass only."""
+    passes, rows = 3, 2
+
+    def kernel(x_ref, o_ref, acc_ref):
+        k, n = pl.program_id(0), pl.program_id(1)
+
+        @pl.when(k == 0)
+        def _():
+            acc_ref[n] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
+
+        acc_ref[n] += x_ref[...]
+
+        @pl.when(k == write_pass % passes)  # MUT:outer-write-pass
+        def _():
+            o_ref[...] = acc_ref[n]
+
+    def run(x):
+        return pl.pallas_call(
+            kernel, grid=(passes, rows),
+            in_specs=[pl.BlockSpec((8, 128), lambda k, n: (n, k))],
+            out_specs=pl.BlockSpec((8, 128), lambda k, n: (n, 0)),  # MUT:outer-o-map
+            out_shape=jax.ShapeDtypeStruct((rows * 8, 128), x.dtype),
+            scratch_shapes=[pltpu.VMEM((rows, 8, 128), jnp.float32)],
+        )(x)
+
+    return run
+
+
+def outer_reduction_args():
+    x = jnp.arange(16 * 384, dtype=jnp.float32).reshape(16, 384)
+    return (x,), np.asarray(x).reshape(16, 3, 128).sum(axis=1)
+
+
 KERNELS = {
+    "in_place_shift": (in_place_shift, in_place_shift_args),
+    "outer_reduction": (outer_reduction, outer_reduction_args),
     "dma_loop": (dma_loop, dma_loop_args),
     "matmul": (matmul, matmul_args),
     "elementwise": (elementwise, elementwise_args),
@@ -294,6 +369,12 @@ MUTANTS = [
            {"semantics": ("arbitrary", "arbitrary", "parallel")}, "race", ("mm-o-map",),
            races=True, cores=2),
     Mutant("wait-unsignalled", "semaphores", {"wait_index": 1}, "deadlock", ("sem-wait",)),
+    # The BlockSpec pipeline: a step's DMA writes the block being prefetched (the race
+    # is named at the copy-in's index_map, or at the DMA when the prefetch read first).
+    Mutant("shift-prefetch-index", "in_place_shift", {"backwards": False}, "race",
+           ("shift-x-map", "shift-dma"), races=True),
+    Mutant("output-revisited", "outer_reduction", {"write_pass": 0}, "output-revisited",
+           ("outer-o-map",)),
 ]
 
 # Secondary kinds a mutation may also cause (consequences of the same defect).
@@ -305,6 +386,9 @@ ALLOWED = {
     "extra-signal": set(),
     "parallel-reduction": {"uninitialized", "unwritten-output"},
     "wait-unsignalled": set(),
+    "shift-prefetch-index": set(),
+    # The first pass's values are overwritten by later passes' unwritten buffers.
+    "output-revisited": {"unwritten-output"},
 }
 
 DMA_MODES = [DmaMode.EAGER, DmaMode.ON_WAIT]

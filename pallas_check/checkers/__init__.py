@@ -30,8 +30,11 @@ class _Checkers:
                             bad_dims: list[int], frames: tuple) -> Finding:
         return bounds.block_finding(ctx, op, block_index, bad_dims, frames)
 
-    def block_revisited(self, ctx: Any, op: Any, block_index: tuple, frames: tuple) -> None:
-        pipeline.revisit_finding(ctx, op, block_index, frames)
+    def block_values_lost(self, ctx: Any, op: Any, block_index: tuple, lost_range: Any,
+                          count: int, earlier_point: tuple, last_point: tuple,
+                          frames: tuple) -> None:
+        pipeline.lost_values_finding(ctx, op, block_index, lost_range, count, earlier_point,
+                                     last_point, frames)
 
     def deadlocked(self, state: Any, found: Any, ctx: Any) -> Finding:
         return deadlock.deadlock_finding(state, found, ctx)

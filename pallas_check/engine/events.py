@@ -61,8 +61,11 @@ class Checkers(Protocol):
     def block_out_of_bounds(self, ctx: Any, op: Any, block_index: tuple,
                             bad_dims: list[int], frames: tuple) -> Finding: ...
 
-    def block_revisited(self, ctx: Any, op: Any, block_index: tuple, frames: tuple) -> None:
-        ...
+    def block_values_lost(self, ctx: Any, op: Any, block_index: tuple, lost_range: Any,
+                          count: int, earlier_point: tuple, last_point: tuple,
+                          frames: tuple) -> None:
+        """An output block was visited again and its last visit did not rewrite what an
+        earlier one wrote (lost on a TPU)."""
 
     def deadlocked(self, state: Any, deadlock: Any, ctx: Any) -> Finding: ...
 

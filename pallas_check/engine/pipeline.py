@@ -30,7 +30,6 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
     pipe = Pipeline(ctx, blocked, points)
     outputs = pipe.outputs
-    visited: dict[int, set[tuple[int, ...]]] = {id(plan): set() for plan in outputs}
     num_steps = len(points)
     for step in range(num_steps):
         point = tuple(int(x) for x in points[step])
@@ -43,9 +42,6 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         yield from pipe.inputs_ready(step)
         for plan in outputs:
             if plan.changed[step]:
-                key = plan.blocks[step]
-                if key in visited[id(plan)]:
-                    ctx.call.checkers.block_revisited(ctx, plan.op, key, plan.frames)
                 plan.check_bounds(ctx, step)
                 vmem = plan.op.vmem
                 assert vmem is not None
@@ -53,11 +49,9 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 vmem.mark_written(Ellipsis, False)
         yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
         ctx.eqn = None
-        for plan in outputs:
-            if step == num_steps - 1 or plan.changed[step + 1]:
-                visited[id(plan)].add(plan.blocks[step])
         yield from pipe.outputs_done(step)
     yield from pipe.drain()
+    pipe.report_lost_values()
     if ctx.call.races is not None:
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
     ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
@@ -82,6 +76,10 @@ class _Plan:
         self.copies = 0  # started so far (copy k uses VMEM buffer k % depth)
         self._frames: tuple[SourceFrame, ...] | None = None
         self._bad = _out_of_bounds_steps(op, indices)
+        # Blocks visited in more than one run of steps (an output's write-back of an
+        # earlier visit is overwritten by a later one's: what it wrote may be lost).
+        runs = [self.blocks[i] for i, c in enumerate(self.changed) if c]
+        self.revisited = {b for b in set(runs) if runs.count(b) > 1} if op.is_output else set()
 
     @property
     def frames(self) -> tuple[SourceFrame, ...]:
@@ -139,6 +137,8 @@ class Pipeline:
         self.points = points
         self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (plan id, step) -> copy-in
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
+        # (plan id, block) -> each visit's (grid point, elements it wrote), for revisits
+        self.visits: dict[tuple[int, tuple[int, ...]], list[tuple[tuple, Any]]] = {}
         self.named = (ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
                       or ctx.call.timeline is not None)
 
@@ -169,6 +169,30 @@ class Pipeline:
         while self.writing:
             yield from self._wait(self.writing.pop(0))
 
+    def report_lost_values(self) -> None:
+        """An output block visited more than once: each visit starts from a buffer the
+        pipeline did not read back, and the last write-back lands last, so what an earlier
+        visit wrote survives only where the last visit wrote it again."""
+        for plan in self.outputs:
+            for block in sorted(plan.revisited):
+                visits = self.visits.get((id(plan), block), [])
+                if len(visits) < 2:
+                    continue
+                last_point, last_written = visits[-1]
+                if last_written is True or np.all(last_written):
+                    continue
+                lost, earlier_point = None, None
+                for point, written in reversed(visits[:-1]):
+                    here = np.logical_and(written, np.logical_not(last_written))
+                    if here.any():
+                        lost = here if lost is None else lost | here
+                        earlier_point = point if earlier_point is None else earlier_point
+                if lost is not None:
+                    hbm_index, _, _ = _block_slices(plan.op, block)
+                    self.ctx.call.checkers.block_values_lost(
+                        self.ctx, plan.op, block, _lost_range(hbm_index, lost),
+                        int(np.count_nonzero(lost)), earlier_point, last_point, plan.frames)
+
     def _start(self, plan: _Plan, step: int, writes_back: bool) -> BlockCopy:
         ctx = self.ctx
         block = plan.blocks[step]
@@ -184,6 +208,9 @@ class Pipeline:
         plan.copies += 1
         if writes_back:
             _stage_write_back(ctx, copy)
+            if block in plan.revisited and copy.staged is not None:
+                self.visits.setdefault((id(plan), block), []).append(
+                    (copy.grid_point, copy.staged[1]))
         mode = ctx.config.dma_mode
         if mode == DmaMode.EAGER:
             _move(ctx, copy)
@@ -205,6 +232,20 @@ class Pipeline:
             ctx.call.copy_done(copy.name)
         if not copy.writes_back:
             _land_in_vmem(ctx, copy)
+
+
+def _lost_range(hbm_index: tuple, lost: np.ndarray) -> IndexRange:
+    """The HBM range (bounding box) of the lost elements of a block's valid part."""
+    dims = iter(range(lost.ndim))
+    out = []
+    for index in hbm_index:
+        if isinstance(index, int):
+            out.append((index, index + 1))
+            continue
+        d = next(dims)
+        along = np.nonzero(lost.any(axis=tuple(i for i in range(lost.ndim) if i != d)))[0]
+        out.append((index.start + int(along[0]), index.start + int(along[-1]) + 1))
+    return tuple(out)
 
 
 def _depth(op: Operand) -> int:
