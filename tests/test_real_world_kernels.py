@@ -78,14 +78,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import ring_allreduce_ok as ok
 
 
-def broken_kernel(x_ref, o_ref, sem):
-    pl.semaphore_signal(sem, 1, device_id=(9,), device_id_type=pl.DeviceIdType.MESH)
+def broken_kernel(x_ref, o_ref):
+    sem = pl.get_global(pltpu.SemaphoreType.REGULAR)  # not supported by pallas-check
+    pl.semaphore_signal(sem, 1)
     o_ref[...] = x_ref[...]
 
 
 def broken(x):
-    return pl.pallas_call(broken_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          scratch_shapes=[pltpu.SemaphoreType.REGULAR])(x)
+    return pl.pallas_call(broken_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
 
 mesh = jax.make_mesh((4,), ("x",))
@@ -108,6 +108,6 @@ def test_a_failure_of_ours_still_reports_every_call_and_no_stray_traceback(tmp_p
     report = json.loads(result.stdout)
     assert [(c["kernel"], c["failed"]) for c in report["calls"]] == [
         ("allreduce_kernel", False), ("broken_kernel", True)]
-    assert "device id 9 is outside the mesh of 4 devices" in report["internal_error"]
+    assert "get_global" in report["internal_error"], report["internal_error"]
     assert "Exception ignored" not in result.stderr
     assert "pallas_check/" not in result.stderr  # no frame of ours

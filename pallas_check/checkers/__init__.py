@@ -36,6 +36,10 @@ class _Checkers:
         pipeline.lost_values_finding(ctx, op, block_index, lost_range, count, earlier_point,
                                      last_point, frames)
 
+    def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
+                             frames: tuple) -> Finding:
+        return bounds.device_finding(state, ctx, device, what, frames)
+
     def deadlocked(self, state: Any, found: Any, ctx: Any) -> Finding:
         return deadlock.deadlock_finding(state, found, ctx)
 

@@ -70,3 +70,19 @@ def block_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
         details={"operation": "block " + ("write-back" if op.is_output else "copy-in"),
                  "block_index": list(block_index), "shape": list(op.hbm.shape)},
     )
+
+
+def device_finding(state: CallState, ctx: CoreContext, device: str, what: str,
+                   frames: tuple[SourceFrame, ...]) -> Finding:
+    """A DMA or semaphore signal aimed at a device outside the mesh (a wrapped-around ring
+    neighbour computed as `me - 1` without the modulo, say)."""
+    mesh = ", ".join(f"{name}: {size}" for name, size in state.mesh.axes) or "1 device"
+    return Finding(
+        kind=FindingKind.OUT_OF_BOUNDS,
+        message=f"{device} is outside the device mesh ({mesh}): {what} out of range; the"
+                f" call's simulation stops here",
+        kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
+        actor=ctx.actor, buffer="device mesh", memory_space="", index_range=None,
+        frames=frames, details={"operation": "device id", "device_id": device,
+                                "mesh": dict(state.mesh.axes)},
+    )

@@ -54,15 +54,26 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
     for dma in state.sync.dmas:
         if dma.waited_bytes >= dma.nbytes:
             continue
+        sem = sync.sem_name(dma.dst_sem)
+        count = sync.sem_value(dma.dst_sem)
+        what = (f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
+                f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())}")
+        if dma.waited_bytes:
+            message = (f"{what} ({dma.nbytes} bytes) was waited for only {dma.waited_bytes}"
+                       f" of its bytes: {dma.nbytes - dma.waited_bytes} bytes were never"
+                       f" waited, and semaphore {sem} ends the kernel with count {count} (a"
+                       f" wait takes the size of the descriptor it is given: waiting with"
+                       f" another DMA's descriptor of another size leaves bytes behind)")
+        else:
+            message = (f"{what} was started but never waited on (semaphore {sem}, which"
+                       f" ends the kernel with count {count})")
         findings.append(Finding(
             kind=FindingKind.DMA_NOT_WAITED,
-            message=f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
-                    f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())} was"
-                    f" started but never waited on (semaphore {sync.sem_name(dma.dst_sem)})",
+            message=message,
             kernel=state.kernel, call_index=state.call_index, grid_point=dma.grid_point,
             actor=dma.actor, buffer=dma.dst.buffer.name, memory_space=dma.dst.buffer.space,
             index_range=dma.dst.index_range(), frames=dma.frames,
-            details={"semaphore": sync.sem_name(dma.dst_sem), "bytes": dma.nbytes,
-                     "waited_bytes": dma.waited_bytes},
+            details={"semaphore": sem, "bytes": dma.nbytes,
+                     "waited_bytes": dma.waited_bytes, "semaphore_count": count},
         ))
     return findings

@@ -26,6 +26,12 @@ Gen = Generator[Any, None, Any]
 RuleFn = Callable[..., Any]
 
 
+class CallHalted(Exception):
+    """The kernel did something after which nothing it does is defined (a DMA or signal
+    aimed at a device outside the mesh); the finding saying so was already added, and the
+    call's simulation ends there, cleanly."""
+
+
 class KernelError(Exception):
     """An error in evaluating a kernel, located at the user's source line."""
 

@@ -67,6 +67,10 @@ class Checkers(Protocol):
         """An output block was visited again and its last visit did not rewrite what an
         earlier one wrote (lost on a TPU)."""
 
+    def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
+                             frames: tuple) -> Finding:
+        """A DMA or signal aimed at a device outside the mesh."""
+
     def deadlocked(self, state: Any, deadlock: Any, ctx: Any) -> Finding: ...
 
     def call_ended(self, state: Any, ctx: Any) -> None:

@@ -16,9 +16,11 @@ import numpy as np
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
+from pallas_check.engine.evaluate import CallHalted
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
-from pallas_check.findings import Finding, KernelInfo
+from pallas_check.findings import Finding, KernelInfo, SourceFrame
+from pallas_check.sourceinfo import code_line
 
 
 from pallas_check.engine.call import (  # noqa: F401  (re-exported: the call's API)
@@ -115,7 +117,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                         call_index, True, mesh, carried, results, checkers)
     findings = list(state.findings)
     if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
-            and not state.deadlocked):
+            and not state.unfinished):
         other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
         other_outputs, _, _ = _simulate(params, device_operands, config, other_fill, kernel,
                                         call_index, False, mesh, dict(carried or {}), None,
@@ -213,7 +215,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
             contexts.append(ctx)
             if actor is not None:
                 actors.append(actor)
-    _run(state, contexts[0], actors)
+    _run(state, contexts, actors)
     return _outputs(state, device_hbm_outputs, layout.out_to_in)
 
 
@@ -243,6 +245,8 @@ def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
         else:
             buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
         hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
+    for buf in hbm_outputs:
+        buf.is_output = True  # (an input aliased to an output is one too)
     return hbm_inputs, hbm_outputs
 
 
@@ -296,6 +300,7 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
                 Buffer.filled(op.name, op.kernel_space, ref_shape, op.hbm.data.dtype, fill,
                               owner=ctx.actor),
                 device, core_id, ("block", k))
+            op.vmem.is_output = op.is_output
             kernel_args.append(RefView(op.vmem))
         core_operands.append(op)
     scratch_names = layout.arg_names[layout.first + layout.n_in + layout.gm.num_outputs:]
@@ -310,6 +315,9 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
             buf = state.allocate(var.aval, name, owner=ctx.actor)
             kernel_args.append(RefView(state.register(buf, device, core_id,
                                                       ("scratch", position))))
+    ctx.private_buffers = [arg.buffer for arg in kernel_args[len(scalars):]
+                           if arg.buffer.space in (MemorySpace.VMEM, MemorySpace.SMEM)
+                           and arg.buffer.core is not None]
     my_points = layout.points[my_steps]
     if not len(my_points):
         return ctx, None
@@ -317,23 +325,48 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
                                             my_points))
 
 
-def _run(state: CallState, ctx: CoreContext, actors: list[Actor]) -> None:
+def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor]) -> None:
     """Every actor to its end (or a deadlock), then what the end of a kernel checks."""
+    ctx = contexts[0]
     if state.races is not None:
         state.races.declare(actor.name for actor in actors)
+        if state.mesh.num_devices > 1:
+            _kernel_entries(state, contexts)
     state.scheduler = Scheduler(seed=state.config.seed)
     state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
         state.scheduler.run(actors)
     except Deadlock as deadlock:
         state.add(state.checkers.deadlocked(state, deadlock, ctx))
-        state.deadlocked = True
+        state.unfinished = True
+    except CallHalted:  # its finding is already there; the kernel never finished either
+        state.unfinished = True
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
-    _finish_dmas(ctx, report=not state.deadlocked)
-    if not state.deadlocked:
+    _finish_dmas(ctx, report=not state.unfinished)
+    if not state.unfinished:
         state.checkers.call_ended(state, ctx)
     state.save_carried()
+
+
+def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
+    """Each device's VMEM and SMEM (blocks and scratch) become the kernel's when the device
+    enters the kernel; before that they may hold another kernel's data. A remote DMA from
+    another device that lands there with no barrier ordering the entry before the copy
+    races with the entry, and is reported at the copy's line. The cores of one device
+    enter together (the compiler's entry rendezvous), so a DMA between them does not."""
+    races = state.races
+    assert races is not None
+    kernel = state.kernel
+    frames = (SourceFrame(kernel.file, kernel.line, kernel.name,
+                          code_line(kernel.file, kernel.line)),) if kernel.file else ()
+    for ctx in contexts:
+        for buf in ctx.private_buffers:
+            races.access(ctx.actor, buf, tuple((0, n) for n in buf.shape), True,
+                         "kernel entry (its memory becomes the kernel's)", frames, None)
+        races.release(ctx.actor, ("kernel entry", ctx.device_id))
+    for ctx in contexts:
+        races.acquire(ctx.actor, ("kernel entry", ctx.device_id))
 
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
@@ -348,7 +381,7 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
                 device_written.append(None)
                 continue
             device_written.append(buf.shadow)
-            if not buf.fully_written and not state.deadlocked:
+            if not buf.fully_written and not state.unfinished:
                 state.checkers.output_unwritten(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
         outputs.append([buf.data for buf in hbm_outputs])

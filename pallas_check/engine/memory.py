@@ -55,7 +55,7 @@ class Buffer:
     """
 
     __slots__ = ("id", "name", "space", "data", "_written", "fully_written", "owner", "key",
-                 "device", "core", "_unwritten", "_borrowed")
+                 "device", "core", "_unwritten", "_borrowed", "is_output")
 
     def __init__(
         self,
@@ -70,6 +70,7 @@ class Buffer:
         self.space = space
         self.data = data
         self._borrowed = not data.flags.writeable  # an operand's array: copy before writing
+        self.is_output = False  # a call's output (in HBM, or its block in VMEM)
         self.owner = owner
         # Where the buffer sits in the kernel (set when registered with a call).
         self.key: tuple = ()

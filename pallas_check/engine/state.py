@@ -37,7 +37,7 @@ class CallState:
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
-        self.deadlocked = False
+        self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
         self.scheduler: Scheduler | None = None
         self.registry: dict[tuple, Buffer] = {}
         self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
@@ -123,6 +123,15 @@ class CallState:
         self.uninit_reads.append(UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
+
+    def dma_copied_unwritten(self, dma: sync.Dma, unwritten: np.ndarray) -> None:
+        """A DMA read never-written elements (`unwritten`, in the access's shape) and wrote
+        them to HBM: a read of uninitialized memory at the DMA's line."""
+        src = dma.src
+        rng = src.selected_range(unwritten) if unwritten.ndim else src.index_range()
+        self.uninit_reads.append(UninitRead(
+            src.buffer.name, src.buffer.space, rng, dma.frames, dma.grid_point,
+            dma.actor_name, int(np.count_nonzero(unwritten)) or int(np.prod(src.out_shape))))
 
     def on_write(self, ctx: "CoreContext", region: Region) -> None:
         if self.races is not None:
@@ -308,6 +317,7 @@ class CoreContext:
         self.rng = np.random.default_rng([device_id, core_id])
         self.mesh = call.mesh
         self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
+        self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch
         # Source frames of the enclosing equations being evaluated (see current_frames).
         self.frame_stack: list[tuple[SourceFrame, ...]] = []
 

@@ -24,7 +24,7 @@ from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
 from pallas_check.engine import memory
-from pallas_check.engine.evaluate import KernelError, current_frames, rule
+from pallas_check.engine.evaluate import CallHalted, KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
@@ -170,12 +170,22 @@ def dma_write(ctx: Any, dma: Dma) -> None:
     value, written = dma.staged
     dma.staged = None
     dma.copied = True
+    if dma.dst.buffer.is_output and not _all_written(written):
+        # Never-written elements copied into an output: the DMA is where they come from,
+        # so its read is the uninitialized read that reaches the output (not "elements
+        # never written": the DMA wrote them).
+        ctx.call.dma_copied_unwritten(dma, ~np.asarray(written, bool))
+        written = True
     if dma.dst.post:
         dma.dst.write(value, ctx.fill(value.dtype))
     else:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.nbytes)
+
+
+def _all_written(written: Any) -> bool:
+    return bool(written) if not isinstance(written, np.ndarray) else bool(written.all())
 
 
 def complete(ctx: Any, dma: Dma) -> None:
@@ -219,19 +229,41 @@ def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, i
         coords = mesh.coords(ctx.device_id)
         coords.update({k: int(np.asarray(v)) for k, v in device_id.items() if k in names})
         cores = {k: int(np.asarray(v)) for k, v in device_id.items() if k in core_sizes}
-        return mesh.logical(coords), _core_index(ctx, cores) if cores else None
+        return _on_mesh(ctx, coords), _core_index(ctx, cores) if cores else None
     ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
     ids = [int(np.asarray(x)) for x in ids]
     logical = getattr(device_id_type, "name", str(device_id_type)).upper().endswith("LOGICAL")
     if core_sizes and not logical and len(ids) == len(names) + len(core_sizes):
-        device = mesh.logical(dict(zip(names, ids))) if names else ctx.device_id
+        device = _on_mesh(ctx, dict(zip(names, ids))) if names else ctx.device_id
         return device, _core_index(ctx, dict(zip(core_sizes, ids[len(names):])))
     if len(ids) == 1 and (logical or len(names) <= 1):
+        if not 0 <= ids[0] < mesh.num_devices:
+            _device_out_of_bounds(ctx, f"device id {ids[0]}", "device id")
         return ids[0], None
     if len(ids) == len(names):
-        return mesh.logical(dict(zip(names, ids))), None
+        return _on_mesh(ctx, dict(zip(names, ids))), None
     raise KernelError(f"device id {tuple(ids)} does not match the mesh axes {names}",
                       current_frames(ctx))
+
+
+def _on_mesh(ctx: Any, coords: dict[str, int]) -> int:
+    """The logical device at mesh coordinates, each of which must be on its axis."""
+    mesh = ctx.call.mesh
+    for name, size in mesh.axes:
+        if not 0 <= coords[name] < size:
+            shown = ", ".join(f"{n}={coords[n]}" for n, _ in mesh.axes)
+            _device_out_of_bounds(ctx, f"device id ({shown})", f"coordinate {coords[name]} of"
+                                  f" axis {name!r} (size {size})")
+    return mesh.logical(coords)
+
+
+def _device_out_of_bounds(ctx: Any, device: str, what: str) -> None:
+    """A DMA or signal aimed outside the mesh: the kernel's bug, an out-of-bounds finding;
+    the call stops there (what would the DMA have done?)."""
+    state = ctx.call
+    state.add(state.checkers.device_out_of_bounds(state, ctx, device, what,
+                                                  current_frames(ctx)))
+    raise CallHalted()
 
 
 def _core_index(ctx: Any, cores: dict[str, int]) -> int:
