@@ -14,9 +14,7 @@ failure); a script that fails before any call is the user's error (exit 3).
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
-import json
 import threading
 import time
 from typing import Any, Sequence, TextIO
@@ -24,7 +22,8 @@ from typing import Any, Sequence, TextIO
 import numpy as np
 
 from pallas_check.config import TpuGeneration
-from pallas_check.exitcodes import ExitCode
+from pallas_check.exitcodes import exit_code_for
+from pallas_check.report import render_json_or_table
 
 SCHEMA = "pallas-check/compile-report"
 SCHEMA_VERSION = 1
@@ -87,21 +86,15 @@ class CompileOnlyCommand:
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
         user_failed = not outcome.ok and not calls and internal is None
         findings = result.findings if result else []
-        code = (ExitCode.INTERNAL if internal else ExitCode.USER_ERROR if user_failed
-                else ExitCode.FINDINGS if findings else ExitCode.CLEAN)
+        code = exit_code_for(len(findings), user_failed, internal is not None)
         report = CompileReport(
             self.script, [g.value for g in self.generations], script_seconds,
             [_call_row(c, result.by_call.get(c.index, {}) if result else {}) for c in calls],
             findings, int(code), outcome.error if not outcome.ok else None, internal)
-        buffer = io.StringIO()
-        if fmt == "json":
-            json.dump(report_dict(report), buffer, indent=2, default=str)
-            buffer.write("\n")
-        else:
-            render_table(report, buffer)
+        text = render_json_or_table(report, fmt, report_dict, render_table)
         summary = (f"{len(findings)} failure(s) in {len(calls)} pallas_call(s) x"
                    f" {len(self.generations)} generation(s)")
-        return Verdict(buffer.getvalue(), code, summary, internal,
+        return Verdict(text, code, summary, internal,
                        script_traceback(outcome) if user_failed else None)
 
 

@@ -21,7 +21,6 @@ stops with exit 2 before running anything.
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import statistics
 import threading
@@ -32,6 +31,7 @@ from typing import Any, Sequence, TextIO
 import numpy as np
 
 from pallas_check.exitcodes import ExitCode
+from pallas_check.report import render_json_or_table
 
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
 REPEATS = 5
@@ -255,7 +255,6 @@ class NativeCommand:
         return False
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
-        import json
 
         import jax
 
@@ -278,11 +277,6 @@ class NativeCommand:
                               int(code), outcome.error if user_failed else None,
                               outcome.traceback if user_failed else None, internal,
                               outcome.interrupted)
-        buffer = io.StringIO()
-        if fmt == "json":
-            json.dump(report_dict(report), buffer, indent=2, default=str)
-            buffer.write("\n")
-        else:
-            render_table(report, buffer)
-        return Verdict(buffer.getvalue(), code, f"{len(timings)} pallas_call(s)", internal,
+        text = render_json_or_table(report, fmt, report_dict, render_table)
+        return Verdict(text, code, f"{len(timings)} pallas_call(s)", internal,
                        script_traceback(outcome) if user_failed else None)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TextIO
+import io
+import json as _json  # (the name `json` is this package's own json module once imported)
+from typing import Any, Callable, Protocol, TextIO
 
 from pallas_check.report.model import RunReport
 
@@ -40,3 +42,15 @@ def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None
 
 
 __all__ = ["FORMATS", "Reporter", "RunReport", "reporter_for"]
+
+
+def render_json_or_table(report: Any, fmt: str, as_dict: Callable[[Any], dict],
+                         as_table: Callable[[Any, TextIO], None]) -> str:
+    """A command's own report (`compile`, `--native`) as JSON or as its table."""
+    buffer = io.StringIO()
+    if fmt == "json":
+        _json.dump(as_dict(report), buffer, indent=2, default=str)
+        buffer.write("\n")
+    else:
+        as_table(report, buffer)
+    return buffer.getvalue()
