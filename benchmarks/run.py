@@ -592,7 +592,7 @@ def print_report(results: dict, benches: list[Bench], info: dict) -> None:
 
     checks = results.get("targets") or []
     if checks:
-        t = Table(title="Targets (issue 4)")
+        t = Table(title="Targets (issues 4 and 14)")
         for col in ("target", "value", "wanted", "met"):
             t.add_column(col)
         for c in checks:
@@ -634,6 +634,16 @@ def targets(results: dict) -> list[dict]:
         _ratio(sec("add-4096", PC_ON), sec("add-1024", PC_ON)), "≤ 4.4", lambda v: v <= 4.4)
     add("races on: time(dma-1024) / time(dma-256)",
         _ratio(sec("dma-1024", PC_ON), sec("dma-256", PC_ON)), "≤ 4.4", lambda v: v <= 4.4)
+    # Issue 14: races on, every row faster than JAX's TPU interpreter with races; races off
+    # at most 2x the HLO interpreter on a kernel of realistic size.
+    for key, row in cells.items():
+        s, lb = speedup(row.get(JAX_RACES), row.get(PC_ON))
+        if s is not None:
+            add(f"{key}: JAX TPU interp races / pallas-check races", s, "> 1×",
+                lambda v: v > 1, "{:.2f}×", lb)
+    add("flash-4096: pallas-check (races off) / HLO interp",
+        _ratio(sec("flash-4096", PC_OFF), sec("flash-4096", HLO)), "≤ 2.0",
+        lambda v: v <= 2.0)
     a = mem.get("add-4096", {}).get(PC_ON)
     for mode in (JAX, JAX_RACES):
         b = mem.get("add-1024", {}).get(mode)
