@@ -57,6 +57,10 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
 from pallas_check.config import Config, DmaMode  # noqa: E402
 from pallas_check.session import Session  # noqa: E402
+from pallas_check.tpu_info import simulated_tpu  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "samples"))
+import nested_pipeline_ok as nested  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
 # Configurations.
@@ -85,6 +89,7 @@ class Bench:
     dma_mode: str = "on_wait"  # pallas-check's --dma and JAX's dma_execution_mode
     jax_dma_mode: str | None = None  # JAX's, where it must differ (see all_gather)
     library: bool = False  # a library kernel: no interpret= argument, use contexts
+    asks_tpu: bool = False  # asks which TPU it runs on (emit_pipeline): JAX's side needs one
     note: str = ""
 
 
@@ -127,7 +132,9 @@ def configured(bench: Bench, mode: str, checker_log: list | None = None):
         ctx = (pltpu.force_tpu_interpret_mode(params) if bench.library
                else contextlib.nullcontext())
         interpret = params
-    with ctx:
+    # pallas-check answers TPU-kind queries itself; JAX's interpreters see the CPU.
+    tpu = simulated_tpu("v5e") if bench.asks_tpu else contextlib.nullcontext()
+    with ctx, tpu:
         fn, args = bench.build(None if bench.library else interpret)
         yield jax.jit(fn), args, None
 
@@ -275,6 +282,30 @@ def build_flash(interpret: Any):
     return fn, (q, k, v)
 
 
+def build_flash_4096(interpret: Any):
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    b, h, s, d = 1, 2, 4096, 128
+    keys = jax.random.split(jax.random.key(1), 3)
+    q, k, v = (jax.random.normal(kk, (b, h, s, d), jnp.float32) for kk in keys)
+    sizes = fa.BlockSizes(block_q=512, block_k_major=512, block_k=512, block_b=1)
+
+    def fn(q, k, v):
+        return fa.flash_attention(q, k, v, causal=True, sm_scale=0.125, block_sizes=sizes)
+
+    return fn, (q, k, v)
+
+
+NESTED_SIZE, NESTED_BLOCKS = 512, dict(slab=128, block_k=128, block_n=128, cores=2)
+
+
+def build_nested(interpret: Any):
+    """Loss and gradient of sum(tanh(x @ w)): three nested-emit_pipeline matmul calls."""
+    fn = nested.make_loss_and_grad(interpret if interpret is not None else False,
+                                   **NESTED_BLOCKS)
+    return fn, nested.operands(NESTED_SIZE, NESTED_SIZE, NESTED_SIZE)
+
+
 def build_paged(interpret: Any):
     from jax.experimental.pallas.ops.tpu import paged_attention as pa
 
@@ -322,6 +353,15 @@ def all_benches(quick: bool) -> list[Bench]:
     out.append(Bench("flash", "flash", None,
                      "flash attention fwd, causal, b1 h2 s512 d128, blocks 128",
                      build_flash, library=True))
+    if not quick:
+        out.append(Bench("flash-4096", "flash", 4096,
+                         "flash attention fwd, causal, b1 h2 s4096 d128, blocks 512",
+                         build_flash_4096, library=True))
+    out.append(Bench("nested", "nested", NESTED_SIZE,
+                     "nested emit_pipeline matmul, value + grad (fwd + custom_vjp bwd),"
+                     f" {NESTED_SIZE}^3 f32, outer grid (2, 2) parallel/arbitrary,"
+                     " inner (4, 4) blocks of 128",
+                     build_nested, asks_tpu=True))
     out.append(Bench("paged", "paged", None,
                      "paged attention, batch 4, 2 kv heads, 4 q heads, 8 pages of 16",
                      build_paged, library=True))
@@ -552,7 +592,7 @@ def print_report(results: dict, benches: list[Bench], info: dict) -> None:
 
     checks = results.get("targets") or []
     if checks:
-        t = Table(title="Targets (issue 4)")
+        t = Table(title="Targets (issues 4 and 14)")
         for col in ("target", "value", "wanted", "met"):
             t.add_column(col)
         for c in checks:
@@ -594,6 +634,16 @@ def targets(results: dict) -> list[dict]:
         _ratio(sec("add-4096", PC_ON), sec("add-1024", PC_ON)), "≤ 4.4", lambda v: v <= 4.4)
     add("races on: time(dma-1024) / time(dma-256)",
         _ratio(sec("dma-1024", PC_ON), sec("dma-256", PC_ON)), "≤ 4.4", lambda v: v <= 4.4)
+    # Issue 14: races on, every row faster than JAX's TPU interpreter with races; races off
+    # at most 2x the HLO interpreter on a kernel of realistic size.
+    for key, row in cells.items():
+        s, lb = speedup(row.get(JAX_RACES), row.get(PC_ON))
+        if s is not None:
+            add(f"{key}: JAX TPU interp races / pallas-check races", s, "> 1×",
+                lambda v: v > 1, "{:.2f}×", lb)
+    add("flash-4096: pallas-check (races off) / HLO interp",
+        _ratio(sec("flash-4096", PC_OFF), sec("flash-4096", HLO)), "≤ 2.0",
+        lambda v: v <= 2.0)
     a = mem.get("add-4096", {}).get(PC_ON)
     for mode in (JAX, JAX_RACES):
         b = mem.get("add-1024", {}).get(mode)
@@ -615,7 +665,7 @@ def targets(results: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", help="comma-separated kernel families (add, dma, flash, paged,"
+    ap.add_argument("--only", help="comma-separated kernel families (add, dma, flash, nested, paged,"
                                    " all_gather) or keys (add-1024, dma-256, ...)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: add-256, dma-256 and the library kernels, 1 repeat,"

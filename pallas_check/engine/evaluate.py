@@ -19,6 +19,7 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.lru import BoundedCache
+from pallas_check.engine.scalar import scalar_segment_fn
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -195,6 +196,8 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
             step.outvars = [v for e in step.eqns for v in e.outvars
                             if not _is_dropvar(v) and v in needed_later]
             step.fn = _segment_fn(step, skip_floats)
+            step.fn = scalar_segment_fn(step.eqns, step.invars, step.outvars,
+                                        step.fn) or step.fn
             needed_later -= defined
             needed_later.update(used)
         else:

@@ -203,7 +203,7 @@ def _closed_call(ctx, eqn, invals):
 def _cond(ctx, eqn, invals):
     index, *ops = invals
     branches = eqn.params["branches"]
-    i = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+    i = min(max(int(index), 0), len(branches) - 1)  # clamped, as lax.switch does
     return (yield from eval_closed(ctx, branches[i], ops))
 
 

@@ -1,0 +1,154 @@
+"""Segments of scalar integer and boolean arithmetic, run by numpy instead of XLA.
+
+Pipelines (BlockSpec grids, `emit_pipeline`) compute their block indices, slot numbers
+and "has the block changed" predicates as short runs of scalar `add`/`rem`/`eq`/`select_n`
+equations: thousands of tiny segments per call, where dispatching a compiled XLA
+function costs far more than the arithmetic. Such a segment is turned into one
+straight-line Python function over numpy scalars of the same dtypes, so that
+integer results wrap exactly as XLA's do. Anything numpy and XLA might disagree on (a
+division by zero, the most negative value divided by -1, a `select_n` case out of range)
+falls back to the compiled segment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from pallas_check.jaxbridge import jax_core
+
+
+class _Fallback(Exception):
+    """This input is one numpy would answer differently from XLA: use the compiled segment."""
+
+
+def _div(a: Any, b: Any) -> Any:
+    if b == 0 or (a.dtype.kind == "i" and b == -1 and a == np.iinfo(a.dtype).min):
+        raise _Fallback
+    q = abs(int(a)) // abs(int(b))  # XLA rounds toward zero, numpy's // toward -inf
+    return a.dtype.type(q if (a < 0) == (b < 0) else -q)
+
+
+def _rem(a: Any, b: Any) -> Any:
+    if b == 0 or (a.dtype.kind == "i" and b == -1 and a == np.iinfo(a.dtype).min):
+        raise _Fallback
+    r = abs(int(a)) % abs(int(b))  # the sign of the dividend, as C's and XLA's
+    return a.dtype.type(-r if a < 0 else r)
+
+
+def _select(which: Any, *cases: Any) -> Any:
+    index = int(which)
+    if not 0 <= index < len(cases):
+        raise _Fallback
+    return cases[index]
+
+
+def _convert(x: Any, dtype: np.dtype) -> Any:
+    return np.asarray(x).astype(dtype)[()]  # wraps modulo 2**bits, as XLA's convert
+
+
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
+           "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_CALLS = {"div": "_div", "rem": "_rem", "max": "_max", "min": "_min", "select_n": "_select"}
+_UNARY = {"neg": "-", "not": "~"}
+_HELPERS = {"_div": _div, "_rem": _rem, "_select": _select, "_convert": _convert,
+            "_max": np.maximum, "_min": np.minimum}
+SUPPORTED = frozenset(_BINARY) | frozenset(_CALLS) | frozenset(_UNARY) | {
+    "convert_element_type"}
+
+
+def _is_int_scalar(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return (getattr(aval, "shape", None) == () and dtype is not None
+            and np.dtype(dtype).kind in "biu")
+
+
+def _qualifies(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any]) -> bool:
+    if not all(_is_int_scalar(v.aval) for v in invars):
+        return False
+    for eqn in eqns:
+        if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
+            return False
+        if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+            return False
+        if eqn.primitive.name == "convert_element_type" and set(eqn.params) - {
+                "new_dtype", "weak_type", "sharding"}:
+            return False
+    return True
+
+
+def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
+    name = eqn.primitive.name
+    if name in _BINARY:
+        return f"({args[0]} {_BINARY[name]} {args[1]})"
+    if name in _UNARY:
+        return f"({_UNARY[name]}{args[0]})"
+    if name == "convert_element_type":
+        source, target = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.params["new_dtype"])
+        key = f"_dt{len(consts)}"
+        if target == np.bool_:
+            return f"({args[0]} != 0)"
+        if source == np.bool_:  # the commonest: a predicate as 0 or 1
+            consts[f"{key}_0"], consts[f"{key}_1"] = target.type(0), target.type(1)
+            return f"({key}_1 if {args[0]} else {key}_0)"
+        consts[key] = target
+        return f"_convert({args[0]}, {key})"
+    return f"{_CALLS[name]}({', '.join(args)})"
+
+
+def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
+            outvars: Sequence[Any], consts: dict[str, Any]) -> str:
+    """The segment as one Python function: `def segment(a0, a1, ...)`, one line per
+    equation, literals as named numpy scalars of their dtypes."""
+    names: dict[Any, str] = {v: f"a{i}" for i, v in enumerate(invars)}
+
+    def atom(v: Any) -> str:
+        if isinstance(v, jax_core.Literal):
+            key = f"_c{len(consts)}"
+            consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]
+            return key
+        return names[v]
+
+    lines = [f"def segment({', '.join(names[v] for v in invars)}):"]
+    for i, eqn in enumerate(eqns):
+        expr = _expression(eqn, [atom(v) for v in eqn.invars], consts)
+        out = eqn.outvars[0]
+        target = "_" if isinstance(out, jax_core.DropVar) else f"t{i}"
+        if target != "_":
+            names[out] = target
+        lines.append(f"    {target} = {expr}")
+    lines.append(f"    return [{', '.join(atom(v) for v in outvars)}]")
+    return "\n".join(lines)
+
+
+def scalar_segment_fn(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
+                      outvars: Sequence[Any],
+                      compiled: Callable[..., Any]) -> Callable[..., Any] | None:
+    """A numpy function for a segment of scalar integer/boolean equations (None when the
+    segment has other equations); `compiled` answers the inputs numpy could get wrong."""
+    if not eqns or not _qualifies(eqns, invars):
+        return None
+    consts: dict[str, Any] = dict(_HELPERS)
+    namespace: dict[str, Any] = consts
+    source = _source(eqns, invars, outvars, consts)
+    exec(compile(source, "<pallas-check scalar segment>", "exec"), namespace)  # noqa: S102
+    body = namespace["segment"]
+    scalar_types = [np.dtype(v.aval.dtype).type for v in invars]
+
+    def run(*args: Any) -> list[Any]:
+        values = [x if type(x) is kind else _as_scalar(x, kind)
+                  for x, kind in zip(args, scalar_types)]
+        try:
+            with np.errstate(over="ignore"):  # integer overflow wraps, as in XLA
+                return body(*values)  # numpy scalars: 0-d values, like XLA's
+        except _Fallback:
+            return compiled(*args)
+
+    return run
+
+
+def _as_scalar(x: Any, kind: type) -> Any:
+    """A segment input (a jax or numpy array, a Python or numpy scalar) as a numpy scalar
+    of the segment's dtype."""
+    value = np.asarray(x)
+    return (value if value.dtype == kind else value.astype(kind))[()]
