@@ -110,6 +110,29 @@ def test_partial_element_through_a_narrowing_bitcast_stays_unwritten(check):
     assert findings[0].frames[0].line == _line(kernel, "# READ-HALVES")
 
 
+def test_a_dma_into_a_view_carries_its_sources_shadow_exactly(check):
+    """A half-written scratch copied by DMA into a reshape view of another: the copy's
+    never-written half is never-written there too, and only it."""
+
+    def kernel(x_ref, o_ref, a_ref, b_ref, sem):
+        a_ref[pl.ds(0, 8), :] = x_ref[...]
+        copy = pltpu.make_async_copy(a_ref, b_ref.reshape(2, 8, 128), sem.at[0])
+        copy.start()
+        copy.wait()
+        o_ref[...] = b_ref[...]  # READ-COPY
+
+    def fn(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+                              scratch_shapes=[F32_16, F32_16, pltpu.SemaphoreType.DMA((1,))])(x)
+
+    x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
+    out, findings = _run(check, fn, x)
+    assert [(f.kind.value, f.buffer, f.index_range) for f in findings] == [
+        ("uninitialized", "b_ref", ((8, 16), (0, 128)))]
+    assert findings[0].frames[0].line == _line(kernel, "# READ-COPY")
+    np.testing.assert_array_equal(out[:8], np.asarray(x))
+
+
 def test_both_halves_of_elements_stored_separately_is_clean(check):
     """Each f32 gets its two bf16 halves from two stores: no store covers it whole, so it
     stays unwritten in the shadow, but no output depends on the fill: no finding."""

@@ -491,7 +491,8 @@ class ElementMap:
             buffer.mark_flat(self.elements(), False)
             return
         units = self.units.reshape(-1, self.units.shape[-1])
-        good = np.broadcast_to(np.asarray(written, bool).reshape(-1, 1), units.shape)
+        written = np.broadcast_to(np.asarray(written, bool), self.units.shape[:-1])
+        good = np.broadcast_to(written.reshape(-1, 1), units.shape)
         valid = units >= 0
         elements, where, parts = np.unique(units[valid] // self.per, return_inverse=True,
                                            return_counts=True)
