@@ -214,6 +214,16 @@ def _is_float(aval: Any) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
 
 
+# XLA's algebraic simplifier ("algsimp") rewrites `x * convert(pred)` into
+# `select(pred, x, 0)`, which drops a NaN that the multiplication keeps (NaN * 0 is NaN, as
+# on a TPU, where Mosaic multiplies). A kernel that masks a padded edge block by
+# multiplying with a 0/1 mask then gives the same output under both fills and its
+# dependence on never-written memory vanishes. Segments are compiled without that pass, so
+# every value follows IEEE arithmetic as written; the segments are small, and the rest of
+# XLA's pipeline (fusion, LLVM without fast math) keeps NaN semantics.
+SEGMENT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+
+
 def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
     eqns, invars, outvars = segment.eqns, segment.invars, segment.outvars
 
@@ -237,7 +247,7 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
                     env[v] = value
         return [env[v] for v in outvars]
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
 
 
 # ---------------------------------------------------------------------------------------

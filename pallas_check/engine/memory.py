@@ -8,8 +8,11 @@ gives a fast numpy path for the common in-bounds, plain-indexing case.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
+import math
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -174,6 +177,21 @@ class Buffer:
         self._unwritten -= after - before
         self.fully_written = self._unwritten == 0
 
+    def mark_flat(self, flat: np.ndarray, value: bool | np.ndarray) -> None:
+        """Set the shadow of the elements at flat (C-order) indices `flat` (distinct);
+        costs their number, not the buffer's size."""
+        if self._written is None:
+            if value.all() if isinstance(value, np.ndarray) else bool(value):
+                return  # already written everywhere
+            self._written = np.ones(self.data.shape, bool)
+        elif not self._written.flags.c_contiguous:
+            self._written = np.ascontiguousarray(self._written)
+        shadow = self._written.reshape(-1)  # a view: the shadow is C-contiguous
+        before = int(np.count_nonzero(shadow[flat]))
+        shadow[flat] = value
+        self._unwritten -= int(np.count_nonzero(shadow[flat])) - before
+        self.fully_written = self._unwritten == 0
+
     def __repr__(self) -> str:
         return f"Buffer({self.name}, {self.space}, {self.data.dtype}{list(self.data.shape)})"
 
@@ -204,12 +222,13 @@ class Region:
     """The elements of a buffer that one access touches.
 
     `index` is a numpy index (slices and ints) into the buffer for the plain case; `post`
-    holds transforms (bitcast, reshape, gathers) that have to be applied after it.
+    holds transforms (bitcast, reshape, gathers) that have to be applied after it; an
+    access with some sees its buffer through an `ElementMap` (which elements, exactly).
     When some index is out of bounds, `oob` lists where and `masked` holds per-dimension
     index arrays with validity masks, so reads give the fill value there and writes drop.
     """
 
-    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape")
+    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "_map")
 
     def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds]):
         self.buffer = buffer
@@ -224,6 +243,7 @@ class Region:
             for d in dims
         ) if not oob and not self.has_zero_stride_of(dims) else None
         self.out_shape = tuple(d[1] for d in dims if not isinstance(d, int))
+        self._map: ElementMap | None = None
 
     @staticmethod
     def has_zero_stride_of(dims: list) -> bool:
@@ -251,12 +271,31 @@ class Region:
                     out.append((start + (size - 1) * stride, start + 1))
         return tuple(out)
 
+    def element_map(self) -> "ElementMap":
+        """Which buffer elements each element of the access is made of (post transforms
+        applied: a reshaped or bitcast view), made once per view shape (cached)."""
+        if self._map is None:
+            self._map = element_map_of(self)
+        return self._map
+
+    def boxes(self) -> tuple[IndexRange, ...]:
+        """Disjoint index ranges of the buffer that together hold exactly the elements the
+        access touches: just `index_range()` without post transforms; through a reshape
+        or bitcast view, as few boxes as cover its elements and nothing else (so that
+        accesses to disjoint parts of a view never overlap)."""
+        if not self.post:
+            return (self.index_range(),)
+        return self.element_map().boxes()
+
     def selected_range(self, selected: np.ndarray) -> IndexRange:
         """Per base dimension [start, stop) of the elements `selected` (a boolean array in
-        the access's own shape) picks; the whole `index_range()` when post transforms
-        make the access's coordinates differ from the buffer's, or nothing is selected."""
+        the access's own shape) picks (their bounding box in the buffer, through post
+        transforms too); the whole `index_range()` when nothing is selected."""
         selected = np.asarray(selected, bool)
-        if self.post or selected.shape != self.out_shape or not selected.any():
+        if self.post:
+            box = self.element_map().bbox(selected) if selected.any() else None
+            return box if box is not None else self.index_range()
+        if selected.shape != self.out_shape or not selected.any():
             return self.index_range()
         out, axis = [], 0
         for d in self.dims:
@@ -315,13 +354,15 @@ class Region:
         mesh, mask = self._masked_index()
         return self._squeeze_ints(np.where(mask, self.buffer.written[mesh], True))
 
-    def write_base(self, value: np.ndarray, written: bool | np.ndarray = True) -> None:
-        """Store values (already in buffer coordinates); out-of-bounds elements are dropped."""
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray | None = True) -> None:
+        """Store values (already in buffer coordinates); out-of-bounds elements are dropped.
+        `written` becomes the shadow of the region (None: the shadow is left alone)."""
         buf = self.buffer
         data = buf.writable()
         if self.index is not None:
             data[self.index] = value
-            buf.mark_written(self.index, written)
+            if written is not None:
+                buf.mark_written(self.index, written)
             return
         mesh, mask = self._masked_index()
         full_shape = mask.shape
@@ -329,6 +370,8 @@ class Region:
         value = value.reshape(full_shape)
         current = data[mesh]
         data[mesh] = np.where(mask, value, current)
+        if written is None:
+            return
         cur_written = buf.written[mesh]
         new_written = np.broadcast_to(np.asarray(written), self.out_shape).reshape(full_shape)
         buf.written[mesh] = np.where(mask, new_written, cur_written)
@@ -352,19 +395,260 @@ class Region:
                 written = _apply_post(transform, written)
         return written
 
-    def write(self, value: np.ndarray, fill: Any) -> None:
+    def write(self, value: np.ndarray, fill: Any, written: bool | np.ndarray = True,
+              touched: np.ndarray | None = None) -> None:
+        """Store `value` (in the access's own shape). `written`: whether the stored data
+        is itself initialized (a DMA copies its source's shadow along); `touched`: the
+        elements stored (a masked store), None for all; the others keep value and shadow."""
+        if touched is not None:
+            written = np.asarray(written, bool) & np.asarray(touched, bool)
+            written = written | (self.read_written() if self.post else self.written_base())
         if not self.post:
-            self.write_base(value)
+            self.write_base(value, written)
             return
         # Slow path: recompute each stage, replace the innermost, then undo the chain.
         stages = [self.read_base(fill)]
         for transform in self.post:
             stages.append(_apply_post(transform, stages[-1]))
         new = np.asarray(value, dtype=stages[-1].dtype)
+        if new.shape != stages[-1].shape and new.size == stages[-1].size:
+            new = new.reshape(stages[-1].shape)  # a DMA between views of one size
         new = np.broadcast_to(new, stages[-1].shape)
         for transform, before in zip(reversed(self.post), reversed(stages[:-1])):
             new = _undo_post(transform, before, new)
-        self.write_base(new)
+        self.write_base(new, None)
+        # The shadow changes exactly where the view's elements lie in the buffer.
+        if isinstance(written, np.ndarray) and written.size == new.size:
+            written = written.reshape(stages[-1].shape)
+        self.element_map().mark(self.buffer, written)
+
+
+# -- element-exact views: which buffer elements an access through post transforms touches
+
+class ElementMap:
+    """Where each element of an access through a reshape / bitcast / transpose view lies
+    in its buffer, exactly.
+
+    `units` has the access's shape plus one trailing axis: the buffer units each accessed
+    element is made of, as flat indices `element * per + part`, -1 outside the buffer. A
+    unit is the smallest item size along the view (a bitcast to a narrower type splits a
+    buffer element into `per` parts; to a wider one, an accessed element spans several).
+    Everything derived (elements, boxes) is computed once: maps are shared by every access
+    through a view of the same shape (`element_map_of`).
+    """
+
+    __slots__ = ("units", "per", "shape", "_elements", "_full", "_boxes")
+
+    def __init__(self, units: np.ndarray, per: int, shape: tuple[int, ...]) -> None:
+        self.units = units
+        self.per = per
+        self.shape = shape  # the buffer's
+        self._elements: np.ndarray | None = None
+        self._full: np.ndarray | None = None
+        self._boxes: tuple[IndexRange, ...] | None = None
+
+    def _element_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        units = np.unique(self.units[self.units >= 0])
+        return np.unique(units // self.per, return_counts=True)
+
+    def elements(self) -> np.ndarray:
+        """Flat indices (sorted) of the buffer elements the access touches, even in part."""
+        if self._elements is None:
+            self._elements, counts = self._element_counts()
+            self._full = self._elements[counts == self.per]
+        return self._elements
+
+    def full(self) -> np.ndarray:
+        """Flat indices of the buffer elements the access covers whole (every part)."""
+        if self._full is None:
+            self.elements()
+        assert self._full is not None
+        return self._full
+
+    def boxes(self) -> tuple[IndexRange, ...]:
+        if self._boxes is None:
+            self._boxes = flat_boxes(self.elements(), self.shape)
+        return self._boxes
+
+    def bbox(self, selected: np.ndarray) -> IndexRange | None:
+        """The bounding box in the buffer of the elements that `selected` (a boolean array
+        in the access's shape) touches; None if it touches none."""
+        units = self.units[np.broadcast_to(selected, self.units.shape[:-1])]
+        units = units[units >= 0]
+        if units.size == 0:
+            return None
+        coords = np.unravel_index(units // self.per, self.shape)
+        return tuple((int(c.min()), int(c.max()) + 1) for c in coords)
+
+    def mark(self, buffer: Buffer, written: bool | np.ndarray) -> None:
+        """Update `buffer`'s shadow after a store through the view whose data is
+        initialized where `written` (in the access's shape) says: an element stored whole
+        is written iff all of its parts are; one stored in part keeps its state if the
+        part is initialized and becomes unwritten if not (stale bits landed in it)."""
+        if not isinstance(written, np.ndarray) or written.all():
+            if bool(np.all(written)):
+                buffer.mark_flat(self.full(), True)
+                return
+            buffer.mark_flat(self.elements(), False)
+            return
+        units = self.units.reshape(-1, self.units.shape[-1])
+        written = np.broadcast_to(np.asarray(written, bool), self.units.shape[:-1])
+        good = np.broadcast_to(written.reshape(-1, 1), units.shape)
+        valid = units >= 0
+        elements, where, parts = np.unique(units[valid] // self.per, return_inverse=True,
+                                           return_counts=True)
+        good_parts = np.bincount(where, weights=good[valid], minlength=len(elements))
+        clean = good_parts == parts
+        buffer.mark_flat(elements[clean & (parts == self.per)], True)
+        buffer.mark_flat(elements[~clean], False)
+
+
+def flat_boxes(elements: np.ndarray, shape: tuple[int, ...]) -> tuple[IndexRange, ...]:
+    """Disjoint boxes of a buffer of `shape` that hold exactly the elements at flat
+    indices `elements` (sorted, distinct): one box when they form one (the usual case),
+    else runs of equal slices along the leading dimension, split further inside."""
+    if elements.size == 0:
+        return (tuple((0, 0) for _ in shape),)
+    coords = np.unravel_index(elements, shape)
+    lo = [int(c.min()) for c in coords]
+    hi = [int(c.max()) + 1 for c in coords]
+    if math.prod(h - low for low, h in zip(lo, hi)) == elements.size:
+        return (tuple(zip(lo, hi)),)
+    mask = np.zeros(tuple(h - low for low, h in zip(lo, hi)), bool)
+    mask[tuple(c - low for c, low in zip(coords, lo))] = True
+    return tuple(tuple((low + a, low + b) for low, (a, b) in zip(lo, box))
+                 for box in _mask_boxes(mask))
+
+
+def _mask_boxes(mask: np.ndarray) -> list[IndexRange]:
+    """Disjoint boxes covering exactly the True elements of `mask`."""
+    if mask.ndim == 0:
+        return [()] if bool(mask) else []
+    if mask.all():
+        return [tuple((0, n) for n in mask.shape)]
+    flat = mask.reshape(mask.shape[0], -1)
+    # Runs of consecutive equal slices along axis 0 share their boxes inside.
+    starts = [0] + [i for i in range(1, flat.shape[0])
+                    if not np.array_equal(flat[i], flat[i - 1])] + [flat.shape[0]]
+    out: list[IndexRange] = []
+    for a, b in zip(starts, starts[1:]):
+        if flat[a].any():
+            out.extend(((a, b), *inner) for inner in _mask_boxes(mask[a]))
+    return out
+
+
+_MAP_UNITS = 1 << 22  # units kept in cached maps at most (4 bytes each, or 8)
+
+
+class _MapCache:
+    """Element maps by view shape, bounded by their total size (least recent out)."""
+
+    def __init__(self) -> None:
+        self._items: collections.OrderedDict[Any, ElementMap] = collections.OrderedDict()
+        self._units = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> ElementMap | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: Any, value: ElementMap) -> None:
+        with self._lock:
+            if key in self._items or value.units.size > _MAP_UNITS:
+                return
+            self._items[key] = value
+            self._units += value.units.size
+            while self._units > _MAP_UNITS:
+                _, old = self._items.popitem(last=False)
+                self._units -= old.units.size
+
+
+_maps = _MapCache()
+
+
+def _post_key(post: list) -> tuple | None:
+    """A hashable spelling of post transforms (None: not cacheable, e.g. index arrays)."""
+    key: list = []
+    for t in post:
+        if isinstance(t, state_indexing.NDIndexer):
+            if has_array_index(t):
+                return None
+            key.append(tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
+                             if isinstance(i, state_indexing.Slice) else _as_int(i)
+                             for i in t.indices))
+        elif isinstance(t, state_types.ReshapeTransform):
+            key.append(("reshape", tuple(t.shape)))
+        elif isinstance(t, state_types.BitcastTransform):
+            key.append(("bitcast", np.dtype(t.dtype).str))
+        elif isinstance(t, state_types.TransposeTransform):
+            key.append(("transpose", tuple(t.permutation)))
+        else:
+            raise UnsupportedTransform(type(t).__name__)
+    return tuple(key)
+
+
+def element_map_of(region: Region) -> ElementMap:
+    """The element map of a region with post transforms (cached by view shape)."""
+    buffer = region.buffer
+    post_key = _post_key(region.post)
+    key = None if post_key is None else (
+        buffer.shape, buffer.data.dtype.str, tuple(region.dims), post_key)
+    found = _maps.get(key) if key is not None else None
+    if found is not None:
+        return found
+    made = _build_map(buffer.shape, buffer.data.dtype, region.dims, region.post)
+    if key is not None:
+        _maps.put(key, made)
+    return made
+
+
+def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list, post: list) -> ElementMap:
+    sizes = [dtype.itemsize] + [np.dtype(t.dtype).itemsize for t in post
+                                if isinstance(t, state_types.BitcastTransform)]
+    per = dtype.itemsize // math.gcd(*sizes)
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    flat, valid = np.zeros((), np.int64), np.ones((), bool)
+    for d, n, stride in zip(dims, shape, strides):
+        if isinstance(d, int):
+            flat, valid = flat + d * stride, valid & (0 <= d < n)
+        else:
+            idx = d[0] + d[2] * np.arange(d[1], dtype=np.int64)
+            flat = flat[..., None] + idx * stride
+            valid = valid[..., None] & (idx >= 0) & (idx < n)
+    units = np.where(valid[..., None], flat[..., None] * per + np.arange(per), -1)
+    itemsize = dtype.itemsize
+    for t in post:
+        lead = units.ndim - 1
+        if isinstance(t, state_indexing.NDIndexer):
+            units = units[_numpy_index(t) + (slice(None),)]
+        elif isinstance(t, state_types.ReshapeTransform):
+            units = units.reshape(tuple(t.shape) + units.shape[-1:])
+        elif isinstance(t, state_types.TransposeTransform):
+            units = np.transpose(units, tuple(t.permutation) + (lead,))
+        else:  # a bitcast (anything else was refused by _post_key)
+            new_size = np.dtype(t.dtype).itemsize
+            units, itemsize = _bitcast_units(units, itemsize, new_size), new_size
+    if units.size and int(units.max()) < 2**31:
+        units = units.astype(np.int32)
+    return ElementMap(units, per, tuple(shape))
+
+
+def _bitcast_units(units: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """The units of a view bitcast from item size `src` to `dst`, laid out as
+    `tpu_bitcast` lays out values (packing along the second-minor dimension)."""
+    if src == dst:
+        return units
+    *lead, m, n, k = units.shape
+    if dst > src:  # `p` rows of the narrow type pack into one: their bytes in row order
+        p = dst // src
+        return units.reshape(*lead, m // p, p, n, k).swapaxes(-3, -2).reshape(
+            *lead, m // p, n, p * k)
+    q = src // dst  # one row splits into `q`: row r * q + s holds the s-th part
+    return units.reshape(*lead, m, n, q, k // q).swapaxes(-3, -2).reshape(
+        *lead, m * q, n, k // q)
 
 
 # -- transforms after a non-indexing step ---------------------------------------------

@@ -77,7 +77,7 @@ def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = 
             buf.mark_written(region.index, written)
             ctx.call.on_write(ctx, region)
             return
-    region.write(value, ctx.fill(view.buffer.data.dtype))
+    region.write(value, ctx.fill(view.buffer.data.dtype), touched=mask)
     ctx.call.on_write(ctx, region)
 
 

@@ -103,8 +103,9 @@ class CallState:
             return
         if frames is None:
             frames = current_frames(ctx)
-        self.races.access(actor or ctx.actor, region.buffer, region.index_range(), is_write,
-                          operation, frames, ctx.grid_point)
+        for box in region.boxes():  # one box unless seen through a reshape / bitcast
+            self.races.access(actor or ctx.actor, region.buffer, box, is_write, operation,
+                              frames, ctx.grid_point)
 
     # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
@@ -171,8 +172,9 @@ class CallState:
             self.timeline.dma_read(dma, [dma.src_sem] if dma.src_sem is not None else [])
         races = self.races
         if races is not None:
-            races.access(dma.actor_name, dma.src.buffer, dma.src.index_range(), False,
-                         "DMA read", dma.frames, dma.grid_point)
+            for box in dma.src.boxes():
+                races.access(dma.actor_name, dma.src.buffer, box, False, "DMA read",
+                             dma.frames, dma.grid_point)
             if dma.src_sem is not None:
                 races.release(dma.actor_name, _sync_key(dma.src_sem))
 
@@ -183,8 +185,9 @@ class CallState:
         races = self.races
         if races is None:
             return
-        races.access(dma.actor_name, dma.dst.buffer, dma.dst.index_range(), True, "DMA write",
-                     dma.frames, dma.grid_point)
+        for box in dma.dst.boxes():
+            races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write", dma.frames,
+                         dma.grid_point)
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
         races.end(dma.actor_name)
 

@@ -177,7 +177,7 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         ctx.call.dma_copied_unwritten(dma, ~np.asarray(written, bool))
         written = True
     if dma.dst.post:
-        dma.dst.write(value, ctx.fill(value.dtype))
+        dma.dst.write(value, ctx.fill(value.dtype), written)
     else:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
@@ -311,7 +311,7 @@ def _dma_start(ctx, eqn, invals):
         raise KernelError(
             f"DMA shapes differ: {src_view.buffer.name}{list(src_shape)} ->"
             f" {dst_view.buffer.name}{list(dst_shape)}", frames)
-    nbytes = int(np.prod(dst_shape)) * dst_view.buffer.data.dtype.itemsize
+    nbytes = _nbytes(dst_region)
     dma = Dma(
         id=ctx.call.sync.next_id(),
         src=src_region,
@@ -340,12 +340,21 @@ def _shape_after(region: Region) -> tuple[int, ...]:
     return np.shape(region.read(np.zeros((), region.buffer.data.dtype)))
 
 
+def _nbytes(region: Region) -> int:
+    """The bytes a DMA of `region` moves, in the item size of the view (a bitcast view of
+    a buffer counts its own type's bytes)."""
+    if not region.post:
+        return int(np.prod(region.out_shape)) * region.buffer.data.dtype.itemsize
+    value = region.read(np.zeros((), region.buffer.data.dtype))
+    return int(value.size) * value.dtype.itemsize
+
+
 @rule(mosaic_primitives.dma_wait_p, generator=True)
 def _dma_wait(ctx, eqn, invals):
     src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
     view = as_view(src)
     region = memory.resolve(view)
-    nbytes = int(np.prod(_shape_after(region))) * view.buffer.data.dtype.itemsize
+    nbytes = _nbytes(region)
     cell = semaphore_cell(ctx, as_view(dst_sem))
     frames = current_frames(ctx)
     sync = ctx.call.sync
