@@ -3,6 +3,7 @@ and DMAs still in flight at the end."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Sequence
 
@@ -78,8 +79,8 @@ class _Plan:
         self._bad = _out_of_bounds_steps(op, indices)
         # Blocks visited in more than one run of steps (an output's write-back of an
         # earlier visit is overwritten by a later one's: what it wrote may be lost).
-        runs = [self.blocks[i] for i, c in enumerate(self.changed) if c]
-        self.revisited = {b for b in set(runs) if runs.count(b) > 1} if op.is_output else set()
+        runs = collections.Counter(self.blocks[i] for i, c in enumerate(self.changed) if c)
+        self.revisited = {b for b, n in runs.items() if n > 1} if op.is_output else set()
 
     @property
     def frames(self) -> tuple[SourceFrame, ...]:
