@@ -268,13 +268,15 @@ def build_dma(steps: int, interpret: Any):
     return call, (x,)
 
 
-def build_flash(interpret: Any):
+def build_flash(interpret: Any, seq: int = 512, block: int = 128):
+    """The shipped flash attention forward, causal, b1 h2 d128 (`flash-4096`: seq 4096,
+    blocks 512)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
-    b, h, s, d = 1, 2, 512, 128
+    b, h, s, d = 1, 2, seq, 128
     keys = jax.random.split(jax.random.key(1), 3)
     q, k, v = (jax.random.normal(kk, (b, h, s, d), jnp.float32) for kk in keys)
-    sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1)
+    sizes = fa.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1)
 
     def fn(q, k, v):
         return fa.flash_attention(q, k, v, causal=True, sm_scale=0.125, block_sizes=sizes)
@@ -282,18 +284,7 @@ def build_flash(interpret: Any):
     return fn, (q, k, v)
 
 
-def build_flash_4096(interpret: Any):
-    from jax.experimental.pallas.ops.tpu import flash_attention as fa
-
-    b, h, s, d = 1, 2, 4096, 128
-    keys = jax.random.split(jax.random.key(1), 3)
-    q, k, v = (jax.random.normal(kk, (b, h, s, d), jnp.float32) for kk in keys)
-    sizes = fa.BlockSizes(block_q=512, block_k_major=512, block_k=512, block_b=1)
-
-    def fn(q, k, v):
-        return fa.flash_attention(q, k, v, causal=True, sm_scale=0.125, block_sizes=sizes)
-
-    return fn, (q, k, v)
+build_flash_4096 = functools.partial(build_flash, seq=4096, block=512)
 
 
 NESTED_SIZE, NESTED_BLOCKS = 512, dict(slab=128, block_k=128, block_n=128, cores=2)

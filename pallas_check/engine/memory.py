@@ -48,6 +48,12 @@ def fill_value(dtype: np.dtype, fill: str) -> Any:
     return np.zeros((), dtype)
 
 
+def all_written(written: bool | np.ndarray) -> bool:
+    """Whether a written-shadow (True/False for all, or one bool per element) says every
+    element was written."""
+    return bool(written.all()) if isinstance(written, np.ndarray) else bool(written)
+
+
 class Buffer:
     """One allocation: its values, which elements were ever written, and its user-facing name.
 
@@ -146,8 +152,9 @@ class Buffer:
         contents: a read-only array is shared until written (copy on write)."""
         self.data = values
         self._borrowed = not values.flags.writeable
-        if isinstance(written, np.ndarray) and not written.all():
-            self._written = written
+        if not all_written(written):
+            self._written = (written if isinstance(written, np.ndarray)
+                             else np.zeros(values.shape, bool))
             self.recount()
         else:
             self._written = None

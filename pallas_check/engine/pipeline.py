@@ -15,7 +15,7 @@ from pallas_check.config import DmaMode
 from pallas_check.engine import sync
 from pallas_check.engine.evaluate import eval_jaxpr
 from pallas_check.engine.scheduler import Actor, Wait
-from pallas_check.engine.memory import RefView
+from pallas_check.engine.memory import RefView, all_written
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
@@ -33,7 +33,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     outputs = pipe.outputs
     num_steps = len(points)
     for step in range(num_steps):
-        point = tuple(int(x) for x in points[step])
+        point = pipe.grid_points[step]
         ctx.grid_point = point
         ctx.eqn = None
         yield None  # a scheduling point: another core may run a step here
@@ -140,6 +140,7 @@ class Pipeline:
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
         # (plan id, block) -> each visit's (grid point, elements it wrote), for revisits
         self.visits: dict[tuple[int, tuple[int, ...]], list[tuple[tuple, Any]]] = {}
+        self.grid_points = [tuple(p) for p in points.tolist()]
         self.named = (ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
                       or ctx.call.timeline is not None)
 
@@ -180,7 +181,7 @@ class Pipeline:
                 if len(visits) < 2:
                     continue
                 last_point, last_written = visits[-1]
-                if last_written is True or np.all(last_written):
+                if all_written(last_written):
                     continue
                 lost, earlier_point = None, None
                 for point, written in reversed(visits[:-1]):
@@ -201,8 +202,8 @@ class Pipeline:
             plan.check_bounds(ctx, step)
         name = (ctx.call.pipeline_copy_name(ctx, plan.op.name, writes_back, block)
                 if self.named else "")
-        copy = BlockCopy(plan, block, step, tuple(int(x) for x in self.points[step]),
-                         writes_back, name, _block_slices(plan.op, block))
+        copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
+                         _block_slices(plan.op, block))
         if ctx.call.races is not None:
             ctx.call.races.fork(ctx.actor, name)
         ctx.call.on_copy(ctx, "start", name, f"{plan.op.name} buffer {plan.copies % plan.depth}")

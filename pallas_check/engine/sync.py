@@ -95,7 +95,10 @@ class SyncState:
         if sending:
             sending[:] = [d for d in sending if not d.read_done]
             pending.extend((d, False) for d in sending)
-        pending.sort(key=lambda item: -item[0].id)
+        if receiving and sending:
+            pending.sort(key=lambda item: -item[0].id)
+        else:
+            pending.reverse()  # each list is in start order
         return pending
 
 
@@ -170,7 +173,7 @@ def dma_write(ctx: Any, dma: Dma) -> None:
     value, written = dma.staged
     dma.staged = None
     dma.copied = True
-    if dma.dst.buffer.is_output and not _all_written(written):
+    if dma.dst.buffer.is_output and not memory.all_written(written):
         # Never-written elements copied into an output: the DMA is where they come from,
         # so its read is the uninitialized read that reaches the output (not "elements
         # never written": the DMA wrote them).
@@ -182,10 +185,6 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.nbytes)
-
-
-def _all_written(written: Any) -> bool:
-    return bool(written) if not isinstance(written, np.ndarray) else bool(written.all())
 
 
 def complete(ctx: Any, dma: Dma) -> None:
@@ -305,13 +304,13 @@ def _dma_start(ctx, eqn, invals):
         ctx.call.out_of_bounds(ctx, src_region, "DMA source", None)
     if dst_region.oob:
         ctx.call.out_of_bounds(ctx, dst_region, "DMA destination", None)
-    src_shape = _shape_after(src_region)
-    dst_shape = _shape_after(dst_region)
+    src_shape, _ = _view_layout(src_region)
+    dst_shape, dst_itemsize = _view_layout(dst_region)
     if int(np.prod(src_shape)) != int(np.prod(dst_shape)):
         raise KernelError(
             f"DMA shapes differ: {src_view.buffer.name}{list(src_shape)} ->"
             f" {dst_view.buffer.name}{list(dst_shape)}", frames)
-    nbytes = _nbytes(dst_region)
+    nbytes = int(np.prod(dst_shape)) * dst_itemsize
     dma = Dma(
         id=ctx.call.sync.next_id(),
         src=src_region,
@@ -333,20 +332,18 @@ def _dma_start(ctx, eqn, invals):
     return []
 
 
-def _shape_after(region: Region) -> tuple[int, ...]:
+def _view_layout(region: Region) -> tuple[tuple[int, ...], int]:
+    """The shape a DMA of `region` moves and its item size, in the view's own type (post
+    transforms such as reshape and bitcast change both: evaluated once, on a dummy)."""
     if not region.post:
-        return region.out_shape
-    # Post transforms (reshape, bitcast) change the shape: evaluate on a dummy.
-    return np.shape(region.read(np.zeros((), region.buffer.data.dtype)))
+        return region.out_shape, region.buffer.data.dtype.itemsize
+    value = region.read(np.zeros((), region.buffer.data.dtype))
+    return value.shape, value.dtype.itemsize
 
 
 def _nbytes(region: Region) -> int:
-    """The bytes a DMA of `region` moves, in the item size of the view (a bitcast view of
-    a buffer counts its own type's bytes)."""
-    if not region.post:
-        return int(np.prod(region.out_shape)) * region.buffer.data.dtype.itemsize
-    value = region.read(np.zeros((), region.buffer.data.dtype))
-    return int(value.size) * value.dtype.itemsize
+    shape, itemsize = _view_layout(region)
+    return int(np.prod(shape)) * itemsize
 
 
 @rule(mosaic_primitives.dma_wait_p, generator=True)
@@ -360,7 +357,8 @@ def _dma_wait(ctx, eqn, invals):
     sync = ctx.call.sync
     if ctx.config.dma_mode == DmaMode.ON_WAIT:
         def ready() -> bool:  # a DMA started after the wait began is done on demand too
-            _deliver(ctx, sync, cell, nbytes)
+            if sem_value(cell) < nbytes:
+                _deliver(ctx, sync, cell, nbytes)
             return sem_value(cell) >= nbytes
     else:
         def ready() -> bool:
