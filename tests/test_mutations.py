@@ -23,6 +23,7 @@ finding kind at its anchor line, under both DMA modes:
 | parallel-reduction     | matmul            | races, 2 cores     | race             | output index_map          |
 | wait-unsignalled       | regular semaphore |                    | deadlock         | the wait                  |
 | shift-prefetch-index   | in-place shift    | races              | race             | x's index_map / the DMA   |
+| drop-pipeline-wait     | in-place shift    | races              | dma-not-waited   | the DMA's `.start()`      |
 | output-revisited       | outer reduction   |                    | output-revisited | output index_map          |
 
 Where the mutation DELETES a statement (a wait, an init) or changes a non-executable
@@ -246,7 +247,7 @@ def reduction_args():
     return (x,), np.asarray(x).reshape(4, 8, 128).sum(axis=0)
 
 
-def in_place_shift(backwards: bool = True) -> Callable[..., Any]:
+def in_place_shift(backwards: bool = True, wait: bool = True) -> Callable[..., Any]:
     """Shift by one block, in place: x (read through its BlockSpec) is aliased to the
     output, written by the kernel's own DMA; walking backwards writes only blocks already
     fetched. Forwards, the pipeline prefetches the block the step's DMA writes."""
@@ -260,7 +261,8 @@ def in_place_shift(backwards: bool = True) -> Callable[..., Any]:
         @pl.when(j + 1 < blocks)
         def _():
             copy.start()  # MUT:shift-dma
-            copy.wait()
+            if wait:
+                copy.wait()  # MUT:shift-wait
 
     def run(x):
         return pl.pallas_call(
@@ -375,6 +377,8 @@ MUTANTS = [
            ("shift-x-map", "shift-dma"), races=True),
     Mutant("output-revisited", "outer_reduction", {"write_pass": 0}, "output-revisited",
            ("outer-o-map",)),
+    Mutant("drop-pipeline-wait", "in_place_shift", {"wait": False}, "dma-not-waited",
+           ("shift-dma",), races=True),
 ]
 
 # Secondary kinds a mutation may also cause (consequences of the same defect).
@@ -387,6 +391,9 @@ ALLOWED = {
     "parallel-reduction": {"uninitialized", "unwritten-output"},
     "wait-unsignalled": set(),
     "shift-prefetch-index": set(),
+    # Without the wait the step's DMA into the aliased array overlaps the pipeline's
+    # later copies of it.
+    "drop-pipeline-wait": {"race", "uninitialized"},
     # The first pass's values are overwritten by later passes' unwritten buffers.
     "output-revisited": {"unwritten-output"},
 }
