@@ -18,8 +18,9 @@ import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
+from pallas_check.engine import segment_order
 from pallas_check.engine.lru import BoundedCache
-from pallas_check.engine.scalar import scalar_segment_fn
+from pallas_check.engine.scalar import eqn_qualifies, scalar_segment_fn
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -59,17 +60,25 @@ class Rule:
 
 
 RULES: dict[jax_core.Primitive, Rule] = {}
+# Primitives whose rule only evaluates their sub-jaxprs (jit, cond, loops, custom
+# derivatives): the rule is needed for bodies that touch refs; with pure bodies and no
+# ref operands the equation is pure, and XLA runs it inside a compiled segment.
+BODY_ONLY: set[jax_core.Primitive] = set()
 
 
-def rule(*primitives: jax_core.Primitive, generator: bool = False) -> Callable[[RuleFn], RuleFn]:
+def rule(*primitives: jax_core.Primitive, generator: bool = False,
+         body_only: bool = False) -> Callable[[RuleFn], RuleFn]:
     """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
 
-    With generator=True the rule may yield scheduler requests (`yield from` it).
+    With generator=True the rule may yield scheduler requests (`yield from` it); with
+    body_only=True the rule does nothing but evaluate the equation's sub-jaxprs.
     """
 
     def register(fn: RuleFn) -> RuleFn:
         for primitive in primitives:
             RULES[primitive] = Rule(fn, generator)
+            if body_only:
+                BODY_ONLY.add(primitive)
         return fn
 
     return register
@@ -109,7 +118,8 @@ def _is_ref(aval: Any) -> bool:
 
 
 def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
-    if eqn.primitive in RULES:
+    if eqn.primitive in RULES and (eqn.primitive not in BODY_ONLY
+                                   or not _has_cpu_lowering(eqn.primitive)):
         return False
     for v in eqn.invars:
         if _is_ref(getattr(v, "aval", None)):
@@ -167,19 +177,23 @@ def _check_lowerable(eqn: jax_core.JaxprEqn) -> None:
 
 
 def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
+    pure = {id(eqn): _eqn_is_pure(eqn) for eqn in jaxpr.eqns}
+    eqns = segment_order.drop_unused_results(jaxpr.eqns, jaxpr.outvars,
+                                             lambda eqn: pure[id(eqn)])
+    pure = [_eqn_is_pure(eqn) for eqn in eqns]
+    eqns = segment_order.schedule(eqns, jaxpr.outvars,
+                                  [p and not eqn.effects for p, eqn in zip(pure, eqns)])
     steps: list[Segment | jax_core.JaxprEqn] = []
     current: list[jax_core.JaxprEqn] = []
-    for eqn in jaxpr.eqns:
+    for eqn in eqns:
         if _eqn_is_pure(eqn):
             _check_lowerable(eqn)
             current.append(eqn)
             continue
-        if current:
-            steps.append(Segment(current, [], []))
-            current = []
+        steps.extend(_segments_of_run(current))
+        current = []
         steps.append(eqn)
-    if current:
-        steps.append(Segment(current, [], []))
+    steps.extend(_segments_of_run(current))
     # Liveness: a segment returns what later steps or the jaxpr's outputs read.
     needed_later: set[jax_core.Var] = {v for v in jaxpr.outvars if isinstance(v, jax_core.Var)}
     for step in reversed(steps):
@@ -203,6 +217,26 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
         else:
             needed_later.update(v for v in step.invars if isinstance(v, jax_core.Var))
     return Program(jaxpr, steps)
+
+
+def _segments_of_run(eqns: list[jax_core.JaxprEqn]) -> list[Segment]:
+    """A run of pure equations as segments: the scalar integer arithmetic that numpy can run
+    and that needs nothing else of the run first, then the rest (compiled). Kept together,
+    a pipeline's index arithmetic would make XLA take each scalar as an argument of the
+    kernel's matmul segment: slower than both apart."""
+    scalar: list[jax_core.JaxprEqn] = []
+    rest: list[jax_core.JaxprEqn] = []
+    from_rest: set[Any] = set()
+    for eqn in eqns:
+        if eqn_qualifies(eqn) and not any(v in from_rest for v in eqn.invars
+                                          if isinstance(v, jax_core.Var)):
+            scalar.append(eqn)
+        else:
+            rest.append(eqn)
+            from_rest.update(eqn.outvars)
+    if not scalar or not rest:
+        return [Segment(eqns, [], [])] if eqns else []
+    return [Segment(scalar, [], []), Segment(rest, [], [])]
 
 
 def _is_dropvar(v: Any) -> bool:

@@ -189,17 +189,17 @@ def _no_op(ctx, eqn, invals):
 
 # -- control flow ------------------------------------------------------------------------------
 
-@rule(pjit.jit_p, generator=True)
+@rule(pjit.jit_p, generator=True, body_only=True)
 def _jit(ctx, eqn, invals):
     return (yield from eval_closed(ctx, eqn.params["jaxpr"], invals))
 
 
-@rule(jax_core.closed_call_p, generator=True)
+@rule(jax_core.closed_call_p, generator=True, body_only=True)
 def _closed_call(ctx, eqn, invals):
     return (yield from eval_closed(ctx, eqn.params["call_jaxpr"], invals))
 
 
-@rule(lax_control_flow.cond_p, generator=True)
+@rule(lax_control_flow.cond_p, generator=True, body_only=True)
 def _cond(ctx, eqn, invals):
     index, *ops = invals
     branches = eqn.params["branches"]
@@ -207,7 +207,7 @@ def _cond(ctx, eqn, invals):
     return (yield from eval_closed(ctx, branches[i], ops))
 
 
-@rule(lax_control_flow.while_p, generator=True)
+@rule(lax_control_flow.while_p, generator=True, body_only=True)
 def _while(ctx, eqn, invals):
     p = eqn.params
     cond_consts = invals[: p["cond_nconsts"]]
@@ -221,7 +221,7 @@ def _while(ctx, eqn, invals):
         carry = list((yield from eval_closed(ctx, body_jaxpr, [*body_consts, *carry])))
 
 
-@rule(lax_control_flow.scan_p, generator=True)
+@rule(lax_control_flow.scan_p, generator=True, body_only=True)
 def _scan(ctx, eqn, invals):
     p = eqn.params
     num_consts, num_carry, length = p["num_consts"], p["num_carry"], p["length"]
@@ -282,7 +282,7 @@ def _register_custom_calls() -> None:
         return (yield from eval_closed(ctx, closed, invals))
 
     prims = [getattr(cd, n) for n in ("custom_jvp_call_p", "custom_vjp_call_p") if hasattr(cd, n)]
-    rule(*prims, generator=True)(_custom)
+    rule(*prims, generator=True, body_only=True)(_custom)
 
 
 _register_custom_calls()

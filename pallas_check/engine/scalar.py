@@ -63,18 +63,19 @@ def _is_int_scalar(aval: Any) -> bool:
             and np.dtype(dtype).kind in "biu")
 
 
-def _qualifies(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any]) -> bool:
-    if not all(_is_int_scalar(v.aval) for v in invars):
+def eqn_qualifies(eqn: jax_core.JaxprEqn) -> bool:
+    """Whether numpy can run this equation (scalar integer or boolean arithmetic)."""
+    if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
         return False
-    for eqn in eqns:
-        if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
-            return False
-        if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
-            return False
-        if eqn.primitive.name == "convert_element_type" and set(eqn.params) - {
-                "new_dtype", "weak_type", "sharding"}:
-            return False
-    return True
+    if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+        return False
+    return not (eqn.primitive.name == "convert_element_type" and set(eqn.params) - {
+        "new_dtype", "weak_type", "sharding"})
+
+
+def _qualifies(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any]) -> bool:
+    return (all(_is_int_scalar(v.aval) for v in invars)
+            and all(eqn_qualifies(eqn) for eqn in eqns))
 
 
 def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
