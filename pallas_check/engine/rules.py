@@ -39,16 +39,21 @@ def view_of(ref: Any, transforms: Any) -> RefView:
     return ref.with_transforms(tuple(transforms or ()))
 
 
-def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.ndarray:
-    """Read through a view: bounds-checked, uninitialized reads recorded."""
-    region = _resolve(ctx, view)
-    fill = ctx.fill(view.buffer.data.dtype)
+def access_read(ctx: Any, view: RefView | None, mask: np.ndarray | None = None,
+                region: Region | None = None) -> np.ndarray:
+    """Read through a view (or its region, already resolved): bounds-checked,
+    uninitialized reads recorded."""
+    if region is None:
+        assert view is not None
+        region = _resolve(ctx, view)
+    buffer = region.buffer
+    fill = ctx.fill(buffer.data.dtype)
     if region.oob:
         ctx.call.out_of_bounds(ctx, region, "load", mask)
     value = region.read(fill)
     if ctx.call.races is not None:
         ctx.call.access(ctx, region, False, "read")
-    if not view.buffer.fully_written:
+    if not buffer.fully_written:
         written = region.read_written()
         unwritten = ~written if mask is None else (~written & np.broadcast_to(mask, written.shape))
         if unwritten.any():
@@ -56,18 +61,22 @@ def access_read(ctx: Any, view: RefView, mask: np.ndarray | None = None) -> np.n
     return value
 
 
-def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = None) -> None:
-    region = _resolve(ctx, view)
+def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | None = None,
+                 region: Region | None = None) -> None:
+    if region is None:
+        assert view is not None
+        region = _resolve(ctx, view)
+    buffer = region.buffer
     if region.zero_stride:
         raise KernelError(
-            f"a store into {view.buffer.name} with a stride of 0 (pl.ds(start, n, 0)) writes"
+            f"a store into {buffer.name} with a stride of 0 (pl.ds(start, n, 0)) writes"
             " one element n times: Pallas TPU takes stride-0 slices only in loads",
             current_frames(ctx))
     if region.oob:
         ctx.call.out_of_bounds(ctx, region, "store", mask)
     value = np.asarray(value)
     if mask is not None:
-        old = region.read(ctx.fill(view.buffer.data.dtype))
+        old = region.read(ctx.fill(buffer.data.dtype))
         value = np.where(mask, value, old)
         if not region.post and region.index is not None:
             # Only the masked elements count as written.
@@ -77,7 +86,7 @@ def access_write(ctx: Any, view: RefView, value: Any, mask: np.ndarray | None = 
             buf.mark_written(region.index, written)
             ctx.call.on_write(ctx, region)
             return
-    region.write(value, ctx.fill(view.buffer.data.dtype), touched=mask)
+    region.write(value, ctx.fill(buffer.data.dtype), touched=mask)
     ctx.call.on_write(ctx, region)
 
 
@@ -105,19 +114,53 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
+_SCALAR_INDEX_TYPES = (int, np.int32, np.int64, np.uint32)
+
+
+def _region_of(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+    """The region a `ref[indices]` access touches. The same equation on the same ref with
+    the same scalar indices touches the same region at every grid step: it is resolved
+    once per call (a region depends only on the view and the buffer's shape)."""
+    key: tuple | None = (id(eqn), id(ref))
+    for x in flat:
+        if type(x) in _SCALAR_INDEX_TYPES:
+            key += (int(x),)  # type: ignore[operator]
+        elif np.ndim(x) == 0:
+            key += (int(np.asarray(x)),)  # type: ignore[operator]
+        else:
+            key = None  # an array of indices (a gather): not cached
+            break
+    cache = ctx.call.regions
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None and hit[0] is ref and hit[1] is eqn:
+            return hit[2]
+    region = _resolve(ctx, view_of(ref, eqn.params["tree"].unflatten(flat)))
+    if key is not None:
+        if len(cache) >= _REGION_CACHE_SIZE:
+            cache.clear()
+        cache[key] = (ref, eqn, region)  # (ref, eqn) kept alive: their ids stay theirs
+    return region
+
+
+_REGION_CACHE_SIZE = 4096
+
+
 @rule(state_primitives.get_p)
 def _get(ctx, eqn, invals):
     ref, *flat = invals
-    view = view_of(ref, eqn.params["tree"].unflatten(flat))
-    return _cast(access_read(ctx, view), eqn.outvars[0].aval)
+    region = _region_of(ctx, eqn, ref, flat)
+    return _cast(access_read(ctx, None, region=region), eqn.outvars[0].aval)
 
 
 @rule(state_primitives.swap_p)
 def _swap(ctx, eqn, invals):
     ref, value, *flat = invals
-    view = view_of(ref, eqn.params["tree"].unflatten(flat))
-    old = _peek(ctx, view) if not _is_drop(eqn.outvars[0]) else None
-    access_write(ctx, view, value)
+    region = _region_of(ctx, eqn, ref, flat)
+    old = None
+    if not _is_drop(eqn.outvars[0]):
+        old = region.read(ctx.fill(region.buffer.data.dtype))
+    access_write(ctx, None, value, region=region)
     return old if old is not None else np.zeros(eqn.outvars[0].aval.shape,
                                                 eqn.outvars[0].aval.dtype)
 
