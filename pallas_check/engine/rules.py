@@ -161,8 +161,7 @@ def _swap(ctx, eqn, invals):
     if not _is_drop(eqn.outvars[0]):
         old = region.read(ctx.fill(region.buffer.data.dtype))
     access_write(ctx, None, value, region=region)
-    return old if old is not None else np.zeros(eqn.outvars[0].aval.shape,
-                                                eqn.outvars[0].aval.dtype)
+    return old  # None for a dropped result: nothing is bound
 
 
 @rule(state_primitives.addupdate_p)
@@ -200,10 +199,10 @@ def _masked_load(ctx, eqn, invals):
 def _masked_swap(ctx, eqn, invals):
     ref, transforms, value, mask = eqn.params["args_tree"].unflatten(invals)
     view = view_of(ref, transforms)
-    old = _peek(ctx, view)
+    old = None if _is_drop(eqn.outvars[0]) else _peek(ctx, view)
     mask_np = None if mask is None else np.asarray(mask, dtype=bool)
     access_write(ctx, view, value, mask_np)
-    return old
+    return old  # None for a dropped result: nothing is bound
 
 
 # -- grid ------------------------------------------------------------------------------------
