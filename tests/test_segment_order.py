@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -133,7 +135,7 @@ def test_schedule_keeps_anchor_order_and_defines_before_use():
     jaxpr = _jaxpr_of(fn, np.float32(1), np.float32(2))
     anchors = {"sin", "cos"}
     movable = [e.primitive.name not in anchors for e in jaxpr.eqns]
-    order = schedule(jaxpr.eqns, jaxpr.outvars, movable)
+    order = [jaxpr.eqns[i] for i in schedule(jaxpr.eqns, jaxpr.outvars, movable)]
     assert sorted(map(id, order)) == sorted(map(id, jaxpr.eqns))
     assert [e.primitive.name for e in order if e.primitive.name in anchors] == ["sin", "cos"]
     defined = set(jaxpr.invars)
@@ -141,5 +143,49 @@ def test_schedule_keeps_anchor_order_and_defines_before_use():
         assert all(v in defined for v in e.invars if isinstance(v, jax_core.Var))
         defined.update(e.outvars)
     # g needs cos, so one gap after cos holds it; c, e, h fit there too: one gap used.
-    names = [e.primitive.name for e in order]
-    assert names[:2] == ["sin", "cos"]
+    assert [e.primitive.name for e in order] == ["sin", "cos", "add", "mul", "add", "sub"]
+
+
+def _gaps_used(eqns, movable, order) -> int:
+    """How many gaps between unmovable equations hold some movable one, in `order`."""
+    used, current = 0, False
+    for i in order:
+        if movable[i]:
+            current = True
+        else:
+            used, current = used + current, False
+    return used + current
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_schedule_on_random_programs(data):
+    """Random straight-line programs, random unmovable equations: the order is a
+    permutation, keeps the unmovable ones in order, defines before use, and never uses
+    more gaps (compiled segments) than the original order."""
+    n_ops = data.draw(st.integers(2, 14))
+    picks = [(data.draw(st.sampled_from(["add", "mul", "sin", "neg"])),
+              data.draw(st.integers(0, 10**6)), data.draw(st.integers(0, 10**6)))
+             for _ in range(n_ops)]
+
+    def fn(a, b):
+        values = [a, b]
+        for op, i, j in picks:
+            x, y = values[i % len(values)], values[j % len(values)]
+            values.append({"add": lambda: x + y, "mul": lambda: x * y,
+                           "sin": lambda: jnp.sin(x), "neg": lambda: -x}[op]())
+        return values[-1], values[len(values) // 2]
+
+    jaxpr = _jaxpr_of(fn, np.float32(1), np.float32(2))
+    movable = [not data.draw(st.booleans()) for _ in jaxpr.eqns]
+    order = schedule(jaxpr.eqns, jaxpr.outvars, movable)
+    assert sorted(order) == list(range(len(jaxpr.eqns)))
+    anchors = [i for i in order if not movable[i]]
+    assert anchors == sorted(anchors)
+    defined = set(jaxpr.invars)
+    for i in order:
+        eqn = jaxpr.eqns[i]
+        assert all(v in defined for v in eqn.invars if isinstance(v, jax_core.Var))
+        defined.update(eqn.outvars)
+    assert _gaps_used(jaxpr.eqns, movable, order) <= _gaps_used(
+        jaxpr.eqns, movable, list(range(len(jaxpr.eqns))))

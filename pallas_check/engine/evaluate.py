@@ -177,16 +177,15 @@ def _check_lowerable(eqn: jax_core.JaxprEqn) -> None:
 
 
 def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
-    pure = {id(eqn): _eqn_is_pure(eqn) for eqn in jaxpr.eqns}
-    eqns = segment_order.drop_unused_results(jaxpr.eqns, jaxpr.outvars,
-                                             lambda eqn: pure[id(eqn)])
-    pure = [_eqn_is_pure(eqn) for eqn in eqns]
-    eqns = segment_order.schedule(eqns, jaxpr.outvars,
-                                  [p and not eqn.effects for p, eqn in zip(pure, eqns)])
+    pure = [_eqn_is_pure(eqn) for eqn in jaxpr.eqns]
+    eqns = segment_order.drop_unused_results(jaxpr.eqns, jaxpr.outvars, keep=pure)
+    order = segment_order.schedule(eqns, jaxpr.outvars,
+                                   [p and not eqn.effects for p, eqn in zip(pure, eqns)])
     steps: list[Segment | jax_core.JaxprEqn] = []
     current: list[jax_core.JaxprEqn] = []
-    for eqn in eqns:
-        if _eqn_is_pure(eqn):
+    for i in order:
+        eqn = eqns[i]
+        if pure[i]:
             _check_lowerable(eqn)
             current.append(eqn)
             continue

@@ -17,22 +17,21 @@ a store (`swap`) whose old value nobody reads does not copy that value out.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from pallas_check.jaxbridge import jax_core
 
 
 def drop_unused_results(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
-                        keeps_results: Callable[[jax_core.JaxprEqn], bool]
-                        ) -> list[jax_core.JaxprEqn]:
-    """The equations, with the results nobody reads of those `keeps_results` rejects turned
-    into dropped variables."""
+                        keep: Sequence[bool]) -> list[jax_core.JaxprEqn]:
+    """The equations, one for one, with the results nobody reads turned into dropped
+    variables (except in those `keep` marks)."""
     used = {v for v in outvars if isinstance(v, jax_core.Var)}
     for eqn in eqns:
         used.update(v for v in eqn.invars if isinstance(v, jax_core.Var))
     out = []
-    for eqn in eqns:
-        if keeps_results(eqn) or all(_is_drop(v) or v in used for v in eqn.outvars):
+    for eqn, kept in zip(eqns, keep):
+        if kept or all(_is_drop(v) or v in used for v in eqn.outvars):
             out.append(eqn)
             continue
         out.append(eqn.replace(outvars=[v if _is_drop(v) or v in used
@@ -42,13 +41,14 @@ def drop_unused_results(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any
 
 
 def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
-             movable: Sequence[bool]) -> list[jax_core.JaxprEqn]:
-    """The equations in an order that keeps the unmovable ones in their order and puts the
-    movable (pure, effect-free) ones into as few gaps between them as possible."""
+             movable: Sequence[bool]) -> list[int]:
+    """An order of the equations (their indices) that keeps the unmovable ones in their
+    order and puts the movable (pure, effect-free) ones into as few gaps between them as
+    possible."""
     anchors = [i for i, m in enumerate(movable) if not m]
     last_gap = len(anchors)  # gap k runs before anchor k; the last one after them all
     if len(anchors) == len(eqns) or not anchors:
-        return list(eqns)
+        return list(range(len(eqns)))
     # Earliest gap: after the anchor that defines an input (inputs of the jaxpr: gap 0).
     ready: dict[Any, int] = {}
     earliest: dict[int, int] = {}
@@ -86,13 +86,13 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
         if not chosen or earliest[i] > chosen[-1]:
             chosen.append(latest[i])
     gap_of = {i: chosen[bisect.bisect_right(chosen, latest[i]) - 1] for i in latest}
-    by_gap: list[list[jax_core.JaxprEqn]] = [[] for _ in range(last_gap + 1)]
+    by_gap: list[list[int]] = [[] for _ in range(last_gap + 1)]
     for i in sorted(gap_of):
-        by_gap[gap_of[i]].append(eqns[i])
-    order: list[jax_core.JaxprEqn] = []
+        by_gap[gap_of[i]].append(i)
+    order: list[int] = []
     for gap, anchor in enumerate(anchors):
         order.extend(by_gap[gap])
-        order.append(eqns[anchor])
+        order.append(anchor)
     order.extend(by_gap[last_gap])
     return order
 
