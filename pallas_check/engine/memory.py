@@ -233,6 +233,48 @@ class RefView:
         return RefView(self.buffer, self.transforms + tuple(more))
 
 
+class AccessCache:
+    """Per call: the region a `ref[indices]` equation touches, by the equation, the refs
+    and the scalar index values. A BlockSpec grid or a loop runs the same equation on the
+    same refs with the same indices at step after step, and resolving (indexer pytrees,
+    bounds, numpy indices) cost more than the access. A region depends only on the view
+    and the buffer's shape. (DMAs are not cached: in the kernels measured their indices
+    differ from copy to copy, and the misses cost more than the hits saved.)"""
+
+    _SCALARS = (int, np.int32, np.int64, np.uint32, np.bool_, bool)
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: dict[tuple, tuple] = {}
+        self._limit = limit
+
+    def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
+        key: tuple | None = (id(eqn),)
+        refs = []
+        for x in leaves:
+            if isinstance(x, RefView):
+                key += (id(x),)  # type: ignore[operator]
+                refs.append(x)
+            elif x is None:
+                key += (None,)  # type: ignore[operator]
+            elif type(x) in self._SCALARS:
+                key += (int(x),)  # type: ignore[operator]
+            elif getattr(x, "shape", None) == () and np.dtype(x.dtype).kind in "biu":
+                key += (int(x),)  # type: ignore[operator]
+            else:
+                key = None  # an array of indices (a gather), or not a ref: every time
+                break
+        if key is None:
+            return make()
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] is eqn and all(a is b for a, b in zip(hit[1], refs)):
+            return hit[2]
+        value = make()
+        if len(self._entries) >= self._limit:
+            self._entries.clear()
+        self._entries[key] = (eqn, refs, value)  # kept alive: their ids stay theirs
+        return value
+
+
 @dataclasses.dataclass
 class OutOfBounds:
     """An index outside a ref's dimension, found while resolving an access."""

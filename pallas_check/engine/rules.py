@@ -114,36 +114,12 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
-_SCALAR_INDEX_TYPES = (int, np.int32, np.int64, np.uint32)
-
-
 def _region_of(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
-    """The region a `ref[indices]` access touches. The same equation on the same ref with
-    the same scalar indices touches the same region at every grid step: it is resolved
-    once per call (a region depends only on the view and the buffer's shape)."""
-    key: tuple | None = (id(eqn), id(ref))
-    for x in flat:
-        if type(x) in _SCALAR_INDEX_TYPES:
-            key += (int(x),)  # type: ignore[operator]
-        elif np.ndim(x) == 0:
-            key += (int(np.asarray(x)),)  # type: ignore[operator]
-        else:
-            key = None  # an array of indices (a gather): not cached
-            break
-    cache = ctx.call.regions
-    if key is not None:
-        hit = cache.get(key)
-        if hit is not None and hit[0] is ref and hit[1] is eqn:
-            return hit[2]
-    region = _resolve(ctx, view_of(ref, eqn.params["tree"].unflatten(flat)))
-    if key is not None:
-        if len(cache) >= _REGION_CACHE_SIZE:
-            cache.clear()
-        cache[key] = (ref, eqn, region)  # (ref, eqn) kept alive: their ids stay theirs
-    return region
-
-
-_REGION_CACHE_SIZE = 4096
+    """The region a `ref[indices]` access touches (resolved once per call for the same
+    equation, ref and index values)."""
+    return ctx.call.accesses.get_or_make(
+        eqn, [ref, *flat],
+        lambda: _resolve(ctx, view_of(ref, eqn.params["tree"].unflatten(flat))))
 
 
 @rule(state_primitives.get_p)

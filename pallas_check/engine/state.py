@@ -52,8 +52,8 @@ class CallState:
             self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
                                      lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
-        # Resolved regions of `ref[indices]` accesses (rules._region_of).
-        self.regions: dict[tuple, tuple] = {}
+        # The regions `ref[indices]` accesses resolve to (memory.AccessCache).
+        self.accesses = memory.AccessCache()
         self.cores_per_device = 1
         self._copies_in_flight: set[str] = set()
         # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
