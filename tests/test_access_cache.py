@@ -1,10 +1,17 @@
-"""memory.AccessCache: a `ref[indices]` region resolved once per call for the same equation,
-ref and index values, and never confused between refs, indices or array indices."""
+"""memory.AccessCache: a `ref[indices]` region (and a DMA wait's size and semaphore) resolved
+once per call for the same equation, refs and index values, never confused between refs,
+indices or array indices."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
+from pallas_check.config import Config, DmaMode
 from pallas_check.engine.memory import AccessCache, Buffer, RefView
 
 
@@ -53,3 +60,51 @@ def test_bounded():
     assert len(cache._entries) <= 3
     cache.get_or_make(eqn, [ref, 4], make("again"))
     assert made[-1] == 4  # the newest entry survived the clearing
+
+
+def _gather_rows_kernel(idx_ref, x_hbm, o_ref, buf, sem):
+    """Copy 8-row chunks from data-dependent offsets, double-buffered; each wait names a
+    descriptor with another source offset (only its size counts), as paged kernels do."""
+    n = o_ref.shape[0] // 8
+
+    def copy(i, slot):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(idx_ref[i] * 8, 8)], buf.at[slot],
+                                     sem.at[slot])
+
+    copy(0, 0).start()
+
+    def body(i, carry):
+        slot = i % 2
+
+        @pl.when(i + 1 < n)
+        def _():
+            copy(i + 1, 1 - slot).start()
+
+        pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf.at[slot], sem.at[slot]).wait()
+        o_ref[pl.ds(pl.multiple_of(i * 8, 8), 8), :] = buf[slot] * 2.0
+        return carry
+
+    jax.lax.fori_loop(0, n, body, 0)
+
+
+def _gather_rows(idx, x):
+    n = idx.shape[0]
+    return pl.pallas_call(
+        _gather_rows_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((n * 8, 128), lambda i, idx: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32),
+                            pltpu.SemaphoreType.DMA((2,))]),
+        out_shape=jax.ShapeDtypeStruct((n * 8, 128), jnp.float32))(idx, x)
+
+
+@pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
+def test_waits_cached_across_source_offsets_and_slots(check, mode):
+    x = jax.random.normal(jax.random.key(0), (64, 128), jnp.float32)
+    idx = jnp.array([5, 0, 7, 7, 2, 1], jnp.int32)
+    r = check(_gather_rows, idx, x, config=Config(dma_mode=mode, races=True))
+    assert r.findings == []
+    want = (x.reshape(8, 8, 128)[np.asarray(idx)] * 2.0).reshape(-1, 128)
+    np.testing.assert_array_equal(np.asarray(r.value), np.asarray(want))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 from typing import Any
 
@@ -346,13 +347,32 @@ def _nbytes(region: Region) -> int:
     return int(np.prod(shape)) * itemsize
 
 
+@functools.lru_cache(maxsize=256)
+def _leaf_ranges(tree: Any) -> tuple[tuple[int, int], ...]:
+    """Where each DMA argument (src, dst, dst_sem, src_sem, device_id) sits in the
+    equation's flat operands (by its pytree structure)."""
+    out, start = [], 0
+    for child in tree.children():
+        out.append((start, start + child.num_leaves))
+        start += child.num_leaves
+    return tuple(out)
+
+
+def _wait_descriptor(ctx: Any, eqn: Any, invals: list) -> tuple[int, tuple]:
+    """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
+    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
+    return _nbytes(memory.resolve(as_view(src))), semaphore_cell(ctx, as_view(dst_sem))
+
+
 @rule(mosaic_primitives.dma_wait_p, generator=True)
 def _dma_wait(ctx, eqn, invals):
-    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
-    view = as_view(src)
-    region = memory.resolve(view)
-    nbytes = _nbytes(region)
-    cell = semaphore_cell(ctx, as_view(dst_sem))
+    # The bytes waited for are the size of the descriptor's source: JAX types make that a
+    # static shape, whatever the slice starts; so the source's indices (a different page
+    # at every step in a paged kernel) are left out of the cache key.
+    (src_start, _), _, (sem_start, sem_end), *_ = _leaf_ranges(eqn.params["tree"])
+    nbytes, cell = ctx.call.accesses.get_or_make(
+        eqn, [invals[src_start], *invals[sem_start:sem_end]],
+        lambda: _wait_descriptor(ctx, eqn, invals))
     frames = current_frames(ctx)
     sync = ctx.call.sync
     if ctx.config.dma_mode == DmaMode.ON_WAIT:
