@@ -241,8 +241,6 @@ class AccessCache:
     and the buffer's shape. (DMAs are not cached: in the kernels measured their indices
     differ from copy to copy, and the misses cost more than the hits saved.)"""
 
-    _SCALARS = (int, np.int32, np.int64, np.uint32, np.bool_, bool)
-
     def __init__(self, limit: int = 4096) -> None:
         self._entries: dict[tuple, tuple] = {}
         self._limit = limit
@@ -256,7 +254,7 @@ class AccessCache:
                 refs.append(x)
             elif x is None:
                 key += (None,)  # type: ignore[operator]
-            elif type(x) in self._SCALARS:
+            elif isinstance(x, (int, np.integer, np.bool_)):  # JAX's literals: int subclasses
                 key += (int(x),)  # type: ignore[operator]
             elif getattr(x, "shape", None) == () and np.dtype(x.dtype).kind in "biu":
                 key += (int(x),)  # type: ignore[operator]
