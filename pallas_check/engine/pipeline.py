@@ -204,9 +204,7 @@ class Pipeline:
                 if self.named else "")
         copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
                          _block_slices(plan.op, block))
-        if ctx.call.races is not None:
-            ctx.call.races.fork(ctx.actor, name)
-        ctx.call.on_copy(ctx, "start", name, f"{plan.op.name} buffer {plan.copies % plan.depth}")
+        ctx.call.on_copy_start(ctx, name, f"{plan.op.name} buffer {plan.copies % plan.depth}")
         plan.copies += 1
         if writes_back:
             _stage_write_back(ctx, copy)
@@ -227,11 +225,8 @@ class Pipeline:
                 yield Wait(lambda: copy.moved, "pipeline copy wait", copy.plan.frames)
             else:
                 _move(ctx, copy)
-        if ctx.call.races is not None:
-            ctx.call.races.join_finished(ctx.actor, copy.name)
         if self.named:
-            ctx.call.on_copy(ctx, "waited", copy.name)
-            ctx.call.copy_done(copy.name)
+            ctx.call.on_copy_waited(ctx, copy.name)
         if not copy.writes_back:
             _land_in_vmem(ctx, copy)
 
@@ -267,10 +262,9 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
     """The copy's DMA event: a copy-in reads HBM, a write-back writes it. What a copy-in
     read is its own: a view of a read-only input's array (which never changes), else a
     copy (HBM may change before the copy is waited)."""
-    op, races = copy.plan.op, ctx.call.races
+    op = copy.plan.op
     hbm_index, _, empty = copy.slices
     copy.moved = True
-    ctx.call.on_copy(ctx, "moved", copy.name)
     if not empty and copy.writes_back:
         values, written = copy.staged
         copy.staged = None
@@ -284,12 +278,9 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
         if isinstance(written, np.ndarray):
             written = np.array(written)
         copy.staged = (values, written)
-    if races is not None:
-        if not empty:
-            races.access(copy.name, op.hbm, _hbm_range(hbm_index), copy.writes_back,
-                         "DMA write" if copy.writes_back else "DMA read", copy.plan.frames,
-                         copy.grid_point)
-        races.end(copy.name)
+    touched = None if empty or ctx.call.races is None else _hbm_range(hbm_index)
+    ctx.call.on_copy_moved(copy.name, op.hbm, touched, copy.writes_back, copy.plan.frames,
+                           copy.grid_point)
 
 
 def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:

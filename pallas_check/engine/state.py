@@ -72,7 +72,7 @@ class CallState:
                            block: tuple[int, ...]) -> str:
         """A BlockSpec pipeline copy as an actor: `pipeline copy-in of x_ref block (3, 0)`,
         with its core where there are several. The name is unique among the copies in
-        flight (`copy_done` frees it), which is all the race checker needs."""
+        flight (`on_copy_waited` frees it), which is all the race checker needs."""
         name = (f"pipeline {'write-back' if writes_back else 'copy-in'} of {operand}"
                 f" block {block}")
         if ctx.num_devices > 1 or self.cores_per_device > 1:
@@ -83,10 +83,6 @@ class CallState:
             name = f"{base} (#{again})"
         self._copies_in_flight.add(name)
         return name
-
-    def copy_done(self, name: str) -> None:
-        """A pipeline copy was waited: its name may serve a later copy."""
-        self._copies_in_flight.discard(name)
 
     def add(self, finding: Finding) -> None:
         if self.report:
@@ -150,17 +146,36 @@ class CallState:
         if self.timeline is not None:
             self.timeline.core_done(ctx)
 
-    def on_copy(self, ctx: "CoreContext", event: str, name: str, buffer: str = "") -> None:
-        """A BlockSpec pipeline copy started, moved its data or was waited (only the
-        timeline listens; races see the copy as an actor of its own)."""
-        if self.timeline is None:
-            return
-        if event == "start":
-            self.timeline.copy_started(ctx, name, buffer)
-        elif event == "moved":
+    def on_copy_start(self, ctx: "CoreContext", name: str, track: str) -> None:
+        """A BlockSpec pipeline copy began: an actor of its own, forked by the core, as a
+        DMA is (`track`: the VMEM buffer it fills or drains, for the timeline)."""
+        if self.timeline is not None:
+            self.timeline.copy_started(ctx, name, track)
+        if self.races is not None:
+            self.races.fork(ctx.actor, name)
+
+    def on_copy_moved(self, name: str, hbm: Buffer, hbm_range: Any, writes_back: bool,
+                      frames: tuple, grid_point: Any) -> None:
+        """The copy read its HBM block (copy-in) or wrote it (write-back), and ended;
+        `hbm_range` None: an empty block, nothing touched."""
+        if self.timeline is not None:
             self.timeline.copy_moved(name)
-        else:
+        races = self.races
+        if races is None:
+            return
+        if hbm_range is not None:
+            races.access(name, hbm, hbm_range, writes_back,
+                         "DMA write" if writes_back else "DMA read", frames, grid_point)
+        races.end(name)
+
+    def on_copy_waited(self, ctx: "CoreContext", name: str) -> None:
+        """The core waited for the copy: what the copy did happened before what the core
+        does next, and its name may serve a later copy."""
+        if self.races is not None:
+            self.races.join_finished(ctx.actor, name)
+        if self.timeline is not None:
             self.timeline.copy_waited(ctx, name)
+        self._copies_in_flight.discard(name)
 
     def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
         if self.timeline is not None:  # timeline: the DMA's track begins
