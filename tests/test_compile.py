@@ -10,7 +10,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from pallas_check.exitcodes import ExitCode
 

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 HEADER = """\
 import jax, jax.numpy as jnp, numpy as np

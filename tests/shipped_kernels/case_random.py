@@ -90,7 +90,6 @@ def inspect_calls():
   (not its jaxpr) traces the PRNGImpl and hence the pallas_call, so
   make_jaxpr(make_calls()) shows no pallas_call.  Trace the impls' random_bits
   functions directly instead (same kernels, same shapes)."""
-  import jax
   import jax.numpy as jnp
   from jax.experimental.pallas.ops.tpu.random import philox
   from jax.experimental.pallas.ops.tpu.random import threefry
