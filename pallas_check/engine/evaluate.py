@@ -177,8 +177,8 @@ def _check_lowerable(eqn: jax_core.JaxprEqn) -> None:
 
 
 def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
-    pure = [_eqn_is_pure(eqn) for eqn in jaxpr.eqns]
-    eqns = segment_order.drop_unused_results(jaxpr.eqns, jaxpr.outvars, keep=pure)
+    eqns = jaxpr.eqns
+    pure = [_eqn_is_pure(eqn) for eqn in eqns]
     order = segment_order.schedule(eqns, jaxpr.outvars,
                                    [p and not eqn.effects for p, eqn in zip(pure, eqns)])
     steps: list[Segment | jax_core.JaxprEqn] = []
@@ -193,9 +193,12 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
         current = []
         steps.append(eqn)
     steps.extend(_segments_of_run(current))
-    # Liveness: a segment returns what later steps or the jaxpr's outputs read.
+    # Liveness: a segment returns what later steps or the jaxpr's outputs read; a ruled
+    # equation's results nobody reads become dropped variables (a store then does not copy
+    # out the old value it would return).
     needed_later: set[jax_core.Var] = {v for v in jaxpr.outvars if isinstance(v, jax_core.Var)}
-    for step in reversed(steps):
+    for k in range(len(steps) - 1, -1, -1):
+        step = steps[k]
         if isinstance(step, Segment):
             defined = {v for e in step.eqns for v in e.outvars if not _is_dropvar(v)}
             used: list[jax_core.Var] = []
@@ -214,6 +217,10 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
             needed_later -= defined
             needed_later.update(used)
         else:
+            if any(not _is_dropvar(v) and v not in needed_later for v in step.outvars):
+                steps[k] = step.replace(outvars=[
+                    v if _is_dropvar(v) or v in needed_later else jax_core.DropVar(v.aval)
+                    for v in step.outvars])
             needed_later.update(v for v in step.invars if isinstance(v, jax_core.Var))
     return Program(jaxpr, steps)
 

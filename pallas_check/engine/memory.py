@@ -238,38 +238,37 @@ class AccessCache:
     and the scalar index values. A BlockSpec grid or a loop runs the same equation on the
     same refs with the same indices at step after step, and resolving (indexer pytrees,
     bounds, numpy indices) cost more than the access. A region depends only on the view
-    and the buffer's shape. (DMAs are not cached: in the kernels measured their indices
-    differ from copy to copy, and the misses cost more than the hits saved.)"""
+    and the buffer's shape. A DMA wait's size and semaphore are cached the same way
+    (sync.py); a DMA start is not (its slice starts differ from copy to copy in the kernels
+    measured, and the misses cost more than the hits saved)."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._entries: dict[tuple, tuple] = {}
         self._limit = limit
 
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
-        key: tuple | None = (id(eqn),)
-        refs = []
+        parts: list = [id(eqn)]
+        refs: list = []
         for x in leaves:
             if isinstance(x, RefView):
-                key += (id(x),)  # type: ignore[operator]
+                parts.append(id(x))
                 refs.append(x)
             elif x is None:
-                key += (None,)  # type: ignore[operator]
+                parts.append(None)
             elif isinstance(x, (int, np.integer, np.bool_)):  # JAX's literals: int subclasses
-                key += (int(x),)  # type: ignore[operator]
+                parts.append(int(x))
             elif getattr(x, "shape", None) == () and np.dtype(x.dtype).kind in "biu":
-                key += (int(x),)  # type: ignore[operator]
+                parts.append(int(x))
             else:
-                key = None  # an array of indices (a gather), or not a ref: every time
-                break
-        if key is None:
-            return make()
+                return make()  # an array of indices (a gather), or not a ref: every time
+        key = tuple(parts)
         hit = self._entries.get(key)
-        if hit is not None and hit[0] is eqn and all(a is b for a, b in zip(hit[1], refs)):
+        if hit is not None:  # the entry keeps its equation and refs alive: same ids, same objects
             return hit[2]
         value = make()
         if len(self._entries) >= self._limit:
             self._entries.clear()
-        self._entries[key] = (eqn, refs, value)  # kept alive: their ids stay theirs
+        self._entries[key] = (eqn, refs, value)
         return value
 
 

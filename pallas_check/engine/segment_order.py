@@ -9,9 +9,6 @@ every value exists before it is used. This module moves the pure equations only:
 may run in any gap between two ruled equations from the one after its inputs exist to the
 one before its first use, and the gaps are chosen so that the fewest are used (interval
 stabbing), which merges what the original order had split.
-
-It also turns the unused results of ruled equations into dropped variables, so that, e.g.,
-a store (`swap`) whose old value nobody reads does not copy that value out.
 """
 
 from __future__ import annotations
@@ -20,24 +17,6 @@ import bisect
 from typing import Any, Sequence
 
 from pallas_check.jaxbridge import jax_core
-
-
-def drop_unused_results(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
-                        keep: Sequence[bool]) -> list[jax_core.JaxprEqn]:
-    """The equations, one for one, with the results nobody reads turned into dropped
-    variables (except in those `keep` marks)."""
-    used = {v for v in outvars if isinstance(v, jax_core.Var)}
-    for eqn in eqns:
-        used.update(v for v in eqn.invars if isinstance(v, jax_core.Var))
-    out = []
-    for eqn, kept in zip(eqns, keep):
-        if kept or all(_is_drop(v) or v in used for v in eqn.outvars):
-            out.append(eqn)
-            continue
-        out.append(eqn.replace(outvars=[v if _is_drop(v) or v in used
-                                        else jax_core.DropVar(v.aval)
-                                        for v in eqn.outvars]))
-    return out
 
 
 def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
@@ -95,7 +74,3 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
         order.append(anchor)
     order.extend(by_gap[last_gap])
     return order
-
-
-def _is_drop(v: Any) -> bool:
-    return isinstance(v, jax_core.DropVar)
