@@ -299,13 +299,22 @@ class Region:
         self.post = post
         self.oob = oob
         # A stride of 0 (a broadcast load) has no numpy slice: such a region is read through
-        # index arrays, like an out-of-bounds one.
-        self.index = tuple(
-            d if isinstance(d, int) else slice(d[0], d[0] + d[1] * d[2], d[2]) if d[1] > 0
-            else slice(0, 0)
-            for d in dims
-        ) if not oob and not self.has_zero_stride_of(dims) else None
-        self.out_shape = tuple(d[1] for d in dims if not isinstance(d, int))
+        # index arrays, like an out-of-bounds one. (One pass: this runs at every access.)
+        index: list = []
+        out_shape: list[int] = []
+        plain = not oob
+        for d in dims:
+            if d.__class__ is int:
+                index.append(d)
+                continue
+            start, size, stride = d
+            out_shape.append(size)
+            if size > 1 and stride == 0:
+                plain = False
+            index.append(slice(start, start + size * stride, stride) if size > 0
+                         else slice(0, 0))
+        self.index = tuple(index) if plain else None
+        self.out_shape = tuple(out_shape)
         self._map: ElementMap | None = None
 
     @staticmethod
@@ -794,37 +803,48 @@ def _as_int(x: Any) -> int:
 
 def resolve(view: RefView) -> Region:
     """Turn a ref view into the region of its buffer that an access touches."""
-    buffer = view.buffer
-    dims: list = [(0, n, 1) for n in buffer.shape]
+    steps: list[tuple] = []
     post: list = []
-    oob: list[OutOfBounds] = []
     for transform in view.transforms:
         if post or not isinstance(transform, state_indexing.NDIndexer) or has_array_index(
             transform
         ):
             post.append(transform)
             continue
-        live = [i for i, d in enumerate(dims) if not isinstance(d, int)]
-        if len(transform.indices) != len(live):
+        steps.append(tuple(
+            (_as_int(idx.start), _as_int(idx.size), int(idx.stride))
+            if isinstance(idx, state_indexing.Slice) else _as_int(idx)
+            for idx in transform.indices))
+    return index_region(view.buffer, steps, post)
+
+
+def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = None) -> Region:
+    """The region that plain indexers select, one after the other, in `buffer`: each step
+    gives, per dimension still there, an int or (start, size, stride); `post` holds the
+    transforms applied after them."""
+    dims: list = [(0, n, 1) for n in buffer.data.shape]
+    oob: list[OutOfBounds] = []
+    for indices in steps:
+        live = [i for i, d in enumerate(dims) if d.__class__ is not int]
+        if len(indices) != len(live):
             raise UnsupportedTransform(
-                f"indexer of rank {len(transform.indices)} on a view of rank {len(live)}"
+                f"indexer of rank {len(indices)} on a view of rank {len(live)}"
             )
-        for base_dim, idx in zip(live, transform.indices):
+        for base_dim, idx in zip(live, indices):
             start0, size0, stride0 = dims[base_dim]
-            if isinstance(idx, state_indexing.Slice):
-                start, size, stride = _as_int(idx.start), _as_int(idx.size), int(idx.stride)
-                if size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
-                    where = (f"{start} (stride 0, {size} times)" if stride == 0 else
-                             f"{start}:{start + size * stride}"
-                             + (f":{stride}" if stride != 1 else ""))
-                    oob.append(OutOfBounds(base_dim, where, size0))
-                dims[base_dim] = (start0 + start * stride0, size, stride0 * stride)
-            else:
-                i = _as_int(idx)
-                if i < 0 or i >= size0:
-                    oob.append(OutOfBounds(base_dim, str(i), size0))
-                dims[base_dim] = start0 + i * stride0
-    return Region(buffer, dims, post, oob)
+            if idx.__class__ is int:
+                if idx < 0 or idx >= size0:
+                    oob.append(OutOfBounds(base_dim, str(idx), size0))
+                dims[base_dim] = start0 + idx * stride0
+                continue
+            start, size, stride = idx
+            if size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
+                where = (f"{start} (stride 0, {size} times)" if stride == 0 else
+                         f"{start}:{start + size * stride}"
+                         + (f":{stride}" if stride != 1 else ""))
+                oob.append(OutOfBounds(base_dim, where, size0))
+            dims[base_dim] = (start0 + start * stride0, size, stride0 * stride)
+    return Region(buffer, dims, post if post is not None else [], oob)
 
 
 def has_array_index(indexer: Any) -> bool:

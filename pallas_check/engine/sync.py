@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import memory
+from pallas_check.engine import index_plan, memory
 from pallas_check.engine.evaluate import CallHalted, KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
@@ -114,13 +115,17 @@ def as_view(x: Any) -> RefView:
 
 
 def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
-    region = memory.resolve(view)
+    return cell_of(ctx, memory.resolve(view))
+
+
+def cell_of(ctx: Any, region: Region) -> tuple[memory.Buffer, tuple]:
+    """The one semaphore a region picks (a region of several is the kernel's error)."""
     if region.oob or region.post or region.out_shape:
         raise KernelError(
-            f"semaphore access {view.buffer.name}{_describe(region)} must pick one semaphore",
-            current_frames(ctx),
+            f"semaphore access {region.buffer.name}{_describe(region)} must pick one"
+            " semaphore", current_frames(ctx),
         )
-    return view.buffer, region.index
+    return region.buffer, region.index
 
 
 def _describe(region: Region) -> str:
@@ -206,10 +211,6 @@ def dma_actor(ctx: Any, dma: Dma):
 # -- rules ----------------------------------------------------------------------------------
 
 
-def _dma_args(eqn: Any, invals: list) -> tuple:
-    return eqn.params["tree"].unflatten(invals)
-
-
 def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, int | None]:
     """The logical device, and the core when the id names one, that a DMA or signal is
     aimed at. A device id resolves over every named axis: the shard_map mesh's and, in a
@@ -289,13 +290,44 @@ def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefVie
     return RefView(other, view.transforms)
 
 
+@functools.lru_cache(maxsize=1024)
+def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
+    """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
+    the equation's flat operands, its own pytree structure, and its index plan."""
+    out, start = [], 0
+    for child in tree.children():
+        out.append((start, start + child.num_leaves, child, index_plan.plan_for(child)))
+        start += child.num_leaves
+    return tuple(out)
+
+
+def _arg_region(ctx: Any, layout: tuple, invals: list,
+                target: tuple[int, int | None] | None = None) -> Region:
+    """The region of one ref argument of a DMA, on the `target` device and core if given:
+    through its index plan, or the general way (JAX's indexer objects) when the plan does
+    not cover it."""
+    lo, hi, tree, plan = layout
+    leaves = invals[lo:hi]
+    if plan is not None and plan.ref is not None:
+        ref = leaves[plan.ref]
+        if target is not None and ref.__class__ is RefView:
+            ref = on_device(ctx, ref, target)
+        region = plan.region(leaves, ref)
+        if region is not None:
+            return region
+    view = as_view(tree.unflatten(leaves))
+    if target is not None:
+        view = on_device(ctx, view, target)
+    return memory.resolve(view)
+
+
 @rule(mosaic_primitives.dma_start_p, generator=True)
 def _dma_start(ctx, eqn, invals):
-    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
+    src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn.params["tree"])
+    device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
-    src_view, dst_view = as_view(src), on_device(ctx, as_view(dst), target)
-    src_region = memory.resolve(src_view)
-    dst_region = memory.resolve(dst_view)
+    src_region = _arg_region(ctx, src_at, invals)
+    dst_region = _arg_region(ctx, dst_at, invals, target)
     frames = current_frames(ctx)
     if src_region.zero_stride or dst_region.zero_stride:
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
@@ -307,17 +339,19 @@ def _dma_start(ctx, eqn, invals):
         ctx.call.out_of_bounds(ctx, dst_region, "DMA destination", None)
     src_shape, _ = _view_layout(src_region)
     dst_shape, dst_itemsize = _view_layout(dst_region)
-    if int(np.prod(src_shape)) != int(np.prod(dst_shape)):
+    if math.prod(src_shape) != math.prod(dst_shape):
         raise KernelError(
-            f"DMA shapes differ: {src_view.buffer.name}{list(src_shape)} ->"
-            f" {dst_view.buffer.name}{list(dst_shape)}", frames)
-    nbytes = int(np.prod(dst_shape)) * dst_itemsize
+            f"DMA shapes differ: {src_region.buffer.name}{list(src_shape)} ->"
+            f" {dst_region.buffer.name}{list(dst_shape)}", frames)
+    nbytes = math.prod(dst_shape) * dst_itemsize
+    src_sem_region = (_arg_region(ctx, src_sem_at, invals)
+                      if src_sem_at[1] > src_sem_at[0] else None)
     dma = Dma(
         id=ctx.call.sync.next_id(),
         src=src_region,
         dst=dst_region,
-        dst_sem=semaphore_cell(ctx, on_device(ctx, as_view(dst_sem), target)),
-        src_sem=semaphore_cell(ctx, as_view(src_sem)) if src_sem is not None else None,
+        dst_sem=cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
+        src_sem=cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
         nbytes=nbytes,
         actor=ctx.actor,
         frames=frames,
@@ -342,26 +376,10 @@ def _view_layout(region: Region) -> tuple[tuple[int, ...], int]:
     return value.shape, value.dtype.itemsize
 
 
-def _nbytes(region: Region) -> int:
-    shape, itemsize = _view_layout(region)
-    return int(np.prod(shape)) * itemsize
-
-
-@functools.lru_cache(maxsize=256)
-def _leaf_ranges(tree: Any) -> tuple[tuple[int, int], ...]:
-    """Where each DMA argument (src, dst, dst_sem, src_sem, device_id) sits in the
-    equation's flat operands (by its pytree structure)."""
-    out, start = [], 0
-    for child in tree.children():
-        out.append((start, start + child.num_leaves))
-        start += child.num_leaves
-    return tuple(out)
-
-
-def _wait_descriptor(ctx: Any, eqn: Any, invals: list) -> tuple[int, tuple]:
+def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]:
     """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
-    src, dst, dst_sem, src_sem, device_id = _dma_args(eqn, invals)
-    return _nbytes(memory.resolve(as_view(src))), semaphore_cell(ctx, as_view(dst_sem))
+    shape, itemsize = _view_layout(_arg_region(ctx, layout[0], invals))
+    return math.prod(shape) * itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
 
 
 @rule(mosaic_primitives.dma_wait_p, generator=True)
@@ -369,10 +387,11 @@ def _dma_wait(ctx, eqn, invals):
     # The bytes waited for are the size of the descriptor's source: JAX types make that a
     # static shape, whatever the slice starts; so the source's indices (a different page
     # at every step in a paged kernel) are left out of the cache key.
-    (src_start, _), _, (sem_start, sem_end), *_ = _leaf_ranges(eqn.params["tree"])
+    layout = _dma_layout(eqn.params["tree"])
+    (src_start, _, _, _), _, (sem_start, sem_end, _, _), *_ = layout
     nbytes, cell = ctx.call.accesses.get_or_make(
         eqn, [invals[src_start], *invals[sem_start:sem_end]],
-        lambda: _wait_descriptor(ctx, eqn, invals))
+        lambda: _wait_descriptor(ctx, layout, invals))
     frames = current_frames(ctx)
     sync = ctx.call.sync
     if ctx.config.dma_mode == DmaMode.ON_WAIT:
