@@ -70,3 +70,29 @@ def test_inputs_of_any_kind_are_taken_at_the_segment_dtype():
     for x in (3, np.int64(3), jnp.int32(3), np.asarray(3, np.int32)):
         (out,) = fast(x, np.int32(-5))
         assert type(out) is np.int32 and out == -15
+
+
+def test_scalar_jits_are_inlined_bit_for_bit():
+    """`jnp.where` on scalars is a jit of a select; a double-buffer's next slot is one. Its
+    body runs in numpy too (else its result, an XLA array, costs a device read at every
+    DMA it indexes); nested jits and dropped results included."""
+
+    @jax.jit
+    def inner(a, b):
+        return jnp.where(a > b, a - b, b * 2), a & 1
+
+    def fn(a, b):
+        slot = jnp.where(a == 0, 1, 0)
+        diff, _ = inner(a, b)
+        return [slot, diff, jax.jit(lambda x: x + slot)(b)]
+
+    closed = jax.make_jaxpr(fn)(np.int32(0), np.int32(1))
+    assert [e.primitive.name for e in closed.jaxpr.eqns].count("jit") == 3
+    fast, compiled = _numpy_fn(fn, np.int32(0), np.int32(1))
+    assert fast is not None
+    for a, b in itertools.product(EDGES, EDGES):
+        args = (np.int32(a), np.int32(b))
+        got, want = fast(*args), compiled(*args)
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want):
+            assert type(g) is np.int32 and g == np.asarray(w), (a, b, g, w)

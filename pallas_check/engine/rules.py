@@ -19,7 +19,7 @@ from pallas_check.jaxbridge import state_primitives
 from pallas_check.jaxbridge import pjit
 from pallas_check.jaxbridge import lax_parallel
 
-from pallas_check.engine import memory
+from pallas_check.engine import index_plan, memory
 from pallas_check.engine.evaluate import (
     KernelError,
     UnsupportedPrimitive,
@@ -117,9 +117,23 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 def _region_of(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
     equation, ref and index values)."""
-    return ctx.call.accesses.get_or_make(
-        eqn, [ref, *flat],
-        lambda: _resolve(ctx, view_of(ref, eqn.params["tree"].unflatten(flat))))
+    return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
+                                         lambda: _region_made(ctx, eqn, ref, flat))
+
+
+def _region_made(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+    """A `ref[indices]` region: through the index plan of the equation's indexers, or the
+    general way when the plan does not cover them."""
+    tree = eqn.params["tree"]
+    plan = index_plan.plan_for(tree)
+    if plan is not None and plan.ref is None:
+        try:
+            region = plan.region(flat, ref)
+        except memory.UnsupportedTransform as exc:
+            raise KernelError(f"unsupported ref transform: {exc}", current_frames(ctx))
+        if region is not None:
+            return region
+    return _resolve(ctx, view_of(ref, tree.unflatten(flat)))
 
 
 @rule(state_primitives.get_p)

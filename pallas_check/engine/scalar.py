@@ -63,8 +63,17 @@ def _is_int_scalar(aval: Any) -> bool:
             and np.dtype(dtype).kind in "biu")
 
 
+# Calls whose body is inlined when all of it qualifies (`jnp.where` on scalars is a jit).
+_INLINED = frozenset({"jit", "pjit"})
+
+
 def eqn_qualifies(eqn: jax_core.JaxprEqn) -> bool:
     """Whether numpy can run this equation (scalar integer or boolean arithmetic)."""
+    if eqn.primitive.name in _INLINED:
+        closed = eqn.params.get("jaxpr")
+        return (isinstance(closed, jax_core.ClosedJaxpr) and not closed.jaxpr.constvars
+                and all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars))
+                and all(eqn_qualifies(inner) for inner in closed.jaxpr.eqns))
     if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
         return False
     if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
@@ -100,25 +109,37 @@ def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any])
 def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
             outvars: Sequence[Any], consts: dict[str, Any]) -> str:
     """The segment as one Python function: `def segment(a0, a1, ...)`, one line per
-    equation, literals as named numpy scalars of their dtypes."""
+    equation (a jit's body inlined), literals as named numpy scalars of their dtypes."""
     names: dict[Any, str] = {v: f"a{i}" for i, v in enumerate(invars)}
+    lines = [f"def segment({', '.join(names[v] for v in invars)}):"]
+    temps = iter(range(1 << 30))
 
-    def atom(v: Any) -> str:
+    def atom(v: Any, scope: dict[Any, str]) -> str:
         if isinstance(v, jax_core.Literal):
             key = f"_c{len(consts)}"
             consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]
             return key
-        return names[v]
+        return scope[v]
 
-    lines = [f"def segment({', '.join(names[v] for v in invars)}):"]
-    for i, eqn in enumerate(eqns):
-        expr = _expression(eqn, [atom(v) for v in eqn.invars], consts)
-        out = eqn.outvars[0]
-        target = "_" if isinstance(out, jax_core.DropVar) else f"t{i}"
-        if target != "_":
-            names[out] = target
-        lines.append(f"    {target} = {expr}")
-    lines.append(f"    return [{', '.join(atom(v) for v in outvars)}]")
+    def emit(body: Sequence[jax_core.JaxprEqn], scope: dict[Any, str]) -> None:
+        for eqn in body:
+            args = [atom(v, scope) for v in eqn.invars]
+            if eqn.primitive.name in _INLINED:
+                inner = eqn.params["jaxpr"].jaxpr
+                inner_scope = dict(zip(inner.invars, args))
+                emit(inner.eqns, inner_scope)
+                for out, result in zip(eqn.outvars, inner.outvars):
+                    if not isinstance(out, jax_core.DropVar):
+                        scope[out] = atom(result, inner_scope)
+                continue
+            out = eqn.outvars[0]
+            target = "_" if isinstance(out, jax_core.DropVar) else f"t{next(temps)}"
+            if target != "_":
+                scope[out] = target
+            lines.append(f"    {target} = {_expression(eqn, args, consts)}")
+
+    emit(eqns, names)
+    lines.append(f"    return [{', '.join(atom(v, names) for v in outvars)}]")
     return "\n".join(lines)
 
 

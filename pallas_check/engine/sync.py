@@ -303,11 +303,22 @@ def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | 
 
 def _arg_region(ctx: Any, layout: tuple, invals: list,
                 target: tuple[int, int | None] | None = None) -> Region:
-    """The region of one ref argument of a DMA, on the `target` device and core if given:
-    through its index plan, or the general way (JAX's indexer objects) when the plan does
-    not cover it."""
-    lo, hi, tree, plan = layout
-    leaves = invals[lo:hi]
+    """The region of one ref argument of a DMA, on the `target` device and core if given
+    (else where the ref is). A local one is resolved once per call for the same ref and
+    index values (a double buffer's slots and semaphores recur at every step; a paged
+    kernel's pages do not, and a miss costs only its key)."""
+    leaves = invals[layout[0]:layout[1]]
+    if target is None:
+        return ctx.call.accesses.get_or_make(layout, leaves,
+                                             lambda: _arg_region_made(ctx, layout, leaves))
+    return _arg_region_made(ctx, layout, leaves, target)
+
+
+def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
+                     target: tuple[int, int | None] | None = None) -> Region:
+    """Through the argument's index plan, or the general way (JAX's indexer objects)
+    when the plan does not cover it."""
+    _, _, tree, plan = layout
     if plan is not None and plan.ref is not None:
         ref = leaves[plan.ref]
         if target is not None and ref.__class__ is RefView:
@@ -325,7 +336,8 @@ def _arg_region(ctx: Any, layout: tuple, invals: list,
 def _dma_start(ctx, eqn, invals):
     src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn.params["tree"])
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
-    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    target = (None if device_id is None  # the sender's own device and core
+              else target_device(ctx, device_id, eqn.params.get("device_id_type")))
     src_region = _arg_region(ctx, src_at, invals)
     dst_region = _arg_region(ctx, dst_at, invals, target)
     frames = current_frames(ctx)
