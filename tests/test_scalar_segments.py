@@ -32,7 +32,7 @@ def _int_ops(a, b):
             jnp.minimum(a, b), a & b, a | b, a ^ b, -a, ~a, a < b, a == b, a >= b,
             lax.select(a > b, s, b), lax.convert_element_type(a, jnp.uint32),
             lax.convert_element_type(a > 0, jnp.int32), lax.convert_element_type(a, bool),
-            lax.select_n(lax.rem(b & 3, 3), a, b, s)]
+            lax.select_n(lax.rem(b & 3, 3), a, b, s), lax.clamp(-7, a, b), lax.clamp(b, a, 13)]
 
 
 def test_int32_segments_match_xla_bit_for_bit():
@@ -41,7 +41,7 @@ def test_int32_segments_match_xla_bit_for_bit():
     for a, b in itertools.product(EDGES, EDGES):
         args = (np.int32(a), np.int32(b))
         got, want = fast(*args), compiled(*args)
-        assert len(got) == len(want) == 20
+        assert len(got) == len(want) == 22
         for g, w in zip(got, want):
             g, w = np.asarray(g), np.asarray(w)
             assert g.dtype == w.dtype and g.shape == w.shape == ()

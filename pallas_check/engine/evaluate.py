@@ -102,8 +102,8 @@ class Segment:
 class Program:
     jaxpr: jax_core.Jaxpr
     steps: list[Segment | jax_core.JaxprEqn]
-    # Per ruled equation: whether it has sub-jaxprs (looked up at every evaluation).
-    nested: dict[int, bool] = dataclasses.field(default_factory=dict)
+    # The steps as evaluation reads them (`_ops_of`), made at the first evaluation.
+    ops: list[tuple] | None = None
 
 
 # Programs by jaxpr identity; compiled segments by their structure (the segment's equations
@@ -300,60 +300,79 @@ def read_atom(env: dict, v: Any) -> Any:
     return env[v]
 
 
+def _ops_of(program: Program) -> list[tuple]:
+    """Each step with what evaluating it needs, looked up once instead of at every grid
+    step: a segment as (None, fn, invars, outvars, segment); a ruled equation as (eqn,
+    rule or None, invars, whether any is a literal, the kept outvars by position, whether
+    it has sub-jaxprs, whether it has several results)."""
+    ops: list[tuple] = []
+    for step in program.steps:
+        if isinstance(step, Segment):
+            ops.append((None, step.fn, tuple(step.invars), tuple(step.outvars), step))
+            continue
+        eqn = step
+        kept = tuple((i, v) for i, v in enumerate(eqn.outvars) if not _is_dropvar(v))
+        nested = bool(eqn.params) and any(True for _ in jax_core.jaxprs_in_params(eqn.params))
+        ops.append((eqn, RULES.get(eqn.primitive), tuple(eqn.invars),
+                    any(isinstance(v, jax_core.Literal) for v in eqn.invars), kept, nested,
+                    eqn.primitive.multiple_results))
+    return ops
+
+
 def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
     """Evaluate `jaxpr` on concrete values; a generator returning the output values."""
     program = program_for(jaxpr, ctx.config.skip_floats)
+    ops = program.ops
+    if ops is None:
+        ops = program.ops = _ops_of(program)
     env: dict[jax_core.Var, Any] = {}
     for v, value in zip(jaxpr.constvars, consts):
         env[v] = value
     for v, value in zip(jaxpr.invars, args):
         env[v] = value
-    for step in program.steps:
-        if isinstance(step, Segment):
+    for op in ops:
+        eqn = op[0]
+        if eqn is None:  # a segment
+            _, fn, ins, outs, segment = op
             try:
-                outs = step.fn(*[env[v] for v in step.invars])  # type: ignore[misc]
+                results = fn(*[env[v] for v in ins])
             except Exception as exc:  # a JAX-side failure of the user's pure code
-                raise _located_error(step.eqns[0], exc) from exc
-            for v, value in zip(step.outvars, outs):
+                raise _located_error(segment.eqns[0], exc) from exc
+            for v, value in zip(outs, results):
                 env[v] = value
             continue
-        eqn = step
-        entry = RULES.get(eqn.primitive)
+        _, entry, ins, has_literal, kept, nested, multiple = op
         if entry is None:
             raise UnsupportedPrimitive(
                 f"pallas-check does not support the primitive '{eqn.primitive.name}'"
                 " with refs as operands",
                 user_frames(eqn.source_info),
             )
-        invals = [read_atom(env, v) for v in eqn.invars]
+        if has_literal:
+            invals = [read_atom(env, v) for v in ins]
+        else:
+            invals = [env[v] for v in ins]
         ctx.eqn = eqn
         if entry.is_generator:
-            if eqn.params and _has_subjaxprs(program, eqn):
+            if nested:
                 # Pallas clips source tracebacks at each traced body: an equation inside
                 # (e.g. the DMA of a sync_copy) may have no user frame; it gets ours.
                 ctx.frame_stack.append(current_frames(ctx))
                 try:
-                    outs = yield from entry.fn(ctx, eqn, invals)
+                    results = yield from entry.fn(ctx, eqn, invals)
                 finally:
                     ctx.frame_stack.pop()
             else:
-                outs = yield from entry.fn(ctx, eqn, invals)
+                results = yield from entry.fn(ctx, eqn, invals)
         else:
-            outs = entry.fn(ctx, eqn, invals)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for v, value in zip(eqn.outvars, outs):
-            if not _is_dropvar(v):
-                env[v] = value
+            results = entry.fn(ctx, eqn, invals)
+        if kept:
+            if multiple:
+                for i, v in kept:
+                    env[v] = results[i]
+            else:
+                env[kept[0][1]] = results
     return [read_atom(env, v) for v in jaxpr.outvars]
-
-
-def _has_subjaxprs(program: Program, eqn: jax_core.JaxprEqn) -> bool:
-    key = id(eqn)  # the program keeps its equations alive: the id stays theirs
-    known = program.nested.get(key)
-    if known is None:
-        known = program.nested[key] = any(True for _ in jax_core.jaxprs_in_params(eqn.params))
-    return known
 
 
 def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:

@@ -17,8 +17,7 @@ which stays the reference for what a region is.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import state_indexing
@@ -82,7 +81,27 @@ def scalar_int(x: Any) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
+def cached_by_identity(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn(tree)` remembered by the tree object's identity (the entry holds the tree, so
+    its id stays its own), bounded. An equation keeps its pytree structure object for
+    good; hashing a structure (its indexers' shapes and static slices) cost several
+    microseconds at every DMA, more than the lookup it served."""
+    entries: dict[int, tuple[Any, Any]] = {}
+
+    def lookup(tree: Any) -> Any:
+        entry = entries.get(id(tree))
+        if entry is not None and entry[0] is tree:
+            return entry[1]
+        value = fn(tree)
+        if len(entries) >= 4096:
+            entries.clear()
+        entries[id(tree)] = (tree, value)
+        return value
+
+    return lookup
+
+
+@cached_by_identity
 def plan_for(tree: Any) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""

@@ -233,14 +233,18 @@ class RefView:
         return RefView(self.buffer, self.transforms + tuple(more))
 
 
+_SCALAR_KEYS = frozenset({int, bool, np.int32, np.int64, np.uint32, np.int16, np.int8,
+                          np.uint8, np.uint16, np.uint64, np.bool_})
+
+
 class AccessCache:
     """Per call: the region a `ref[indices]` equation touches, by the equation, the refs
     and the scalar index values. A BlockSpec grid or a loop runs the same equation on the
     same refs with the same indices at step after step, and resolving (indexer pytrees,
     bounds, numpy indices) cost more than the access. A region depends only on the view
-    and the buffer's shape. A DMA wait's size and semaphore are cached the same way
-    (sync.py); a DMA start is not (its slice starts differ from copy to copy in the kernels
-    measured, and the misses cost more than the hits saved)."""
+    and the buffer's shape. A DMA wait's size and semaphore, and a DMA start's local ref
+    arguments, are cached the same way (sync.py; a paged kernel's source pages miss every
+    time, and a miss costs only its key)."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._entries: dict[tuple, tuple] = {}
@@ -249,14 +253,20 @@ class AccessCache:
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
         parts: list = [id(eqn)]
         refs: list = []
-        for x in leaves:
-            if isinstance(x, RefView):
+        for x in leaves:  # on every access: the common kinds first, by exact class
+            kind = x.__class__
+            if kind is RefView:
                 parts.append(id(x))
                 refs.append(x)
+            elif kind in _SCALAR_KEYS:  # hashes and compares as the int it is
+                parts.append(x)
             elif x is None:
                 parts.append(None)
             elif isinstance(x, (int, np.integer, np.bool_)):  # JAX's literals: int subclasses
                 parts.append(int(x))
+            elif isinstance(x, RefView):
+                parts.append(id(x))
+                refs.append(x)
             elif getattr(x, "shape", None) == () and np.dtype(x.dtype).kind in "biu":
                 parts.append(int(x))
             else:
@@ -824,12 +834,13 @@ def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = Non
     transforms applied after them."""
     dims: list = [(0, n, 1) for n in buffer.data.shape]
     oob: list[OutOfBounds] = []
+    live: Sequence[int] = range(len(dims))  # the base dims not yet taken by an int index
     for indices in steps:
-        live = [i for i, d in enumerate(dims) if d.__class__ is not int]
         if len(indices) != len(live):
             raise UnsupportedTransform(
                 f"indexer of rank {len(indices)} on a view of rank {len(live)}"
             )
+        still: list[int] = []
         for base_dim, idx in zip(live, indices):
             start0, size0, stride0 = dims[base_dim]
             if idx.__class__ is int:
@@ -844,6 +855,8 @@ def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = Non
                          + (f":{stride}" if stride != 1 else ""))
                 oob.append(OutOfBounds(base_dim, where, size0))
             dims[base_dim] = (start0 + start * stride0, size, stride0 * stride)
+            still.append(base_dim)
+        live = still
     return Region(buffer, dims, post if post is not None else [], oob)
 
 

@@ -43,16 +43,21 @@ def _select(which: Any, *cases: Any) -> Any:
     return cases[index]
 
 
+def _clamp(low: Any, x: Any, high: Any) -> Any:
+    return np.minimum(np.maximum(x, low), high)  # XLA's clamp, bounds in either order
+
+
 def _convert(x: Any, dtype: np.dtype) -> Any:
     return np.asarray(x).astype(dtype)[()]  # wraps modulo 2**bits, as XLA's convert
 
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
            "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_CALLS = {"div": "_div", "rem": "_rem", "max": "_max", "min": "_min", "select_n": "_select"}
+_CALLS = {"div": "_div", "rem": "_rem", "max": "_max", "min": "_min", "select_n": "_select",
+          "clamp": "_clamp"}
 _UNARY = {"neg": "-", "not": "~"}
 _HELPERS = {"_div": _div, "_rem": _rem, "_select": _select, "_convert": _convert,
-            "_max": np.maximum, "_min": np.minimum}
+            "_clamp": _clamp, "_max": np.maximum, "_min": np.minimum}
 SUPPORTED = frozenset(_BINARY) | frozenset(_CALLS) | frozenset(_UNARY) | {
     "convert_element_type"}
 

@@ -66,6 +66,14 @@ class Scheduler:
         # Told each step and each block (engine/timeline.py's Timeline, with --trace).
         self.observer: Any = None
 
+    @property
+    def alone(self) -> bool:
+        """Whether no other actor exists that could run at a scheduling point (one core,
+        DMAs not actors of their own, no timeline counting steps): such a point may be
+        skipped, with a heartbeat for the watchdog instead of a trip through the actor's
+        generators and this loop."""
+        return len(self.actors) == 1 and self.observer is None
+
     def spawn(self, actor: Actor) -> None:
         """Add an actor (a core at the start, a DMA when it starts in `random` mode)."""
         actor.priority = self._rng.random() + 1.0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import itertools
 import math
 from typing import Any
@@ -25,7 +24,7 @@ from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import index_plan, memory
+from pallas_check.engine import index_plan, memory, progress
 from pallas_check.engine.evaluate import CallHalted, KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
@@ -290,7 +289,7 @@ def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefVie
     return RefView(other, view.transforms)
 
 
-@functools.lru_cache(maxsize=1024)
+@index_plan.cached_by_identity
 def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
     the equation's flat operands, its own pytree structure, and its index plan."""
@@ -375,7 +374,10 @@ def _dma_start(ctx, eqn, invals):
         complete(ctx, dma)
     elif ctx.config.dma_mode == DmaMode.RANDOM:
         ctx.call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
-    yield None  # a scheduling point: another actor may run between start and what follows
+    if ctx.call.scheduler.alone:
+        progress.beat()
+    else:
+        yield None  # a scheduling point: another actor may run between start and what follows
     return []
 
 
