@@ -71,6 +71,16 @@ def all_written(written: bool | np.ndarray) -> bool:
     return bool(written.all()) if isinstance(written, np.ndarray) else bool(written)
 
 
+def _basic(index: Any) -> bool:
+    """Whether a numpy index is basic (ints, slices, Ellipsis): it selects a view."""
+    for i in index if index.__class__ is tuple else (index,):
+        kind = i.__class__
+        if kind is not int and kind is not slice and i is not Ellipsis and not isinstance(
+                i, (int, np.integer)):
+            return False
+    return True
+
+
 class Buffer:
     """One allocation: its values, which elements were ever written, and its user-facing name.
 
@@ -189,12 +199,18 @@ class Buffer:
                 self.recount()
                 return
             self._written = np.ones(self.data.shape, bool)
-        if any(not isinstance(i, (int, np.integer, slice)) and i is not Ellipsis
-               for i in (index if isinstance(index, tuple) else (index,))):
+        if not _basic(index):
             self._written[index] = value  # advanced indexing: recount the whole buffer
             self.recount()
             return
         part = self._written[index]
+        if value is True and part.__class__ is np.ndarray:  # a view: count once, not twice
+            before = int(np.count_nonzero(part))
+            if before != part.size:
+                part[...] = True
+                self._unwritten -= part.size - before
+                self.fully_written = self._unwritten == 0
+            return
         before = int(np.count_nonzero(part))
         self._written[index] = value
         after = int(np.count_nonzero(self._written[index]))
@@ -420,8 +436,8 @@ class Region:
         """Values of the region in buffer coordinates (copy), before post transforms."""
         if self.index is not None:
             values = self.buffer.data[self.index]
-            if self.buffer.read_only:
-                return values  # never written: the view keeps these values
+            if self.buffer.read_only or values.__class__ is not np.ndarray:
+                return values  # never written (the view keeps these values), or one scalar
             return aligned_copy(values)
         mesh, mask = self._masked_index()
         if mask.size and not mask.any():
