@@ -317,7 +317,7 @@ class Region:
     index arrays with validity masks, so reads give the fill value there and writes drop.
     """
 
-    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "_map")
+    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "zero_stride", "_map")
 
     def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds]):
         self.buffer = buffer
@@ -328,7 +328,7 @@ class Region:
         # index arrays, like an out-of-bounds one. (One pass: this runs at every access.)
         index: list = []
         out_shape: list[int] = []
-        plain = not oob
+        zero_stride = False  # some dimension repeats one element (`pl.ds(start, n, 0)`)
         for d in dims:
             if d.__class__ is int:
                 index.append(d)
@@ -336,21 +336,13 @@ class Region:
             start, size, stride = d
             out_shape.append(size)
             if size > 1 and stride == 0:
-                plain = False
+                zero_stride = True
             index.append(slice(start, start + size * stride, stride) if size > 0
                          else slice(0, 0))
-        self.index = tuple(index) if plain else None
+        self.zero_stride = zero_stride
+        self.index = tuple(index) if not oob and not zero_stride else None
         self.out_shape = tuple(out_shape)
         self._map: ElementMap | None = None
-
-    @staticmethod
-    def has_zero_stride_of(dims: list) -> bool:
-        return any(not isinstance(d, int) and d[1] > 1 and d[2] == 0 for d in dims)
-
-    @property
-    def zero_stride(self) -> bool:
-        """Whether some dimension repeats one element (`pl.ds(start, n, stride=0)`)."""
-        return self.has_zero_stride_of(self.dims)
 
     # -- description -------------------------------------------------------------------
     def index_range(self) -> IndexRange:

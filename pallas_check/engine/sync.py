@@ -31,7 +31,7 @@ from pallas_check.engine.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Dma:
     """One DMA from start to wait."""
 
