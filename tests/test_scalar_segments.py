@@ -35,17 +35,21 @@ def _int_ops(a, b):
             lax.select_n(lax.rem(b & 3, 3), a, b, s), lax.clamp(-7, a, b), lax.clamp(b, a, 13)]
 
 
-def test_int32_segments_match_xla_bit_for_bit():
-    fast, compiled = _numpy_fn(_int_ops, np.int32(0), np.int32(1))
+def _same_on_int32_edges(fast, compiled, outputs: int) -> None:
+    """Every pair of int32 edge values gives XLA's results: values, dtypes, scalars."""
     assert fast is not None
     for a, b in itertools.product(EDGES, EDGES):
         args = (np.int32(a), np.int32(b))
         got, want = fast(*args), compiled(*args)
-        assert len(got) == len(want) == 22
+        assert len(got) == len(want) == outputs
         for g, w in zip(got, want):
             g, w = np.asarray(g), np.asarray(w)
             assert g.dtype == w.dtype and g.shape == w.shape == ()
             assert g == w, (a, b, g, w)
+
+
+def test_int32_segments_match_xla_bit_for_bit():
+    _same_on_int32_edges(*_numpy_fn(_int_ops, np.int32(0), np.int32(1)), outputs=22)
 
 
 def test_unsigned_remainder_and_conversion_back():
@@ -88,11 +92,4 @@ def test_scalar_jits_are_inlined_bit_for_bit():
 
     closed = jax.make_jaxpr(fn)(np.int32(0), np.int32(1))
     assert [e.primitive.name for e in closed.jaxpr.eqns].count("jit") == 3
-    fast, compiled = _numpy_fn(fn, np.int32(0), np.int32(1))
-    assert fast is not None
-    for a, b in itertools.product(EDGES, EDGES):
-        args = (np.int32(a), np.int32(b))
-        got, want = fast(*args), compiled(*args)
-        assert len(got) == len(want) == 3
-        for g, w in zip(got, want):
-            assert type(g) is np.int32 and g == np.asarray(w), (a, b, g, w)
+    _same_on_int32_edges(*_numpy_fn(fn, np.int32(0), np.int32(1)), outputs=3)
