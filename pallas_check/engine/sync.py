@@ -374,7 +374,8 @@ def _dma_start(ctx, eqn, invals):
         complete(ctx, dma)
     elif ctx.config.dma_mode == DmaMode.RANDOM:
         ctx.call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
-    if ctx.call.scheduler.alone:
+    scheduler = ctx.call.scheduler
+    if scheduler is not None and scheduler.alone:
         progress.beat()
     else:
         yield None  # a scheduling point: another actor may run between start and what follows
