@@ -56,6 +56,29 @@ def check() -> Callable[..., Checked]:
     return run
 
 
+@pytest.fixture
+def table_call() -> Callable[..., Callable[..., Any]]:
+    """`table_call(kernel, rows, scratch)` is `call(table, x)`: a one-step pallas_call of
+    `kernel` with `table` scalar-prefetched, `x` left in HBM for the kernel's own DMAs, an
+    (rows, 128) f32 output block and `scratch` (the shape of page-table gather kernels)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def make(kernel: Callable[..., Any], rows: int, scratch: list) -> Callable[..., Any]:
+        def call(table: Any, x: Any) -> Any:
+            return pl.pallas_call(
+                kernel,
+                grid_spec=pltpu.PrefetchScalarGridSpec(
+                    num_scalar_prefetch=1, grid=(1,),
+                    in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                    out_specs=pl.BlockSpec((rows, 128), lambda i, t: (0, 0)),
+                    scratch_shapes=scratch),
+                out_shape=jax.ShapeDtypeStruct((rows, 128), x.dtype))(table, x)
+        return call
+
+    return make
+
+
 class CliResult:
     def __init__(self, exit_code: int, report: dict | None, output: str, stderr: str) -> None:
         self.exit_code = exit_code

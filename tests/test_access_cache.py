@@ -87,24 +87,13 @@ def _gather_rows_kernel(idx_ref, x_hbm, o_ref, buf, sem):
     jax.lax.fori_loop(0, n, body, 0)
 
 
-def _gather_rows(idx, x):
-    n = idx.shape[0]
-    return pl.pallas_call(
-        _gather_rows_kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(1,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec((n * 8, 128), lambda i, idx: (0, 0)),
-            scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32),
-                            pltpu.SemaphoreType.DMA((2,))]),
-        out_shape=jax.ShapeDtypeStruct((n * 8, 128), jnp.float32))(idx, x)
-
-
 @pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
-def test_waits_cached_across_source_offsets_and_slots(check, mode):
+def test_waits_cached_across_source_offsets_and_slots(check, table_call, mode):
     x = jax.random.normal(jax.random.key(0), (64, 128), jnp.float32)
     idx = jnp.array([5, 0, 7, 7, 2, 1], jnp.int32)
-    r = check(_gather_rows, idx, x, config=Config(dma_mode=mode, races=True))
+    gather_rows = table_call(_gather_rows_kernel, idx.shape[0] * 8,
+                             [pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))])
+    r = check(gather_rows, idx, x, config=Config(dma_mode=mode, races=True))
     assert r.findings == []
     want = (x.reshape(8, 8, 128)[np.asarray(idx)] * 2.0).reshape(-1, 128)
     np.testing.assert_array_equal(np.asarray(r.value), np.asarray(want))

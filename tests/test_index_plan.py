@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax._src import tree_util
 from jax._src.state import indexing, types as state_types
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
@@ -45,7 +44,8 @@ def _planned_and_general(leaves, tree):
     plan = index_plan.plan_for(tree)
     assert plan is not None
     built = tree.unflatten(leaves)  # JAX's own objects: what the general path reads
-    return plan.region(leaves), memory.resolve(RefView(built.ref.buffer, tuple(built.transforms)))
+    general = memory.resolve(RefView(built.ref.buffer, tuple(built.transforms)))
+    return plan.region(leaves, leaves[plan.ref]), general
 
 
 _index_kinds = st.sampled_from(["np", "jax", "int"])
@@ -104,7 +104,8 @@ def test_a_get_style_tree_of_transforms_and_a_bare_ref():
     assert region.index == (3, slice(2, 6, 1)) and region.out_shape == (4,) and not region.oob
     bare_leaves, bare_tree = tree_util.tracing_registry.flatten(ref)
     bare = index_plan.plan_for(bare_tree)
-    assert bare is not None and bare.region(bare_leaves).index == (slice(0, 4, 1), slice(0, 8, 1))
+    assert bare is not None and bare.region(bare_leaves, ref).index == (slice(0, 4, 1),
+                                                                      slice(0, 8, 1))
 
 
 def test_what_the_plan_does_not_cover_goes_the_general_way():
@@ -116,7 +117,7 @@ def test_what_the_plan_does_not_cover_goes_the_general_way():
     # An array of indices (a gather), a ref that carries transforms already: no region.
     leaves, tree = tree_util.tracing_registry.flatten(state_types.TransformedRef(
         ref, (indexing.NDIndexer((np.array([1, 2]), indexing.Slice(0, 16)), (8, 16), (2,)),)))
-    assert index_plan.plan_for(tree).region(leaves) is None
+    assert index_plan.plan_for(tree).region(leaves, ref) is None
     leaves, tree = _flat(ref, (np.int32(1), indexing.Slice(0, 16)))
     carrying = RefView(buffer, (indexing.NDIndexer(
         (indexing.Slice(0, 8), indexing.Slice(0, 16)), (8, 16), ()),))
@@ -138,16 +139,9 @@ def _paged_copy_kernel(pages_ref, x_hbm, o_ref, buf, sem):
     o_ref[...] = buf[...] + 1.0
 
 
-def _paged_copy(pages, x):
-    n = pages.shape[0]
-    return pl.pallas_call(
-        _paged_copy_kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(1,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec((n, 128), lambda i, p: (0, 0)),
-            scratch_shapes=[pltpu.VMEM((n, 128), jnp.float32), pltpu.SemaphoreType.DMA(())]),
-        out_shape=jax.ShapeDtypeStruct((n, 128), jnp.float32))(pages, x)
+def _paged_copy(table_call, n):
+    return table_call(_paged_copy_kernel, n,
+                      [pltpu.VMEM((n, 128), jnp.float32), pltpu.SemaphoreType.DMA(())])
 
 
 _lines, _first = inspect.getsourcelines(_paged_copy_kernel)
@@ -155,18 +149,18 @@ _START_LINE = _first + next(i for i, text in enumerate(_lines) if "copy(i).start
 
 
 @pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
-def test_dmas_by_a_page_table_copy_the_named_rows(check, mode):
+def test_dmas_by_a_page_table_copy_the_named_rows(check, table_call, mode):
     x = jax.random.normal(jax.random.key(1), (16, 128), jnp.float32)
     pages = jnp.array([3, 15, 0, 3, 9, 2, 7, 11], jnp.int32)
-    r = check(_paged_copy, pages, x, config=Config(dma_mode=mode, races=True))
+    r = check(_paged_copy(table_call, 8), pages, x, config=Config(dma_mode=mode, races=True))
     assert r.findings == []
     np.testing.assert_array_equal(np.asarray(r.value), np.asarray(x[pages] + 1.0))
 
 
-def test_a_page_index_past_the_end_is_an_out_of_bounds_dma_source(check):
+def test_a_page_index_past_the_end_is_an_out_of_bounds_dma_source(check, table_call):
     x = jax.random.normal(jax.random.key(2), (16, 128), jnp.float32)
     pages = jnp.array([3, 15, 16, 3, 9, 2, 7, 11], jnp.int32)  # row 16 of 16
-    r = check(_paged_copy, pages, x, config=Config(dma_mode=DmaMode.ON_WAIT))
+    r = check(_paged_copy(table_call, 8), pages, x, config=Config(dma_mode=DmaMode.ON_WAIT))
     [finding] = [f for f in r.findings if f.kind.value == "out-of-bounds"]
     assert finding.buffer == "x_hbm" and finding.index_range == ((16, 17), (0, 128))
     assert finding.frames[0].line == _START_LINE

@@ -17,13 +17,12 @@ which stays the reference for what a region is.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine import memory
+from pallas_check.engine import lru, memory
 from pallas_check.engine.memory import RefView, Region
 
 
@@ -48,20 +47,18 @@ class IndexPlan:
     ref: int | None
     steps: tuple[tuple[_Dim, ...], ...]
 
-    def region(self, leaves: Sequence[Any], ref: Any = None) -> Region | None:
-        """The region the indexed ref touches, or None when this access is not in the
-        planned spelling (the caller resolves it the general way). `ref`: the ref when the
-        pytree holds only transforms (a get or swap), or one to use instead (a remote
-        DMA's destination on another device)."""
-        if ref is None:
-            ref = leaves[self.ref]  # type: ignore[index]
+    def region(self, leaves: Sequence[Any], ref: Any) -> Region | None:
+        """The region `ref` indexed by the leaves touches, or None when this access is not
+        in the planned spelling (the caller resolves it the general way). `ref`: the
+        pytree's own (`leaves[self.ref]`), the ref of a get or swap (whose pytree holds
+        only transforms), or a remote DMA destination's counterpart on its device."""
         if ref.__class__ is not RefView or ref.transforms:
             return None
         steps = []
         for indexer in self.steps:
             dims: list = []
             for position, static, size, stride in indexer:
-                value = static if position < 0 else scalar_int(leaves[position])
+                value = static if position < 0 else memory.scalar_index(leaves[position])
                 if value is None:
                     return None
                 dims.append(value if size is None else (value, size, stride))
@@ -69,39 +66,7 @@ class IndexPlan:
         return memory.index_region(ref.buffer, steps)
 
 
-def scalar_int(x: Any) -> int | None:
-    """A scalar integer index as a Python int; None for anything else (an array of
-    indices: a gather, which the general path handles)."""
-    if x.__class__ is int:
-        return x
-    if isinstance(x, (int, np.integer)):  # numpy scalars; JAX's typed literals
-        return int(x)
-    if getattr(x, "ndim", None) == 0 and np.dtype(x.dtype).kind in "iu":
-        return int(np.asarray(x))
-    return None
-
-
-def cached_by_identity(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`fn(tree)` remembered by the tree object's identity (the entry holds the tree, so
-    its id stays its own), bounded. An equation keeps its pytree structure object for
-    good; hashing a structure (its indexers' shapes and static slices) cost several
-    microseconds at every DMA, more than the lookup it served."""
-    entries: dict[int, tuple[Any, Any]] = {}
-
-    def lookup(tree: Any) -> Any:
-        entry = entries.get(id(tree))
-        if entry is not None and entry[0] is tree:
-            return entry[1]
-        value = fn(tree)
-        if len(entries) >= 4096:
-            entries.clear()
-        entries[id(tree)] = (tree, value)
-        return value
-
-    return lookup
-
-
-@cached_by_identity
+@lru.by_identity
 def plan_for(tree: Any) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""
@@ -129,13 +94,13 @@ def plan_for(tree: Any) -> IndexPlan | None:
         dims: list[_Dim] = []
         for idx in transform.indices:
             if isinstance(idx, state_indexing.Slice):
-                size = scalar_int(idx.size)
+                size = memory.scalar_index(idx.size)
                 if size is None:
                     return None  # a dynamic size
                 start = idx.start
                 if isinstance(start, _Slot):
                     dims.append((start.position, 0, size, int(idx.stride)))
-                elif (static := scalar_int(start)) is not None:
+                elif (static := memory.scalar_index(start)) is not None:
                     dims.append((-1, static, size, int(idx.stride)))
                 else:
                     return None

@@ -1,8 +1,10 @@
-"""A bounded, thread-safe cache of compiled pieces, least recently used evicted first.
+"""The engine's caches of compiled pieces, bounded.
 
-The engine keeps three: programs by jaxpr identity, compiled segments by structure, index
-maps by identity then structure. An eager call traces a new jaxpr each time, so identity
-alone would miss and grow; structure alone would print the jaxpr at every call.
+`BoundedCache` (thread-safe, least recently used evicted first) keeps three: programs by
+jaxpr identity, compiled segments by structure, index maps by identity then structure. An
+eager call traces a new jaxpr each time, so identity alone would miss and grow; structure
+alone would print the jaxpr at every call. `by_identity` remembers what is derived from a
+pytree structure (a DMA's argument layout, an index plan) on the per-access path.
 """
 
 from __future__ import annotations
@@ -50,3 +52,25 @@ class BoundedCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def by_identity(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn(obj)` remembered by the object's identity, for objects that live long and cannot
+    be weakly referenced (a jaxpr equation's pytree structure): the entry holds the object,
+    so its id stays its own; bounded by clearing. Unlocked, unlike `BoundedCache`: it is
+    on the per-DMA path, where hashing a structure (its indexers' shapes and static
+    slices) or taking a lock cost more than the lookup served; a race between threads
+    only computes a value twice."""
+    entries: dict[int, tuple[Any, Any]] = {}
+
+    def lookup(obj: Any) -> Any:
+        entry = entries.get(id(obj))
+        if entry is not None and entry[0] is obj:
+            return entry[1]
+        value = fn(obj)
+        if len(entries) >= 4096:
+            entries.clear()
+        entries[id(obj)] = (obj, value)
+        return value
+
+    return lookup

@@ -249,8 +249,21 @@ class RefView:
         return RefView(self.buffer, self.transforms + tuple(more))
 
 
-_SCALAR_KEYS = frozenset({int, bool, np.int32, np.int64, np.uint32, np.int16, np.int8,
-                          np.uint8, np.uint16, np.uint64, np.bool_})
+_NUMPY_INTS = frozenset({np.int32, np.int64, np.uint32, np.int16, np.int8, np.uint8,
+                         np.uint16, np.uint64, np.bool_})
+
+
+def scalar_index(x: Any) -> int | None:
+    """A scalar integer index as a Python int; None for anything else (an array of
+    indices: a gather). On every access: the common kinds first, by exact class."""
+    kind = x.__class__
+    if kind is int:
+        return x
+    if kind in _NUMPY_INTS or isinstance(x, (int, np.integer)):  # JAX's typed literals too
+        return int(x)
+    if getattr(x, "ndim", None) == 0 and np.dtype(x.dtype).kind in "biu":
+        return int(np.asarray(x))
+    return None
 
 
 class AccessCache:
@@ -269,24 +282,17 @@ class AccessCache:
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
         parts: list = [id(eqn)]
         refs: list = []
-        for x in leaves:  # on every access: the common kinds first, by exact class
-            kind = x.__class__
-            if kind is RefView:
+        for x in leaves:
+            if x.__class__ is RefView:
                 parts.append(id(x))
                 refs.append(x)
-            elif kind in _SCALAR_KEYS:  # hashes and compares as the int it is
-                parts.append(x)
             elif x is None:
                 parts.append(None)
-            elif isinstance(x, (int, np.integer, np.bool_)):  # JAX's literals: int subclasses
-                parts.append(int(x))
-            elif isinstance(x, RefView):
-                parts.append(id(x))
-                refs.append(x)
-            elif getattr(x, "shape", None) == () and np.dtype(x.dtype).kind in "biu":
-                parts.append(int(x))
             else:
-                return make()  # an array of indices (a gather), or not a ref: every time
+                value = scalar_index(x)
+                if value is None:
+                    return make()  # an array of indices (a gather), or not a ref: every time
+                parts.append(value)
         key = tuple(parts)
         hit = self._entries.get(key)
         if hit is not None:  # the entry keeps its equation and refs alive: same ids, same objects

@@ -12,6 +12,7 @@ falls back to the compiled segment.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -117,7 +118,7 @@ def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
     equation (a jit's body inlined), literals as named numpy scalars of their dtypes."""
     names: dict[Any, str] = {v: f"a{i}" for i, v in enumerate(invars)}
     lines = [f"def segment({', '.join(names[v] for v in invars)}):"]
-    temps = iter(range(1 << 30))
+    temps = itertools.count()
 
     def atom(v: Any, scope: dict[Any, str]) -> str:
         if isinstance(v, jax_core.Literal):

@@ -24,7 +24,7 @@ from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import index_plan, memory, progress
+from pallas_check.engine import index_plan, lru, memory, progress
 from pallas_check.engine.evaluate import CallHalted, KernelError, current_frames, rule
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
@@ -289,7 +289,7 @@ def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefVie
     return RefView(other, view.transforms)
 
 
-@index_plan.cached_by_identity
+@lru.by_identity
 def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
     the equation's flat operands, its own pytree structure, and its index plan."""
