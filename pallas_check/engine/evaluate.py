@@ -2,8 +2,10 @@
 
 A jaxpr is compiled once into a `Program`: maximal runs of pure equations become one
 `jax.jit`-compiled segment (reused at every grid step), and every other equation gets a
-rule from `RULES`. Evaluation is a generator so that a core can yield to the scheduler
-where another actor could run (semaphore waits, DMA starts and waits).
+rule from `RULES` (or a rule specialized for that one equation, `SPECIALIZERS`). At its
+first evaluation a program becomes one generated Python generator function, a line per
+step; evaluation is a generator so that a core can yield to the scheduler where another
+actor could run (semaphore waits, DMA starts and waits).
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ RULES: dict[jax_core.Primitive, Rule] = {}
 BODY_ONLY: set[jax_core.Primitive] = set()
 
 
+# Per primitive, `specialize(eqn) -> rule fn or None`: a rule made for one equation when
+# its operands' static structure allows a shorter path (a scalar load), chosen once when
+# the program is generated. The specialized fn takes what the general rule takes and
+# falls back to it for any value its shortcut does not cover.
+SPECIALIZERS: dict[jax_core.Primitive, Callable[[jax_core.JaxprEqn], RuleFn | None]] = {}
+
+
+def specializer(primitive: jax_core.Primitive) -> Callable[[Callable], Callable]:
+    """Register `fn(eqn) -> rule fn or None` as the specializer of a (non-generator) rule."""
+
+    def register(fn: Callable) -> Callable:
+        SPECIALIZERS[primitive] = fn
+        return fn
+
+    return register
+
+
 def rule(*primitives: jax_core.Primitive, generator: bool = False,
          body_only: bool = False) -> Callable[[RuleFn], RuleFn]:
     """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
@@ -102,8 +121,8 @@ class Segment:
 class Program:
     jaxpr: jax_core.Jaxpr
     steps: list[Segment | jax_core.JaxprEqn]
-    # The steps as evaluation reads them (`_ops_of`), made at the first evaluation.
-    ops: list[tuple] | None = None
+    # The steps as one generated function (`_generate`), made at the first evaluation.
+    run: Callable[..., Any] | None = None
 
 
 # Programs by jaxpr identity; compiled segments by their structure (the segment's equations
@@ -291,88 +310,99 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# Evaluation.
-
-
-def read_atom(env: dict, v: Any) -> Any:
-    if isinstance(v, jax_core.Literal):
-        return v.val
-    return env[v]
-
-
-def _ops_of(program: Program) -> list[tuple]:
-    """Each step with what evaluating it needs, looked up once instead of at every grid
-    step: a segment as (None, fn, invars, outvars, segment); a ruled equation as (eqn,
-    rule or None, invars, whether any is a literal, the kept outvars by position, whether
-    it has sub-jaxprs, whether it has several results)."""
-    ops: list[tuple] = []
-    for step in program.steps:
-        if isinstance(step, Segment):
-            ops.append((None, step.fn, tuple(step.invars), tuple(step.outvars), step))
-            continue
-        eqn = step
-        kept = tuple((i, v) for i, v in enumerate(eqn.outvars) if not _is_dropvar(v))
-        nested = bool(eqn.params) and any(True for _ in jax_core.jaxprs_in_params(eqn.params))
-        ops.append((eqn, RULES.get(eqn.primitive), tuple(eqn.invars),
-                    any(isinstance(v, jax_core.Literal) for v in eqn.invars), kept, nested,
-                    eqn.primitive.multiple_results))
-    return ops
+# Evaluation: a program as one generated Python function.
 
 
 def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
-    """Evaluate `jaxpr` on concrete values; a generator returning the output values."""
+    """Evaluate `jaxpr` on concrete values: a generator returning the output values."""
     program = program_for(jaxpr, ctx.config.skip_floats)
-    ops = program.ops
-    if ops is None:
-        ops = program.ops = _ops_of(program)
-    env: dict[jax_core.Var, Any] = {}
-    for v, value in zip(jaxpr.constvars, consts):
-        env[v] = value
-    for v, value in zip(jaxpr.invars, args):
-        env[v] = value
-    for op in ops:
-        eqn = op[0]
-        if eqn is None:  # a segment
-            _, fn, ins, outs, segment = op
-            try:
-                results = fn(*[env[v] for v in ins])
-            except Exception as exc:  # a JAX-side failure of the user's pure code
-                raise _located_error(segment.eqns[0], exc) from exc
-            for v, value in zip(outs, results):
-                env[v] = value
+    run = program.run
+    if run is None:
+        run = program.run = _generate(program)
+    return run(ctx, consts, args)
+
+
+def _generate(program: Program) -> Callable[..., Gen]:
+    """The program as one Python generator function, `run(ctx, consts, args)`: a line per
+    step, variables as locals, each step's rule, equation and literals bound by name. A
+    kernel body runs at every grid step; reading steps from a table and variables from a
+    dict cost more than most rules."""
+    jaxpr = program.jaxpr
+    names: dict[Any, str] = {}
+    bound: dict[str, Any] = {"_located_error": _located_error, "_unsupported": _unsupported,
+                             "current_frames": current_frames}
+    lines: list[str] = []
+
+    def local(v: Any) -> str:
+        name = names.get(v)
+        if name is None:
+            name = names[v] = f"v{len(names)}"
+        return name
+
+    def atom(v: Any) -> str:
+        if isinstance(v, jax_core.Literal):
+            name = f"L{len(bound)}"
+            bound[name] = v.val
+            return name
+        return local(v)
+
+    def unpack(names_: Sequence[str], source: str) -> None:
+        if names_:
+            lines.append(f"    {', '.join(names_)}{',' if len(names_) == 1 else ''} = {source}")
+
+    unpack([local(v) for v in jaxpr.constvars], "consts")
+    unpack([local(v) for v in jaxpr.invars], "args")
+    generator = False
+    for k, step in enumerate(program.steps):
+        if isinstance(step, Segment):
+            bound[f"S{k}"], bound[f"G{k}"] = step.fn, step
+            call = f"S{k}({', '.join(atom(v) for v in step.invars)})"
+            lines += ["    try:", f"        _r = {call}", "    except Exception as exc:",
+                      f"        raise _located_error(G{k}.eqns[0], exc) from exc"]
+            unpack([local(v) for v in step.outvars], "_r")
             continue
-        _, entry, ins, has_literal, kept, nested, multiple = op
+        eqn = step
+        bound[f"E{k}"] = eqn
+        entry = RULES.get(eqn.primitive)
         if entry is None:
-            raise UnsupportedPrimitive(
-                f"pallas-check does not support the primitive '{eqn.primitive.name}'"
-                " with refs as operands",
-                user_frames(eqn.source_info),
-            )
-        if has_literal:
-            invals = [read_atom(env, v) for v in ins]
+            lines.append(f"    raise _unsupported(E{k})")
+            continue
+        specialize = SPECIALIZERS.get(eqn.primitive)
+        bound[f"R{k}"] = (specialize and specialize(eqn)) or entry.fn
+        call = f"R{k}(ctx, E{k}, [{', '.join(atom(v) for v in eqn.invars)}])"
+        kept = [(i, v) for i, v in enumerate(eqn.outvars) if not _is_dropvar(v)]
+        target = ("" if not kept else "_r = " if eqn.primitive.multiple_results
+                  else f"{local(kept[0][1])} = ")
+        lines.append(f"    ctx.eqn = E{k}")
+        if not entry.is_generator:
+            lines.append(f"    {target}{call}")
+        elif eqn.params and any(True for _ in jax_core.jaxprs_in_params(eqn.params)):
+            generator = True
+            # Pallas clips source tracebacks at each traced body: an equation inside (e.g.
+            # the DMA of a sync_copy) may have no user frame; it gets ours.
+            lines += ["    ctx.frame_stack.append(current_frames(ctx))", "    try:",
+                      f"        {target}yield from {call}", "    finally:",
+                      "        ctx.frame_stack.pop()"]
         else:
-            invals = [env[v] for v in ins]
-        ctx.eqn = eqn
-        if entry.is_generator:
-            if nested:
-                # Pallas clips source tracebacks at each traced body: an equation inside
-                # (e.g. the DMA of a sync_copy) may have no user frame; it gets ours.
-                ctx.frame_stack.append(current_frames(ctx))
-                try:
-                    results = yield from entry.fn(ctx, eqn, invals)
-                finally:
-                    ctx.frame_stack.pop()
-            else:
-                results = yield from entry.fn(ctx, eqn, invals)
-        else:
-            results = entry.fn(ctx, eqn, invals)
-        if kept:
-            if multiple:
-                for i, v in kept:
-                    env[v] = results[i]
-            else:
-                env[kept[0][1]] = results
-    return [read_atom(env, v) for v in jaxpr.outvars]
+            generator = True
+            lines.append(f"    {target}yield from {call}")
+        if kept and eqn.primitive.multiple_results:
+            for i, v in kept:
+                lines.append(f"    {local(v)} = _r[{i}]")
+    if not generator:
+        lines.append("    if False: yield  # a generator, as every evaluation is")
+    lines.append(f"    return [{', '.join(atom(v) for v in jaxpr.outvars)}]")
+    source = "def run(ctx, consts, args):\n" + "\n".join(lines) + "\n"
+    exec(compile(source, "<pallas-check program>", "exec"), bound)  # noqa: S102
+    return bound["run"]
+
+
+def _unsupported(eqn: jax_core.JaxprEqn) -> UnsupportedPrimitive:
+    return UnsupportedPrimitive(
+        f"pallas-check does not support the primitive '{eqn.primitive.name}'"
+        " with refs as operands",
+        user_frames(eqn.source_info),
+    )
 
 
 def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:
@@ -396,7 +426,7 @@ def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:
 
 
 def eval_closed(ctx: Any, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> Gen:
-    return (yield from eval_jaxpr(ctx, closed.jaxpr, closed.consts, args))
+    return eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 
 def run_to_end(gen: Gen) -> Any:

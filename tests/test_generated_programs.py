@@ -1,0 +1,114 @@
+"""engine/evaluate's generated programs and the scalar-load shortcut: results equal a
+numpy reference, and every load the shortcut does not cover (past the end, of memory not
+yet written, with a race checker recording reads) still gets its finding from the general
+rule."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_check.config import Config
+from pallas_check.engine import rules
+
+ROWS = 8
+
+
+def _table_rows_kernel(t_ref, x_hbm, o_ref, s_ref):
+    """Row r of the output: 2 * t[1, r] + t[0, 7 - r] + s[0], by dynamic scalar loads."""
+    s_ref[0] = t_ref[2, 3]
+
+    def row(r, carry):
+        value = t_ref[1, r] * 2 + t_ref[0, 7 - r] + s_ref[0]
+        o_ref[pl.ds(r, 1), :] = jnp.full((1, 128), value, jnp.float32)
+        return carry
+
+    jax.lax.fori_loop(0, ROWS, row, 0)
+
+
+def _past_the_end_kernel(t_ref, x_hbm, o_ref, s_ref):
+    def row(r, carry):
+        value = t_ref[1, r + 1]  # r = 7 reads t[1, 8]: one past the end
+        o_ref[pl.ds(r, 1), :] = jnp.full((1, 128), value, jnp.float32)
+        return carry
+
+    jax.lax.fori_loop(0, ROWS, row, 0)
+
+
+def _unwritten_kernel(t_ref, x_hbm, o_ref, s_ref):
+    s_ref[0] = t_ref[0, 0]
+    o_ref[...] = jnp.full((ROWS, 128), s_ref[0] + s_ref[1], jnp.float32)  # s[1]: never written
+
+
+def _line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def _call(table_call, kernel):
+    return table_call(kernel, ROWS, [pltpu.SMEM((2,), jnp.int32)])
+
+
+@pytest.fixture
+def general_loads(monkeypatch):
+    """How many loads reach the general `_get` rule (the shortcut falls back to it)."""
+    calls = []
+    general = rules._get
+
+    def counting(ctx, eqn, invals):
+        calls.append(eqn.outvars[0].aval.shape)
+        return general(ctx, eqn, invals)
+
+    monkeypatch.setattr(rules, "_get", counting)
+    return calls
+
+
+def _table():
+    return jnp.arange(32, dtype=jnp.int32).reshape(4, 8) * 3 - 7
+
+
+def test_scalar_loads_take_the_shortcut_and_give_the_reference(check, table_call,
+                                                               general_loads):
+    table = _table()
+    x = jnp.zeros((8, 128), jnp.float32)
+    r = check(_call(table_call, _table_rows_kernel), table, x, config=Config())
+    assert r.findings == []
+    t = np.asarray(table)
+    expected = np.array([2 * t[1, i] + t[0, 7 - i] + t[2, 3] for i in range(ROWS)], np.float32)
+    np.testing.assert_array_equal(np.asarray(r.value), np.repeat(expected[:, None], 128, 1))
+    # The table is written everywhere: its loads take the shortcut. s_ref is not (s[1] never
+    # is), so each s[0] load goes the general way, which checks the written-shadow.
+    assert general_loads == [()] * ROWS
+
+
+def test_with_races_on_every_load_is_recorded_by_the_general_rule(check, table_call,
+                                                                  general_loads):
+    table = _table()
+    r = check(_call(table_call, _table_rows_kernel), table, jnp.zeros((8, 128), jnp.float32),
+              config=Config(races=True))
+    assert r.findings == []
+    assert len(general_loads) == 1 + 3 * ROWS  # t[2, 3], then t[1, r], t[0, 7 - r], s[0]
+
+
+def test_a_scalar_load_past_the_end_is_out_of_bounds(check, table_call):
+    r = check(_call(table_call, _past_the_end_kernel), _table(),
+              jnp.zeros((8, 128), jnp.float32), config=Config())
+    [finding] = r.findings
+    assert finding.kind.value == "out-of-bounds" and finding.buffer == "t_ref"
+    assert finding.index_range == ((1, 2), (8, 9))
+    assert finding.frames[0].line == _line_of(_past_the_end_kernel, "t_ref[1, r + 1]")
+
+
+def test_a_scalar_load_of_memory_never_written_is_uninitialized(check, table_call):
+    r = check(_call(table_call, _unwritten_kernel), _table(),
+              jnp.zeros((8, 128), jnp.float32), config=Config())
+    [finding] = r.findings
+    assert finding.kind.value == "uninitialized" and finding.buffer == "s_ref"
+    assert finding.index_range == ((1, 2),)
+    assert finding.frames[0].line == _line_of(_unwritten_kernel, "s_ref[0] + s_ref[1]")
