@@ -112,3 +112,65 @@ def test_a_scalar_load_of_memory_never_written_is_uninitialized(check, table_cal
     assert finding.kind.value == "uninitialized" and finding.buffer == "s_ref"
     assert finding.index_range == ((1, 2),)
     assert finding.frames[0].line == _line_of(_unwritten_kernel, "s_ref[0] + s_ref[1]")
+
+
+def _gather_rows_kernel(t_ref, x_hbm, o_ref, buf, sems):
+    """Rows of x named by t[0, :8], two at a time into a double buffer: a DMA per row, the
+    slot's pair waited before the next pair reuses it."""
+    def copy(i):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(t_ref[0, i], 1)],
+                                     buf.at[i % 2, pl.ds(0, 1)], sems.at[i % 2])
+
+    for i in range(ROWS):
+        copy(i).start()
+        copy(i).wait()
+        o_ref[pl.ds(i, 1), :] = buf[i % 2, pl.ds(0, 1)] * 2.0
+
+
+def _stride_0_source_kernel(t_ref, x_hbm, o_ref, buf, sems):
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, ROWS, 0)], buf.at[0], sems.at[0])
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[0]
+
+
+def _dma_call(table_call, kernel):
+    return table_call(kernel, ROWS, [pltpu.VMEM((2, ROWS, 128), jnp.float32),
+                                     pltpu.SemaphoreType.DMA((2,))])
+
+
+@pytest.fixture
+def general_dmas(monkeypatch):
+    """Which DMA equations reach the general start and wait rules."""
+    from pallas_check.engine import sync
+
+    calls = []
+    for name in ("_dma_start", "_dma_wait"):
+        general = getattr(sync, name)
+
+        def counting(ctx, eqn, invals, general=general, name=name):
+            calls.append(name)
+            return (yield from general(ctx, eqn, invals))
+
+        monkeypatch.setattr(sync, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+def test_local_dmas_take_the_planned_path_and_copy_the_named_rows(check, table_call,
+                                                                  general_dmas, mode):
+    table = _table() % 16 + 16
+    x = jax.random.normal(jax.random.key(3), (64, 128), jnp.float32)
+    r = check(_dma_call(table_call, _gather_rows_kernel), table, x,
+              config=Config(dma_mode=mode))
+    assert r.findings == []
+    rows = np.asarray(table)[0, :ROWS]
+    np.testing.assert_array_equal(np.asarray(r.value), np.asarray(x)[rows] * 2.0)
+    assert general_dmas == []
+
+
+def test_a_stride_0_dma_source_falls_back_and_is_refused(check, table_call, general_dmas):
+    with pytest.raises(Exception, match="a DMA slice with a stride of 0"):
+        check(_dma_call(table_call, _stride_0_source_kernel), _table(),
+              jnp.zeros((64, 128), jnp.float32))
+    assert general_dmas == ["_dma_start"]

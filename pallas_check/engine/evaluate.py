@@ -76,7 +76,8 @@ SPECIALIZERS: dict[jax_core.Primitive, Callable[[jax_core.JaxprEqn], RuleFn | No
 
 
 def specializer(primitive: jax_core.Primitive) -> Callable[[Callable], Callable]:
-    """Register `fn(eqn) -> rule fn or None` as the specializer of a (non-generator) rule."""
+    """Register `fn(eqn) -> rule fn or None` as the specializer of a primitive's rule (a
+    generator rule's specialized fn is a generator too)."""
 
     def register(fn: Callable) -> Callable:
         SPECIALIZERS[primitive] = fn

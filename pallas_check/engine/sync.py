@@ -25,10 +25,12 @@ from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
 from pallas_check.engine import index_plan, lru, memory, progress
-from pallas_check.engine.evaluate import CallHalted, KernelError, current_frames, rule
+from pallas_check.engine.evaluate import (CallHalted, KernelError, current_frames, rule,
+                                         specializer)
 from pallas_check.engine.memory import RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
 
 
 @dataclasses.dataclass(slots=True)
@@ -344,42 +346,118 @@ def _dma_start(ctx, eqn, invals):
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
                           " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
                           " in loads", frames)
-    if src_region.oob:
-        ctx.call.out_of_bounds(ctx, src_region, "DMA source", None)
-    if dst_region.oob:
-        ctx.call.out_of_bounds(ctx, dst_region, "DMA destination", None)
     src_shape, _ = _view_layout(src_region)
     dst_shape, dst_itemsize = _view_layout(dst_region)
     if math.prod(src_shape) != math.prod(dst_shape):
         raise KernelError(
             f"DMA shapes differ: {src_region.buffer.name}{list(src_shape)} ->"
             f" {dst_region.buffer.name}{list(dst_shape)}", frames)
-    nbytes = math.prod(dst_shape) * dst_itemsize
     src_sem_region = (_arg_region(ctx, src_sem_at, invals)
                       if src_sem_at[1] > src_sem_at[0] else None)
-    dma = Dma(
-        id=ctx.call.sync.next_id(),
-        src=src_region,
-        dst=dst_region,
-        dst_sem=cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
-        src_sem=cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
-        nbytes=nbytes,
-        actor=ctx.actor,
-        frames=frames,
-        grid_point=ctx.grid_point,
-    )
-    ctx.call.sync.start(dma)
-    ctx.call.on_dma_start(ctx, dma)
-    if ctx.config.dma_mode == DmaMode.EAGER:
-        complete(ctx, dma)
-    elif ctx.config.dma_mode == DmaMode.RANDOM:
-        ctx.call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
-    scheduler = ctx.call.scheduler
-    if scheduler is not None and scheduler.alone:
-        progress.beat()
-    else:
+    if _begin_dma(ctx, src_region, dst_region,
+                  cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
+                  cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
+                  math.prod(dst_shape) * dst_itemsize, frames):
         yield None  # a scheduling point: another actor may run between start and what follows
     return []
+
+
+def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
+               nbytes: int, frames: tuple[SourceFrame, ...]) -> bool:
+    """Start a DMA whose arguments are resolved; whether the start is a scheduling point
+    (not when one actor runs alone: the watchdog is told it is alive instead)."""
+    call = ctx.call
+    if src.oob:
+        call.out_of_bounds(ctx, src, "DMA source", None)
+    if dst.oob:
+        call.out_of_bounds(ctx, dst, "DMA destination", None)
+    dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
+              ctx.grid_point)
+    call.sync.start(dma)
+    call.on_dma_start(ctx, dma)
+    mode = ctx.config.dma_mode
+    if mode == DmaMode.EAGER:
+        complete(ctx, dma)
+    elif mode == DmaMode.RANDOM:
+        call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
+    scheduler = call.scheduler
+    if scheduler is not None and scheduler.alone:
+        progress.beat()
+        return False
+    return True
+
+
+@specializer(mosaic_primitives.dma_start_p)
+def _planned_dma_start(eqn: Any) -> Any:
+    """A local DMA (no device id) whose source and destination are in the planned spelling
+    (ints and static-size slices on a ref without transforms; see index_plan), made for
+    this equation: the shapes, bytes and source line are worked out once, the source's
+    region straight from its plan, and the destination and semaphores looked up together.
+    Any other value (a ref with transforms, an index array) takes `_dma_start`."""
+    static = _planned_dma(eqn)
+    if static is None:
+        return None
+    src_at, rest_at, nbytes, _, frames = static
+    src_lo, src_hi, _, src_plan = src_at
+
+    def planned_dma_start(ctx, eqn, invals):
+        leaves = invals[src_lo:src_hi]
+        src = src_plan.region(leaves, leaves[src_plan.ref])
+        rest = invals[rest_at:]
+        resolved = (None if src is None or src.zero_stride
+                    else ctx.call.accesses.get_or_make(
+                        eqn, rest, lambda: _dst_and_semaphores(ctx, eqn, invals)))
+        if resolved is None or resolved[0].zero_stride:
+            return (yield from _dma_start(ctx, eqn, invals))
+        dst, dst_sem, src_sem = resolved
+        if _begin_dma(ctx, src, dst, dst_sem, src_sem, nbytes, frames):
+            yield None
+        return []
+
+    return planned_dma_start
+
+
+def _planned_dma(eqn: Any) -> tuple | None:
+    """What a local, planned DMA start or wait knows before it runs: the source's layout,
+    where the operands after the source begin, the bytes a start signals and a wait
+    takes (static, whatever the indices) and its source frames (None when not all of
+    that is static: the general rules then run)."""
+    src_at, dst_at, _, _, device_at = _dma_layout(eqn.params["tree"])
+    frames = user_frames(eqn.source_info)
+    if device_at[1] > device_at[0] or not frames:
+        return None
+    shapes = []
+    for lo, _, _, plan in (src_at, dst_at):
+        if plan is None or plan.ref is None or not plan.steps:
+            return None
+        shape = getattr(eqn.invars[lo + plan.ref].aval, "shape", None)
+        for step in plan.steps:  # each indexer takes the dims the one before left
+            if shape is None or len(step) != len(shape):
+                return None  # ranks the general rule explains as an error
+            shape = [size for _, _, size, _ in step if size is not None]
+        shapes.append(shape)
+    if math.prod(shapes[0]) != math.prod(shapes[1]):
+        return None  # sizes the general rule explains as an error
+    src_ref = eqn.invars[src_at[0] + src_at[3].ref].aval
+    dst_ref = eqn.invars[dst_at[0] + dst_at[3].ref].aval
+    # A start signals the destination's bytes; a wait takes its descriptor source's.
+    return (src_at, src_at[1], math.prod(shapes[1]) * np.dtype(dst_ref.dtype).itemsize,
+            math.prod(shapes[0]) * np.dtype(src_ref.dtype).itemsize, frames)
+
+
+def _dst_and_semaphores(ctx: Any, eqn: Any, invals: list) -> tuple | None:
+    """A planned DMA's destination region and semaphore cells (cached per call by their
+    operands), or None when the destination is not in the planned spelling."""
+    _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
+    leaves = invals[dst_at[0]:dst_at[1]]
+    plan = dst_at[3]
+    dst = plan.region(leaves, leaves[plan.ref])
+    if dst is None:
+        return None
+    src_sem = (cell_of(ctx, _arg_region_made(ctx, src_sem_at, invals[src_sem_at[0]:src_sem_at[1]]))
+               if src_sem_at[1] > src_sem_at[0] else None)
+    return (dst, cell_of(ctx, _arg_region_made(ctx, dst_sem_at,
+                                               invals[dst_sem_at[0]:dst_sem_at[1]])), src_sem)
 
 
 def _view_layout(region: Region) -> tuple[tuple[int, ...], int]:
@@ -408,23 +486,57 @@ def _dma_wait(ctx, eqn, invals):
         eqn, [invals[src_start], *invals[sem_start:sem_end]],
         lambda: _wait_descriptor(ctx, layout, invals))
     frames = current_frames(ctx)
-    sync = ctx.call.sync
-    if ctx.config.dma_mode == DmaMode.ON_WAIT:
-        def ready() -> bool:  # a DMA started after the wait began is done on demand too
-            if sem_value(cell) < nbytes:
-                _deliver(ctx, sync, cell, nbytes)
-            return sem_value(cell) >= nbytes
-    else:
-        def ready() -> bool:
-            return sem_value(cell) >= nbytes
-    if not ready():
-        yield Wait(ready, "DMA wait", frames,
-                   semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell),
-                   cell=cell)
-    sem_add(cell, -nbytes)
-    _account_wait(sync, cell, nbytes)
-    ctx.call.on_dma_wait(ctx, cell, frames)
+    if not _wait_ready(ctx, cell, nbytes):
+        yield _wait_request(ctx, cell, nbytes, frames)
+    _end_wait(ctx, cell, nbytes, frames)
     return []
+
+
+def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
+    """Whether a DMA wait can go on now (`on_wait`: delivering what it needs first)."""
+    if sem_value(cell) >= nbytes:
+        return True
+    if ctx.config.dma_mode == DmaMode.ON_WAIT:
+        _deliver(ctx, ctx.call.sync, cell, nbytes)
+        return sem_value(cell) >= nbytes
+    return False
+
+
+def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
+    """What the scheduler holds a DMA wait on (a DMA started later is delivered on demand
+    too, in `on_wait` mode)."""
+    return Wait(lambda: _wait_ready(ctx, cell, nbytes), "DMA wait", frames,
+                semaphore=sem_name(cell), wanted=nbytes, current=lambda: sem_value(cell),
+                cell=cell)
+
+
+def _end_wait(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> None:
+    sem_add(cell, -nbytes)
+    _account_wait(ctx.call.sync, cell, nbytes)
+    ctx.call.on_dma_wait(ctx, cell, frames)
+
+
+@specializer(mosaic_primitives.dma_wait_p)
+def _planned_dma_wait(eqn: Any) -> Any:
+    """A local, planned DMA's wait (see `_planned_dma_start`): its bytes and source line
+    known before it runs; only its semaphore is looked up."""
+    static = _planned_dma(eqn)
+    if static is None:
+        return None
+    _, _, sem_at, _, _ = _dma_layout(eqn.params["tree"])
+    sem_lo, sem_hi = sem_at[0], sem_at[1]
+    _, _, _, nbytes, frames = static
+
+    def planned_dma_wait(ctx, eqn, invals):
+        cell = ctx.call.accesses.get_or_make(
+            eqn, invals[sem_lo:sem_hi],
+            lambda: cell_of(ctx, _arg_region_made(ctx, sem_at, invals[sem_lo:sem_hi])))
+        if not _wait_ready(ctx, cell, nbytes):
+            yield _wait_request(ctx, cell, nbytes, frames)
+        _end_wait(ctx, cell, nbytes, frames)
+        return []
+
+    return planned_dma_wait
 
 
 def _deliver(ctx: Any, sync: SyncState, cell: tuple, nbytes: int) -> None:
