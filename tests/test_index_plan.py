@@ -92,6 +92,14 @@ def test_a_planned_region_is_the_general_one(case):
     fast, general = _planned_and_general(leaves, tree)
     assert fast is not None
     _same_region(fast, general)
+    # The plan's straight-line code answers exactly the plain in-bounds accesses.
+    plan = index_plan.plan_for(tree)
+    straight = plan._in_bounds(leaves, ref.buffer)
+    plain = not general.oob and all(i.size > 0 and i.stride != 0 for indices in indexers
+                                    for i in indices if isinstance(i, indexing.Slice))
+    assert (straight is not None) == plain
+    if straight is not None:
+        _same_region(straight, general)
 
 
 def test_a_get_style_tree_of_transforms_and_a_bare_ref():

@@ -17,7 +17,7 @@ which stays the reference for what a region is.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
@@ -46,6 +46,12 @@ class IndexPlan:
 
     ref: int | None
     steps: tuple[tuple[_Dim, ...], ...]
+    # The in-bounds case as straight-line code (`_in_bounds_fn`), made with the plan.
+    _in_bounds: Callable[[Sequence[Any], memory.Buffer], Region | None] = dataclasses.field(
+        init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_in_bounds", _in_bounds_fn(self.steps))
 
     def region(self, leaves: Sequence[Any], ref: Any) -> Region | None:
         """The region `ref` indexed by the leaves touches, or None when this access is not
@@ -54,7 +60,10 @@ class IndexPlan:
         only transforms), or a remote DMA destination's counterpart on its device."""
         if ref.__class__ is not RefView or ref.transforms:
             return None
-        steps = []
+        region = self._in_bounds(leaves, ref.buffer)
+        if region is not None:
+            return region
+        steps = []  # out of bounds, a stride of 0, ranks that differ: the full account
         for indexer in self.steps:
             dims: list = []
             for position, static, size, stride in indexer:
@@ -64,6 +73,65 @@ class IndexPlan:
                 dims.append(value if size is None else (value, size, stride))
             steps.append(dims)
         return memory.index_region(ref.buffer, steps)
+
+
+def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region | None]:
+    """`fn(leaves, buffer)`: the region of an access in bounds, with no empty or stride-0
+    slice, on a buffer of the rank the plan expects, as `memory.index_region` would make it; None for
+    anything else (the caller then takes the general account, which says what is wrong).
+    Generated per plan: a DMA-bound kernel resolves a fresh source page at every DMA, and
+    walking the plan's tuples cost more than the copy's bookkeeping around it."""
+    rank = len(steps[0]) if steps else 0
+    lines = ["def in_bounds(leaves, buffer):", "    shape = buffer.data.shape",
+             f"    if len(shape) != {rank}: return None"]
+    if rank:
+        lines.append(f"    {', '.join(f'n{b}' for b in range(rank))}{',' if rank == 1 else ''}"
+                     " = shape")
+    # Per base dimension: ("int", expr) or ("slice", start expr, size expr, static stride).
+    dims: list[tuple] = [("slice", "0", f"n{b}", 1) for b in range(rank)]
+    live = list(range(rank))
+    names = iter(range(1_000_000))
+    for step in steps:
+        if len(step) != len(live):
+            return lambda leaves, buffer: None  # the general path explains the ranks
+        still = []
+        for base, (position, static, size, stride) in zip(live, step):
+            _, start0, size0, stride0 = dims[base]
+            if position < 0:
+                value = str(static)
+            else:
+                value = f"x{next(names)}"
+                lines += [f"    {value} = scalar_index(leaves[{position}])",
+                          f"    if {value} is None: return None"]
+            start = value if start0 == "0" and stride0 == 1 else f"({start0} + {value} * {stride0})"
+            if size is None:
+                lines.append(f"    if not 0 <= {value} < {size0}: return None")
+                dims[base] = ("int", start)
+                continue
+            if stride == 0 or size == 0:
+                return lambda leaves, buffer: None  # rare: the general path's business
+            lines.append(f"    if {value} < 0 or {value} + {(size - 1) * stride} >= {size0}:"
+                         " return None")
+            name = f"s{next(names)}"
+            lines.append(f"    {name} = {start}")
+            dims[base] = ("slice", name, str(size), stride0 * stride)
+            still.append(base)
+        live = still
+    index, region_dims, out_shape = [], [], []
+    for dim in dims:
+        if dim[0] == "int":
+            index.append(dim[1])
+            region_dims.append(dim[1])
+            continue
+        _, start, size, stride = dim
+        index.append(f"slice({start}, {start} + {size} * {stride}, {stride})")
+        region_dims.append(f"({start}, {size}, {stride})")
+        out_shape.append(size)
+    lines.append(f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
+                 f" ({''.join(i + ', ' for i in index)}), ({''.join(n + ', ' for n in out_shape)}))")
+    namespace = {"scalar_index": memory.scalar_index, "Region": Region}
+    exec(compile("\n".join(lines), "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
+    return namespace["in_bounds"]
 
 
 @lru.by_identity

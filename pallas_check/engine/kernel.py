@@ -335,7 +335,10 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor]) -> 
     state.scheduler = Scheduler(seed=state.config.seed)
     state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
-        state.scheduler.run(actors)
+        # Scalar segments (scalar.py) run on numpy scalars, whose integer overflow wraps
+        # as XLA's does; numpy would warn at each: silenced once for the whole call.
+        with np.errstate(over="ignore"):
+            state.scheduler.run(actors)
     except Deadlock as deadlock:
         state.add(state.checkers.deadlocked(state, deadlock, ctx))
         state.unfinished = True

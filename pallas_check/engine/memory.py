@@ -191,6 +191,8 @@ class Buffer:
     def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
         """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
         of the indexed part, not of the buffer (a count of unwritten elements is kept)."""
+        if value is True and self.fully_written:
+            return  # a scratch buffer once every element was written: nothing changes
         if self._written is None:
             if value.all() if isinstance(value, np.ndarray) else bool(value):
                 return  # already written everywhere
@@ -349,6 +351,22 @@ class Region:
         self.index = tuple(index) if not oob and not zero_stride else None
         self.out_shape = tuple(out_shape)
         self._map: ElementMap | None = None
+
+    @classmethod
+    def in_bounds(cls, buffer: Buffer, dims: list, index: tuple,
+                  out_shape: tuple[int, ...]) -> "Region":
+        """A plain region whose numpy index is already known to be in bounds, with no
+        stride of 0 (an index plan's straight-line code makes these)."""
+        region = cls.__new__(cls)
+        region.buffer = buffer
+        region.dims = dims
+        region.post = []
+        region.oob = []
+        region.zero_stride = False
+        region.index = index
+        region.out_shape = out_shape
+        region._map = None
+        return region
 
     # -- description -------------------------------------------------------------------
     def index_range(self) -> IndexRange:

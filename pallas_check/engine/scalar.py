@@ -167,8 +167,9 @@ def scalar_segment_fn(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
         values = [x if type(x) is kind else _as_scalar(x, kind)
                   for x, kind in zip(args, scalar_types)]
         try:
-            with np.errstate(over="ignore"):  # integer overflow wraps, as in XLA
-                return body(*values)  # numpy scalars: 0-d values, like XLA's
+            # numpy scalars: 0-d values, like XLA's. Integer overflow wraps, as in XLA
+            # (the engine runs a call under np.errstate(over="ignore"): no warning).
+            return body(*values)
         except _Fallback:
             return compiled(*args)
 

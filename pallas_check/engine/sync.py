@@ -84,6 +84,15 @@ class SyncState:
     def next_id(self) -> int:
         return next(self._ids)
 
+    def landing_only(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma] | None:
+        """The DMAs that may still land on `sem`, in start order (the list itself: a
+        landed one may be removed), when no DMA signals it as its send semaphore; else
+        None (`pending_on` then orders both kinds)."""
+        key = (sem[0].id, sem[1])
+        if self._sending.get(key):
+            return None
+        return self._receiving.get(key, [])
+
     def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[tuple[Dma, bool]]:
         """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
         DMA that has yet to land there (receive semaphore), (dma, False) for one that has
@@ -542,6 +551,13 @@ def _planned_dma_wait(eqn: Any) -> Any:
 def _deliver(ctx: Any, sync: SyncState, cell: tuple, nbytes: int) -> None:
     """`on_wait`: the events of DMAs in flight that signal `cell`, newest DMA first, until
     it holds `nbytes` (a landing for a receive semaphore, a read for a send semaphore)."""
+    receiving = sync.landing_only(cell)
+    if receiving is not None:  # the common case: only DMAs landing here signal it
+        while receiving and sem_value(cell) < nbytes:
+            dma = receiving.pop()  # newest first; one landed already needs nothing more
+            if not dma.copied:
+                complete(ctx, dma)
+        return
     for dma, lands in sync.pending_on(cell):
         if sem_value(cell) >= nbytes:
             return
