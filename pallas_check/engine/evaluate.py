@@ -316,11 +316,17 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 
 def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
     """Evaluate `jaxpr` on concrete values: a generator returning the output values."""
-    program = program_for(jaxpr, ctx.config.skip_floats)
+    return runner_for(jaxpr, ctx.config.skip_floats)(ctx, consts, args)
+
+
+def runner_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Callable[..., Gen]:
+    """`run(ctx, consts, args)`, the generated function of a jaxpr's program (a rule that
+    evaluates the same sub-jaxpr at every step may keep it)."""
+    program = program_for(jaxpr, skip_floats)
     run = program.run
     if run is None:
         run = program.run = _generate(program)
-    return run(ctx, consts, args)
+    return run
 
 
 def _generate(program: Program) -> Callable[..., Gen]:

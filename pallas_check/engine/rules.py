@@ -6,7 +6,7 @@ bounds are checked and the written-shadow is consulted and updated.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import jax_core
@@ -27,6 +27,7 @@ from pallas_check.engine.evaluate import (
     eval_closed,
     eval_jaxpr,
     rule,
+    runner_for,
     specializer,
 )
 from pallas_check.engine.memory import RefView, Region
@@ -271,24 +272,69 @@ def _closed_call(ctx, eqn, invals):
 
 @rule(lax_control_flow.cond_p, generator=True, body_only=True)
 def _cond(ctx, eqn, invals):
-    index, *ops = invals
-    branches = eqn.params["branches"]
-    i = min(max(int(index), 0), len(branches) - 1)  # clamped, as lax.switch does
-    return (yield from eval_closed(ctx, branches[i], ops))
+    """The rule as registered; a generated program uses `_cond_for`'s, made per equation."""
+    return (yield from _cond_for(eqn)(ctx, eqn, invals))
 
 
 @rule(lax_control_flow.while_p, generator=True, body_only=True)
 def _while(ctx, eqn, invals):
+    """The rule as registered; a generated program uses `_while_for`'s."""
+    return (yield from _while_for(eqn)(ctx, eqn, invals))
+
+
+def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
+    """Per float-skipping setting, the generated functions of some sub-jaxprs, each made
+    at its first use (a branch never taken is never generated)."""
+    made: dict[bool, list] = {}
+
+    def runner(ctx: Any, k: int) -> Any:
+        skip = ctx.config.skip_floats
+        runs = made.get(skip)
+        if runs is None:
+            runs = made[skip] = [None] * len(closed)
+        run = runs[k]
+        if run is None:
+            run = runs[k] = runner_for(closed[k].jaxpr, skip)
+        return run
+
+    return runner
+
+
+@specializer(lax_control_flow.cond_p)
+def _cond_for(eqn: Any) -> Any:
+    """`_cond` with its branches' functions kept (a kernel body's conds run at every grid
+    step: looking their programs up again cost more than the branch)."""
+    branches = eqn.params["branches"]
+    last = len(branches) - 1
+    runner = _runners(branches)
+
+    def cond(ctx, eqn, invals):
+        i = min(max(int(invals[0]), 0), last)  # clamped, as lax.switch does
+        return (yield from runner(ctx, i)(ctx, branches[i].consts, invals[1:]))
+
+    return cond
+
+
+@specializer(lax_control_flow.while_p)
+def _while_for(eqn: Any) -> Any:
+    """`_while` with its cond and body functions kept."""
     p = eqn.params
-    cond_consts = invals[: p["cond_nconsts"]]
-    body_consts = invals[p["cond_nconsts"]: p["cond_nconsts"] + p["body_nconsts"]]
-    carry = list(invals[p["cond_nconsts"] + p["body_nconsts"]:])
-    cond_jaxpr, body_jaxpr = p["cond_jaxpr"], p["body_jaxpr"]
-    while True:
-        (keep_going,) = yield from eval_closed(ctx, cond_jaxpr, [*cond_consts, *carry])
-        if not bool(np.asarray(keep_going)):
-            return carry
-        carry = list((yield from eval_closed(ctx, body_jaxpr, [*body_consts, *carry])))
+    n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
+    cond_closed, body_closed = p["cond_jaxpr"], p["body_jaxpr"]
+    runner = _runners([cond_closed, body_closed])
+
+    def while_loop(ctx, eqn, invals):
+        run_cond, run_body = runner(ctx, 0), runner(ctx, 1)
+        cond_consts = invals[:n_cond]
+        body_consts = invals[n_cond:n_cond + n_body]
+        carry = list(invals[n_cond + n_body:])
+        while True:
+            (keep_going,) = yield from run_cond(ctx, cond_closed.consts, [*cond_consts, *carry])
+            if not bool(np.asarray(keep_going)):
+                return carry
+            carry = list((yield from run_body(ctx, body_closed.consts, [*body_consts, *carry])))
+
+    return while_loop
 
 
 @rule(lax_control_flow.scan_p, generator=True, body_only=True)
