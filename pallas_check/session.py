@@ -20,13 +20,24 @@ from pallas_check.config import Config
 from pallas_check.findings import CallSummary, Finding, FindingStore
 
 
+# At most one trim per this many seconds: a trim walks the whole heap (about 0.7 ms on a
+# JAX process), as much as a quarter of a small call's simulation; a call that ran longer
+# than this is always followed by one.
+TRIM_INTERVAL_S = 0.25
+_last_trim = [float("-inf")]
+
+
 def _return_freed_memory() -> None:
-    """Hand the memory a call freed back to the OS (glibc keeps freed blocks of up to its
+    """Hand the memory calls freed back to the OS (glibc keeps freed blocks of up to its
     adaptive mmap threshold, which a call's large arrays raise, in the heap: without this
     a long script's resident memory grows by the size of its largest calls)."""
+    now = time.monotonic()
+    if now - _last_trim[0] < TRIM_INTERVAL_S:
+        return
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    _last_trim[0] = time.monotonic()
 
 
 @functools.cache
