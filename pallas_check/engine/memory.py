@@ -268,6 +268,14 @@ def scalar_index(x: Any) -> int | None:
     return None
 
 
+class _Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+_CONVERT = _Unhashable()  # in a key: a leaf that needs `scalar_index` first
+_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None)}
+
+
 class AccessCache:
     """Per call: the region a `ref[indices]` equation touches, by the equation, the refs
     and the scalar index values. A BlockSpec grid or a loop runs the same equation on the
@@ -282,12 +290,25 @@ class AccessCache:
         self._limit = limit
 
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
+        # Refs by identity; ints as they are (a numpy int hashes and compares as the int
+        # it holds). Any other leaf (a jax scalar, an array of indices) makes the key
+        # unhashable: the slower spelling then converts each index.
+        key = (id(eqn), *[id(x) if x.__class__ is RefView
+                          else x if x.__class__ in _PLAIN_LEAVES else _CONVERT
+                          for x in leaves])
+        try:
+            hit = self._entries.get(key)
+        except TypeError:
+            return self._get_or_make_converted(eqn, leaves, make)
+        if hit is not None:  # the entry keeps its equation and refs alive: same ids, same objects
+            return hit[2]
+        return self._store(key, eqn, leaves, make())
+
+    def _get_or_make_converted(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
         parts: list = [id(eqn)]
-        refs: list = []
         for x in leaves:
             if x.__class__ is RefView:
                 parts.append(id(x))
-                refs.append(x)
             elif x is None:
                 parts.append(None)
             else:
@@ -297,12 +318,14 @@ class AccessCache:
                 parts.append(value)
         key = tuple(parts)
         hit = self._entries.get(key)
-        if hit is not None:  # the entry keeps its equation and refs alive: same ids, same objects
+        if hit is not None:
             return hit[2]
-        value = make()
+        return self._store(key, eqn, leaves, make())
+
+    def _store(self, key: tuple, eqn: Any, leaves: Sequence[Any], value: Any) -> Any:
         if len(self._entries) >= self._limit:
             self._entries.clear()
-        self._entries[key] = (eqn, refs, value)
+        self._entries[key] = (eqn, [x for x in leaves if x.__class__ is RefView], value)
         return value
 
 
