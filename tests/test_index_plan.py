@@ -114,6 +114,10 @@ def test_a_get_style_tree_of_transforms_and_a_bare_ref():
     bare = index_plan.plan_for(bare_tree)
     assert bare is not None and bare.region(bare_leaves, ref).index == (slice(0, 4, 1),
                                                                       slice(0, 8, 1))
+    # The whole buffer, by the straight-line path, is the general path's region.
+    whole = bare._in_bounds(bare_leaves, ref.buffer)
+    assert whole is not None
+    _same_region(whole, memory.resolve(ref))
 
 
 def test_what_the_plan_does_not_cover_goes_the_general_way():

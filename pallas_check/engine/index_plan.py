@@ -17,6 +17,7 @@ which stays the reference for what a region is.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable, Sequence
 
 from pallas_check.jaxbridge import state_indexing
@@ -77,11 +78,14 @@ class IndexPlan:
 
 def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region | None]:
     """`fn(leaves, buffer)`: the region of an access in bounds, with no empty or stride-0
-    slice, on a buffer of the rank the plan expects, as `memory.index_region` would make it; None for
-    anything else (the caller then takes the general account, which says what is wrong).
+    slice, on a buffer of the rank the plan expects, as `memory.index_region` would make
+    it; None for anything else (the caller then takes the general account, which says
+    what is wrong).
     Generated per plan: a DMA-bound kernel resolves a fresh source page at every DMA, and
     walking the plan's tuples cost more than the copy's bookkeeping around it."""
-    rank = len(steps[0]) if steps else 0
+    if not steps:
+        return _whole
+    rank = len(steps[0])
     lines = ["def in_bounds(leaves, buffer):", "    shape = buffer.data.shape",
              f"    if len(shape) != {rank}: return None"]
     if rank:
@@ -90,7 +94,7 @@ def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region |
     # Per base dimension: ("int", expr) or ("slice", start expr, size expr, static stride).
     dims: list[tuple] = [("slice", "0", f"n{b}", 1) for b in range(rank)]
     live = list(range(rank))
-    names = iter(range(1_000_000))
+    names = itertools.count()
     for step in steps:
         if len(step) != len(live):
             return lambda leaves, buffer: None  # the general path explains the ranks
@@ -127,11 +131,22 @@ def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region |
         index.append(f"slice({start}, {start} + {size} * {stride}, {stride})")
         region_dims.append(f"({start}, {size}, {stride})")
         out_shape.append(size)
+    index_tuple = "".join(i + ", " for i in index)
+    shape_tuple = "".join(n + ", " for n in out_shape)
     lines.append(f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
-                 f" ({''.join(i + ', ' for i in index)}), ({''.join(n + ', ' for n in out_shape)}))")
+                 f" ({index_tuple}), ({shape_tuple}))")
     namespace = {"scalar_index": memory.scalar_index, "Region": Region}
     exec(compile("\n".join(lines), "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
     return namespace["in_bounds"]
+
+
+def _whole(leaves: Sequence[Any], buffer: memory.Buffer) -> Region | None:
+    """The region of a bare ref: all of its buffer (None for an empty one)."""
+    shape = buffer.data.shape
+    if 0 in shape:
+        return None
+    return Region.in_bounds(buffer, [(0, n, 1) for n in shape],
+                            tuple([slice(0, n, 1) for n in shape]), shape)
 
 
 @lru.by_identity

@@ -454,7 +454,7 @@ def _planned_dma(eqn: Any) -> tuple | None:
         return None
     shapes = []
     for lo, _, _, plan in (src_at, dst_at):
-        if plan is None or plan.ref is None or not plan.steps:
+        if plan is None or plan.ref is None:
             return None
         shape = getattr(eqn.invars[lo + plan.ref].aval, "shape", None)
         for step in plan.steps:  # each indexer takes the dims the one before left
