@@ -1,10 +1,13 @@
 """session: the heap is handed back to the OS after calls, at most once per
 TRIM_INTERVAL_S (a trim walks the whole heap, and the pages it returns fault back in at the
-next call: back-to-back small calls share one), and always after a call that ran longer."""
+next call: back-to-back small calls share one), and always after a call that ran longer;
+Python's cyclic collector is paused while a call is simulated and left as it was found."""
 
 from __future__ import annotations
 
 import types
+
+import jax
 
 from pallas_check import session
 
@@ -25,3 +28,41 @@ def test_freed_memory_is_returned_at_most_once_per_interval(monkeypatch):
     clock[0] += session.TRIM_INTERVAL_S  # a call as long as the interval
     session._return_freed_memory()
     assert trims == [0, 0]
+
+
+def test_the_collector_is_paused_during_a_call_and_restored_after():
+    import gc
+
+    assert gc.isenabled()
+    with session._collector_paused():
+        assert not gc.isenabled()
+        with session._collector_paused():  # a second call in flight (another thread)
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # still one call in flight
+    assert gc.isenabled()
+    gc.disable()  # a script that runs without the collector keeps it off
+    try:
+        with session._collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_checked_call_leaves_the_collector_as_it_found_it(check):
+    import gc
+
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    x = jnp.ones((8, 128), jnp.float32)
+    assert float(check(call, x).value[0, 0]) == 2.0 and gc.isenabled()
+    gc.disable()
+    try:
+        assert float(check(call, x).value[0, 0]) == 2.0 and not gc.isenabled()
+    finally:
+        gc.enable()
