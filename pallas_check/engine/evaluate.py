@@ -386,8 +386,12 @@ def _generate(program: Program) -> Callable[..., Gen]:
         elif eqn.params and any(True for _ in jax_core.jaxprs_in_params(eqn.params)):
             generator = True
             # Pallas clips source tracebacks at each traced body: an equation inside (e.g.
-            # the DMA of a sync_copy) may have no user frame; it gets ours.
-            lines += ["    ctx.frame_stack.append(current_frames(ctx))", "    try:",
+            # the DMA of a sync_copy) may have no user frame; it gets ours (known now when
+            # this equation has its own; else the enclosing one's, at run time).
+            own = user_frames(eqn.source_info)
+            bound[f"F{k}"] = own
+            frames = f"F{k}" if own else "current_frames(ctx)"
+            lines += [f"    ctx.frame_stack.append({frames})", "    try:",
                       f"        {target}yield from {call}", "    finally:",
                       "        ctx.frame_stack.pop()"]
         else:

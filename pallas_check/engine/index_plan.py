@@ -47,12 +47,17 @@ class IndexPlan:
 
     ref: int | None
     steps: tuple[tuple[_Dim, ...], ...]
-    # The in-bounds case as straight-line code (`_in_bounds_fn`), made with the plan.
+    # The in-bounds case as straight-line code (`_in_bounds_fns`), made with the plan: the
+    # numpy index alone (`index_in_bounds`), and the region.
+    index_in_bounds: Callable[[Sequence[Any], memory.Buffer], tuple | None] = (
+        dataclasses.field(init=False, repr=False, compare=False))
     _in_bounds: Callable[[Sequence[Any], memory.Buffer], Region | None] = dataclasses.field(
         init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_in_bounds", _in_bounds_fn(self.steps))
+        index_fn, region_fn = _in_bounds_fns(self.steps)
+        object.__setattr__(self, "index_in_bounds", index_fn)
+        object.__setattr__(self, "_in_bounds", region_fn)
 
     def region(self, leaves: Sequence[Any], ref: Any) -> Region | None:
         """The region `ref` indexed by the leaves touches, or None when this access is not
@@ -76,18 +81,17 @@ class IndexPlan:
         return memory.index_region(ref.buffer, steps)
 
 
-def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region | None]:
-    """`fn(leaves, buffer)`: the region of an access in bounds, with no empty or stride-0
-    slice, on a buffer of the rank the plan expects, as `memory.index_region` would make
-    it; None for anything else (the caller then takes the general account, which says
-    what is wrong).
+def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Callable]:
+    """`index(leaves, buffer)` and `region(leaves, buffer)`: the numpy index and the
+    region of an access in bounds, with no empty or stride-0 slice, on a buffer of the
+    rank the plan expects, as `memory.index_region` would make them; None for anything
+    else (the caller then takes the general account, which says what is wrong).
     Generated per plan: a DMA-bound kernel resolves a fresh source page at every DMA, and
     walking the plan's tuples cost more than the copy's bookkeeping around it."""
     if not steps:
-        return _whole
+        return _whole_index, _whole
     rank = len(steps[0])
-    lines = ["def in_bounds(leaves, buffer):", "    shape = buffer.data.shape",
-             f"    if len(shape) != {rank}: return None"]
+    lines = ["    shape = buffer.data.shape", f"    if len(shape) != {rank}: return None"]
     if rank:
         lines.append(f"    {', '.join(f'n{b}' for b in range(rank))}{',' if rank == 1 else ''}"
                      " = shape")
@@ -97,7 +101,7 @@ def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region |
     names = itertools.count()
     for step in steps:
         if len(step) != len(live):
-            return lambda leaves, buffer: None  # the general path explains the ranks
+            return _never, _never  # the general path explains the ranks
         still = []
         for base, (position, static, size, stride) in zip(live, step):
             _, start0, size0, stride0 = dims[base]
@@ -113,7 +117,7 @@ def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region |
                 dims[base] = ("int", start)
                 continue
             if stride == 0 or size == 0:
-                return lambda leaves, buffer: None  # rare: the general path's business
+                return _never, _never  # rare: the general path's business
             lines.append(f"    if {value} < 0 or {value} + {(size - 1) * stride} >= {size0}:"
                          " return None")
             name = f"s{next(names)}"
@@ -133,20 +137,35 @@ def _in_bounds_fn(steps: tuple[tuple[_Dim, ...], ...]) -> Callable[..., Region |
         out_shape.append(size)
     index_tuple = "".join(i + ", " for i in index)
     shape_tuple = "".join(n + ", " for n in out_shape)
-    lines.append(f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
-                 f" ({index_tuple}), ({shape_tuple}))")
+    body = "\n".join(lines)
+    source = (f"def index(leaves, buffer):\n{body}\n    return ({index_tuple})\n"
+              f"def region(leaves, buffer):\n{body}\n"
+              f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
+              f" ({index_tuple}), ({shape_tuple}))\n")
     namespace = {"scalar_index": memory.scalar_index, "Region": Region}
-    exec(compile("\n".join(lines), "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
-    return namespace["in_bounds"]
+    exec(compile(source, "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
+    return namespace["index"], namespace["region"]
+
+
+def _never(leaves: Sequence[Any], buffer: memory.Buffer) -> None:
+    return None
+
+
+def _whole_index(leaves: Sequence[Any], buffer: memory.Buffer) -> tuple | None:
+    """The numpy index of a bare ref: all of its buffer (None for an empty one)."""
+    shape = buffer.data.shape
+    if 0 in shape:
+        return None
+    return tuple([slice(0, n, 1) for n in shape])
 
 
 def _whole(leaves: Sequence[Any], buffer: memory.Buffer) -> Region | None:
     """The region of a bare ref: all of its buffer (None for an empty one)."""
-    shape = buffer.data.shape
-    if 0 in shape:
+    index = _whole_index(leaves, buffer)
+    if index is None:
         return None
-    return Region.in_bounds(buffer, [(0, n, 1) for n in shape],
-                            tuple([slice(0, n, 1) for n in shape]), shape)
+    shape = buffer.data.shape
+    return Region.in_bounds(buffer, [(0, n, 1) for n in shape], index, shape)
 
 
 @lru.by_identity

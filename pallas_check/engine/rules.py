@@ -148,35 +148,26 @@ def _get(ctx, eqn, invals):
 @specializer(state_primitives.get_p)
 def _scalar_get(eqn: Any) -> Any:
     """A load of one element by scalar indices (`lengths_ref[b]`, a page table's entry; a
-    paged kernel makes thousands per call): read straight from the buffer when it is
-    plain, in bounds, written everywhere and no race checker records reads; anything else
-    takes `_get`."""
+    paged kernel makes thousands per call): read straight from the buffer, at the index
+    its plan's straight-line code gives, when it is plain, in bounds, written everywhere
+    and no race checker records reads; anything else takes `_get`."""
     if eqn.outvars[0].aval.shape != ():
         return None
     plan = index_plan.plan_for(eqn.params["tree"])
-    if plan is None or plan.ref is not None or len(plan.steps) != 1:
+    if plan is None or plan.ref is not None or len(plan.steps) != 1 or any(
+            size is not None for _, _, size, _ in plan.steps[0]):
         return None
-    dims = plan.steps[0]
-    if any(size is not None for _, _, size, _ in dims):
-        return None
-    # Positions among the equation's operands (the ref comes first, then the leaves).
-    at = tuple((position + 1 if position >= 0 else -1, static) for position, static, _, _ in dims)
+    index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
     dtype = np.dtype(eqn.outvars[0].aval.dtype)
-    scalar_index = memory.scalar_index
 
     def scalar_get(ctx: Any, eqn: Any, invals: list) -> Any:
         ref = invals[0]
         if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
             buffer = ref.buffer
-            data = buffer.data
-            if buffer.fully_written and data.ndim == len(at) and data.dtype == dtype:
-                index = []
-                for (position, static), bound in zip(at, data.shape):
-                    value = static if position < 0 else scalar_index(invals[position])
-                    if value is None or not 0 <= value < bound:
-                        return _get(ctx, eqn, invals)
-                    index.append(value)
-                return data[tuple(index)]
+            if buffer.fully_written and buffer.data.dtype == dtype:
+                index = index_in_bounds(invals[1:], buffer)
+                if index is not None:
+                    return buffer.data[index]
         return _get(ctx, eqn, invals)
 
     return scalar_get

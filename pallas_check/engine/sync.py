@@ -205,23 +205,6 @@ def dma_write(ctx: Any, dma: Dma) -> None:
 
 def complete(ctx: Any, dma: Dma) -> None:
     """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
-    src, dst = dma.src, dma.dst
-    if (not dma.read_done and src.index is not None and dst.index is not None
-            and not src.post and not dst.post and src.buffer.fully_written
-            and src.buffer.data.dtype == dst.buffer.data.dtype):
-        # The plain case as one copy, nothing staged: `dma_read` then `dma_write` without
-        # the intermediate (numpy copies a part that overlaps its destination first).
-        call = ctx.call
-        dma.read_done = True
-        if dma.src_sem is not None:
-            sem_add(dma.src_sem, dma.nbytes)
-        call.on_dma_read(ctx, dma)
-        dst.buffer.writable()[dst.index] = src.buffer.data[src.index]
-        dst.buffer.mark_written(dst.index, True)
-        dma.copied = True
-        call.on_dma_write(ctx, dma)
-        sem_add(dma.dst_sem, dma.nbytes)
-        return
     dma_read(ctx, dma)
     dma_write(ctx, dma)
 
