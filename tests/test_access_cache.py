@@ -41,6 +41,24 @@ def test_same_equation_ref_and_indices_resolve_once():
     assert made == ["a", "c", "d", "e"]
 
 
+def test_a_jaxpr_literal_index_keys_like_the_int_it_holds(monkeypatch):
+    """A constant index in a kernel reaches a rule as JAX's TypedInt: the fast key takes it
+    as it is (the converting path, per element, is for jax scalars and index arrays)."""
+    from pallas_check.jaxbridge import TypedInt
+
+    cache, (made, make) = AccessCache(), _counting()
+    eqn, ref = object(), RefView(Buffer("x", "VMEM", np.zeros((4, 8), np.float32), True))
+
+    def no_conversion(*args):
+        raise AssertionError("a typed literal took the converting path")
+
+    monkeypatch.setattr(cache, "_get_or_make_converted", no_conversion)
+    first = cache.get_or_make(eqn, [ref, TypedInt(2, np.dtype(np.int32)), 3], make("a"))
+    assert cache.get_or_make(eqn, [ref, 2, np.int32(3)], make("b")) is first
+    other = cache.get_or_make(eqn, [ref, TypedInt(1, np.dtype(np.int32)), 3], make("c"))
+    assert other is not first and made == ["a", "c"]
+
+
 def test_array_indices_and_unknown_leaves_are_never_cached():
     cache, (made, make) = AccessCache(), _counting()
     eqn, ref = object(), RefView(Buffer("x", "VMEM", np.zeros((4, 8), np.float32), True))

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import TypedInt, state_indexing
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.findings import IndexRange
@@ -273,7 +273,9 @@ class _Unhashable:
 
 
 _CONVERT = _Unhashable()  # in a key: a leaf that needs `scalar_index` first
-_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None)}
+# Hashed and compared as the ints they hold: a jaxpr's integer literals (an index written
+# as a constant in the kernel) among them.
+_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None), TypedInt}
 
 
 class AccessCache:
@@ -290,8 +292,8 @@ class AccessCache:
         self._limit = limit
 
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
-        # Refs by identity; ints as they are (a numpy int hashes and compares as the int
-        # it holds). Any other leaf (a jax scalar, an array of indices) makes the key
+        # Refs by identity; ints as they are (a numpy int or a jaxpr's typed literal
+        # hashes and compares as the int it holds). Any other leaf (a jax scalar, an array of indices) makes the key
         # unhashable: the slower spelling then converts each index.
         key = (id(eqn), *[id(x) if x.__class__ is RefView
                           else x if x.__class__ in _PLAIN_LEAVES else _CONVERT

@@ -16,6 +16,8 @@ from types import ModuleType
 
 # Jaxprs, equations, vars, literals, primitives, avals; `jaxpr_as_fun`, `get_axis_env`.
 from jax._src import core as jax_core
+# A jaxpr's integer literal (an int carrying its dtype): an index as cacheable as an int.
+from jax._src.literals import TypedInt
 # Python host callbacks emitted straight into a lowered module (intercept.py).
 from jax._src import callback as callback_module
 # Runtime tokens of side-effecting computations, settled after our callback failed.
