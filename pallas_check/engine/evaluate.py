@@ -359,8 +359,11 @@ def _generate(program: Program) -> Callable[..., Gen]:
 
     unpack([local(v) for v in jaxpr.constvars], "consts")
     unpack([local(v) for v in jaxpr.invars], "args")
+    dead_after = _dead_after(program)
     generator = False
     for k, step in enumerate(program.steps):
+        if k > 0 and k - 1 in dead_after:
+            lines.append(f"    del {', '.join(local(v) for v in dead_after[k - 1])}")
         if isinstance(step, Segment):
             bound[f"S{k}"], bound[f"G{k}"] = step.fn, step
             call = f"S{k}({', '.join(atom(v) for v in step.invars)})"
@@ -406,6 +409,25 @@ def _generate(program: Program) -> Callable[..., Gen]:
     source = "def run(ctx, consts, args):\n" + "\n".join(lines) + "\n"
     exec(compile(source, "<pallas-check program>", "exec"), bound)  # noqa: S102
     return bound["run"]
+
+
+def _dead_after(program: Program) -> dict[int, list[jax_core.Var]]:
+    """Per step, the variables no later step reads (nor the jaxpr returns): the generated
+    function deletes them there, so that a value read from a ref as a view of its memory
+    (memory.Buffer.lend) is let go before the ref is written again, which would
+    otherwise copy the buffer to keep the value unchanged."""
+    last_use: dict[jax_core.Var, int] = {}
+    for k, step in enumerate(program.steps):
+        for v in step.invars:
+            if isinstance(v, jax_core.Var):
+                last_use[v] = k
+    for v in program.jaxpr.outvars:
+        if isinstance(v, jax_core.Var):
+            last_use.pop(v, None)
+    dead: dict[int, list[jax_core.Var]] = {}
+    for v, k in last_use.items():
+        dead.setdefault(k, []).append(v)
+    return dead
 
 
 def _unsupported(eqn: jax_core.JaxprEqn) -> UnsupportedPrimitive:

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -40,13 +41,21 @@ class MemorySpace:
 _ALIGN = 64
 
 
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialized array whose memory starts at a multiple of 64 bytes (a view of the
+    uint8 array that owns it)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start: start + nbytes].view(dtype).reshape(shape)
+
+
 def aligned_copy(values: np.ndarray) -> np.ndarray:
     """A copy of `values` whose memory starts at a multiple of 64 bytes."""
     if values.nbytes < 4096:
         return np.array(values)
-    raw = np.empty(values.nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    out = raw[start: start + values.nbytes].view(values.dtype).reshape(values.shape)
+    out = aligned_empty(values.shape, values.dtype)
     np.copyto(out, values)
     return out
 
@@ -81,6 +90,28 @@ def _basic(index: Any) -> bool:
     return True
 
 
+def _countable(data: np.ndarray) -> bool:
+    """Whether every view of `data` holds a reference we can count: `data` owns its
+    memory, or is a view of an array that does (an aligned allocation)."""
+    base = data.base
+    return base is None or (base.__class__ is np.ndarray and base.base is None)
+
+
+def _holder_counts(buffer: "Buffer") -> tuple[int, int]:
+    """References to a buffer's `data` and to the array owning its memory (0 when that is
+    `data`): a numpy view references the owner, so a value lent out shows up here."""
+    data = buffer.data
+    base = data.base
+    return sys.getrefcount(data), 0 if base is None else sys.getrefcount(base)
+
+
+def _held_elsewhere(buffer: "Buffer", alone: dict[bool, tuple[int, int]] | None = None) -> bool:
+    """Whether anything but the buffer holds its `data` or a view of that memory."""
+    data_refs, base_refs = _holder_counts(buffer)
+    data_alone, base_alone = (alone or _ALONE)[buffer.data.base is None]
+    return data_refs > data_alone or base_refs > base_alone
+
+
 class Buffer:
     """One allocation: its values, which elements were ever written, and its user-facing name.
 
@@ -91,7 +122,8 @@ class Buffer:
     """
 
     __slots__ = ("id", "name", "space", "data", "_written", "fully_written", "owner", "key",
-                 "device", "core", "_unwritten", "_borrowed", "is_output")
+                 "device", "core", "_unwritten", "_borrowed", "is_output", "_lent",
+                 "_lend_ok")
 
     def __init__(
         self,
@@ -106,6 +138,8 @@ class Buffer:
         self.space = space
         self.data = data
         self._borrowed = not data.flags.writeable  # an operand's array: copy before writing
+        self._lent = False  # a read returned a view of `data`: see `writable`
+        self._lend_ok = True  # reads may return views (`lend`)
         self.is_output = False  # a call's output (in HBM, or its block in VMEM)
         self.owner = owner
         # Where the buffer sits in the kernel (set when registered with a call).
@@ -128,7 +162,8 @@ class Buffer:
     @classmethod
     def filled(cls, name: str, space: str, shape: Sequence[int], dtype: Any, fill: str,
                owner: str = "") -> "Buffer":
-        data = np.full(tuple(shape), fill_value(dtype, fill), dtype=dtype)
+        data = aligned_empty(tuple(shape), dtype)
+        data[...] = fill_value(dtype, fill)
         return cls(name, space, data, written=False, owner=owner)
 
     @property
@@ -160,11 +195,32 @@ class Buffer:
         return self._written[index]
 
     def writable(self) -> np.ndarray:
-        """The values, to write to: copied first while they are a read-only operand."""
+        """The values, to write to: copied first while they are a read-only operand, or
+        while a value read from them as a view (`lend`) is still held somewhere."""
         if self._borrowed:
-            self.data = np.array(self.data)
+            self.data = aligned_copy(self.data)
             self._borrowed = False
+        elif self._lent:
+            self._lent = False
+            if _countable(self.data) and _held_elsewhere(self):
+                self.data = aligned_copy(self.data)  # the views keep the old memory
+                self._lend_ok = False
         return self.data
+
+    def lend(self, values: np.ndarray) -> np.ndarray | None:
+        """`values` (a view of `data`) as a read's result, without a copy, when that is
+        safe and likely to pay: at least half the buffer, contiguous and aligned, its
+        holders countable. A write copies the buffer first while such a view lives (copy
+        on write), so a value read never changes; after one such copy the buffer's reads
+        are copies again (its values outlive its next write: lending only moves the copy,
+        and makes it larger). None: make a copy."""
+        if not (_LENDING and self._lend_ok) or values.nbytes * 2 < self.data.nbytes \
+                or not values.flags.c_contiguous or not _countable(self.data) \
+                or values.ctypes.data % _ALIGN:
+            return None
+        values.flags.writeable = False
+        self._lent = True
+        return values
 
     def recount(self) -> None:
         """Recompute `fully_written` from the shadow (after writing `written` directly)."""
@@ -179,6 +235,9 @@ class Buffer:
         contents: a read-only array is shared until written (copy on write)."""
         self.data = values
         self._borrowed = not values.flags.writeable
+        # Arrays move between buffers (a written-back block comes back as the next one):
+        # memory taken over may have been lent out by its former buffer.
+        self._lent = True
         if not all_written(written):
             self._written = (written if isinstance(written, np.ndarray)
                              else np.zeros(values.shape, bool))
@@ -331,6 +390,35 @@ class AccessCache:
         return value
 
 
+def _lone_buffer(owning: bool) -> "Buffer":
+    """A buffer whose data only it holds (nothing else in this frame or the caller's)."""
+    data = np.zeros(1024, np.float32) if owning else aligned_empty((1024,), np.float32)
+    return Buffer("calibration", MemorySpace.VMEM, data, True)
+
+
+def _calibrate_lending() -> tuple[dict[bool, tuple[int, int]], bool]:
+    """The holder counts of a buffer nobody else holds, per memory layout (owning its
+    memory or not), measured through the code `writable` runs; and whether the check then
+    sees a view and a second reference (else lending stays off: a copy is always safe)."""
+    alone: dict[bool, tuple[int, int]] = {}
+    for owning in (True, False):
+        alone[owning] = _holder_counts(_lone_buffer(owning))
+    works = True
+    for owning in (True, False):
+        buffer = _lone_buffer(owning)
+        view = buffer.data[4:]
+        seen_view = _held_elsewhere(buffer, alone)
+        del view
+        same = buffer.data
+        seen_ref = _held_elsewhere(buffer, alone)
+        del same
+        works = works and seen_view and seen_ref and not _held_elsewhere(buffer, alone)
+    return alone, works
+
+
+_ALONE, _LENDING = _calibrate_lending()
+
+
 @dataclasses.dataclass
 class OutOfBounds:
     """An index outside a ref's dimension, found while resolving an access."""
@@ -476,9 +564,14 @@ class Region:
     def read_base(self, fill: Any) -> np.ndarray:
         """Values of the region in buffer coordinates (copy), before post transforms."""
         if self.index is not None:
-            values = self.buffer.data[self.index]
-            if self.buffer.read_only or values.__class__ is not np.ndarray:
+            buffer = self.buffer
+            values = buffer.data[self.index]
+            if buffer.read_only or values.__class__ is not np.ndarray:
                 return values  # never written (the view keeps these values), or one scalar
+            if values.nbytes >= 4096:
+                lent = buffer.lend(values)
+                if lent is not None:
+                    return lent
             return aligned_copy(values)
         mesh, mask = self._masked_index()
         if mask.size and not mask.any():
