@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.findings import CallSummary, Finding, FindingStore
+from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo
 
 
 # At most one trim per this many seconds: a trim walks the whole heap (about 0.7 ms on a
@@ -74,6 +74,20 @@ def _collector_paused() -> Any:
             _gc_holders[0] -= 1
             if _gc_holders[0] == 0 and _gc_holders[1]:
                 gc.enable()
+
+
+# A call's name in the report while its kernel is not named (naming it failed).
+_UNNAMED = KernelInfo("pallas_call")
+
+
+def _kernel_or_unnamed(params: dict) -> KernelInfo:
+    """The call's kernel, for listing a call that failed outside the engine."""
+    from pallas_check.engine.kernel import kernel_info
+
+    try:
+        return kernel_info(params)
+    except Exception:  # noqa: BLE001 - the call is listed whatever its params hold
+        return _UNNAMED
 
 
 class EngineFailure(Exception):
@@ -142,7 +156,11 @@ class Session:
                 device, mesh.num_devices, operands,
                 lambda ordered: self._simulate(params, ordered, mesh, None, call_site))
         except RendezvousTimeout as exc:
-            self._fail(str(exc))
+            if self._fail(str(exc)):  # every waiting device times out: list the call once
+                with self._lock:
+                    index = next(self._counter)
+                self._record(index, _kernel_or_unnamed(params), params, [operands],
+                             time.perf_counter(), 0, mesh, call_site, failed=True)
             raise EngineFailure(self.engine_error) from exc
 
     def _simulate(self, params: dict, device_operands: list, mesh: Any,
@@ -155,11 +173,12 @@ class Session:
         with self._lock:
             index = next(self._counter)
         started = time.perf_counter()
-        kernel = kernel_info(params)
-        if self.compile_recorder is not None:
-            self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
-                                         kernel, call_site)
+        kernel = _UNNAMED  # until named: a failure from here on still lists the call
         try:
+            kernel = kernel_info(params)
+            if self.compile_recorder is not None:
+                self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
+                                             kernel, call_site)
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
             from pallas_check.engine.backend import engine_device
@@ -202,8 +221,8 @@ class Session:
         """The call's line in the report (a call the engine failed on is marked so)."""
         from pallas_check.engine.kernel import resolve_grid
 
-        gm = params["grid_mapping"]
         try:
+            gm = params["grid_mapping"]
             grid = resolve_grid(gm.grid, device_operands[0][:gm.num_dynamic_grid_bounds])
         except Exception:  # noqa: BLE001 - a failed call may not even have a grid
             grid = ()
@@ -212,10 +231,13 @@ class Session:
                                           time.perf_counter() - started, findings,
                                           mesh.num_devices, call_site, failed))
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> bool:
+        """Keep the run's first engine error; whether this was it."""
         with self._lock:
             if self.engine_error is None:
                 self.engine_error = message
+                return True
+            return False
 
     @property
     def findings(self) -> list[Finding]:

@@ -2,8 +2,8 @@
 the user's script are checked without crosstalk, and memory stays bounded on long kernels.
 
 Already covered in tests/test_cli.py (not repeated here): the report on findings, on the
-script raising, on `sys.exit()`, on a KeyboardInterrupt raised by the script itself, on an
-unsupported primitive and an engine crash (exit 4), and atomic `--output` files.
+script raising, on `sys.exit()`, on a KeyboardInterrupt raised by the script itself, and
+atomic `--output` files. Here: that every exit 4 lists the calls made, the failing one marked.
 """
 
 from __future__ import annotations
@@ -209,6 +209,65 @@ def test_internal_error_keeps_what_was_found_so_far(cli, tmp_path):
     assert [f["kind"] for f in result.findings] == ["unwritten-output"]
     # The call made before the failure, and the failing call, marked.
     assert [c["failed"] for c in result.report["calls"]] == [False, True]
+
+
+_KERNEL_INFO = engine_kernel.kernel_info
+
+
+def _fails_for_double_kernel(original):
+    """`original`, raising an error of ours on `double_kernel`'s call."""
+
+    def fails(params, *args, **kwargs):
+        if _KERNEL_INFO(params).name == "double_kernel":
+            raise RuntimeError("simulated bug of ours")
+        return original(params, *args, **kwargs)
+
+    return fails
+
+
+@pytest.mark.parametrize("fails_in", ["kernel_info", "run_call_devices", None])
+def test_every_failure_of_ours_lists_the_calls_made(cli, tmp_path, monkeypatch, fails_in):
+    """Exit 4 wherever our handler fails: naming the kernel before the engine runs, inside
+    the engine, or on a primitive it does not support (None). The report lists the call
+    before and the failing one, marked, by its kernel's name (`pallas_call` when naming it
+    is what failed)."""
+    failing = "global_sem_kernel" if fails_in is None else "double_kernel"
+    listed = "pallas_call" if fails_in == "kernel_info" else failing
+    if fails_in is not None:
+        monkeypatch.setattr(engine_kernel, fails_in,
+                            _fails_for_double_kernel(getattr(engine_kernel, fails_in)))
+    result = cli("run", script(tmp_path, f"""
+        def double_kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+
+        jax.block_until_ready(half(X))
+        jax.block_until_ready(pl.pallas_call(
+            {failing}, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype))(X))
+        print("not reached")
+    """))
+    assert result.exit_code == ExitCode.INTERNAL
+    assert result.report["internal_error"]
+    assert [(c["kernel"], c["failed"]) for c in result.report["calls"]] == [
+        ("half_kernel", False), (listed, True)]
+
+
+def test_a_rendezvous_timeout_lists_the_call_once():
+    """Every device left waiting times out on its own thread: the call is listed once,
+    failed, and the run's error is the first device's."""
+    from pallas_check.engine.rendezvous import RendezvousTimeout
+    from pallas_check.session import EngineFailure
+
+    class NeverMet:
+        def meet(self, device, num_devices, operands, run):
+            raise RendezvousTimeout(f"device {device} waited; the others never came")
+
+    session = Session(Config())
+    session._meeting_point = NeverMet()
+    for device in (0, 1):
+        with pytest.raises(EngineFailure, match="device 0 waited"):
+            session.handle_call({}, [np.zeros(4)], device=device, mesh_axes=(("x", 2),))
+    assert [(c.kernel, c.failed, c.devices) for c in session.calls] == [
+        ("pallas_call", True, 2)]
 
 
 def test_sys_exit_after_findings_keeps_them(cli, tmp_path):
