@@ -39,6 +39,9 @@ class MemorySpace:
 # bytes; numpy's allocations are aligned to 16, so most copies read out of a buffer were
 # copied once more on their way into a compiled segment.
 _ALIGN = 64
+# Arrays under this many bytes are copied plainly: neither alignment nor a copy saved
+# (`Buffer.lend`) pays for its own bookkeeping there.
+_SMALL_BYTES = 4096
 
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
@@ -52,8 +55,9 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
 
 
 def aligned_copy(values: np.ndarray) -> np.ndarray:
-    """A copy of `values` whose memory starts at a multiple of 64 bytes."""
-    if values.nbytes < 4096:
+    """A copy of `values` whose memory starts at a multiple of 64 bytes (a small one:
+    wherever numpy puts it)."""
+    if values.nbytes < _SMALL_BYTES:
         return np.array(values)
     out = aligned_empty(values.shape, values.dtype)
     np.copyto(out, values)
@@ -352,8 +356,8 @@ class AccessCache:
 
     def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
         # Refs by identity; ints as they are (a numpy int or a jaxpr's typed literal
-        # hashes and compares as the int it holds). Any other leaf (a jax scalar, an array of indices) makes the key
-        # unhashable: the slower spelling then converts each index.
+        # hashes and compares as the int it holds). Any other leaf (a jax scalar, an array
+        # of indices) makes the key unhashable: the slower spelling then converts each index.
         key = (id(eqn), *[id(x) if x.__class__ is RefView
                           else x if x.__class__ in _PLAIN_LEAVES else _CONVERT
                           for x in leaves])
@@ -568,7 +572,7 @@ class Region:
             values = buffer.data[self.index]
             if buffer.read_only or values.__class__ is not np.ndarray:
                 return values  # never written (the view keeps these values), or one scalar
-            if values.nbytes >= 4096:
+            if values.nbytes >= _SMALL_BYTES:
                 lent = buffer.lend(values)
                 if lent is not None:
                     return lent
