@@ -21,46 +21,58 @@ from pallas_check.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Fo
                                   with_options)
 from pallas_check.exitcodes import ExitCode
 
-def _click() -> Any:
-    """The click typer is built on (recent typers vendor their own copy)."""
-    vendored = getattr(typer.core, "_click", None)
-    if vendored is not None:
-        return vendored
-    import click
-
-    return click
-
-
 class _OneLineErrors(typer.core.TyperGroup):
-    """Usage errors as the one documented line (`pallas-check: error: ...`, exit 2), not
-    click's usage block."""
+    """Every way the command line can fail as one line on stderr with its documented exit
+    code, never a traceback: usage errors `pallas-check: error: ...` (exit 2), a path the
+    system refuses (exit 2), Ctrl-C (exit 3), a failure of ours (exit 4). Only typer's
+    public API is used (`typer.TyperException` is the base of the usage errors of the
+    click that typer ships; `typer.Abort` is its interrupt)."""
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
-        click = _click()
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
-        except click.exceptions.ClickException as exc:
-            message = " ".join(exc.format_message().split())
-            typer.echo(f"pallas-check: error: {message}", err=True)
+        except (typer.Exit, SystemExit):
+            raise
+        except Exception as exc:
             if not standalone_mode:
                 raise
-            sys.exit(int(ExitCode.USAGE))
-        except click.exceptions.Abort:
-            if not standalone_mode:
-                raise
-            typer.echo("pallas-check: interrupted", err=True)
-            sys.exit(int(ExitCode.USER_ERROR))
+            message, exit_code = _one_line(exc)
+            typer.echo(message, err=True)
+            sys.exit(int(exit_code))
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _one_line(exc: Exception) -> tuple[str, ExitCode]:
+    """What a failure outside the script's run prints, and its exit code."""
+    if isinstance(exc, typer.Abort):
+        return "pallas-check: interrupted", ExitCode.USER_ERROR
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `pallas-check`: the help, as is
+        return exc.format_message(), ExitCode.USAGE  # type: ignore[attr-defined]
+    if isinstance(exc, typer.TyperException) and hasattr(exc, "format_message"):
+        message = " ".join(exc.format_message().split())
+        return f"pallas-check: error: {message}", ExitCode.USAGE
+    if isinstance(exc, OSError):  # a path given on the command line or in the config
+        name = str(exc.filename or "")
+        if len(name) > 80:  # a path has no spaces to shorten at: keep both ends
+            name = f"{name[:38]}...{name[-38:]}"
+        where = f"{name}: " if name else ""
+        return f"pallas-check: error: {where}{exc.strerror or exc}", ExitCode.USAGE
+    if os.environ.get("PALLAS_CHECK_DEBUG"):
+        raise exc
+    text = " ".join(str(exc).split())
+    return (f"pallas-check: error: internal error: {type(exc).__name__}: {text}",
+            ExitCode.INTERNAL)
+
+
 app = typer.Typer(
     cls=_OneLineErrors,
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     help="Debugger and race-checker for JAX Pallas TPU kernels, run on a CPU.",
@@ -333,7 +345,7 @@ def main() -> None:
     """Console-script entry point. Once the report is out, the process ends even if the
     script left JAX computations that never finish (JAX's exit handler waits for them)."""
     try:
-        app()
+        app(prog_name="pallas-check")  # `python -m pallas_check` is the same program
     except SystemExit as exc:
         from pallas_check.watchdog import guard_exit
 

@@ -482,7 +482,8 @@ class DiffCommand:
         error = short_error(error) if error else None
         user_failed = not outcome.ok and error is None
         calls = sorted(session.calls, key=lambda c: (c.index, c.device))
-        code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None)
+        code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None,
+                             calls=len(calls))
         report = DiffReport(
             script=self.script, against=self.side.label, config=config_dict(self.config),
             against_config=self.side.config_dict(), rtol=self.rtol, atol=self.atol,

@@ -86,7 +86,8 @@ class CompileOnlyCommand:
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
         user_failed = not outcome.ok and not calls and internal is None
         findings = result.findings if result else []
-        code = exit_code_for(len(findings), user_failed, internal is not None)
+        code = exit_code_for(len(findings), user_failed, internal is not None,
+                             calls=len(calls))
         report = CompileReport(
             self.script, [g.value for g in self.generations], script_seconds,
             [_call_row(c, result.by_call.get(c.index, {}) if result else {}) for c in calls],

@@ -4,7 +4,7 @@ The scripts are those `[tool.pallas-check]` names in the nearest pyproject.toml
 (`scripts = [...]` and/or `pattern = "kernels/*_check.py"`, relative to that file's folder).
 Each one runs in its own `python -m pallas_check run SCRIPT` process, from the pyproject's
 folder, so it reads the same table for its options and no JAX state passes from one script
-to the next. The exit code is the worst of theirs (4 > 3 > 2 > 1 > 0); a bad table is 2
+to the next. The exit code is the worst of theirs (4 > 3 > 2 > 1 > 5 > 0); a bad table is 2
 before anything runs.
 
 The file names pre-commit passes are not used to choose scripts: a change to any Python
@@ -21,12 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from pallas_check import exitcodes
 from pallas_check.exitcodes import ExitCode
 from pallas_check.options import RUN_OPTIONS
 from pallas_check.settings import Settings, SettingsError, load_settings
 
 _WHAT = {0: "clean", 1: "findings", 2: "usage or configuration error",
-         3: "the script failed", 4: "pallas-check failed"}
+         3: "the script failed", 4: "pallas-check failed",
+         5: "no pallas_call was checked"}
 
 
 def _error(message: str) -> ExitCode:
@@ -96,9 +98,9 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
             proc = subprocess.run(command, cwd=root)
             code = proc.returncode if proc.returncode in _WHAT else int(ExitCode.INTERNAL)
             results.append((shown, code))
-            worst = max(worst, code)
+            worst = exitcodes.worst((worst, code))
         if output is not None:
-            worst = max(worst, _write_merged(Path(output), fmt, parts))
+            worst = exitcodes.worst((worst, _write_merged(Path(output), fmt, parts)))
     for shown, code in results:
         print(f"pallas-check hook: {shown}: exit {code} ({_WHAT[code]})")
     return ExitCode(worst)

@@ -30,7 +30,7 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import render_json_or_table
 
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
@@ -271,8 +271,8 @@ class NativeCommand:
         if ours and internal is None:
             internal = one_line(ours[0])
         user_failed = not outcome.ok and internal is None
-        code = (ExitCode.INTERNAL if internal else
-                ExitCode.USER_ERROR if user_failed else ExitCode.CLEAN)
+        code = exit_code_for(0, user_failed, internal is not None,
+                             calls=len(self.recorder.calls))
         report = NativeReport(self.script, jax.default_backend(), script_seconds, timings,
                               int(code), outcome.error if user_failed else None,
                               outcome.traceback if user_failed else None, internal,

@@ -4,6 +4,9 @@ A report file is checked before the script runs (a bad target is a usage error, 
 before any work is lost) and written after it:
 
 - `-` is standard output;
+- a descriptor the process inherited, named as `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`
+  or `/proc/self/fd/N`, is written as a stream through that descriptor (never reopened
+  or replaced: `-o /dev/stdout >> log` appends to `log`, keeping what was there);
 - a regular file (or a new one) is replaced atomically: a temporary file in the same
   folder, then a rename, so a reader sees the old report or the whole new one;
 - a symlink is followed: its target is replaced atomically, in the target's folder, and
@@ -15,7 +18,9 @@ before any work is lost) and written after it:
 from __future__ import annotations
 
 import os
+import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,9 +35,32 @@ def is_stdout(path: Path | str | None) -> bool:
     return path is not None and str(path) == STDOUT
 
 
+_STREAM_PATH = re.compile(r"/dev/(stdout|stderr)|/(?:dev|proc/self)/fd/(\d+)")
+
+
+def stream_descriptor(path: Path | str) -> int | None:
+    """The inherited descriptor a path names (`/dev/stdout` -> 1), else None. Resolving
+    such a path would find the file the shell redirected into and replace it: a new
+    file, the log written before it gone."""
+    match = _STREAM_PATH.fullmatch(str(path))
+    if match is None:
+        return None
+    if match.group(1):
+        return 1 if match.group(1) == "stdout" else 2
+    return int(match.group(2))
+
+
 def check_target(path: Path, script: Path | None = None) -> None:
     """Raise OutputError unless a report can be written to `path` after the run."""
     if is_stdout(path):
+        return
+    fd = stream_descriptor(path)
+    if fd is not None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise OutputError(f"cannot use --output {path}: descriptor {fd} is not open")\
+                from None
         return
     real = Path(os.path.realpath(path))
     if script is not None and script.exists() and real == Path(os.path.realpath(script)):
@@ -68,6 +96,10 @@ def _check_new_file(path: Path, real: Path) -> None:
 
 def write_report(path: Path, text: str) -> None:
     """Write `text` to `path` as described above (call check_target first)."""
+    fd = stream_descriptor(path)
+    if fd is not None:
+        _write_to_descriptor(fd, text)
+        return
     real = Path(os.path.realpath(path))
     try:
         info: os.stat_result | None = os.stat(real)
@@ -83,6 +115,18 @@ def write_report(path: Path, text: str) -> None:
             handle.write(text)
         return
     _replace_atomically(real, text, None if info is None else stat.S_IMODE(info.st_mode))
+
+
+def _write_to_descriptor(fd: int, text: str) -> None:
+    """Append to an inherited descriptor after what Python buffered for it (the script's
+    own prints come first, as they were printed)."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    data = text.encode("utf-8")
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
 
 
 def _replace_atomically(path: Path, text: str, mode: int | None) -> None:

@@ -122,7 +122,8 @@ class CheckCommand:
         findings = kept.active
         baseline_failed = self.policy.update_baseline and not self._update_baseline(
             kept, finished=outcome.ok and engine_error is None)
-        code = exit_code_for(len(findings), user_failed, engine_error is not None)
+        code = exit_code_for(len(findings), user_failed, engine_error is not None,
+                             calls=len(calls))
         trace_written = self._write_trace(kept) if self.trace is not None else None
         if (baseline_failed or trace_written is False) and code < ExitCode.USAGE:
             code = ExitCode.USAGE  # a file asked for is not where it was asked for

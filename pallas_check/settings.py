@@ -253,6 +253,10 @@ def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
             continue
         if key == "pattern":
             settings.patterns = _string_list(raw_key, value, str(path))
+            absolute = [p for p in settings.patterns if os.path.isabs(p)]
+            if absolute:  # globs are relative to this file's folder (pathlib refuses others)
+                raise SettingsError(f"{path}: [tool.{TABLE}] pattern {absolute[0]!r} is"
+                                    " absolute; write it relative to this file's folder")
             continue
         spec = specs.get(key)
         if spec is None:

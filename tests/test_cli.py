@@ -137,8 +137,8 @@ def test_script_that_raises_is_the_users_failure(cli, tmp_path):
 
 
 @pytest.mark.parametrize("exit_arg, expected", [
-    ("0", ExitCode.CLEAN),
-    ("None", ExitCode.CLEAN),
+    ("0", ExitCode.NO_CALLS),  # ran to the end, but checked no pallas_call
+    ("None", ExitCode.NO_CALLS),
     ("5", ExitCode.USER_ERROR),
     ("'fatal: bad input'", ExitCode.USER_ERROR),
 ])
@@ -166,7 +166,7 @@ def test_script_args_after_double_dash_reach_sys_argv(tmp_path):
     """)
     out = tmp_path / "r.json"
     result = invoke("run", "--output", str(out), str(script), "--", "--format", "xml", "a b")
-    assert result.exit_code == ExitCode.CLEAN, result.output
+    assert result.exit_code == ExitCode.NO_CALLS, result.output
     assert 'ARGV=["--format", "xml", "a b"]' in result.stdout.splitlines()
 
 
@@ -178,9 +178,9 @@ def test_options_after_the_script_are_ours(tmp_path):
     """)
     out = tmp_path / "r.json"
     result = invoke("run", str(script), "--format", "json", "-o", str(out), "--", "x")
-    assert result.exit_code == ExitCode.CLEAN, result.output
+    assert result.exit_code == ExitCode.NO_CALLS, result.output
     assert result.stdout.splitlines() == ['ARGV=["x"]']
-    assert json.loads(out.read_text())["exit_code"] == 0
+    assert json.loads(out.read_text())["exit_code"] == ExitCode.NO_CALLS
     # An option of the script's without `--` is a usage error, not silently passed on.
     result = invoke("run", str(script), "--its-flag")
     assert result.exit_code == ExitCode.USAGE
@@ -306,8 +306,8 @@ def test_output_replaces_an_existing_report(tmp_path):
     out = tmp_path / "report.json"
     out.write_text("stale")
     result = invoke("run", "--format", "json", "-o", str(out), str(script))
-    assert result.exit_code == ExitCode.CLEAN
-    assert json.loads(out.read_text())["exit_code"] == 0
+    assert result.exit_code == ExitCode.NO_CALLS
+    assert json.loads(out.read_text())["exit_code"] == ExitCode.NO_CALLS
 
 
 def test_subprocess_streams_json_on_stdout_and_errors_on_stderr(tmp_path):

@@ -182,6 +182,6 @@ def test_a_relative_output_is_where_it_was_asked_for_even_if_the_script_moves(tm
     script = tmp_path / "moves.py"
     script.write_text(f"import os\nos.chdir({str(elsewhere)!r})\n")
     result = run(str(script), "--format", "json", "-o", "report.json", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 0
+    assert result.returncode == 5, result.stderr  # no pallas_call in it
+    assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 5
     assert not (elsewhere / "report.json").exists()
