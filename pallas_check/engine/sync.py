@@ -127,11 +127,26 @@ class SyncState:
 def as_view(x: Any) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
     if isinstance(x, state_types.TransformedRef):
+        if isinstance(x.ref, (tuple, list)):
+            return as_view(selected_ref(x))
         base = as_view(x.ref)
         return base.with_transforms(tuple(x.transforms))
     if isinstance(x, RefView):
         return x
     raise KernelError(f"expected a ref, got {type(x).__name__}")
+
+
+def selected_ref(x: Any) -> Any:
+    """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
+    as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
+    and the last ref for any other value (no check, no trap)."""
+    (transform,) = x.transforms
+    if not isinstance(transform, state_types.SelectTransform):
+        raise KernelError(f"a transform of several refs that is not pl.select_ref:"
+                          f" {type(transform).__name__}")
+    refs = x.ref
+    idx = int(np.asarray(transform.idx))
+    return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
 
 
 def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
