@@ -653,6 +653,8 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
 def _semaphore_signal(ctx, eqn, invals):
     sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
     target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    if core_index is not None:
+        target = _with_core(ctx, target, core_index)
     view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
     cell = semaphore_cell(ctx, view)
     sem_add(cell, int(np.asarray(inc)))
@@ -660,6 +662,22 @@ def _semaphore_signal(ctx, eqn, invals):
     ctx.call.sync.last_signaller[(cell[0].id, cell[1])] = ctx.actor
     ctx.call.on_signal(ctx, cell)
     return []
+
+
+def _with_core(ctx: Any, target: tuple[int, int | None], core_index: Any) -> tuple[int, int]:
+    """A signal's target with `core_index` (`pl.semaphore_signal(..., core_index=i)`): the
+    semaphore of core i of the target device, a TensorCore of the chip (`--cores`) or a
+    core of the kernel's TensorCore mesh, counted as the cores' ids are."""
+    if target[1] is not None:
+        raise KernelError("Cannot specify both `core_index` and the core axis in"
+                          " `device_id` (Mosaic lowering)", current_frames(ctx))
+    core = int(np.asarray(core_index))
+    cores = ctx.call.cores_per_device
+    if not 0 <= core < cores:
+        raise KernelError(f"core_index {core} is outside the {cores} TensorCore(s) of the"
+                          f" device (--cores, or the kernel's TensorCore mesh)",
+                          current_frames(ctx))
+    return target[0], core
 
 
 @rule(pallas_primitives.semaphore_wait_p, generator=True)
