@@ -48,12 +48,12 @@ class Dma:
     actor: str
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
-    read_done: bool = False  # the source was read (the send semaphore signalled)
-    copied: bool = False  # the destination was written (the receive semaphore signalled)
     # What its read adds to the send semaphore and its landing to the receive semaphore,
     # and what waits must take off again: its bytes on DMA semaphores, 1 on regular ones
-    # (`signal_count`). -1: its bytes.
-    signal: int = -1
+    # (`signal_count`).
+    signal: int
+    read_done: bool = False  # the source was read (the send semaphore signalled)
+    copied: bool = False  # the destination was written (the receive semaphore signalled)
     waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
     staged: Any = None  # (values, written-shadow) read from the source, not yet written
 
@@ -62,10 +62,6 @@ class Dma:
         """The DMA as an actor, as race reports name it."""
         where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
         return f"DMA #{self.id} started by {self.actor}{where}"
-
-    def __post_init__(self) -> None:
-        if self.signal < 0:
-            self.signal = self.nbytes
 
 
 class SyncState:
@@ -449,7 +445,7 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
     if dst.oob:
         call.out_of_bounds(ctx, dst, "DMA destination", None)
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
-              ctx.grid_point, signal=signal)
+              ctx.grid_point, nbytes if signal < 0 else signal)
     call.sync.start(dma)
     call.on_dma_start(ctx, dma)
     mode = ctx.config.dma_mode
