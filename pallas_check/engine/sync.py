@@ -8,6 +8,8 @@ both when it starts; in `on_wait` mode a wait does what it needs of the DMAs in 
 its semaphore, newest first (DMAs sharing a semaphore may land in any order on a TPU, and
 newest-first is the order that breaks a kernel relying on FIFO); in `random` mode each
 event happens where the scheduler puts it. DMAs never waited complete at kernel end.
+A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
+lands DMAs as a DMA wait does (`signal_count`).
 """
 
 from __future__ import annotations
