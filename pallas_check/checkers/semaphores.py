@@ -19,7 +19,7 @@ def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
     unwaited: dict[tuple[int, tuple], int] = {}
     for dma in state.sync.dmas:
         key = (dma.dst_sem[0].id, dma.dst_sem[1])
-        unwaited[key] = unwaited.get(key, 0) + dma.nbytes - dma.waited_bytes
+        unwaited[key] = unwaited.get(key, 0) + dma.signal - dma.waited_bytes
     for buf in state.semaphores:
         for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
             idx = tuple(int(i) for i in idx)
@@ -52,7 +52,7 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
     """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
     findings = []
     for dma in state.sync.dmas:
-        if dma.waited_bytes >= dma.nbytes:
+        if dma.waited_bytes >= dma.signal:
             continue
         sem = sync.sem_name(dma.dst_sem)
         count = sync.sem_value(dma.dst_sem)

@@ -8,6 +8,8 @@ both when it starts; in `on_wait` mode a wait does what it needs of the DMAs in 
 its semaphore, newest first (DMAs sharing a semaphore may land in any order on a TPU, and
 newest-first is the order that breaks a kernel relying on FIFO); in `random` mode each
 event happens where the scheduler puts it. DMAs never waited complete at kernel end.
+A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
+lands DMAs as a DMA wait does (`signal_count`).
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import itertools
 import math
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
-from pallas_check.jaxbridge import pallas_primitives
+from pallas_check.jaxbridge import pallas_core, pallas_primitives
 from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
 from pallas_check.engine import index_plan, lru, memory, progress
+from pallas_check.engine.call import memory_space_name
 from pallas_check.engine.evaluate import (CallHalted, KernelError, current_frames, rule,
                                          specializer)
-from pallas_check.engine.memory import RefView, Region
+from pallas_check.engine.memory import MemorySpace, RefView, Region
 from pallas_check.engine.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
@@ -46,9 +50,13 @@ class Dma:
     actor: str
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
+    # What its read adds to the send semaphore and its landing to the receive semaphore,
+    # and what waits must take off again: its bytes on DMA semaphores, 1 on regular ones
+    # (`signal_count`).
+    signal: int
     read_done: bool = False  # the source was read (the send semaphore signalled)
     copied: bool = False  # the destination was written (the receive semaphore signalled)
-    waited_bytes: int = 0
+    waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
     staged: Any = None  # (values, written-shadow) read from the source, not yet written
 
     @property
@@ -117,11 +125,26 @@ class SyncState:
 def as_view(x: Any) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
     if isinstance(x, state_types.TransformedRef):
+        if isinstance(x.ref, (tuple, list)):
+            return as_view(selected_ref(x))
         base = as_view(x.ref)
         return base.with_transforms(tuple(x.transforms))
     if isinstance(x, RefView):
         return x
     raise KernelError(f"expected a ref, got {type(x).__name__}")
+
+
+def selected_ref(x: Any) -> Any:
+    """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
+    as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
+    and the last ref for any other value (no check, no trap)."""
+    (transform,) = x.transforms
+    if not isinstance(transform, state_types.SelectTransform):
+        raise KernelError(f"a transform of several refs that is not pl.select_ref:"
+                          f" {type(transform).__name__}")
+    refs = x.ref
+    idx = int(np.asarray(transform.idx))
+    return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
 
 
 def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
@@ -175,7 +198,7 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     written = True if dma.src.buffer.fully_written else dma.src.read_written()
     dma.staged = (value, written)
     if dma.src_sem is not None:
-        sem_add(dma.src_sem, dma.nbytes)
+        sem_add(dma.src_sem, dma.signal)
     ctx.call.on_dma_read(ctx, dma)
 
 
@@ -200,7 +223,7 @@ def dma_write(ctx: Any, dma: Dma) -> None:
     else:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
-    sem_add(dma.dst_sem, dma.nbytes)
+    sem_add(dma.dst_sem, dma.signal)
 
 
 def complete(ctx: Any, dma: Dma) -> None:
@@ -342,6 +365,48 @@ def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
     return memory.resolve(view)
 
 
+@lru.by_identity
+def signal_count(eqn: Any) -> int:
+    """What a DMA start adds to its semaphores, by their type in the kernel's jaxpr: its
+    bytes (-1) on DMA semaphores, 1 on a regular semaphore (`pltpu.SemaphoreType.REGULAR`,
+    which a DMA may signal on TPU v6+ per JAX's tests, waited with one
+    `pl.semaphore_wait(sem, 1)` per DMA; Mosaic lowers a barrier semaphore to the same
+    type). Every generation we simulate takes it: libtpu 0.0.42 compiles such a DMA for
+    v5e, v5p, v6e and v7x alike and rejects only older chips ("Regular semaphores in
+    EnqueueDMA are not supported on this target": v4). What Mosaic's verifier rejects on
+    every chip is the kernel's error, raised here at the DMA's line."""
+    src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
+    avals = [v.aval for v in eqn.invars]
+
+    def aval(at: tuple) -> Any:
+        return at[2].unflatten(avals[at[0]:at[1]])
+
+    regular = _regular_semaphore(aval(dst_sem_at))
+    if src_sem_at[1] > src_sem_at[0] and _regular_semaphore(aval(src_sem_at)) != regular:
+        raise KernelError("DMA source and target semaphore must have the same type (Mosaic):"
+                          " both DMA semaphores or both regular ones",
+                          user_frames(eqn.source_info))
+    if not regular:
+        return -1
+    for at in (src_at, dst_at):
+        if memory_space_name(getattr(aval(at), "memory_space", None)) == MemorySpace.SMEM:
+            raise KernelError("a DMA to or from SMEM cannot signal a regular semaphore"
+                              " (Mosaic: \"Non-DMA semaphores are not supported for DMAs"
+                              " involving SMEM\"): use a pltpu.SemaphoreType.DMA",
+                              user_frames(eqn.source_info))
+    return 1
+
+
+def _regular_semaphore(aval: Any) -> bool:
+    """Whether a semaphore ref's type counts signals (regular, barrier), not bytes."""
+    dtype = getattr(aval, "dtype", None)
+    try:
+        return dtype is not None and (jnp.issubdtype(dtype, pallas_core.semaphore)
+                                      or jnp.issubdtype(dtype, pallas_core.barrier_semaphore))
+    except TypeError:
+        return False
+
+
 @rule(mosaic_primitives.dma_start_p, generator=True)
 def _dma_start(ctx, eqn, invals):
     src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn.params["tree"])
@@ -366,22 +431,23 @@ def _dma_start(ctx, eqn, invals):
     if _begin_dma(ctx, src_region, dst_region,
                   cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
                   cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
-                  math.prod(dst_shape) * dst_itemsize, frames):
+                  math.prod(dst_shape) * dst_itemsize, frames, signal_count(eqn)):
         yield None  # a scheduling point: another actor may run between start and what follows
     return []
 
 
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
-               nbytes: int, frames: tuple[SourceFrame, ...]) -> bool:
+               nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
-    (not when one actor runs alone: the watchdog is told it is alive instead)."""
+    (not when one actor runs alone: the watchdog is told it is alive instead). `signal`:
+    what it adds to its semaphores (-1: its bytes; see `signal_count`)."""
     call = ctx.call
     if src.oob:
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
         call.out_of_bounds(ctx, dst, "DMA destination", None)
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
-              ctx.grid_point)
+              ctx.grid_point, nbytes if signal < 0 else signal)
     call.sync.start(dma)
     call.on_dma_start(ctx, dma)
     mode = ctx.config.dma_mode
@@ -408,6 +474,7 @@ def _planned_dma_start(eqn: Any) -> Any:
         return None
     src_at, rest_at, nbytes, _, frames = static
     src_lo, src_hi, _, src_plan = src_at
+    signal = signal_count(eqn)
 
     def planned_dma_start(ctx, eqn, invals):
         leaves = invals[src_lo:src_hi]
@@ -419,7 +486,7 @@ def _planned_dma_start(eqn: Any) -> Any:
         if resolved is None or resolved[0].zero_stride:
             return (yield from _dma_start(ctx, eqn, invals))
         dst, dst_sem, src_sem = resolved
-        if _begin_dma(ctx, src, dst, dst_sem, src_sem, nbytes, frames):
+        if _begin_dma(ctx, src, dst, dst_sem, src_sem, nbytes, frames, signal):
             yield None
         return []
 
@@ -572,11 +639,11 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
     queue = sync._unwaited.get((cell[0].id, cell[1]))
     while queue and nbytes > 0:
         dma = queue[0]
-        if dma.waited_bytes < dma.nbytes:
-            take = min(dma.nbytes - dma.waited_bytes, nbytes)
+        if dma.waited_bytes < dma.signal:
+            take = min(dma.signal - dma.waited_bytes, nbytes)
             dma.waited_bytes += take
             nbytes -= take
-        if dma.waited_bytes >= dma.nbytes:
+        if dma.waited_bytes >= dma.signal:
             queue.popleft()  # fully waited: only ever the oldest ones
 
 
@@ -584,6 +651,8 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
 def _semaphore_signal(ctx, eqn, invals):
     sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
     target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    if core_index is not None:
+        target = _with_core(ctx, target, core_index)
     view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
     cell = semaphore_cell(ctx, view)
     sem_add(cell, int(np.asarray(inc)))
@@ -593,18 +662,37 @@ def _semaphore_signal(ctx, eqn, invals):
     return []
 
 
+def _with_core(ctx: Any, target: tuple[int, int | None], core_index: Any) -> tuple[int, int]:
+    """A signal's target with `core_index` (`pl.semaphore_signal(..., core_index=i)`): the
+    semaphore of core i of the target device, a TensorCore of the chip (`--cores`) or a
+    core of the kernel's TensorCore mesh, counted as the cores' ids are."""
+    if target[1] is not None:
+        raise KernelError("Cannot specify both `core_index` and the core axis in"
+                          " `device_id` (Mosaic lowering)", current_frames(ctx))
+    core = int(np.asarray(core_index))
+    cores = ctx.call.cores_per_device
+    if not 0 <= core < cores:
+        raise KernelError(f"core_index {core} is outside the {cores} TensorCore(s) of the"
+                          f" device (--cores, or the kernel's TensorCore mesh)",
+                          current_frames(ctx))
+    return target[0], core
+
+
 @rule(pallas_primitives.semaphore_wait_p, generator=True)
 def _semaphore_wait(ctx, eqn, invals):
     sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
     cell = semaphore_cell(ctx, view)
     wanted = int(np.asarray(value))
-    if sem_value(cell) < wanted:
-        yield Wait(lambda: sem_value(cell) >= wanted, "semaphore wait",
+    # DMAs may signal a regular semaphore (one count each): in `on_wait` mode the wait
+    # lands those it needs, as a DMA wait does, and what it takes is theirs.
+    if not _wait_ready(ctx, cell, wanted):
+        yield Wait(lambda: _wait_ready(ctx, cell, wanted), "semaphore wait",
                    current_frames(ctx), semaphore=sem_name(cell), wanted=wanted,
                    current=lambda: sem_value(cell), cell=cell)
     if decrement is None or bool(np.asarray(decrement)):
         sem_add(cell, -wanted)
+        _account_wait(ctx.call.sync, cell, wanted)
     ctx.call.on_semaphore_wait(ctx, cell)
     return []
 

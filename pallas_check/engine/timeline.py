@@ -212,7 +212,7 @@ class Timeline:
             self._flow("signal -> wait", (signal.time, signal.step,
                                           (signal.device, signal.track)), where)
         for dma_id, (dma, *_rest) in list(self._dmas.items()):
-            if _cell_key(dma.dst_sem) == _cell_key(cell) and dma.waited_bytes >= dma.nbytes:
+            if _cell_key(dma.dst_sem) == _cell_key(cell) and dma.waited_bytes >= dma.signal:
                 track = self._actors[dma.actor_name]
                 if self._top(track) == "landed, not yet waited":
                     self._end(track)
