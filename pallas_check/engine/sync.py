@@ -486,14 +486,18 @@ def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]
 
 @rule(mosaic_primitives.dma_wait_p, generator=True)
 def _dma_wait(ctx, eqn, invals):
-    # The bytes waited for are the size of the descriptor's source: JAX types make that a
-    # static shape, whatever the slice starts; so the source's indices (a different page
-    # at every step in a paged kernel) are left out of the cache key.
+    # The bytes waited for are the size of the descriptor's source: a static shape,
+    # whatever the slice starts, so the source's indices (a different page at every step
+    # in a paged kernel) are left out of the cache key; unless a slice has a traced size
+    # (`pl.ds(0, n)`): then the bytes are evaluated from the leaves at each wait.
     layout = _dma_layout(eqn.params["tree"])
-    (src_start, _, _, _), _, (sem_start, sem_end, _, _), *_ = layout
+    (src_start, src_end, src_tree, _), _, (sem_start, sem_end, _, _), *_ = layout
+    if index_plan.has_dynamic_size(src_tree):
+        key = [*invals[src_start:src_end], *invals[sem_start:sem_end]]
+    else:
+        key = [invals[src_start], *invals[sem_start:sem_end]]
     nbytes, cell = ctx.call.accesses.get_or_make(
-        eqn, [invals[src_start], *invals[sem_start:sem_end]],
-        lambda: _wait_descriptor(ctx, layout, invals))
+        eqn, key, lambda: _wait_descriptor(ctx, layout, invals))
     frames = current_frames(ctx)
     if not _wait_ready(ctx, cell, nbytes):
         yield _wait_request(ctx, cell, nbytes, frames)
