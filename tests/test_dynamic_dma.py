@@ -78,3 +78,124 @@ def test_wait_in_a_loop_takes_each_iterations_size(check, mode, lens):
     want = np.zeros((8, 8, 128), np.float32)
     want[:max(lens)] = np.asarray(x)[:max(lens)]
     np.testing.assert_array_equal(np.asarray(result.value), want)
+
+
+# -- pl.Element(n, padding=...) blocks of a pallas_call ----------------------------------
+
+def _causal_sum_kernel(masked, x_ref, o_ref):
+    """out[r] = x[r] + x[r-1] + x[r-2] (x is 0 before row 0): the block holds the 8 rows
+    before the step's own 8, the first step's in the low padding (undefined values)."""
+    i = pl.program_id(0)
+    block = x_ref[...]
+    if masked:
+        rows = 8 * i - 8 + jax.lax.broadcasted_iota(jnp.int32, block.shape, 0)
+        block = jnp.where(rows >= 0, block, 0.0)
+    o_ref[...] = block[8:16] + block[7:15] + block[6:14]
+
+
+def _causal_sum(x, masked=True):
+    import functools
+    return pl.pallas_call(
+        functools.partial(_causal_sum_kernel, masked),
+        grid=(x.shape[0] // 8,),
+        in_specs=[pl.BlockSpec((pl.Element(16, padding=(8, 0)), pl.Element(128)),
+                               lambda i: (i * 8, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def _causal_sum_reference(x: np.ndarray) -> np.ndarray:
+    padded = np.concatenate([np.zeros((2, x.shape[1]), x.dtype), x])
+    return padded[2:] + padded[1:-1] + padded[:-2]
+
+
+@pytest.mark.parametrize("mode", list(DmaMode))
+def test_element_block_with_padding(check, mode):
+    """`pl.Element(16, padding=(8, 0))`: the index map's element offset counts in the
+    padded array; the padding is never-written memory, masked away here (clean)."""
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128) % 7 + 1
+    result = check(_causal_sum, x, config=Config(dma_mode=mode))
+    assert result.findings == []
+    np.testing.assert_array_equal(np.asarray(result.value), _causal_sum_reference(np.asarray(x)))
+
+
+def test_element_padding_read_unmasked_is_uninitialized(check):
+    """The same kernel using the padding's values: its first block's rows 0..2 depend on
+    them (the padding is undefined on a TPU)."""
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128) % 7 + 1
+    result = check(_causal_sum, x, False)
+    assert result.kinds() == ["uninitialized"], result.findings
+    (finding,) = result.findings
+    assert finding.buffer == "x_ref"
+    assert finding.details["output_range"] == [[0, 2], [0, 128]]
+
+
+@pytest.mark.parametrize("start, ok", [(-1, False), (0, True), (24, True), (25, False)])
+def test_element_block_may_reach_its_padding_only(check, start, ok):
+    """An Element block's element offset may select padding, not what lies beyond it."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    def call(x):
+        return pl.pallas_call(
+            kernel, grid=(1,),
+            in_specs=[pl.BlockSpec((pl.Element(16, padding=(8, 0)), pl.Element(128)),
+                                   lambda i: (start, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+
+    result = check(call, jnp.ones((32, 128), jnp.float32))
+    if ok:
+        assert result.findings == []
+    else:
+        assert result.kinds() == ["out-of-bounds"], result.findings
+        assert result.findings[0].buffer == "x_ref"
+        assert result.findings[0].index_range == ((start - 8, start + 8), (0, 128))
+
+
+# -- pl.BoundedSlice blocks of pltpu.emit_pipeline (JAX's dynamic-block pipelining) ------
+
+_BLOCK, _ROWS = 8, 40
+_SEQ_LENS = np.array([20, 37, 0], np.int32)  # valid rows per sequence; the last is padding
+
+
+def _dynamic_block_kernel(lens_ref, x_hbm, o_hbm):
+    """Each sequence b doubles its first lens[b] rows in blocks of up to 8 rows: the index
+    map returns a pl.ds whose traced size is bounded by the BoundedSlice (the last block
+    of a sequence is short; a sequence of length 0 has no blocks)."""
+    b = pl.program_id(0)
+    n = lens_ref[b]
+
+    def index_map(i):
+        start = i * _BLOCK
+        return (pl.ds(start, jnp.minimum(_BLOCK, n - start)), 0)
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    spec = pl.BlockSpec((pl.BoundedSlice(_BLOCK), 128), index_map)
+    pltpu.emit_pipeline(body, grid=(pl.cdiv(n, _BLOCK),), in_specs=[spec],
+                        out_specs=[spec])(x_hbm.at[b], o_hbm.at[b])
+
+
+def _dynamic_block(lens, x):
+    return pl.pallas_call(
+        _dynamic_block_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(len(_SEQ_LENS),),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        input_output_aliases={1: 0})(lens, x)
+
+
+@pytest.mark.parametrize("mode", list(DmaMode))
+def test_emit_pipeline_bounded_slice_blocks(check, mode):
+    x = jnp.arange(len(_SEQ_LENS) * _ROWS * 128, dtype=jnp.float32).reshape(-1, _ROWS, 128)
+    result = check(jax.jit(_dynamic_block), _SEQ_LENS, x,
+                   config=Config(dma_mode=mode, races=True))
+    assert result.findings == []
+    want = np.asarray(x).copy()
+    for b, n in enumerate(_SEQ_LENS):
+        want[b, :n] *= 2
+    np.testing.assert_array_equal(np.asarray(result.value), want)

@@ -58,15 +58,29 @@ class Operand:
     element: tuple[bool, ...]
     block_indices: np.ndarray | None = None  # (num_steps, ndim)
     vmem: Buffer | None = None
+    # Per array dim, `pl.Element(n, padding=(lo, hi))`'s virtual padding: the index map's
+    # element offset counts from lo elements before the array, and a block may reach into
+    # the padding (never-written values, not out of bounds) but not beyond it.
+    padding: tuple[tuple[int, int], ...] = ()
 
     @property
     def whole_array(self) -> bool:
         return self.vmem is None
 
     def block_window(self, block_index: Sequence[int]) -> list[tuple[int, int]]:
-        """(start, size) per array dim for a block index."""
+        """(start, size) per array dim for a block index (an Element dim's start in the
+        array's own coordinates: negative in its low padding)."""
+        if self.padding:
+            return [(int(bi) - pad[0] if elem else int(bi) * size, size) for bi, size, elem, pad
+                    in zip(block_index, self.block_sizes, self.element, self.padding)]
         return [(int(bi) if elem else int(bi) * size, size)
                 for bi, size, elem in zip(block_index, self.block_sizes, self.element)]
+
+    def element_bounds(self) -> list[tuple[int, int]]:
+        """Per array dim, the [low, high) an Element block must stay within: the array
+        and its virtual padding."""
+        pads = self.padding or ((0, 0),) * len(self.block_sizes)
+        return [(-lo, n + hi) for (lo, hi), n in zip(pads, self.hbm.shape)]
 
 
 def _program_axes(grid_mapping: Any) -> list[int]:
@@ -176,20 +190,22 @@ def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int
 def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
              var: Any) -> Operand:
     space = memory_space_name(getattr(var.aval, "memory_space", None))
-    block_sizes, squeezed, element = [], [], []
+    block_sizes, squeezed, element, padding = [], [], [], []
     for dim in bm.block_shape:
+        pad = (0, 0)
         if isinstance(dim, pallas_core.Squeezed):
             block_sizes.append(1), squeezed.append(True), element.append(False)
         elif isinstance(dim, pallas_core.Blocked):
             block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
         elif isinstance(dim, pallas_core.Element):
-            if dim.padding != (0, 0):
-                raise KernelError(f"pl.Element with padding is not supported ({name})")
+            pad = (int(dim.padding[0]), int(dim.padding[1]))
             block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
         else:
             raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+        padding.append(pad)
     return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
-                   tuple(squeezed), tuple(element))
+                   tuple(squeezed), tuple(element),
+                   padding=tuple(padding) if any(p != (0, 0) for p in padding) else ())
 
 
 def dimension_semantics(params: dict) -> tuple[str, ...]:

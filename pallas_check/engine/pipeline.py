@@ -99,9 +99,12 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
         return set()
     sizes = np.array(op.block_sizes)
     element = np.array(op.element)
-    starts = np.where(element, indices, indices * sizes)
+    low, high = np.array(op.element_bounds()).T  # an Element block may reach its padding
+    starts = np.where(element, indices + low, indices * sizes)  # Element: in array coordinates
     extent = np.array(op.hbm.shape)
-    bad = (starts < 0) | (starts >= extent) | (element & (starts + sizes > extent))
+    blocked_bad = (starts < 0) | (starts >= extent)
+    element_bad = (starts < low) | (starts + sizes > high)
+    bad = np.where(element, element_bad, blocked_bad)
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
@@ -346,9 +349,9 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
 
 def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> bool:
     bad = []
-    for d, ((start, size), n, elem) in enumerate(
-            zip(op.block_window(block_index), op.hbm.shape, op.element)):
-        if start < 0 or start >= n or (elem and start + size > n):
+    for d, ((start, size), n, elem, (low, high)) in enumerate(
+            zip(op.block_window(block_index), op.hbm.shape, op.element, op.element_bounds())):
+        if (start < low or start + size > high) if elem else (start < 0 or start >= n):
             bad.append(d)
     if not bad:
         return True
