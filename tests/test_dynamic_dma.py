@@ -199,3 +199,80 @@ def test_emit_pipeline_bounded_slice_blocks(check, mode):
     for b, n in enumerate(_SEQ_LENS):
         want[b, :n] *= 2
     np.testing.assert_array_equal(np.asarray(result.value), want)
+
+
+# -- sizes and indices read from never-written memory (item 10) -----------------------
+
+_NEVER_WRITTEN_SIZE = '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+def kernel(x_hbm, o_ref, lens_smem, buf, sem):
+    n = lens_smem[0]  # never written: SMEM holds the int32 maximum
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...]
+
+def f(x):
+    return pl.pallas_call(kernel, grid=(1,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 8, 128), lambda i: (0, 0, 0)),
+        scratch_shapes=[pltpu.SMEM((4,), jnp.int32), pltpu.VMEM((8, 8, 128), jnp.float32),
+                        pltpu.SemaphoreType.DMA],
+        out_shape=jax.ShapeDtypeStruct((8, 8, 128), jnp.float32))(x)
+
+jax.block_until_ready(jax.jit(f)(jnp.ones((8, 8, 128), jnp.float32)))
+'''
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "random"])
+def test_dma_size_from_never_written_smem(tmp_path, mode):
+    """A DMA of pl.ds(0, n), n from never-written SMEM (2**31 - 1 rows): before, the engine
+    allocated index arrays of 2**31 elements (MemoryError, exit 4 under a cap; OOM-killed
+    without). Now: out-of-bounds for the DMA, uninitialized naming the read of n and its
+    line, exit 1, nothing allocated with the size (run under a 6 GB address-space cap)."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    script = tmp_path / "size_from_smem.py"
+    script.write_text(_NEVER_WRITTEN_SIZE)
+    report = tmp_path / "report.json"
+    cap = 6 * 2**30
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pallas_check", "run", "--format", "json", "-o", str(report),
+         "--dma", mode, str(script)],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    findings = json.loads(report.read_text())["findings"]
+    got = sorted((f["kind"], f["buffer"], f["frames"][0]["line"]) for f in findings)
+    assert got == [("out-of-bounds", "buf", 9), ("out-of-bounds", "x_hbm", 9),
+                   ("uninitialized", "lens_smem", 7)], findings
+    oob = next(f for f in findings if f["buffer"] == "x_hbm")
+    assert oob["index_range"] == [[0, 2**31 - 1], [0, 8], [0, 128]]
+    uninit = next(f for f in findings if f["kind"] == "uninitialized")
+    assert uninit["index_range"] == [[0, 1]]
+    assert "the DMA at " in uninit["message"] and "size_from_smem.py:9" in uninit["message"]
+
+
+def test_dma_index_from_never_written_smem(check, table_call):
+    """A DMA whose start is read from never-written SMEM: out of bounds (the int32
+    maximum), and its data, the fill there, reaches the output: uninitialized names the
+    read of the index."""
+    def kernel(table_ref, x_hbm, o_ref, idx_smem, sem):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(idx_smem[0], 8)], o_ref, sem)
+        copy.start()
+        copy.wait()
+
+    call = table_call(kernel, 8, [pltpu.SMEM((2,), jnp.int32), pltpu.SemaphoreType.DMA])
+    result = check(call, jnp.zeros((1,), jnp.int32), jnp.ones((16, 128), jnp.float32))
+    assert sorted(result.kinds()) == ["out-of-bounds", "uninitialized"], result.findings
+    uninit = next(f for f in result.findings if f.kind.value == "uninitialized")
+    assert uninit.buffer == "idx_smem" and uninit.index_range == ((0, 1),)

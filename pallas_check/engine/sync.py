@@ -355,6 +355,8 @@ def _dma_start(ctx, eqn, invals):
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
                           " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
                           " in loads", frames)
+    if _unbounded(src_region) or _unbounded(dst_region):
+        _halt_unbounded(ctx, src_region, dst_region, frames)
     src_shape, _ = _view_layout(src_region)
     dst_shape, dst_itemsize = _view_layout(dst_region)
     if math.prod(src_shape) != math.prod(dst_shape):
@@ -371,6 +373,30 @@ def _dma_start(ctx, eqn, invals):
     return []
 
 
+def _unbounded(region: Region) -> bool:
+    """Whether some slice of the region is larger than its dimension (or of a negative
+    size): only a traced size (`pl.ds(start, n)`, n computed by the kernel) can be, and
+    such a slice has no part that its ref holds. Nothing may be allocated with its size:
+    a size read from never-written SMEM is the int32 maximum, 2**31 elements."""
+    for dim, extent in zip(region.dims, region.buffer.data.shape):
+        if dim.__class__ is not int and (dim[1] < 0 or dim[1] > extent):
+            return True
+    return False
+
+
+def _halt_unbounded(ctx: Any, src: Region, dst: Region,
+                    frames: tuple[SourceFrame, ...]) -> None:
+    """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
+    stops there (what would such a DMA have moved?); whether its size came from
+    never-written memory is decided by a re-run with the other fill (engine/kernel.py)."""
+    call = ctx.call
+    for region, what in ((src, "DMA source"), (dst, "DMA destination")):
+        if region.oob:
+            call.out_of_bounds(ctx, region, what, None)
+    call.dma_unbounded(ctx, call.sync.next_id(), src, dst, frames)
+    raise CallHalted()
+
+
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
                nbytes: int, frames: tuple[SourceFrame, ...]) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
@@ -382,6 +408,8 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
         call.out_of_bounds(ctx, dst, "DMA destination", None)
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
               ctx.grid_point)
+    if call.address_probe is not None and dma.id in call.address_probe:
+        call.address_probe[dma.id] = (src.index_range(), dst.index_range())
     call.sync.start(dma)
     call.on_dma_start(ctx, dma)
     mode = ctx.config.dma_mode
