@@ -276,3 +276,83 @@ def test_dma_index_from_never_written_smem(check, table_call):
     assert sorted(result.kinds()) == ["out-of-bounds", "uninitialized"], result.findings
     uninit = next(f for f in result.findings if f.kind.value == "uninitialized")
     assert uninit.buffer == "idx_smem" and uninit.index_range == ((0, 1),)
+
+
+# -- pl.BoundedSlice blocks of a pallas_call -------------------------------------------
+
+_B_STARTS = np.array([0, 8, 20, 30], np.int32)
+_B_LENS = np.array([8, 5, 0, 2], np.int32)  # step 2 selects nothing
+
+
+def _bounded_in_kernel(masked, starts_ref, lens_ref, x_ref, o_ref):
+    """Step i doubles rows [starts[i], starts[i] + lens[i]) of x into output block i; the
+    input block's rows past lens[i] are undefined (never written)."""
+    i = pl.program_id(0)
+    rows = jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 0)
+    o_ref[...] = (jnp.where(rows < lens_ref[i], x_ref[...] * 2, 0.0) if masked
+                  else x_ref[...] * 2)
+
+
+def _bounded_in(starts, lens, x, masked=True):
+    import functools
+    spec = pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i, s, n: (pl.ds(s[i], n[i]), 0))
+    return pl.pallas_call(
+        functools.partial(_bounded_in_kernel, masked),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(len(starts),), in_specs=[spec],
+            out_specs=pl.BlockSpec((8, 128), lambda i, s, n: (i, 0))),
+        out_shape=jax.ShapeDtypeStruct((8 * len(starts), 128), jnp.float32))(starts, lens, x)
+
+
+@pytest.mark.parametrize("mode", list(DmaMode))
+def test_bounded_slice_input_blocks(check, mode):
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+    result = check(_bounded_in, _B_STARTS, _B_LENS, x, config=Config(dma_mode=mode))
+    assert result.findings == []
+    want = np.zeros((32, 128), np.float32)
+    for i, (s, n) in enumerate(zip(_B_STARTS, _B_LENS)):
+        want[8 * i:8 * i + n] = 2 * np.asarray(x)[s:s + n]
+    np.testing.assert_array_equal(np.asarray(result.value), want)
+
+
+def test_bounded_slice_rows_past_the_size_are_undefined(check):
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+    result = check(_bounded_in, _B_STARTS, _B_LENS, x, False)
+    assert result.kinds() == ["uninitialized"], result.findings
+    assert result.findings[0].buffer == "x_ref"
+    assert result.findings[0].details["output_range"] == [[13, 32], [0, 128]]
+
+
+def test_bounded_slice_output_blocks_write_their_slice_only(check):
+    """Output block i is written back to rows [starts[i], starts[i] + lens[i]) only; the
+    output aliases x, so the other rows keep x's values."""
+    def kernel(starts_ref, lens_ref, x_ref, o_ref):
+        o_ref[...] = jnp.full(o_ref.shape, pl.program_id(0) + 1, jnp.float32)
+
+    def call(starts, lens, x):
+        spec = pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i, s, n: (pl.ds(s[i], n[i]), 0))
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=2, grid=(4,),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=spec),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            input_output_aliases={2: 0})(starts, lens, x)
+
+    x = -jnp.ones((32, 128), jnp.float32)
+    result = check(call, _B_STARTS, _B_LENS, x)
+    assert result.findings == []
+    want = -np.ones((32, 128), np.float32)
+    for i, (s, n) in enumerate(zip(_B_STARTS, _B_LENS)):
+        want[s:s + n] = i + 1
+    np.testing.assert_array_equal(np.asarray(result.value), want)
+
+
+@pytest.mark.parametrize("start, size", [(28, 8), (0, 9), (-1, 2)])
+def test_bounded_slice_outside_its_array_or_block(check, start, size):
+    """A slice past the array, or larger than the BoundedSlice's block, is out of bounds."""
+    x = jnp.ones((32, 128), jnp.float32)
+    result = check(_bounded_in, np.array([start], np.int32), np.array([size], np.int32), x)
+    assert "out-of-bounds" in result.kinds(), result.findings
+    oob = next(f for f in result.findings if f.kind.value == "out-of-bounds")
+    assert oob.buffer == "x_ref" and oob.index_range == ((start, start + size), (0, 128))
