@@ -57,7 +57,7 @@ class Operand:
     block_sizes: tuple[int, ...]  # one per array dim (squeezed dims are 1)
     squeezed: tuple[bool, ...]
     element: tuple[bool, ...]
-    block_indices: np.ndarray | None = None  # (num_steps, ndim)
+    block_indices: np.ndarray | None = None  # (num_steps, ndim [+ BoundedSlice sizes])
     vmem: Buffer | None = None
     # Per array dim, `pl.Element(n, padding=(lo, hi))`'s virtual padding: the index map's
     # element offset counts from lo elements before the array, and a block may reach into
@@ -292,7 +292,7 @@ class _Column:
         self.k = k
 
 
-def _index_columns(bm: Any) -> list[tuple[int, int | None]] | None:
+def _index_columns(bm: Any) -> list[tuple[int, int]] | None:
     """Where each value of a block index sits among the index map's flat outputs, when some
     dim returns a `pl.ds` (BoundedSlice): its start per dim, then its size per
     BoundedSlice dim, each as (column, -1) or, a static value, (-1, value); None when the
