@@ -234,22 +234,22 @@ def test_dma_size_from_never_written_smem(tmp_path, mode):
     without). Now: out-of-bounds for the DMA, uninitialized naming the read of n and its
     line, exit 1, nothing allocated with the size (run under a 6 GB address-space cap)."""
     import json
-    import resource
     import subprocess
     import sys
 
     script = tmp_path / "size_from_smem.py"
     script.write_text(_NEVER_WRITTEN_SIZE)
     report = tmp_path / "report.json"
-    cap = 6 * 2**30
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-
+    # The cap is set by the child itself before JAX starts (no preexec_fn: this process
+    # runs JAX's threads, and fork with threads may hang).
+    capped = ("import resource, runpy, sys; cap = 6 * 2**30;"
+              " resource.setrlimit(resource.RLIMIT_AS, (cap, cap));"
+              " sys.argv = ['pallas-check', *sys.argv[1:]];"
+              " runpy.run_module('pallas_check', run_name='__main__')")
     proc = subprocess.run(
-        [sys.executable, "-m", "pallas_check", "run", "--format", "json", "-o", str(report),
+        [sys.executable, "-c", capped, "run", "--format", "json", "-o", str(report),
          "--dma", mode, str(script)],
-        capture_output=True, text=True, timeout=300, preexec_fn=limit)
+        capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     findings = json.loads(report.read_text())["findings"]
     got = sorted((f["kind"], f["buffer"], f["frames"][0]["line"]) for f in findings)
