@@ -87,6 +87,14 @@ class Operand:
         return [(int(bi) if elem else int(bi) * size, size)
                 for bi, size, elem in zip(block_index, self.block_sizes, self.element)]
 
+    def describe(self, block_index: Sequence[int]) -> str:
+        """A block index as its index map returned it (a BoundedSlice dim's `pl.ds`)."""
+        if not self.bounded:
+            return str(tuple(int(i) for i in block_index))
+        sizes = iter(block_index[len(self.block_sizes):])
+        return "(" + ", ".join(f"pl.ds({int(i)}, {int(next(sizes))})" if bounded else str(int(i))
+                               for i, bounded in zip(block_index, self.bounded)) + ")"
+
     def element_bounds(self) -> list[tuple[int, int]]:
         """Per array dim, the [low, high) an Element block must stay within: the array
         and its virtual padding."""
