@@ -356,3 +356,4 @@ def test_bounded_slice_outside_its_array_or_block(check, start, size):
     assert "out-of-bounds" in result.kinds(), result.findings
     oob = next(f for f in result.findings if f.kind.value == "out-of-bounds")
     assert oob.buffer == "x_ref" and oob.index_range == ((start, start + size), (0, 128))
+    assert f"block index (pl.ds({start}, {size}), 0) of x_ref" in oob.message
