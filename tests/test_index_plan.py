@@ -136,6 +136,21 @@ def test_what_the_plan_does_not_cover_goes_the_general_way():
     assert index_plan.plan_for(tree).region(leaves, carrying) is None
 
 
+def test_a_traced_size_has_no_plan_and_is_seen_as_dynamic():
+    """`pl.ds(start, n)` with a traced n: the size is a leaf; no plan (the planned DMA
+    start and wait, whose bytes are static, never take it), and a wait keys its cached
+    bytes on the leaves (`has_dynamic_size`)."""
+    ref = RefView(Buffer("x", "VMEM", np.zeros((8, 16), np.float32), True))
+    traced = object()  # as a jaxpr variable is: no int (a concrete int is static)
+    leaves, tree = _flat(ref, (indexing.Slice(0, traced), indexing.Slice(0, 16)))
+    assert leaves[1] is traced  # the ref, then the size
+    assert index_plan.plan_for(tree) is None
+    assert index_plan.has_dynamic_size(tree)
+    _, tree = _flat(ref, (indexing.Slice(traced, 3), indexing.Slice(0, 16)))  # a start
+    assert not index_plan.has_dynamic_size(tree)
+    assert index_plan.plan_for(tree) is not None
+
+
 def _paged_copy_kernel(pages_ref, x_hbm, o_ref, buf, sem):
     """Copy rows named by a scalar-prefetched table, one DMA per row, all started before
     any is waited (as a paged attention does with pages)."""

@@ -59,6 +59,9 @@ class _Checkers:
         return uninit.uninit_findings(output_names, state, outputs, other_outputs, written,
                                       kernel, call_index)
 
+    def dma_address_of_two_fills(self, state: Any, other: Any) -> list[Finding]:
+        return uninit.address_findings(state, other)
+
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceChecker:
         return RaceChecker(make_finding, add)

@@ -61,7 +61,7 @@ def block_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
     rng = tuple((start, start + size) for start, size in op.block_window(block_index))
     return Finding(
         kind=FindingKind.OUT_OF_BOUNDS,
-        message=f"block index {block_index} of {op.name} selects {op.name}{format_range(rng)},"
+        message=f"block index {op.describe(block_index)} of {op.name} selects {op.name}{format_range(rng)},"
                 f" outside the array of shape {list(op.hbm.shape)} (dimension"
                 f"{'s' if len(bad_dims) > 1 else ''} {', '.join(map(str, bad_dims))})",
         kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=ctx.grid_point,

@@ -19,7 +19,7 @@ def lost_values_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, .
     (`frames`: the out_specs index_map's line)."""
     ctx.call.add(Finding(
         kind=FindingKind.OUTPUT_REVISITED,
-        message=f"output block {block_index} of {op.name} is visited again at grid point"
+        message=f"output block {op.describe(block_index)} of {op.name} is visited again at grid point"
                 f" {last_point} after other blocks; {count} element(s) in"
                 f" {op.name}{format_range(lost_range)} written at grid point {earlier_point}"
                 f" are not written again by the last visit: on a TPU the pipeline does not"

@@ -86,6 +86,44 @@ def uninit_findings(output_names: list[str], state: CallState, outputs: list[np.
     return findings
 
 
+def address_findings(state: CallState,
+                     other: tuple[IndexRange, IndexRange] | None) -> list[Finding]:
+    """The DMA the call stopped at (`state.unbounded_dma`, a slice no part of its ref
+    holds) addresses other elements when never-written memory holds the other fill
+    (`other`: its ranges there, None when that run never reached it): the read of
+    never-written memory that reached the address is the defect. Named: the latest read
+    of SMEM before it (scalars are what addresses are made of), else the latest read."""
+    dma = state.unbounded_dma
+    if dma is None or other == dma.ranges:
+        return []
+    reads = distinct_reads(state.uninit_reads[:dma.reads])
+    if not reads:
+        return []
+    scalar = [r for r in reads if r.memory_space == MemorySpace.SMEM] or reads
+    read = scalar[-1]
+    src, dst = dma.names
+    where = (f"{dma.frames[0].file}:{dma.frames[0].line}" if dma.frames else "its kernel")
+    read_at = f" at {read.frames[0].file}:{read.frames[0].line}" if read.frames else ""
+    shown = (f"{src}{format_range(other[0])} -> {dst}{format_range(other[1])}"
+             if other is not None else "none (the run takes another path before it)")
+    dma_access = Access("dma-read", dma.actor, src, "", dma.ranges[0], dma.frames, dma.grid_point)
+    return [Finding(
+        kind=FindingKind.UNINITIALIZED,
+        message=f"the DMA at {where} addresses {src}{format_range(dma.ranges[0])} ->"
+                f" {dst}{format_range(dma.ranges[1])} with a size or index read from memory"
+                f" that was never written: read of {read.buffer}"
+                f"{format_range(read.index_range)}{read_at} (with never-written memory"
+                f" holding other values the DMA addresses {shown})",
+        kernel=state.kernel, call_index=state.call_index, grid_point=read.grid_point,
+        actor=read.actor, buffer=read.buffer, memory_space=read.memory_space,
+        index_range=read.index_range, frames=read.frames,
+        accesses=(Access("read", read.actor, read.buffer, read.memory_space,
+                         read.index_range, read.frames, read.grid_point), dma_access),
+        details={"dma_source": [list(r) for r in dma.ranges[0]],
+                 "dma_destination": [list(r) for r in dma.ranges[1]]},
+    )]
+
+
 def distinct_reads(reads: list[UninitRead]) -> list[UninitRead]:
     seen: dict[tuple, UninitRead] = {}
     for r in reads:

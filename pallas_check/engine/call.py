@@ -12,6 +12,7 @@ import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import state_discharge
+from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.engine.lru import BoundedCache
 from pallas_check.engine.evaluate import KernelError, structure_key
@@ -56,17 +57,49 @@ class Operand:
     block_sizes: tuple[int, ...]  # one per array dim (squeezed dims are 1)
     squeezed: tuple[bool, ...]
     element: tuple[bool, ...]
-    block_indices: np.ndarray | None = None  # (num_steps, ndim)
+    block_indices: np.ndarray | None = None  # (num_steps, ndim [+ BoundedSlice sizes])
     vmem: Buffer | None = None
+    # Per array dim, `pl.Element(n, padding=(lo, hi))`'s virtual padding: the index map's
+    # element offset counts from lo elements before the array, and a block may reach into
+    # the padding (never-written values, not out of bounds) but not beyond it.
+    padding: tuple[tuple[int, int], ...] = ()
+    # Per array dim, whether it is a `pl.BoundedSlice(n)`: the index map returns
+    # `pl.ds(start, size)` with size <= n; a block index then carries, after one start
+    # per dim, the size of each such dim in order (the block is [start, start + size),
+    # the rest of the kernel's n-element ref is never-written memory).
+    bounded: tuple[bool, ...] = ()
 
     @property
     def whole_array(self) -> bool:
         return self.vmem is None
 
     def block_window(self, block_index: Sequence[int]) -> list[tuple[int, int]]:
-        """(start, size) per array dim for a block index."""
+        """(start, size) per array dim for a block index (an Element dim's start in the
+        array's own coordinates: negative in its low padding; a BoundedSlice dim's size
+        its slice's)."""
+        if self.bounded:
+            sizes = iter(block_index[len(self.block_sizes):])
+            return [(int(bi), int(next(sizes))) if bounded else (int(bi) * size, size)
+                    for bi, size, bounded in zip(block_index, self.block_sizes, self.bounded)]
+        if self.padding:
+            return [(int(bi) - pad[0] if elem else int(bi) * size, size) for bi, size, elem, pad
+                    in zip(block_index, self.block_sizes, self.element, self.padding)]
         return [(int(bi) if elem else int(bi) * size, size)
                 for bi, size, elem in zip(block_index, self.block_sizes, self.element)]
+
+    def describe(self, block_index: Sequence[int]) -> str:
+        """A block index as its index map returned it (a BoundedSlice dim's `pl.ds`)."""
+        if not self.bounded:
+            return str(tuple(int(i) for i in block_index))
+        sizes = iter(block_index[len(self.block_sizes):])
+        return "(" + ", ".join(f"pl.ds({int(i)}, {int(next(sizes))})" if bounded else str(int(i))
+                               for i, bounded in zip(block_index, self.bounded)) + ")"
+
+    def element_bounds(self) -> list[tuple[int, int]]:
+        """Per array dim, the [low, high) an Element block must stay within: the array
+        and its virtual padding."""
+        pads = self.padding or ((0, 0),) * len(self.block_sizes)
+        return [(-lo, n + hi) for (lo, hi), n in zip(pads, self.hbm.shape)]
 
 
 def _program_axes(grid_mapping: Any) -> list[int]:
@@ -176,20 +209,26 @@ def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int
 def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
              var: Any) -> Operand:
     space = memory_space_name(getattr(var.aval, "memory_space", None))
-    block_sizes, squeezed, element = [], [], []
+    block_sizes, squeezed, element, padding, bounded = [], [], [], [], []
     for dim in bm.block_shape:
-        if isinstance(dim, pallas_core.Squeezed):
+        pad = (0, 0)
+        bounded.append(isinstance(dim, pallas_core.BoundedSlice))
+        if bounded[-1]:
+            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+        elif isinstance(dim, pallas_core.Squeezed):
             block_sizes.append(1), squeezed.append(True), element.append(False)
         elif isinstance(dim, pallas_core.Blocked):
             block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
         elif isinstance(dim, pallas_core.Element):
-            if dim.padding != (0, 0):
-                raise KernelError(f"pl.Element with padding is not supported ({name})")
+            pad = (int(dim.padding[0]), int(dim.padding[1]))
             block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
         else:
             raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+        padding.append(pad)
     return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
-                   tuple(squeezed), tuple(element))
+                   tuple(squeezed), tuple(element),
+                   padding=tuple(padding) if any(p != (0, 0) for p in padding) else (),
+                   bounded=tuple(bounded) if any(bounded) else ())
 
 
 def dimension_semantics(params: dict) -> tuple[str, ...]:
@@ -246,9 +285,46 @@ def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np
         # vmap needs a mapped axis: evaluate once.
         outs = jax_core.jaxpr_as_fun(
             _discharged(bm.index_map_jaxpr))(*scalars)[: len(bm.index_map_jaxpr.jaxpr.outvars)]
-        return np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
-    outs = fn(*cols, *scalars)
-    return np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
+        stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
+    else:
+        outs = fn(*cols, *scalars)
+        stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
+    order = _index_columns(bm)
+    return stacked if order is None else _reorder(stacked, order)
+
+
+class _Column:
+    """A placeholder for the index map's k-th output while its pytree is read."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+
+def _index_columns(bm: Any) -> list[tuple[int, int]] | None:
+    """Where each value of a block index sits among the index map's flat outputs, when some
+    dim returns a `pl.ds` (BoundedSlice): its start per dim, then its size per
+    BoundedSlice dim, each as (column, -1) or, a static value, (-1, value); None when the
+    outputs are one int per dim."""
+    if not any(isinstance(dim, pallas_core.BoundedSlice) for dim in bm.block_shape):
+        return None
+    tree = bm.index_map_out_tree
+    per_dim = tree.unflatten([_Column(k) for k in range(tree.num_leaves)])
+    starts, sizes = [], []
+    for value in per_dim:
+        if isinstance(value, state_indexing.Slice):
+            starts.append((value.start.k, -1) if isinstance(value.start, _Column)
+                          else (-1, int(value.start)))
+            sizes.append((value.size.k, -1) if isinstance(value.size, _Column)
+                         else (-1, int(value.size)))
+        else:
+            starts.append((value.k, -1))
+    return starts + sizes
+
+
+def _reorder(stacked: np.ndarray, order: list[tuple[int, int]]) -> np.ndarray:
+    """The block indices in the Operand's layout (see `Operand.bounded`)."""
+    return np.stack([stacked[:, k] if k >= 0 else np.full(len(stacked), static, np.int64)
+                     for k, static in order], axis=1)
 
 
 def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:

@@ -29,6 +29,22 @@ class UninitRead:
     count: int
 
 
+@dataclasses.dataclass
+class UnboundedDma:
+    """A DMA the call stopped at: a slice size (traced) that no part of its ref can hold,
+    so it was never made (nothing allocated with its size). `reads`: how many reads of
+    never-written memory came before it (`CallState.uninit_reads[:reads]`), the candidates
+    for where its address came from; `ranges`: (source, destination) index ranges."""
+
+    id: int
+    frames: tuple[SourceFrame, ...]
+    ranges: tuple[IndexRange, IndexRange]
+    names: tuple[str, str]
+    reads: int
+    grid_point: tuple[int, ...] | None
+    actor: str
+
+
 class RaceDetector(Protocol):
     """Happens-before bookkeeping, fed by the engine's accesses and sync edges."""
 
@@ -85,6 +101,12 @@ class Checkers(Protocol):
                              written: list[np.ndarray | None], kernel: KernelInfo,
                              call_index: int) -> list[Finding]:
         """The call re-run with the other fill: which outputs never-written memory reached."""
+
+    def dma_address_of_two_fills(self, state: Any,
+                                 other: tuple[IndexRange, IndexRange] | None) -> list[Finding]:
+        """The call re-run with the other fill up to the DMA it stopped at
+        (`state.unbounded_dma`): `other` is that DMA's ranges there (None: not reached);
+        different ones mean its address came from never-written memory."""
 
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceDetector: ...

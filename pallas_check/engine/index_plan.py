@@ -169,6 +169,27 @@ def _whole(leaves: Sequence[Any], buffer: memory.Buffer) -> Region | None:
 
 
 @lru.by_identity
+def has_dynamic_size(tree: Any) -> bool:
+    """Whether a ref-and-indexers pytree slices some dimension with a traced size
+    (`pl.ds(start, n)` with `n` computed by the kernel): the size is then one of its
+    leaves, so what it addresses (and how many bytes a DMA of it moves) changes with the
+    leaves, not only with the pytree's structure."""
+    try:
+        shaped = tree.unflatten([_Slot(k) for k in range(tree.num_leaves)])
+    except Exception:  # a pytree node that checks its leaves: look at nothing
+        return False
+    if isinstance(shaped, state_types.TransformedRef):
+        transforms = tuple(shaped.transforms)
+    elif isinstance(shaped, (tuple, list)):
+        transforms = tuple(shaped)
+    else:
+        return False
+    return any(isinstance(idx, state_indexing.Slice) and isinstance(idx.size, _Slot)
+               for transform in transforms if isinstance(transform, state_indexing.NDIndexer)
+               for idx in transform.indices)
+
+
+@lru.by_identity
 def plan_for(tree: Any) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""

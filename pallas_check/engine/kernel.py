@@ -116,12 +116,22 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
                                         call_index, True, mesh, carried, results, checkers)
     findings = list(state.findings)
-    if (state.uninit_reads and config.check_uninit_outputs and not config.skip_floats
-            and not state.unfinished):
+    # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
+    # never-written memory: the re-run with the other fill says whether its address
+    # depends on them (the DMA's ranges differ there, or it is never reached).
+    unbounded = state.unbounded_dma
+    probe = ({unbounded.id: None} if unbounded is not None and unbounded.reads
+             and config.check_uninit_outputs else None)
+    compare_outputs = (state.uninit_reads and config.check_uninit_outputs
+                       and not config.skip_floats and not state.unfinished)
+    if compare_outputs or probe is not None:
         other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
         other_outputs, _, _ = _simulate(params, device_operands, config, other_fill, kernel,
                                         call_index, False, mesh, dict(carried or {}), None,
-                                        checkers)
+                                        checkers, probe)
+        if probe is not None:
+            findings.extend(state.checkers.dma_address_of_two_fills(state, probe[unbounded.id]))
+    if compare_outputs:
         flat = [o for dev in outputs for o in dev]
         flat_other = [o for dev in other_outputs for o in dev]
         flat_written = [w for dev in written for w in dev]
@@ -184,12 +194,14 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
-              checkers: Checkers | None = None,
+              checkers: Checkers | None = None, address_probe: dict | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
-    """One schedule of the call on every device: buffers, one actor per core, the run."""
+    """One schedule of the call on every device: buffers, one actor per core, the run
+    (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
+    state.address_probe = address_probe
     state.mesh = mesh
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)

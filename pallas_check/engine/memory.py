@@ -1003,7 +1003,9 @@ def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = Non
                 dims[base_dim] = start0 + idx * stride0
                 continue
             start, size, stride = idx
-            if size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
+            if size < 0:  # a traced size below zero: a DMA of no defined extent
+                oob.append(OutOfBounds(base_dim, f"{start}:{start + size} (size {size})", size0))
+            elif size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
                 where = (f"{start} (stride 0, {size} times)" if stride == 0 else
                          f"{start}:{start + size * stride}"
                          + (f":{stride}" if stride != 1 else ""))

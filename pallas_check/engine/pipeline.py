@@ -97,11 +97,20 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
     """The steps whose block is (partly) outside the array, all steps at once."""
     if not indices.shape[1] or not len(indices):
         return set()
-    sizes = np.array(op.block_sizes)
+    ndim = len(op.block_sizes)
+    block_sizes = np.array(op.block_sizes)
+    sizes = np.broadcast_to(block_sizes, (len(indices), ndim))
+    if op.bounded:  # a BoundedSlice dim's size is its slice's, at most the block's
+        sizes = sizes.copy()
+        sizes[:, np.array(op.bounded)] = indices[:, ndim:]
+    indices = indices[:, :ndim]
     element = np.array(op.element)
-    starts = np.where(element, indices, indices * sizes)
+    low, high = np.array(op.element_bounds()).T  # an Element block may reach its padding
+    starts = np.where(element, indices + low, indices * block_sizes)  # Element: array coords
     extent = np.array(op.hbm.shape)
-    bad = (starts < 0) | (starts >= extent) | (element & (starts + sizes > extent))
+    blocked_bad = (starts < 0) | (starts >= extent)
+    element_bad = (starts < low) | (starts + sizes > high) | (sizes < 0) | (sizes > block_sizes)
+    bad = np.where(element, element_bad, blocked_bad)
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
@@ -331,8 +340,10 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
     """Slices of the HBM array and of the VMEM block for the valid part of a block."""
     hbm_index, vmem_index = [], []
     empty = False
-    for (start, size), n, sq in zip(op.block_window(block_index), op.hbm.shape, op.squeezed):
-        lo, hi = max(start, 0), min(start + size, n)
+    for (start, size), n, sq, most in zip(op.block_window(block_index), op.hbm.shape,
+                                          op.squeezed, op.block_sizes):
+        # (a BoundedSlice larger than its block, out of bounds, moves what the block holds)
+        lo, hi = max(start, 0), min(start + min(size, most), n)
         if hi <= lo:
             empty = True
             lo = hi = 0
@@ -346,9 +357,12 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
 
 def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> bool:
     bad = []
-    for d, ((start, size), n, elem) in enumerate(
-            zip(op.block_window(block_index), op.hbm.shape, op.element)):
-        if start < 0 or start >= n or (elem and start + size > n):
+    for d, ((start, size), n, elem, (low, high), most) in enumerate(
+            zip(op.block_window(block_index), op.hbm.shape, op.element, op.element_bounds(),
+                op.block_sizes)):
+        if elem and (start < low or start + size > high or not 0 <= size <= most):
+            bad.append(d)
+        elif not elem and (start < 0 or start >= n):
             bad.append(d)
     if not bad:
         return True

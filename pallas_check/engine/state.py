@@ -12,7 +12,7 @@ from pallas_check.config import Config
 from pallas_check.engine import memory, sync
 from pallas_check.engine.evaluate import KernelError, current_frames
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
-from pallas_check.engine.events import Checkers, RaceDetector, UninitRead
+from pallas_check.engine.events import Checkers, RaceDetector, UnboundedDma, UninitRead
 from pallas_check.engine.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
@@ -34,6 +34,11 @@ class CallState:
         self.report = report
         self.findings: list[Finding] = []
         self.uninit_reads: list[UninitRead] = []
+        # A DMA the call stopped at because no part of its ref can hold its slice's size
+        # (sync.py); and, in the re-run with the other fill, that DMA's id -> its ranges
+        # there (None until reached): does its address depend on never-written memory?
+        self.unbounded_dma: UnboundedDma | None = None
+        self.address_probe: dict[int, Any] | None = None
         self.sync = sync.SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
@@ -122,6 +127,17 @@ class CallState:
         self.uninit_reads.append(UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count))
+
+    def dma_unbounded(self, ctx: "CoreContext", dma_id: int, src: Region, dst: Region,
+                      frames: tuple[SourceFrame, ...]) -> None:
+        """A DMA whose slice no part of its ref can hold (its out-of-bounds findings are
+        made): the call stops there; remembered for the re-run with the other fill."""
+        ranges = (src.index_range(), dst.index_range())
+        if self.address_probe is not None and dma_id in self.address_probe:
+            self.address_probe[dma_id] = ranges
+        self.unbounded_dma = UnboundedDma(dma_id, frames, ranges,
+                                          (src.buffer.name, dst.buffer.name),
+                                          len(self.uninit_reads), ctx.grid_point, ctx.actor)
 
     def dma_copied_unwritten(self, dma: sync.Dma, unwritten: np.ndarray) -> None:
         """A DMA read never-written elements (`unwritten`, in the access's shape) and wrote

@@ -420,6 +420,8 @@ def _dma_start(ctx, eqn, invals):
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
                           " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
                           " in loads", frames)
+    if _unbounded(src_region) or _unbounded(dst_region):
+        _halt_unbounded(ctx, src_region, dst_region, frames)
     src_shape, _ = _view_layout(src_region)
     dst_shape, dst_itemsize = _view_layout(dst_region)
     if math.prod(src_shape) != math.prod(dst_shape):
@@ -436,6 +438,30 @@ def _dma_start(ctx, eqn, invals):
     return []
 
 
+def _unbounded(region: Region) -> bool:
+    """Whether some slice of the region is larger than its dimension (or of a negative
+    size): only a traced size (`pl.ds(start, n)`, n computed by the kernel) can be, and
+    such a slice has no part that its ref holds. Nothing may be allocated with its size:
+    a size read from never-written SMEM is the int32 maximum, 2**31 elements."""
+    for dim, extent in zip(region.dims, region.buffer.data.shape):
+        if dim.__class__ is not int and (dim[1] < 0 or dim[1] > extent):
+            return True
+    return False
+
+
+def _halt_unbounded(ctx: Any, src: Region, dst: Region,
+                    frames: tuple[SourceFrame, ...]) -> None:
+    """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
+    stops there (what would such a DMA have moved?); whether its size came from
+    never-written memory is decided by a re-run with the other fill (engine/kernel.py)."""
+    call = ctx.call
+    for region, what in ((src, "DMA source"), (dst, "DMA destination")):
+        if region.oob:
+            call.out_of_bounds(ctx, region, what, None)
+    call.dma_unbounded(ctx, call.sync.next_id(), src, dst, frames)
+    raise CallHalted()
+
+
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
                nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
@@ -448,6 +474,8 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
         call.out_of_bounds(ctx, dst, "DMA destination", None)
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
               ctx.grid_point, nbytes if signal < 0 else signal)
+    if call.address_probe is not None and dma.id in call.address_probe:
+        call.address_probe[dma.id] = (src.index_range(), dst.index_range())
     call.sync.start(dma)
     call.on_dma_start(ctx, dma)
     mode = ctx.config.dma_mode
@@ -553,14 +581,18 @@ def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]
 
 @rule(mosaic_primitives.dma_wait_p, generator=True)
 def _dma_wait(ctx, eqn, invals):
-    # The bytes waited for are the size of the descriptor's source: JAX types make that a
-    # static shape, whatever the slice starts; so the source's indices (a different page
-    # at every step in a paged kernel) are left out of the cache key.
+    # The bytes waited for are the size of the descriptor's source: a static shape,
+    # whatever the slice starts, so the source's indices (a different page at every step
+    # in a paged kernel) are left out of the cache key; unless a slice has a traced size
+    # (`pl.ds(0, n)`): then the bytes are evaluated from the leaves at each wait.
     layout = _dma_layout(eqn.params["tree"])
-    (src_start, _, _, _), _, (sem_start, sem_end, _, _), *_ = layout
+    (src_start, src_end, src_tree, _), _, (sem_start, sem_end, _, _), *_ = layout
+    if index_plan.has_dynamic_size(src_tree):
+        key = [*invals[src_start:src_end], *invals[sem_start:sem_end]]
+    else:
+        key = [invals[src_start], *invals[sem_start:sem_end]]
     nbytes, cell = ctx.call.accesses.get_or_make(
-        eqn, [invals[src_start], *invals[sem_start:sem_end]],
-        lambda: _wait_descriptor(ctx, layout, invals))
+        eqn, key, lambda: _wait_descriptor(ctx, layout, invals))
     frames = current_frames(ctx)
     if not _wait_ready(ctx, cell, nbytes):
         yield _wait_request(ctx, cell, nbytes, frames)
