@@ -9,12 +9,13 @@ is given (events.py); nothing is printed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pallas_check.config import Config, UninitFill
-from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted
 from pallas_check.engine.events import Checkers, default_checkers
@@ -131,7 +132,45 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat_names = [name for _ in outputs for name in names]
         findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
+    if state.revisits and not state.unfinished:
+        rerun = functools.partial(_simulate, params, device_operands, config, main_fill,
+                                  kernel, call_index, False, mesh)
+        findings.extend(state.checkers.revisit_lost(state, lost)
+                        for lost in _lost_revisits(state, outputs, rerun, carried))
     return DevicesResult(outputs, findings, state.timeline)
+
+
+def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
+                   rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
+    """Output blocks revisited after other blocks whose first visit's work is lost.
+
+    Decided as uninitialized memory is, by running the call again (only calls where such
+    a revisit happened): the input blocks the first visit consumed are perturbed for its
+    steps, and a block whose final value does not change under any perturbation
+    (revisit.ROUNDS) keeps nothing of that visit. Where no run can tell (the first visit
+    consumed no input block, a re-run did not finish, or floats are skipped), what the
+    last visit wrote decides."""
+    config = state.config
+    records = state.revisits
+    undecided = [r for r in records if not r.perturbable]
+    candidates = [r for r in records if r.perturbable]
+    if config.skip_floats or not config.check_uninit_outputs:
+        undecided, candidates = list(records), []
+    first_output = state.first_output
+    for round_ in range(revisit.ROUNDS):
+        if not candidates:
+            break
+        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_)
+        other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb)
+        if other_state.unfinished:
+            undecided += candidates
+            candidates = []
+            break
+        candidates = [r for r in candidates
+                      if not revisit.block_changed(r, outputs, other, first_output)]
+    lost = [revisit.lost_by_flow(r) for r in candidates]
+    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
+    return lost
 
 
 @dataclasses.dataclass
@@ -184,12 +223,15 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
-              checkers: Checkers | None = None,
+              checkers: Checkers | None = None, perturb: revisit.Perturbation | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
-    """One schedule of the call on every device: buffers, one actor per core, the run."""
+    """One schedule of the call on every device: buffers, one actor per core, the run
+    (`perturb`: the input blocks a re-run deciding output revisits changes)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
+    state.perturb = perturb
+    state.first_output = gm.num_index_operands + gm.num_inputs
     state.mesh = mesh
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
