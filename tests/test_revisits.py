@@ -251,3 +251,13 @@ def test_without_input_blocks_the_last_visits_writes_decide():
     assert lost.index_range == ((0, 4), (0, 128)) and lost.grid_point == (2,)
     assert lost.details["earlier_grid_point"] == [0]
     assert lost.details["decided_by"] == "writes"
+
+
+@pytest.mark.parametrize("args", ["--dma random --schedules 20 --races", "--dma eager --races"],
+                         ids=["random-20", "eager"])
+@pytest.mark.parametrize("name", ["revisit_any_ok.py", "group_combine_ok.py",
+                                  "output_revisited_ok.py"])
+def test_revisit_samples_stay_clean_in_every_dma_mode(cli, sample, name, args):
+    result = cli("run", *args.split(), sample(name))
+    assert result.exit_code == 0 and result.findings == [], result.findings
+    assert "output matches" in result.output

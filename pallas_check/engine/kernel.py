@@ -17,7 +17,7 @@ import numpy as np
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
-from pallas_check.engine.evaluate import CallHalted
+from pallas_check.engine.evaluate import CallHalted, KernelError
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
@@ -161,8 +161,11 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
         if not candidates:
             break
         perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_)
-        other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb)
-        if other_state.unfinished:
+        try:
+            other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb)
+        except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
+            other_state = None
+        if other_state is None or other_state.unfinished:
             undecided += candidates
             candidates = []
             break

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_check.engine.memory import Buffer, all_written
+from pallas_check.engine.memory import Buffer, MemorySpace, all_written
 from pallas_check.findings import IndexRange, SourceFrame
 
 # How many perturbed re-runs at most: NaN first (it flows through arithmetic, as a
@@ -83,7 +83,9 @@ class Perturbation:
         """Swap perturbed values into the step's input blocks; what to restore after."""
         saved = []
         for buf in buffers:
-            values = perturbed(buf.data, self.round)
+            # An integer in SMEM is a size or an index more often than data: moved by one,
+            # never to an extreme (a DMA length of 2**31 would be the engine's to allocate).
+            values = perturbed(buf.data, self.round, mild=buf.space == MemorySpace.SMEM)
             if values is None:
                 continue
             written = buf.written_at(Ellipsis)
@@ -99,9 +101,10 @@ class Perturbation:
             buf.adopt(values, written)
 
 
-def perturbed(values: np.ndarray, round_: int) -> np.ndarray | None:
+def perturbed(values: np.ndarray, round_: int, mild: bool = False) -> np.ndarray | None:
     """Values of the same dtype that differ from `values` in every element (round 0), or
-    the dtype's largest (1) or smallest (2) value; None for a dtype it cannot perturb."""
+    the dtype's largest (1) or smallest (2) value (`mild` integers: one more, one less);
+    None for a dtype it cannot perturb."""
     dtype = values.dtype
     out = np.empty_like(values)
     try:
@@ -109,8 +112,10 @@ def perturbed(values: np.ndarray, round_: int) -> np.ndarray | None:
             out[...] = np.logical_not(values) if round_ == 0 else round_ == 1
         elif np.issubdtype(dtype, np.integer):
             info = np.iinfo(dtype)
-            if round_ == 0:
+            if round_ == 0 or (mild and round_ == 1):
                 out[...] = np.where(values == info.max, info.min, values + 1)
+            elif mild:
+                out[...] = np.where(values == info.min, info.max, values - 1)
             else:
                 out[...] = info.max if round_ == 1 else info.min
         elif "float" in dtype.name or np.issubdtype(dtype, np.floating):
