@@ -99,8 +99,23 @@ def running_max_kernel(g_ref, f_ref, l_ref, x_ref, o_ref, acc_ref):
     o_ref[...] = acc_ref[g]
 
 
-def combine(kernel, groups: np.ndarray, any_mode: bool = False):
-    first, last = _flags(groups)
+def skip_padding_kernel(g_ref, f_ref, l_ref, x_ref, o_ref, acc_ref):
+    """Tile 0 is padding (l_ref: the tile is real, f_ref: its group's first real tile):
+    group 0's first visit does nothing with its input, so it has nothing to lose."""
+    i, g = pl.program_id(0), g_ref[pl.program_id(0)]
+
+    @pl.when(l_ref[i] == 1)
+    def _():
+        @pl.when(f_ref[i] == 1)
+        def _():
+            acc_ref[g] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
+
+        acc_ref[g] += x_ref[...]
+        o_ref[...] = acc_ref[g]
+
+
+def combine(kernel, groups: np.ndarray, any_mode: bool = False, flags=None):
+    first, last = _flags(groups) if flags is None else flags
     mode = ({"pipeline_mode": pl.Buffered(1, revisit=pl.RevisitMode.ANY)}
             if any_mode else {})
 
@@ -194,6 +209,16 @@ def test_revisit_any_reads_the_block_back_as_a_dma():
                              _x(UNSORTED), mode=DmaMode.RANDOM, schedules=5)
     assert findings == []
     np.testing.assert_allclose(out, _sums(UNSORTED))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_first_visit_that_skips_its_tile_loses_nothing(mode):
+    flags = (np.array([0, 1, 1, 0], np.int32), np.array([0, 1, 1, 1], np.int32))
+    out, findings = simulate(combine(skip_padding_kernel, UNSORTED, flags=flags),
+                             _x(UNSORTED), mode=mode)
+    assert findings == []
+    tiles = np.asarray(_x(UNSORTED)).reshape(4, 8, 128)
+    np.testing.assert_allclose(out, np.concatenate([tiles[2], tiles[1] + tiles[3]]))
 
 
 def _count_runs(monkeypatch) -> list[int]:

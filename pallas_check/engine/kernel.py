@@ -157,10 +157,13 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
     if config.skip_floats or not config.check_uninit_outputs:
         undecided, candidates = list(records), []
     first_output = state.first_output
+    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
     for round_ in range(revisit.ROUNDS):
         if not candidates:
             break
-        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_)
+        capture = {r.first_end for r in candidates} if round_ else None
+        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
+                                       capture)
         try:
             other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb)
         except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
@@ -171,7 +174,11 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
             break
         candidates = [r for r in candidates
                       if not revisit.block_changed(r, outputs, other, first_output)]
-    lost = [revisit.lost_by_flow(r) for r in candidates]
+        for key in capture or ():
+            prints.setdefault(key, set()).add(perturb.fingerprints.get(key))
+    # A first visit whose result did not depend on its inputs lost nothing (a step that
+    # skips its tile): only one whose result did, and that the final block forgets, is lost.
+    lost = [revisit.lost_by_flow(r) for r in candidates if len(prints.get(r.first_end, ())) > 1]
     lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
     return lost
 

@@ -60,8 +60,11 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                  else None)
         yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
         ctx.eqn = None
-        if saved:
-            Perturbation.restore(saved)
+        if perturb is not None:
+            if saved:
+                Perturbation.restore(saved)
+            if (ctx.device_id, point) in perturb.capture:
+                perturb.fingerprint((ctx.device_id, point), ctx.private_buffers)
         yield from pipe.outputs_done(step)
     yield from pipe.drain()
     pipe.record_revisits()

@@ -16,6 +16,7 @@ its block at every run of a group writes it whole at its last visit, and is wron
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Sequence
 
 import jax.numpy as jnp
@@ -25,8 +26,10 @@ from pallas_check.engine.memory import Buffer, MemorySpace, all_written
 from pallas_check.findings import IndexRange, SourceFrame
 
 # How many perturbed re-runs at most: NaN first (it flows through arithmetic, as a
-# never-written fill does), then the largest and the smallest value (a contribution that
-# reaches the result only through comparisons, a running max or argmax, shows under one).
+# never-written fill does), then large values of either sign (`perturbed`: a contribution
+# that reaches the result only through comparisons, a running max or argmax, shows).
+# Under the last two the first visit's own result is also fingerprinted: a first visit
+# whose result is the same under both did nothing with its inputs, and lost nothing.
 ROUNDS = 3
 
 
@@ -55,6 +58,11 @@ class RevisitRecord:
         return self.visits[-1][0]
 
     @property
+    def first_end(self) -> tuple[int, tuple[int, ...]]:
+        """The (device, grid point) of the first visit's last step."""
+        return self.device, self.first_points[-1]
+
+    @property
     def perturbable(self) -> bool:
         """Whether the first visit consumed any input block a re-run can perturb."""
         return bool(self.inputs)
@@ -75,17 +83,30 @@ class Perturbation:
     """What a perturbed re-run changes: the input blocks the kernel sees at `points`
     ((device, grid point) pairs), replaced for the body of that step only."""
 
-    def __init__(self, points: set[tuple[int, tuple[int, ...]]], round_: int) -> None:
+    def __init__(self, points: set[tuple[int, tuple[int, ...]]], round_: int,
+                 capture: set[tuple[int, tuple[int, ...]]] | None = None) -> None:
         self.points = points
         self.round = round_
+        # (device, grid point) -> a digest of the core's VMEM/SMEM after that step's body
+        # (`capture`: the last steps of first visits, whose results are compared).
+        self.capture = capture or set()
+        self.fingerprints: dict[tuple[int, tuple[int, ...]], bytes] = {}
+
+    def fingerprint(self, key: tuple[int, tuple[int, ...]], buffers: Sequence[Buffer]) -> None:
+        """What a first visit left behind: its output block and the core's scratch (and
+        its input blocks, the same in every run once restored)."""
+        digest = hashlib.blake2b(digest_size=16)
+        for buf in buffers:
+            digest.update(np.ascontiguousarray(buf.data).view(np.uint8).reshape(-1).data)
+        self.fingerprints[key] = digest.digest()
 
     def apply(self, buffers: Sequence[Buffer]) -> list[tuple[Buffer, np.ndarray, Any]]:
         """Swap perturbed values into the step's input blocks; what to restore after."""
         saved = []
-        for buf in buffers:
+        for k, buf in enumerate(buffers):
             # An integer in SMEM is a size or an index more often than data: moved by one,
             # never to an extreme (a DMA length of 2**31 would be the engine's to allocate).
-            values = perturbed(buf.data, self.round, mild=buf.space == MemorySpace.SMEM)
+            values = perturbed(buf.data, self.round, buf.space == MemorySpace.SMEM, k % 2 == 1)
             if values is None:
                 continue
             written = buf.written_at(Ellipsis)
@@ -101,26 +122,34 @@ class Perturbation:
             buf.adopt(values, written)
 
 
-def perturbed(values: np.ndarray, round_: int, mild: bool = False) -> np.ndarray | None:
-    """Values of the same dtype that differ from `values` in every element (round 0), or
-    the dtype's largest (1) or smallest (2) value (`mild` integers: one more, one less);
-    None for a dtype it cannot perturb."""
+def perturbed(values: np.ndarray, round_: int, mild: bool = False,
+              odd: bool = False) -> np.ndarray | None:
+    """Values of the same dtype as `values`: round 0 differs from them in every element
+    (NaN for floats); round 1 is a large value; round 2 a large negative one, but a small
+    positive one for the odd-numbered input blocks (`odd`), so that a product or a sum of
+    two inputs, a square, a maximum or a minimum each differ between rounds 1 and 2.
+    `mild` integers move by one or two, never to an extreme. None: a dtype it cannot
+    perturb."""
     dtype = values.dtype
     out = np.empty_like(values)
     try:
         if dtype == np.bool_:
-            out[...] = np.logical_not(values) if round_ == 0 else round_ == 1
+            out[...] = np.logical_not(values) if round_ == 0 else (round_ == 1 or odd)
         elif np.issubdtype(dtype, np.integer):
             info = np.iinfo(dtype)
             if round_ == 0 or (mild and round_ == 1):
                 out[...] = np.where(values == info.max, info.min, values + 1)
             elif mild:
-                out[...] = np.where(values == info.min, info.max, values - 1)
+                out[...] = np.where(values >= info.max - 1, info.min, values + 2) if odd \
+                    else np.where(values == info.min, info.max, values - 1)
             else:
-                out[...] = info.max if round_ == 1 else info.min
+                out[...] = info.max if round_ == 1 else (info.max // 4 if odd else info.min)
         elif "float" in dtype.name or np.issubdtype(dtype, np.floating):
-            big = jnp.finfo(dtype).max
-            out[...] = np.nan if round_ == 0 else (big if round_ == 1 else -big)
+            top = np.float64(jnp.finfo(dtype).max)
+            # Large, yet a dot product of two such values stays finite for f32 and bf16.
+            big = top ** 0.25 if top > 1e30 else top ** 0.5
+            out[...] = (np.nan if round_ == 0 else big if round_ == 1
+                        else big / 4 if odd else -big / 2)
         else:
             return None
     except (TypeError, ValueError):
