@@ -286,3 +286,13 @@ def test_revisit_samples_stay_clean_in_every_dma_mode(cli, sample, name, args):
     result = cli("run", *args.split(), sample(name))
     assert result.exit_code == 0 and result.findings == [], result.findings
     assert "output matches" in result.output
+
+
+def test_revisit_any_does_not_excuse_a_block_the_kernel_re_zeroes():
+    """The pipeline reads the block back, and the kernel zeroes it all the same."""
+    fn = combine(reinit_kernel, UNSORTED, any_mode=True)
+    out, findings = simulate(fn, _x(UNSORTED))
+    (f,) = findings
+    assert f.kind.value == "output-revisited" and f.details["decided_by"] == "perturbation"
+    assert f.grid_point == (2,) and f.details["earlier_grid_point"] == [0]
+    assert "read the block back (RevisitMode.ANY)" in f.message
