@@ -97,7 +97,7 @@ class Perturbation:
         its input blocks, the same in every run once restored)."""
         digest = hashlib.blake2b(digest_size=16)
         for buf in buffers:
-            digest.update(np.ascontiguousarray(buf.data).view(np.uint8).reshape(-1).data)
+            digest.update(np.ascontiguousarray(buf.data).reshape(-1).view(np.uint8).data)
         self.fingerprints[key] = digest.digest()
 
     def apply(self, buffers: Sequence[Buffer]) -> list[tuple[Buffer, np.ndarray, Any]]:
