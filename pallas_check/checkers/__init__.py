@@ -30,11 +30,8 @@ class _Checkers:
                             bad_dims: list[int], frames: tuple) -> Finding:
         return bounds.block_finding(ctx, op, block_index, bad_dims, frames)
 
-    def block_values_lost(self, ctx: Any, op: Any, block_index: tuple, lost_range: Any,
-                          count: int, earlier_point: tuple, last_point: tuple,
-                          frames: tuple) -> None:
-        pipeline.lost_values_finding(ctx, op, block_index, lost_range, count, earlier_point,
-                                     last_point, frames)
+    def revisit_lost(self, state: Any, lost: Any) -> Finding:
+        return pipeline.lost_values_finding(state, lost)
 
     def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
                              frames: tuple) -> Finding:

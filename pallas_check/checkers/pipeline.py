@@ -1,32 +1,51 @@
 """The BlockSpec pipeline: an output block visited again after other blocks loses what an
-earlier visit wrote unless the last visit writes it again."""
+earlier visit did unless that still reaches the block's final value (engine/revisit.py
+decides it: by a re-run with the first visit's input blocks perturbed, or, where that
+cannot tell, by what the last visit wrote)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pallas_check.findings import Finding, FindingKind, IndexRange, SourceFrame, format_range
+from pallas_check.findings import Finding, FindingKind, format_range
 from pallas_check.engine.memory import MemorySpace
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CoreContext, Operand
+    from pallas_check.engine.revisit import Lost
+    from pallas_check.engine.state import CallState
 
 
-def lost_values_finding(ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
-                        lost_range: IndexRange, count: int, earlier_point: tuple,
-                        last_point: tuple, frames: tuple[SourceFrame, ...]) -> None:
-    """Elements an earlier visit of an output block wrote that its last visit did not
-    (`frames`: the out_specs index_map's line)."""
-    ctx.call.add(Finding(
-        kind=FindingKind.OUTPUT_REVISITED,
-        message=f"output block {op.describe(block_index)} of {op.name} is visited again at grid point"
-                f" {last_point} after other blocks; {count} element(s) in"
-                f" {op.name}{format_range(lost_range)} written at grid point {earlier_point}"
-                f" are not written again by the last visit: on a TPU the pipeline does not"
-                f" read the block back, and the last write-back overwrites them",
-        kernel=ctx.call.kernel, call_index=ctx.call.call_index, grid_point=last_point,
-        actor=ctx.actor, buffer=op.name, memory_space=MemorySpace.HBM, index_range=lost_range,
-        frames=frames, details={"block_index": list(block_index), "elements": count,
-                                "earlier_grid_point": list(earlier_point),
-                                "last_grid_point": list(last_point)},
-    ))
+def lost_values_finding(state: CallState, lost: Lost) -> Finding:
+    """`output-revisited` at the out_specs index_map: both visits, what was lost."""
+    r = lost.record
+    where = f"{r.name}{format_range(lost.index_range)}"
+    if lost.by_flow:
+        inputs = ", ".join(f"{name} block {block}" for name, block in r.inputs[:4])
+        more = f" and {len(r.inputs) - 4} more" if len(r.inputs) > 4 else ""
+        why = ("the pipeline read the block back (RevisitMode.ANY), and the kernel"
+               " overwrote it" if r.restored else
+               "on a TPU the pipeline does not read an output block back, and the last"
+               " visit's write-back lands last")
+        message = (f"output block {r.block} of {r.name}, visited at grid point"
+                   f" {r.first_point}, is visited again at {r.last_point} after other"
+                   f" blocks, and nothing the first visit consumed ({inputs}{more}) reaches"
+                   f" the block's final value (a re-run with those input blocks perturbed"
+                   f" gives the same block): {why}, so the {lost.elements} element(s) in"
+                   f" {where} the first visit produced are lost")
+    else:
+        message = (f"output block {r.block} of {r.name} is visited again at grid point"
+                   f" {r.last_point} after other blocks; {lost.elements} element(s) in"
+                   f" {where} written at grid point {lost.earlier_point} are not written"
+                   f" again by the last visit: on a TPU the pipeline does not read the block"
+                   f" back, and the last write-back overwrites them")
+    return Finding(
+        kind=FindingKind.OUTPUT_REVISITED, message=message,
+        kernel=state.kernel, call_index=state.call_index, grid_point=r.last_point,
+        actor=r.actor, buffer=r.name, memory_space=MemorySpace.HBM,
+        index_range=lost.index_range, frames=r.frames,
+        details={"block_index": list(r.block), "elements": lost.elements,
+                 "earlier_grid_point": list(lost.earlier_point),
+                 "last_grid_point": list(r.last_point),
+                 "decided_by": "perturbation" if lost.by_flow else "writes",
+                 "first_visit_inputs": [[name, list(block)] for name, block in r.inputs]},
+    )

@@ -73,6 +73,9 @@ def uninit_findings(output_names: list[str], state: CallState, outputs: list[np.
             f"{r.buffer}{format_range(r.index_range)}"
             + (f" at {r.frames[0].file}:{r.frames[0].line}" if r.frames else "")
             for r in reads[:3])
+        notes = list(dict.fromkeys(r.note for r in reads[:3] if r.note))
+        if notes:
+            read_lines += " (" + "; ".join(notes) + ")"
         findings.append(Finding(
             kind=FindingKind.UNINITIALIZED,
             message=f"{count} elements of output {name}{format_range(rng)} depend on memory that"

@@ -27,6 +27,9 @@ class UninitRead:
     grid_point: tuple[int, ...] | None
     actor: str
     count: int
+    # Why the memory is never written, where the engine knows more than the buffer's
+    # name says (an output block a revisit re-fetched as fresh memory).
+    note: str = ""
 
 
 @dataclasses.dataclass
@@ -77,11 +80,9 @@ class Checkers(Protocol):
     def block_out_of_bounds(self, ctx: Any, op: Any, block_index: tuple,
                             bad_dims: list[int], frames: tuple) -> Finding: ...
 
-    def block_values_lost(self, ctx: Any, op: Any, block_index: tuple, lost_range: Any,
-                          count: int, earlier_point: tuple, last_point: tuple,
-                          frames: tuple) -> None:
-        """An output block was visited again and its last visit did not rewrite what an
-        earlier one wrote (lost on a TPU)."""
+    def revisit_lost(self, state: Any, lost: Any) -> Finding:
+        """An output block was visited again after other blocks, and what an earlier
+        visit did does not reach its final value (engine/revisit.py's `Lost`)."""
 
     def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
                              frames: tuple) -> Finding:

@@ -9,14 +9,15 @@ is given (events.py); nothing is printed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pallas_check.config import Config, UninitFill
-from pallas_check.engine import memory, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
-from pallas_check.engine.evaluate import CallHalted
+from pallas_check.engine.evaluate import CallHalted, KernelError
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
@@ -141,7 +142,55 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat_names = [name for _ in outputs for name in names]
         findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
                                              flat_written, kernel, call_index))
+    if state.revisits and not state.unfinished:
+        rerun = functools.partial(_simulate, params, device_operands, config, main_fill,
+                                  kernel, call_index, False, mesh)
+        findings.extend(state.checkers.revisit_lost(state, lost)
+                        for lost in _lost_revisits(state, outputs, rerun, carried))
     return DevicesResult(outputs, findings, state.timeline)
+
+
+def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
+                   rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
+    """Output blocks revisited after other blocks whose first visit's work is lost.
+
+    Decided as uninitialized memory is, by running the call again (only calls where such
+    a revisit happened): the input blocks the first visit consumed are perturbed for its
+    steps, and a block whose final value does not change under any perturbation
+    (revisit.ROUNDS) keeps nothing of that visit. Where no run can tell (the first visit
+    consumed no input block, a re-run did not finish, or floats are skipped), what the
+    last visit wrote decides."""
+    config = state.config
+    records = state.revisits
+    undecided = [r for r in records if not r.perturbable]
+    candidates = [r for r in records if r.perturbable]
+    if config.skip_floats or not config.check_uninit_outputs:
+        undecided, candidates = list(records), []
+    first_output = state.first_output
+    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
+    for round_ in range(revisit.ROUNDS):
+        if not candidates:
+            break
+        capture = {r.first_end for r in candidates} if round_ else None
+        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
+                                       capture)
+        try:
+            other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb=perturb)
+        except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
+            other_state = None
+        if other_state is None or other_state.unfinished:
+            undecided += candidates
+            candidates = []
+            break
+        candidates = [r for r in candidates
+                      if not revisit.block_changed(r, outputs, other, first_output)]
+        for key in capture or ():
+            prints.setdefault(key, set()).add(perturb.fingerprints.get(key))
+    # A first visit whose result did not depend on its inputs lost nothing (a step that
+    # skips its tile): only one whose result did, and that the final block forgets, is lost.
+    lost = [revisit.lost_by_flow(r) for r in candidates if len(prints.get(r.first_end, ())) > 1]
+    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
+    return lost
 
 
 @dataclasses.dataclass
@@ -195,13 +244,17 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
               checkers: Checkers | None = None, address_probe: dict | None = None,
+              perturb: revisit.Perturbation | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     """One schedule of the call on every device: buffers, one actor per core, the run
-    (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`)."""
+    (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
+    input blocks a re-run deciding output revisits changes)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
     state.address_probe = address_probe
+    state.perturb = perturb
+    state.first_output = gm.num_index_operands + gm.num_inputs
     state.mesh = mesh
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)

@@ -15,7 +15,8 @@ from pallas_check.config import DmaMode
 from pallas_check.engine import sync
 from pallas_check.engine.evaluate import eval_jaxpr
 from pallas_check.engine.scheduler import Actor, Wait
-from pallas_check.engine.memory import RefView, all_written
+from pallas_check.engine.memory import RefView
+from pallas_check.engine.revisit import Perturbation, RevisitRecord
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
@@ -43,16 +44,30 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         yield from pipe.inputs_ready(step)
         for plan in outputs:
             if plan.changed[step]:
+                if plan.revisit_of and step in plan.revisit_of:
+                    yield from pipe.revisit(plan, step)
+                    continue
                 plan.check_bounds(ctx, step)
                 vmem = plan.op.vmem
                 assert vmem is not None
                 vmem.writable()[...] = ctx.fill(vmem.data.dtype)
                 vmem.mark_written(Ellipsis, False)
+                if ctx.call.fresh_revisits:
+                    ctx.call.fresh_revisits.pop(vmem.id, None)
+        perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
+        saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs])  # type: ignore[misc]
+                 if perturb is not None and (ctx.device_id, point) in perturb.points
+                 else None)
         yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
         ctx.eqn = None
+        if perturb is not None:
+            if saved:
+                Perturbation.restore(saved)
+            if (ctx.device_id, point) in perturb.capture:
+                perturb.fingerprint((ctx.device_id, point), ctx.private_buffers)
         yield from pipe.outputs_done(step)
     yield from pipe.drain()
-    pipe.report_lost_values()
+    pipe.record_revisits()
     if ctx.call.races is not None:
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
     ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
@@ -81,6 +96,24 @@ class _Plan:
         # earlier visit is overwritten by a later one's: what it wrote may be lost).
         runs = collections.Counter(self.blocks[i] for i, c in enumerate(self.changed) if c)
         self.revisited = {b for b, n in runs.items() if n > 1} if op.is_output else set()
+        # pl.Buffered(1, revisit=pl.RevisitMode.ANY): a revisit reads the block back.
+        self.restores = op.is_output and _revisit_any(op)
+        self.first_run: dict[tuple[int, ...], tuple[int, int]] = {}  # block -> its steps
+        self.revisit_of: dict[int, int] = {}  # a revisit's first step -> the first visit's
+        if self.revisited:
+            self._runs()
+
+    def _runs(self) -> None:
+        """Where each revisited block's first visit runs, and where its revisits start."""
+        starts = [i for i, c in enumerate(self.changed) if c]
+        for start, stop in zip(starts, starts[1:] + [len(self.blocks)]):
+            block = self.blocks[start]
+            if block not in self.revisited:
+                continue
+            if block in self.first_run:
+                self.revisit_of[start] = self.first_run[block][0]
+            else:
+                self.first_run[block] = (start, stop)
 
     @property
     def frames(self) -> tuple[SourceFrame, ...]:
@@ -180,29 +213,45 @@ class Pipeline:
         while self.writing:
             yield from self._wait(self.writing.pop(0))
 
-    def report_lost_values(self) -> None:
-        """An output block visited more than once: each visit starts from a buffer the
-        pipeline did not read back, and the last write-back lands last, so what an earlier
-        visit wrote survives only where the last visit wrote it again."""
+    def revisit(self, plan: _Plan, step: int):
+        """An output block visited again after other blocks. `RevisitMode.ANY`: the DMA
+        the pipeline inserts to restore it from HBM, waited before the body (the earlier
+        visit's write-back, single-buffered, was waited after its body). Otherwise fresh
+        memory, as at any visit, and a read of it never written says why."""
+        ctx = self.ctx
+        if plan.restores:
+            yield from self._wait(self._start(plan, step, False))
+            return
+        plan.check_bounds(ctx, step)
+        vmem = plan.op.vmem
+        assert vmem is not None
+        vmem.writable()[...] = ctx.fill(vmem.data.dtype)
+        vmem.mark_written(Ellipsis, False)
+        first = self.grid_points[plan.revisit_of[step]]
+        ctx.call.fresh_revisits[vmem.id] = (
+            f"{plan.op.name} holds output block {plan.blocks[step]}, visited at grid point"
+            f" {first} and again at {self.grid_points[step]} after other blocks: the"
+            f" pipeline does not read an output block back, so the revisit starts from"
+            f" fresh memory (pl.Buffered(1, revisit=pl.RevisitMode.ANY) restores it)")
+
+    def record_revisits(self) -> None:
+        """Each output block this core visited in more than one run of steps, for the
+        call to decide (revisit.py) whether the first visit's work survives."""
         for plan in self.outputs:
             for block in sorted(plan.revisited):
                 visits = self.visits.get((id(plan), block), [])
                 if len(visits) < 2:
                     continue
-                last_point, last_written = visits[-1]
-                if all_written(last_written):
-                    continue
-                lost, earlier_point = None, None
-                for point, written in reversed(visits[:-1]):
-                    here = np.logical_and(written, np.logical_not(last_written))
-                    if here.any():
-                        lost = here if lost is None else lost | here
-                        earlier_point = point if earlier_point is None else earlier_point
-                if lost is not None:
-                    hbm_index, _, _ = _block_slices(plan.op, block)
-                    self.ctx.call.checkers.block_values_lost(
-                        self.ctx, plan.op, block, _lost_range(hbm_index, lost),
-                        int(np.count_nonzero(lost)), earlier_point, last_point, plan.frames)
+                start, stop = plan.first_run[block]
+                inputs: dict[tuple[str, tuple[int, ...]], None] = {}
+                for step in range(start, stop):
+                    for other in self.inputs:
+                        inputs[(other.op.name, other.blocks[step])] = None
+                hbm_index, _, _ = _block_slices(plan.op, block)
+                self.ctx.call.revisits.append(RevisitRecord(
+                    self.ctx.device_id, self.ctx.actor, plan.op.name, plan.op.position,
+                    block, hbm_index, plan.frames, plan.restores, visits,
+                    tuple(self.grid_points[start:stop]), tuple(inputs)))
 
     def _start(self, plan: _Plan, step: int, writes_back: bool) -> BlockCopy:
         ctx = self.ctx
@@ -240,18 +289,12 @@ class Pipeline:
             _land_in_vmem(ctx, copy)
 
 
-def _lost_range(hbm_index: tuple, lost: np.ndarray) -> IndexRange:
-    """The HBM range (bounding box) of the lost elements of a block's valid part."""
-    dims = iter(range(lost.ndim))
-    out = []
-    for index in hbm_index:
-        if isinstance(index, int):
-            out.append((index, index + 1))
-            continue
-        d = next(dims)
-        along = np.nonzero(lost.any(axis=tuple(i for i in range(lost.ndim) if i != d)))[0]
-        out.append((index.start + int(along[0]), index.start + int(along[-1]) + 1))
-    return tuple(out)
+def _revisit_any(op: Operand) -> bool:
+    """Whether the block is `pl.Buffered(1, revisit=pl.RevisitMode.ANY)` (Mosaic rejects
+    ANY with two buffers; the restoring read is modelled whatever the depth)."""
+    mode = getattr(op.mapping, "pipeline_mode", None)
+    revisit = getattr(mode, "revisit", None)
+    return getattr(revisit, "value", None) == "any"
 
 
 def _depth(op: Operand) -> int:

@@ -61,6 +61,13 @@ class CallState:
         self.accesses = memory.AccessCache()
         self.cores_per_device = 1
         self._copies_in_flight: set[str] = set()
+        # Output blocks revisited after other blocks (engine/revisit.py): what each core's
+        # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer
+        # id -> why, for a read of them), and the perturbation of a re-run deciding them.
+        self.revisits: list[Any] = []
+        self.fresh_revisits: dict[int, str] = {}
+        self.perturb: Any = None
+        self.first_output = 0  # where the outputs start among the kernel's parameters
         # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
         self.timeline: Timeline | None = (
             Timeline(kernel.name, call_index, config.seed)
@@ -124,9 +131,10 @@ class CallState:
         the recorded range is theirs, not the whole access's."""
         frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
+        note = self.fresh_revisits.get(region.buffer.id, "") if self.fresh_revisits else ""
         self.uninit_reads.append(UninitRead(
             region.buffer.name, region.buffer.space, rng, frames,
-            ctx.grid_point, ctx.actor, count))
+            ctx.grid_point, ctx.actor, count, note))
 
     def dma_unbounded(self, ctx: "CoreContext", dma_id: int, src: Region, dst: Region,
                       frames: tuple[SourceFrame, ...]) -> None:
@@ -144,9 +152,11 @@ class CallState:
         them to HBM: a read of uninitialized memory at the DMA's line."""
         src = dma.src
         rng = src.selected_range(unwritten) if unwritten.ndim else src.index_range()
+        note = self.fresh_revisits.get(src.buffer.id, "") if self.fresh_revisits else ""
         self.uninit_reads.append(UninitRead(
             src.buffer.name, src.buffer.space, rng, dma.frames, dma.grid_point,
-            dma.actor_name, int(np.count_nonzero(unwritten)) or int(np.prod(src.out_shape))))
+            dma.actor_name, int(np.count_nonzero(unwritten)) or int(np.prod(src.out_shape)),
+            note))
 
     def on_write(self, ctx: "CoreContext", region: Region) -> None:
         if self.races is not None:

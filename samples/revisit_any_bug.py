@@ -1,0 +1,64 @@
+"""An output block revisited out of order and read back, without `RevisitMode.ANY`.
+
+Token tiles arrive in an order that is not sorted by group (groups 0, 1, 0, 1), and each
+tile is added into its group's output block, which the kernel reads back (`o_ref[...] +=`)
+on every visit after the first. A TPU pipeline does not read an output block back in by
+default: at step 2 group 0's block starts from whatever its VMEM buffer held, never
+written by this kernel, so the sum is garbage and step 0's tile is lost. The fix is
+`pipeline_mode=pl.Buffered(1, revisit=pl.RevisitMode.ANY)` (revisit_any_ok.py).
+
+Expected finding: kind=uninitialized buffer=o_ref range=[0:8, 0:128] line=34
+Expected finding: kind=output-revisited buffer=o_ref range=[0:8, 0:128] line=45
+(the read at the revisit names the fresh block; the out_specs index_map is where the
+lost first visit is reported)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+GROUPS = np.array([0, 1, 0, 1], np.int32)  # the group of each token tile, unsorted
+
+
+def add_into_group_kernel(group_ref, first_ref, x_ref, o_ref):
+    i = pl.program_id(0)
+
+    @pl.when(first_ref[i] == 1)
+    def _():
+        o_ref[...] = x_ref[...]
+
+    @pl.when(first_ref[i] == 0)
+    def _():
+        o_ref[...] += x_ref[...]  # BUG: the pipeline did not read the block back
+
+
+def add_into_groups(x, groups, first):
+    tiles = x.shape[0] // 8
+    return pl.pallas_call(
+        add_into_group_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(tiles,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, g, f: (i, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, g, f: (g[i], 0)),
+        ),
+        out_shape=jax.ShapeDtypeStruct((2 * 8, 128), x.dtype),
+    )(groups, first, x)
+
+
+def first_of_group(groups):
+    seen, first = set(), []
+    for g in groups.tolist():
+        first.append(int(g not in seen))
+        seen.add(g)
+    return np.array(first, np.int32)
+
+
+if __name__ == "__main__":
+    x = jnp.arange(len(GROUPS) * 8 * 128, dtype=jnp.float32).reshape(-1, 128)
+    out = jax.jit(add_into_groups)(x, jnp.asarray(GROUPS), jnp.asarray(first_of_group(GROUPS)))
+    tiles = np.asarray(x).reshape(len(GROUPS), 8, 128)
+    expected = np.concatenate([tiles[GROUPS == g].sum(axis=0) for g in range(2)])
+    print("revisit_any_bug: output", "matches" if np.allclose(out, expected) else "is wrong")
