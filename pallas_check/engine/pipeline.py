@@ -47,11 +47,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 if plan.revisit_of and step in plan.revisit_of:
                     yield from pipe.revisit(plan, step)
                     continue
-                plan.check_bounds(ctx, step)
-                vmem = plan.op.vmem
-                assert vmem is not None
-                vmem.writable()[...] = ctx.fill(vmem.data.dtype)
-                vmem.mark_written(Ellipsis, False)
+                vmem = _fresh_block(ctx, plan, step)
                 if ctx.call.fresh_revisits:
                     ctx.call.fresh_revisits.pop(vmem.id, None)
         perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
@@ -72,6 +68,17 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
     ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
 
+
+
+def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
+    """An output block's VMEM at a visit that does not read it back: fresh memory (the
+    fill, never written), after its block index is checked against the array."""
+    plan.check_bounds(ctx, step)
+    vmem = plan.op.vmem
+    assert vmem is not None
+    vmem.writable()[...] = ctx.fill(vmem.data.dtype)
+    vmem.mark_written(Ellipsis, False)
+    return vmem
 
 class _Plan:
     """What the pipeline knows of one blocked operand on one core, computed once: the
@@ -222,11 +229,7 @@ class Pipeline:
         if plan.restores:
             yield from self._wait(self._start(plan, step, False))
             return
-        plan.check_bounds(ctx, step)
-        vmem = plan.op.vmem
-        assert vmem is not None
-        vmem.writable()[...] = ctx.fill(vmem.data.dtype)
-        vmem.mark_written(Ellipsis, False)
+        vmem = _fresh_block(ctx, plan, step)
         first = self.grid_points[plan.revisit_of[step]]
         ctx.call.fresh_revisits[vmem.id] = (
             f"{plan.op.name} holds output block {plan.blocks[step]}, visited at grid point"
