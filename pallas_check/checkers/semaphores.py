@@ -118,6 +118,7 @@ def never_taken_findings(values: list) -> list[Finding]:
                          f" ({value.kernel.name}) with count {value.count}, is taken by no"
                          " later call before the script ends"),
                 kernel=value.kernel, call_index=value.call_index, grid_point=None,
+                actor=value.last_signaller, frames=value.last_signal,
                 buffer=value.name.split("[")[0], memory_space=MemorySpace.SEMAPHORE,
                 details={"count": value.count, "semaphore": value.name}))
     return findings

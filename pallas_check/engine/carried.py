@@ -74,6 +74,8 @@ class SemaphoreValue:
     call_index: int
     kernel: KernelInfo
     device: int
+    last_signal: tuple[SourceFrame, ...] = ()  # where a kernel last signalled it
+    last_signaller: str = ""
 
 
 def _key(handle: int) -> tuple:
@@ -97,6 +99,9 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
             continue
         state.carried[_taken_key(handle)] = True
         counts[idx] = value.count
+        if value.last_signal:
+            state.sync.last_signal[(buf.id, idx)] = value.last_signal
+            state.sync.last_signaller[(buf.id, idx)] = value.last_signaller
         if value.dmas:
             state.arriving.append((buf, idx, value))
     return buf
@@ -153,12 +158,13 @@ def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
 
 def _stub_region(described: tuple) -> Region:
     """A region standing for a buffer of an earlier call (named in findings only)."""
-    name, rng, dims, post, oob = described
-    shape = tuple(hi for _, hi in rng) if rng else ()
+    name, rng, _, _, _ = described
+    if not rng:
+        return Region(Buffer(name, MemorySpace.HBM, np.zeros((), np.float32), True), [], [],
+                      [])
+    shape = tuple(hi for _, hi in rng)
     stub = Buffer(name, MemorySpace.HBM, np.zeros(shape, np.float32), True)
-    if rng is None:
-        return Region(stub, [], [], [])
-    return Region(stub, [(0, hi - lo, 1) for lo, hi in rng], [], [])
+    return Region(stub, [(lo, hi - lo, 1) for lo, hi in rng], [], [])
 
 
 def _landing_region(state: Any, carried: CarriedDma,
@@ -182,11 +188,13 @@ def _landing_region(state: Any, carried: CarriedDma,
     return region
 
 
-def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]]) -> dict:
+def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
+           mirrors: dict[int, Buffer]) -> dict:
     """At the call's end: the DMAs in flight that signal a semaphore the call returns
-    (`outputs`: the semaphore output buffers, with the address of the XLA buffer of each
-    data output by buffer id) are carried by it. Each lands now in values, its bytes left
-    off the semaphore's count; returns cell -> the CarriedDmas it carries."""
+    (`outputs`: the call's output buffers, each with the address of its XLA buffer) are
+    carried by it. Each lands now in values (in a whole-output VMEM block: in the output
+    too, `mirrors`), its bytes left off the semaphore's count; returns cell -> the
+    CarriedDmas it carries."""
     sem_ids = {buf.id for buf, _ in outputs if buf.space == MemorySpace.SEMAPHORE}
     addresses = {buf.id: address for buf, address in outputs
                  if buf.space != MemorySpace.SEMAPHORE}
@@ -197,6 +205,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]]) -> di
         if returned and dma.copied and dma.waited_bytes < dma.nbytes:
             # Landed, its bytes in the count: a later call's wait takes them (and orders
             # that call's accesses of the destination after the landing).
+            _mirror(dma, mirrors, landed=True)
             address = addresses.get(dma.dst.buffer.id)
             tracked = address is not None and not dma.dst.post and not dma.dst.oob
             carried.setdefault(_cell_key(dma.dst_sem), []).append(_carried(
@@ -214,6 +223,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]]) -> di
                   if tracked else None)
         sync.complete(ctx, dma)
         if lands:
+            _mirror(dma, mirrors)
             sync.sem_add(dma.dst_sem, -dma.nbytes)
             carried.setdefault(_cell_key(dma.dst_sem), []).append(_carried(
                 state, dma, True, address if tracked else None, before))
@@ -225,6 +235,20 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]]) -> di
                 _carried(state, dma, False, None, None))
     state.sync.dmas[:] = kept
     return carried
+
+
+def _mirror(dma: sync.Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
+    """A landing in a whole-output VMEM block after the kernel's write-back: the output
+    the call returns holds it too (on a TPU that output is the VMEM buffer itself). One
+    that `landed` already did so before the write-back if the output holds it written
+    (the block's array went to the write-back then; the block holds nothing since)."""
+    mirror = mirrors.get(dma.dst.buffer.id)
+    if mirror is None or dma.dst.post:
+        return
+    region = Region(mirror, list(dma.dst.dims), [], list(dma.dst.oob))
+    if landed and np.all(region.written_base()):
+        return
+    region.write_base(dma.dst.read_base(0), dma.dst.written_base())
 
 
 def _cell_key(cell: tuple) -> tuple:
@@ -265,7 +289,8 @@ def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
         handle = next(_handles) % (2**31 - 1) or next(_handles)
         state.carried[_key(handle)] = SemaphoreValue(
             count, dmas, sync.sem_name((buf, idx)), state.call_index, state.kernel,
-            buf.device)
+            buf.device, state.sync.last_signal.get((buf.id, idx), ()),
+            state.sync.last_signaller.get((buf.id, idx), ""))
         handles[idx] = handle
     return handles
 

@@ -216,7 +216,8 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
     layout = _layout(params, grid, config)
     state.cores_per_device = len(layout.core_steps)
-    state.layout_semaphores = (layout.sem_in, layout.sem_out, layout.out_to_in)
+    state.layout_semaphores = (layout.sem_in, layout.sem_out, layout.out_to_in,
+                               layout.n_in)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
@@ -338,6 +339,9 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
             # The whole array, or (under vmap) its window, which the pipeline moves at
             # every grid step: HBM is shared by the cores, never copied to VMEM.
             kernel_args.append(RefView(op.hbm))
+        elif (shared := _aliased_whole_block(layout, k, op, core_operands)) is not None:
+            op.vmem = shared  # the aliased input's own VMEM buffer (see there)
+            kernel_args.append(RefView(op.vmem))
         else:
             ref_shape = tuple(sz for sz, sq in zip(op.block_sizes, op.squeezed) if not sq)
             op.vmem = state.register(
@@ -367,6 +371,23 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
         return ctx, None
     return ctx, Actor(ctx.actor, _core_body(ctx, layout.jaxpr, kernel_args, core_operands,
                                             my_points))
+
+
+def _aliased_whole_block(layout: _Layout, k: int, op: Operand,
+                         core_operands: list[Operand]) -> Buffer | None:
+    """An output aliased to an input, both whole arrays in VMEM (or SMEM) of a grid-less
+    call: XLA gives the call one buffer in that memory for both, so the kernel's output
+    ref is its input ref (a kernel may leave it to an input's DMA to fill, as JAX's
+    async copies into VMEM do). None for any other operand (its own block buffer)."""
+    j = k - layout.n_in
+    if not op.is_output or j not in layout.out_to_in or len(layout.points) != 1:
+        return None
+    source = core_operands[layout.out_to_in[j]]
+    if (source.vmem is None or source.kernel_space != op.kernel_space
+            or source.block_sizes != op.block_sizes
+            or tuple(op.block_sizes) != tuple(op.hbm.shape) or any(op.squeezed)):
+        return None
+    return source.vmem
 
 
 def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
@@ -412,7 +433,7 @@ def _depart(state: CallState, ctx: CoreContext,
             device_hbm_outputs: list[list[Buffer]]) -> dict:
     """The DMAs in flight carried by the semaphores the call returns (engine/carried.py);
     those semaphores are checked where their last holder ends, not here."""
-    _, sem_out, _ = state.layout_semaphores
+    sem_out = state.layout_semaphores[1]
     if not sem_out:
         return {}
     addresses = state.output_addresses
@@ -422,7 +443,24 @@ def _depart(state: CallState, ctx: CoreContext,
             outputs.append((buf, addresses[j] if addresses is not None else None))
     returned = {buf.id for buf, _ in outputs if buf.space == MemorySpace.SEMAPHORE}
     state.semaphores[:] = [buf for buf in state.semaphores if buf.id not in returned]
-    return carried_semaphores.depart(state, ctx, outputs)
+    return carried_semaphores.depart(state, ctx, outputs,
+                                     _whole_output_blocks(state, device_hbm_outputs))
+
+
+def _whole_output_blocks(state: CallState, device_hbm_outputs: list[list[Buffer]]
+                         ) -> dict[int, Buffer]:
+    """Output blocks as large as their output (a grid-less `memory_space=VMEM` output), by
+    buffer id, with that output's HBM buffer: a DMA that lands in such a block after the
+    kernel's write-back lands in the output the call returns too."""
+    n_in = state.layout_semaphores[3]
+    mirrors: dict[int, Buffer] = {}
+    for device, hbm_outputs in enumerate(device_hbm_outputs):
+        for j, hbm in enumerate(hbm_outputs):
+            for core in range(state.cores_per_device):
+                block = state.registry.get((device, core, ("block", n_in + j)))
+                if block is not None and block.shape == hbm.shape:
+                    mirrors[block.id] = hbm
+    return mirrors
 
 
 def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
