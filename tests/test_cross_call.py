@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -252,3 +256,45 @@ def test_a_count_left_at_the_last_holder_is_a_leak(check):
     assert finding.kind == FindingKind.SEMAPHORE_LEAK
     assert finding.call_index == 1 and finding.details["count"] == 1
     assert finding.frames[0].line == _line_of(signal_kernel, "semaphore_signal")
+
+
+# -- two devices: a remote copy started in one call, its two halves waited in two more ----
+
+REMOTE = Path(__file__).resolve().parent / "scripts" / "remote_cross_call.py"
+
+
+def _run_two_devices(tmp_path, variant: str, mode: DmaMode) -> tuple[int, str, list]:
+    """The CLI in a process of its own (XLA_FLAGS for 2 CPU devices is read at start)."""
+    report = tmp_path / f"{variant}-{mode.value}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pallas_check", "run", "--devices", "2", "--races", "--dma",
+         mode.value, "--format", "json", "--output", str(report), str(REMOTE), variant],
+        capture_output=True, text=True, timeout=600)
+    findings = json.loads(report.read_text())["findings"] if report.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, findings
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_remote_copy_split_across_calls_on_two_devices(tmp_path, mode):
+    """Today's main: exit 4, "Cannot interpret 'dma_sem' as a data type"."""
+    code, output, findings = _run_two_devices(tmp_path, "ok", mode)
+    assert code == 0, output
+    assert findings == [] and "remote_cross_call: output matches" in output
+
+
+def test_remote_copy_never_waited_on_either_side(tmp_path):
+    code, output, findings = _run_two_devices(tmp_path, "no_recv_wait", DmaMode.ON_WAIT)
+    assert code == 1, output
+    (finding,) = findings  # one per device, merged
+    assert finding["kind"] == "dma-not-waited" and finding["buffer"] == "o_ref"
+    assert finding["count"] == 2 and finding["call_index"] == 0
+    assert finding["frames"][0]["line"] == _line_of_text(REMOTE, ").start()")
+    code, output, findings = _run_two_devices(tmp_path, "no_send_wait", DmaMode.ON_WAIT)
+    assert code == 1, output
+    (finding,) = findings
+    assert finding["kind"] == "semaphore-leak" and finding["buffer"] == "send_sem"
+    assert finding["details"]["count"] == 8 * 128 * 4
+
+
+def _line_of_text(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)

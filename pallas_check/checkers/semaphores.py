@@ -109,16 +109,18 @@ def never_taken_findings(values: list) -> list[Finding]:
                 details={"semaphore": value.name, "bytes": dma.nbytes,
                          "waited_bytes": dma.waited_bytes,
                          "started_in_call": dma.call_index}))
-        count = value.count + sum(d.nbytes for d in value.dmas
-                                  if d.lands and not d.landed_already)
+        # What the count comes to once every DMA it carries has signalled it.
+        count = value.count + sum(d.nbytes for d in value.dmas if not d.landed_already)
         if count - unwaited:
             findings.append(Finding(
                 kind=FindingKind.SEMAPHORE_LEAK,
                 message=(f"semaphore {value.name}, returned by call #{value.call_index}"
-                         f" ({value.kernel.name}) with count {value.count}, is taken by no"
-                         " later call before the script ends"),
+                         f" ({value.kernel.name}), is taken by no later call before the"
+                         f" script ends, and is left with count {count - unwaited}"),
                 kernel=value.kernel, call_index=value.call_index, grid_point=None,
-                actor=value.last_signaller, frames=value.last_signal,
+                # Where it was last signalled, or the start of a DMA that signals it.
+                actor=value.last_signaller, frames=value.last_signal or next(
+                    (d.frames for d in value.dmas), ()),
                 buffer=value.name.split("[")[0], memory_space=MemorySpace.SEMAPHORE,
-                details={"count": value.count, "semaphore": value.name}))
+                details={"count": count, "semaphore": value.name}))
     return findings

@@ -158,6 +158,8 @@ class _Layout:
     core_steps: list[np.ndarray]  # per core: its grid steps (indices into points)
     sem_in: frozenset[int] = frozenset()  # inputs / outputs that are semaphores
     sem_out: frozenset[int] = frozenset()
+    # Outputs whose array itself lives in VMEM or SMEM (an out_shape of `pltpu.VMEM(...)`).
+    resident_out: frozenset[int] = frozenset()
 
     @property
     def n_in(self) -> int:
@@ -188,7 +190,11 @@ def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
                    {o: i for i, o in aliases.items()}, block_vars,
                    jaxpr.invars[first + n_in + n_out:], points, _program_axes(gm),
                    core_axes, core_steps, frozenset(k for k in sems if k < n_in),
-                   frozenset(k - n_in for k in sems if k >= n_in))
+                   frozenset(k - n_in for k in sems if k >= n_in),
+                   frozenset(j for j, aval in enumerate(params["out_avals"])
+                             if memory_space_name(getattr(aval, "memory_space", None),
+                                                  MemorySpace.HBM)
+                             in (MemorySpace.VMEM, MemorySpace.SMEM)))
 
 
 def _is_semaphore_ref(aval: Any) -> bool:
@@ -375,12 +381,14 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
 
 def _aliased_whole_block(layout: _Layout, k: int, op: Operand,
                          core_operands: list[Operand]) -> Buffer | None:
-    """An output aliased to an input, both whole arrays in VMEM (or SMEM) of a grid-less
-    call: XLA gives the call one buffer in that memory for both, so the kernel's output
-    ref is its input ref (a kernel may leave it to an input's DMA to fill, as JAX's
-    async copies into VMEM do). None for any other operand (its own block buffer)."""
+    """An output array that lives in VMEM (or SMEM: an out_shape of `pltpu.VMEM(...)`),
+    aliased to an input, of a grid-less call: XLA gives the call one buffer in that memory
+    for both, so the kernel's output ref is its input ref (a kernel may leave it to an
+    input's DMA to fill, as JAX's async copies into VMEM do). None for any other operand
+    (its own block buffer, as the pipeline of an HBM array gives it)."""
     j = k - layout.n_in
-    if not op.is_output or j not in layout.out_to_in or len(layout.points) != 1:
+    if (not op.is_output or j not in layout.out_to_in or j not in layout.resident_out
+            or len(layout.points) != 1):
         return None
     source = core_operands[layout.out_to_in[j]]
     if (source.vmem is None or source.kernel_space != op.kernel_space
