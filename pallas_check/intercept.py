@@ -171,6 +171,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
         # Semaphore-typed operands and results (a semaphore passed from one call to the
         # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
         # to the semaphore's value in them, engine/carried.py).
+        outer = ctx
         ctx = ctx.replace(avals_in=[_physical(a) for a in ctx.avals_in],
                           avals_out=[_physical(a) for a in ctx.avals_out])
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
@@ -191,7 +192,10 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
 
             return _host_call(host, result_shapes, _device_index(axes), *args)
 
-        return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        lowered = mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        if ctx.tokens_out is not None:  # effects of the call (set on the context given)
+            outer.set_tokens_out(ctx.tokens_out)
+        return lowered
 
     return lowering
 

@@ -234,7 +234,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
                                               operands[layout.first:], fill, results)
         device_hbm_outputs.append(hbm_outputs)
-        if addresses is not None:
+        if addresses is not None and layout.sem_in:
             by_address[device] = {a.__array_interface__["data"][0]: buf for a, buf in
                                   zip(operands[layout.first:], hbm_inputs)
                                   if buf.space != MemorySpace.SEMAPHORE}
