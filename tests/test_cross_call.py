@@ -224,6 +224,57 @@ def test_reading_the_destination_before_the_wait_races_with_the_landing(check, m
         assert FindingKind.UNINITIALIZED in {f.kind for f in checked.findings}
 
 
+# -- pl.core_map kernels sharing refs made with pl.empty_ref_like --------------------------
+
+CORE_MESH = pltpu.create_tensorcore_mesh("core", num_cores=1)
+
+
+def _core_map_copy(wait: bool):
+    """Three core_map kernels over refs of the enclosing jit: fill an SMEM ref, start its
+    copy to an HBM ref on a DMA semaphore made with `pl.empty_ref_like`, wait for it."""
+    kernel = pl.core_map(mesh=CORE_MESH)
+
+    def run():
+        src = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
+        dst = pl.empty_ref_like(pltpu.HBM((8,), jnp.int32))
+        sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
+
+        @kernel
+        def _():
+            for i in range(8):
+                src[i] = 3 * i
+
+        @kernel
+        def _():
+            pltpu.make_async_copy(src, dst, sem).start()
+
+        if wait:
+            @kernel
+            def _():
+                pltpu.make_async_copy(src, dst, sem).wait()
+
+        return dst[...]
+
+    return run
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_core_map_kernels_share_a_dma_semaphore(check, mode):
+    """Today's main: the SMEM ref the first kernel fills reads back as never written, and
+    the semaphore crashes the second kernel."""
+    checked = check(jax.jit(_core_map_copy(wait=True)), config=Config(dma_mode=mode))
+    np.testing.assert_array_equal(np.asarray(checked.value), 3 * np.arange(8))
+    assert _finished(checked) == [], [f.message for f in checked.findings]
+
+
+def test_core_map_copy_never_waited(check):
+    checked = check(jax.jit(_core_map_copy(wait=False)))
+    np.testing.assert_array_equal(np.asarray(checked.value), 3 * np.arange(8))
+    (finding,) = _finished(checked)
+    assert finding.kind == FindingKind.DMA_NOT_WAITED and finding.call_index == 1
+    assert finding.frames[0].line == _line_of(_core_map_copy, ".start()")
+
+
 # -- counts carried: a regular semaphore signalled in one call, waited in the next --------
 
 def signal_kernel(sem):
