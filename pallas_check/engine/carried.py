@@ -162,15 +162,27 @@ def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
     return dma
 
 
+class _Elsewhere(Region):
+    """A region of a buffer that is not this call's (a DMA's source or destination in the
+    call that started it): a small buffer of the region's own size, named as that one
+    (findings and race reports give its range there; nothing here can touch it)."""
+
+    __slots__ = ("_range",)
+
+    def index_range(self) -> IndexRange | None:
+        return self._range
+
+    def boxes(self) -> tuple[IndexRange, ...]:
+        return (self._range,) if self._range else ()
+
+
 def _stub_region(described: tuple) -> Region:
-    """A region standing for a buffer of an earlier call (named in findings only)."""
     name, rng, _, _, _ = described
-    if not rng:
-        return Region(Buffer(name, MemorySpace.HBM, np.zeros((), np.float32), True), [], [],
-                      [])
-    shape = tuple(hi for _, hi in rng)
+    shape = tuple(hi - lo for lo, hi in rng) if rng else ()
     stub = Buffer(name, MemorySpace.HBM, np.zeros(shape, np.float32), True)
-    return Region(stub, [(lo, hi - lo, 1) for lo, hi in rng], [], [])
+    region = _Elsewhere(stub, [(0, n, 1) for n in shape], [], [])
+    region._range = rng
+    return region
 
 
 def _landing_region(state: Any, carried: CarriedDma,
@@ -306,6 +318,16 @@ def never_taken(carried: dict) -> list[SemaphoreValue]:
     return [value for key, value in carried.items()
             if key[:1] == ("semaphore",) and len(key) == 2
             and not carried.get(_taken_key(key[1]))]
+
+
+def drop_taken(carried: dict) -> None:
+    """Forget the semaphore values a call took (the call's result is kept): what they
+    carried lives on in what that call returned, and a long script would keep every
+    copy's data otherwise."""
+    taken = [key for key in carried if key[:1] == ("semaphore taken",)]
+    for key in taken:
+        del carried[key]
+        carried.pop(_key(key[1]), None)
 
 
 def forget(carried: dict) -> None:

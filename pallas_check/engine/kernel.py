@@ -110,6 +110,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
             finding.details["schedules"] = [seen[finding.merge_key()], tried]
     carried.clear()
     carried.update(chosen_carried)
+    carried_semaphores.drop_taken(carried)
     return DevicesResult(result.outputs, findings, result.timeline)
 
 
