@@ -309,6 +309,25 @@ def test_a_count_left_at_the_last_holder_is_a_leak(check):
     assert finding.frames[0].line == _line_of(signal_kernel, "semaphore_signal")
 
 
+# -- the samples under every DMA mode ----------------------------------------------------
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+@pytest.mark.parametrize("args", ["--dma eager", "--dma random --schedules 20",
+                                  "--dma on_wait --schedules 4"])
+def test_cross_call_samples_under_every_dma_mode(cli, args):
+    """The fixed sample is clean however its DMAs land; the bug's forgotten wait is
+    found each way (the early read races with the landing, wherever that lands)."""
+    ok = cli("run", "--races", *args.split(), str(SAMPLES / "cross_call_dma_ok.py"))
+    assert ok.exit_code == 0 and ok.report["findings"] == [], ok.output
+    assert "output matches" in ok.output
+    bug = cli("run", "--races", *args.split(), str(SAMPLES / "cross_call_dma_bug.py"))
+    assert bug.exit_code == 1, bug.output
+    kinds = {(f["kind"], f["buffer"]) for f in bug.report["findings"]}
+    assert {("dma-not-waited", "o_hbm"), ("race", "o_hbm")} <= kinds, kinds
+
+
 # -- two devices: a remote copy started in one call, its two halves waited in two more ----
 
 REMOTE = Path(__file__).resolve().parent / "scripts" / "remote_cross_call.py"
