@@ -366,5 +366,17 @@ def test_remote_copy_never_waited_on_either_side(tmp_path):
     assert finding["details"]["count"] == 8 * 128 * 4
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_remote_copy_read_before_its_wait_races_on_two_devices(tmp_path, mode):
+    """The receiving call reads the destination before it waits: a race with the remote
+    DMA's landing, found on each device (the destination found by what it holds: several
+    devices' operands are copies, not lent buffers)."""
+    code, output, findings = _run_two_devices(tmp_path, "early_read", mode)
+    assert code == 1, output
+    races = [f for f in findings if f["kind"] == "race"]
+    assert len(races) == 1 and races[0]["buffer"] == "o_ref", findings
+    assert races[0]["count"] == 2 and races[0]["call_index"] == 2
+
+
 def _line_of_text(path: Path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)

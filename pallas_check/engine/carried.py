@@ -107,16 +107,17 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
     return buf
 
 
-def arrive(state: Any, ctx_of: dict[int, Any], addresses: dict[int, dict[int, Buffer]]
-           ) -> list[sync.Dma]:
+def arrive(state: Any, ctx_of: dict[int, Any],
+           addresses: dict[int, tuple[dict[int, Buffer], list[Buffer]]]) -> list[sync.Dma]:
     """The DMAs the call's semaphore inputs carry, as DMAs of this call still in flight
-    (`addresses`: per device, operand address -> the HBM input made of it, where a landing
-    may be found). Returns them (the caller makes them actors in `random` mode)."""
+    (`addresses`: per device, its HBM inputs by operand address (one CPU device) and all
+    of them, where a landing may be found). Returns them (the caller makes them actors in
+    `random` mode)."""
     made = []
     for buf, idx, value in state.arriving:
         for carried in value.dmas:
             dma = _arriving_dma(state, ctx_of[buf.device], (buf, idx), carried,
-                                addresses.get(buf.device, {}))
+                                addresses.get(buf.device, ({}, [])))
             state.sync.start(dma)
             if state.timeline is not None and (not dma.copied
                                                or dma in state.carried_landed):
@@ -131,7 +132,7 @@ def arrive(state: Any, ctx_of: dict[int, Any], addresses: dict[int, dict[int, Bu
 
 
 def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
-                  candidates: dict[int, Buffer]) -> sync.Dma:
+                  candidates: tuple[dict[int, Buffer], list[Buffer]]) -> sync.Dma:
     src = _stub_region(carried.src)
     dst = _landing_region(state, carried, candidates) if carried.lands else None
     followed = dst is not None
@@ -186,17 +187,21 @@ def _stub_region(described: tuple) -> Region:
 
 
 def _landing_region(state: Any, carried: CarriedDma,
-                    candidates: dict[int, Buffer]) -> Region | None:
+                    candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Region | None:
     """The region the DMA lands in among this call's inputs, restored to what it held
-    before the landing (None: not found, the landing is not followed here)."""
-    buf = candidates.get(carried.dst_address) if carried.dst_address is not None else None
-    if (buf is None or carried.landed is None or carried.dst_layout is None
-            or (buf.shape, buf.data.dtype.str) != carried.dst_layout):
+    before the landing (None: not found, the landing is not followed here). The input is
+    the XLA buffer the DMA's output was returned in (one CPU device lends them); else the
+    one input, of its shape and type, that holds what landed there (several: none)."""
+    if carried.landed is None or carried.dst_layout is None:
         return None
-    _, _, dims, post, oob = carried.dst
-    region = Region(buf, dims, post, oob)
-    if np.asarray(region.read_base(0)).tobytes() != carried.landed.tobytes():
-        return None  # not what landed there: another buffer at that address since
+    by_address, inputs = candidates
+    region = None
+    if carried.dst_address is not None:
+        region = _holding(carried, [by_address.get(carried.dst_address)])
+    if region is None:
+        region = _holding(carried, inputs)
+    if region is None:
+        return None
     if not carried.landed_already and carried.before is not None:
         # Until it lands, the region holds what it held before (never-written elements
         # as this run's fill, so that the second-fill run sees where they go).
@@ -204,6 +209,19 @@ def _landing_region(state: Any, carried: CarriedDma,
         fill = state.fill(values.dtype)
         region.write_base(np.where(written, values, fill), written)
     return region
+
+
+def _holding(carried: CarriedDma, buffers: list) -> Region | None:
+    """The region of the one buffer among `buffers` that holds what the DMA landed
+    (None: no buffer, or several: the landing is not followed)."""
+    assert carried.landed is not None
+    _, _, dims, post, oob = carried.dst
+    want = carried.landed.tobytes()
+    found = [region for region in (Region(buf, dims, post, oob) for buf in buffers
+                                   if buf is not None
+                                   and (buf.shape, buf.data.dtype.str) == carried.dst_layout)
+             if np.asarray(region.read_base(0)).tobytes() == want]
+    return found[0] if len(found) == 1 else None
 
 
 def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
@@ -224,10 +242,8 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
             # Landed, its bytes in the count: a later call's wait takes them (and orders
             # that call's accesses of the destination after the landing).
             _mirror(dma, mirrors, landed=True)
-            address = addresses.get(dma.dst.buffer.id)
-            tracked = address is not None and not dma.dst.post and not dma.dst.oob
             carried.setdefault(_cell_key(dma.dst_sem), []).append(_carried(
-                state, dma, True, address if tracked else None, None, landed=tracked))
+                state, dma, True, _followed(dma, addresses), landed=True))
             continue
         lands = not dma.copied and returned
         reads = (not dma.read_done and dma.src_sem is not None
@@ -235,24 +251,31 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
         if not (lands or reads):
             kept.append(dma)
             continue
-        address = addresses.get(dma.dst.buffer.id)
-        tracked = lands and address is not None and not dma.dst.post and not dma.dst.oob
+        follow = _followed(dma, addresses) if lands else None
         before = ((np.array(dma.dst.read_base(0)), np.array(dma.dst.written_base()))
-                  if tracked else None)
+                  if follow is not None else None)
         sync.complete(ctx, dma)
         if lands:
             _mirror(dma, mirrors)
             sync.sem_add(dma.dst_sem, -dma.nbytes)
             carried.setdefault(_cell_key(dma.dst_sem), []).append(_carried(
-                state, dma, True, address if tracked else None, before))
+                state, dma, True, follow, before))
         else:
             kept.append(dma)  # its landing is this call's, and checked here
         if reads:
             sync.sem_add(dma.src_sem, -dma.nbytes)
             carried.setdefault(_cell_key(dma.src_sem), []).append(
-                _carried(state, dma, False, None, None))
+                _carried(state, dma, False, None))
     state.sync.dmas[:] = kept
     return carried
+
+
+def _followed(dma: sync.Dma, addresses: dict[int, int | None]) -> tuple[int | None] | None:
+    """Whether a later call may find where `dma` lands: in an output the call returns,
+    plainly indexed; then (the address of that output's XLA buffer, or None), else None."""
+    if dma.dst.buffer.id not in addresses or dma.dst.post or dma.dst.oob:
+        return None
+    return (addresses[dma.dst.buffer.id],)
 
 
 def _mirror(dma: sync.Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
@@ -278,20 +301,19 @@ def _describe(region: Region) -> tuple:
             list(region.oob))
 
 
-def _carried(state: Any, dma: sync.Dma, lands: bool, address: int | None,
-             before: tuple | None, landed: bool | None = None) -> CarriedDma:
+def _carried(state: Any, dma: sync.Dma, lands: bool, follow: tuple | None,
+             before: tuple | None = None, landed: bool = False) -> CarriedDma:
     """What a semaphore the call returns carries of `dma` (started here, or arrived from
-    an earlier call and passed on: then it keeps the call that started it). `landed`
-    (None: it had not landed before the call's end) says whether its landing is followed
-    into the next call (as `before` does for one that had not)."""
+    an earlier call and passed on: then it keeps the call that started it). `follow`
+    (`_followed`): its landing can be followed into the next call; `landed`: it landed
+    before this call ended (else `before`: its destination's values and shadow then)."""
     call_index, kernel, starter = dma.origin or (state.call_index, state.kernel, dma.actor)
-    followed = address is not None and (before is not None or bool(landed))
     return CarriedDma(
-        lands, dma.nbytes, landed is not None, dma.waited_bytes, _describe(dma.src),
+        lands, dma.nbytes, landed, dma.waited_bytes, _describe(dma.src),
         _describe(dma.dst), dma.frames, starter, dma.grid_point, call_index, kernel,
-        address if followed else None,
-        (dma.dst.buffer.shape, dma.dst.buffer.data.dtype.str) if followed else None,
-        before, np.array(dma.dst.read_base(0)) if followed else None)
+        follow[0] if follow else None,
+        (dma.dst.buffer.shape, dma.dst.buffer.data.dtype.str) if follow else None,
+        before, np.array(dma.dst.read_base(0)) if follow else None)
 
 
 def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]

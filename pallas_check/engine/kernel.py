@@ -228,17 +228,20 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
-    by_address: dict[int, dict[int, Buffer]] = {}  # per device: operand address -> input
+    # Per device: its HBM inputs by operand address (one CPU device), and all of them.
+    by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
         operands = [np.asarray(x) for x in list(device_operands[device])[num_bounds:]]
         scalars = operands[: layout.first]
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
                                               operands[layout.first:], fill, results)
         device_hbm_outputs.append(hbm_outputs)
-        if addresses is not None and layout.sem_in:
-            by_address[device] = {a.__array_interface__["data"][0]: buf for a, buf in
-                                  zip(operands[layout.first:], hbm_inputs)
-                                  if buf.space != MemorySpace.SEMAPHORE}
+        if layout.sem_in:  # where DMAs carried in may land (engine/carried.py)
+            data = [b for b in hbm_inputs if b.space != MemorySpace.SEMAPHORE]
+            by_address[device] = ({a.__array_interface__["data"][0]: buf for a, buf in
+                                   zip(operands[layout.first:], hbm_inputs)
+                                   if buf.space != MemorySpace.SEMAPHORE}
+                                  if addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
         shared_scratch: dict[int, Buffer] = {}
         for core_id, my_steps in enumerate(layout.core_steps):
@@ -445,6 +448,8 @@ def _depart(state: CallState, ctx: CoreContext,
     sem_out = state.layout_semaphores[1]
     if not sem_out:
         return {}
+    # Each output with the address of its XLA buffer (one CPU device; elsewhere None: a
+    # later call finds it by what it holds).
     addresses = state.output_addresses
     outputs: list[tuple[Buffer, int | None]] = []
     for hbm_outputs in device_hbm_outputs:

@@ -3,7 +3,8 @@
 `copy_start` sends each device's x to its right neighbour's `out` and returns the send and
 receive DMA semaphores with the copy in flight; `send_done` waits for the send (x may be
 reused), `recv_done` for the landing. Argument: `ok`, or `no_send_wait` / `no_recv_wait`
-(that call is left out: its semaphore reaches the end of the script unwaited).
+(that call is left out: its semaphore reaches the end of the script unwaited), or
+`early_read` (`recv_done` copies `out` before it waits: a race with the landing).
 """
 
 import sys
@@ -41,6 +42,14 @@ def recv_done_kernel(x_ref, o_ref, recv_sem, o_alias):
     pltpu.make_async_copy(x_ref, o_ref, recv_sem).wait()
 
 
+def early_read_kernel(x_ref, o_ref, recv_sem, o_alias, y_ref, sem):
+    del o_alias
+    early = pltpu.make_async_copy(o_ref, y_ref, sem)  # BUG: before the wait below
+    early.start()
+    early.wait()
+    pltpu.make_async_copy(x_ref, o_ref, recv_sem).wait()
+
+
 def shift_right(x):
     like = jax.ShapeDtypeStruct(x.shape, x.dtype)
     x, out, send_sem, recv_sem = pl.pallas_call(
@@ -53,6 +62,11 @@ def shift_right(x):
                            out_specs=ANY, input_output_aliases={0: 0})(x, send_sem)
     if VARIANT == "no_recv_wait":
         return out
+    if VARIANT == "early_read":
+        return pl.pallas_call(
+            early_read_kernel, out_shape=(like, like), in_specs=[ANY, ANY, SEM],
+            out_specs=(ANY, ANY), scratch_shapes=[pltpu.SemaphoreType.DMA],
+            input_output_aliases={1: 0})(x, out, recv_sem)[0]
     return pl.pallas_call(recv_done_kernel, out_shape=like, in_specs=[ANY, ANY, SEM],
                           out_specs=ANY, input_output_aliases={1: 0})(x, out, recv_sem)
 
