@@ -20,6 +20,7 @@ from pallas_check.jaxbridge import ffi
 from pallas_check.jaxbridge import sharding_impls
 from pallas_check.jaxbridge import mlir
 from pallas_check.jaxbridge import pallas_call_module
+from pallas_check.jaxbridge import pallas_core
 
 from pallas_check import hostcall
 
@@ -167,6 +168,12 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
                    call_sites: bool) -> Callable[..., Any]:
     def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
+        # Semaphore-typed operands and results (a semaphore passed from one call to the
+        # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
+        # to the semaphore's value in them, engine/carried.py).
+        outer = ctx
+        ctx = ctx.replace(avals_in=[_physical(a) for a in ctx.avals_in],
+                          avals_out=[_physical(a) for a in ctx.avals_out])
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         # Where the script made the call (the innermost frame of the user's code).
         frames = _user_frames_of(ctx.traceback)
@@ -185,9 +192,20 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
 
             return _host_call(host, result_shapes, _device_index(axes), *args)
 
-        return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        lowered = mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        if ctx.tokens_out is not None:  # effects of the call (set on the context given)
+            outer.set_tokens_out(ctx.tokens_out)
+        return lowered
 
     return lowering
+
+
+def _physical(aval: Any) -> Any:
+    """A semaphore-typed aval as the int32 array XLA represents it by; others unchanged."""
+    dtype = getattr(aval, "dtype", None)
+    if isinstance(dtype, pallas_core.AbstractSemaphoreTy):
+        return jax_core.ShapedArray(aval.shape, np.int32)
+    return aval
 
 
 def _user_frames_of(traceback: Any) -> tuple:

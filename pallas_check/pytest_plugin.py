@@ -121,6 +121,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             result = yield
         except BaseException as exc:  # the test's own failure; re-raised below
             failure = exc
+    session.finish()
     compile_error = _compile(session)
     kept = apply(session.findings, session.calls, item.config.stash[_POLICY_KEY],
                  cwd=str(item.config.rootpath))

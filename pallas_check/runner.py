@@ -107,6 +107,7 @@ class CheckCommand:
         from pallas_check.execfile import ScriptOutcome
 
         session = self.session
+        session.finish()
         compile_error = _compile_after_run(session, outcome)
         if session.interrupted and not outcome.interrupted:
             # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or

@@ -239,6 +239,17 @@ class Session:
                 return True
             return False
 
+    def finish(self) -> None:
+        """The end of the script: a semaphore a call returned and no later call took
+        still holds its count and its DMAs (engine/carried.py); reported once."""
+        from pallas_check.checkers import CHECKERS
+        from pallas_check.engine.carried import forget, never_taken
+
+        with self._lock:
+            values = never_taken(self.carried)
+            forget(self.carried)
+        self.store.extend(CHECKERS.semaphores_never_taken(values))
+
     @property
     def findings(self) -> list[Finding]:
         return self.store.all()

@@ -46,6 +46,10 @@ class _Checkers:
     def dmas_not_waited(self, state: Any) -> list[Finding]:
         return semaphores.dma_not_waited_findings(state)
 
+    def semaphores_never_taken(self, values: list) -> list[Finding]:
+        """At the script's end: semaphores a call returned that no later call took."""
+        return semaphores.never_taken_findings(values)
+
     def output_unwritten(self, state: Any, buffer: Any) -> None:
         uninit.unwritten_finding(state, buffer)
 

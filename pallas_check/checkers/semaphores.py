@@ -64,6 +64,10 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
                        f" waited, and semaphore {sem} ends the kernel with count {count} (a"
                        f" wait takes the size of the descriptor it is given: waiting with"
                        f" another DMA's descriptor of another size leaves bytes behind)")
+        elif dma.origin is not None:  # carried in from the call that started it
+            message = (f"{what} was started in call #{dma.origin[0]} ({dma.origin[1].name})"
+                       f" and never waited on: semaphore {sem}, which carried it into this"
+                       f" call, ends here (its last holder) with count {count}")
         else:
             message = (f"{what} was started but never waited on (semaphore {sem}, which"
                        f" ends the kernel with count {count})")
@@ -76,4 +80,47 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
             details={"semaphore": sem, "bytes": dma.nbytes,
                      "waited_bytes": dma.waited_bytes, "semaphore_count": count},
         ))
+    return findings
+
+
+def never_taken_findings(values: list) -> list[Finding]:
+    """Semaphores a call returned that no later call took, at the end of the script
+    (engine/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
+    a count its DMAs do not explain, reported at the call that returned them."""
+    findings = []
+    for value in values:
+        unwaited = 0
+        for dma in value.dmas:
+            if not dma.lands or dma.waited_bytes >= dma.signal:
+                continue
+            unwaited += dma.signal - dma.waited_bytes
+            src_name, src_range, *_ = dma.src
+            dst_name, dst_range, *_ = dma.dst
+            findings.append(Finding(
+                kind=FindingKind.DMA_NOT_WAITED,
+                message=(f"DMA {src_name}{format_range(src_range)} ->"
+                         f" {dst_name}{format_range(dst_range)} was started in"
+                         f" {dma.origin} and never waited on: semaphore {value.name},"
+                         f" returned by call #{value.call_index} ({value.kernel.name}),"
+                         " is taken by no later call before the script ends"),
+                kernel=dma.kernel, call_index=dma.call_index, grid_point=dma.grid_point,
+                actor=dma.starter, buffer=dst_name, memory_space=MemorySpace.HBM,
+                index_range=dst_range, frames=dma.frames,
+                details={"semaphore": value.name, "bytes": dma.nbytes,
+                         "waited_bytes": dma.waited_bytes,
+                         "started_in_call": dma.call_index}))
+        # What the count comes to once every DMA it carries has signalled it.
+        count = value.count + sum(d.signal for d in value.dmas if not d.landed_already)
+        if count - unwaited:
+            findings.append(Finding(
+                kind=FindingKind.SEMAPHORE_LEAK,
+                message=(f"semaphore {value.name}, returned by call #{value.call_index}"
+                         f" ({value.kernel.name}), is taken by no later call before the"
+                         f" script ends, and is left with count {count - unwaited}"),
+                kernel=value.kernel, call_index=value.call_index, grid_point=None,
+                # Where it was last signalled, or the start of a DMA that signals it.
+                actor=value.last_signaller, frames=value.last_signal or next(
+                    (d.frames for d in value.dmas), ()),
+                buffer=value.name.split("[")[0], memory_space=MemorySpace.SEMAPHORE,
+                details={"count": count, "semaphore": value.name}))
     return findings

@@ -32,6 +32,10 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
     pipe = Pipeline(ctx, blocked, points)
     outputs = pipe.outputs
+    # An output whose block is an aliased input's (kernel.py `_aliased_whole_block`)
+    # starts with what the input brought in, not as fresh memory.
+    inputs_blocks = {id(op.vmem) for op in blocked if not op.is_output}
+    fresh = [plan for plan in outputs if id(plan.op.vmem) not in inputs_blocks]
     num_steps = len(points)
     for step in range(num_steps):
         point = pipe.grid_points[step]
@@ -42,7 +46,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         for op in windowed:
             kernel_args[op.position] = _hbm_window(op, op.block_indices[step])  # type: ignore[index]
         yield from pipe.inputs_ready(step)
-        for plan in outputs:
+        for plan in fresh:
             if plan.changed[step]:
                 if plan.revisit_of and step in plan.revisit_of:
                     yield from pipe.revisit(plan, step)

@@ -48,6 +48,17 @@ class CallState:
         self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
+        # Semaphores passed between calls (engine/carried.py): the semaphore inputs whose
+        # values carry DMAs (buffer, cell, value), those DMAs once started here, the
+        # outputs' XLA buffer addresses (one CPU device), the handles of the semaphores
+        # returned (by buffer id), and the layout's (semaphore inputs, outputs, aliases,
+        # number of inputs).
+        self.arriving: list[tuple] = []
+        self.carried_dmas: list[sync.Dma] = []
+        self.carried_landed: list[sync.Dma] = []  # landed before this call, followed here
+        self.output_addresses: list[int] | None = None
+        self.semaphore_handles: dict[int, np.ndarray] = {}
+        self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
         self.collective_id: Any = None
         self.races: RaceDetector | None = None
         if config.races:

@@ -58,6 +58,9 @@ class Dma:
     copied: bool = False  # the destination was written (the receive semaphore signalled)
     waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
     staged: Any = None  # (values, written-shadow) read from the source, not yet written
+    # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
+    # (engine/carried.py): (that call's index, its KernelInfo, the actor that started it).
+    origin: Any = None
 
     @property
     def actor_name(self) -> str:
