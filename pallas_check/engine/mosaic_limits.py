@@ -76,6 +76,12 @@ def _array_indexed(transforms: Any) -> bool:
     return False
 
 
+# The equations that index refs (a load, a store, a DMA start).
+_INDEXING = frozenset((state_primitives.get_p, state_primitives.swap_p,
+                       pallas_primitives.load_p, pallas_primitives.swap_p,
+                       mosaic_primitives.dma_start_p))
+
+
 def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
     """(ref var, its transforms, operation) of each ref an equation loads, stores or copies
     through indexers (its pytree unflattened over the equation's own vars)."""
@@ -104,9 +110,12 @@ def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
     its own consts and the carry; run_scoped's are the refs it allocates."""
     params = eqn.params
     for key, value in params.items():
-        for sub in value if isinstance(value, (tuple, list)) else (value,):
-            inner = getattr(sub, "jaxpr", sub)
-            if not isinstance(inner, jax_core.Jaxpr):
+        for sub in value if isinstance(value, tuple) else (value,):
+            if isinstance(sub, jax_core.ClosedJaxpr):
+                inner = sub.jaxpr
+            elif isinstance(sub, jax_core.Jaxpr):
+                inner = sub
+            else:
                 continue
             n = len(inner.invars)
             if eqn.primitive is pallas_primitives.run_scoped_p:
@@ -133,22 +142,37 @@ def scoped_names(jaxpr: Any) -> list[str]:
 
 
 def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
-                      outer: tuple[SourceFrame, ...] = ()) -> NotLowered | None:
+                      outer: tuple[Any, ...] = ()) -> NotLowered | None:
     """The first access in `jaxpr` (nested ones included, in program order) that Mosaic
     does not lower, as the error to raise; None when there is none. `names`: ref var ->
-    the kernel's name for it; `space_of(aval)`: a ref's memory space name."""
+    the kernel's name for it; `space_of(aval)`: a ref's memory space name; `outer`: the
+    equations holding this jaxpr, innermost last (where a nested equation's line is, when
+    Pallas clipped its own)."""
     for eqn in jaxpr.eqns:
-        frames = user_frames(eqn.source_info) or outer
-        for ref, transforms, operation in _indexed_refs(eqn):
-            if _array_indexed(transforms):
-                aval = getattr(ref, "aval", None)
-                name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
-                return gather_or_scatter(name, space_of(aval), operation, frames)
+        if eqn.primitive in _INDEXING:
+            for ref, transforms, operation in _indexed_refs(eqn):
+                if _array_indexed(transforms):
+                    name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
+                    return gather_or_scatter(name, space_of(getattr(ref, "aval", None)),
+                                             operation, _frames((*outer, eqn)))
+            continue
+        if not eqn.params:
+            continue
         for inner, inner_names in _sub_jaxprs(eqn, names):
-            found = first_not_lowered(inner, inner_names, space_of, frames)
+            found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn))
             if found is not None:
                 return found
     return None
+
+
+def _frames(eqns: tuple[Any, ...]) -> tuple[SourceFrame, ...]:
+    """The user's frames of the innermost of `eqns` that has some (made only for the
+    access found: a kernel of many equations is looked at at every eager call)."""
+    for eqn in reversed(eqns):
+        frames = user_frames(eqn.source_info)
+        if frames:
+            return frames
+    return ()
 
 
 def kernel_not_lowered(jaxpr: Any, arg_names: Sequence[str],
