@@ -16,7 +16,7 @@ import numpy as np
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine import lru, memory, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
-from pallas_check.engine.evaluate import CallHalted
+from pallas_check.engine.evaluate import CallHalted, EngineBug, KernelError, current_frames
 from pallas_check.engine.mosaic_limits import NotLowered, kernel_not_lowered
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
@@ -406,12 +406,34 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor]) -> 
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
+    except (KernelError, NotLowered, EngineBug):
+        raise
+    except Exception as exc:  # ours, outside any equation: say which actor, and where
+        raise _outside_equations(state, contexts, exc) from exc
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
     _finish_dmas(ctx, report=not state.unfinished)
     if not state.unfinished:
         state.checkers.call_ended(state, ctx)
     state.save_carried()
+
+
+def _outside_equations(state: CallState, contexts: list[CoreContext],
+                       exc: Exception) -> EngineBug:
+    """An exception of ours raised by an actor outside the equations' own handling: the
+    core's BlockSpec pipeline around a grid step, a DMA landing (`--dma random`)."""
+    running = state.scheduler.running if state.scheduler is not None else None
+    if running is None:
+        return EngineBug(exc)
+    ctx = next((c for c in contexts if c.actor == running.name), None)
+    if ctx is None:  # a DMA of its own (its name says where it was started)
+        return EngineBug(exc, where=f"in {running.name}")
+    at = f" at grid point {ctx.grid_point}" if ctx.grid_point is not None else ""
+    if ctx.eqn is not None:
+        return EngineBug(exc, ctx.eqn.primitive.name, current_frames(ctx),
+                         where=f"in {running.name}{at}")
+    return EngineBug(exc, where=f"in {running.name}{at}, in the BlockSpec pipeline around"
+                                " the kernel body")
 
 
 def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
