@@ -164,7 +164,10 @@ def test_the_run_goes_on_after_a_call_that_does_not_lower(cli, tmp_path):
 def test_with_compile_the_compilers_verdict_is_the_same_one_finding(cli):
     """libtpu compiles the call for v6e: Mosaic refuses it too; one finding, the
     simulation's (the compiler's, placed at the same line, joins it), and the call's
-    compile status says so."""
+    compile status says so. The fixed twin's spelling compiles."""
+    fixed = cli("run", str(SAMPLES / "vmem_gather_ok.py"), "--compile", "--tpu", "v6e")
+    assert fixed.exit_code == 0 and fixed.findings == [], fixed.output
+    assert fixed.report["calls"][0]["compiled"]["v6e"]["status"] == "ok"
     path = SAMPLES / "vmem_gather_bug.py"
     result = cli("run", str(path), "--compile", "--tpu", "v6e")
     assert result.exit_code == ExitCode.FINDINGS, result.output

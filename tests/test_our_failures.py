@@ -48,9 +48,12 @@ _BREAKS = {
         "evaluate.RULES[state_primitives.swap_p] = evaluate.Rule(refuse, False)",
         "expected a ref, got tuple (evaluating `swap` at {file}:{store} in"
         " kernel.<locals>._)"),
+    "specializer-itself": ("evaluate.SPECIALIZERS[state_primitives.get_p] = broken",
+                           "ZeroDivisionError: simulated bug of ours (preparing the rule of"
+                           " `get` at {file}:{load} in kernel)"),
     "pipeline": ("pipeline.Pipeline.inputs_ready = broken",
                  "ZeroDivisionError: simulated bug of ours (in {actor} at grid point (0,),"
-                 " in the BlockSpec pipeline around the kernel body)"),
+                 " outside the kernel's equations: its BlockSpec pipeline or program)"),
 }
 
 # The store sits in a branch (a cond's sub-program): the error names it, not the cond.
@@ -108,9 +111,8 @@ def _run(tmp_path: Path, breaks: str, devices: int):
     return proc, json.loads(report.read_text()), str(script), lines
 
 
-# A KernelError raised without a line takes the rule's path: one device is enough.
-_CASES = [(broken, devices) for broken in _BREAKS for devices in (1, 2)
-          if (broken, devices) != ("kernel-error-without-a-line", 2)]
+# The rule's and the pipeline's on two devices too; the others take the rule's path.
+_CASES = [(broken, 1) for broken in _BREAKS] + [("rule", 2), ("pipeline", 2)]
 
 
 @pytest.mark.parametrize("broken,devices", _CASES)

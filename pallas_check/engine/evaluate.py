@@ -61,15 +61,17 @@ class EngineBug(Exception):
     says where to look."""
 
     def __init__(self, error: BaseException, primitive: str = "",
-                 frames: tuple[SourceFrame, ...] = (), where: str = "") -> None:
+                 frames: tuple[SourceFrame, ...] = (), where: str = "",
+                 verb: str = "evaluating") -> None:
         self.error = error
         self.primitive = primitive
         self.frames = frames
         self.where = where  # outside any equation: what was running
+        self.verb = verb  # what was done with the equation
         super().__init__(self.describe())
 
     def describe(self) -> str:
-        doing = f"evaluating `{self.primitive}`" if self.primitive else self.where
+        doing = f"{self.verb} `{self.primitive}`" if self.primitive else self.where
         if self.frames:
             f = self.frames[0]
             doing += (" " if doing else "") + f"at {f.file}:{f.line} in {f.function}"
@@ -403,8 +405,7 @@ def _generate(program: Program) -> Callable[..., Gen]:
         if entry is None:
             lines.append(f"    raise _unsupported(E{k})")
             continue
-        specialize = SPECIALIZERS.get(eqn.primitive)
-        bound[f"R{k}"] = (specialize and specialize(eqn)) or entry.fn
+        bound[f"R{k}"] = _rule_fn(eqn, entry)
         call = f"R{k}(ctx, E{k}, [{', '.join(atom(v) for v in eqn.invars)}])"
         kept = [(i, v) for i, v in enumerate(eqn.outvars) if not _is_dropvar(v)]
         target = ("" if not kept else "_r = " if eqn.primitive.multiple_results
@@ -420,6 +421,16 @@ def _generate(program: Program) -> Callable[..., Gen]:
     source = "def run(ctx, consts, args):\n" + "\n".join(lines) + "\n"
     exec(compile(source, "<pallas-check program>", "exec"), bound)  # noqa: S102
     return bound["run"]
+
+
+def _rule_fn(eqn: jax_core.JaxprEqn, entry: Rule) -> RuleFn:
+    """The rule an equation's step calls: its specializer's, else the general one."""
+    specialize = SPECIALIZERS.get(eqn.primitive)
+    try:
+        return (specialize and specialize(eqn)) or entry.fn
+    except Exception as exc:  # ours: say which equation it was preparing
+        raise EngineBug(exc, eqn.primitive.name, user_frames(eqn.source_info),
+                        verb="preparing the rule of") from exc
 
 
 def _rule_lines(k: int, eqn: jax_core.JaxprEqn, is_generator: bool, target: str,

@@ -421,7 +421,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor]) -> 
 def _outside_equations(state: CallState, contexts: list[CoreContext],
                        exc: Exception) -> EngineBug:
     """An exception of ours raised by an actor outside the equations' own handling: the
-    core's BlockSpec pipeline around a grid step, a DMA landing (`--dma random`)."""
+    core's BlockSpec pipeline around a grid step, the making of its program, a DMA landing
+    (`--dma random`)."""
     running = state.scheduler.running if state.scheduler is not None else None
     if running is None:
         return EngineBug(exc)
@@ -432,8 +433,8 @@ def _outside_equations(state: CallState, contexts: list[CoreContext],
     if ctx.eqn is not None:
         return EngineBug(exc, ctx.eqn.primitive.name, current_frames(ctx),
                          where=f"in {running.name}{at}")
-    return EngineBug(exc, where=f"in {running.name}{at}, in the BlockSpec pipeline around"
-                                " the kernel body")
+    return EngineBug(exc, where=f"in {running.name}{at}, outside the kernel's equations:"
+                                " its BlockSpec pipeline or program")
 
 
 def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
