@@ -200,3 +200,15 @@ def test_the_compilers_words_are_placed_at_the_gather(check):
         Outcome.diagnosis = diagnosis
         frame, buffer = place(RecordedCall(**vars(recorded)), Outcome())
         assert (frame.line, buffer) == (_line_of(_scatter, "# the gather"), "o_ref")
+
+
+@pytest.mark.parametrize("mode", [("--dma", "random", "--schedules", "20", "--races"),
+                                  ("--dma", "eager"), ("--dma", "on_wait", "--races")])
+def test_the_gather_samples_under_every_dma_mode(cli, mode):
+    """The fixed twin stays clean and the bug keeps its one finding however DMAs land."""
+    fixed = cli("run", str(SAMPLES / "vmem_gather_ok.py"), *mode)
+    assert fixed.exit_code == 0 and fixed.findings == [], fixed.output
+    bug = cli("run", str(SAMPLES / "vmem_gather_bug.py"), *mode)
+    assert bug.exit_code == ExitCode.FINDINGS
+    assert [(f["kind"], f["buffer"], f["frames"][0]["line"]) for f in bug.findings] == [
+        ("compile-error", "table_ref", 23)]
