@@ -64,8 +64,7 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
           _reporting_os_exit(finisher), _script_stdout(fmt, output)):
         finisher.ours = ours
         outcome = run_script(script, args)
-        if command.failed() or ours:
-            _settle_failed_computations()
+        _settle_computations()
     return finisher.finish(outcome)
 
 
@@ -212,10 +211,15 @@ def script_traceback(outcome: Any) -> str:
     return outcome.traceback or f"pallas-check: the script failed: {outcome.error}\n"
 
 
-def _settle_failed_computations() -> None:
-    """After our callback failed, JAX keeps the failed computations' tokens and raises their
-    errors again from its exit handlers (stray tracebacks of our frames after the report).
-    Wait for them here, once, and forget them: the failure is in the report already."""
+def _settle_computations() -> None:
+    """The script may end while computations it dispatched still run its calls (dispatch is
+    asynchronous: a shard_map'd call whose result it never reads); wait for them here,
+    under the watchdog, so that what they find or how they fail is in the report, on many
+    devices as on one. After our callback failed, JAX keeps the failed computations'
+    tokens and raises their errors again from its exit handlers (stray tracebacks of our
+    frames after the report): forget them, the failure is in the report already."""
+    if "jax" not in sys.modules:  # the script never started JAX: nothing can be running
+        return
     from pallas_check.jaxbridge import dispatch
 
     try:

@@ -167,7 +167,7 @@ class Session:
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.checkers import CHECKERS
-        from pallas_check.engine.evaluate import KernelError
+        from pallas_check.engine.evaluate import EngineBug, KernelError
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
         with self._lock:
@@ -201,8 +201,9 @@ class Session:
                          failed=True)
             raise EngineFailure(self.engine_error) from exc
         except Exception as exc:  # our bug: keep the message, the runner exits 4
-            self._fail(f"internal error while simulating {kernel.name}:"
-                       f" {type(exc).__name__}: {exc}")
+            # An EngineBug says itself what failed and where (the primitive, the line).
+            what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
+            self._fail(f"internal error while simulating {kernel.name}: {what}")
             self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
                          failed=True)
             raise EngineFailure(self.engine_error) from exc

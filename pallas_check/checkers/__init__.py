@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pallas_check.checkers import bounds, deadlock, pipeline, semaphores, uninit
+from pallas_check.checkers import bounds, deadlock, lowering, pipeline, semaphores, uninit
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine import events
 from pallas_check.findings import Finding, KernelInfo
@@ -66,6 +66,9 @@ class _Checkers:
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceChecker:
         return RaceChecker(make_finding, add)
+
+    def not_lowered(self, kernel: KernelInfo, call_index: int, error: Any) -> Finding:
+        return lowering.not_lowered_finding(kernel, call_index, error)
 
 
 CHECKERS = _Checkers()

@@ -21,6 +21,7 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine import segment_order
+from pallas_check.engine.mosaic_limits import NotLowered
 from pallas_check.engine.lru import BoundedCache
 from pallas_check.engine.scalar import eqn_qualifies, scalar_segment_fn
 from pallas_check.findings import SourceFrame
@@ -43,12 +44,39 @@ class KernelError(Exception):
         super().__init__(message)
         self.message = message
         self.frames = frames
+        self.primitive = ""  # set where raised without frames: the equation evaluated
 
     def located(self) -> str:
+        doing = f"evaluating `{self.primitive}`" if self.primitive else ""
         if self.frames:
             f = self.frames[0]
-            return f"{self.message} (at {f.file}:{f.line} in {f.function})"
-        return self.message
+            doing += (" " if doing else "") + f"at {f.file}:{f.line} in {f.function}"
+        return f"{self.message} ({doing})" if doing else self.message
+
+
+class EngineBug(Exception):
+    """An exception of pallas-check's own code (a rule, a specializer, the generated
+    program) while evaluating one equation: ours, never the kernel's (exit 4). It names the
+    primitive and the user's line being evaluated, so that the one line the run ends with
+    says where to look."""
+
+    def __init__(self, error: BaseException, primitive: str = "",
+                 frames: tuple[SourceFrame, ...] = (), where: str = "",
+                 verb: str = "evaluating") -> None:
+        self.error = error
+        self.primitive = primitive
+        self.frames = frames
+        self.where = where  # outside any equation: what was running
+        self.verb = verb  # what was done with the equation
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        doing = f"{self.verb} `{self.primitive}`" if self.primitive else self.where
+        if self.frames:
+            f = self.frames[0]
+            doing += (" " if doing else "") + f"at {f.file}:{f.line} in {f.function}"
+        text = f"{type(self.error).__name__}: {self.error}"
+        return f"{text} ({doing})" if doing else text
 
 
 class UnsupportedPrimitive(KernelError):
@@ -337,7 +365,7 @@ def _generate(program: Program) -> Callable[..., Gen]:
     jaxpr = program.jaxpr
     names: dict[Any, str] = {}
     bound: dict[str, Any] = {"_located_error": _located_error, "_unsupported": _unsupported,
-                             "current_frames": current_frames}
+                             "current_frames": current_frames, "_ours": _ours}
     lines: list[str] = []
 
     def local(v: Any) -> str:
@@ -377,29 +405,13 @@ def _generate(program: Program) -> Callable[..., Gen]:
         if entry is None:
             lines.append(f"    raise _unsupported(E{k})")
             continue
-        specialize = SPECIALIZERS.get(eqn.primitive)
-        bound[f"R{k}"] = (specialize and specialize(eqn)) or entry.fn
+        bound[f"R{k}"] = _rule_fn(eqn, entry)
         call = f"R{k}(ctx, E{k}, [{', '.join(atom(v) for v in eqn.invars)}])"
         kept = [(i, v) for i, v in enumerate(eqn.outvars) if not _is_dropvar(v)]
         target = ("" if not kept else "_r = " if eqn.primitive.multiple_results
                   else f"{local(kept[0][1])} = ")
-        lines.append(f"    ctx.eqn = E{k}")
-        if not entry.is_generator:
-            lines.append(f"    {target}{call}")
-        elif eqn.params and any(True for _ in jax_core.jaxprs_in_params(eqn.params)):
-            generator = True
-            # Pallas clips source tracebacks at each traced body: an equation inside (e.g.
-            # the DMA of a sync_copy) may have no user frame; it gets ours (known now when
-            # this equation has its own; else the enclosing one's, at run time).
-            own = user_frames(eqn.source_info)
-            bound[f"F{k}"] = own
-            frames = f"F{k}" if own else "current_frames(ctx)"
-            lines += [f"    ctx.frame_stack.append({frames})", "    try:",
-                      f"        {target}yield from {call}", "    finally:",
-                      "        ctx.frame_stack.pop()"]
-        else:
-            generator = True
-            lines.append(f"    {target}yield from {call}")
+        lines += _rule_lines(k, eqn, entry.is_generator, target, call, bound)
+        generator = generator or entry.is_generator
         if kept and eqn.primitive.multiple_results:
             for i, v in kept:
                 lines.append(f"    {local(v)} = _r[{i}]")
@@ -409,6 +421,37 @@ def _generate(program: Program) -> Callable[..., Gen]:
     source = "def run(ctx, consts, args):\n" + "\n".join(lines) + "\n"
     exec(compile(source, "<pallas-check program>", "exec"), bound)  # noqa: S102
     return bound["run"]
+
+
+def _rule_fn(eqn: jax_core.JaxprEqn, entry: Rule) -> RuleFn:
+    """The rule an equation's step calls: its specializer's, else the general one."""
+    specialize = SPECIALIZERS.get(eqn.primitive)
+    try:
+        return (specialize and specialize(eqn)) or entry.fn
+    except Exception as exc:  # ours: say which equation it was preparing
+        raise EngineBug(exc, eqn.primitive.name, user_frames(eqn.source_info),
+                        verb="preparing the rule of") from exc
+
+
+def _rule_lines(k: int, eqn: jax_core.JaxprEqn, is_generator: bool, target: str,
+                call: str, bound: dict[str, Any]) -> list[str]:
+    """The generated lines of ruled step `k`: `{target}{call}` (`yield from` the call of a
+    generator rule). An exception of the rule is located right there, at its equation
+    (`_ours`): a try costs nothing until something raises."""
+    ours = ["    except Exception as exc:", f"        raise _ours(E{k}, ctx, exc)"]
+    if not is_generator:
+        return [f"    ctx.eqn = E{k}", "    try:", f"        {target}{call}", *ours]
+    if eqn.params and any(True for _ in jax_core.jaxprs_in_params(eqn.params)):
+        # Pallas clips source tracebacks at each traced body: an equation inside (e.g.
+        # the DMA of a sync_copy) may have no user frame; it gets ours (known now when
+        # this equation has its own; else the enclosing one's, at run time).
+        own = user_frames(eqn.source_info)
+        bound[f"F{k}"] = own
+        frames = f"F{k}" if own else "current_frames(ctx)"
+        return [f"    ctx.eqn = E{k}", f"    ctx.frame_stack.append({frames})", "    try:",
+                f"        {target}yield from {call}", *ours, "    finally:",
+                "        ctx.frame_stack.pop()"]
+    return [f"    ctx.eqn = E{k}", "    try:", f"        {target}yield from {call}", *ours]
 
 
 def _dead_after(program: Program) -> dict[int, list[jax_core.Var]]:
@@ -441,7 +484,10 @@ def _unsupported(eqn: jax_core.JaxprEqn) -> UnsupportedPrimitive:
 def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:
     """The user's frames for the equation being evaluated, or else for the nearest
     enclosing equation (cond, loop, run_scoped, jit) that has some."""
-    eqn = ctx.eqn
+    return _frames_of(ctx.eqn, ctx)
+
+
+def _frames_of(eqn: Any, ctx: Any) -> tuple[SourceFrame, ...]:
     frames = user_frames(eqn.source_info) if eqn is not None else ()
     if frames:
         return frames
@@ -449,6 +495,26 @@ def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:
         if outer:
             return outer
     return ()
+
+
+# What a rule raises on purpose, already what it means: the kernel's error or limitation
+# (KernelError), its defect ended cleanly (CallHalted), what Mosaic does not lower, and an
+# error of ours already located by a nested equation.
+_MEANT = (KernelError, CallHalted, NotLowered, EngineBug)
+
+
+def _ours(eqn: jax_core.JaxprEqn, ctx: Any, exc: Exception) -> Exception:
+    """What the generated program raises when evaluating `eqn` raised `exc`: `exc` itself
+    when raised on purpose (a KernelError that says no line gets the equation's), anything
+    else as an EngineBug naming the equation."""
+    if isinstance(exc, _MEANT):
+        if isinstance(exc, KernelError) and not exc.frames:
+            exc.frames = _frames_of(eqn, ctx)
+            exc.primitive = exc.primitive or eqn.primitive.name
+        return exc
+    bug = EngineBug(exc, eqn.primitive.name, _frames_of(eqn, ctx))
+    bug.__cause__ = exc
+    return bug
 
 
 def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:

@@ -112,6 +112,10 @@ class Checkers(Protocol):
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceDetector: ...
 
+    def not_lowered(self, kernel: KernelInfo, call_index: int, error: Any) -> Finding:
+        """The kernel does something Mosaic does not lower (engine/mosaic_limits.py's
+        NotLowered): the call was skipped."""
+
 
 _default: Checkers | None = None
 

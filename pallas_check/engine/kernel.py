@@ -16,9 +16,10 @@ import numpy as np
 
 from pallas_check.config import Config, DmaMode, UninitFill
 from pallas_check.engine import carried as carried_semaphores
-from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import lru, memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
-from pallas_check.engine.evaluate import CallHalted, KernelError
+from pallas_check.engine.evaluate import CallHalted, EngineBug, KernelError, current_frames
+from pallas_check.engine.mosaic_limits import NotLowered, kernel_not_lowered
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
@@ -67,9 +68,27 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 
     With `config.schedules` > 1 the call is simulated under seeds seed, seed+1, ...
     until one schedule has findings (or all of them, with keep_going); each finding
-    carries the seed that replays it."""
+    carries the seed that replays it.
+
+    A kernel that Mosaic does not lower (engine/mosaic_limits.py) never runs on a TPU:
+    the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
     carried = carried if carried is not None else {}
     checkers = checkers if checkers is not None else default_checkers()
+    refused = _not_lowered(params)
+    if refused is None:
+        try:
+            return _explore(params, device_operands, config, call_index, mesh, carried,
+                            progress, results, checkers)
+        except NotLowered as exc:  # met while running: a spelling the static look missed
+            refused = exc
+    return _skipped(params, device_operands, config, call_index, results, checkers, refused)
+
+
+def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+             call_index: int, mesh: MeshInfo, carried: dict,
+             progress: Callable[[int, int], None] | None,
+             results: Sequence[np.ndarray] | None, checkers: Checkers) -> DevicesResult:
+    """The call's schedules (see `run_call_devices`)."""
     schedules = max(1, config.schedules)
     findings: list[Finding] = []
     seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
@@ -113,6 +132,49 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     carried.update(chosen_carried)
     carried_semaphores.drop_taken(carried)
     return DevicesResult(result.outputs, findings, result.timeline)
+
+
+_refusals = lru.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
+
+
+def _not_lowered(params: dict) -> NotLowered | None:
+    """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
+    jaxpr = params["jaxpr"]
+    return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
+        jaxpr, kernel_arg_names(jaxpr),
+        lambda aval: memory_space_name(getattr(aval, "memory_space", None))))
+
+
+def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checkers,
+             refused: NotLowered) -> DevicesResult:
+    """A call that does not compile for a TPU, skipped: its one finding, and the outputs of
+    a kernel that wrote nothing -- never-written memory (the fill of `--uninit`), an output
+    aliased to an input that input, unchanged -- so that the script runs on and the rest of
+    its calls are checked."""
+    gm = params["grid_mapping"]
+    first = gm.num_dynamic_grid_bounds + gm.num_index_operands
+    aliases = {o: i - gm.num_index_operands
+               for i, o in (params.get("input_output_aliases") or ())}
+    fill = config.uninit.value
+    outputs: list[list[np.ndarray]] = []
+    for operands in device_operands:
+        inputs = list(operands)[first:]
+        device_outputs = []
+        for j, aval in enumerate(params["out_avals"]):
+            if j in aliases:
+                device_outputs.append(np.array(inputs[aliases[j]]))
+            elif (results is not None and len(device_operands) == 1
+                  and results[j].shape == tuple(aval.shape)
+                  and results[j].dtype == np.dtype(aval.dtype)):
+                results[j][...] = memory.fill_value(aval.dtype, fill)
+                device_outputs.append(results[j])
+            else:
+                device_outputs.append(
+                    Buffer.filled("", MemorySpace.HBM, aval.shape, aval.dtype, fill).data)
+        outputs.append(device_outputs)
+    return DevicesResult(outputs, [checkers.not_lowered(kernel_info(params), call_index,
+                                                        refused)])
 
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
@@ -492,6 +554,10 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
+    except (KernelError, NotLowered, EngineBug):
+        raise
+    except Exception as exc:  # ours, outside any equation: say which actor, and where
+        raise _outside_equations(state, contexts, exc) from exc
     # Semaphores the call returns carry their DMAs in flight to the call that takes them.
     carried = _depart(state, ctx, device_hbm_outputs or [])
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
@@ -540,6 +606,25 @@ def _whole_output_blocks(state: CallState, device_hbm_outputs: list[list[Buffer]
                 if block is not None and block.shape == hbm.shape:
                     mirrors[block.id] = hbm
     return mirrors
+
+
+def _outside_equations(state: CallState, contexts: list[CoreContext],
+                       exc: Exception) -> EngineBug:
+    """An exception of ours raised by an actor outside the equations' own handling: the
+    core's BlockSpec pipeline around a grid step, the making of its program, a DMA landing
+    (`--dma random`)."""
+    running = state.scheduler.running if state.scheduler is not None else None
+    if running is None:
+        return EngineBug(exc)
+    ctx = next((c for c in contexts if c.actor == running.name), None)
+    if ctx is None:  # a DMA of its own (its name says where it was started)
+        return EngineBug(exc, where=f"in {running.name}")
+    at = f" at grid point {ctx.grid_point}" if ctx.grid_point is not None else ""
+    if ctx.eqn is not None:
+        return EngineBug(exc, ctx.eqn.primitive.name, current_frames(ctx),
+                         where=f"in {running.name}{at}")
+    return EngineBug(exc, where=f"in {running.name}{at}, outside the kernel's equations:"
+                                " its BlockSpec pipeline or program")
 
 
 def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:

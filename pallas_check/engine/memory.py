@@ -560,6 +560,21 @@ class Region:
             mask = mask & m.reshape(shape)
         return mesh, mask
 
+    def _in_bounds_part(self) -> tuple[tuple, tuple, tuple[int, ...]]:
+        """Where a store crossing the buffer's edge lands: the buffer index of its
+        in-bounds elements, the index of those elements in the stored value (given the
+        shape of `_masked_index`, ints kept as dimensions of 1) and that shape. A store
+        drops only what lies outside; written through clipped indices, the clipped
+        copies of the last row or column would overwrite its in-bounds value."""
+        targets, sources, shape = [], [], []
+        for d, n in zip(self.dims, self.buffer.shape):
+            idx = np.array([d]) if isinstance(d, int) else d[0] + d[2] * np.arange(d[1])
+            keep = np.nonzero((idx >= 0) & (idx < n))[0]
+            targets.append(idx[keep])
+            sources.append(keep)
+            shape.append(idx.shape[0])
+        return np.ix_(*targets), np.ix_(*sources), tuple(shape)
+
     def _squeeze_ints(self, arr: np.ndarray) -> np.ndarray:
         axes = tuple(i for i, d in enumerate(self.dims) if isinstance(d, int))
         return arr.reshape(tuple(s for i, s in enumerate(arr.shape) if i not in axes))
@@ -603,17 +618,13 @@ class Region:
             if written is not None:
                 buf.mark_written(self.index, written)
             return
-        mesh, mask = self._masked_index()
-        full_shape = mask.shape
+        target, source, full_shape = self._in_bounds_part()
         value = np.broadcast_to(np.asarray(value, dtype=data.dtype), self.out_shape)
-        value = value.reshape(full_shape)
-        current = data[mesh]
-        data[mesh] = np.where(mask, value, current)
+        data[target] = value.reshape(full_shape)[source]
         if written is None:
             return
-        cur_written = buf.written[mesh]
         new_written = np.broadcast_to(np.asarray(written), self.out_shape).reshape(full_shape)
-        buf.written[mesh] = np.where(mask, new_written, cur_written)
+        buf.written[target] = new_written[source]
         buf.recount()
 
     def read(self, fill: Any) -> np.ndarray:

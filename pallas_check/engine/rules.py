@@ -22,7 +22,6 @@ from pallas_check.jaxbridge import lax_parallel
 from pallas_check.engine import index_plan, memory
 from pallas_check.engine.evaluate import (
     KernelError,
-    UnsupportedPrimitive,
     current_frames,
     eval_closed,
     eval_jaxpr,
@@ -31,6 +30,7 @@ from pallas_check.engine.evaluate import (
     specializer,
 )
 from pallas_check.engine.memory import RefView, Region
+from pallas_check.engine.mosaic_limits import gather_or_scatter
 
 
 # -- the one path for reads and writes ---------------------------------------------------
@@ -67,7 +67,7 @@ def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | 
                  region: Region | None = None) -> None:
     if region is None:
         assert view is not None
-        region = _resolve(ctx, view)
+        region = _resolve(ctx, view, "store")
     buffer = region.buffer
     if region.zero_stride:
         raise KernelError(
@@ -92,7 +92,7 @@ def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | 
     ctx.call.on_write(ctx, region)
 
 
-def _resolve(ctx: Any, view: RefView) -> Region:
+def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
     try:
         region = memory.resolve(view)
     except memory.UnsupportedTransform as exc:
@@ -100,10 +100,10 @@ def _resolve(ctx: Any, view: RefView) -> Region:
     # An indexer with an array of indices is left for after the plain ones (`post`).
     if region.post and any(isinstance(t, state_indexing.NDIndexer)
                            and memory.has_array_index(t) for t in region.post):
-        raise UnsupportedPrimitive(
-            f"indexing {view.buffer.name} with an array of indices (a gather or scatter)"
-            " does not lower on TPU: Mosaic takes only scalar and slice indices into a ref",
-            current_frames(ctx))
+        # Found before the call ran (engine/mosaic_limits.py) unless spelled otherwise: the
+        # kernel's defect either way, and the call is skipped.
+        raise gather_or_scatter(view.buffer.name, view.buffer.space, operation,
+                                current_frames(ctx))
     return region
 
 
@@ -135,7 +135,8 @@ def _region_made(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
             raise KernelError(f"unsupported ref transform: {exc}", current_frames(ctx))
         if region is not None:
             return region
-    return _resolve(ctx, view_of(ref, tree.unflatten(flat)))
+    return _resolve(ctx, view_of(ref, tree.unflatten(flat)),
+                    "load" if eqn.primitive is state_primitives.get_p else "store")
 
 
 @rule(state_primitives.get_p)

@@ -65,6 +65,7 @@ class Scheduler:
         self._lowest = 0.0
         # Told each step and each block (engine/timeline.py's Timeline, with --trace).
         self.observer: Any = None
+        self.running: Actor | None = None  # the actor last advanced (who raised, if any)
 
     @property
     def alone(self) -> bool:
@@ -102,6 +103,7 @@ class Scheduler:
             if self.observer is not None:  # timeline: one logical step; a wait ends
                 self.observer.scheduled(actor.name)
             actor.waiting = None
+            self.running = actor
             progress.beat()
             try:
                 request = next(actor.gen)

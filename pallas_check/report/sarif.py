@@ -91,7 +91,9 @@ RULES: dict[FindingKind, tuple[str, str, str]] = {
         "pallas-check compiled the call with libtpu for the named generation (--compile):"
         " the Pallas TPU lowering or Mosaic failed at the reported line. Typical causes: a"
         " block whose last two dimensions are not multiples of (8, 128), a primitive Mosaic"
-        " cannot lower, a dynamic slice whose alignment cannot be proven."),
+        " cannot lower, a dynamic slice whose alignment cannot be proven. Without --compile,"
+        " the simulation reports what it knows Mosaic never lowers (a ref indexed by an"
+        " array of indices) and skips the call."),
     FindingKind.VMEM_EXCEEDED: (
         "VmemExceeded",
         "The kernel needs more VMEM than this TPU generation has for it.",

@@ -25,7 +25,7 @@ _TITLES = {
     FindingKind.RACE: "Data races",
     FindingKind.DEADLOCK: "Deadlocks",
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
-    FindingKind.COMPILE_ERROR: "TPU compile errors (--compile)",
+    FindingKind.COMPILE_ERROR: "TPU compile errors",
     FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
 }
 

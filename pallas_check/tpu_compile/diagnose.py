@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from pallas_check.engine.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
+
 CODE = re.compile(r"\b(E\d{4})\b")
 _SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)")
 _EXCEED = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
@@ -38,6 +40,7 @@ class Diagnosis:
     spec_origin: str | None = None  # "args[0]" / "outputs": a BlockSpec's operand
     primitive: str | None = None  # a primitive the lowering does not implement
     mosaic: bool = False  # Mosaic quoted the failing MLIR operation
+    array_index: bool = False  # a ref indexed by an array (a gather or scatter)
     used_bytes: int | None = None
     available_bytes: int | None = None
 
@@ -77,6 +80,12 @@ def diagnose(message: str) -> Diagnosis:
         name = primitive.group(1)
         return Diagnosis("compile-error", f"the Pallas TPU lowering cannot lower `{name}`"
                          f" (unimplemented primitive).", code, primitive=name)
+    said = next((words for words in (MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE) if words in message),
+                None)
+    if said is not None:
+        return Diagnosis("compile-error", "a ref indexed by an array of indices (a gather or"
+                         " scatter) does not lower: Mosaic takes only scalar and slice"
+                         f" indices into a ref (\"{said}\").", code, array_index=True)
     if "Mosaic failed to compile TPU kernel:" in message:
         body = message.split("Mosaic failed to compile TPU kernel:", 1)[1]
         body = body.split("The MLIR operation involved:", 1)[0]

@@ -2,6 +2,8 @@
 
 - Mosaic quoted an operation: its source location in the call's Mosaic module (mlirloc);
 - the lowering has no rule for a primitive: the kernel's first equation of that primitive;
+- a ref indexed by an array (Mosaic's words carry no location): the first such access, as
+  the simulation finds it (engine/mosaic_limits.py);
 - a BlockSpec, or VMEM: the line that made the pallas_call (a BlockSpec has no line of its
   own; it is written in the call).
 """
@@ -26,6 +28,8 @@ def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
         frame, buffer = _mosaic_place(call, outcome, names)
     elif diagnosis.primitive:
         frame = _primitive_frame(params["jaxpr"], diagnosis.primitive)
+    elif diagnosis.array_index:
+        frame, buffer = _array_index_place(params["jaxpr"], names)
     if diagnosis.spec_origin:
         buffer = _spec_buffer(params, diagnosis.spec_origin, names)
     outcome.lowered_ir = None  # the module is large; what it told is kept
@@ -68,6 +72,18 @@ def _primitive_frame(jaxpr: Any, primitive: str) -> SourceFrame | None:
         if eqn.primitive.name == primitive and frame is not None:
             return frame
     return None
+
+
+def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None, str]:
+    from pallas_check.engine.call import memory_space_name
+    from pallas_check.engine.mosaic_limits import kernel_not_lowered
+
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    found = kernel_not_lowered(inner, names, lambda aval: memory_space_name(
+        getattr(aval, "memory_space", None)))
+    if found is None or not found.frames:
+        return None, ""
+    return found.frames[0], found.buffer
 
 
 def _spec_buffer(params: dict, origin: str, names: list[str]) -> str:

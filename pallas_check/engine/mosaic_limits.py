@@ -1,0 +1,182 @@
+"""What Mosaic (the Pallas TPU lowering) refuses to lower, found before a call is simulated.
+
+A kernel that does not lower never runs on a TPU: the defect is the kernel's, not
+pallas-check's, and it is reported as a `compile-error` finding at the user's line, the
+call skipped (engine/kernel.py), the run going on — with or without `--compile`. The
+construct found here is a ref indexed by an array of indices, a gather or scatter
+(`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it.
+
+The whole kernel is looked at, every branch and loop body, as the lowering does: a gather
+in a branch no grid step takes fails to compile all the same. `NotLowered` is also what
+the engine raises if it meets such an access at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import mosaic_primitives
+from pallas_check.jaxbridge import pallas_primitives
+from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import state_primitives
+from pallas_check.jaxbridge import state_types
+
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
+
+# The lowering's own words. A load or store whose indexer holds an array: a ValueError of
+# `_canonicalize_transforms_to_indexer` (jax/_src/pallas/mosaic/lowering.py). A DMA of
+# `ref.at[ids]`: the slice of the ref is emitted with a vector of offsets, which Mosaic's
+# verifier refuses (a VerificationError, seen with jax 0.10.2 and libtpu).
+MOSAIC_LOAD_STORE = "Cannot do int indexing on TPU"
+MOSAIC_REF_SLICE = ("'tpu.memref_slice' op operand #1 must be variadic of 32-bit signless"
+                    " integer")
+
+
+class NotLowered(Exception):
+    """Mosaic does not lower what the kernel does at `frames`: the kernel's defect (a
+    `compile-error` finding; the call is skipped), never an error of pallas-check."""
+
+    def __init__(self, message: str, frames: tuple[SourceFrame, ...] = (), buffer: str = "",
+                 memory_space: str = "", operation: str = "", mosaic: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.frames = frames
+        self.buffer = buffer
+        self.memory_space = memory_space
+        self.operation = operation
+        self.mosaic = mosaic  # the lowering's own error message
+
+
+def gather_or_scatter(buffer: str, memory_space: str, operation: str,
+                      frames: tuple[SourceFrame, ...]) -> NotLowered:
+    """A load, store or DMA (`operation`) indexing `buffer` with an array of indices."""
+    what = "gather" if operation in ("load", "DMA source") else "scatter"
+    mosaic = MOSAIC_LOAD_STORE if operation in ("load", "store") else MOSAIC_REF_SLICE
+    space = f" ({memory_space})" if memory_space else ""
+    return NotLowered(
+        f"{operation} of {buffer or 'a ref'}{space} indexed by an array of indices (a {what})"
+        f" does not lower on TPU: Mosaic takes only scalar and slice indices into a ref"
+        f" (\"{mosaic}\"); use a loop of scalar-indexed rows or a DMA per row",
+        frames, buffer, memory_space, operation, mosaic)
+
+
+def _array_indexed(transforms: Any) -> bool:
+    """Whether a ref's transforms index it with an array (a non-scalar integer index)."""
+    for transform in transforms if isinstance(transforms, (tuple, list)) else ():
+        if not isinstance(transform, state_indexing.NDIndexer):
+            continue
+        for idx in transform.indices:
+            if isinstance(idx, state_indexing.Slice):
+                continue
+            aval = getattr(idx, "aval", idx)
+            if getattr(aval, "shape", ()):
+                return True
+    return False
+
+
+# The equations that index refs (a load, a store, a DMA start).
+_INDEXING = frozenset((state_primitives.get_p, state_primitives.swap_p,
+                       pallas_primitives.load_p, pallas_primitives.swap_p,
+                       mosaic_primitives.dma_start_p))
+
+
+def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
+    """(ref var, its transforms, operation) of each ref an equation loads, stores or copies
+    through indexers (its pytree unflattened over the equation's own vars)."""
+    primitive = eqn.primitive
+    if primitive in (state_primitives.get_p, state_primitives.swap_p):
+        tree = eqn.params["tree"]
+        transforms = tree.unflatten(eqn.invars[len(eqn.invars) - tree.num_leaves:])
+        yield eqn.invars[0], transforms, "load" if primitive is state_primitives.get_p \
+            else "store"
+    elif primitive in (pallas_primitives.load_p, pallas_primitives.swap_p):
+        ref, transforms, *_ = eqn.params["args_tree"].unflatten(eqn.invars)
+        yield ref, transforms, "load" if primitive is pallas_primitives.load_p else "store"
+    elif primitive is mosaic_primitives.dma_start_p:
+        src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+        for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
+            transforms: list = []
+            while isinstance(ref, state_types.TransformedRef):
+                transforms[:0] = ref.transforms
+                ref = ref.ref
+            yield ref, tuple(transforms), operation
+
+
+def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
+    """Each sub-jaxpr of an equation with the names of the refs it receives: its invars are
+    the equation's last ones (cond branches, jit, loop bodies); a while's condition takes
+    its own consts and the carry; run_scoped's are the refs it allocates."""
+    params = eqn.params
+    for key, value in params.items():
+        for sub in value if isinstance(value, tuple) else (value,):
+            if isinstance(sub, jax_core.ClosedJaxpr):
+                inner = sub.jaxpr
+            elif isinstance(sub, jax_core.Jaxpr):
+                inner = sub
+            else:
+                continue
+            n = len(inner.invars)
+            if eqn.primitive is pallas_primitives.run_scoped_p:
+                yield inner, dict(zip(inner.invars, scoped_names(inner)))
+                continue
+            if key == "cond_jaxpr" and "body_nconsts" in params:
+                first = params.get("cond_nconsts", 0)
+                outer = list(eqn.invars[:first]) + list(
+                    eqn.invars[first + params["body_nconsts"]:])
+            elif n <= len(eqn.invars):
+                outer = list(eqn.invars[len(eqn.invars) - n:])
+            else:
+                outer = []
+            yield inner, {v: names[o] for v, o in zip(inner.invars, outer)
+                          if isinstance(o, jax_core.Var) and o in names}
+
+
+def scoped_names(jaxpr: Any) -> list[str]:
+    """The names of the refs a run_scoped body allocates, as the engine names them."""
+    info = getattr(jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    return [names[i] if i < len(names) and names[i] else f"scoped[{i}]"
+            for i in range(len(jaxpr.invars))]
+
+
+def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
+                      outer: tuple[Any, ...] = ()) -> NotLowered | None:
+    """The first access in `jaxpr` (nested ones included, in program order) that Mosaic
+    does not lower, as the error to raise; None when there is none. `names`: ref var ->
+    the kernel's name for it; `space_of(aval)`: a ref's memory space name; `outer`: the
+    equations holding this jaxpr, innermost last (where a nested equation's line is, when
+    Pallas clipped its own)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in _INDEXING:
+            for ref, transforms, operation in _indexed_refs(eqn):
+                if _array_indexed(transforms):
+                    name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
+                    return gather_or_scatter(name, space_of(getattr(ref, "aval", None)),
+                                             operation, _frames((*outer, eqn)))
+            continue
+        if not eqn.params:
+            continue
+        for inner, inner_names in _sub_jaxprs(eqn, names):
+            found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn))
+            if found is not None:
+                return found
+    return None
+
+
+def _frames(eqns: tuple[Any, ...]) -> tuple[SourceFrame, ...]:
+    """The user's frames of the innermost of `eqns` that has some (made only for the
+    access found: a kernel of many equations is looked at at every eager call)."""
+    for eqn in reversed(eqns):
+        frames = user_frames(eqn.source_info)
+        if frames:
+            return frames
+    return ()
+
+
+def kernel_not_lowered(jaxpr: Any, arg_names: Sequence[str],
+                       space_of: Callable[[Any], str]) -> NotLowered | None:
+    """`first_not_lowered` of a kernel's jaxpr, its parameters named as the kernel names
+    them."""
+    return first_not_lowered(jaxpr, dict(zip(jaxpr.invars, arg_names)), space_of)
