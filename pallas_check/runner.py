@@ -103,8 +103,8 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
-        from pallas_check.delivery import stdout_encodes_unicode
         from pallas_check.execfile import ScriptOutcome
+        from pallas_check.report.console import display_for
 
         session = self.session
         compile_error = _compile_after_run(session, outcome)
@@ -136,8 +136,8 @@ class CheckCommand:
             script_args=tuple(self.args), suppressed=kept.suppressed,
             trace=str(self.trace_shown) if trace_written else None)
         buffer = io.StringIO()
-        reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
-                     width=terminal_width() if to_stdout else None).render(report, buffer)
+        reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
+            report, buffer)
         suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
         return Verdict(buffer.getvalue(), code,
                        f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
@@ -301,17 +301,6 @@ def _script_stdout(fmt: str, output: Path | None) -> Iterator[None]:
         return
     with contextlib.redirect_stdout(sys.stderr):
         yield
-
-
-def terminal_width() -> int:
-    """Columns of the terminal stdout is (or `COLUMNS`); 120 when it is no terminal."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns
-    except (OSError, AttributeError, ValueError):
-        return 120
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
