@@ -172,7 +172,7 @@ def render_table(report: CompileReport, stream: TextIO, display: Any = None) -> 
             rows.append([str(call["index"]), call["kernel"],
                          f"{display_path(call['file'], root)}:{call['line']}", generation,
                          status, vmem_text(entry), f"{entry['compile_seconds']:.2f}"])
-    table = Table(title=title, title_justify="left", expand=True)
+    table = Table(title=title, title_justify="left")
     for col, header in enumerate(("call", "kernel", "where", "tpu", "result",
                                   "VMEM scoped / limit", "compile s")):
         unbroken_column(table, console, header, [Text(r[col]) for r in rows])

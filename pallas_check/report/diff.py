@@ -128,7 +128,8 @@ def _table(console: Console, report: Any, rows: list[tuple[Any, Any]], root: Pat
         unbroken_column(table, console, header, [r[col] for r in cells])
     longest_word = max((len(w) for r in cells for w in r[8].plain.split()), default=0)
     table.add_column("first mismatches (index: ours vs theirs)",
-                     min_width=max(MIN_MESSAGE_WIDTH, longest_word), overflow="fold")
+                     min_width=max(MIN_MESSAGE_WIDTH, longest_word), overflow="fold",
+                     ratio=1)  # the room a wide terminal has left goes to this column
     for row in cells:
         table.add_row(*row)
     return table
