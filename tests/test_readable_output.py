@@ -133,11 +133,11 @@ def test_text_format_gives_a_replay_note_per_finding_and_a_summary():
     report = [line for line in result.stdout.splitlines()
               if not line.startswith("dma_read_before_wait_bug:")]  # the script's print
     assert report == [
-        "samples/dma_read_before_wait_bug.py:25: uninitialized: load_kernel"
+        "samples/dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel"
         " [buf[0:8, 0:128]]: 1024 elements of output o_ref[0:8, 0:128] depend on memory"
         " that was never written: read of buf[0:8, 0:128] at"
         " samples/dma_read_before_wait_bug.py:25",
-        "samples/dma_read_before_wait_bug.py:25: note: replay: pallas-check run"
+        "samples/dma_read_before_wait_bug.py:25:9: note: replay: pallas-check run"
         " samples/dma_read_before_wait_bug.py --seed 0",
         "pallas-check: 1 finding in 1 pallas_call"]
 
@@ -214,3 +214,11 @@ def test_compile_table_or_a_line_per_call_and_generation(width):
     else:
         assert "samples/compile_alignment_bug.py:25: call 0 window_kernel on v5e:" in out
     assert "samples/compile_alignment_bug.py:21: compile-error: window_kernel [x_ref]:" in out
+
+
+def test_a_frames_column_is_shown_but_not_part_of_its_identity():
+    from pallas_check.findings import SourceFrame
+
+    a = SourceFrame("k.py", 3, "k", "y = x[0] + x[1]", column=9)
+    b = SourceFrame("k.py", 3, "k", "y = x[0] + x[1]", column=16)
+    assert a == b and hash(a) == hash(b)  # two reads on one line still merge as one finding

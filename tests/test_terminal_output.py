@@ -63,10 +63,10 @@ def test_text_format_is_one_line_per_finding():
     result = run("run", "samples/oob_load_bug.py", "--format", "text")
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        "samples/oob_load_bug.py:21: out-of-bounds: scale_kernel [x_ref[8:16, 0:128]]: load"
+        "samples/oob_load_bug.py:21:9: out-of-bounds: scale_kernel [x_ref[8:16, 0:128]]: load"
         " of x_ref[8:16, 0:128] is out of bounds of x_ref (shape [8, 128]): index 8:16 in"
         " dimension 0 of size 8 (x3)",
-        "samples/oob_load_bug.py:21: note: replay: pallas-check run samples/oob_load_bug.py"
+        "samples/oob_load_bug.py:21:9: note: replay: pallas-check run samples/oob_load_bug.py"
         " --seed 0",
         "pallas-check: 1 finding in 1 pallas_call"]
     assert "oob_load_bug: last row" in result.stderr  # the script's print

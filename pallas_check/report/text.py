@@ -1,4 +1,4 @@
-"""One line per finding, `path:line: kind: message`, for editors, grep and quickfix lists,
+"""One line per finding, `path:line[:column]: kind: message`, for editors, grep and quickfix lists,
 each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes), and a
 last `pallas-check: N findings in M pallas_calls` line (the only line of a clean run)."""
 
@@ -42,9 +42,8 @@ def _where(f: Finding, root: object, script: str) -> str:
     """`path:line[:column]` of the finding (its kernel's definition, else the script)."""
     frame = f.location
     if frame is not None:
-        column = getattr(frame, "column", None)
         return (f"{display_path(frame.file, root)}:{frame.line}"  # type: ignore[arg-type]
-                + (f":{column}" if column else ""))
+                + (f":{frame.column}" if frame.column else ""))
     if f.kernel.file:
         return f"{display_path(f.kernel.file, root)}:{f.kernel.line}"  # type: ignore[arg-type]
     return script
