@@ -8,6 +8,7 @@ import io
 import os
 import re
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
@@ -318,7 +319,10 @@ def short_error(message: str) -> str:
     line = one_line(message)
     if len(line) <= MAX_ERROR_CHARS or os.environ.get("PALLAS_CHECK_DEBUG"):
         return line
-    return line[:MAX_ERROR_CHARS].rstrip() + " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    more = " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
+    # (a first word longer than the limit leaves only the placeholder: cut inside it)
+    return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more
 
 
 @contextlib.contextmanager
