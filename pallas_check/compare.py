@@ -474,6 +474,9 @@ class DiffCommand:
         return self.session.ours.engine_error is not None or self.session.side_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
+        import sys
+
+        from pallas_check.report.console import display_for
         from pallas_check.report.diff import render
         from pallas_check.runner import Verdict, config_dict, script_traceback, short_error
 
@@ -492,7 +495,7 @@ class DiffCommand:
             user_traceback=outcome.traceback if user_failed else None,
             internal_error=error, partial=outcome.interrupted)
         buffer = io.StringIO()
-        render(report, fmt, buffer)
+        render(report, fmt, buffer, display_for(sys.stdout if to_stdout else None))
         return Verdict(buffer.getvalue(), code,
                        f"{report.mismatching_outputs} mismatching output(s) in"
                        f" {len(calls)} call(s)", error,

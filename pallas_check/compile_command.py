@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Sequence, TextIO
@@ -72,6 +73,7 @@ class CompileOnlyCommand:
         return False
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
+        from pallas_check.report.console import display_for
         from pallas_check.runner import Verdict, one_line, script_traceback
         from pallas_check.tpu_compile.stage import compile_recorded
 
@@ -92,7 +94,9 @@ class CompileOnlyCommand:
             self.script, [g.value for g in self.generations], script_seconds,
             [_call_row(c, result.by_call.get(c.index, {}) if result else {}) for c in calls],
             findings, int(code), outcome.error if not outcome.ok else None, internal)
-        text = render_json_or_table(report, fmt, report_dict, render_table)
+        display = display_for(sys.stdout if to_stdout else None)
+        text = render_json_or_table(report, fmt, report_dict,
+                                    lambda r, stream: render_table(r, stream, display))
         summary = (f"{len(findings)} failure(s) in {len(calls)} pallas_call(s) x"
                    f" {len(self.generations)} generation(s)")
         return Verdict(text, code, summary, internal,
@@ -147,42 +151,65 @@ def vmem_text(entry: dict[str, Any]) -> str:
     return text
 
 
-def render_table(report: CompileReport, stream: TextIO) -> None:
-    from rich.console import Console
+def render_table(report: CompileReport, stream: TextIO, display: Any = None) -> None:
+    """Calls x generations as a table when every cell fits whole at the display's width,
+    else one line per call and generation (`path:line: call N kernel on v5e: ...`)."""
     from rich.table import Table
     from rich.text import Text
 
-    from pallas_check.report.paths import display_path
+    from pallas_check.report.console import Display
+    from pallas_check.report.paths import display_path, project_root
+    from pallas_check.report.table import fits, print_wrapped, unbroken_column
 
-    console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
-    table = Table(title=f"pallas_calls compiled for {', '.join(report.generations)}"
-                  " (libtpu, no TPU)", title_justify="left", expand=True)
-    for col in ("call", "kernel", "where", "tpu", "result", "VMEM scoped / limit",
-                "compile s"):
-        table.add_column(col, overflow="fold")
+    console = (display if display is not None else Display()).console(stream)
+    root = project_root(report.script)
+    title = f"pallas_calls compiled for {', '.join(report.generations)} (libtpu, no TPU)"
+    rows = []
     for call in report.calls:
         for generation, entry in call["compiled"].items():
             status = entry["status"] + (f" {entry['error_code']}" if entry["error_code"]
                                         else "")
-            table.add_row(str(call["index"]), call["kernel"], f"{display_path(call['file'])}:{call['line']}",
-                          generation, status, vmem_text(entry),
-                          f"{entry['compile_seconds']:.2f}")
-    console.print(table)
+            rows.append([str(call["index"]), call["kernel"],
+                         f"{display_path(call['file'], root)}:{call['line']}", generation,
+                         status, vmem_text(entry), f"{entry['compile_seconds']:.2f}"])
+    table = Table(title=title, title_justify="left")
+    for col, header in enumerate(("call", "kernel", "where", "tpu", "result",
+                                  "VMEM scoped / limit", "compile s")):
+        unbroken_column(table, console, header, [Text(r[col]) for r in rows])
+    for row in rows:
+        table.add_row(*row)
+    if fits(console, table):
+        console.print(table)
+    else:
+        console.print(Text(title, style="bold underline"))
+        for index, kernel, where, generation, status, vmem, seconds in rows:
+            print_wrapped(console, Text(where, style="cyan") + Text(
+                f": call {index} {kernel} on {generation}: {status}"
+                + (f", VMEM {vmem}" if vmem else "") + f", compiled in {seconds} s"))
     for f in report.findings:
-        where = (f"{display_path(f.location.file)}:{f.location.line}" if f.location
+        where = (f"{display_path(f.location.file, root)}:{f.location.line}" if f.location
                  else "?")
-        console.print(Text(f"call {f.call_index}: {where}: {f.kind.value}: {f.kernel.name}"
-                           + (f" [{f.buffer}]" if f.buffer else "") + f": {f.message}"),
-                      soft_wrap=True)
+        print_wrapped(console, Text(f"{where}: {f.kind.value}: {f.kernel.name}"
+                                    + (f" [{f.buffer}]" if f.buffer else "")
+                                    + f": {' '.join(f.message.split())} (call {f.call_index})"))
+    _print_compile_end(console, report)
+
+
+def _print_compile_end(console: Any, report: CompileReport) -> None:
+    """The script's stop, our own error and the summary line."""
+    from rich.text import Text
+
+    from pallas_check.report.table import print_wrapped
+
     if report.script_error:
-        console.print(Text(f"note: the script stopped: {report.script_error} (compile"
-                           " answers every pallas_call with zeros; checks of its results"
-                           " may fail; calls after that point were not compiled)",
-                           style="yellow"), soft_wrap=True)
+        print_wrapped(console, Text(f"note: the script stopped: {report.script_error} (compile"
+                                    " answers every pallas_call with zeros; checks of its"
+                                    " results may fail; calls after that point were not"
+                                    " compiled)", style="yellow"))
     if report.internal_error:
-        console.print(Text(f"pallas-check error: {report.internal_error}", style="red"),
-                      soft_wrap=True)
+        print_wrapped(console, Text(f"pallas-check error: {report.internal_error}",
+                                    style="red"))
     failures = len(report.findings)
-    console.print(Text(f"pallas-check: {len(report.calls)} pallas_call(s) compiled for"
-                       f" {len(report.generations)} generation(s): {failures} failure(s)",
-                       style="bold red" if failures else "bold green"))
+    print_wrapped(console, Text(f"pallas-check: {len(report.calls)} pallas_call(s) compiled"
+                                f" for {len(report.generations)} generation(s): {failures}"
+                                " failure(s)", style="bold red" if failures else "bold green"))

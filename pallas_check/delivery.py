@@ -26,12 +26,6 @@ def write_stdout(text: str, stream: TextIO | None = None) -> None:
     stream.flush()
 
 
-def stdout_encodes_unicode() -> bool:
-    """Whether stdout can show box-drawing characters (else reports use ASCII)."""
-    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
-    return encoding.startswith("utf")
-
-
 def deliver(text: str, output: Path | None, *, summary: str, shows_traceback: bool,
             traceback_text: str | None, error: str | None,
             stdout: TextIO | None = None) -> bool:

@@ -37,6 +37,9 @@ class SourceFrame:
     line: int
     function: str
     code: str = ""
+    # 1-based column of the expression (Python's code positions), 0 when unknown; not part
+    # of a frame's identity, so findings on one line still merge as before.
+    column: int = field(default=0, compare=False)
 
     def short(self) -> str:
         return f"{self.file}:{self.line}"

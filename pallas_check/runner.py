@@ -8,6 +8,7 @@ import io
 import os
 import re
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
@@ -102,8 +103,8 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
-        from pallas_check.delivery import stdout_encodes_unicode
         from pallas_check.execfile import ScriptOutcome
+        from pallas_check.report.console import display_for
 
         session = self.session
         session.finish()
@@ -136,8 +137,8 @@ class CheckCommand:
             script_args=tuple(self.args), suppressed=kept.suppressed,
             trace=str(self.trace_shown) if trace_written else None)
         buffer = io.StringIO()
-        reporter_for(fmt, ascii_only=to_stdout and not stdout_encodes_unicode(),
-                     width=terminal_width() if to_stdout else None).render(report, buffer)
+        reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
+            report, buffer)
         suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
         return Verdict(buffer.getvalue(), code,
                        f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
@@ -308,17 +309,6 @@ def _script_stdout(fmt: str, output: Path | None) -> Iterator[None]:
         yield
 
 
-def terminal_width() -> int:
-    """Columns of the terminal stdout is (or `COLUMNS`); 120 when it is no terminal."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns
-    except (OSError, AttributeError, ValueError):
-        return 120
-
-
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 MAX_ERROR_CHARS = 400
 
@@ -334,7 +324,10 @@ def short_error(message: str) -> str:
     line = one_line(message)
     if len(line) <= MAX_ERROR_CHARS or os.environ.get("PALLAS_CHECK_DEBUG"):
         return line
-    return line[:MAX_ERROR_CHARS].rstrip() + " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    more = " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
+    # (a first word longer than the limit leaves only the placeholder: cut inside it)
+    return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import linecache
 import os
 from typing import Any
@@ -32,9 +33,20 @@ def _is_user_file(path: str) -> bool:
     return not any(part in path for part in _EXCLUDED_PARTS)
 
 
-def _frame(file: str, line: int, function: str) -> SourceFrame:
+def _frame(file: str, line: int, function: str, column: int = 0) -> SourceFrame:
     code = linecache.getline(file, line).strip() if line > 0 else ""
-    return SourceFrame(file=file, line=line, function=function, code=code)
+    return SourceFrame(file=file, line=line, function=function, code=code, column=column)
+
+
+def _column(raw: Any, i: int) -> int:
+    """1-based column of frame i's instruction (its code's positions; `raw` is the
+    traceback's (codes, last instructions)), 0 when unknown."""
+    try:
+        codes, lastis = raw
+        position = next(itertools.islice(codes[i].co_positions(), lastis[i] // 2, None))
+    except (AttributeError, IndexError, TypeError, ValueError, StopIteration):
+        return 0
+    return position[2] + 1 if position[2] is not None else 0
 
 
 @functools.lru_cache(maxsize=65536)
@@ -42,11 +54,15 @@ def _user_frames_cached(traceback: Any, limit: int) -> tuple[SourceFrame, ...]:
     frames: list[SourceFrame] = []
     if traceback is None:
         return ()
-    for tb_frame in traceback.frames:
+    raw = None
+    for i, tb_frame in enumerate(traceback.frames):
         path = tb_frame.file_name
         if not _is_user_file(path):
             continue
-        frames.append(_frame(path, tb_frame.line_num, tb_frame.function_name))
+        if raw is None:
+            raw = traceback.raw_frames() if hasattr(traceback, "raw_frames") else ()
+        frames.append(_frame(path, tb_frame.line_num, tb_frame.function_name,
+                             _column(raw, i)))
         if len(frames) >= limit:
             break
     return tuple(frames)

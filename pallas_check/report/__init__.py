@@ -18,14 +18,15 @@ class Reporter(Protocol):
 FORMATS = ("table", "json", "sarif", "text")  # the names `--format` accepts
 
 
-def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None) -> Reporter:
-    """The reporter of a format name ('table', 'json', 'sarif', 'text'). ascii_only and
-    width describe where a table will be shown (a terminal that cannot draw boxes, its
-    columns); the machine formats ignore them."""
+def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None,
+                 display: Any = None) -> Reporter:
+    """The reporter of a format name ('table', 'json', 'sarif', 'text'). `display`
+    (report.console.Display: width, colours, boxes), ascii_only and width describe where a
+    table will be shown; the other formats ignore them."""
     if fmt == "table":
         from pallas_check.report.table import TableReporter
 
-        return TableReporter(ascii_only=ascii_only, width=width)
+        return TableReporter(ascii_only=ascii_only, width=width, display=display)
     if fmt == "text":
         from pallas_check.report.text import TextReporter
 

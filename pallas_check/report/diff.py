@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
+from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pallas_check.report.table import print_failures
+from pallas_check.report.console import Display
+from pallas_check.report.paths import display_path, project_root
+from pallas_check.report.table import (INDENT, MIN_MESSAGE_WIDTH, fits, print_failures,
+                                       print_wrapped, unbroken_column)
 
 from pallas_check import __version__
 
@@ -75,51 +78,103 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def render_table(report: Any, stream: TextIO) -> None:
-    try:
-        width = os.get_terminal_size(stream.fileno()).columns
-    except (OSError, AttributeError, ValueError):
-        width = 140
-    console = Console(file=stream, width=max(100, width), highlight=False, soft_wrap=False)
+def _rows(report: Any) -> tuple[list[tuple[Any, Any]], int]:
+    """(call, output or None for a call not compared) in order, and how many matching
+    outputs are left out (beyond MATCHING_ROWS rows only mismatches are listed)."""
     rows = [(c, o) for c in report.calls for o in c.outputs] + \
            [(c, None) for c in report.calls if c.error]
     rows.sort(key=lambda r: (r[0].index, r[0].device, -1 if r[1] is None else r[1].output))
-    show_matching = len(rows) <= MATCHING_ROWS
+    if len(rows) <= MATCHING_ROWS:
+        return rows, 0
+    kept = [(c, o) for c, o in rows if o is None or o.mismatches]
+    return kept, len(rows) - len(kept)
+
+
+def _first(o: Any) -> str:
+    """The first mismatching elements (index: ours vs theirs), one a line, and the note."""
+    first = "\n".join(f"{list(m.index)}: {m.ours} vs {m.theirs}"
+                      for m in o.first[:TABLE_FIRST])
+    if o.mismatches > TABLE_FIRST:
+        first += "\n…"
+    if o.note:
+        first = (first + "\n" if first else "") + o.note
+    return first
+
+
+def _count(o: Any) -> Text:
+    return Text(f"{o.mismatches} of {o.size}" if o.mismatches else "0",
+                style="bold red" if o.mismatches else "green")
+
+
+def _table(console: Console, report: Any, rows: list[tuple[Any, Any]], root: Path,
+           title: str) -> Table:
+    """The diff as a table whose cells keep their content whole (see report/table.py)."""
+    cells: list[list[Text]] = []
+    for c, o in rows:
+        call = Text(f"{c.index}" + (f" (device {c.device})" if c.device else ""))
+        kernel = Text(f"{c.kernel}\n{display_path(c.file, root)}:{c.line}")
+        if o is None:
+            cells.append([call, kernel, Text(""), Text(""), Text(""),
+                          Text("not compared", style="bold red"), Text(""), Text(""),
+                          Text(c.error or "")])
+            continue
+        cells.append([call, kernel, Text(o.name), Text(str(tuple(o.shape))), Text(o.dtype),
+                      _count(o), Text(_fmt(o.max_abs)), Text(_fmt(o.max_rel)),
+                      Text(_first(o))])
+    table = Table(title=title, title_justify="left", show_lines=True, expand=True)
+    headers = ("call", "kernel", "output", "shape", "dtype", "mismatches", "max abs",
+               "max rel")
+    for col, header in enumerate(headers):
+        unbroken_column(table, console, header, [r[col] for r in cells])
+    longest_word = max((len(w) for r in cells for w in r[8].plain.split()), default=0)
+    table.add_column("first mismatches (index: ours vs theirs)",
+                     min_width=max(MIN_MESSAGE_WIDTH, longest_word), overflow="fold",
+                     ratio=1)  # the room a wide terminal has left goes to this column
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
+def _print_blocks(console: Console, rows: list[tuple[Any, Any]], root: Path,
+                  title: str) -> None:
+    """One block per output, `path:line: call N kernel: output ...`, for a narrow terminal."""
+    console.print(Text(title, style="bold underline"))
+    for c, o in rows:
+        device = f" (device {c.device})" if c.device else ""
+        head = (Text(f"{display_path(c.file, root)}:{c.line}", style="cyan")
+                + Text(f": call {c.index}{device} {c.kernel}: "))
+        if o is None:
+            print_wrapped(console, head + Text("not compared", style="bold red")
+                          + Text(f": {c.error or ''}"))
+            continue
+        head += Text(f"output {o.name} (shape {tuple(o.shape)}, {o.dtype}): ")
+        if not o.mismatches:
+            print_wrapped(console, head + Text("all match", style="green"))
+            continue
+        print_wrapped(console, head + _count(o) + Text(f" differ, max abs {_fmt(o.max_abs)},"
+                                                       f" max rel {_fmt(o.max_rel)}"))
+        for line in _first(o).splitlines():
+            print_wrapped(console, Text(line), indent=INDENT)
+
+
+def render_table(report: Any, stream: TextIO, display: Display | None = None) -> None:
+    console = (display if display is not None else Display()).console(stream)
+    root = project_root(report.script)
+    rows, hidden = _rows(report)
     tol = ("per dtype" if report.rtol is None and report.atol is None
            else f"rtol={report.rtol}, atol={report.atol}")
-    table = Table(title=f"pallas-check diff: ours vs {report.against} ({tol})",
-                  title_justify="left", show_lines=True, expand=True)
-    for col in ("call", "kernel", "output", "shape", "dtype", "mismatches", "max abs",
-                "max rel", "first mismatches (index: ours vs theirs)"):
-        table.add_column(col, overflow="fold")
-    hidden = 0
-    for c, o in rows:
-        call = f"{c.index}" + (f" (device {c.device})" if c.device else "")
-        kernel = f"{c.kernel}\n{os.path.basename(c.file)}:{c.line}"
-        if o is None:
-            table.add_row(call, kernel, "", "", "", Text("not compared", style="bold red"),
-                          "", "", Text(c.error or ""))
-            continue
-        if not o.mismatches and not show_matching:
-            hidden += 1
-            continue
-        count = Text(f"{o.mismatches} of {o.size}" if o.mismatches else "0",
-                     style="bold red" if o.mismatches else "green")
-        first = "\n".join(f"{list(m.index)}: {m.ours} vs {m.theirs}"
-                          for m in o.first[:TABLE_FIRST])
-        if o.mismatches > TABLE_FIRST:
-            first += "\n…"
-        if o.note:
-            first = (first + "\n" if first else "") + o.note
-        table.add_row(call, kernel, o.name, str(tuple(o.shape)), o.dtype, count,
-                      _fmt(o.max_abs), _fmt(o.max_rel), first)
+    title = f"pallas-check diff: ours vs {report.against} ({tol})"
     if rows:
-        console.print(table)
+        table = _table(console, report, rows, root, title)
+        if fits(console, table):
+            console.print(table)
+        else:
+            _print_blocks(console, rows, root, title)
     if hidden:
         console.print(Text(f"{hidden} matching output(s) not shown.", style="dim"))
     if report.findings:
-        console.print(Text(f"Our run also reported {report.findings} finding(s);"
-                           f" `pallas-check run` shows them.", style="yellow"))
+        print_wrapped(console, Text(f"Our run also reported {report.findings} finding(s);"
+                                    f" `pallas-check run` shows them.", style="yellow"))
     print_failures(console, report.user_error, report.user_traceback,
                    report.internal_error)
     outputs = sum(len(c.outputs) for c in report.calls)
@@ -128,16 +183,17 @@ def render_table(report: Any, stream: TextIO) -> None:
                f" (ours vs {report.against})")
     if report.partial:
         summary += " (partial: the run did not finish)"
-    console.print(Text("pallas-check: ", style="bold")
+    print_wrapped(console, Text("pallas-check: ", style="bold")
                   + Text(summary, style="bold red" if bad else "bold green"))
 
 
-def render(report: Any, fmt: str, stream: TextIO) -> None:
+def render(report: Any, fmt: str, stream: TextIO, display: Display | None = None) -> None:
+    """The diff report in `fmt`; `display` says where a table is shown (width, colours)."""
     if fmt == "json":
         json.dump(diff_dict(report), stream, indent=2, default=str)
         stream.write("\n")
     elif fmt == "table":
-        render_table(report, stream)
+        render_table(report, stream, display)
     else:
         raise ValueError(f"unknown report format {fmt!r}")
 

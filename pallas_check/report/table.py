@@ -1,19 +1,30 @@
-"""Rich tables for a terminal: one table per finding kind, with the user's source line."""
+"""The report for people: a table per finding kind when the terminal is wide enough for
+every cell at its content's width, else one block per finding (ruff / rustc style).
+
+No cell is ever squeezed below its content: file:line, a buffer's range, a grid point and
+the headers are never folded, and a message is wrapped only between words. The width a
+table needs is measured (rich's `Measurement` of each column's narrowest content); when it
+does not fit, each finding is a block whose headline is `path:line: kind: message`, then
+its kernel, source line, caller, the accesses involved and a `note: replay:` line.
+"""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from collections import defaultdict
+from pathlib import Path
 from typing import TextIO
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
+from pallas_check.report.console import Display
 from pallas_check.report.model import RunReport, replay_command, suppressed_text
-from pallas_check.report.paths import display_path, display_text
+from pallas_check.report.paths import display_path, display_text, project_root
 
 _TITLES = {
     FindingKind.OUT_OF_BOUNDS: "Out-of-bounds accesses",
@@ -28,60 +39,80 @@ _TITLES = {
     FindingKind.COMPILE_ERROR: "TPU compile errors",
     FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
 }
+LOCATION = "cyan"
+KIND = "bold red"
+DIM = "dim"
+INDENT = 4  # a block's lines under its headline
+MIN_MESSAGE_WIDTH = 24  # narrower than this, a table's message column is a word a line
 
 
+def fits(console: Console, table: Table) -> bool:
+    """Whether `table` can be drawn at the console's width with no column below its
+    narrowest content (measured as rich measures it, at any width)."""
+    needed = Measurement.get(console, console.options.update_width(10_000), table).minimum
+    return needed <= console.width
 
-def _where(frame: SourceFrame | None) -> Text:
-    """file:line only; the source line itself is printed under the table, unwrapped."""
-    if frame is None:
-        return Text("?")
-    return Text(f"{display_path(frame.file)}:{frame.line}", style="cyan")
+
+def unbroken_column(table: Table, console: Console, header: str,
+                    cells: list[RenderableType], **kwargs: object) -> None:
+    """A column whose cells are never wrapped nor folded: as wide as its widest cell."""
+    wide = console.options.update_width(10_000)
+    width = max(Measurement.get(console, wide, c).maximum for c in [Text(header), *cells])
+    table.add_column(header, no_wrap=True, min_width=width, **kwargs)  # type: ignore[arg-type]
 
 
-def _print_source(console: Console, index: int, f: Finding) -> None:
-    """`#n file:line` and the user's source line, never folded, so it can be copied."""
-    frame = f.location
-    if frame is None:
-        return
-    console.print(Text(f"  #{index} ", style="bold") + _where(frame), soft_wrap=True)
-    if frame.code:
-        console.print(Text(f"      {frame.code}", style="bold"), soft_wrap=True)
+def print_wrapped(console: Console, text: Text, indent: int = 0, hang: int = INDENT) -> None:
+    """`text` wrapped between words at the console's width, its first line `indent`
+    columns in, the others `indent + hang` (a word wider than the line is folded)."""
+    width = max(20, console.width - indent - hang)
+    lines = text.wrap(console, width, overflow="fold")
+    for i, line in enumerate(lines):
+        line.rstrip()
+        console.print(Text(" " * (indent + (hang if i else 0))) + line, soft_wrap=True)
+
+
+@dataclasses.dataclass
+class _Shown:
+    """What the report's findings are shown with: the paths' root, the report's facts."""
+
+    report: RunReport
+    root: Path
+
+    def path(self, file: str) -> str:
+        return display_path(file, self.root)
+
+    def text(self, message: str) -> str:
+        return display_text(message, self.root)
+
+    def where(self, frame: SourceFrame | None) -> Text:
+        if frame is None:
+            return Text("?")
+        return Text.styled(f"{self.path(frame.file)}:{frame.line}", LOCATION)
+
+    def message(self, f: Finding) -> str:
+        """The finding's message, with in how many explored schedules it appeared."""
+        message = self.text(" ".join(f.message.split()))
+        schedules = f.details.get("schedules")
+        if schedules:
+            message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
+        return message
 
 
 def _buffer(f: Finding) -> str:
     return f.buffer + format_range(f.index_range)
 
 
-def _message(f: Finding) -> str:
-    """The finding's message, with in how many explored schedules it appeared."""
-    message = display_text(f.message)
-    schedules = f.details.get("schedules")
-    if schedules:
-        message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
-    return message
-
-
-def _row(index: int, f: Finding) -> list[Text | str]:
-    buffer = _buffer(f)
-    if f.memory_space:
-        buffer += f"\n({f.memory_space})"
-    grid = "" if f.grid_point is None else str(tuple(f.grid_point))
-    count = f"×{f.count}" if f.count > 1 else ""
-    return [str(index), f"{f.kernel.name}\ncall {f.call_index}", buffer, grid,
-            _where(f.location), Text(_message(f)), count]
-
-
 class TableReporter:
-    def __init__(self, ascii_only: bool = False, width: int | None = None) -> None:
-        self.ascii_only = ascii_only
-        self.width = width  # the columns of the terminal it is shown on (None: a file)
+    def __init__(self, ascii_only: bool = False, width: int | None = None,
+                 display: Display | None = None) -> None:
+        display = display if display is not None else Display()
+        self.display = dataclasses.replace(
+            display, ascii_only=ascii_only or display.ascii_only,
+            width=width if width is not None else display.width)
 
     def render(self, report: RunReport, stream: TextIO) -> None:
-        width = self.width if self.width is not None else _width(stream)
-        console = Console(file=stream, width=max(60, width), highlight=False,
-                          soft_wrap=False, emoji=False, legacy_windows=False)
-        call_sites = {c.index: c.call_site for c in report.calls
-                      if getattr(c, "call_site", None) is not None}
+        console = self.display.console(stream)
+        shown = _Shown(report, project_root(report.script))
         groups: dict[FindingKind, list[Finding]] = defaultdict(list)
         for f in report.findings:
             groups[f.kind].append(f)
@@ -92,81 +123,127 @@ class TableReporter:
                 continue
             first = n + 1
             n += len(items)
-            if width >= WIDE:
-                console.print(self._table(kind, items, first, width))
+            table = self._table(console, shown, kind, items, first)
+            if fits(console, table):
+                console.print(table)
+                for index, f in enumerate(items, start=first):
+                    console.print(Text.styled(f"  #{index} ", "bold") + shown.where(f.location),
+                                  soft_wrap=True)
+                    _print_details(console, shown, f)
             else:
-                _print_blocks(console, kind, items, first)
-            for index, f in enumerate(items, start=first):
-                _print_source(console, index, f)
-                site = call_sites.get(f.call_index)
-                if site is not None:
-                    console.print(Text("      called from ", style="dim") + _where(site)
-                                  + Text(f"  {site.code}" if site.code else ""),
-                                  soft_wrap=True)
-                if f.accesses and kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
-                                           FindingKind.DEADLOCK):
-                    _print_accesses(console, f)
-                console.print(Text("      replay: ", style="dim")
-                                  + Text(replay_command(report.script, report.config, f.seed,
-                                                       report.rerun, report.script_args)),
-                                  soft_wrap=True)
-                if report.trace and kind in (FindingKind.RACE, FindingKind.DEADLOCK):
-                    console.print(Text("      timeline: ", style="dim")
-                                  + Text(f"open {report.trace} in ui.perfetto.dev"),
-                                  soft_wrap=True)
+                _print_blocks(console, shown, kind, items)
         _print_compiled(console, report)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
-        summary = summary_line(report)
         style = "bold green" if not report.findings else "bold red"
-        console.print(Text("pallas-check: ", style="bold") + Text(summary, style=style),
-                      soft_wrap=True)
+        print_wrapped(console, Text.styled("pallas-check: ", "bold")
+                      + Text.styled(summary_line(report), style))
 
-
-    def _table(self, kind: FindingKind, items: list[Finding], first: int,
-               width: int) -> Table:
+    def _table(self, console: Console, shown: _Shown, kind: FindingKind,
+               items: list[Finding], first: int) -> Table:
         table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
                       show_lines=True, expand=True,
-                      box=box.ASCII if self.ascii_only else box.HEAVY_HEAD)
-        # Flexible (ratio) columns ignore min_width in rich: the kernel column is sized by
-        # its content (never narrower than its header), folded only when very long.
-        name_width = min(24, max(len("kernel"), *(len(f.kernel.name) for f in items)))
-        # file:line and the buffer's range are not folded mid-token: their columns are as
-        # wide as their longest entry (within reason).
-        where_width = min(max(20, width // 3),
-                          max(len(_where(f.location).plain) for f in items))
-        buffer_width = min(max(16, width // 4),
-                           max(len("buffer"), *(len(_buffer(f)) for f in items)))
-        for col, ratio in (("#", 0), ("kernel", 0), ("buffer", 2), ("grid point", 1),
-                           ("where", 3), ("what", 5), ("count", 0)):
-            fixed = {"kernel": name_width, "where": where_width,
-                     "buffer": buffer_width}.get(col)
-            table.add_column(col, ratio=None if fixed else ratio or None,
-                             overflow="fold", min_width=fixed, max_width=fixed)
-        for index, f in enumerate(items, start=first):
-            table.add_row(*_row(index, f))
+                      box=box.ASCII if self.display.ascii_only else box.HEAVY_HEAD)
+        rows = [_row(shown, index, f) for index, f in enumerate(items, start=first)]
+        for col, header in enumerate(("#", "kernel", "buffer", "grid point", "where")):
+            unbroken_column(table, console, header, [r[col] for r in rows])
+        longest_word = max(len(word) for r in rows for word in r[5].plain.split() or [""])
+        table.add_column("what", min_width=max(MIN_MESSAGE_WIDTH, longest_word),
+                         overflow="fold", ratio=1)
+        unbroken_column(table, console, "count", [r[6] for r in rows])
+        for row in rows:
+            table.add_row(*row)
         return table
 
 
-WIDE = 110  # narrower terminals get one block per finding instead of a table
+def _row(shown: _Shown, index: int, f: Finding) -> list[Text]:
+    buffer = _buffer(f) + (f"\n({f.memory_space})" if f.memory_space else "")
+    grid = "" if f.grid_point is None else str(tuple(f.grid_point))
+    count = f"×{f.count}" if f.count > 1 else ""
+    return [Text(str(index)), Text(f"{f.kernel.name}\ncall {f.call_index}"), Text(buffer),
+            Text(grid), shown.where(f.location), Text(shown.message(f)), Text(count)]
 
 
-def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
-                  first: int) -> None:
-    """Findings for a narrow terminal: a heading line per finding, then its message."""
-    console.print(Text(f"{_TITLES[kind]} ({len(items)})", style="bold"))
-    for index, f in enumerate(items, start=first):
-        head = Text(f"#{index} ", style="bold") + _where(f.location) + Text(
-            f"  {f.kernel.name} (call {f.call_index})  {_buffer(f)}")
-        if f.memory_space:
-            head += Text(f" ({f.memory_space})")
+def headline(shown: _Shown, f: Finding) -> Text:
+    """`path:line: kind: message (×N)`, as compilers and linters print a diagnostic."""
+    frame = f.location
+    where = (shown.where(frame) if frame is not None else
+             Text.styled(f"{shown.path(f.kernel.file)}:{f.kernel.line}" if f.kernel.file
+                  else shown.path(shown.report.script), LOCATION))
+    count = f" (×{f.count})" if f.count > 1 else ""
+    return (where + Text(": ") + Text.styled(f.kind.value, KIND) + Text(": ")
+            + Text(shown.message(f) + count))
+
+
+def _print_blocks(console: Console, shown: _Shown, kind: FindingKind,
+                  items: list[Finding]) -> None:
+    """One block per finding: the headline, then what the table's columns would say."""
+    console.print(Text(f"{_TITLES[kind]} ({len(items)})", style="bold underline"))
+    for f in items:
+        console.print()
+        print_wrapped(console, headline(shown, f))
+        facts = [f"kernel {f.kernel.name} (call {f.call_index})"]
+        if f.buffer:
+            facts.append(f"buffer {_buffer(f)}" + (f" ({f.memory_space})" if f.memory_space
+                                                   else ""))
         if f.grid_point is not None:
-            head += Text(f"  grid point {tuple(f.grid_point)}")
-        if f.count > 1:
-            head += Text(f"  ×{f.count}")
-        console.print(head)
-        console.print(Text(_message(f)), overflow="fold")
+            facts.append(f"grid point {tuple(f.grid_point)}")
+        _print_facts(console, facts)
+        _print_details(console, shown, f)
     console.print()
+
+
+def _print_facts(console: Console, facts: list[str]) -> None:
+    """`kernel k (call 0), buffer b[0:8] (VMEM), grid point (1,)`: a line break goes
+    between two facts, never inside one."""
+    line = ""
+    for fact in facts:
+        candidate = f"{line}, {fact}" if line else fact
+        if line and INDENT + len(candidate) + 1 > console.width:
+            console.print(Text.styled(" " * INDENT + line + ",", DIM), soft_wrap=True)
+            candidate = fact
+        line = candidate
+    console.print(Text.styled(" " * INDENT + line, DIM), soft_wrap=True)
+
+
+def _print_details(console: Console, shown: _Shown, f: Finding) -> None:
+    """The source line, the call site, the accesses involved and how to replay it."""
+    report = shown.report
+    frame = f.location
+    if frame is not None and frame.code:
+        gutter = f"{frame.line} | "
+        console.print(Text.styled(" " * INDENT + gutter, DIM) + Text.styled(frame.code, "bold"),
+                      soft_wrap=True)
+    site = next((c.call_site for c in report.calls if c.index == f.call_index
+                 and getattr(c, "call_site", None) is not None), None)
+    if site is not None:
+        print_wrapped(console, Text.styled("called from ", DIM) + shown.where(site)
+                      + Text(f": {site.code}" if site.code else ""), indent=INDENT)
+    if f.accesses and f.kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
+                                 FindingKind.DEADLOCK):
+        _print_accesses(console, shown, f)
+    replay = replay_command(report.script, report.config, f.seed, report.rerun,
+                            report.script_args)
+    print_wrapped(console, Text.styled("note: ", "bold") + Text("replay: " + replay),
+                  indent=INDENT)
+    if report.trace and f.kind in (FindingKind.RACE, FindingKind.DEADLOCK):
+        print_wrapped(console, Text.styled("note: ", "bold")
+                      + Text(f"timeline: open {report.trace} in ui.perfetto.dev"),
+                      indent=INDENT)
+
+
+def _print_accesses(console: Console, shown: _Shown, f: Finding) -> None:
+    labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
+    for i, a in enumerate(f.accesses):
+        label = labels[i] if i < len(labels) else ""
+        where = a.frames[0] if a.frames else None
+        grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
+        line = Text(shown.text(f"{label}{a.operation} {a.buffer}{format_range(a.index_range)}"
+                               f" by {a.actor}{grid}: "))
+        line += shown.where(where)
+        if where is not None and where.code:
+            line += Text(f": {where.code}")
+        print_wrapped(console, line, indent=INDENT, hang=INDENT + 2)
 
 
 def _print_compiled(console: Console, report: RunReport) -> None:
@@ -175,7 +252,7 @@ def _print_compiled(console: Console, report: RunReport) -> None:
     calls = [c for c in report.calls if getattr(c, "compiled", None)]
     if not calls:
         return
-    console.print(Text("VMEM per call and TPU generation (--compile):", style="bold"))
+    console.print(Text.styled("VMEM per call and TPU generation (--compile):", "bold"))
     for call in calls:
         parts = []
         for generation, entry in call.compiled.items():
@@ -188,8 +265,8 @@ def _print_compiled(console: Console, report: RunReport) -> None:
             if entry.get("vmem_scratch_bytes"):
                 text += f" + scratch {_mib(entry['vmem_scratch_bytes'])}"
             parts.append(text)
-        console.print(Text(f"  call {call.index} {call.kernel}: " + "; ".join(parts)),
-                      soft_wrap=True)
+        print_wrapped(console, Text(f"call {call.index} {call.kernel}: " + "; ".join(parts)),
+                      indent=2)
 
 
 def _mib(nbytes: int | None) -> str:
@@ -222,30 +299,9 @@ def print_failures(console: Console, user_error: str | None, user_traceback: str
                    internal_error: str | None) -> None:
     """The script's failure (with its traceback) and pallas-check's own, if any."""
     if user_error:
-        console.print(Text("The script failed: ", style="bold red") + Text(user_error),
-                      soft_wrap=True)
+        print_wrapped(console, Text.styled("The script failed: ", "bold red") + Text(user_error))
         if user_traceback:
             console.print(Text(user_traceback.rstrip()), soft_wrap=True)
     if internal_error:
-        console.print(Text("pallas-check error: ", style="bold red") + Text(internal_error),
-                      soft_wrap=True)
-
-
-def _print_accesses(console: Console, f: Finding) -> None:
-    console.print(Text(f"  {f.kind.value} in {f.kernel.name}: accesses involved", style="dim"))
-    labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
-    for i, a in enumerate(f.accesses):
-        label = labels[i] if i < len(labels) else ""
-        where = a.frames[0] if a.frames else None
-        loc = f"{display_path(where.file)}:{where.line}  {where.code}" if where else "?"
-        grid = f" at grid point {tuple(a.grid_point)}" if a.grid_point is not None else ""
-        console.print(display_text(
-            f"    {label}{a.operation} {a.buffer}{format_range(a.index_range)} by {a.actor}"
-            f"{grid}: {loc}"), highlight=False, markup=False, soft_wrap=True)
-
-
-def _width(stream: TextIO) -> int:
-    try:
-        return os.get_terminal_size(stream.fileno()).columns
-    except (OSError, AttributeError, ValueError):
-        return 120  # a file or a pipe: wide enough for the columns, narrow enough to read
+        print_wrapped(console, Text.styled("pallas-check error: ", "bold red")
+                      + Text(internal_error))

@@ -1,33 +1,49 @@
-"""One line per finding, `path:line: kind: message`, for editors, grep and quickfix lists."""
+"""One line per finding, `path:line[:column]: kind: message`, for editors, grep and quickfix lists,
+each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes), and a
+last `pallas-check: N findings in M pallas_calls` line (the only line of a clean run)."""
 
 from __future__ import annotations
 
 from typing import TextIO
 
-from pallas_check.findings import format_range
-from pallas_check.report.model import RunReport, suppressed_text
-from pallas_check.report.paths import display_path, display_text
+from pallas_check.findings import Finding, format_range
+from pallas_check.report.model import RunReport, replay_command, suppressed_text
+from pallas_check.report.paths import display_path, display_text, project_root
 
 
 class TextReporter:
     def render(self, report: RunReport, stream: TextIO) -> None:
+        from pallas_check.report.table import summary_line
+
+        root = project_root(report.script)
+        script = display_path(report.script, root)
         for f in report.findings:
-            frame = f.location
-            where = f"{display_path(frame.file)}:{frame.line}" if frame else (
-                f"{display_path(f.kernel.file)}:{f.kernel.line}" if f.kernel.file
-                else display_path(report.script))
+            where = _where(f, root, script)
             buffer = f" [{f.buffer}{format_range(f.index_range)}]" if f.buffer else ""
             count = f" (x{f.count})" if f.count > 1 else ""
-            message = display_text(" ".join(f.message.split()))
+            message = display_text(" ".join(f.message.split()), root)
             stream.write(f"{where}: {f.kind.value}: {f.kernel.name}{buffer}: {message}"
                          f"{count}\n")
+            replay = replay_command(report.script, report.config, f.seed, report.rerun,
+                                    report.script_args)
+            stream.write(f"{where}: note: replay: {replay}\n")
         if report.suppressed:  # "k.py: suppressed: 3 findings (inline 2, baseline 1)"
             count, _, parts = suppressed_text(report).partition(" suppressed ")
             noun = "finding" if count == "1" else "findings"
-            stream.write(f"{display_path(report.script)}: suppressed: {count} {noun}"
-                         f" {parts}\n")
+            stream.write(f"{script}: suppressed: {count} {noun} {parts}\n")
         if report.user_error:
-            stream.write(f"{display_path(report.script)}: script-failed: {report.user_error}\n")
+            stream.write(f"{script}: script-failed: {report.user_error}\n")
         if report.internal_error:
-            stream.write(f"{display_path(report.script)}: pallas-check-error:"
-                         f" {report.internal_error}\n")
+            stream.write(f"{script}: pallas-check-error: {report.internal_error}\n")
+        stream.write(f"pallas-check: {summary_line(report)}\n")
+
+
+def _where(f: Finding, root: object, script: str) -> str:
+    """`path:line[:column]` of the finding (its kernel's definition, else the script)."""
+    frame = f.location
+    if frame is not None:
+        return (f"{display_path(frame.file, root)}:{frame.line}"  # type: ignore[arg-type]
+                + (f":{frame.column}" if frame.column else ""))
+    if f.kernel.file:
+        return f"{display_path(f.kernel.file, root)}:{f.kernel.line}"  # type: ignore[arg-type]
+    return script
