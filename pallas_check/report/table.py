@@ -11,6 +11,7 @@ its kernel, source line, caller, the accesses involved and a `note: replay:` lin
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import TextIO
@@ -63,13 +64,28 @@ def unbroken_column(table: Table, console: Console, header: str,
 
 def print_wrapped(console: Console, text: Text, indent: int = 0, hang: int = INDENT) -> None:
     """`text` wrapped between words at the console's width, its first line `indent`
-    columns in, the others `indent + hang` (a word wider than the line is folded)."""
+    columns in, the others `indent + hang`. A word wider than the line (a long path, a
+    `file.py:LINE` location) stays whole and runs past the width, as compilers print it:
+    split, it could not be clicked, copied or grepped."""
     width = max(20, console.width - indent - hang)
-    lines = text.wrap(console, width, overflow="fold")
+    lines = text.divide(_line_starts(text.plain, width))
     for i, line in enumerate(lines):
         line.rstrip()
         console.print(Text(" " * (indent + (hang if i else 0))) + line, soft_wrap=True)
 
+
+
+def _line_starts(plain: str, width: int) -> list[int]:
+    """Where greedy word wrapping at `width` starts each new line of `plain` (rich's own
+    wrap either folds a long word or does not wrap at all)."""
+    starts, column = [], 0
+    for word in re.finditer(r"\S+\s*", plain):
+        length = len(word.group().rstrip())
+        if column and column + length > width:
+            starts.append(word.start())
+            column = 0
+        column += len(word.group())
+    return starts
 
 @dataclasses.dataclass
 class _Shown:
@@ -136,8 +152,9 @@ class TableReporter:
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         style = "bold green" if not report.findings else "bold red"
-        print_wrapped(console, Text.styled("pallas-check: ", "bold")
-                      + Text.styled(summary_line(report), style))
+        # The summary is one line whatever the width: CI logs and scripts grep for it.
+        console.print(Text.styled("pallas-check: ", "bold")
+                      + Text.styled(summary_line(report), style), soft_wrap=True)
 
     def _table(self, console: Console, shown: _Shown, kind: FindingKind,
                items: list[Finding], first: int) -> Table:
