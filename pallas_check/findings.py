@@ -162,6 +162,14 @@ class FindingStore:
         for finding in findings:
             self.add(finding)
 
+    def discard(self, drop: Any) -> int:
+        """Remove the findings `drop(finding)` is true of; how many were removed."""
+        with self._lock:
+            keys = [key for key, finding in self._by_key.items() if drop(finding)]
+            for key in keys:
+                del self._by_key[key]
+        return len(keys)
+
     def all(self) -> list[Finding]:
         """Findings in a stable order: by call, then kind, then source location."""
         with self._lock:

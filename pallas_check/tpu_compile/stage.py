@@ -123,8 +123,17 @@ def compile_session(session: Any) -> None:
     if recorder is None:
         return
     result = compile_recorded(recorder.calls, parse_generations(session.config.tpu))
+    # The compiler's verdict replaces the engine's own reckoning of the same overflow
+    # (engine/capacity.py): its numbers are the compiler's.
+    verdicts = {(f.call_index, f.details.get("generation")) for f in result.findings
+                if f.kind == FindingKind.VMEM_EXCEEDED}
+    replaced = [f for f in session.store.all() if f.details.get("reckoned")
+                and (f.call_index, f.details.get("generation")) in verdicts]
+    session.store.discard(lambda f: any(f is r for r in replaced))
     session.store.extend(result.findings)
     per_call: dict[int, int] = {}
+    for finding in replaced:
+        per_call[finding.call_index] = per_call.get(finding.call_index, 0) - 1
     for finding in result.findings:
         per_call[finding.call_index] = per_call.get(finding.call_index, 0) + 1
     for summary in session.calls:

@@ -1,0 +1,172 @@
+"""Simulated VMEM and SMEM are bounded as a TPU's are (engine/capacity.py): a call that no
+chip of `--tpu` could run (over the scoped VMEM limit, the chip's VMEM or its SMEM) is a
+`vmem-exceeded` finding at the pallas_call line, is not simulated (nothing of it is
+allocated), and the run goes on. Capacities and limits: JAX's tpu_info.py and libtpu
+(16 MiB default scoped VMEM on v5e, 32 MiB on v6e, 1 MiB SMEM)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pallas_check.exitcodes import ExitCode
+
+MIB = 1024 * 1024
+ROW = 512  # bytes of one (1, 128) f32 row
+
+# Each argument is one call: ROWS:LIMIT:SPACE (LIMIT 0: no vmem_limit_bytes).
+_SCRIPT = textwrap.dedent('''\
+    import resource
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+
+    def vmem_kernel(x_ref, o_ref, s_ref):
+        s_ref[0:8, :] = x_ref[...] + 1
+        o_ref[...] = s_ref[0:8, :]
+
+
+    def smem_kernel(x_ref, o_ref, s_ref):
+        s_ref[0] = 3
+        o_ref[...] = x_ref[...] + s_ref[0].astype(jnp.float32)
+
+
+    def call(x, rows, limit, space):
+        kernel, scratch = ((smem_kernel, pltpu.SMEM((rows,), jnp.int32)) if space == "smem"
+                           else (vmem_kernel, pltpu.VMEM((rows, 128), jnp.float32)))
+        params = pltpu.CompilerParams(vmem_limit_bytes=limit) if limit else None
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[scratch], compiler_params=params)(x)
+
+
+    if __name__ == "__main__":
+        x = jnp.ones((8, 128), jnp.float32)
+        for spec in sys.argv[1:]:
+            rows, limit, space = spec.split(":")
+            y = np.asarray(call(x, int(rows), int(limit), space))
+            print(spec, "nan" if np.isnan(y).all() else float(y[0, 0]))
+        print("maxrss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+''')
+CALL_LINE = next(i for i, line in enumerate(_SCRIPT.splitlines(), 1)
+                 if "pl.pallas_call(" in line)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "capacity.py"
+    path.write_text(_SCRIPT)
+    return path
+
+
+def _spec(nbytes: int, limit: int = 0, space: str = "vmem") -> str:
+    rows = nbytes // (4 if space == "smem" else ROW)
+    return f"{rows}:{limit}:{space}"
+
+
+def _printed(output: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in output.splitlines()
+                if line.count(":") == 2 and " " in line)
+
+
+def test_64_gib_and_1_gib_scratch_under_an_address_space_cap(script, tmp_path):
+    """Before: 64 GiB of scratch was a MemoryError (exit 4), 1 GiB was allocated and
+    reported clean. Now both are vmem-exceeded at the pallas_call line, neither is
+    allocated (peak RSS stays far below 1 GiB), and the call after them is checked."""
+    report = tmp_path / "report.json"
+    # The cap is set by the child itself before JAX starts (ulimit -v 8000000).
+    capped = ("import resource, runpy, sys; cap = 8000000 * 1024;"
+              " resource.setrlimit(resource.RLIMIT_AS, (cap, cap));"
+              " sys.argv = ['pallas-check', *sys.argv[1:]];"
+              " runpy.run_module('pallas_check', run_name='__main__')")
+    specs = [_spec(64 * 1024 * MIB), _spec(1024 * MIB), _spec(8 * ROW)]
+    proc = subprocess.run(
+        [sys.executable, "-c", capped, "run", "--format", "json", "-o", str(report),
+         str(script), "--", *specs], capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.FINDINGS, output
+    assert "MemoryError" not in output
+    data = json.loads(report.read_text())
+    assert len(data["calls"]) == 3 and not any(c["failed"] for c in data["calls"])
+    findings = data["findings"]
+    assert [(f["kind"], f["call_index"], f["buffer"], f["memory_space"],
+             f["frames"][0]["line"]) for f in findings] == [
+        ("vmem-exceeded", 0, "s_ref", "VMEM", CALL_LINE),
+        ("vmem-exceeded", 1, "s_ref", "VMEM", CALL_LINE)]
+    huge, big = findings
+    assert huge["details"]["used_bytes"] == 64 * 1024 * MIB + 2 * 4096
+    assert huge["details"]["available_bytes"] == 128 * MIB  # v5e's VMEM
+    assert huge["details"]["simulated"] is False
+    assert huge["message"].startswith("v5e: 64.00 GiB of VMEM needed, 128.00 MiB available"
+                                      " (over the chip's VMEM); largest allocations:"
+                                      " scratch s_ref 64.00 GiB")
+    assert "not simulated: its outputs are filled with NaN" in huge["message"]
+    assert big["details"]["available_bytes"] == 128 * MIB
+    printed = _printed(proc.stdout)
+    assert printed[specs[0]] == printed[specs[1]] == "nan"  # the fill, as the finding says
+    assert printed[specs[2]] == "2.0"  # the run went on: the next call simulated
+    maxrss = int(proc.stdout.split("maxrss_kib ")[1].split()[0]) * 1024
+    assert maxrss < 1024 * MIB, maxrss
+
+
+def test_scoped_vmem_limit_and_vmem_limit_bytes(cli, script):
+    """v5e's default scoped VMEM is 16 MiB: a kernel needing exactly that is clean, one
+    tile more is vmem-exceeded (libtpu: E1001); vmem_limit_bytes=32 MiB lets 20 MiB in,
+    and 20 MiB over a raised limit of 18 MiB is still refused."""
+    blocks = 2 * 4096  # x_ref and o_ref, one (8, 128) f32 tile each
+    specs = [_spec(16 * MIB - blocks), _spec(16 * MIB - blocks + 8 * ROW),
+             _spec(20 * MIB, 32 * MIB), _spec(20 * MIB, 18 * MIB), _spec(8 * ROW)]
+    result = cli("run", str(script), "--", *specs)
+    assert result.exit_code == ExitCode.FINDINGS, result.output
+    got = [(f["kind"], f["call_index"], f["details"]["used_bytes"],
+            f["details"]["available_bytes"], f["frames"][0]["line"]) for f in result.findings]
+    assert got == [("vmem-exceeded", 1, 16 * MIB + 8 * ROW, 16 * MIB, CALL_LINE),
+                   ("vmem-exceeded", 3, 20 * MIB + blocks, 18 * MIB, CALL_LINE)]
+    assert "over the default scoped VMEM limit; raise it with pltpu.CompilerParams(" \
+        "vmem_limit_bytes=...)" in result.findings[0]["message"]
+    assert "over the call's vmem_limit_bytes" in result.findings[1]["message"]
+    printed = _printed(result.output)
+    assert [printed[s] for s in specs] == ["2.0", "nan", "2.0", "nan", "2.0"]
+
+
+def test_a_call_that_fits_one_generation_is_simulated(cli, script):
+    """20 MiB: over v5e's 16 MiB scoped VMEM, inside v6e's 32 MiB. Alone on v5e it is not
+    simulated; with `--tpu v5e,v6e` it is (as on v6e) and v5e's overflow reported; on
+    v6e alone it is clean."""
+    spec = _spec(20 * MIB)
+    both = cli("run", "--tpu", "v5e,v6e", str(script), "--", spec)
+    assert both.exit_code == ExitCode.FINDINGS, both.output
+    (finding,) = both.findings
+    assert finding["details"]["generation"] == "v5e" and finding["details"]["simulated"]
+    assert finding["message"].endswith("simulated as on v6e")
+    assert _printed(both.output)[spec] == "2.0"
+    v6e = cli("run", "--tpu", "v6e", str(script), "--", spec)
+    assert v6e.exit_code == 0 and v6e.findings == [], v6e.output
+
+
+def test_smem_is_bounded_by_the_chips(cli, script):
+    """SMEM is 1 MiB on every generation: 2 MiB of SMEM scratch is refused (libtpu: "Ran
+    out of memory in memory space smem"), 64 KiB is clean, and the run goes on."""
+    specs = [_spec(2 * MIB, space="smem"), _spec(64 * 1024, space="smem"), _spec(8 * ROW)]
+    result = cli("run", str(script), "--", *specs)
+    assert result.exit_code == ExitCode.FINDINGS, result.output
+    (finding,) = result.findings
+    assert (finding["kind"], finding["call_index"], finding["memory_space"],
+            finding["buffer"], finding["frames"][0]["line"]) == (
+        "vmem-exceeded", 0, "SMEM", "s_ref", CALL_LINE)
+    assert finding["details"]["used_bytes"] == 2 * MIB
+    assert finding["details"]["available_bytes"] == MIB
+    assert finding["message"].startswith("v5e: 2.00 MiB of SMEM needed, 1.00 MiB available"
+                                         " (over the chip's SMEM)")
+    printed = _printed(result.output)
+    assert [printed[s] for s in specs] == ["nan", "4.0", "2.0"]
