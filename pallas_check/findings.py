@@ -26,7 +26,7 @@ class FindingKind(str, enum.Enum):
     DEADLOCK = "deadlock"
     UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
     COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
-    VMEM_EXCEEDED = "vmem-exceeded"  # --compile: the kernel does not fit the chip's VMEM
+    VMEM_EXCEEDED = "vmem-exceeded"  # the kernel does not fit the chip's VMEM or SMEM
 
 
 @dataclass(frozen=True, order=True)

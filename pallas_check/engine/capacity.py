@@ -100,8 +100,8 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
     largest = over.allocations[:LARGEST]
     names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
     if simulated_on is None:
-        filled = "NaN (integers: their maximum)" if fill == "nan" else "zeros"
-        outcome = (f"not simulated: its outputs are filled with {filled}"
+        filled = "NaN" if fill == "nan" else "zeros"
+        outcome = (f"not simulated: its outputs hold the --uninit fill ({filled})"
                    + (", aliased outputs keep their inputs" if aliased else ""))
     else:
         outcome = f"simulated as on {simulated_on.value}"

@@ -26,7 +26,7 @@ _TITLES = {
     FindingKind.DEADLOCK: "Deadlocks",
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
     FindingKind.COMPILE_ERROR: "TPU compile errors (--compile)",
-    FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
+    FindingKind.VMEM_EXCEEDED: "VMEM/SMEM overflows (the kernel does not fit the TPU)",
 }
 
 
