@@ -79,20 +79,26 @@ def _printed(output: str) -> dict[str, str]:
                 if line.count(":") == 2 and " " in line)
 
 
+def _capped_run(script: Path, report: Path, options: list[str],
+                specs: list[str]) -> subprocess.CompletedProcess:
+    """`pallas-check run` in a child under `ulimit -v 8000000` (set by the child itself
+    before JAX starts: no preexec_fn in this process, which runs JAX's threads)."""
+    capped = ("import resource, runpy, sys; cap = 8000000 * 1024;"
+              " resource.setrlimit(resource.RLIMIT_AS, (cap, cap));"
+              " sys.argv = ['pallas-check', *sys.argv[1:]];"
+              " runpy.run_module('pallas_check', run_name='__main__')")
+    return subprocess.run(
+        [sys.executable, "-c", capped, "run", "--format", "json", "-o", str(report),
+         *options, str(script), "--", *specs], capture_output=True, text=True, timeout=600)
+
+
 def test_64_gib_and_1_gib_scratch_under_an_address_space_cap(script, tmp_path):
     """Before: 64 GiB of scratch was a MemoryError (exit 4), 1 GiB was allocated and
     reported clean. Now both are vmem-exceeded at the pallas_call line, neither is
     allocated (peak RSS stays far below 1 GiB), and the call after them is checked."""
     report = tmp_path / "report.json"
-    # The cap is set by the child itself before JAX starts (ulimit -v 8000000).
-    capped = ("import resource, runpy, sys; cap = 8000000 * 1024;"
-              " resource.setrlimit(resource.RLIMIT_AS, (cap, cap));"
-              " sys.argv = ['pallas-check', *sys.argv[1:]];"
-              " runpy.run_module('pallas_check', run_name='__main__')")
     specs = [_spec(64 * 1024 * MIB), _spec(1024 * MIB), _spec(8 * ROW)]
-    proc = subprocess.run(
-        [sys.executable, "-c", capped, "run", "--format", "json", "-o", str(report),
-         str(script), "--", *specs], capture_output=True, text=True, timeout=300)
+    proc = _capped_run(script, report, [], specs)
     output = proc.stdout + proc.stderr
     assert proc.returncode == ExitCode.FINDINGS, output
     assert "MemoryError" not in output
@@ -170,3 +176,109 @@ def test_smem_is_bounded_by_the_chips(cli, script):
                                          " (over the chip's SMEM)")
     printed = _printed(result.output)
     assert [printed[s] for s in specs] == ["nan", "4.0", "2.0"]
+
+
+def test_with_compile_the_compilers_verdict_replaces_the_reckoning(script, tmp_path):
+    """`--compile` on 64 GiB of scratch: before, the simulation's MemoryError (exit 4)
+    came first and the compiler's vmem-exceeded was never reached. Now the call is not
+    simulated, and the compiler's finding (libtpu: over the chip's VMEM) is the one
+    reported, saying the call was not simulated; the next call compiles and runs."""
+    report = tmp_path / "report.json"
+    specs = [_spec(64 * 1024 * MIB), _spec(8 * ROW)]
+    proc = _capped_run(script, report, ["--compile", "--tpu", "v5e"], specs)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.FINDINGS, output
+    assert "MemoryError" not in output
+    data = json.loads(report.read_text())
+    (finding,) = data["findings"]
+    assert (finding["kind"], finding["call_index"], finding["buffer"],
+            finding["frames"][0]["line"]) == ("vmem-exceeded", 0, "s_ref", CALL_LINE)
+    assert "reckoned" not in finding["details"]  # the compiler's own numbers
+    assert finding["details"]["available_bytes"] == 128 * MIB
+    assert finding["details"]["simulated"] is False
+    assert finding["message"].endswith("not simulated: its outputs hold the --uninit fill"
+                                       " (NaN)")
+    assert [c["findings"] for c in data["calls"]] == [1, 0]
+    assert [c["compiled"]["v5e"]["status"] for c in data["calls"]] == ["vmem-exceeded", "ok"]
+    assert _printed(proc.stdout)[specs[1]] == "2.0"
+
+
+_BLOCKS = textwrap.dedent('''\
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    ROWS = 10240  # a (10240, 128) f32 block: 5 MiB
+
+
+    def copy_kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+
+    def copy(x, steps):
+        spec = pl.BlockSpec((ROWS, 128), lambda i: (i, 0))
+        return pl.pallas_call(copy_kernel, grid=(steps,), in_specs=[spec], out_specs=spec,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+    def scoped_kernel(x_ref, o_ref):
+        def body(big_ref):
+            big_ref[0:8, :] = x_ref[...] + 1
+            o_ref[...] = big_ref[0:8, :]
+
+        pl.run_scoped(body, pltpu.VMEM((40960, 128), jnp.float32))  # 20 MiB
+
+
+    def scoped(x):
+        return pl.pallas_call(scoped_kernel,
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+
+
+    def aliased_kernel(x_ref, o_ref, s_ref):
+        s_ref[0:8, :] = x_ref[...]
+        o_ref[...] = s_ref[0:8, :] + 1
+
+
+    def aliased(x):
+        return pl.pallas_call(
+            aliased_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((65536, 128), jnp.float32)],  # 32 MiB
+            input_output_aliases={0: 0})(x)
+
+
+    if __name__ == "__main__":
+        one = np.asarray(copy(jnp.ones((ROWS, 128), jnp.float32), 1))
+        two = np.asarray(copy(jnp.ones((2 * ROWS, 128), jnp.float32), 2))
+        small = jnp.full((8, 128), 5.0, jnp.float32)
+        print("one", float(one[0, 0]), "two", "nan" if np.isnan(two).all() else two[0, 0])
+        print("scoped", "nan" if np.isnan(np.asarray(scoped(small))).all() else "ran")
+        print("aliased", float(np.asarray(aliased(small))[0, 0]))
+''')
+
+
+def test_blocks_double_buffered_run_scoped_and_aliased_outputs(cli, tmp_path):
+    """Two 5 MiB blocks fit v5e's 16 MiB in one grid step and not double-buffered over
+    two; a 20 MiB pl.run_scoped allocation is reckoned too; an over-capacity call whose
+    output is aliased to its input returns that input."""
+    path = tmp_path / "blocks.py"
+    path.write_text(_BLOCKS)
+    lines = _BLOCKS.splitlines()
+    call_lines = [i for i, line in enumerate(lines, 1) if "pl.pallas_call(" in line]
+    result = cli("run", str(path))
+    assert result.exit_code == ExitCode.FINDINGS, result.output
+    got = [(f["call_index"], f["buffer"], f["details"]["used_bytes"],
+            f["frames"][0]["line"]) for f in result.findings]
+    assert got == [(1, "x_ref", 20 * MIB, call_lines[0]),
+                   (2, "big_ref", 20 * MIB + 4096 * 2, call_lines[1]),
+                   (3, "s_ref", 32 * MIB + 4096 * 2, call_lines[2])], result.findings
+    allocations = result.findings[0]["details"]["allocations"]
+    assert [(a["name"], a["what"], a["nbytes"]) for a in allocations] == [
+        ("x_ref", "block (double-buffered)", 10 * MIB),
+        ("o_ref", "block (double-buffered)", 10 * MIB)]
+    assert "aliased outputs keep their inputs" in result.findings[2]["message"]
+    assert "one 2.0 two nan" in result.output
+    assert "scoped nan" in result.output and "aliased 5.0" in result.output

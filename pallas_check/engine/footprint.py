@@ -147,7 +147,10 @@ def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
                     subs.append(inner)
         if eqn.primitive.name == "run_scoped" and subs:
             body = subs[0]
-            names = kernel_arg_names(body)
+            # Named as the engine names them (engine/rules.py, _run_scoped).
+            info = list(getattr(getattr(body, "debug_info", None), "arg_names", None) or ())
+            names = [info[i] if i < len(info) and info[i] else f"scoped[{i}]"
+                     for i in range(len(body.invars))]
             for var, name in zip(body.invars, names):
                 array = _array_of(var.aval)
                 if array is not None and in_space(var.aval):

@@ -171,7 +171,7 @@ def _print_blocks(console: Console, kind: FindingKind, items: list[Finding],
 
 def _print_compiled(console: Console, report: RunReport) -> None:
     """`--compile`: each call's VMEM per TPU generation (scoped use of the scoped limit,
-    plus scratch), or why it did not build, so the headroom shows before it is gone."""
+    scratch included), or why it did not build, so the headroom shows before it is gone."""
     calls = [c for c in report.calls if getattr(c, "compiled", None)]
     if not calls:
         return
@@ -186,7 +186,7 @@ def _print_compiled(console: Console, report: RunReport) -> None:
             text = (f"{generation} {_mib(entry['vmem_scoped_bytes'])} of"
                     f" {_mib(entry['vmem_scoped_limit_bytes'])}")
             if entry.get("vmem_scratch_bytes"):
-                text += f" + scratch {_mib(entry['vmem_scratch_bytes'])}"
+                text += f" (scratch {_mib(entry['vmem_scratch_bytes'])} of it)"
             parts.append(text)
         console.print(Text(f"  call {call.index} {call.kernel}: " + "; ".join(parts)),
                       soft_wrap=True)
