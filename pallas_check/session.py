@@ -182,13 +182,13 @@ class Session:
                                              kernel, call_site)
             # Checked against the chips of --tpu before anything is allocated: a call no
             # chip could run is reported and not simulated (engine/capacity.py).
-            refusal = capacity.check(params, self.config, kernel, index, call_site)
-            self.store.extend(refusal.findings)
-            if not refusal.simulated:
+            fits = capacity.check(params, self.config, kernel, index, call_site)
+            self.store.extend(fits.findings)
+            if not fits.simulated:
                 outputs = capacity.unsimulated_outputs(params, device_operands,
                                                        self.config.uninit.value, results)
                 self._record(index, kernel, params, device_operands, started,
-                             len(refusal.findings), mesh, call_site)
+                             len(fits.findings), mesh, call_site)
                 return outputs
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
@@ -223,7 +223,7 @@ class Session:
                 self.timelines.append(result.timeline)
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
-                     len(result.findings) + len(refusal.findings), mesh, call_site)
+                     len(result.findings) + len(fits.findings), mesh, call_site)
         return result.outputs
 
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,

@@ -147,14 +147,14 @@ def test_scoped_vmem_limit_and_vmem_limit_bytes(cli, script):
 
 def test_a_call_that_fits_one_generation_is_simulated(cli, script):
     """20 MiB: over v5e's 16 MiB scoped VMEM, inside v6e's 32 MiB. Alone on v5e it is not
-    simulated; with `--tpu v5e,v6e` it is (as on v6e) and v5e's overflow reported; on
+    simulated; with `--tpu v5e,v6e` it is (it fits v6e) and v5e's overflow reported; on
     v6e alone it is clean."""
     spec = _spec(20 * MIB)
     both = cli("run", "--tpu", "v5e,v6e", str(script), "--", spec)
     assert both.exit_code == ExitCode.FINDINGS, both.output
     (finding,) = both.findings
     assert finding["details"]["generation"] == "v5e" and finding["details"]["simulated"]
-    assert finding["message"].endswith("simulated as on v6e")
+    assert finding["message"].endswith("simulated (it fits v6e)")
     assert _printed(both.output)[spec] == "2.0"
     v6e = cli("run", "--tpu", "v6e", str(script), "--", spec)
     assert v6e.exit_code == 0 and v6e.findings == [], v6e.output

@@ -67,7 +67,7 @@ def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
 
 
 @dataclasses.dataclass
-class Refusal:
+class CapacityCheck:
     """A call checked against the chips of `--tpu`: its findings, and whether it is
     simulated."""
 
@@ -76,7 +76,7 @@ class Refusal:
 
 
 def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
-          call_site: SourceFrame | None) -> Refusal:
+          call_site: SourceFrame | None) -> CapacityCheck:
     """The call's capacity findings for every generation of `config.tpu`; simulated
     unless it fits none of them."""
     generations = parse_generations(config.tpu)
@@ -90,7 +90,7 @@ def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
     aliased = bool(params.get("input_output_aliases"))
     findings = [_finding(over, kernel, call_index, frame, simulated_on, fill, aliased)
                 for found in per_generation.values() for over in found]
-    return Refusal(findings, simulated_on is not None)
+    return CapacityCheck(findings, simulated_on is not None)
 
 
 def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
@@ -104,7 +104,7 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
         outcome = (f"not simulated: its outputs hold the --uninit fill ({filled})"
                    + (", aliased outputs keep their inputs" if aliased else ""))
     else:
-        outcome = f"simulated as on {simulated_on.value}"
+        outcome = f"simulated (it fits {simulated_on.value})"
     message = (f"{generation}: {footprint.format_bytes(over.needed)} of {over.space} needed,"
                f" {footprint.format_bytes(over.available)} available ({over.reason});"
                f" largest allocations: {names}; {outcome}")
