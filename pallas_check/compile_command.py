@@ -138,8 +138,8 @@ def report_dict(report: CompileReport) -> dict[str, Any]:
 
 
 def vmem_text(entry: dict[str, Any]) -> str:
-    """`3.02 MiB / 16.00 MiB (+ scratch 1.00 MiB)`: the compiler's scoped VMEM use of the
-    scoped limit, and the scratch operands XLA allocates beside it."""
+    """`3.02 MiB / 16.00 MiB (scratch 1.00 MiB of it)`: the compiler's scoped VMEM use of
+    the scoped limit, and how much of it the scratch operands take."""
     from pallas_check.tpu_compile.footprint import format_bytes
 
     scoped = entry.get("vmem_scoped_bytes")
@@ -147,7 +147,7 @@ def vmem_text(entry: dict[str, Any]) -> str:
         return ""
     text = f"{format_bytes(scoped)} / {format_bytes(entry['vmem_scoped_limit_bytes'])}"
     if entry.get("vmem_scratch_bytes"):
-        text += f" (+ scratch {format_bytes(entry['vmem_scratch_bytes'])})"
+        text += f" (scratch {format_bytes(entry['vmem_scratch_bytes'])} of it)"
     return text
 
 

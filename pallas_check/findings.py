@@ -26,7 +26,7 @@ class FindingKind(str, enum.Enum):
     DEADLOCK = "deadlock"
     UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
     COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
-    VMEM_EXCEEDED = "vmem-exceeded"  # --compile: the kernel does not fit the chip's VMEM
+    VMEM_EXCEEDED = "vmem-exceeded"  # the kernel does not fit the chip's VMEM or SMEM
 
 
 @dataclass(frozen=True, order=True)
@@ -164,6 +164,14 @@ class FindingStore:
     def extend(self, findings: Iterable[Finding]) -> None:
         for finding in findings:
             self.add(finding)
+
+    def discard(self, drop: Any) -> int:
+        """Remove the findings `drop(finding)` is true of; how many were removed."""
+        with self._lock:
+            keys = [key for key, finding in self._by_key.items() if drop(finding)]
+            for key in keys:
+                del self._by_key[key]
+        return len(keys)
 
     def all(self) -> list[Finding]:
         """Findings in a stable order: by call, then kind, then source location."""

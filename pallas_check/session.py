@@ -167,6 +167,7 @@ class Session:
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.checkers import CHECKERS
+        from pallas_check.engine import capacity
         from pallas_check.engine.evaluate import EngineBug, KernelError
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
@@ -179,6 +180,16 @@ class Session:
             if self.compile_recorder is not None:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
+            # Checked against the chips of --tpu before anything is allocated: a call no
+            # chip could run is reported and not simulated (engine/capacity.py).
+            fits = capacity.check(params, self.config, kernel, index, call_site)
+            self.store.extend(fits.findings)
+            if not fits.simulated:
+                outputs = capacity.unsimulated_outputs(params, device_operands,
+                                                       self.config.uninit.value, results)
+                self._record(index, kernel, params, device_operands, started,
+                             len(fits.findings), mesh, call_site)
+                return outputs
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
             from pallas_check.engine.backend import engine_device
@@ -212,8 +223,8 @@ class Session:
             with self._lock:
                 self.timelines.append(result.timeline)
         _return_freed_memory()
-        self._record(index, kernel, params, device_operands, started, len(result.findings),
-                     mesh, call_site)
+        self._record(index, kernel, params, device_operands, started,
+                     len(result.findings) + len(fits.findings), mesh, call_site)
         return result.outputs
 
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,

@@ -96,10 +96,12 @@ RULES: dict[FindingKind, tuple[str, str, str]] = {
         " array of indices) and skips the call."),
     FindingKind.VMEM_EXCEEDED: (
         "VmemExceeded",
-        "The kernel needs more VMEM than this TPU generation has for it.",
+        "The kernel needs more VMEM (or SMEM) than this TPU generation has for it.",
         "Blocks (double-buffered), scratch and the compiler's own scratch together exceed"
-        " the scoped VMEM limit or the chip's VMEM. Use smaller blocks, or raise the limit"
-        " with pltpu.CompilerParams(vmem_limit_bytes=...) where the chip has room."),
+        " the scoped VMEM limit or the chip's VMEM (or SMEM: scalar prefetch and SMEM"
+        " scratch exceed the chip's). A call that fits no generation of --tpu is not"
+        " simulated. Use smaller blocks, or raise the limit with"
+        " pltpu.CompilerParams(vmem_limit_bytes=...) where the chip has room."),
 }
 
 

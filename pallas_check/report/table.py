@@ -38,7 +38,7 @@ _TITLES = {
     FindingKind.DEADLOCK: "Deadlocks",
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
     FindingKind.COMPILE_ERROR: "TPU compile errors",
-    FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
+    FindingKind.VMEM_EXCEEDED: "VMEM/SMEM overflows (the kernel does not fit the TPU)",
 }
 LOCATION = "cyan"
 KIND = "bold red"
@@ -265,7 +265,7 @@ def _print_accesses(console: Console, shown: _Shown, f: Finding) -> None:
 
 def _print_compiled(console: Console, report: RunReport) -> None:
     """`--compile`: each call's VMEM per TPU generation (scoped use of the scoped limit,
-    plus scratch), or why it did not build, so the headroom shows before it is gone."""
+    scratch included), or why it did not build, so the headroom shows before it is gone."""
     calls = [c for c in report.calls if getattr(c, "compiled", None)]
     if not calls:
         return
@@ -280,7 +280,7 @@ def _print_compiled(console: Console, report: RunReport) -> None:
             text = (f"{generation} {_mib(entry['vmem_scoped_bytes'])} of"
                     f" {_mib(entry['vmem_scoped_limit_bytes'])}")
             if entry.get("vmem_scratch_bytes"):
-                text += f" + scratch {_mib(entry['vmem_scratch_bytes'])}"
+                text += f" (scratch {_mib(entry['vmem_scratch_bytes'])} of it)"
             parts.append(text)
         print_wrapped(console, Text(f"call {call.index} {call.kernel}: " + "; ".join(parts)),
                       indent=2)

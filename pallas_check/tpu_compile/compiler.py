@@ -21,16 +21,10 @@ from typing import Any
 from pallas_check.config import TpuGeneration
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
-from pallas_check.tpu_compile.footprint import Allocation, allocations, scratch_bytes
-
-MIB = 1024 * 1024
-# VMEM per TensorCore, as libtpu 0.0.42 reports it ("would exceed memory (size=...)").
-VMEM_CAPACITY = {TpuGeneration.V5E: 128 * MIB, TpuGeneration.V5P: 64 * MIB,
-                 TpuGeneration.V6E: 128 * MIB, TpuGeneration.V7X: 64 * MIB}
-# The default limit of a kernel's scoped VMEM (CompilerParams(vmem_limit_bytes=...) sets
-# another), as libtpu 0.0.42 applies it.
-SCOPED_VMEM_LIMIT = {TpuGeneration.V5E: 16 * MIB, TpuGeneration.V5P: 16 * MIB,
-                     TpuGeneration.V6E: 32 * MIB, TpuGeneration.V7X: 32 * MIB}
+# One reckoning of capacities and limits, shared with the engine (engine/footprint.py).
+from pallas_check.engine.footprint import (  # noqa: F401  (re-exported)
+    MIB, SCOPED_VMEM_LIMIT, VMEM_CAPACITY, Allocation, allocations, scoped_limit,
+    scratch_bytes)
 
 _USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
 
@@ -56,12 +50,15 @@ class CompileOutcome:
 
     @property
     def used_bytes(self) -> int | None:
-        """VMEM the kernel takes: the compiler's scoped VMEM plus the scratch operands."""
+        """VMEM the kernel takes: the compiler's scoped VMEM, its scratch operands included
+        (libtpu 0.0.42: 10 MiB of live scratch and a 5 MiB block use 15.7 MiB of scoped
+        VMEM; a scratch operand the kernel never reads is dropped by Mosaic and takes
+        none)."""
         if self.diagnosis is not None and self.diagnosis.used_bytes is not None:
             return self.diagnosis.used_bytes
         if self.scoped_bytes is None:
             return None
-        return self.scoped_bytes + self.scratch_bytes
+        return self.scoped_bytes
 
     def summary(self) -> dict[str, Any]:
         """The call's line in a report for this generation."""
@@ -86,16 +83,6 @@ def _params_key(params: dict) -> Any:
         return key
     except TypeError:  # an unhashable parameter: the call object itself
         return ("id", id(params))
-
-
-def scoped_limit(params: dict, generation: TpuGeneration) -> int:
-    compiler_params = params.get("compiler_params")
-    if isinstance(compiler_params, dict):
-        compiler_params = compiler_params.get("mosaic_tpu") or compiler_params.get("mosaic")
-    limit = getattr(compiler_params, "vmem_limit_bytes", None)
-    if limit is None and isinstance(compiler_params, dict):
-        limit = compiler_params.get("vmem_limit_bytes")
-    return int(limit) if limit else SCOPED_VMEM_LIMIT[generation]
 
 
 def compile_call(params: dict, avals: tuple, mesh_axes: tuple,

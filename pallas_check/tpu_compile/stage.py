@@ -89,10 +89,8 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
                        available_bytes=diagnosis.available_bytes,
                        allocations=[dataclasses.asdict(a) for a in outcome.allocations])
         names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
-        # Scratch operands sit beside the scoped VMEM, not in it.
-        scoped = diagnosis.code == "E1001"
-        named = sum(a.nbytes for a in outcome.allocations
-                    if not (scoped and a.what == "scratch"))
+        # Scratch operands are part of the scoped VMEM (see CompileOutcome.used_bytes).
+        named = sum(a.nbytes for a in outcome.allocations)
         rest = (diagnosis.used_bytes or 0) - named
         message = (f"{generation}: {format_bytes(diagnosis.used_bytes or 0)} of VMEM needed,"
                    f" {format_bytes(diagnosis.available_bytes or 0)} available"
@@ -129,8 +127,8 @@ def compile_session(session: Any) -> None:
              if f.kind == FindingKind.COMPILE_ERROR and f.details.get("skipped")}
     result.findings[:] = [f for f in result.findings
                           if (f.call_index, f.frames[:1]) not in known]
+    per_call = _replace_reckoned(session.store, result.findings)
     session.store.extend(result.findings)
-    per_call: dict[int, int] = {}
     for finding in result.findings:
         per_call[finding.call_index] = per_call.get(finding.call_index, 0) + 1
     for summary in session.calls:
@@ -140,3 +138,23 @@ def compile_session(session: Any) -> None:
             summary.compiled = {g: {k: v for k, v in o.summary().items()
                                     if k != "compile_seconds"} for g, o in outcomes.items()}
             summary.findings += per_call.get(summary.index, 0)
+
+
+def _replace_reckoned(store: Any, findings: list[Finding]) -> dict[int, int]:
+    """The compiler's vmem-exceeded verdicts replace the engine's own reckoning of the
+    same call and generation (engine/capacity.py): their numbers are the compiler's. A
+    call the engine did not simulate says so in the compiler's finding too. Per call, how
+    many findings were removed (negative counts)."""
+    verdicts = {(f.call_index, f.details.get("generation")): f for f in findings
+                if f.kind == FindingKind.VMEM_EXCEEDED}
+    replaced = [f for f in store.all() if f.details.get("reckoned")
+                and (f.call_index, f.details.get("generation")) in verdicts]
+    store.discard(lambda f: any(f is r for r in replaced))
+    per_call: dict[int, int] = {}
+    for finding in replaced:
+        per_call[finding.call_index] = per_call.get(finding.call_index, 0) - 1
+        verdict = verdicts[(finding.call_index, finding.details.get("generation"))]
+        if finding.details.get("simulated") is False and "simulated" not in verdict.details:
+            verdict.details["simulated"] = False
+            verdict.message += "; " + finding.message.rsplit("; ", 1)[-1]
+    return per_call

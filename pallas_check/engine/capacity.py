@@ -1,0 +1,149 @@
+"""Whether a call fits the TPU it is checked for, decided before anything is allocated.
+
+A TPU refuses a kernel whose VMEM (blocks, scratch, run_scoped allocations) exceeds the
+scoped VMEM limit (the compiler's default for the generation, or the call's
+`vmem_limit_bytes`) or the chip's VMEM, or whose SMEM exceeds the chip's: such a kernel
+never runs. The engine holds every such buffer in host memory, so simulating it anyway
+would allocate as much as the kernel asks (64 GiB of scratch is a MemoryError). A call
+that fits none of the generations of `--tpu` is therefore not simulated: it is reported
+(`vmem-exceeded` at the pallas_call line, needed vs available, the largest allocations by
+name) and returns its outputs filled as never-written memory (aliased outputs keep their
+inputs), and the run goes on. A call that fits at least one generation is simulated (its
+memory is bounded by that chip's), with a finding for each generation it overflows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from pallas_check.config import Config, TpuGeneration, parse_generations
+from pallas_check.engine import footprint
+from pallas_check.engine.memory import fill_value
+from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.sourceinfo import code_line
+
+LARGEST = 3  # allocations a finding names
+
+
+@dataclasses.dataclass(frozen=True)
+class Overflow:
+    """One memory of one generation the call does not fit."""
+
+    generation: TpuGeneration
+    space: str  # "VMEM" or "SMEM"
+    needed: int
+    available: int
+    reason: str
+    allocations: tuple[footprint.Allocation, ...]
+
+
+def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
+    """What the call does not fit on `generation` (empty: it fits)."""
+    found = []
+    vmem = footprint.allocations(params)
+    needed = sum(a.nbytes for a in vmem)
+    capacity = footprint.VMEM_CAPACITY[generation]
+    limit = footprint.scoped_limit(params, generation)
+    if needed > min(limit, capacity):
+        if needed > capacity:
+            reason = "over the chip's VMEM"
+        elif footprint.vmem_limit_bytes(params):
+            reason = "over the call's vmem_limit_bytes"
+        else:
+            reason = ("over the default scoped VMEM limit; raise it with"
+                      " pltpu.CompilerParams(vmem_limit_bytes=...)")
+        available = capacity if needed > capacity else limit
+        found.append(Overflow(generation, "VMEM", needed, available, reason, tuple(vmem)))
+    smem = footprint.smem_allocations(params)
+    needed = sum(a.nbytes for a in smem)
+    if needed > footprint.SMEM_CAPACITY[generation]:
+        found.append(Overflow(generation, "SMEM", needed,
+                              footprint.SMEM_CAPACITY[generation], "over the chip's SMEM",
+                              tuple(smem)))
+    return found
+
+
+@dataclasses.dataclass
+class CapacityCheck:
+    """A call checked against the chips of `--tpu`: its findings, and whether it is
+    simulated."""
+
+    findings: list[Finding]
+    simulated: bool
+
+
+def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
+          call_site: SourceFrame | None) -> CapacityCheck:
+    """The call's capacity findings for every generation of `config.tpu`; simulated
+    unless it fits none of them."""
+    generations = parse_generations(config.tpu)
+    per_generation = {g: overflows(params, g) for g in generations}
+    fitting = [g for g, found in per_generation.items() if not found]
+    simulated_on = fitting[0] if fitting else None
+    frame = call_site or (SourceFrame(kernel.file, kernel.line, kernel.name,
+                                      code_line(kernel.file, kernel.line))
+                          if kernel.file else None)
+    fill = config.uninit.value
+    aliased = bool(params.get("input_output_aliases"))
+    findings = [_finding(over, kernel, call_index, frame, simulated_on, fill, aliased)
+                for found in per_generation.values() for over in found]
+    return CapacityCheck(findings, simulated_on is not None)
+
+
+def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
+             frame: SourceFrame | None, simulated_on: TpuGeneration | None,
+             fill: str, aliased: bool) -> Finding:
+    generation = over.generation.value
+    largest = over.allocations[:LARGEST]
+    names = ", ".join(a.describe() for a in largest) or "none of the kernel's own"
+    if simulated_on is None:
+        filled = "NaN" if fill == "nan" else "zeros"
+        outcome = (f"not simulated: its outputs hold the --uninit fill ({filled})"
+                   + (", aliased outputs keep their inputs" if aliased else ""))
+    else:
+        outcome = f"simulated (it fits {simulated_on.value})"
+    message = (f"{generation}: {footprint.format_bytes(over.needed)} of {over.space} needed,"
+               f" {footprint.format_bytes(over.available)} available ({over.reason});"
+               f" largest allocations: {names}; {outcome}")
+    # One call made again merges; the same kernel needing another amount (other shapes)
+    # is another fact, with its own numbers.
+    merge = f"{generation} {over.space} {over.needed}"
+    details: dict[str, Any] = {
+        "generation": generation, "merge": merge, "used_bytes": over.needed,
+        "available_bytes": over.available, "simulated": simulated_on is not None,
+        "reckoned": True,  # by pallas-check, not by the compiler (--compile)
+        "allocations": [dataclasses.asdict(a) for a in over.allocations]}
+    return Finding(kind=FindingKind.VMEM_EXCEEDED, message=message, kernel=kernel,
+                   call_index=call_index, buffer=largest[0].name if largest else "",
+                   memory_space=over.space, frames=(frame,) if frame is not None else (),
+                   details=details)
+
+
+def unsimulated_outputs(params: dict, device_operands: Sequence[Sequence[Any]], fill: str,
+                        results: Sequence[np.ndarray] | None = None
+                        ) -> list[list[np.ndarray]]:
+    """Per device, the outputs of a call that is not simulated: filled as never-written
+    memory is, an output aliased to an input holding that input (`results`, one device:
+    the buffers to fill in place)."""
+    gm = params["grid_mapping"]
+    bounds = gm.num_dynamic_grid_bounds
+    # input_output_aliases count operands after the dynamic grid bounds.
+    out_to_in = {o: i for i, o in (params.get("input_output_aliases") or ())}
+    outputs = []
+    for device, operands in enumerate(device_operands):
+        mine = []
+        for j, aval in enumerate(params["out_avals"]):
+            value = (np.asarray(operands[bounds + out_to_in[j]]) if j in out_to_in
+                     else fill_value(aval.dtype, fill))
+            if (results is not None and device == 0 and len(device_operands) == 1
+                    and results[j].shape == tuple(aval.shape)):
+                results[j][...] = value
+                mine.append(results[j])
+            else:
+                mine.append(np.array(np.broadcast_to(value, tuple(aval.shape)),
+                                     dtype=aval.dtype))
+        outputs.append(mine)
+    return outputs

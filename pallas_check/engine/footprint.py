@@ -1,0 +1,207 @@
+"""A call's VMEM and SMEM allocations by the kernel's own names, and what each TPU
+generation has room for: the one reckoning of a kernel's on-chip memory, used by the
+engine (a call that fits no chip of `--tpu` is not simulated, engine/capacity.py) and by
+`--compile` (the largest allocations a `vmem-exceeded` finding names; the compiler names
+its allocations by number, not by ref).
+
+Pipelined blocks are counted twice when the grid has more than one step (the Pallas TPU
+pipeline double-buffers them), once otherwise; each is padded to the TPU's (8, 128) tile
+(16 or 32 rows for 16- and 8-bit types). Operands left in HBM (`pl.ANY`) take no VMEM; SMEM
+operands (scalar prefetch, SMEM blocks and scratch) are reckoned apart, unpadded. The
+`pl.run_scoped` allocations counted are those live together at the kernel's deepest
+point. The compiler's own internal scratch cannot be named here: what this reckons is a
+lower bound of what the compiler needs, never more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterator
+
+import numpy as np
+
+from pallas_check.config import TpuGeneration
+from pallas_check.engine.call import kernel_arg_names
+
+MIB = 1024 * 1024
+# Per TensorCore, as JAX's own table has them (jax/_src/pallas/mosaic/tpu_info.py,
+# _get_tpu_info_impl: vmem_capacity_bytes, smem_capacity_bytes) and as libtpu 0.0.42
+# reports them ("Used 135.00M of 128.00M vmem", "Used 1.00M of 1.00M smem").
+VMEM_CAPACITY = {TpuGeneration.V5E: 128 * MIB, TpuGeneration.V5P: 64 * MIB,
+                 TpuGeneration.V6E: 128 * MIB, TpuGeneration.V7X: 64 * MIB}
+SMEM_CAPACITY = {generation: MIB for generation in TpuGeneration}
+# The default limit of a kernel's scoped VMEM, as libtpu 0.0.42 applies it (E1001 "limit
+# 16.00M" on v5e); pltpu.CompilerParams(vmem_limit_bytes=...) sets another (JAX passes it
+# to Mosaic as is, default None: jax/_src/pallas/mosaic/core.py, CompilerParams).
+SCOPED_VMEM_LIMIT = {TpuGeneration.V5E: 16 * MIB, TpuGeneration.V5P: 16 * MIB,
+                     TpuGeneration.V6E: 32 * MIB, TpuGeneration.V7X: 32 * MIB}
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """One VMEM (or SMEM) allocation of a call: whose it is and how many bytes."""
+
+    name: str  # the kernel's parameter name, e.g. "x_ref"
+    what: str  # "block", "block (double-buffered)", "scratch", "run_scoped", ...
+    nbytes: int
+
+    def describe(self) -> str:
+        return f"{self.what} {self.name} {format_bytes(self.nbytes)}"
+
+
+def format_bytes(nbytes: int) -> str:
+    """Bytes as people read them: 512 B, 24.0 KiB, 23.80 MiB, 64.00 GiB."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < MIB:
+        return f"{nbytes / 1024:.1f} KiB"
+    if nbytes < 1024 * MIB:
+        return f"{nbytes / MIB:.2f} MiB"
+    return f"{nbytes / (1024 * MIB):.2f} GiB"
+
+
+def tiled_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of an array in VMEM, its last two dimensions padded to whole tiles."""
+    itemsize = np.dtype(dtype).itemsize
+    dims = [int(d) for d in shape] or [1]
+    dims[-1] = -(-dims[-1] // 128) * 128
+    if len(dims) >= 2:
+        rows = 8 * max(1, 4 // itemsize)
+        dims[-2] = -(-dims[-2] // rows) * rows
+    return math.prod(dims) * itemsize
+
+
+def smem_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of an array in SMEM (32-bit words), unpadded: a lower bound."""
+    return math.prod(int(d) for d in shape) * max(4, np.dtype(dtype).itemsize)
+
+
+def _memory_space(aval: Any) -> str:
+    return str(getattr(aval, "memory_space", "")).lower()
+
+
+def _in_vmem(aval: Any) -> bool:
+    space = _memory_space(aval)
+    return not any(word in space for word in ("any", "hbm", "smem", "semaphore", "sem"))
+
+
+def _in_smem(aval: Any) -> bool:
+    return "smem" in _memory_space(aval)
+
+
+def _block_shape(bm: Any) -> tuple[int, ...]:
+    sizes = []
+    for dim in bm.block_shape:
+        size = getattr(dim, "block_size", dim)
+        sizes.append(1 if size is None or not isinstance(size, (int, np.integer))
+                     else int(size))
+    return tuple(sizes)
+
+
+def _array_of(aval: Any) -> tuple[tuple[int, ...], Any] | None:
+    """(shape, dtype) of a ref's array, None for a semaphore or another non-array."""
+    inner = getattr(aval, "inner_aval", aval)
+    if not hasattr(inner, "shape") or not hasattr(inner, "dtype"):
+        return None
+    try:
+        np.dtype(inner.dtype)
+    except TypeError:  # a semaphore type
+        return None
+    return tuple(int(d) for d in inner.shape), inner.dtype
+
+
+def _operand_allocations(params: dict, in_space: Any, size: Any) -> Iterator[Allocation]:
+    """The call's blocks and scratch in one memory space (`in_space` says which)."""
+    gm = params["grid_mapping"]
+    jaxpr = params["jaxpr"]
+    names = kernel_arg_names(jaxpr)
+    avals = [v.aval for v in jaxpr.invars]
+    steps = math.prod(int(g) if isinstance(g, (int, np.integer)) else 2 for g in gm.grid)
+    copies = 2 if steps > 1 else 1
+    what = "block (double-buffered)" if copies == 2 else "block"
+    first = gm.num_index_operands
+    for k, bm in enumerate(gm.block_mappings):
+        position = first + k
+        if position >= len(avals) or not in_space(avals[position]):
+            continue
+        nbytes = copies * size(_block_shape(bm), bm.array_aval.dtype)
+        yield Allocation(names[position], what, nbytes)
+    for position in range(len(avals) - gm.num_scratch_operands, len(avals)):
+        array = _array_of(avals[position])
+        if array is not None and in_space(avals[position]):
+            yield Allocation(names[position], "scratch", size(*array))
+
+
+def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
+    """The `pl.run_scoped` allocations live together at the deepest point of `jaxpr`
+    (one body's own allocations plus the largest of what nests in it)."""
+    best: list[Allocation] = []
+    for eqn in jaxpr.eqns:
+        own: list[Allocation] = []
+        subs = []
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    subs.append(inner)
+        if eqn.primitive.name == "run_scoped" and subs:
+            body = subs[0]
+            # Named as the engine names them (engine/rules.py, _run_scoped).
+            info = list(getattr(getattr(body, "debug_info", None), "arg_names", None) or ())
+            names = [info[i] if i < len(info) and info[i] else f"scoped[{i}]"
+                     for i in range(len(body.invars))]
+            for var, name in zip(body.invars, names):
+                array = _array_of(var.aval)
+                if array is not None and in_space(var.aval):
+                    own.append(Allocation(name, "run_scoped", size(*array)))
+        nested = max((_scoped_peak(s, in_space, size) for s in subs),
+                     key=lambda allocs: sum(a.nbytes for a in allocs), default=[])
+        if sum(a.nbytes for a in own + nested) > sum(a.nbytes for a in best):
+            best = own + nested
+    return best
+
+
+def allocations(params: dict) -> list[Allocation]:
+    """The call's VMEM allocations we can name, largest first."""
+    found = list(_operand_allocations(params, _in_vmem, tiled_bytes))
+    found += _scoped_peak(params["jaxpr"], _in_vmem, tiled_bytes)
+    return sorted(found, key=lambda a: -a.nbytes)
+
+
+def smem_allocations(params: dict) -> list[Allocation]:
+    """The call's SMEM allocations: scalar prefetch, SMEM blocks and scratch, largest
+    first."""
+    jaxpr = params["jaxpr"]
+    names = kernel_arg_names(jaxpr)
+    found = []
+    for position in range(params["grid_mapping"].num_index_operands):
+        array = _array_of(jaxpr.invars[position].aval)
+        if array is not None:
+            found.append(Allocation(names[position], "scalar prefetch", smem_bytes(*array)))
+    found += _operand_allocations(params, _in_smem, smem_bytes)
+    found += _scoped_peak(jaxpr, _in_smem, smem_bytes)
+    return sorted(found, key=lambda a: -a.nbytes)
+
+
+def scratch_bytes(params: dict) -> int:
+    """VMEM of the call's scratch operands."""
+    return sum(a.nbytes for a in allocations(params) if a.what == "scratch")
+
+
+def scoped_limit(params: dict, generation: TpuGeneration) -> int:
+    """The call's scoped VMEM limit on `generation`: its CompilerParams' vmem_limit_bytes,
+    else the compiler's default."""
+    limit = vmem_limit_bytes(params)
+    return limit if limit else SCOPED_VMEM_LIMIT[generation]
+
+
+def vmem_limit_bytes(params: dict) -> int | None:
+    """`pltpu.CompilerParams(vmem_limit_bytes=...)` of the call, None when not set."""
+    compiler_params = params.get("compiler_params")
+    if isinstance(compiler_params, dict):
+        compiler_params = compiler_params.get("mosaic_tpu") or compiler_params.get("mosaic")
+    limit = getattr(compiler_params, "vmem_limit_bytes", None)
+    if limit is None and isinstance(compiler_params, dict):
+        limit = compiler_params.get("vmem_limit_bytes")
+    return int(limit) if limit else None
