@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pallas_check.config import Config, UninitFill
-from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import debug, memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted, KernelError
 from pallas_check.engine.events import Checkers, default_checkers
@@ -43,6 +43,8 @@ class DevicesResult:
     outputs: list[list[np.ndarray]]  # per device, per output
     findings: list[Finding]
     timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
+    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
+    prints: list = dataclasses.field(default_factory=list)
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
@@ -105,7 +107,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
             finding.details["schedules"] = [seen[finding.merge_key()], tried]
     carried.clear()
     carried.update(chosen_carried)
-    return DevicesResult(result.outputs, findings, result.timeline)
+    return DevicesResult(result.outputs, findings, result.timeline, result.prints)
 
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
@@ -147,7 +149,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                   kernel, call_index, False, mesh)
         findings.extend(state.checkers.revisit_lost(state, lost)
                         for lost in _lost_revisits(state, outputs, rerun, carried))
-    return DevicesResult(outputs, findings, state.timeline)
+    return DevicesResult(outputs, findings, state.timeline, state.prints)
 
 
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
