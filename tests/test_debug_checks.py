@@ -213,3 +213,24 @@ def test_quiet_prints_records_nothing(quiet):
     with session.install():
         jax.block_until_ready(call(jnp.full((8, 128), 7, jnp.int32).astype(jnp.float32)))
     assert lines == ([] if quiet else ["[dev 0 core 0] first 7.0"])
+
+
+def test_skip_floats_judges_no_check():
+    """--skip-floats computes no float values (they read as inf): a check that may be about
+    them cannot be judged, so none is, rather than failing on values never computed."""
+    def kernel(x_ref, o_ref):
+        y = x_ref[...] * 2.0
+        pl.debug_check(jnp.all(jnp.isfinite(y)), "finite")
+        pl.debug_print("step {}", pl.program_id(0))
+        o_ref[...] = y
+
+    call = pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    lines: list[str] = []
+    session = Session(Config(skip_floats=True))
+    session.print_sink = lines.append
+    with session.install():
+        jax.block_until_ready(call(jnp.ones((16, 128), jnp.float32)))
+    assert session.findings == []
+    assert lines == ["[dev 0 core 0 (0,)] step 0", "[dev 0 core 0 (1,)] step 1"]
