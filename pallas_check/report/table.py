@@ -27,7 +27,7 @@ _TITLES = {
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
     FindingKind.COMPILE_ERROR: "TPU compile errors (--compile)",
     FindingKind.VMEM_EXCEEDED: "VMEM overflows (--compile)",
-    FindingKind.CHECK_FAILED: "The kernel's own checks that failed (pl.debug_check)",
+    FindingKind.CHECK_FAILED: "Failed kernel checks (pl.debug_check)",
 }
 
 
