@@ -234,3 +234,17 @@ def test_skip_floats_judges_no_check():
         jax.block_until_ready(call(jnp.ones((16, 128), jnp.float32)))
     assert session.findings == []
     assert lines == ["[dev 0 core 0 (0,)] step 0", "[dev 0 core 0 (1,)] step 1"]
+
+
+@pytest.mark.parametrize("args", ["--dma random --schedules 20 --races", "--dma eager --races"],
+                         ids=["random-20", "eager"])
+def test_debug_check_samples_in_every_dma_mode(cli, sample, args):
+    """The fixed sample is clean (its check holds), the bug's check fails at step 2 only,
+    whichever way DMAs land."""
+    ok = cli("run", *args.split(), sample("debug_check_ok.py"))
+    assert ok.exit_code == 0 and ok.findings == [], ok.findings
+    assert "output matches" in ok.output
+    bug = cli("run", *args.split(), sample("debug_check_bug.py"))
+    assert bug.exit_code == 1
+    assert [(f["kind"], f["grid_point"], f["count"]) for f in bug.findings] == [
+        ("check-failed", [2], 1)]
