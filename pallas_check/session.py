@@ -206,6 +206,7 @@ class Session:
             self.interrupted = True
             raise
         except KernelError as exc:
+            self._write_prints(exc.prints)
             self._fail(f"{kernel.name}: {exc.located()}")
             self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
                          failed=True)
@@ -217,8 +218,7 @@ class Session:
                          failed=True)
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
-        for line in result.prints:
-            self.print_sink(line.line())
+        self._write_prints(result.prints)
         if result.timeline is not None:
             with self._lock:
                 self.timelines.append(result.timeline)
@@ -226,6 +226,11 @@ class Session:
         self._record(index, kernel, params, device_operands, started, len(result.findings),
                      mesh, call_site)
         return result.outputs
+
+    def _write_prints(self, prints: list) -> None:
+        """What a call's kernel printed (engine/events.KernelPrint), in simulated order."""
+        for kernel_print in prints:
+            self.print_sink(kernel_print.line())
 
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,

@@ -204,6 +204,7 @@ def test_quiet_prints_records_nothing(quiet):
     with no grid is named by its device and core alone."""
     def kernel(x_ref, o_ref):
         pl.debug_print("first {}", x_ref[0, 0])
+        pl.debug_print("corner {}", x_ref[:2, :2])  # two lines, each prefixed
         o_ref[...] = x_ref[...]
 
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
@@ -212,7 +213,9 @@ def test_quiet_prints_records_nothing(quiet):
     session.print_sink = lines.append
     with session.install():
         jax.block_until_ready(call(jnp.full((8, 128), 7, jnp.int32).astype(jnp.float32)))
-    assert lines == ([] if quiet else ["[dev 0 core 0] first 7.0"])
+    assert lines == ([] if quiet else ["[dev 0 core 0] first 7.0",
+                                        "[dev 0 core 0] corner [[7. 7.]\n"
+                                        "[dev 0 core 0]  [7. 7.]]"])
 
 
 def test_skip_floats_judges_no_check():
@@ -248,3 +251,29 @@ def test_debug_check_samples_in_every_dma_mode(cli, sample, args):
     assert bug.exit_code == 1
     assert [(f["kind"], f["grid_point"], f["count"]) for f in bug.findings] == [
         ("check-failed", [2], 1)]
+
+
+
+def test_prints_before_an_engine_failure_are_written():
+    """A call the engine cannot finish (a primitive it does not simulate, reached at step
+    1) still shows what its kernel printed up to there."""
+    def kernel(x_ref, o_ref):
+        i = pl.program_id(0)
+        pl.debug_print("step {}", i)
+        o_ref[...] = x_ref[...]
+
+        @pl.when(i == 1)
+        def _():
+            rows = jax.lax.broadcasted_iota(jnp.int32, (8,), 0)
+            o_ref[...] = x_ref[rows, :]  # gather-style ref indexing: unsupported
+
+    call = pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    lines: list[str] = []
+    session = Session(Config())
+    session.print_sink = lines.append
+    with session.install(), pytest.raises(Exception):
+        jax.block_until_ready(call(jnp.ones((16, 128), jnp.float32)))
+    assert session.engine_error is not None
+    assert lines == ["[dev 0 core 0 (0,)] step 0", "[dev 0 core 0 (1,)] step 1"]

@@ -43,6 +43,7 @@ class KernelError(Exception):
         super().__init__(message)
         self.message = message
         self.frames = frames
+        self.prints: list = []  # what the kernel printed before (events.KernelPrint)
 
     def located(self) -> str:
         if self.frames:

@@ -59,11 +59,12 @@ class KernelPrint:
     text: str
 
     def line(self) -> str:
-        """`[dev 1 core 0 (2, 0)] text`: which device, core and grid step printed it."""
+        """`[dev 1 core 0 (2, 0)] text`: which device, core and grid step printed it (on
+        each line of a text of several, e.g. a 2-D array)."""
         where = f"dev {self.device} core {self.core}"
         if self.grid_point:  # (a kernel with no grid has one step: nothing to tell)
             where += f" {tuple(self.grid_point)}"
-        return f"[{where}] {self.text}"
+        return "\n".join(f"[{where}] {part}" for part in self.text.split("\n"))
 
 
 class RaceDetector(Protocol):

@@ -411,6 +411,9 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor]) -> 
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
+    except KernelError as exc:  # what the kernel printed up to there still shows
+        exc.prints = state.prints
+        raise
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
     _finish_dmas(ctx, report=not state.unfinished)
