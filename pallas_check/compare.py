@@ -140,7 +140,9 @@ class ConfigSide(Side):
 
         self.config = config
         self.label = text
-        self.session = Session(dataclasses.replace(config, check_uninit_outputs=False))
+        # Not reported, and not heard: the kernels' prints are our own side's to write.
+        self.session = Session(dataclasses.replace(config, check_uninit_outputs=False,
+                                                   quiet_prints=True))
 
     def outputs(self, params, operands, device, mesh_axes, native):
         return [np.asarray(x) for x in

@@ -64,6 +64,7 @@ class Config:
     schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     compile: bool = False  # also compile every call for the real TPUs named by `tpu`
+    quiet_prints: bool = False  # drop the kernels' own prints (pl.debug_print)
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

@@ -27,6 +27,7 @@ class FindingKind(str, enum.Enum):
     UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
     COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
     VMEM_EXCEEDED = "vmem-exceeded"  # the kernel does not fit the chip's VMEM or SMEM
+    CHECK_FAILED = "check-failed"  # the kernel's own `pl.debug_check` failed
 
 
 @dataclass(frozen=True, order=True)

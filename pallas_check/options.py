@@ -101,6 +101,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("trace", ("--trace",), Optional[Path], None,
            "Write the simulated run's timeline to this file as Chrome trace-event JSON"
            " (open it in ui.perfetto.dev)."),
+    Option("quiet_prints", ("--quiet-prints",), bool, False,
+           "Drop the kernels' own prints (pl.debug_print); without it each line is"
+           " prefixed with the device, core and grid point that printed it.",
+           config_field="quiet_prints"),
     # Suppressions (suppress.py): decided after the analysis, before the report.
     Option("ignore", ("--ignore",), Optional[List[str]], None,
            "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -90,6 +91,11 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
         return _UNNAMED
 
 
+def _write_print(line: str) -> None:
+    """A kernel's print, written where the script's own prints go now."""
+    sys.stdout.write(line + "\n")
+
+
 class EngineFailure(Exception):
     """Raised inside the host callback when the engine cannot go on (reported, exit 4)."""
 
@@ -117,6 +123,10 @@ class Session:
         self.progress: Callable[[int, str, int, int], None] | None = None
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
         self.timelines: list = []  # with Config.timeline: each call's engine/timeline.py data
+        # Where the kernels' own prints go, a line at a time (engine/events.KernelPrint's
+        # `line()`): the script's stdout as it is when the call returns, which the runner
+        # sends to stderr when a JSON or SARIF report owns stdout.
+        self.print_sink: Callable[[str], None] = _write_print
         # --compile: each call's params and operand shapes, compiled after the script
         # (tpu_compile.stage.compile_session).
         self.compile_recorder: Any = None
@@ -207,11 +217,13 @@ class Session:
             self.interrupted = True
             raise
         except KernelError as exc:
+            self._write_prints(exc.prints)
             self._fail(f"{kernel.name}: {exc.located()}")
             self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
                          failed=True)
             raise EngineFailure(self.engine_error) from exc
         except Exception as exc:  # our bug: keep the message, the runner exits 4
+            self._write_prints(getattr(exc, "prints", []))
             # An EngineBug says itself what failed and where (the primitive, the line).
             what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
             self._fail(f"internal error while simulating {kernel.name}: {what}")
@@ -219,6 +231,7 @@ class Session:
                          failed=True)
             raise EngineFailure(self.engine_error) from exc
         self.store.extend(result.findings)
+        self._write_prints(result.prints)
         if result.timeline is not None:
             with self._lock:
                 self.timelines.append(result.timeline)
@@ -226,6 +239,11 @@ class Session:
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site)
         return result.outputs
+
+    def _write_prints(self, prints: list) -> None:
+        """What a call's kernel printed (engine/events.KernelPrint), in simulated order."""
+        for kernel_print in prints:
+            self.print_sink(kernel_print.line())
 
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pallas_check.checkers import bounds, deadlock, lowering, pipeline, semaphores, uninit
+from pallas_check.checkers import (assertions, bounds, deadlock, lowering, pipeline, semaphores,
+                                 uninit)
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine import events
 from pallas_check.findings import Finding, KernelInfo
@@ -62,6 +63,10 @@ class _Checkers:
 
     def dma_address_of_two_fills(self, state: Any, other: Any) -> list[Finding]:
         return uninit.address_findings(state, other)
+
+    def check_failed(self, state: Any, ctx: Any, message: str, check: str,
+                     frames: tuple) -> Finding:
+        return assertions.check_failed_finding(state, ctx, message, check, frames)
 
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceChecker:

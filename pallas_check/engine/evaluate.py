@@ -45,6 +45,7 @@ class KernelError(Exception):
         self.message = message
         self.frames = frames
         self.primitive = ""  # set where raised without frames: the equation evaluated
+        self.prints: list = []  # what the kernel printed before (events.KernelPrint)
 
     def located(self) -> str:
         doing = f"evaluating `{self.primitive}`" if self.primitive else ""

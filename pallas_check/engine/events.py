@@ -48,6 +48,25 @@ class UnboundedDma:
     actor: str
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelPrint:
+    """One line a kernel printed (`pl.debug_print`), with who printed it. The engine only
+    collects them, in simulated order; the session writes them after the call."""
+
+    device: int
+    core: int
+    grid_point: tuple[int, ...] | None
+    text: str
+
+    def line(self) -> str:
+        """`[dev 1 core 0 (2, 0)] text`: which device, core and grid step printed it (on
+        each line of a text of several, e.g. a 2-D array)."""
+        where = f"dev {self.device} core {self.core}"
+        if self.grid_point:  # (a kernel with no grid has one step: nothing to tell)
+            where += f" {tuple(self.grid_point)}"
+        return "\n".join(f"[{where}] {part}" for part in self.text.split("\n"))
+
+
 class RaceDetector(Protocol):
     """Happens-before bookkeeping, fed by the engine's accesses and sync edges."""
 
@@ -108,6 +127,12 @@ class Checkers(Protocol):
         """The call re-run with the other fill up to the DMA it stopped at
         (`state.unbounded_dma`): `other` is that DMA's ranges there (None: not reached);
         different ones mean its address came from never-written memory."""
+
+    def check_failed(self, state: Any, ctx: Any, message: str, check: str,
+                     frames: tuple) -> Finding:
+        """The kernel's own assertion (`pl.debug_check`) is false at this step: `message`
+        with its values formatted, `check` the unformatted one (the same check seen again
+        at another step is merged with this one)."""
 
     def race_detector(self, make_finding: Callable[..., Finding],
                       add: Callable[[Finding], None]) -> RaceDetector: ...

@@ -16,7 +16,7 @@ import numpy as np
 
 from pallas_check.config import Config, DmaMode, UninitFill
 from pallas_check.engine import carried as carried_semaphores
-from pallas_check.engine import lru, memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import debug, lru, memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted, EngineBug, KernelError, current_frames
 from pallas_check.engine.mosaic_limits import NotLowered, kernel_not_lowered
@@ -45,6 +45,8 @@ class DevicesResult:
     outputs: list[list[np.ndarray]]  # per device, per output
     findings: list[Finding]
     timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
+    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
+    prints: list = dataclasses.field(default_factory=list)
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
@@ -131,7 +133,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     carried.clear()
     carried.update(chosen_carried)
     carried_semaphores.drop_taken(carried)
-    return DevicesResult(result.outputs, findings, result.timeline)
+    return DevicesResult(result.outputs, findings, result.timeline, result.prints)
 
 
 _refusals = lru.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
@@ -217,7 +219,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                   kernel, call_index, False, mesh, addresses=addresses)
         findings.extend(state.checkers.revisit_lost(state, lost)
                         for lost in _lost_revisits(state, outputs, rerun, carried))
-    return DevicesResult(outputs, findings, state.timeline)
+    return DevicesResult(outputs, findings, state.timeline, state.prints)
 
 
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
@@ -554,10 +556,15 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
-    except (KernelError, NotLowered, EngineBug):
+    except (KernelError, EngineBug) as exc:  # what the kernel printed up to there still shows
+        exc.prints = state.prints  # type: ignore[attr-defined]
+        raise
+    except NotLowered:
         raise
     except Exception as exc:  # ours, outside any equation: say which actor, and where
-        raise _outside_equations(state, contexts, exc) from exc
+        failure = _outside_equations(state, contexts, exc)
+        failure.prints = state.prints  # type: ignore[attr-defined]
+        raise failure from exc
     # Semaphores the call returns carry their DMAs in flight to the call that takes them.
     carried = _depart(state, ctx, device_hbm_outputs or [])
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be

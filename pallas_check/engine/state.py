@@ -12,7 +12,8 @@ from pallas_check.config import Config
 from pallas_check.engine import memory, sync
 from pallas_check.engine.evaluate import KernelError, current_frames
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
-from pallas_check.engine.events import Checkers, RaceDetector, UnboundedDma, UninitRead
+from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
+                                        UninitRead)
 from pallas_check.engine.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
@@ -34,6 +35,9 @@ class CallState:
         self.report = report
         self.findings: list[Finding] = []
         self.uninit_reads: list[UninitRead] = []
+        # What the kernel printed (pl.debug_print), in simulated order; kept by the run
+        # that reports only (not by re-runs), and not at all with --quiet-prints.
+        self.prints: list[KernelPrint] = []
         # A DMA the call stopped at because no part of its ref can hold its slice's size
         # (sync.py); and, in the re-run with the other fill, that DMA's id -> its ranges
         # there (None until reached): does its address depend on never-written memory?
@@ -157,6 +161,18 @@ class CallState:
         self.unbounded_dma = UnboundedDma(dma_id, frames, ranges,
                                           (src.buffer.name, dst.buffer.name),
                                           len(self.uninit_reads), ctx.grid_point, ctx.actor)
+
+    def check_failed(self, ctx: "CoreContext", message: str, check: str) -> None:
+        """The kernel's own `pl.debug_check` is false here (engine/debug.py)."""
+        if self.report:
+            self.add(self.checkers.check_failed(self, ctx, message, check,
+                                                current_frames(ctx)))
+
+    def kernel_print(self, ctx: "CoreContext", text: str) -> None:
+        """The kernel printed `text` (`pl.debug_print`); the session writes it, prefixed
+        with who printed it."""
+        if self.report and not self.config.quiet_prints:
+            self.prints.append(KernelPrint(ctx.device_id, ctx.core_id, ctx.grid_point, text))
 
     def dma_copied_unwritten(self, dma: sync.Dma, unwritten: np.ndarray) -> None:
         """A DMA read never-written elements (`unwritten`, in the access's shape) and wrote

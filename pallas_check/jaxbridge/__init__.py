@@ -50,6 +50,12 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
+# `pl.debug_check`'s primitive (`check_p`) and the error pytree its operands flatten
+# (engine/debug.py evaluates the kernel's own assertions).
+from jax._src import checkify
+# `pl.debug_print`'s primitive (`debug_print_p`), whose params carry the format string
+# (engine/debug.py formats each print with the core that printed it).
+from jax._src import debugging
 
 
 def xla_client() -> ModuleType:
@@ -99,7 +105,7 @@ def mosaic_dialect() -> ModuleType:
 
 
 __all__ = [
-    "callback_module", "custom_derivatives", "dispatch", "ffi", "hlo_interpreter",
+    "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
     "jax_core", "jax_tpu_info", "lax_control_flow", "lax_internal", "lax_parallel", "mlir",
     "mosaic_dialect",
     "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",

@@ -102,6 +102,14 @@ RULES: dict[FindingKind, tuple[str, str, str]] = {
         " scratch exceed the chip's). A call that fits no generation of --tpu is not"
         " simulated. Use smaller blocks, or raise the limit with"
         " pltpu.CompilerParams(vmem_limit_bytes=...) where the chip has room."),
+    FindingKind.CHECK_FAILED: (
+        "DebugCheckFailed",
+        "The kernel's own assertion (pl.debug_check) failed.",
+        "The condition the kernel's author asserted is false at the reported grid step(s)."
+        " pallas-check evaluates every pl.debug_check, with or without"
+        " pl.enable_debug_checks(); on a TPU the check runs only inside"
+        " pl.enable_debug_checks() (and stops the kernel), otherwise it is compiled out and"
+        " the kernel goes on with the state the author ruled out."),
 }
 
 

@@ -39,6 +39,7 @@ _TITLES = {
     FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
     FindingKind.COMPILE_ERROR: "TPU compile errors",
     FindingKind.VMEM_EXCEEDED: "VMEM/SMEM overflows (the kernel does not fit the TPU)",
+    FindingKind.CHECK_FAILED: "Failed kernel checks (pl.debug_check)",
 }
 LOCATION = "cyan"
 KIND = "bold red"

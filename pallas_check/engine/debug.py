@@ -1,0 +1,82 @@
+"""Rules for the kernel author's own checks and prints: `pl.debug_check` and
+`pl.debug_print`.
+
+Both would otherwise run inside a compiled pure segment, where XLA's CPU lowering of a
+debug check is a no-op (the check is dropped: a failing assertion ran clean) and a debug
+print is written by XLA's host callback at every re-run of the call, saying nothing of
+which core or grid step printed it. As rules they run where the kernel runs them, with the
+core's context: a failing check goes to the checkers (a `check-failed` finding), a print
+to the call's list of prints, which the session writes after the call (the engine never
+prints).
+
+`pl.debug_check(cond, msg)` reaches the kernel jaxpr as `check_p` with `debug=True`
+whether or not `pl.enable_debug_checks()` is on: JAX decides at lowering time (the Mosaic
+rule emits the assertion only with the flag on, else nothing). pallas-check evaluates it
+always, so that an assertion is checked without the author having to turn it on
+(except under --skip-floats, where the values it may be about are not computed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from pallas_check.jaxbridge import checkify, debugging
+from pallas_check.engine.evaluate import rule
+
+
+@rule(checkify.check_p)
+def _debug_check(ctx: Any, eqn: Any, invals: Sequence[Any]) -> list:
+    """An assertion of the kernel: nothing when it holds; else a finding with its message
+    (its values formatted) at this core's grid step. Not under --skip-floats: float
+    values are not computed there (they read as inf), and a check may be about them."""
+    if ctx.config.skip_floats:
+        return []
+    error = jax.tree_util.tree_unflatten(eqn.params["err_tree"],
+                                         [np.asarray(v) for v in invals])
+    if not any(bool(np.any(p)) for p in error._pred.values()):
+        return []  # the common case: the check holds
+    exception = error.get_exception()
+    if exception is None:
+        return []
+    message, check = _check_message(exception)
+    ctx.call.check_failed(ctx, message, check)
+    return []
+
+
+def _check_message(exception: Any) -> tuple[str, str]:
+    """The failed check's message with its values, and the message as written (which
+    tells one check from another on the same line)."""
+    fmt = getattr(exception, "fmt_string", None)
+    if fmt is None:  # another checkify error (not a debug_check): JAX's own wording
+        return str(exception), type(exception).__name__
+    try:
+        return fmt.format(*exception.args, **exception.kwargs), fmt
+    except (IndexError, KeyError, ValueError):  # a format the values do not fit
+        return fmt, fmt
+
+
+@rule(debugging.debug_print_p)
+def _debug_print(ctx: Any, eqn: Any, invals: Sequence[Any]) -> list:
+    """A print of the kernel, formatted as JAX formats it, recorded with the core and
+    grid step that printed it."""
+    if ctx.call.report and not ctx.config.quiet_prints:
+        ctx.call.kernel_print(ctx, print_text(eqn.params, invals))
+    return []
+
+
+def print_text(params: dict, invals: Sequence[Any]) -> str:
+    """The text of one `pl.debug_print` / `jax.debug.print`: the format string with the
+    values (placeholders), or followed by them (no placeholders, as on a TPU)."""
+    static = dict(params.get("static_args", ()))
+    dynamic = iter(invals)
+    leaves = [static[i] if i in static else np.asarray(next(dynamic))
+              for i in range(len(static) + len(invals))]
+    args, kwargs = jax.tree_util.tree_unflatten(params["in_tree"], leaves)
+    fmt = params["fmt"]
+    if not params.get("has_placeholders", True):
+        return " ".join((fmt, *(str(a) for a in args)))
+    with np.printoptions(**dict(params.get("np_printoptions", ()))):
+        return fmt.format(*args, **kwargs)
