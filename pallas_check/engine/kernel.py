@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pallas_check.config import Config, UninitFill
-from pallas_check.engine import memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import memory, progress, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted, KernelError
 from pallas_check.engine.events import Checkers, default_checkers
@@ -263,6 +263,8 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
     layout = _layout(params, grid, config)
     state.cores_per_device = len(layout.core_steps)
+    state.steps = progress.grid_steps(call_index, kernel.name)
+    state.steps.start(len(layout.points) * mesh.num_devices)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
