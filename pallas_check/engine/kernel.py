@@ -19,6 +19,7 @@ from pallas_check.engine import memory, progress, revisit, rules, sync  # noqa: 
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted, KernelError
 from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.inflight import InFlight
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line
@@ -57,9 +58,11 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      carried: dict | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      results: Sequence[np.ndarray] | None = None,
-                     checkers: Checkers | None = None) -> DevicesResult:
+                     checkers: Checkers | None = None,
+                     live: InFlight | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
-    device); `carried` holds what outlives a call on a TPU (barrier semaphores).
+    device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
+    is kept up to date with what the call has found so far (engine/inflight.py).
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -79,7 +82,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
         trial_carried = dict(carried)
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
-                              mesh, trial_carried, results if i == 0 else None, checkers)
+                              mesh, trial_carried, results if i == 0 else None, checkers,
+                              live)
         tried += 1
         if progress is not None:
             progress(i + 1, schedules)
@@ -97,6 +101,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
             keys.add(key)
         for key in keys:
             seen[key] = seen.get(key, 0) + 1
+        if live is not None:
+            live.schedule_done(findings, seen, i + 1)
         if findings and not config.keep_going:
             break
     assert result is not None
@@ -111,11 +117,12 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
                   carried: dict, results: Sequence[np.ndarray] | None,
-                  checkers: Checkers) -> DevicesResult:
+                  checkers: Checkers, live: InFlight | None = None) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
-                                        call_index, True, mesh, carried, results, checkers)
+                                        call_index, True, mesh, carried, results, checkers,
+                                        live=live)
     findings = list(state.findings)
     # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
     # never-written memory: the re-run with the other fill says whether its address
@@ -244,14 +251,16 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
               checkers: Checkers | None = None, address_probe: dict | None = None,
-              perturb: revisit.Perturbation | None = None,
+              perturb: revisit.Perturbation | None = None, live: InFlight | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     """One schedule of the call on every device: buffers, one actor per core, the run
     (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
-    input blocks a re-run deciding output revisits changes)."""
+    input blocks a re-run deciding output revisits changes; `live`: told of the state)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
+    if live is not None:
+        live.simulating(state)
     state.address_probe = address_probe
     state.perturb = perturb
     state.first_output = gm.num_index_operands + gm.num_inputs
