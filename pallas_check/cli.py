@@ -240,10 +240,13 @@ def _generations(tpu: str, compiling: bool) -> tuple[TpuGeneration, ...]:
 
 
 def _start_quietly(compiling: bool = False) -> None:
-    """JAX's backends started now, libtpu's start-up chatter kept off the terminal."""
+    """JAX's backends started now, libtpu's start-up chatter kept off the terminal; a
+    Ctrl-C meanwhile stops the run before the script (interrupts.py)."""
+    from pallas_check import interrupts
     from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
-    start_backends_quietly(compiling)
+    with interrupts.handled():
+        start_backends_quietly(compiling)
 
 
 @app.command(name="compile", context_settings={"allow_interspersed_args": True})
@@ -344,6 +347,9 @@ def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Opti
 def main() -> None:
     """Console-script entry point. Once the report is out, the process ends even if the
     script left JAX computations that never finish (JAX's exit handler waits for them)."""
+    from pallas_check import interrupts
+
+    interrupts.install()  # SIGTERM (CI, `timeout`) stops a run as Ctrl-C does
     try:
         app(prog_name="pallas-check")  # `python -m pallas_check` is the same program
     except SystemExit as exc:

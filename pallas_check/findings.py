@@ -211,6 +211,20 @@ class CallSummary:
     devices: int = 1
     call_site: SourceFrame | None = None  # the script's line that made the call, if known
     failed: bool = False  # pallas-check could not simulate this call (the run exits 4)
+    # The run stopped inside this call (Ctrl-C, SIGTERM, the watchdog): its findings are
+    # those made until then; `progress` says how far it got (steps_done, steps_total, and
+    # with several schedules schedules_done, schedules_total).
+    interrupted: bool = False
+    progress: dict[str, int] = field(default_factory=dict)
+
+    def stopped_text(self) -> str:
+        """Where an interrupted call stopped: `after 447 of 1000 grid steps (schedule 4 of
+        200)`."""
+        p = self.progress
+        text = f"after {p.get('steps_done', 0)} of {p.get('steps_total', 0)} grid steps"
+        if "schedules_total" in p:
+            text += f" (schedule {p['schedules_done'] + 1} of {p['schedules_total']})"
+        return text
     # --compile: per TPU generation, the compile's status, VMEM footprint and time
     # (tpu_compile.compiler.CompileOutcome.summary()).
     compiled: dict[str, dict[str, Any]] = field(default_factory=dict)

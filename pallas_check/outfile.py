@@ -8,7 +8,8 @@ before any work is lost) and written after it:
   or `/proc/self/fd/N`, is written as a stream through that descriptor (never reopened
   or replaced: `-o /dev/stdout >> log` appends to `log`, keeping what was there);
 - a regular file (or a new one) is replaced atomically: a temporary file in the same
-  folder, then a rename, so a reader sees the old report or the whole new one;
+  folder, then a rename, so a reader sees the old report or the whole new one (a
+  temporary file a killed run left is removed by the next run, see TEMP_SUFFIX);
 - a symlink is followed: its target is replaced atomically, in the target's folder, and
   the link stays a link;
 - a device, FIFO or socket (`/dev/null`, `>(cat)`) is written directly, never replaced;
@@ -22,6 +23,7 @@ import re
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 STDOUT = "-"
@@ -129,10 +131,38 @@ def _write_to_descriptor(fd: int, text: str) -> None:
         data = data[written:]
 
 
+# Our temporary files are `.NAME.XXXXXXXX.pallas-check-tmp` beside the report NAME. One
+# outlives its run only when the process is killed outright (SIGKILL, power loss) while
+# writing; the next run writing the same report removes those older than STALE_TEMP_S (a
+# report is written in well under a second: a younger one may be another run's, still
+# being written).
+TEMP_SUFFIX = ".pallas-check-tmp"
+STALE_TEMP_S = 60.0
+
+
+def _remove_stale_temps(path: Path) -> None:
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent)
+                 if n.startswith(prefix) and n.endswith(TEMP_SUFFIX)]
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        stale = path.parent / name
+        try:
+            if now - stale.lstat().st_mtime > STALE_TEMP_S:
+                stale.unlink()
+        except OSError:  # gone already, or not ours to remove
+            pass
+
+
 def _replace_atomically(path: Path, text: str, mode: int | None) -> None:
     """A temporary file in `path`'s folder, then a rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX,
+                               dir=str(path.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

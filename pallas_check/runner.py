@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
-from pallas_check import suppress
+from pallas_check import interrupts, suppress
 from pallas_check.config import Config
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
@@ -56,17 +56,34 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
                 output: Path | None) -> ExitCode:
     """The one run path: run the script with `command` installed, under the watchdog, and
     deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit)."""
-    from pallas_check.execfile import run_script
     from pallas_check.watchdog import Watchdog
 
     finisher = _Finisher(command, fmt, output)
-    with (callback_failures() as ours, command.installed(),
-          Watchdog(finisher.emergency, command.calls_in_flight),
-          _reporting_os_exit(finisher), _script_stdout(fmt, output)):
-        finisher.ours = ours
-        outcome = run_script(script, args)
-        _settle_computations()
-    return finisher.finish(outcome)
+    with interrupts.handled():  # Ctrl-C and SIGTERM alike (interrupts.py)
+        with (callback_failures() as ours, command.installed(),
+              Watchdog(finisher.emergency, command.calls_in_flight),
+              _reporting_os_exit(finisher), _script_stdout(fmt, output)):
+            finisher.ours = ours
+            outcome = _run_unless_stopped(script, args)
+            _settle_computations()
+        return finisher.finish(outcome)
+
+
+def _run_unless_stopped(script: str, args: Sequence[str]) -> Any:
+    """The script's outcome; not run when a stop (Ctrl-C, SIGTERM) came while the run was
+    set up, and interrupted when one came while it ran, even if the script (or a callback
+    that swallows exceptions, as JAX's garbage-collector hook does) caught it."""
+    from pallas_check.execfile import ScriptOutcome, run_script
+
+    try:
+        if not interrupts.requested():
+            with interrupts.delivering():
+                outcome = run_script(script, args)
+            if not interrupts.requested():
+                return outcome
+    except KeyboardInterrupt:  # a stop just before the script or just after it
+        pass
+    return ScriptOutcome(ok=False, interrupted=True, error=interrupts.reason())
 
 
 def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
@@ -107,12 +124,13 @@ class CheckCommand:
         from pallas_check.report.console import display_for
 
         session = self.session
+        session.stop_in_flight()  # a call the run stopped in is listed, with its findings
         session.finish()
         compile_error = _compile_after_run(session, outcome)
         if session.interrupted and not outcome.interrupted:
             # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
             # caught that). It is still an interruption: a partial report, not the user's bug.
-            outcome = ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)")
+            outcome = ScriptOutcome(ok=False, interrupted=True, error=interrupts.reason())
         engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
         if engine_error is not None:
             engine_error = short_error(engine_error)
@@ -140,10 +158,14 @@ class CheckCommand:
         reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
             report, buffer)
         suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
-        return Verdict(buffer.getvalue(), code,
-                       f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
-                       f"{suppressed}",
-                       engine_error, script_traceback(outcome) if user_failed else None)
+        summary = (f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
+                   f"{suppressed}")
+        failure = script_traceback(outcome) if user_failed else None
+        if user_failed and outcome.interrupted:  # one line: how the run stopped, and where
+            stopped = stopped_text(outcome.error, calls)
+            summary = f"{stopped}; {summary}"
+            failure = f"pallas-check: {stopped}\n" if to_stdout else None
+        return Verdict(buffer.getvalue(), code, summary, engine_error, failure)
 
 
     @property
@@ -205,6 +227,13 @@ def _compile_after_run(session: Any, outcome: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
         return f"internal error while compiling for TPU: {type(exc).__name__}: {exc}"
     return None
+
+
+def stopped_text(reason: str | None, calls: Sequence[Any]) -> str:
+    """`interrupted (Ctrl-C) in call 0 (my_kernel) after 1234 of 50000 grid steps`."""
+    where = [f" in call {c.index} ({c.kernel}) {c.stopped_text()}"
+             for c in calls if getattr(c, "interrupted", False)]
+    return f"{reason or interrupts.reason()}{','.join(where)}"
 
 
 def script_traceback(outcome: Any) -> str:

@@ -8,6 +8,7 @@ error the engine raised (so the runner can tell our failure from the user's).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import itertools
@@ -96,6 +97,12 @@ def _write_print(line: str) -> None:
     sys.stdout.write(line + "\n")
 
 
+@dataclasses.dataclass
+class _CallInFlight:
+    record: tuple  # Session._record's arguments for the call
+    live: Any  # engine/inflight.py's InFlight: what the call found so far
+
+
 class EngineFailure(Exception):
     """Raised inside the host callback when the engine cannot go on (reported, exit 4)."""
 
@@ -122,6 +129,8 @@ class Session:
         # progress(call_index, kernel, schedules_done, schedules_total), e.g. a progress bar.
         self.progress: Callable[[int, str, int, int], None] | None = None
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
+        # Calls being simulated, by index: what a report made while they run lists.
+        self._in_flight: dict[int, _CallInFlight] = {}
         self.timelines: list = []  # with Config.timeline: each call's engine/timeline.py data
         # Where the kernels' own prints go, a line at a time (engine/events.KernelPrint's
         # `line()`): the script's stdout as it is when the call returns, which the runner
@@ -177,16 +186,21 @@ class Session:
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.checkers import CHECKERS
-        from pallas_check.engine import capacity
-        from pallas_check.engine.evaluate import EngineBug, KernelError
+        from pallas_check.engine import capacity, progress
+        from pallas_check.engine.inflight import InFlight
         from pallas_check.engine.kernel import kernel_info, run_call_devices
 
         with self._lock:
             index = next(self._counter)
         started = time.perf_counter()
         kernel = _UNNAMED  # until named: a failure from here on still lists the call
+        live = InFlight(max(1, self.config.schedules))
         try:
             kernel = kernel_info(params)
+            with self._lock:  # listed, with what it found, if the run stops inside it
+                self._in_flight[index] = _CallInFlight(
+                    (index, kernel, params, device_operands, started, 0, mesh, call_site),
+                    live)
             if self.compile_recorder is not None:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
@@ -195,6 +209,8 @@ class Session:
             fits = capacity.check(params, self.config, kernel, index, call_site)
             self.store.extend(fits.findings)
             if not fits.simulated:
+                with self._lock:
+                    self._in_flight.pop(index, None)  # never started: not in flight
                 outputs = capacity.unsimulated_outputs(params, device_operands,
                                                        self.config.uninit.value, results)
                 self._record(index, kernel, params, device_operands, started,
@@ -212,24 +228,18 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None,
-                    results=results, checkers=CHECKERS)
+                    results=results, checkers=CHECKERS, live=live)
         except KeyboardInterrupt:
-            self.interrupted = True
+            self._stopped(index)
             raise
-        except KernelError as exc:
-            self._write_prints(exc.prints)
-            self._fail(f"{kernel.name}: {exc.located()}")
-            self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
-                         failed=True)
-            raise EngineFailure(self.engine_error) from exc
-        except Exception as exc:  # our bug: keep the message, the runner exits 4
-            self._write_prints(getattr(exc, "prints", []))
-            # An EngineBug says itself what failed and where (the primitive, the line).
-            what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
-            self._fail(f"internal error while simulating {kernel.name}: {what}")
-            self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
-                         failed=True)
-            raise EngineFailure(self.engine_error) from exc
+        except Exception as exc:
+            raise self._failed(exc, index, kernel, params, device_operands, started, mesh,
+                               call_site) from exc
+        finally:
+            progress.call_ended(index)  # off the progress line (engine/progress.py)
+        with self._lock:
+            if self._in_flight.pop(index, None) is None:
+                return result.outputs  # the run's report already listed it, interrupted
         self.store.extend(result.findings)
         self._write_prints(result.prints)
         if result.timeline is not None:
@@ -245,10 +255,59 @@ class Session:
         for kernel_print in prints:
             self.print_sink(kernel_print.line())
 
+    def _failed(self, exc: Exception, index: int, kernel: Any, params: dict,
+                device_operands: list, started: float, mesh: Any,
+                call_site: Any) -> BaseException:
+        """What a call that raised `exc` raises: KeyboardInterrupt when the user stopped
+        the run (a Ctrl-C that reached the engine through a callback of the kernel's
+        comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
+        the call listed as failed."""
+        from pallas_check import interrupts
+        from pallas_check.engine.evaluate import EngineBug, KernelError
+
+        if interrupts.requested():
+            self._stopped(index)
+            return KeyboardInterrupt()
+        with self._lock:
+            self._in_flight.pop(index, None)
+        self._write_prints(getattr(exc, "prints", []))  # what the kernel printed till then
+        if isinstance(exc, KernelError):
+            self._fail(f"{kernel.name}: {exc.located()}")
+        else:  # our bug: keep the message, the runner exits 4
+            # An EngineBug says itself what failed and where (the primitive, the line).
+            what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
+            self._fail(f"internal error while simulating {kernel.name}: {what}")
+        self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
+                     failed=True)
+        return EngineFailure(self.engine_error)
+
+    def _stopped(self, index: int) -> None:
+        """The user stopped the run inside call `index` (this thread simulates it)."""
+        self.interrupted = True
+        self.stop_in_flight(index)
+
+    def stop_in_flight(self, index: int | None = None) -> None:
+        """The calls being simulated when the run stops (Ctrl-C, SIGTERM, the watchdog),
+        or call `index`: each listed as interrupted with how far it got, the findings it
+        made until then kept and merged as usual."""
+        with self._lock:
+            if index is None:
+                stopped = list(self._in_flight.values())
+                self._in_flight.clear()
+            else:
+                stopped = [c for c in (self._in_flight.pop(index, None),) if c is not None]
+        for call in stopped:
+            findings = call.live.findings_so_far()
+            self.store.extend(findings)
+            record = list(call.record)
+            record[5] = len(findings)
+            self._record(*record, progress=call.live.progress())
+
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,
-                failed: bool = False) -> None:
-        """The call's line in the report (a call the engine failed on is marked so)."""
+                failed: bool = False, progress: dict[str, int] | None = None) -> None:
+        """The call's line in the report (a call the engine failed on is marked so, and a
+        call the run stopped in, with its `progress`)."""
         from pallas_check.engine.kernel import resolve_grid
 
         try:
@@ -259,7 +318,9 @@ class Session:
         with self._lock:
             self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
                                           time.perf_counter() - started, findings,
-                                          mesh.num_devices, call_site, failed))
+                                          mesh.num_devices, call_site, failed,
+                                          interrupted=progress is not None,
+                                          progress=progress or {}))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

@@ -1,13 +1,14 @@
 """Keeps a checked run stoppable: Ctrl-C always ends it, and a stuck call ends it too.
 
-Python runs its Ctrl-C handler only between bytecodes of the main thread; a main thread
-blocked inside XLA (waiting for a computation that waits for a host callback) never gets
-there. The watchdog thread hears the signal through `signal.set_wakeup_fd`, which the
-interpreter writes from the C-level handler whatever the main thread does. If the main
-thread has not finished the run `grace_s` seconds after Ctrl-C (or at once on a second
-Ctrl-C), or a call has been in flight with no engine progress for `stall_s` seconds,
-the watchdog calls `emergency(reason)` -- which writes the partial report -- and ends the
-process with exit code 3 (the run was interrupted).
+Ctrl-C and SIGTERM are alike here (interrupts.py). Python runs its signal handlers only
+between bytecodes of the main thread; a main thread blocked inside XLA (waiting for a
+computation that waits for a host callback) never gets there. The watchdog thread hears
+the signal through `signal.set_wakeup_fd`, which the interpreter writes from the C-level
+handler whatever the main thread does. If the main thread has not finished the run
+`grace_s` seconds after Ctrl-C (or at once on a second Ctrl-C), or a call has been in
+flight with no engine progress for `stall_s` seconds, the watchdog calls
+`emergency(reason)` -- which writes the partial report -- and ends the process with exit
+code 3 (the run was interrupted).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 from typing import Callable
 
+from pallas_check import interrupts
 from pallas_check.engine import progress
 from pallas_check.exitcodes import ExitCode
 
@@ -31,11 +33,11 @@ STALL_S = 300.0
 
 class Watchdog:
     def __init__(self, emergency: Callable[[str], bool], calls_in_flight: Callable[[], int],
-                 grace_s: float = GRACE_S, stall_s: float = STALL_S) -> None:
+                 grace_s: float = GRACE_S, stall_s: float | None = None) -> None:
         self._emergency = emergency
         self._calls_in_flight = calls_in_flight
         self.grace_s = grace_s
-        self.stall_s = stall_s
+        self.stall_s = STALL_S if stall_s is None else stall_s  # read now: tests lower it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reader: socket.socket | None = None
@@ -71,7 +73,7 @@ class Watchdog:
             self._reader.close()
 
     def _interrupts(self, timeout: float) -> int:
-        """How many SIGINTs arrived within `timeout` seconds."""
+        """How many stop signals (SIGINT, SIGTERM) arrived within `timeout` seconds."""
         if self._reader is None:
             self._stop.wait(timeout)
             return 0
@@ -82,10 +84,12 @@ class Watchdog:
             data = self._reader.recv(64)
         except OSError:
             return 0
-        return sum(1 for b in data if b == signal.SIGINT)
+        return sum(1 for b in data if interrupts.is_stop_signal(b))
 
     def _watch(self) -> None:
-        interrupted_at: float | None = None
+        # A stop recorded while the run was set up: the main thread stops before the
+        # script, or this thread does after the grace period.
+        interrupted_at: float | None = time.monotonic() if interrupts.requested() else None
         while not self._stop.is_set():
             count = self._interrupts(0.25)
             if self._stop.is_set():
@@ -93,11 +97,11 @@ class Watchdog:
             now = time.monotonic()
             if count:
                 if interrupted_at is not None or count > 1:
-                    self._fire("interrupted (Ctrl-C twice)")
+                    self._fire(interrupts.reason(" twice"))
                     return
                 interrupted_at = now
             if interrupted_at is not None and now - interrupted_at >= self.grace_s:
-                self._fire("interrupted (Ctrl-C) while the script was blocked inside JAX")
+                self._fire(f"{interrupts.reason()} while the script was blocked inside JAX")
                 return
             if (self.stall_s > 0 and self._calls_in_flight() > 0
                     and progress.seconds_since_beat() >= self.stall_s):

@@ -302,7 +302,9 @@ def test_ctrl_c_during_a_simulation_is_a_partial_report(cli, tmp_path, monkeypat
     assert report["user_error"] == "interrupted (Ctrl-C)"
     assert report["user_traceback"] is None and report["internal_error"] is None
     assert [f["kind"] for f in result.findings] == ["unwritten-output"]
-    assert len(report["calls"]) == 1
+    # The call the run stopped in is listed as interrupted (it never got to simulate).
+    assert [(c["interrupted"], c["progress"]) for c in report["calls"]] == [
+        (False, None), (True, {"steps_done": 0, "steps_total": 0})]
     assert "not reached" not in result.output
     assert "Traceback" not in result.stderr
 

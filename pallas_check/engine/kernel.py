@@ -16,11 +16,12 @@ import numpy as np
 
 from pallas_check.config import Config, DmaMode, UninitFill
 from pallas_check.engine import carried as carried_semaphores
-from pallas_check.engine import debug, lru, memory, revisit, rules, sync  # noqa: F401  (rules register themselves)
+from pallas_check.engine import debug, lru, memory, progress, revisit, rules, sync  # noqa: F401  (rules register themselves)
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView
 from pallas_check.engine.evaluate import CallHalted, EngineBug, KernelError, current_frames
 from pallas_check.engine.mosaic_limits import NotLowered, kernel_not_lowered
 from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.inflight import InFlight
 from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line
@@ -61,9 +62,11 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      carried: dict | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      results: Sequence[np.ndarray] | None = None,
-                     checkers: Checkers | None = None) -> DevicesResult:
+                     checkers: Checkers | None = None,
+                     live: InFlight | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
-    device); `carried` holds what outlives a call on a TPU (barrier semaphores).
+    device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
+    is kept up to date with what the call has found so far (engine/inflight.py).
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -80,7 +83,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     if refused is None:
         try:
             return _explore(params, device_operands, config, call_index, mesh, carried,
-                            progress, results, checkers)
+                            progress, results, checkers, live)
         except NotLowered as exc:  # met while running: a spelling the static look missed
             refused = exc
     return _skipped(params, device_operands, config, call_index, results, checkers, refused)
@@ -89,7 +92,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
              call_index: int, mesh: MeshInfo, carried: dict,
              progress: Callable[[int, int], None] | None,
-             results: Sequence[np.ndarray] | None, checkers: Checkers) -> DevicesResult:
+             results: Sequence[np.ndarray] | None, checkers: Checkers,
+             live: InFlight | None = None) -> DevicesResult:
     """The call's schedules (see `run_call_devices`)."""
     schedules = max(1, config.schedules)
     findings: list[Finding] = []
@@ -106,7 +110,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
                               mesh, trial_carried, results if i == 0 else None, checkers,
-                              addresses)
+                              addresses, live)
         tried += 1
         if progress is not None:
             progress(i + 1, schedules)
@@ -124,6 +128,8 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
             keys.add(key)
         for key in keys:
             seen[key] = seen.get(key, 0) + 1
+        if live is not None:
+            live.schedule_done(findings, seen, i + 1)
         if findings and not config.keep_going:
             break
     assert result is not None
@@ -182,12 +188,13 @@ def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
                   carried: dict, results: Sequence[np.ndarray] | None,
-                  checkers: Checkers, addresses: list[int] | None = None) -> DevicesResult:
+                  checkers: Checkers, addresses: list[int] | None = None,
+                  live: InFlight | None = None) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
                                         call_index, True, mesh, carried, results, checkers,
-                                        addresses=addresses)
+                                        addresses=addresses, live=live)
     findings = list(state.findings)
     # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
     # never-written memory: the re-run with the other fill says whether its address
@@ -333,14 +340,17 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
               results: Sequence[np.ndarray] | None = None,
               checkers: Checkers | None = None, address_probe: dict | None = None,
               perturb: revisit.Perturbation | None = None, addresses: list[int] | None = None,
+              live: InFlight | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     """One schedule of the call on every device: buffers, one actor per core, the run
     (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
     input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
-    where the outputs' XLA buffers are, engine/carried.py)."""
+    where the outputs' XLA buffers are, engine/carried.py; `live`: told of the state)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
+    if live is not None:
+        live.simulating(state)
     state.address_probe = address_probe
     state.perturb = perturb
     state.first_output = gm.num_index_operands + gm.num_inputs
@@ -354,6 +364,8 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     state.cores_per_device = len(layout.core_steps)
     state.layout_semaphores = (layout.sem_in, layout.sem_out, layout.out_to_in,
                                layout.n_in)
+    state.steps = progress.grid_steps(call_index, kernel.name)
+    state.steps.start(len(layout.points) * mesh.num_devices)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []

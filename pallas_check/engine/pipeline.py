@@ -37,6 +37,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     inputs_blocks = {id(op.vmem) for op in blocked if not op.is_output}
     fresh = [plan for plan in outputs if id(plan.op.vmem) not in inputs_blocks]
     num_steps = len(points)
+    walked = ctx.call.steps  # a progress line reads it (engine/progress.py): one add a step
     for step in range(num_steps):
         point = pipe.grid_points[step]
         ctx.grid_point = point
@@ -66,6 +67,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
             if (ctx.device_id, point) in perturb.capture:
                 perturb.fingerprint((ctx.device_id, point), ctx.private_buffers)
         yield from pipe.outputs_done(step)
+        walked.done += 1
     yield from pipe.drain()
     pipe.record_revisits()
     if ctx.call.races is not None:

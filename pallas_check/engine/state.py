@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.engine import memory, sync
+from pallas_check.engine import memory, progress, sync
 from pallas_check.engine.evaluate import KernelError, current_frames
 from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
 from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
@@ -83,6 +83,9 @@ class CallState:
         self.fresh_revisits: dict[int, str] = {}
         self.perturb: Any = None
         self.first_output = 0  # where the outputs start among the kernel's parameters
+        # Grid steps walked so far, read by a progress line (engine/progress.py); the
+        # call's live counter once `_simulate` registers it.
+        self.steps = progress.GridSteps(call_index, kernel.name)
         # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
         self.timeline: Timeline | None = (
             Timeline(kernel.name, call_index, config.seed)

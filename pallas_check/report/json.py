@@ -31,6 +31,8 @@ def report_dict(report: RunReport) -> dict[str, Any]:
         "calls": [
             {"index": c.index, "kernel": c.kernel, "file": c.file, "line": c.line,
              "grid": list(c.grid), "findings": c.findings, "failed": c.failed,
+             "interrupted": getattr(c, "interrupted", False),
+             "progress": getattr(c, "progress", None) or None,
              "compiled": getattr(c, "compiled", {}),
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,

@@ -300,6 +300,8 @@ def summary_line(report: RunReport) -> str:
                    f" pallas_call{'s' if calls != 1 else ''};"
                    f" {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    " until then")
+    elif calls == 0 and report.partial:
+        summary = "no pallas_call was checked before the run stopped"
     elif calls == 0:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
@@ -309,7 +311,9 @@ def summary_line(report: RunReport) -> str:
     if report.suppressed:
         summary += f"; {suppressed_text(report)}"
     if report.partial:
-        summary += " (partial: the run did not finish)"
+        stopped = "".join(
+            f"; call {c.index} ({c.kernel}) stopped {c.stopped_text()}" for c in report.calls if getattr(c, "interrupted", False))
+        summary += f" (partial: the run did not finish{stopped})"
     return summary
 
 
