@@ -117,6 +117,27 @@ def _check_output(output: Optional[Path], script: Path,
     return output if is_stdout(output) else Path(os.path.abspath(output))
 
 
+def _refuse_collisions(targets: list[tuple[str, Optional[Path]]]) -> None:
+    """Two of the files a run writes (or a baseline it reads, that another would then
+    overwrite) named as one place: the second would silently replace the first, or both
+    be interleaved in one stream. A usage error before the run. No --output is stdout."""
+    from pallas_check.outfile import STDOUT, is_stdout, same_target, stream_descriptor
+
+    named = [(flag, path if path is not None else Path(STDOUT))
+             for flag, path in targets if path is not None or flag == "--output"]
+    for i, (flag, path) in enumerate(named):
+        for other_flag, other in named[i + 1:]:
+            if not same_target(path, other):
+                continue
+            first = (f"{flag} {path}" if dict(targets)[flag] is not None
+                     else "the report (stdout)")
+            if is_stdout(path) or stream_descriptor(path) is not None:
+                why = "the same stream: two reports would be interleaved in it"
+            else:
+                why = "the same file: one would overwrite the other"
+            raise fail(f"{first} and {other_flag} {other} are {why}")
+
+
 def _suppression_policy(ignore: Optional[List[str]], baseline: Optional[Path],
                         update_baseline: bool, races: bool, script: Path) -> Any:
     """Suppressions (suppress.py) checked before the run: a bad entry or baseline, or a
@@ -184,10 +205,11 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     if not script.is_file():
         raise fail(f"not a file: {script}")
     _generations(tpu, compile)
-    output = _check_output(output, script)
-    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
     if trace is not None and str(trace) == "-":
         raise fail("--trace needs a file (stdout is the report's)")
+    _refuse_collisions([("--output", output), ("--trace", trace), ("--baseline", baseline)])
+    output = _check_output(output, script)
+    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
     trace = _check_output(trace, script, "--trace")
     _set_device_count(devices)
     _start_quietly(compile)
