@@ -75,6 +75,13 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
         return _error(str(exc))
     root = settings.root
     output = settings.values.get("output")
+    if output is not None:  # a report that cannot be written is refused before any run
+        from pallas_check.outfile import OutputError, check_target
+
+        try:
+            check_target(Path(output))
+        except OutputError as exc:
+            return _error(str(exc))
     fmt = str(getattr(settings.values.get("fmt"), "value", settings.values.get("fmt"))
               or "table")
     worst = 0

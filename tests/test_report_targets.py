@@ -177,3 +177,18 @@ def test_write_report_creates_at_most_one_folder(tmp_path):
     assert not (tmp_path / "a").exists()
     write_report(tmp_path / "a" / "t.json", "text")
     assert (tmp_path / "a" / "t.json").read_text() == "text"
+
+
+def test_the_hooks_report_with_missing_folders_is_refused_before_any_script(project,
+                                                                            capsys):
+    from pallas_check.hook import run_hook
+
+    (project / "pyproject.toml").write_text('[tool.pallas-check]\nscripts = ["k.py"]\n'
+                                            'format = "json"\n'
+                                            'output = "absent/sub/report.json"\n')
+    assert run_hook() == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == (f"pallas-check: error: cannot create --output"
+                   f" {project / 'absent' / 'sub' / 'report.json'}: {project / 'absent'}"
+                   " does not exist (only the report's own folder is created)")
+    assert not (project / "ran.txt").exists() and not (project / "absent").exists()
