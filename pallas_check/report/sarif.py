@@ -2,14 +2,14 @@
 
 One rule per finding kind; one result per finding, located at the user's source line, with
 the other accesses of a race or an uninitialized read as related locations. Paths inside the
-project are relative URIs against `%SRCROOT%`, the project root (the folder of the nearest
-pyproject.toml above the script, else its git checkout's root, else the current folder),
-so a report maps onto the repository from whatever folder the run was started in; a file
-outside it is an absolute `file:///` URI. No timestamps: the same run gives
-the same file, and each result's `partialFingerprints` stays the same across runs and
-checkouts (it hashes the kind, kernel, buffer, path relative to the project root and source
-text, not line numbers or absolute paths), so a code-scanning page can tell a new alert
-from an old one.
+project are relative URIs against `%SRCROOT%`, the project root the table and text show
+paths from (report/paths.py: the nearest pyproject.toml's folder above the script, else the
+git root, else the current folder), so a report maps onto the repository from whatever
+folder the run was started in; a file outside it is an absolute `file:///` URI. No
+timestamps: the same run gives the same file, and each result's `partialFingerprints` stays
+the same across runs and checkouts (it hashes the kind, kernel, buffer, path relative to the
+project root and source text, not line numbers or absolute paths), so a code-scanning page
+can tell a new alert from an old one.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from urllib.parse import quote
 from pallas_check import __version__
 from pallas_check.findings import Access, Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.model import RunReport, Suppression
+from pallas_check.report.paths import project_root
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -121,21 +122,6 @@ def information_uri() -> str:
     except Exception:  # not installed as a distribution: the fallback is fine
         pass
     return _DEFAULT_URI
-
-
-def project_root(script: str) -> str:
-    """The folder a script's project is rooted at: the nearest folder above the script
-    holding a pyproject.toml inside its git checkout, else the checkout's root, else the
-    current folder.
-    Not the current folder first: a run started elsewhere (CI steps, `cd build`) must
-    still map its paths onto the repository."""
-    start = Path(os.path.abspath(script)).parent
-    for folder in (start, *start.parents):
-        if (folder / "pyproject.toml").is_file():
-            return str(folder)
-        if (folder / ".git").exists():  # a folder, or a file in a worktree: no higher
-            return str(folder)
-    return os.getcwd()
 
 
 def root_uri(root: str) -> str:
@@ -280,7 +266,7 @@ def report_sarif(report: RunReport) -> dict[str, Any]:
     }
     if notifications:
         invocation["toolExecutionNotifications"] = notifications
-    root = project_root(report.script)
+    root = str(project_root(report.script))  # the root the table and text show paths from
     run: dict[str, Any] = {
         "tool": {"driver": {
             "name": "pallas-check",
