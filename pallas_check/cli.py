@@ -18,7 +18,7 @@ import typer.core
 from pallas_check import __version__
 from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
 from pallas_check.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Format,
-                                  with_options)
+                                  TableOrJson, with_options)
 from pallas_check.exitcodes import ExitCode
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -66,6 +66,43 @@ def _one_line(exc: Exception) -> tuple[str, ExitCode]:
     text = " ".join(str(exc).split())
     return (f"pallas-check: error: internal error: {type(exc).__name__}: {text}",
             ExitCode.INTERNAL)
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose arguments are shown as what to type, the way click shows them:
+    `SCRIPT [ARGS]...` in the usage line and `SCRIPT` in the list (typer's own would be
+    `{script} [script_args]...` and `script <path>`, `script_args... <list[str]>`)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, typer.core.TyperArgument):
+                name = _operand(param)
+                pieces.append((name if param.required else f"[{name}]")
+                              + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if isinstance(param, typer.core.TyperArgument):
+                name = _operand(param) + ("..." if param.nargs != 1 else "")
+                arguments.append((name, record[1]))
+            else:
+                options.append(record)
+        for title, records in (("Arguments", arguments), ("Options", options)):
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
+def _operand(param: Any) -> str:
+    return param.metavar or param.name.upper()
 
 
 app = typer.Typer(
@@ -117,6 +154,27 @@ def _check_output(output: Optional[Path], script: Path,
     return output if is_stdout(output) else Path(os.path.abspath(output))
 
 
+def _refuse_collisions(targets: list[tuple[str, Optional[Path]]]) -> None:
+    """Two of the files a run writes (or a baseline it reads, that another would then
+    overwrite) named as one place: the second would silently replace the first, or both
+    be interleaved in one stream. A usage error before the run. No --output is stdout."""
+    from pallas_check.outfile import STDOUT, is_stdout, same_target, stream_descriptor
+
+    named = [(flag, path if path is not None else Path(STDOUT))
+             for flag, path in targets if path is not None or flag == "--output"]
+    for i, (flag, path) in enumerate(named):
+        for other_flag, other in named[i + 1:]:
+            if not same_target(path, other):
+                continue
+            first = (f"{flag} {path}" if dict(targets)[flag] is not None
+                     else "the report (stdout)")
+            if is_stdout(path) or stream_descriptor(path) is not None:
+                why = "the same stream: two reports would be interleaved in it"
+            else:
+                why = "the same file: one would overwrite the other"
+            raise fail(f"{first} and {other_flag} {other} are {why}")
+
+
 def _suppression_policy(ignore: Optional[List[str]], baseline: Optional[Path],
                         update_baseline: bool, races: bool, script: Path) -> Any:
     """Suppressions (suppress.py) checked before the run: a bad entry or baseline, or a
@@ -160,16 +218,18 @@ def _set_device_count(devices: int) -> None:
 # The options themselves are declared once, in options.py.
 _SCRIPT_PARAMETERS = [
     inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Path,
-                      default=typer.Argument(..., help="The Python script to run (as"
-                                                       " __main__).")),
+                      default=typer.Argument(..., metavar="SCRIPT",
+                                             help="The Python script to run (as"
+                                                  " __main__).")),
     inspect.Parameter("script_args", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                       annotation=Optional[List[str]],
-                      default=typer.Argument(None, help="Arguments for the script (put them"
-                                                        " after --).")),
+                      default=typer.Argument(None, metavar="ARGS",
+                                             help="Arguments for the script (put them"
+                                                  " after --).")),
 ]
 
 
-@app.command(context_settings={"allow_interspersed_args": True})
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(RUN_OPTIONS, _SCRIPT_PARAMETERS)
 def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
         uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
@@ -184,10 +244,11 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     if not script.is_file():
         raise fail(f"not a file: {script}")
     _generations(tpu, compile)
-    output = _check_output(output, script)
-    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
     if trace is not None and str(trace) == "-":
         raise fail("--trace needs a file (stdout is the report's)")
+    _refuse_collisions([("--output", output), ("--trace", trace), ("--baseline", baseline)])
+    output = _check_output(output, script)
+    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
     trace = _check_output(trace, script, "--trace")
     _set_device_count(devices)
     _start_quietly(compile)
@@ -211,10 +272,11 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     raise typer.Exit(int(code))
 
 
-@app.command()
+@app.command(cls=_Command)
 def hook(
     files: Optional[List[str]] = typer.Argument(
-        None, help="Files pre-commit passes; every configured script is checked."),
+        None, metavar="FILES",
+        help="Files pre-commit passes; every configured script is checked."),
 ) -> None:
     """Check the scripts [tool.pallas-check] names, each in its own process (pre-commit)."""
     from pallas_check.hook import run_hook
@@ -249,15 +311,14 @@ def _start_quietly(compiling: bool = False) -> None:
         start_backends_quietly(compiling)
 
 
-@app.command(name="compile", context_settings={"allow_interspersed_args": True})
+@app.command(name="compile", cls=_Command,
+             context_settings={"allow_interspersed_args": True})
 @with_options(COMPILE_OPTIONS, _SCRIPT_PARAMETERS)
 def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: str,
-                 fmt: Format, output: Optional[Path], devices: int) -> None:
+                 fmt: TableOrJson, output: Optional[Path], devices: int) -> None:
     """Compile every pallas_call of SCRIPT for real TPUs (libtpu, no TPU, no simulation):
     a table of calls x generations."""
-    fmt_name = Format(fmt).value
-    if fmt_name not in ("table", "json"):
-        raise fail(f"compile reports as table or json, not {fmt_name!r}")
+    fmt_name = TableOrJson(fmt).value  # sarif and text are not offered (options.py)
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
@@ -306,16 +367,14 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
                                                  fmt, output))
 
 
-@app.command(context_settings={"allow_interspersed_args": True})
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(DIFF_OPTIONS, _SCRIPT_PARAMETERS)
 def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Optional[str],
          native: bool, rtol: Optional[float], atol: Optional[float], dma: DmaMode,
-         uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
+         uninit: UninitFill, skip_floats: bool, fmt: TableOrJson, output: Optional[Path],
          devices: int, tpu: str, cores: int, seed: int) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
-    fmt = Format(fmt).value
-    if fmt not in ("table", "json"):
-        raise fail(f"--format {fmt} is not for diff (choose table or json)")
+    fmt = TableOrJson(fmt).value  # sarif and text are not offered (options.py)
     if native and against not in (None, "native"):
         raise fail(f"--native and --against {against!r} name two different other sides")
     if not script.exists():

@@ -75,6 +75,13 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
         return _error(str(exc))
     root = settings.root
     output = settings.values.get("output")
+    if output is not None:  # a report that cannot be written is refused before any run
+        from pallas_check.outfile import OutputError, check_target
+
+        try:
+            check_target(Path(output))
+        except OutputError as exc:
+            return _error(str(exc))
     fmt = str(getattr(settings.values.get("fmt"), "value", settings.values.get("fmt"))
               or "table")
     worst = 0
@@ -113,6 +120,12 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
 
     texts = [(shown, part.read_text(encoding="utf-8")) for shown, part in parts
              if part.exists()]
+    try:
+        _check_parts(fmt, texts)
+    except ValueError as exc:  # a report of another pallas-check (or not one at all)
+        print(f"pallas-check: error: cannot merge the scripts' reports: {exc}",
+              file=sys.stderr)
+        return int(ExitCode.USAGE)
     if fmt == "sarif":
         logs = [json.loads(text) for _, text in texts]
         merged: Any = dict(logs[0]) if logs else {"version": "2.1.0", "runs": []}
@@ -132,3 +145,18 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
         return int(ExitCode.USAGE)
     print(f"pallas-check hook: report of {len(texts)} script(s) written to {output}")
     return 0
+
+
+def _check_parts(fmt: str, texts: list[tuple[str, str]]) -> None:
+    """Each script's report is read back before it is merged: it must be the report this
+    pallas-check writes (its schema and version; SARIF 2.1.0), else ValueError, one line."""
+    from pallas_check.report import json as json_report
+    from pallas_check.report.sarif import SARIF_VERSION
+    from pallas_check.report.schema import check_schema
+
+    for shown, text in texts:
+        if fmt == "json":
+            check_schema(json.loads(text), f"the report of {shown}", json_report.SCHEMA,
+                         (json_report.SCHEMA_VERSION,), "JSON report")
+        elif fmt == "sarif" and json.loads(text).get("version") != SARIF_VERSION:
+            raise ValueError(f"the report of {shown} is not SARIF {SARIF_VERSION}")

@@ -29,6 +29,15 @@ class Format(str, enum.Enum):
     TEXT = "text"
 
 
+class TableOrJson(str, enum.Enum):
+    """The report formats of `diff` and `compile`: their reports are tables of calls (and
+    of sides or generations), which SARIF's results and text's finding lines do not fit.
+    Offered as choices, so that `--help` offers only what the command takes."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One option: its flag(s), type, default and help, and where else it appears."""
@@ -44,6 +53,8 @@ class Option:
     pytest: bool = False  # the pytest plugin offers it as --pallas-check-<key>
     # A further check of a value (raises ValueError), e.g. `--tpu`'s list of generations.
     check: Callable[[Any], Any] | None = None
+    # What to type, shown in --help (`--seed N`); choices show as `[a|b]`, flags as nothing.
+    metavar: str | None = None
 
     @property
     def key(self) -> str:
@@ -59,6 +70,17 @@ class Option:
         if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
             return tuple(str(m.value) for m in self.kind)
         return ()
+
+    @property
+    def shown_metavar(self) -> str | None:
+        """The help's placeholder for the value, as click writes it: `[eager|on_wait]`
+        for choices, the declared word (`N`, `PATH`) otherwise; typer's own would be a
+        Python type (`<int range>`, `<list[str]>`)."""
+        if self.kind is bool:
+            return None
+        if self.choices:
+            return f"[{'|'.join(self.choices)}]"
+        return self.metavar
 
 
 RUN_OPTIONS: tuple[Option, ...] = (
@@ -76,23 +98,23 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Report format: a table for people, json, sarif, or text (path:line: kind:"
            " message)."),
     Option("output", ("--output", "-o"), Optional[Path], None,
-           "Write the report to this file (- for stdout)."),
+           "Write the report to this file (- for stdout).", metavar="PATH"),
     Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
            "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
            " is the one kernels are told they run on; --compile compiles for each.",
-           config_field="tpu", replayed=True, check=parse_generations),
+           config_field="tpu", replayed=True, check=parse_generations, metavar="LIST"),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
-           minimum=1, config_field="devices", replayed=True),
+           minimum=1, config_field="devices", replayed=True, metavar="N"),
     Option("cores", ("--cores",), int, 1,
            "TensorCores per device; 'parallel' grid axes are split over them (megacore).",
-           minimum=1, config_field="cores", replayed=True),
+           minimum=1, config_field="cores", replayed=True, metavar="N"),
     Option("seed", ("--seed",), int, 0, "Scheduler seed (replays an interleaving).",
-           config_field="seed"),
+           config_field="seed", metavar="N"),
     Option("races", ("--races",), bool, False, "Detect data races (happens-before).",
            config_field="races", replayed=True, pytest=True),
     Option("schedules", ("--schedules",), int, 1,
            "Try N scheduler seeds per call (with --dma random: explore interleavings);"
-           " stop at a finding.", minimum=1, config_field="schedules"),
+           " stop at a finding.", minimum=1, config_field="schedules", metavar="N"),
     Option("keep_going", ("--keep-going",), bool, False,
            "With --schedules: try every schedule.", config_field="keep_going"),
     Option("native", ("--native",), bool, False,
@@ -100,7 +122,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            " each call's wall time."),
     Option("trace", ("--trace",), Optional[Path], None,
            "Write the simulated run's timeline to this file as Chrome trace-event JSON"
-           " (open it in ui.perfetto.dev)."),
+           " (open it in ui.perfetto.dev).", metavar="PATH"),
     Option("quiet_prints", ("--quiet-prints",), bool, False,
            "Drop the kernels' own prints (pl.debug_print); without it each line is"
            " prefixed with the device, core and grid point that printed it.",
@@ -108,9 +130,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     # Suppressions (suppress.py): decided after the analysis, before the report.
     Option("ignore", ("--ignore",), Optional[List[str]], None,
            "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"
-           " (KIND may be *); repeatable; in pyproject.toml a list."),
+           " (KIND may be *); repeatable; in pyproject.toml a list.",
+           metavar="KIND:TARGET"),
     Option("baseline", ("--baseline",), Optional[Path], None,
-           "Fail only on findings whose fingerprint is not in this baseline file."),
+           "Fail only on findings whose fingerprint is not in this baseline file.",
+           metavar="PATH"),
     Option("update_baseline", ("--update-baseline",), bool, False,
            "With --baseline: write every current finding into the baseline file."),
     Option("compile", ("--compile",), bool, False,
@@ -125,15 +149,20 @@ BY_PARAM = {option.param: option for option in RUN_OPTIONS}
 DIFF_OPTIONS: tuple[Option, ...] = (
     Option("against", ("--against",), Optional[str], None,
            "The other side: native (default), hlo (JAX's HLO interpreter), jax-interpret"
-           " (JAX's TPU interpreter), or options of ours in quotes, e.g. \"--uninit zero\"."),
+           " (JAX's TPU interpreter), or options of ours in quotes, e.g. \"--uninit zero\".",
+           metavar="SIDE"),
     Option("native", ("--native",), bool, False,
            "Compare against the hardware lowering (the default)."),
     Option("rtol", ("--rtol",), Optional[float], None,
-           "Relative tolerance (default per dtype; f32: 1e-5).", minimum=0),
+           "Relative tolerance (default per dtype; f32: 1e-5).", minimum=0,
+           metavar="FLOAT"),
     Option("atol", ("--atol",), Optional[float], None,
-           "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0),
-    *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "fmt", "output",
-                                  "devices", "tpu", "cores", "seed")),
+           "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0,
+           metavar="FLOAT"),
+    *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats")),
+    Option("fmt", ("--format",), TableOrJson, TableOrJson.TABLE,
+           "Report format: a table for people, or json."),
+    *(BY_PARAM[name] for name in ("output", "devices", "tpu", "cores", "seed")),
 )
 
 
@@ -141,8 +170,9 @@ DIFF_OPTIONS: tuple[Option, ...] = (
 COMPILE_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
            "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas.",
-           check=parse_generations),
-    Option("fmt", ("--format",), Format, Format.TABLE, "Report format: table or json."),
+           check=parse_generations, metavar="LIST"),
+    Option("fmt", ("--format",), TableOrJson, TableOrJson.TABLE,
+           "Report format: a table for people, or json."),
     *(BY_PARAM[name] for name in ("output", "devices")),
 )
 
@@ -154,7 +184,7 @@ def typer_parameters(options: tuple[Option, ...]) -> list[inspect.Parameter]:
     params = []
     for option in options:
         info = typer.Option(option.default, *option.flags, help=option.help,
-                            min=option.minimum)
+                            min=option.minimum, metavar=option.shown_metavar)
         params.append(inspect.Parameter(option.param, inspect.Parameter.KEYWORD_ONLY,
                                         default=info, annotation=option.kind))
     return params

@@ -84,11 +84,45 @@ def check_target(path: Path, script: Path | None = None) -> None:
         return  # written in place (see write_report)
 
 
+def same_target(first: Path | str, second: Path | str) -> bool:
+    """Whether two report targets are one place, so that the second report written would
+    destroy the first (or be interleaved with it in one stream): the same file by its
+    resolved path or inode (a symlink to it, a hard link), the same stream descriptor, or
+    a stream that is redirected into that file. `/dev/null` takes anything twice."""
+    one, other = _identity(first), _identity(second)
+    return one is not None and one == other
+
+
+def _identity(path: Path | str) -> tuple | None:
+    fd = 1 if is_stdout(path) else stream_descriptor(path)
+    if fd is not None:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            return ("fd", fd)
+        # A terminal is one per descriptor here: a report on stdout and a trace on stderr
+        # are read apart; a file or pipe behind two descriptors is one place.
+        return ("fd", fd) if stat.S_ISCHR(info.st_mode) else ("inode", info.st_dev,
+                                                               info.st_ino)
+    real = os.path.realpath(path)
+    if real == os.devnull:
+        return None
+    try:
+        info = os.stat(real)
+    except OSError:
+        return ("path", real)
+    return ("inode", info.st_dev, info.st_ino)
+
+
 def _check_new_file(path: Path, real: Path) -> None:
+    """A new report may create its own folder (`-o reports/run.json`), one level, under a
+    folder that exists: never a chain of folders from a typo'd or absent root (run as
+    root, `/nonexistent/sub/t.json` would otherwise create `/nonexistent` at `/`)."""
     folder = real.parent
-    while not folder.exists():
-        if folder.parent == folder:
-            break
+    if not folder.exists():
+        if not folder.parent.exists():
+            raise OutputError(f"cannot create --output {path}: {folder.parent} does not"
+                              f" exist (only the report's own folder is created)")
         folder = folder.parent
     if not folder.is_dir():
         raise OutputError(f"cannot create --output {path}: {folder} is not a folder")
@@ -158,8 +192,9 @@ def _remove_stale_temps(path: Path) -> None:
 
 
 def _replace_atomically(path: Path, text: str, mode: int | None) -> None:
-    """A temporary file in `path`'s folder, then a rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A temporary file in `path`'s folder, then a rename over `path`. At most that
+    folder is created, never its parents (check_target refused a longer chain)."""
+    path.parent.mkdir(exist_ok=True)
     _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX,
                                dir=str(path.parent))

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import Suppression
 from pallas_check.report.sarif import fingerprint
+from pallas_check.report.schema import SchemaError, check_schema
 
 COMMENT = re.compile(r"pallas-check:\s*ignore\b(?:\[([^\]]*)\])?")
 KINDS = frozenset(kind.value for kind in FindingKind)
@@ -138,9 +139,14 @@ def read_baseline(path: Path) -> list[dict]:
         raise SuppressionError(f"cannot read the baseline {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise SuppressionError(f"baseline {path} is not JSON: {exc}") from None
-    entries = data.get("findings") if isinstance(data, dict) else None
-    if (not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA
-            or not isinstance(entries, list)
+    try:
+        # A baseline started by hand ({"schema": ..., "findings": []}) is version 1.
+        check_schema(data, path, BASELINE_SCHEMA, (BASELINE_VERSION,), "baseline",
+                     unversioned=1)
+    except SchemaError as exc:
+        raise SuppressionError(str(exc)) from None
+    entries = data.get("findings")
+    if (not isinstance(entries, list)
             or not all(isinstance(e, dict) and isinstance(e.get("fingerprint"), str)
                        for e in entries)):
         raise SuppressionError(f"{path} is not a pallas-check baseline (schema"

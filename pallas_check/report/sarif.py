@@ -2,11 +2,14 @@
 
 One rule per finding kind; one result per finding, located at the user's source line, with
 the other accesses of a race or an uninitialized read as related locations. Paths inside the
-current directory are relative URIs against `%SRCROOT%` (the current directory), so a
-report made in a checkout's root maps onto the repository. No timestamps: the same run gives
-the same file, and each result's `partialFingerprints` stays the same across runs and
-checkouts (it hashes the kind, kernel, buffer, relative path and source text, not line
-numbers or absolute paths), so a code-scanning page can tell a new alert from an old one.
+project are relative URIs against `%SRCROOT%`, the project root the table and text show
+paths from (report/paths.py: the nearest pyproject.toml's folder above the script, else the
+git root, else the current folder), so a report maps onto the repository from whatever
+folder the run was started in; a file outside it is an absolute `file:///` URI. No
+timestamps: the same run gives the same file, and each result's `partialFingerprints` stays
+the same across runs and checkouts (it hashes the kind, kernel, buffer, path relative to the
+project root and source text, not line numbers or absolute paths), so a code-scanning page
+can tell a new alert from an old one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from urllib.parse import quote
 from pallas_check import __version__
 from pallas_check.findings import Access, Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.model import RunReport, Suppression
+from pallas_check.report.paths import project_root
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -130,8 +134,15 @@ def information_uri() -> str:
     return _DEFAULT_URI
 
 
+def root_uri(root: str) -> str:
+    """`file:///path/to/root/`: a folder's URI ends in one slash (also for `/` itself)."""
+    uri = Path(os.path.abspath(root)).resolve().as_uri()
+    return uri if uri.endswith("/") else uri + "/"
+
+
 def artifact_location(file: str, cwd: str | None = None) -> dict[str, str]:
-    """A relative URI against %SRCROOT% inside the current directory, else a file URI."""
+    """A relative URI against %SRCROOT% (`cwd`, default the current folder) for a file
+    inside it, else an absolute file URI."""
     cwd = os.path.abspath(cwd or os.getcwd())
     absolute = os.path.abspath(file)
     try:
@@ -147,11 +158,11 @@ def _relative(file: str, root: str | None = None) -> str:
     return artifact_location(file, root)["uri"]
 
 
-def _physical(frame: SourceFrame) -> dict[str, Any]:
+def _physical(frame: SourceFrame, root: str) -> dict[str, Any]:
     region: dict[str, Any] = {"startLine": max(1, int(frame.line))}
     if frame.code:
         region["snippet"] = {"text": frame.code}
-    return {"artifactLocation": artifact_location(frame.file), "region": region}
+    return {"artifactLocation": artifact_location(frame.file, root), "region": region}
 
 
 def _access_text(access: Access) -> str:
@@ -160,15 +171,15 @@ def _access_text(access: Access) -> str:
     return f"{access.operation} {access.buffer}{format_range(access.index_range)}{actor}{grid}"
 
 
-def _primary(finding: Finding, script: str) -> dict[str, Any]:
+def _primary(finding: Finding, script: str, root: str) -> dict[str, Any]:
     frame = finding.location
     if frame is None and finding.kernel.file:
         frame = SourceFrame(finding.kernel.file, finding.kernel.line or 1, finding.kernel.name)
     location: dict[str, Any]
     if frame is not None:
-        location = {"physicalLocation": _physical(frame)}
+        location = {"physicalLocation": _physical(frame, root)}
     else:
-        location = {"physicalLocation": {"artifactLocation": artifact_location(script)}}
+        location = {"physicalLocation": {"artifactLocation": artifact_location(script, root)}}
     location["logicalLocations"] = [{"name": finding.kernel.name, "kind": "function"}]
     return location
 
@@ -213,8 +224,8 @@ def _suppressions(why: Suppression) -> list[dict[str, Any]]:
 
 
 def _result(finding: Finding, index: dict[FindingKind, int], script: str,
-            seen: dict[str, int]) -> dict[str, Any]:
-    fp = fingerprint(finding)
+            seen: dict[str, int], root: str) -> dict[str, Any]:
+    fp = fingerprint(finding, root)
     seen[fp] = seen.get(fp, 0) + 1
     if seen[fp] > 1:  # two findings alike but for their line: keep fingerprints unique
         fp = f"{fp}:{seen[fp]}"
@@ -223,11 +234,11 @@ def _result(finding: Finding, index: dict[FindingKind, int], script: str,
         "ruleIndex": index[finding.kind],
         "level": "error",
         "message": {"text": finding.message},
-        "locations": [_primary(finding, script)],
+        "locations": [_primary(finding, script, root)],
         "partialFingerprints": {FINGERPRINT: fp},
         "occurrenceCount": max(1, int(finding.count)),
     }
-    related = [{"id": i, "physicalLocation": _physical(a.frames[0]),
+    related = [{"id": i, "physicalLocation": _physical(a.frames[0], root),
                 "message": {"text": _access_text(a)}}
                for i, a in enumerate(finding.accesses, start=1) if a.frames]
     if related:
@@ -265,7 +276,7 @@ def report_sarif(report: RunReport) -> dict[str, Any]:
     }
     if notifications:
         invocation["toolExecutionNotifications"] = notifications
-    cwd = Path(os.getcwd()).resolve().as_uri().rstrip("/") + "/"
+    root = str(project_root(report.script))  # the root the table and text show paths from
     run: dict[str, Any] = {
         "tool": {"driver": {
             "name": "pallas-check",
@@ -274,11 +285,11 @@ def report_sarif(report: RunReport) -> dict[str, Any]:
             "informationUri": information_uri(),
             "rules": [_rule(kind) for kind in kinds],
         }},
-        "originalUriBaseIds": {SRCROOT: {"uri": cwd}},
+        "originalUriBaseIds": {SRCROOT: {"uri": root_uri(root)}},
         "invocations": [invocation],
-        "results": [_result(f, index, report.script, seen) for f in report.findings]
-        + [{**_result(f, index, report.script, seen), "suppressions": _suppressions(why)}
-           for f, why in report.suppressed],
+        "results": [_result(f, index, report.script, seen, root) for f in report.findings]
+        + [{**_result(f, index, report.script, seen, root),
+            "suppressions": _suppressions(why)} for f, why in report.suppressed],
         "columnKind": "unicodeCodePoints",
         "properties": {"script": report.script, "config": report.config,
                        "partial": report.partial, "suppressed": len(report.suppressed)},
