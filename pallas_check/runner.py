@@ -91,26 +91,30 @@ def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
                    trace: Path | None = None) -> ExitCode:
     """`pallas-check run`: every call simulated and checked (`policy`: suppress.Policy;
     `trace`: where the timeline goes, with config.timeline on)."""
-    return run_command(CheckCommand(script, args, config, policy, trace), script, args,
-                       fmt, output)
+    from pallas_check.progress_line import wanted
+
+    command = CheckCommand(script, args, config, policy, trace, progress=wanted(fmt, output))
+    return run_command(command, script, args, fmt, output)
 
 
 class CheckCommand:
     """`pallas-check run`: a Session checks every call; the report lists its findings."""
 
     def __init__(self, script: str, args: Sequence[str], config: Config,
-                 policy: Any = None, trace: Path | None = None) -> None:
+                 policy: Any = None, trace: Path | None = None,
+                 progress: bool = False) -> None:
         from pallas_check.session import Session
         from pallas_check.suppress import Policy
 
         self.script, self.args, self.config = script, args, config
         self.policy = policy if policy is not None else Policy()
         self.trace = trace
+        self.progress = progress  # a progress line on stderr (progress_line.py)
         self.session = Session(config)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        with self.session.install(), _progress_bar(self.session, self.config):
+        with self.session.install(), _progress_line(self.session, self.progress):
             yield
 
     def calls_in_flight(self) -> int:
@@ -120,53 +124,31 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
-        from pallas_check.execfile import ScriptOutcome
         from pallas_check.report.console import display_for
 
-        session = self.session
-        session.stop_in_flight()  # a call the run stopped in is listed, with its findings
-        session.finish()
-        compile_error = _compile_after_run(session, outcome)
-        if session.interrupted and not outcome.interrupted:
-            # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
-            # caught that). It is still an interruption: a partial report, not the user's bug.
-            outcome = ScriptOutcome(ok=False, interrupted=True, error=interrupts.reason())
-        engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
-        if engine_error is not None:
-            engine_error = short_error(engine_error)
-        user_failed = not outcome.ok and engine_error is None
-        calls = sorted(session.calls, key=lambda c: c.index)
-        # Suppression is its own stage: after the analysis, before the report.
-        kept = suppress.apply(session.findings, calls, self.policy)
-        findings = kept.active
+        done = finished_report(self.session, outcome, ours, self.policy, self.script,
+                               self.args)
+        report, kept = done.report, done.kept
+        code = ExitCode(report.exit_code)
         baseline_failed = self.policy.update_baseline and not self._update_baseline(
-            kept, finished=outcome.ok and engine_error is None)
-        code = exit_code_for(len(findings), user_failed, engine_error is not None,
-                             calls=len(calls))
+            kept, finished=done.finished)
         trace_written = self._write_trace(kept) if self.trace is not None else None
         if (baseline_failed or trace_written is False) and code < ExitCode.USAGE:
             code = ExitCode.USAGE  # a file asked for is not where it was asked for
-        report = RunReport(
-            script=self.script, config=config_dict(self.config), findings=findings,
-            calls=calls, exit_code=int(code),
-            user_error=outcome.error if user_failed else None,
-            user_traceback=outcome.traceback if user_failed else None,
-            internal_error=engine_error, partial=outcome.interrupted,
-            script_args=tuple(self.args), suppressed=kept.suppressed,
-            trace=str(self.trace_shown) if trace_written else None)
+        report.exit_code = int(code)
+        report.trace = str(self.trace_shown) if trace_written else None
         buffer = io.StringIO()
         reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
             report, buffer)
         suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
-        summary = (f"{len(findings)} finding(s) in {len(report.calls)} pallas_call(s)"
-                   f"{suppressed}")
-        failure = script_traceback(outcome) if user_failed else None
-        if user_failed and outcome.interrupted:  # one line: how the run stopped, and where
-            stopped = stopped_text(outcome.error, calls)
+        summary = (f"{len(report.findings)} finding(s) in {len(report.calls)}"
+                   f" pallas_call(s){suppressed}")
+        failure = script_traceback(done.outcome) if done.user_failed else None
+        if done.user_failed and done.outcome.interrupted:  # one line: how it stopped, where
+            stopped = stopped_text(done.outcome.error, report.calls)
             summary = f"{stopped}; {summary}"
             failure = f"pallas-check: {stopped}\n" if to_stdout else None
-        return Verdict(buffer.getvalue(), code, summary, engine_error, failure)
-
+        return Verdict(buffer.getvalue(), code, summary, report.internal_error, failure)
 
     @property
     def trace_shown(self) -> str:
@@ -213,6 +195,52 @@ class CheckCommand:
         print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
               file=sys.stderr)
         return True
+
+
+@dataclasses.dataclass
+class Finished:
+    """A finished session as a report: what `run` renders and the Python API returns."""
+
+    report: RunReport
+    kept: Any  # suppress.Outcome: the findings that count and those suppressed
+    outcome: Any  # how the script (or the API's block) ended, Ctrl-C in a call included
+    user_failed: bool
+    finished: bool  # ran to its end with no failure: its findings are complete
+
+
+def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, script: str,
+                    args: Sequence[str] = (), rerun: str | None = None,
+                    cwd: str | None = None) -> Finished:
+    """The one way a finished session becomes a `RunReport` (the CLI's `run`, the Python
+    API, the pytest plugin): --compile after the run, Ctrl-C inside a call, our failure
+    over the user's, the suppression stage, the ranked exit code."""
+    from pallas_check.execfile import ScriptOutcome
+
+    session.stop_in_flight()  # a call the run stopped in is listed, with its findings
+    session.finish()
+    compile_error = _compile_after_run(session, outcome)
+    if session.interrupted and not outcome.interrupted:
+        # Ctrl-C hit a call's simulation: the script saw it as JAX's callback error (or
+        # caught that). It is still an interruption: a partial report, not the user's bug.
+        outcome = ScriptOutcome(ok=False, interrupted=True, error=interrupts.reason())
+    engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
+    if engine_error is not None:
+        engine_error = short_error(engine_error)
+    user_failed = not outcome.ok and engine_error is None
+    calls = sorted(session.calls, key=lambda c: c.index)
+    # Suppression is its own stage: after the analysis, before the report.
+    kept = suppress.apply(session.findings, calls, policy, cwd=cwd)
+    code = exit_code_for(len(kept.active), user_failed, engine_error is not None,
+                         calls=len(calls))
+    report = RunReport(
+        script=script, config=config_dict(session.config), findings=kept.active,
+        calls=calls, exit_code=int(code),
+        user_error=outcome.error if user_failed else None,
+        user_traceback=outcome.traceback if user_failed else None,
+        internal_error=engine_error, partial=outcome.interrupted, rerun=rerun,
+        script_args=tuple(args), suppressed=kept.suppressed)
+    return Finished(report, kept, outcome, user_failed,
+                    finished=outcome.ok and engine_error is None)
 
 
 def _compile_after_run(session: Any, outcome: Any) -> str | None:
@@ -360,27 +388,15 @@ def short_error(message: str) -> str:
 
 
 @contextlib.contextmanager
-def _progress_bar(session: Any, config: Config) -> Iterator[None]:
-    """A rich progress bar over the schedules of each call (only on a terminal)."""
-    if config.schedules <= 1 or not sys.stderr.isatty():
+def _progress_line(session: Any, shown: bool) -> Iterator[None]:
+    """The progress of each call on stderr (progress_line.py), when `shown`."""
+    if not shown:
         yield
         return
-    from rich.progress import Progress
+    from pallas_check.progress_line import ProgressLine
 
-    with Progress(transient=True) as progress:
-        tasks: dict[int, Any] = {}
-
-        def update(call_index: int, kernel: str, done: int, total: int) -> None:
-            if call_index not in tasks:
-                tasks[call_index] = progress.add_task(
-                    f"call {call_index} ({kernel}): schedules", total=total)
-            progress.update(tasks[call_index], completed=done)
-
-        session.progress = update
-        try:
-            yield
-        finally:
-            session.progress = None
+    with ProgressLine(session):
+        yield
 
 
 @contextlib.contextmanager

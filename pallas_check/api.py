@@ -1,0 +1,256 @@
+"""The Python API: check the pallas_calls a block of code makes, from a notebook, a test
+or a script, with the same session, options, suppressions and report as `pallas-check run`.
+
+    import pallas_check
+
+    with pallas_check.checking(races=True, dma="on_wait") as run:
+        y = f(x)                      # every pallas_call inside is simulated and checked
+    run.findings                      # the findings that count (suppressions applied)
+    run.report                        # the RunReport the CLI renders (report/model.py)
+    run.raise_for_findings()          # FindingsError listing them, if there are any
+    run                               # in Jupyter: the report table
+
+Options are keyword arguments named as the `[tool.pallas-check]` keys (or the Config
+fields: `dma_mode` for `dma`), checked as the command line checks them: a bad value is a
+ValueError of one line. The project's `[tool.pallas-check]` table and `PALLAS_CHECK_*`
+variables apply below them, as for `run` and the pytest plugin (`project=False`: not).
+No progress line unless `progress=True`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import enum
+import html
+import io
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+from pallas_check.options import RUN_OPTIONS
+
+# Options of `run` that mean nothing around a block of code in a running process: its
+# report format and file (the Run object is the report), --native (another command),
+# --trace (a file written by the CLI), and --devices (JAX already chose its device count).
+_NOT_HERE = ("fmt", "output", "native", "trace", "devices", "update_baseline")
+OPTIONS = {o.key.replace("-", "_"): o for o in RUN_OPTIONS if o.param not in _NOT_HERE}
+# The Config field names as aliases of the keys (`dma_mode=` for `dma=`).
+_ALIASES = {o.config_field: name for name, o in OPTIONS.items()
+            if o.config_field and o.config_field != name}
+
+
+class FindingsError(Exception):
+    """`Run.raise_for_findings()`: the block's pallas_calls had findings (one line each,
+    `path:line: kind: kernel[buffer]: message`, in `str(error)`), or pallas-check itself
+    failed. `findings` and `report` hold the data."""
+
+    def __init__(self, message: str, findings: list, report: Any) -> None:
+        super().__init__(message)
+        self.findings = findings
+        self.report = report
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Checked options: the engine's Config and the suppression policy."""
+
+    config: Any
+    policy: Any
+
+
+def resolve(options: dict[str, Any], project: bool | str | Path = True,
+            report_unused: bool = False) -> Options:
+    """Options as `checking` takes them, checked and merged over the project's settings
+    (raises ValueError, one line; TypeError for a name that is no option)."""
+    from pallas_check.settings import SettingsError, _convert, load_settings, option_specs
+    from pallas_check.suppress import SuppressionError, make_policy
+
+    values: dict[str, Any] = {}
+    if project is not False:
+        cwd = None if project is True else Path(project)
+        try:
+            values = dict(load_settings(RUN_OPTIONS, cwd=cwd).values)
+        except SettingsError as exc:
+            raise ValueError(str(exc)) from None
+    specs = {spec.name: spec for spec in option_specs(RUN_OPTIONS).values()}
+    for name, value in options.items():
+        name = _ALIASES.get(name, name)
+        option = OPTIONS.get(name)
+        if option is None:
+            close = difflib.get_close_matches(name, [*OPTIONS, *_ALIASES], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise TypeError(f"pallas_check.checking() got an unknown option {name!r}{hint}"
+                            f" (options: {', '.join(OPTIONS)})")
+        try:
+            values[option.param] = _convert(specs[option.param], _plain(value), False, None)
+        except ValueError as exc:
+            raise ValueError(f"{name}={value!r}: {exc}") from None
+    try:
+        policy = make_policy(values.get("ignore"), values.get("baseline"), False,
+                             bool(values.get("races", False)), report_unused=report_unused)
+    except SuppressionError as exc:
+        raise ValueError(str(exc)) from None
+    return Options(_config(values), policy)
+
+
+def _plain(value: Any) -> Any:
+    """An enum member as its value, a Path as a string, a tuple as a list: as a
+    `[tool.pallas-check]` table would hold them."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _config(values: dict[str, Any]) -> Any:
+    from pallas_check.config import Config
+
+    fields: dict[str, Any] = {}
+    for option in RUN_OPTIONS:
+        if (option.config_field is None or option.param not in values
+                or option.param in _NOT_HERE):
+            continue
+        value = values[option.param]
+        if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
+            value = option.kind(value)
+        fields[option.config_field] = value
+    return Config(**fields)
+
+
+class Run:
+    """What `checking` found; filled in when the block ends (`report` is None before)."""
+
+    def __init__(self, options: Options, label: str) -> None:
+        self.options = options
+        self.label = label  # where the block is: the report's "script"
+        self.report: Any = None  # report/model.py's RunReport, once the block ended
+        self.session: Any = None
+
+    @property
+    def findings(self) -> list:
+        """The findings that count (not suppressed), as the report lists them."""
+        return list(self._finished().findings)
+
+    @property
+    def suppressed(self) -> list:
+        """(finding, why) for each suppressed finding."""
+        return list(self._finished().suppressed)
+
+    @property
+    def calls(self) -> list:
+        """One CallSummary per pallas_call checked (kernel, grid, engine seconds, ...)."""
+        return list(self._finished().calls)
+
+    @property
+    def exit_code(self) -> int:
+        """What `pallas-check run` would exit with (exitcodes.py)."""
+        return int(self._finished().exit_code)
+
+    def raise_for_findings(self) -> None:
+        """Raise FindingsError if the block had findings, or pallas-check failed on it."""
+        report = self._finished()
+        if not report.findings and report.internal_error is None:
+            return
+        text = self.render("text").rstrip("\n")
+        head = (f"pallas-check: {len(report.findings)} finding(s) in {len(report.calls)}"
+                f" pallas_call(s)" if report.findings
+                else "pallas-check could not check the block")
+        raise FindingsError(f"{head}:\n{text}", list(report.findings), report)
+
+    def render(self, fmt: str = "table", width: int | None = None) -> str:
+        """The report as `pallas-check run --format FMT` prints it."""
+        from pallas_check.report import reporter_for
+
+        buffer = io.StringIO()
+        reporter_for(fmt, width=width).render(self._finished(), buffer)
+        return buffer.getvalue()
+
+    def __str__(self) -> str:
+        return self.render("table") if self.report is not None else repr(self)
+
+    def __repr__(self) -> str:
+        if self.report is None:
+            return "<pallas_check.Run: running>"
+        r = self.report
+        return (f"<pallas_check.Run: {len(r.findings)} finding(s) in {len(r.calls)}"
+                f" pallas_call(s), exit code {r.exit_code}>")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the report table (what the terminal shows), in a <pre>."""
+        if self.report is None:
+            return html.escape(repr(self))
+        return f"<pre>{html.escape(self.render('table', width=120))}</pre>"
+
+    def _finished(self) -> Any:
+        if self.report is None:
+            raise RuntimeError("the report is made when the `with pallas_check.checking()`"
+                               " block ends")
+        return self.report
+
+
+@contextlib.contextmanager
+def checking(*, project: bool | str | Path = True, progress: bool = False,
+             **options: Any) -> Iterator[Run]:
+    """Simulate and check every pallas_call made inside the block; the Run it yields
+    holds the report once the block ends (also when the block raised: the exception
+    goes on). Options: see the module docstring; `progress=True`: a progress line on
+    stderr while a long call runs (only where stderr is a terminal)."""
+    resolved = resolve(options, project=project)
+    with checked(resolved, _caller(), progress=progress) as run:
+        yield run
+
+
+@contextlib.contextmanager
+def checked(options: Options, label: str, rerun: str | None = None,
+            cwd: str | None = None, progress: bool = False) -> Iterator[Run]:
+    """`checking` with options already resolved (the pytest plugin's way in): the run path
+    of `pallas-check run` (runner.py) around a block instead of a script."""
+    from pallas_check.execfile import ScriptOutcome
+    from pallas_check.runner import (_progress_line, _settle_failed_computations,
+                                     callback_failures, finished_report)
+    from pallas_check.session import Session
+
+    run = Run(options, label)
+    run.session = session = Session(options.config)
+    outcome = ScriptOutcome(ok=True)
+    ours: list[str] = []
+    try:
+        with (callback_failures() as ours, session.install(),
+              _progress_line(session, progress and sys.stderr.isatty())):
+            try:
+                yield run
+            except BaseException as exc:
+                outcome = _outcome_of(exc)
+                raise
+            finally:
+                if session.engine_error is not None or ours:
+                    _settle_failed_computations()
+    finally:
+        run.report = finished_report(session, outcome, ours, options.policy, label,
+                                     rerun=rerun, cwd=cwd).report
+
+
+def _outcome_of(exc: BaseException) -> Any:
+    """How the block ended, as a script's outcome (execfile.ScriptOutcome)."""
+    from pallas_check.execfile import ScriptOutcome
+
+    if isinstance(exc, KeyboardInterrupt):
+        return ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)",
+                             exception=exc)
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return ScriptOutcome(ok=False, error=f"{type(exc).__name__}: {first_line}".rstrip(": "),
+                         traceback="".join(traceback.format_exception(exc)), exception=exc)
+
+
+def _caller() -> str:
+    """The file of the code that opened the block (a notebook cell's is `<ipython-...>`)."""
+    frame = sys._getframe(3)  # _caller <- checking <- contextmanager.__enter__ <- caller
+    filename = frame.f_code.co_filename
+    return filename if os.path.exists(filename) else "<notebook>"
