@@ -55,8 +55,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
-from pallas_check.config import Config, DmaMode  # noqa: E402
-from pallas_check.session import Session  # noqa: E402
+import pallas_check  # noqa: E402
 from pallas_check.tpu_info import simulated_tpu  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "samples"))
@@ -117,12 +116,15 @@ def _hlo_pallas_call():
 
 @contextlib.contextmanager
 def configured(bench: Bench, mode: str, checker_log: list | None = None):
-    """Set a configuration up; yields the jitted call and its arguments."""
+    """Set a configuration up; yields the jitted call, its arguments, and the Python API's
+    Run (pallas-check's configurations: its report is there once the block ends)."""
     if mode in (PC_OFF, PC_ON):
-        session = Session(Config(races=mode == PC_ON, dma_mode=DmaMode(bench.dma_mode)))
-        with session.install(), _recording_checkers(checker_log):
+        # The project's [tool.pallas-check] and PALLAS_CHECK_* variables do not apply: the
+        # configuration is the benchmark's alone.
+        with (pallas_check.checking(races=mode == PC_ON, dma=bench.dma_mode, project=False)
+              as run, _recording_checkers(checker_log)):
             fn, args = bench.build(False)
-            yield jax.jit(fn), args, session
+            yield jax.jit(fn), args, run
         return
     if mode == HLO:
         ctx = _hlo_pallas_call() if bench.library else contextlib.nullcontext()
@@ -144,16 +146,14 @@ _TRACK_HISTORY = {"on": False}
 
 @contextlib.contextmanager
 def _recording_checkers(log: list | None):
-    """Keep each call's RaceChecker (its `checked` counts the accesses it checked)."""
+    """Keep each call's RaceChecker (its `checked` counts the accesses it checked): the
+    checkers module's name of the class is the one the session's checkers construct."""
     if log is None:
         yield
         return
-    try:
-        from pallas_check.engine import kernel as kernel_module
-        base = kernel_module.RaceChecker
-    except (ImportError, AttributeError):  # engine layout changed: no per-access numbers
-        yield
-        return
+    import pallas_check.checkers as checkers_module
+
+    base = checkers_module.RaceChecker  # an AttributeError here is a bug of this script
 
     class Recording(base):  # type: ignore[misc, valid-type]
         def __init__(self, *a: Any, **k: Any) -> None:
@@ -171,11 +171,11 @@ def _recording_checkers(log: list | None):
 
                 self.access = access
 
-    kernel_module.RaceChecker = Recording
+    checkers_module.RaceChecker = Recording
     try:
         yield
     finally:
-        kernel_module.RaceChecker = base
+        checkers_module.RaceChecker = base
 
 
 def _block(x: Any) -> Any:
@@ -192,7 +192,7 @@ def one_sample(bench: Bench, mode: str, on_warm: Callable[[float], None] | None 
                on_ready: Callable[[], None] | None = None) -> dict:
     """Warm-up call, then the timed second call, under one configuration."""
     log: list = []
-    with configured(bench, mode, log if mode == PC_ON else None) as (fn, args, session):
+    with configured(bench, mode, log if mode == PC_ON else None) as (fn, args, run):
         _block(args)
         if on_ready is not None:
             on_ready()  # the inputs exist; nothing has been called yet
@@ -213,12 +213,12 @@ def one_sample(bench: Bench, mode: str, on_warm: Callable[[float], None] | None 
         seconds = time.perf_counter() - t0
         cpu = _cpu_seconds() - cpu0
     out: dict = {"seconds": seconds, "warmup_seconds": warm, "cpu_seconds": cpu}
-    if session is not None:
-        if session.engine_error:
-            raise RuntimeError(session.engine_error)
-        out["findings"] = len(session.findings)
-        if session.calls:  # the engine's own time in the host callback(s) of the timed call
-            out["engine_seconds"] = session.calls[-1].seconds
+    if run is not None:
+        if run.report.internal_error:
+            raise RuntimeError(run.report.internal_error)
+        out["findings"] = len(run.findings)
+        if run.calls:  # the engine's own time in the host callback(s) of the timed call
+            out["engine_seconds"] = run.calls[-1].seconds
     if log:
         out["accesses_checked"] = sum(getattr(c, "checked", 0) for c in log)
         out["max_history"] = longest  # the most records one buffer had (warm-up call)

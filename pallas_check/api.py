@@ -213,6 +213,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     """`checking` with options already resolved (the pytest plugin's way in): the run path
     of `pallas-check run` (runner.py) around a block instead of a script."""
     from pallas_check.execfile import ScriptOutcome
+    from pallas_check.progress_line import is_terminal
     from pallas_check.runner import (_progress_line, _settle_failed_computations,
                                      callback_failures, finished_report)
     from pallas_check.session import Session
@@ -223,7 +224,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     ours: list[str] = []
     try:
         with (callback_failures() as ours, session.install(),
-              _progress_line(session, progress and sys.stderr.isatty())):
+              _progress_line(session, progress and is_terminal(sys.stderr))):
             try:
                 yield run
             except BaseException as exc:

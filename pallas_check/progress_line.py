@@ -12,6 +12,7 @@ were.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -26,30 +27,33 @@ REFRESH_S = 0.25
 def wanted(fmt: str, output: Any, stream: TextIO | None = None) -> bool:
     """Whether `pallas-check run` shows progress: stderr is a terminal, and no JSON or
     SARIF report is being written to stdout (those are for machines, even on a terminal)."""
-    stream = stream if stream is not None else sys.stderr
     to_stdout = output is None or str(output) == "-"
     if to_stdout and fmt not in ("table", "text"):
         return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # a closed or replaced stream
-        return False
+    return is_terminal(stream if stream is not None else sys.stderr)
 
 
 def describe(steps: Any, schedule: tuple[int, int] | None, now: float) -> str:
-    """The line of one call, e.g. `call 3 flash_kernel: 41,000/1,000,000 grid steps
-    (4%) · 39,800 steps/s`."""
+    """The line of one call, e.g. `call 3 flash_kernel: 41,000/1,000,000 grid steps (4%),
+    39,800 steps/s` (ASCII only: any terminal encoding can show it)."""
     total = max(steps.total, 1)
     elapsed = now - steps.started
     rate = steps.done / elapsed if elapsed > 0 else 0.0
     text = (f"pallas-check: call {steps.call_index} {steps.kernel}: {steps.done:,}/"
-            f"{steps.total:,} grid steps ({100 * steps.done // total}%) ·"
+            f"{steps.total:,} grid steps ({100 * steps.done // total}%),"
             f" {rate:,.0f} steps/s")
     if schedule is not None and schedule[1] > 1:
-        text += f" · schedule {min(schedule[0] + 1, schedule[1])}/{schedule[1]}"
+        text += f", schedule {min(schedule[0] + 1, schedule[1])}/{schedule[1]}"
     if steps.passes > 1:
-        text += f" · pass {steps.passes}"
+        text += f", pass {steps.passes}"
     return text
+
+
+def is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
 
 
 class ProgressLine:
@@ -63,8 +67,10 @@ class ProgressLine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Any = None
+        self._lock = threading.Lock()  # the poll thread and `stop` both draw
 
     def __enter__(self) -> "ProgressLine":
+        _active.add(self)
         self.session.progress = self._schedule_done
         self._thread = threading.Thread(target=self._poll, name="pallas-check-progress",
                                         daemon=True)
@@ -73,15 +79,29 @@ class ProgressLine:
 
     def __exit__(self, *exc: Any) -> None:
         self.session.progress = None
+        self.stop()
+
+    def stop(self) -> None:
+        """No more line: the thread ends and the line is erased (the cursor shown)."""
+        _active.discard(self)
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
-        self._hide()
+        with self._lock:
+            self._hide()
 
     def _schedule_done(self, call_index: int, kernel: str, done: int, total: int) -> None:
         self.schedules[call_index] = (done, total)
 
     def _poll(self) -> None:
+        try:
+            self._polling()
+        except Exception:  # noqa: BLE001 - a progress line never fails a run: gone
+            self._stop.set()
+            with contextlib.suppress(Exception), self._lock:
+                self._hide()
+
+    def _polling(self) -> None:
         from pallas_check.engine import progress
 
         while not self._stop.wait(REFRESH_S):
@@ -89,10 +109,13 @@ class ProgressLine:
             calls = [s for s in progress.live_calls()
                      if s.total and (now - s.started >= SHOW_AFTER_S or s.passes > 1)]
             if not calls:
-                self._hide()
+                with self._lock:
+                    self._hide()
                 continue
             lines = [describe(s, self.schedules.get(s.call_index), now) for s in calls]
-            self._show("\n".join(lines))
+            with self._lock:
+                if not self._stop.is_set():
+                    self._show("\n".join(lines))
 
     def _show(self, text: str) -> None:
         from rich.console import Console
@@ -103,8 +126,11 @@ class ProgressLine:
             console = Console(file=self.stream, highlight=False)
             if not console.is_terminal or console.is_dumb_terminal:
                 return
+            # What the script prints while the line is up (a kernel's debug print) goes
+            # above it, when stdout is the same terminal; a redirected stdout stays so.
             self._live = Live(console=console, transient=True, auto_refresh=False,
-                              redirect_stdout=False, redirect_stderr=False)
+                              redirect_stdout=is_terminal(sys.stdout),
+                              redirect_stderr=False)
             self._live.start()
         self._live.update(Text(text, no_wrap=True, overflow="ellipsis"), refresh=True)
 
@@ -112,3 +138,13 @@ class ProgressLine:
         live, self._live = self._live, None
         if live is not None:
             live.stop()
+
+
+_active: set[ProgressLine] = set()
+
+
+def clear() -> None:
+    """Erase every progress line now: a report is about to be written to the terminal
+    (also from the watchdog's thread, while a call is still in flight)."""
+    for line in list(_active):
+        line.stop()

@@ -316,6 +316,9 @@ class _Finisher:
 
     def _deliver(self, outcome: Any) -> ExitCode:
         from pallas_check.delivery import deliver
+        from pallas_check.progress_line import clear
+
+        clear()  # no progress line left over the report (the watchdog's way out too)
 
         to_stdout = self.output is None or str(self.output) == "-"
         verdict = self.command.verdict(outcome, self.ours, self.fmt, to_stdout)
