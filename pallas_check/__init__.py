@@ -1,9 +1,11 @@
 """pallas-check: run Pallas TPU kernels on a CPU under a checking interpreter.
 
-`pallas_check.checking(...)` checks the pallas_calls of a block of code (api.py); the
-package itself imports nothing heavy (the pytest plugin and the CLI import it first).
+`pallas_check.checking(...)` checks the pallas_calls of a block of code (api.py). The
+package itself imports nothing: the CLI, the pytest plugin and the reporters import it
+(for `__version__`) long before, or without, any use of the API.
 """
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -12,9 +14,9 @@ __all__ = ["FindingsError", "Run", "checking"]
 
 
 def __getattr__(name: str) -> Any:
-    """The Python API, imported when first used (it brings JAX with the engine)."""
+    """The Python API's names, from api.py when first asked for (it brings the engine and
+    JAX). Looked up by name, not imported here: the reporters that read `__version__`
+    from this package must not depend on the session and engine behind the API."""
     if name in __all__:
-        from pallas_check import api
-
-        return getattr(api, name)
+        return getattr(importlib.import_module("pallas_check.api"), name)
     raise AttributeError(f"module 'pallas_check' has no attribute {name!r}")

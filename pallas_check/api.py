@@ -213,18 +213,27 @@ def checked(options: Options, label: str, rerun: str | None = None,
     """`checking` with options already resolved (the pytest plugin's way in): the run path
     of `pallas-check run` (runner.py) around a block instead of a script."""
     from pallas_check.execfile import ScriptOutcome
+    from pallas_check.intercept import installed
     from pallas_check.progress_line import is_terminal
-    from pallas_check.runner import (_progress_line, _settle_failed_computations,
-                                     callback_failures, finished_report)
+    from pallas_check.runner import (_settle_failed_computations, callback_failures,
+                                     finished_report, showing_progress)
     from pallas_check.session import Session
+    from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
+    if installed():
+        raise RuntimeError("pallas-check is already checking the pallas_calls of this"
+                           " process (pallas-check run, pytest --pallas-check, or a"
+                           " checking() block): checking() blocks do not nest")
+    # As `pallas-check run` does: JAX's backends started with libtpu's start-up chatter
+    # kept off stderr (a no-op once the process has started them).
+    start_backends_quietly(compiling=options.config.compile)
     run = Run(options, label)
     run.session = session = Session(options.config)
     outcome = ScriptOutcome(ok=True)
     ours: list[str] = []
     try:
         with (callback_failures() as ours, session.install(),
-              _progress_line(session, progress and is_terminal(sys.stderr))):
+              showing_progress(session, progress and is_terminal(sys.stderr))):
             try:
                 yield run
             except BaseException as exc:

@@ -321,6 +321,11 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
     jax.clear_caches()
 
 
+def installed() -> bool:
+    """Whether pallas_calls are being routed to a handler now (a run, a test, a block)."""
+    return _saved is not None
+
+
 def uninstall() -> None:
     """Restore JAX's own pallas_call lowering."""
     global _saved

@@ -114,7 +114,7 @@ class CheckCommand:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        with self.session.install(), _progress_line(self.session, self.progress):
+        with self.session.install(), showing_progress(self.session, self.progress):
             yield
 
     def calls_in_flight(self) -> int:
@@ -391,7 +391,7 @@ def short_error(message: str) -> str:
 
 
 @contextlib.contextmanager
-def _progress_line(session: Any, shown: bool) -> Iterator[None]:
+def showing_progress(session: Any, shown: bool) -> Iterator[None]:
     """The progress of each call on stderr (progress_line.py), when `shown`."""
     if not shown:
         yield

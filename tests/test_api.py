@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pallas_check
+from pallas_check.api import resolve
 from pallas_check.config import DmaMode
 from pallas_check.findings import FindingKind
 from pallas_check.report.model import RunReport
@@ -122,22 +123,25 @@ def test_an_unknown_option_is_a_type_error_with_a_suggestion():
             pass
 
 
-def test_options_take_config_names_enums_and_paths():
-    resolved = pallas_check.api.resolve({"dma_mode": DmaMode.EAGER, "keep_going": True,
-                                         "schedules": 3, "uninit": "zero"}, project=False)
+def test_options_take_config_names_enums_and_paths(tmp_path):
+    resolved = resolve({"dma_mode": DmaMode.EAGER, "keep_going": True, "schedules": 3,
+                        "uninit": "zero"}, project=False)
     config = resolved.config
     assert config.dma_mode == DmaMode.EAGER and config.keep_going and config.schedules == 3
     assert config.uninit.value == "zero"
+    missing = tmp_path / "baseline.json"
+    with pytest.raises(ValueError, match="^baseline not found: .*baseline.json"):
+        resolve({"baseline": missing}, project=False)
 
 
 def test_project_settings_apply_below_the_keyword_arguments(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pallas-check]\nraces = true\nseed = 7\nignore = ["race:load_kernel"]\n')
     monkeypatch.chdir(tmp_path)
-    resolved = pallas_check.api.resolve({"seed": 3})
+    resolved = resolve({"seed": 3})
     assert resolved.config.races is True and resolved.config.seed == 3
     assert [r.text for r in resolved.policy.rules] == ["race:load_kernel"]
-    assert pallas_check.api.resolve({}, project=False).config.races is False
+    assert resolve({}, project=False).config.races is False
     with pallas_check.checking() as run:  # the table's `ignore` suppresses the race
         jax.block_until_ready(jax.jit(BUG.load_double)(X))
     assert [f.kind for f in run.findings] == [FindingKind.UNINITIALIZED]
@@ -145,3 +149,13 @@ def test_project_settings_apply_below_the_keyword_arguments(tmp_path, monkeypatc
     (tmp_path / "pyproject.toml").write_text('[tool.pallas-check]\ndma = "later"\n')
     with pytest.raises(ValueError, match=r"\[tool.pallas-check\] dma: expected one of"):
         pallas_check.checking().__enter__()
+
+
+def test_checking_blocks_do_not_nest():
+    with pallas_check.checking(project=False) as outer:
+        with pytest.raises(RuntimeError, match="checking\\(\\) blocks do not nest"):
+            with pallas_check.checking(project=False):
+                pass
+        out = jax.jit(OK.load_double)(X)
+    np.testing.assert_allclose(np.asarray(out), 2.0 * np.asarray(X))
+    assert outer.findings == [] and len(outer.calls) == 1
