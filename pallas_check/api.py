@@ -215,7 +215,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     from pallas_check.execfile import ScriptOutcome
     from pallas_check.intercept import installed
     from pallas_check.progress_line import is_terminal
-    from pallas_check.runner import (_settle_failed_computations, callback_failures,
+    from pallas_check.runner import (_settle_computations, callback_failures,
                                      finished_report, showing_progress)
     from pallas_check.session import Session
     from pallas_check.tpu_compile.toolchain import start_backends_quietly
@@ -240,8 +240,9 @@ def checked(options: Options, label: str, rerun: str | None = None,
                 outcome = _outcome_of(exc)
                 raise
             finally:
-                if session.engine_error is not None or ours:
-                    _settle_failed_computations()
+                # What the block dispatched and did not wait for is waited for here (its
+                # calls' findings are in the report), as at the end of a script.
+                _settle_computations()
     finally:
         run.report = finished_report(session, outcome, ours, options.policy, label,
                                      rerun=rerun, cwd=cwd).report

@@ -159,3 +159,10 @@ def test_checking_blocks_do_not_nest():
         out = jax.jit(OK.load_double)(X)
     np.testing.assert_allclose(np.asarray(out), 2.0 * np.asarray(X))
     assert outer.findings == [] and len(outer.calls) == 1
+
+
+def test_calls_the_block_did_not_wait_for_are_in_the_report():
+    with pallas_check.checking(project=False) as run:
+        jax.jit(BUG.load_double)(X)  # dispatched, never waited for in the block
+    assert [(f.kind, f.location.line) for f in run.findings] == [
+        (FindingKind.UNINITIALIZED, 25)]

@@ -29,7 +29,7 @@ from pallas_check.engine import progress
 from pallas_check.progress_line import describe, wanted
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 20_000  # a few seconds of simulation: a long-ish call
+STEPS = 60_000  # 1.5 s of simulation or more (25 us a step at best): a long-ish call
 
 LONG_CALL = textwrap.dedent("""\
     import sys
