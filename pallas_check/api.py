@@ -131,7 +131,6 @@ class Run:
         self.options = options
         self.label = label  # where the block is: the report's "script"
         self.report: Any = None  # report/model.py's RunReport, once the block ended
-        self.session: Any = None
 
     @property
     def findings(self) -> list:
@@ -228,7 +227,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     # kept off stderr (a no-op once the process has started them).
     start_backends_quietly(compiling=options.config.compile)
     run = Run(options, label)
-    run.session = session = Session(options.config)
+    session = Session(options.config)  # not kept by the Run: the report is all it keeps
     outcome = ScriptOutcome(ok=True)
     ours: list[str] = []
     try:

@@ -44,12 +44,13 @@ def describe(steps: Any, schedule: tuple[int, int] | None, now: float) -> str:
             f" {rate:,.0f} steps/s")
     if schedule is not None and schedule[1] > 1:
         text += f", schedule {min(schedule[0] + 1, schedule[1])}/{schedule[1]}"
-    if steps.passes > 1:
+    if steps.passes > 1:  # the call simulated again: a schedule, a second fill, a re-run
         text += f", pass {steps.passes}"
     return text
 
 
 def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal (a closed or replaced stream is not)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or replaced stream
