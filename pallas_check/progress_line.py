@@ -113,7 +113,8 @@ class ProgressLine:
                 with self._lock:
                     self._hide()
                 continue
-            lines = [describe(s, self.schedules.get(s.call_index), now) for s in calls]
+            first = (0, self.session.config.schedules)  # before a call's first schedule ends
+            lines = [describe(s, self.schedules.get(s.call_index, first), now) for s in calls]
             with self._lock:
                 if not self._stop.is_set():
                     self._show("\n".join(lines))
