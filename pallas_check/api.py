@@ -124,6 +124,11 @@ def _config(values: dict[str, Any]) -> Any:
     return Config(**fields)
 
 
+# A notebook cell's output: the table in a monospace block ({code}: rich's styled spans).
+_HTML = ('<pre style="font-family: Menlo, \'DejaVu Sans Mono\', Consolas, monospace;'
+         ' line-height: 1.25; white-space: pre; overflow-x: auto">{code}</pre>')
+
+
 class Run:
     """What `checking` found; filled in when the block ends (`report` is None before)."""
 
@@ -157,18 +162,25 @@ class Run:
         report = self._finished()
         if not report.findings and report.internal_error is None:
             return
-        text = self.render("text").rstrip("\n")
+        lines = self.render("text").splitlines()
+        if lines and lines[-1].startswith("pallas-check: "):
+            lines.pop()  # the text format's summary: the head says it first
         head = (f"pallas-check: {len(report.findings)} finding(s) in {len(report.calls)}"
                 f" pallas_call(s)" if report.findings
                 else "pallas-check could not check the block")
-        raise FindingsError(f"{head}:\n{text}", list(report.findings), report)
+        message = "\n".join([f"{head}:", *lines])
+        raise FindingsError(message, list(report.findings), report)
 
-    def render(self, fmt: str = "table", width: int | None = None) -> str:
-        """The report as `pallas-check run --format FMT` prints it."""
+    def render(self, fmt: str = "table", width: int | None = None,
+               color: bool = False) -> str:
+        """The report as `pallas-check run --format FMT` prints it (`color`: the table's
+        styles as ANSI escapes, as on a terminal)."""
         from pallas_check.report import reporter_for
+        from pallas_check.report.console import Display
 
+        display = Display(color_system="truecolor") if color else Display()
         buffer = io.StringIO()
-        reporter_for(fmt, width=width).render(self._finished(), buffer)
+        reporter_for(fmt, width=width, display=display).render(self._finished(), buffer)
         return buffer.getvalue()
 
     def __str__(self) -> str:
@@ -182,10 +194,18 @@ class Run:
                 f" pallas_call(s), exit code {r.exit_code}>")
 
     def _repr_html_(self) -> str:
-        """Jupyter: the report table (what the terminal shows), in a <pre>."""
+        """Jupyter: the report table as a terminal shows it, colours included (rich turns
+        the table reporter's output into HTML with inline styles)."""
         if self.report is None:
             return html.escape(repr(self))
-        return f"<pre>{html.escape(self.render('table', width=120))}</pre>"
+        from rich.console import Console
+        from rich.text import Text
+
+        width = 120
+        console = Console(record=True, file=io.StringIO(), width=width,
+                          color_system="truecolor", highlight=False, markup=False)
+        console.print(Text.from_ansi(self.render("table", width=width, color=True)), end="")
+        return console.export_html(inline_styles=True, code_format=_HTML)
 
     def _finished(self) -> Any:
         if self.report is None:
@@ -201,8 +221,10 @@ def checking(*, project: bool | str | Path = True, progress: bool = False,
     holds the report once the block ends (also when the block raised: the exception
     goes on). Options: see the module docstring; `progress=True`: a progress line on
     stderr while a long call runs (only where stderr is a terminal)."""
+    from pallas_check.report.model import API_RERUN
+
     resolved = resolve(options, project=project)
-    with checked(resolved, _caller(), progress=progress) as run:
+    with checked(resolved, _caller(), rerun=API_RERUN, progress=progress) as run:
         yield run
 
 

@@ -56,8 +56,10 @@ def test_races_option_finds_the_race_and_raise_for_findings_lists_them():
         run.raise_for_findings()
     message = str(raised.value)
     assert message.startswith("pallas-check: 2 finding(s) in 1 pallas_call(s):\n")
-    assert "dma_read_before_wait_bug.py:23: race: load_kernel [buf[0:8, 0:128]]" in message
-    assert "dma_read_before_wait_bug.py:25: uninitialized: load_kernel" in message
+    assert "dma_read_before_wait_bug.py:23:5: race: load_kernel [buf[0:8, 0:128]]" in message
+    assert "dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel" in message
+    # A finding's replay is the block's options with its seed, as a checking() call.
+    assert "note: replay: pallas_check.checking(races=True, seed=0)" in message
     assert raised.value.findings == run.findings
     assert raised.value.report is run.report
 
@@ -80,7 +82,11 @@ def test_the_report_is_the_one_the_cli_renders():
     assert "load_kernel" in table and "buf[0:8, 0:128]" in table
     assert str(run) == run.render("table")
     html = run._repr_html_()
-    assert html.startswith("<pre>") and "load_kernel" in html and "<table" not in html
+    assert html.startswith('<pre style="font-family: ') and html.endswith("</pre>")
+    assert "load_kernel" in html and "buf[0:8, 0:128]" in html
+    assert '<span style="' in html  # the table's colours and bold, as on a terminal
+    assert "\x1b" not in html and "\x1b" not in run.render("table")
+    assert "\x1b[" in run.render("table", color=True)
     assert repr(run) == "<pallas_check.Run: 1 finding(s) in 1 pallas_call(s), exit code 1>"
 
 

@@ -66,6 +66,9 @@ def suppressed_text(report: RunReport) -> str:
     return f"{sum(counts.values())} suppressed ({parts})"
 
 
+# The `rerun` of a report made by the Python API: its replay is a `checking(...)` call.
+API_RERUN = "pallas_check.checking"
+
 # Options that change what a simulation does (options.py marks them), with their defaults:
 # a replay names those that differ, plus the seed.
 _REPLAY_OPTIONS = replay_options()
@@ -75,6 +78,11 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
                    rerun: str | None = None, script_args: tuple[str, ...] = ()) -> str:
     """The command that reproduces a finding: same options, the finding's seed."""
     seed = seed if seed is not None else config.get("seed", 0)
+    if rerun == API_RERUN:  # the Python API (api.py): the block's options, this seed
+        args = [f"{flag[2:].replace('-', '_')}={value!r}"
+                for key, flag, default in _REPLAY_OPTIONS
+                if (value := config.get(key, default)) != default]
+        return f"{API_RERUN}({', '.join([*args, f'seed={seed}'])})"
     if rerun is not None and not rerun.startswith("pallas-check"):
         # Under pytest the options are the plugin's; name them as such (the others come
         # from [tool.pallas-check], which the rerun reads again).
