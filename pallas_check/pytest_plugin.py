@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}: run this test without pallas-check's interception.")
     if config.getoption("pallas_check"):
+        config.pluginmanager.register(_CallCounter(), "pallas-check-call-counter")
         config.stash[_OPTIONS_KEY] = options = _options(config)
         if options.config.compile:
             from pallas_check.tpu_compile.toolchain import libtpu_missing, quiet_environment
@@ -108,6 +109,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         raise failure if failure is not None else RuntimeError("pallas-check: no report")
     report = run.report
     findings, engine_error = report.findings, report.internal_error
+    item.user_properties.append(("pallas_check_calls", len(report.calls)))
     item.user_properties.append(("pallas_check_findings", len(findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))
     if not findings and engine_error is None:
@@ -122,6 +124,33 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         raise failure
     pytest.fail(f"pallas-check: {len(findings)} finding(s) in {item.nodeid}\n{text}",
                 pytrace=False)
+
+
+class _CallCounter:
+    """`pytest --pallas-check` that checked no pallas_call at all exits 5, pytest's "no
+    tests collected", as `pallas-check run` does: a CI job pointed at tests that make no
+    kernel call is not green. Counted where every test's report arrives (on the xdist
+    controller too: a test's user_properties travel with its report); an xdist worker,
+    which sees only its own tests, decides nothing."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.calls += sum(int(value) for name, value in report.user_properties
+                              if name == "pallas_check_calls")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if (hasattr(session.config, "workerinput") or exitstatus != pytest.ExitCode.OK
+                or session.testscollected == 0 or self.calls):
+            return
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("pallas-check: no pallas_call was checked: the tests made"
+                                " none (exit 5)")
 
 
 def _render(report: Any) -> str:

@@ -114,6 +114,16 @@ def test_without_the_flag_the_plugin_does_nothing(pytester):
     assert "pallas-check: on" not in result.stdout.str()
 
 
+def test_tests_that_check_no_pallas_call_exit_5(pytester):
+    """As `pallas-check run` on a script without a kernel call: nothing checked is not
+    green (pytest's "no tests collected"); one test with a call makes it 0 again."""
+    pytester.makepyfile(test_no_kernel="def test_arithmetic():\n    assert 1 + 1 == 2\n")
+    result = pytester.runpytest("--pallas-check", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED == 5
+    result.stdout.fnmatch_lines(["pallas-check: no pallas_call was checked*"])
+
+
 def test_options_reach_the_engine(suite):
     suite.makepyfile(test_rbw=RBW)
     on_wait = suite.runpytest("--pallas-check", "-p", "no:cacheprovider", "test_rbw.py")
@@ -123,6 +133,7 @@ def test_options_reach_the_engine(suite):
                             "--pallas-check-uninit", "zero", "-p", "no:cacheprovider",
                             "test_rbw.py")
     eager.assert_outcomes(passed=1)
+    assert eager.ret == pytest.ExitCode.OK  # a test that checked a call: not exit 5
     assert "pallas-check: on (dma=eager, uninit=zero, races=False)" in eager.stdout.str()
     # Under eager DMAs the read still races with the DMA's write: --pallas-check-races.
     races = suite.runpytest("--pallas-check", "--pallas-check-dma", "eager",
