@@ -9,13 +9,11 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
-import select
 import struct
 import subprocess
 import sys
 import termios
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from _pty import read_until_closed
 
 import pallas_check
 from pallas_check.engine import progress
@@ -76,24 +75,10 @@ def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, bytes, bytes]:
     proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
-    seen = bytearray()
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
+    seen = read_until_closed(master, proc)
     stdout = proc.stdout.read()
     proc.stdout.close()
-    return proc.wait(timeout=60), stdout, bytes(seen)
+    return proc.wait(timeout=60), stdout, seen
 
 
 def _script(tmp_path: Path) -> Path:

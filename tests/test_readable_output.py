@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pty import read_until_closed
 from typer.testing import CliRunner
 
 from pallas_check.cli import app
@@ -84,18 +85,9 @@ def _pty_run(*args: str, env: dict) -> str:
                             stdout=slave, stderr=subprocess.DEVNULL,
                             env={**full, "TERM": "xterm-256color", "COLUMNS": "100", **env})
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
+    seen = read_until_closed(master, proc)
     assert proc.wait(timeout=300) == 1
-    return b"".join(chunks).decode()
+    return seen.decode()
 
 
 def test_a_terminal_gets_colours_and_no_color_turns_them_off():
