@@ -1,6 +1,7 @@
 """pallas-check: run Pallas TPU kernels on a CPU under a checking interpreter.
 
-`pallas_check.checking(...)` checks the pallas_calls of a block of code (api.py). The
+`pallas_check.checking(...)` checks the pallas_calls of a block of code (api.py);
+`pallas_check.simulated_tpu(...)` tells kernels which TPU they run on. The
 package itself imports nothing: the CLI, the pytest plugin and the reporters import it
 (for `__version__`) long before, or without, any use of the API.
 """
@@ -10,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["FindingsError", "Run", "checking"]
+__all__ = ["FindingsError", "Run", "checking", "simulated_tpu"]
 
 
 def __getattr__(name: str) -> Any:

@@ -149,7 +149,9 @@ class Run:
 
     @property
     def calls(self) -> list:
-        """One CallSummary per pallas_call checked (kernel, grid, engine seconds, ...)."""
+        """One CallSummary per pallas_call checked (findings.py: kernel, grid, engine
+        seconds, with races on what race checking covered, with compile=True each TPU
+        generation's compile outcome and time), in call order."""
         return list(self._finished().calls)
 
     @property
@@ -226,6 +228,19 @@ def checking(*, project: bool | str | Path = True, progress: bool = False,
     resolved = resolve(options, project=project)
     with checked(resolved, _caller(), rerun=API_RERUN, progress=progress) as run:
         yield run
+
+
+@contextlib.contextmanager
+def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
+    """While the block runs, kernels that ask which TPU they run on (`pltpu.get_tpu_info()`,
+    `pltpu.emit_pipeline`'s tiling) are told `generation` (v5e, v5p, v6e, v7x) with `cores`
+    TensorCores, not the CPU they run on. `checking()` does this itself (its `tpu` and
+    `cores` options); this is for running such kernels under JAX's own interpreters
+    (`interpret=True`, `pltpu.InterpretParams`) on a CPU, as benchmarks/run.py does."""
+    from pallas_check.tpu_info import simulated_tpu as simulate
+
+    with simulate(generation, cores):
+        yield
 
 
 @contextlib.contextmanager

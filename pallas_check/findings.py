@@ -228,3 +228,8 @@ class CallSummary:
     # --compile: per TPU generation, the compile's status, VMEM footprint and time
     # (tpu_compile.compiler.CompileOutcome.summary()).
     compiled: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Races on: what race checking covered in this call, over all its simulations
+    # (schedules, re-runs): `accesses_checked` (memory accesses the race checker checked)
+    # and `longest_history` (the most access records one buffer's history held at once;
+    # it stays small however long the grid runs, when pruning works). Empty with races off.
+    races: dict[str, int] = field(default_factory=dict)

@@ -185,7 +185,7 @@ class Session:
     def _simulate(self, params: dict, device_operands: list, mesh: Any,
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
-        from pallas_check.checkers import CHECKERS
+        from pallas_check.checkers import CHECKERS, RaceCounting
         from pallas_check.engine import capacity, progress
         from pallas_check.engine.inflight import InFlight
         from pallas_check.engine.kernel import kernel_info, run_call_devices
@@ -195,6 +195,8 @@ class Session:
         started = time.perf_counter()
         kernel = _UNNAMED  # until named: a failure from here on still lists the call
         live = InFlight(max(1, self.config.schedules))
+        # Races on: what race checking covered goes in the call's summary.
+        checkers = RaceCounting() if self.config.races else CHECKERS
         try:
             kernel = kernel_info(params)
             with self._lock:  # listed, with what it found, if the run stops inside it
@@ -228,7 +230,7 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None,
-                    results=results, checkers=CHECKERS, live=live)
+                    results=results, checkers=checkers, live=live)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -247,7 +249,8 @@ class Session:
                 self.timelines.append(result.timeline)
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
-                     len(result.findings) + len(fits.findings), mesh, call_site)
+                     len(result.findings) + len(fits.findings), mesh, call_site,
+                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None)
         return result.outputs
 
     def _write_prints(self, prints: list) -> None:
@@ -305,9 +308,10 @@ class Session:
 
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,
-                failed: bool = False, progress: dict[str, int] | None = None) -> None:
+                failed: bool = False, progress: dict[str, int] | None = None,
+                races: dict[str, int] | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
-        call the run stopped in, with its `progress`)."""
+        call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         from pallas_check.engine.kernel import resolve_grid
 
         try:
@@ -320,7 +324,7 @@ class Session:
                                           time.perf_counter() - started, findings,
                                           mesh.num_devices, call_site, failed,
                                           interrupted=progress is not None,
-                                          progress=progress or {}))
+                                          progress=progress or {}, races=races or {}))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

@@ -80,8 +80,10 @@ def test_json_report_fields(cli, script):
     assert [c["index"] for c in calls] == [0, 1]
     assert calls[0]["grid"] == [GRID] and calls[0]["file"] == str(script)
     assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site",
-                          "failed", "interrupted", "progress", "compiled"} for c in calls)
+                          "failed", "interrupted", "progress", "compiled", "races"}
+               for c in calls)
     assert all(c["compiled"] == {} for c in calls)  # no --compile: nothing compiled
+    assert all(c["races"] is None for c in calls)  # no --races: no race checking
     assert all(not c["interrupted"] and c["progress"] is None for c in calls)  # finished
     assert not any(c["failed"] for c in calls)
     assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)

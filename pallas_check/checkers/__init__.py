@@ -76,5 +76,35 @@ class _Checkers:
         return lowering.not_lowered_finding(kernel, call_index, error)
 
 
+class RaceCounting(_Checkers):
+    """The checkers of ONE call with races on, keeping what its race checking covered for
+    the call's summary (CallSummary.races): the accesses checked and the longest history
+    one buffer held, over every simulation of the call (schedules, the second fill,
+    revisit re-runs). They run one after the other, so a detector is done once the next
+    is made: only its numbers are kept, not its history."""
+
+    def __init__(self) -> None:
+        self._accesses = 0
+        self._longest = 0
+        self._current: RaceChecker | None = None
+
+    def race_detector(self, make_finding: Callable[..., Finding],
+                      add: Callable[[Finding], None]) -> RaceChecker:
+        self._tally()
+        self._current = RaceChecker(make_finding, add)
+        return self._current
+
+    def race_cost(self) -> dict[str, int]:
+        """`accesses_checked` and `longest_history` of the call (CallSummary.races)."""
+        self._tally()
+        return {"accesses_checked": self._accesses, "longest_history": self._longest}
+
+    def _tally(self) -> None:
+        if self._current is not None:
+            self._accesses += self._current.checked
+            self._longest = max(self._longest, self._current.longest_history())
+            self._current = None
+
+
 CHECKERS = _Checkers()
 events.set_default_checkers(CHECKERS)

@@ -83,7 +83,8 @@ class _History:
     be pruned by it, so visiting this superset, in the same order, changes no result.
     """
 
-    __slots__ = ("records", "seq", "dim", "width", "buckets", "wide", "built_at")
+    __slots__ = ("records", "seq", "dim", "width", "buckets", "wide", "built_at", "index_at",
+                 "longest")
     INDEX_AFTER = 32
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
 
@@ -95,6 +96,8 @@ class _History:
         self.buckets: dict[int, dict[int, None]] = {}
         self.wide: dict[int, None] = {}
         self.built_at = 0
+        self.index_at = self.INDEX_AFTER  # (re)index once there are more records than this
+        self.longest = 0  # the most records held at once (CallSummary.races)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -125,7 +128,10 @@ class _History:
         self.records[self.seq] = record
         if self.dim is not None:
             self._place(self.seq, record)
-        if len(self.records) > max(self.INDEX_AFTER, 2 * self.built_at):
+        size = len(self.records)
+        if size > self.longest:
+            self.longest = size
+        if size > self.index_at:
             self._build()
 
     def remove(self, seq: int) -> None:
@@ -158,6 +164,7 @@ class _History:
         ranges = [r.index_range for r in self.records.values()]
         rank = min(len(r) for r in ranges)
         self.built_at = len(self.records)
+        self.index_at = max(self.INDEX_AFTER, 2 * self.built_at)
         if rank == 0:
             return  # scalars: nothing to index by; try again when the history doubles
         best = max(range(rank), key=lambda d: (len({r[d] for r in ranges}), -d))
@@ -181,7 +188,7 @@ class RaceChecker:
         self.clocks: dict[str, Clock] = {}
         self.sync_clocks: dict[Any, Clock] = {}
         self.history: dict[int, _History] = {}
-        self.checked = 0  # accesses checked (for benchmarks)
+        self.checked = 0  # accesses checked (CallSummary.races: what race checking covered)
         # Clock slots: an actor's own entry in the clocks (its name, or a reused DMA slot).
         self.slot_of: dict[str, str] = {}
         self._parent: dict[str, str] = {}  # DMA -> the actor that started it
@@ -191,6 +198,11 @@ class RaceChecker:
         # DMAs in flight. None: not declared, so records are pruned only by coverage.
         self.live: set[str] | None = None
         self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
+
+    def longest_history(self) -> int:
+        """The most access records one buffer's history held at once: bounded by what is
+        live, not by the length of the run, when pruning works (CallSummary.races)."""
+        return max((history.longest for history in self.history.values()), default=0)
 
     # -- clocks ------------------------------------------------------------------------
     def clock(self, actor: str) -> Clock:

@@ -33,7 +33,10 @@ def report_dict(report: RunReport) -> dict[str, Any]:
              "grid": list(c.grid), "findings": c.findings, "failed": c.failed,
              "interrupted": getattr(c, "interrupted", False),
              "progress": getattr(c, "progress", None) or None,
-             "compiled": getattr(c, "compiled", {}),
+             # No compile times: the report stays byte-identical run to run.
+             "compiled": {g: {k: v for k, v in entry.items() if k != "compile_seconds"}
+                          for g, entry in getattr(c, "compiled", {}).items()},
+             "races": getattr(c, "races", None) or None,
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,
               "function": c.call_site.function, "code": c.call_site.code}}
