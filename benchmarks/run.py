@@ -7,6 +7,11 @@
 
 Not part of the test suite. See benchmarks/README.md for what is measured and how.
 
+Only pallas-check's public API is used (`pallas_check.checking`, its Run and CallSummary,
+`pallas_check.simulated_tpu`; tests/test_benchmarks_public.py checks it), so that no
+refactor of the package's insides can switch a table off. Whatever a table needs and does
+not find is an error that stops the run (BenchmarkBroken), never a table silently left out.
+
 Protocol (in-process pass, one process, interleaved): for repeat r = 1..R, for every
 (kernel, configuration): set the configuration up (install a pallas-check session, or
 build the call with JAX's `interpret=`), jit the kernel, call it once (warm-up: tracing,
@@ -56,7 +61,6 @@ from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
 import pallas_check  # noqa: E402
-from pallas_check.tpu_info import simulated_tpu  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "samples"))
 import nested_pipeline_ok as nested  # noqa: E402
@@ -73,6 +77,11 @@ MODE_TITLES = {
     JAX: "JAX TPU interp",
     JAX_RACES: "JAX TPU interp races",
 }
+
+
+class BenchmarkBroken(RuntimeError):
+    """Something this script relies on is missing from pallas-check's public API (or says
+    something impossible): the run stops, rather than leave a table out."""
 
 
 @dataclasses.dataclass
@@ -115,14 +124,14 @@ def _hlo_pallas_call():
 
 
 @contextlib.contextmanager
-def configured(bench: Bench, mode: str, checker_log: list | None = None):
+def configured(bench: Bench, mode: str):
     """Set a configuration up; yields the jitted call, its arguments, and the Python API's
     Run (pallas-check's configurations: its report is there once the block ends)."""
     if mode in (PC_OFF, PC_ON):
         # The project's [tool.pallas-check] and PALLAS_CHECK_* variables do not apply: the
         # configuration is the benchmark's alone.
-        with (pallas_check.checking(races=mode == PC_ON, dma=bench.dma_mode, project=False)
-              as run, _recording_checkers(checker_log)):
+        with pallas_check.checking(races=mode == PC_ON, dma=bench.dma_mode,
+                                   project=False) as run:
             fn, args = bench.build(False)
             yield jax.jit(fn), args, run
         return
@@ -135,47 +144,10 @@ def configured(bench: Bench, mode: str, checker_log: list | None = None):
                else contextlib.nullcontext())
         interpret = params
     # pallas-check answers TPU-kind queries itself; JAX's interpreters see the CPU.
-    tpu = simulated_tpu("v5e") if bench.asks_tpu else contextlib.nullcontext()
+    tpu = pallas_check.simulated_tpu("v5e") if bench.asks_tpu else contextlib.nullcontext()
     with ctx, tpu:
         fn, args = bench.build(None if bench.library else interpret)
         yield jax.jit(fn), args, None
-
-
-_TRACK_HISTORY = {"on": False}
-
-
-@contextlib.contextmanager
-def _recording_checkers(log: list | None):
-    """Keep each call's RaceChecker (its `checked` counts the accesses it checked): the
-    checkers module's name of the class is the one the session's checkers construct."""
-    if log is None:
-        yield
-        return
-    import pallas_check.checkers as checkers_module
-
-    base = checkers_module.RaceChecker  # an AttributeError here is a bug of this script
-
-    class Recording(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *a: Any, **k: Any) -> None:
-            super().__init__(*a, **k)
-            log.append(self)
-            self.longest = 0
-            if _TRACK_HISTORY["on"]:  # the warm-up call: watch every access (slower)
-                inner = self.access
-
-                def access(actor: Any, buffer: Any, *rest: Any, **kw: Any) -> None:
-                    inner(actor, buffer, *rest, **kw)
-                    history = self.history.get(buffer.id)
-                    if history is not None and len(history) > self.longest:
-                        self.longest = len(history)
-
-                self.access = access
-
-    checkers_module.RaceChecker = Recording
-    try:
-        yield
-    finally:
-        checkers_module.RaceChecker = base
 
 
 def _block(x: Any) -> Any:
@@ -191,22 +163,15 @@ def _cpu_seconds() -> float:
 def one_sample(bench: Bench, mode: str, on_warm: Callable[[float], None] | None = None,
                on_ready: Callable[[], None] | None = None) -> dict:
     """Warm-up call, then the timed second call, under one configuration."""
-    log: list = []
-    with configured(bench, mode, log if mode == PC_ON else None) as (fn, args, run):
+    with configured(bench, mode) as (fn, args, run):
         _block(args)
         if on_ready is not None:
             on_ready()  # the inputs exist; nothing has been called yet
-        _TRACK_HISTORY["on"] = True  # only the warm-up call's race checker is watched
-        try:
-            t0 = time.perf_counter()
-            _block(fn(*args))
-            warm = time.perf_counter() - t0
-        finally:
-            _TRACK_HISTORY["on"] = False
+        t0 = time.perf_counter()
+        _block(fn(*args))
+        warm = time.perf_counter() - t0
         if on_warm is not None:
             on_warm(warm)
-        longest = max((getattr(c, "longest", 0) for c in log), default=None)
-        del log[:]
         cpu0 = _cpu_seconds()
         t0 = time.perf_counter()
         _block(fn(*args))
@@ -217,11 +182,31 @@ def one_sample(bench: Bench, mode: str, on_warm: Callable[[float], None] | None 
         if run.report.internal_error:
             raise RuntimeError(run.report.internal_error)
         out["findings"] = len(run.findings)
-        if run.calls:  # the engine's own time in the host callback(s) of the timed call
-            out["engine_seconds"] = run.calls[-1].seconds
-    if log:
-        out["accesses_checked"] = sum(getattr(c, "checked", 0) for c in log)
-        out["max_history"] = longest  # the most records one buffer had (warm-up call)
+        out.update(_timed_calls(run, mode))
+    return out
+
+
+def _timed_calls(run: Any, mode: str) -> dict:
+    """What pallas-check's report says of the timed call: the engine's own time in its
+    pallas_calls' host callbacks and, races on, what race checking covered (each call's
+    CallSummary.races). The warm-up and the timed call make the same pallas_calls, so the
+    timed call's are the second half of the report's calls."""
+    calls = run.calls
+    if not calls or len(calls) % 2:
+        raise BenchmarkBroken(f"{len(calls)} pallas_call(s) in the report of a warm-up and"
+                              " a timed call: expected the same calls twice")
+    timed = calls[len(calls) // 2:]
+    out: dict = {"engine_seconds": sum(c.seconds for c in timed)}
+    if mode == PC_ON:
+        costs = [getattr(c, "races", None) for c in timed]
+        if not all(cost and "accesses_checked" in cost and "longest_history" in cost
+                   for cost in costs):
+            raise BenchmarkBroken("races on, but the calls' CallSummary.races say nothing"
+                                  f" of what race checking covered ({costs!r}): the"
+                                  " race-cost table needs accesses_checked and"
+                                  " longest_history")
+        out["accesses_checked"] = sum(cost["accesses_checked"] for cost in costs)
+        out["max_history"] = max(cost["longest_history"] for cost in costs)
     return out
 
 
@@ -479,6 +464,39 @@ def probe(bench: Bench, mode: str, cap: float) -> dict:
     return result
 
 
+def race_cost(results: dict, benches: list[Bench]) -> dict:
+    """The race checker's cost per access, per kernel timed with races on. A timed races-on
+    row without its accesses is BenchmarkBroken, never a row left out."""
+    out = {}
+    for b in benches:
+        on = results["time"].get(b.key, {}).get(PC_ON)
+        if not on or "seconds" not in on:
+            continue  # not measured, timed out or failed: the time table says which
+        n = on.get("accesses_checked")
+        if not n:
+            raise BenchmarkBroken(f"{b.key}: races on, but no accesses checked ({n!r})")
+        off = results["time"].get(b.key, {}).get(PC_OFF)
+        out[b.key] = {
+            "accesses": n, "max_history": on["max_history"],
+            "us_per_access": on["seconds"] / n * 1e6,
+            "extra_us_per_access": (on["seconds"] - off["seconds"]) / n * 1e6
+            if off and "seconds" in off else None,
+        }
+    return out
+
+
+def require_public_api() -> None:
+    """Before anything is measured: the public API has what the tables need (a two-step
+    kernel checked with races on says what race checking covered), so that a run cannot
+    spend its minutes and then leave a table out."""
+    for name in ("checking", "simulated_tpu"):
+        if not callable(getattr(pallas_check, name, None)):
+            raise BenchmarkBroken(f"pallas_check.{name} is missing from the public API")
+    probe_bench = Bench("api-probe", "add", 2, "", functools.partial(build_add, 2))
+    if not one_sample(probe_bench, PC_ON).get("accesses_checked"):
+        raise BenchmarkBroken("races on, but no accesses checked in a two-step add kernel")
+
+
 # ---------------------------------------------------------------------------------------
 # Report.
 
@@ -700,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"--modes: unknown {', '.join(sorted(bad))}")
     configs = [(b, m) for b in benches for m in MODES if m in b.modes and m in modes]
+    require_public_api()
     info = machine()
     results: dict = {"machine": info, "args": vars(args), "repeats": repeats, "cap_s": cap,
                      "time": {}, "memory": {}}
@@ -717,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["time"].setdefault(b.key, {})[m] = {"timeout": cap}
                 say(f"timeout >{cap:.0f}s")
             elif "error" in res:
+                if "BenchmarkBroken" in res["error"]:
+                    raise BenchmarkBroken(f"{b.key} {m} (fresh process): {res['error']}")
                 skip.add((b.key, m))
                 results["time"].setdefault(b.key, {})[m] = {"error": res["error"]}
                 say(f"error: {res['error']}")
@@ -735,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"[repeat {r + 1}/{repeats}] {b.key:12s} {m:10s} ...", end=" ")
             try:
                 res = one_sample(b, m)
+            except BenchmarkBroken:
+                raise  # this script's own failure: no table may be left out silently
             except Exception as exc:  # noqa: BLE001 - reported, the run goes on
                 msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 results["time"].setdefault(b.key, {})[m] = {"error": msg}
@@ -754,19 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                 cell[extra] = got[-1][extra]
         results["time"].setdefault(key, {})[m] = cell
 
-    # Race checker cost per access.
-    for b in benches:
-        on = results["time"].get(b.key, {}).get(PC_ON)
-        if not on or not on.get("accesses_checked"):
-            continue
-        off = results["time"].get(b.key, {}).get(PC_OFF)
-        n = on["accesses_checked"]
-        results.setdefault("race_cost", {})[b.key] = {
-            "accesses": n, "max_history": on.get("max_history", 0),
-            "us_per_access": on["seconds"] / n * 1e6,
-            "extra_us_per_access": (on["seconds"] - off["seconds"]) / n * 1e6
-            if off and "seconds" in off else None,
-        }
+    results["race_cost"] = race_cost(results, benches)
     results["targets"] = targets(results)
     print_report(results, benches, info)
     for key, row in results["time"].items():
