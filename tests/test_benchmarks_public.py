@@ -8,9 +8,12 @@ interpreters which TPU a kernel asks about."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -134,3 +137,37 @@ def test_simulated_tpu_tells_kernels_which_tpu_they_run_on():
     with pytest.raises(ValueError):
         with pallas_check.simulated_tpu("v9z"):
             pass
+
+
+def _run_script(monkeypatch):
+    """benchmarks/run.py as a module (its XLA_FLAGS line sees the flag already set)."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # it adds samples/ to the path
+    spec = importlib.util.spec_from_file_location("benchmarks_run", BENCHMARKS / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "benchmarks_run", module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Run:
+    """A Run whose report says nothing of race checking (as before CallSummary.races)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def test_run_py_stops_when_the_race_cost_is_missing(monkeypatch):
+    """A table's data missing is an error that stops the run, not a table left out."""
+    bench = _run_script(monkeypatch)
+    call = SimpleNamespace(seconds=0.1, races={})
+    with pytest.raises(bench.BenchmarkBroken, match="race-cost table"):
+        bench._timed_calls(_Run([call, call]), bench.PC_ON)
+    assert bench._timed_calls(_Run([call, call]), bench.PC_OFF) == {"engine_seconds": 0.1}
+    b = bench.Bench("add-8", "add", 8, "", lambda interpret: None)
+    timed = {"time": {"add-8": {bench.PC_ON: {"seconds": 1.0}, bench.PC_OFF: {"seconds": 0.5}}}}
+    with pytest.raises(bench.BenchmarkBroken, match="no accesses checked"):
+        bench.race_cost(timed, [b])
+    timed["time"]["add-8"][bench.PC_ON].update(accesses_checked=100, max_history=7)
+    assert bench.race_cost(timed, [b]) == {"add-8": {
+        "accesses": 100, "max_history": 7, "us_per_access": 1e4, "extra_us_per_access": 5e3}}
