@@ -23,7 +23,7 @@ from typing import Any, Generator
 
 import pytest
 
-from pallas_check.options import RUN_OPTIONS  # plain data: no JAX imported
+from pallas_check.config.options import RUN_OPTIONS  # plain data: no JAX imported
 
 PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 

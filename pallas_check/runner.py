@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
 from pallas_check.config import Config
+from pallas_check.config.environment import debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
@@ -382,7 +383,7 @@ def short_error(message: str) -> str:
     """One line, at most MAX_ERROR_CHARS long unless PALLAS_CHECK_DEBUG is set (an MLIR
     dump inside a JAX error can be kilobytes)."""
     line = one_line(message)
-    if len(line) <= MAX_ERROR_CHARS or os.environ.get("PALLAS_CHECK_DEBUG"):
+    if len(line) <= MAX_ERROR_CHARS or debug_requested():
         return line
     more = " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
     short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)

@@ -14,9 +14,9 @@ import typer
 from pallas_check import pytest_plugin
 from pallas_check.cli import app, run
 from pallas_check.config import Config
-from pallas_check.options import RUN_OPTIONS, Option
+from pallas_check.config.layers import load_settings
+from pallas_check.config.options import RUN_OPTIONS, Option
 from pallas_check.report.model import replay_command
-from pallas_check.settings import load_settings
 
 IDS = [o.key for o in RUN_OPTIONS]
 
