@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
 from pallas_check.config import Config
-from pallas_check.config.environment import debug_requested
+from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
@@ -412,7 +412,7 @@ def short_error(message: str) -> str:
     line = one_line(message)
     if len(line) <= MAX_ERROR_CHARS or debug_requested():
         return line
-    more = " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    more = f" ... ({DEBUG_VARIABLE}=1 shows the rest)"
     short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
     # (a first word longer than the limit leaves only the placeholder: cut inside it)
     return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more
