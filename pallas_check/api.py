@@ -31,7 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
-from pallas_check.options import RUN_OPTIONS
+from pallas_check.config.options import RUN_OPTIONS
+from pallas_check.errors import FindingsError
 
 # Options of `run` that mean nothing around a block of code in a running process: its
 # report format and file (the Run object is the report), --native (another command),
@@ -41,17 +42,6 @@ OPTIONS = {o.key.replace("-", "_"): o for o in RUN_OPTIONS if o.param not in _NO
 # The Config field names as aliases of the keys (`dma_mode=` for `dma=`).
 _ALIASES = {o.config_field: name for name, o in OPTIONS.items()
             if o.config_field and o.config_field != name}
-
-
-class FindingsError(Exception):
-    """`Run.raise_for_findings()`: the block's pallas_calls had findings (one line each,
-    `path:line: kind: kernel[buffer]: message`, in `str(error)`), or pallas-check itself
-    failed. `findings` and `report` hold the data."""
-
-    def __init__(self, message: str, findings: list, report: Any) -> None:
-        super().__init__(message)
-        self.findings = findings
-        self.report = report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,15 +56,16 @@ def resolve(options: dict[str, Any], project: bool | str | Path = True,
             report_unused: bool = False) -> Options:
     """Options as `checking` takes them, checked and merged over the project's settings
     (raises ValueError, one line; TypeError for a name that is no option)."""
-    from pallas_check.settings import SettingsError, _convert, load_settings, option_specs
-    from pallas_check.suppress import SuppressionError, make_policy
+    from pallas_check.config.layers import checked_value, load_settings, option_specs
+    from pallas_check.errors import PallasCheckError
+    from pallas_check.suppress import make_policy
 
     values: dict[str, Any] = {}
     if project is not False:
         cwd = None if project is True else Path(project)
         try:
             values = dict(load_settings(RUN_OPTIONS, cwd=cwd).values)
-        except SettingsError as exc:
+        except PallasCheckError as exc:  # a bad table or variable: the API's one line
             raise ValueError(str(exc)) from None
     specs = {spec.name: spec for spec in option_specs(RUN_OPTIONS).values()}
     for name, value in options.items():
@@ -86,13 +77,14 @@ def resolve(options: dict[str, Any], project: bool | str | Path = True,
             raise TypeError(f"pallas_check.checking() got an unknown option {name!r}{hint}"
                             f" (options: {', '.join(OPTIONS)})")
         try:
-            values[option.param] = _convert(specs[option.param], _plain(value), False, None)
+            values[option.param] = checked_value(specs[option.param], _plain(value), False,
+                                                 None)
         except ValueError as exc:
             raise ValueError(f"{name}={value!r}: {exc}") from None
     try:
         policy = make_policy(values.get("ignore"), values.get("baseline"), False,
                              bool(values.get("races", False)), report_unused=report_unused)
-    except SuppressionError as exc:
+    except PallasCheckError as exc:
         raise ValueError(str(exc)) from None
     return Options(_config(values), policy)
 
@@ -110,18 +102,12 @@ def _plain(value: Any) -> Any:
 
 
 def _config(values: dict[str, Any]) -> Any:
-    from pallas_check.config import Config
+    """The Config of the options that mean something here (a `devices` set in the
+    project's table does not: JAX already chose its device count)."""
+    from pallas_check.config.options import config_from
 
-    fields: dict[str, Any] = {}
-    for option in RUN_OPTIONS:
-        if (option.config_field is None or option.param not in values
-                or option.param in _NOT_HERE):
-            continue
-        value = values[option.param]
-        if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
-            value = option.kind(value)
-        fields[option.config_field] = value
-    return Config(**fields)
+    return config_from({name: value for name, value in values.items()
+                        if name not in _NOT_HERE})
 
 
 # A notebook cell's output: the table in a monospace block ({code}: rich's styled spans).

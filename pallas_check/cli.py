@@ -16,15 +16,18 @@ import typer
 import typer.core
 
 from pallas_check import __version__
-from pallas_check.config import Config, DmaMode, TpuGeneration, UninitFill
-from pallas_check.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Format,
-                                  TableOrJson, with_options)
+from pallas_check.config import TpuGeneration
+from pallas_check.config.environment import debug_requested
+from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Format,
+                                         TableOrJson, config_from, with_options)
+from pallas_check.errors import InternalError, PallasCheckError, UsageError
 from pallas_check.exitcodes import ExitCode
 
 class _OneLineErrors(typer.core.TyperGroup):
     """Every way the command line can fail as one line on stderr with its documented exit
     code, never a traceback: usage errors `pallas-check: error: ...` (exit 2), a path the
-    system refuses (exit 2), Ctrl-C (exit 3), a failure of ours (exit 4). Only typer's
+    system refuses (exit 2), Ctrl-C (exit 3), a failure of ours (exit 4), and every
+    `PallasCheckError` (errors.py) with the exit code it carries. Only typer's
     public API is used (`typer.TyperException` is the base of the usage errors of the
     click that typer ships; `typer.Abort` is its interrupt)."""
 
@@ -47,7 +50,8 @@ class _OneLineErrors(typer.core.TyperGroup):
 
 
 def _one_line(exc: Exception) -> tuple[str, ExitCode]:
-    """What a failure outside the script's run prints, and its exit code."""
+    """What a failure outside the script's run prints, and its exit code: the one place
+    the command line maps an error to its code (ours through their base class)."""
     if isinstance(exc, typer.Abort):
         return "pallas-check: interrupted", ExitCode.USER_ERROR
     if type(exc).__name__ == "NoArgsIsHelpError":  # bare `pallas-check`: the help, as is
@@ -55,13 +59,15 @@ def _one_line(exc: Exception) -> tuple[str, ExitCode]:
     if isinstance(exc, typer.TyperException) and hasattr(exc, "format_message"):
         message = " ".join(exc.format_message().split())
         return f"pallas-check: error: {message}", ExitCode.USAGE
+    if isinstance(exc, PallasCheckError):
+        return f"pallas-check: error: {exc}", exc.exit_code
     if isinstance(exc, OSError):  # a path given on the command line or in the config
         name = str(exc.filename or "")
         if len(name) > 80:  # a path has no spaces to shorten at: keep both ends
             name = f"{name[:38]}...{name[-38:]}"
         where = f"{name}: " if name else ""
         return f"pallas-check: error: {where}{exc.strerror or exc}", ExitCode.USAGE
-    if os.environ.get("PALLAS_CHECK_DEBUG"):
+    if debug_requested():
         raise exc
     text = " ".join(str(exc).split())
     return (f"pallas-check: error: internal error: {type(exc).__name__}: {text}",
@@ -130,13 +136,11 @@ def _main(
 ) -> None:
     """Run a script's Pallas kernels under pallas-check's TPU interpreter."""
     if ctx.invoked_subcommand == "run":
-        # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win.
-        from pallas_check.settings import SettingsError, default_map, load_settings
+        # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win
+        # (a bad table or variable is a SettingsError: one line, exit 2).
+        from pallas_check.config.layers import default_map, load_settings
 
-        try:
-            ctx.default_map = {"run": default_map(load_settings(run))}
-        except SettingsError as exc:
-            raise fail(str(exc))
+        ctx.default_map = {"run": default_map(load_settings(run))}
 
 
 def _check_output(output: Optional[Path], script: Path,
@@ -145,12 +149,9 @@ def _check_output(output: Optional[Path], script: Path,
     path is made absolute now: a script that changes directory does not move the report."""
     if output is None:
         return None
-    from pallas_check.outfile import OutputError, check_target, is_stdout
+    from pallas_check.outfile import check_target, is_stdout
 
-    try:
-        check_target(output, script)
-    except OutputError as exc:
-        raise fail(str(exc).replace("--output", flag)) from None
+    check_target(output, script, flag)
     return output if is_stdout(output) else Path(os.path.abspath(output))
 
 
@@ -179,21 +180,17 @@ def _suppression_policy(ignore: Optional[List[str]], baseline: Optional[Path],
                         update_baseline: bool, races: bool, script: Path) -> Any:
     """Suppressions (suppress.py) checked before the run: a bad entry or baseline, or a
     baseline that cannot be written, is exit 2 before any work is lost."""
-    from pallas_check.outfile import OutputError, check_target
-    from pallas_check.suppress import SuppressionError, make_policy
+    from pallas_check.outfile import check_target
+    from pallas_check.suppress import make_policy
 
-    try:
-        if update_baseline and baseline is not None:
-            check_target(baseline, script)
-        return make_policy(ignore, baseline, update_baseline, races)
-    except (SuppressionError, OutputError) as exc:
-        raise fail(str(exc).replace("--output", "--baseline")) from None
+    if update_baseline and baseline is not None:
+        check_target(baseline, script, "--baseline")
+    return make_policy(ignore, baseline, update_baseline, races)
 
 
-def fail(message: str, code: ExitCode = ExitCode.USAGE) -> "typer.Exit":
-    """Print a one-line error to stderr and return the Exit to raise."""
-    typer.echo(f"pallas-check: error: {message}", err=True)
-    return typer.Exit(int(code))
+def fail(message: str) -> UsageError:
+    """The usage error to raise: one line on stderr, exit 2 (`_one_line`)."""
+    return UsageError(message)
 
 
 def _set_device_count(devices: int) -> None:
@@ -231,45 +228,34 @@ _SCRIPT_PARAMETERS = [
 
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(RUN_OPTIONS, _SCRIPT_PARAMETERS)
-def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
-        uninit: UninitFill, skip_floats: bool, fmt: Format, output: Optional[Path],
-        devices: int, tpu: str, cores: int, seed: int, races: bool,
-        schedules: int, keep_going: bool, native: bool, compile: bool,
-        ignore: Optional[List[str]], baseline: Optional[Path], update_baseline: bool,
-        trace: Optional[Path], quiet_prints: bool) -> None:
+def run(script: Path, script_args: Optional[List[str]] = None, **options: Any) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
-    fmt_name = Format(fmt).value
+    # `options`: every option of RUN_OPTIONS by parameter name (typer reads the signature
+    # with_options gives this function); those the engine reads become the Config.
+    fmt_name = Format(options["fmt"]).value
+    output, trace, baseline = options["output"], options["trace"], options["baseline"]
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
-    _generations(tpu, compile)
+    _generations(options["tpu"], options["compile"])
     if trace is not None and str(trace) == "-":
         raise fail("--trace needs a file (stdout is the report's)")
     _refuse_collisions([("--output", output), ("--trace", trace), ("--baseline", baseline)])
     output = _check_output(output, script)
-    policy = _suppression_policy(ignore, baseline, update_baseline, races, script)
+    policy = _suppression_policy(options["ignore"], baseline, options["update_baseline"],
+                                 options["races"], script)
     trace = _check_output(trace, script, "--trace")
-    _set_device_count(devices)
-    _start_quietly(compile)
-    if native:
+    _set_device_count(options["devices"])
+    _start_quietly(options["compile"])
+    if options["native"]:
         _run_native(script, script_args, fmt_name, output)
-    config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
-                    devices=devices, cores=cores, seed=seed, races=races,
-                    schedules=schedules, keep_going=keep_going, compile=compile,
-                    timeline=trace is not None, quiet_prints=quiet_prints)
+    config = config_from(options, RUN_OPTIONS, timeline=trace is not None)
     from pallas_check.runner import run_and_report
 
-    args = list(script_args or [])
-    try:
-        code = run_and_report(str(script), args, config, fmt_name, output, policy, trace)
-    except (typer.Exit, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # our bug outside the script: one line, not a traceback
-        if os.environ.get("PALLAS_CHECK_DEBUG"):
-            raise
-        raise fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL)
-    raise typer.Exit(int(code))
+    args = _script_args(script_args)
+    raise _guarded(lambda: run_and_report(str(script), args, config, fmt_name, output,
+                                          policy, trace))
 
 
 @app.command(cls=_Command)
@@ -341,15 +327,16 @@ def _script_args(script_args: Optional[List[str]]) -> list[str]:
 
 
 def _guarded(call: Any) -> "typer.Exit":
-    """Run `call()` (which returns an ExitCode); our own failure is one line, exit 4."""
+    """Run `call()` (which returns an ExitCode); our own failure is one line, exit 4 (a
+    PallasCheckError goes on to `_one_line` with the code it carries)."""
     try:
         code = call()
-    except (typer.Exit, KeyboardInterrupt):
+    except (typer.Exit, KeyboardInterrupt, PallasCheckError):
         raise
     except Exception as exc:  # our bug outside the script: one line, not a traceback
-        if os.environ.get("PALLAS_CHECK_DEBUG"):
+        if debug_requested():
             raise
-        return fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL)
+        raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
     return typer.Exit(int(code))
 
 
@@ -369,30 +356,24 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
 
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(DIFF_OPTIONS, _SCRIPT_PARAMETERS)
-def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Optional[str],
-         native: bool, rtol: Optional[float], atol: Optional[float], dma: DmaMode,
-         uninit: UninitFill, skip_floats: bool, fmt: TableOrJson, output: Optional[Path],
-         devices: int, tpu: str, cores: int, seed: int) -> None:
+def diff(script: Path, script_args: Optional[List[str]] = None, **options: Any) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
-    fmt = TableOrJson(fmt).value  # sarif and text are not offered (options.py)
-    if native and against not in (None, "native"):
+    fmt = TableOrJson(options["fmt"]).value  # sarif and text are not offered (options.py)
+    against, output = options["against"], options["output"]
+    if options["native"] and against not in (None, "native"):
         raise fail(f"--native and --against {against!r} name two different other sides")
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
         raise fail(f"not a file: {script}")
-    _generations(tpu, False)
+    _generations(options["tpu"], False)
     output = _check_output(output, script)
-    _set_device_count(devices)
+    _set_device_count(options["devices"])
     _start_quietly()
-    config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
-                    devices=devices, cores=cores, seed=seed)
-    from pallas_check.compare import UsageError, parse_against, run_diff_and_report
+    config = config_from(options, DIFF_OPTIONS)
+    from pallas_check.compare import parse_against, run_diff_and_report
 
-    try:
-        side = parse_against(against, config)
-    except UsageError as exc:
-        raise fail(str(exc)) from None
+    side = parse_against(against, config)  # a bad --against: a UsageError, exit 2
     if side.native:
         from pallas_check.native import native_unavailable
 
@@ -400,7 +381,8 @@ def diff(script: Path, script_args: Optional[List[str]] = None, *, against: Opti
         if reason:
             raise fail(reason)
     raise _guarded(lambda: run_diff_and_report(str(script), _script_args(script_args), config,
-                                               side, rtol, atol, fmt, output))
+                                               side, options["rtol"], options["atol"], fmt,
+                                               output))
 
 
 def main() -> None:

@@ -30,18 +30,15 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from pallas_check.config import Config
+from pallas_check.errors import UsageError
 from pallas_check.exitcodes import ExitCode, exit_code_for
-from pallas_check.options import BY_PARAM
+from pallas_check.config.options import BY_PARAM
 
 FIRST_MISMATCHES = 5
 
 # Default tolerances per float dtype (itemsize; bfloat16 is told apart by name).
 _TOLERANCES = {"bfloat16": (1.6e-2, 1e-3), 2: (1e-3, 1e-5), 4: (1e-5, 1e-6),
                8: (1e-7, 1e-9)}
-
-
-class UsageError(ValueError):
-    """A bad `--against` value (the CLI turns it into exit 2)."""
 
 
 # ---------------------------------------------------------------- the other side

@@ -22,18 +22,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pallas_check import exitcodes
+from pallas_check.config.layers import Settings, load_settings
+from pallas_check.config.options import RUN_OPTIONS
+from pallas_check.errors import PallasCheckError, SettingsError
 from pallas_check.exitcodes import ExitCode
-from pallas_check.options import RUN_OPTIONS
-from pallas_check.settings import Settings, SettingsError, load_settings
 
-_WHAT = {0: "clean", 1: "findings", 2: "usage or configuration error",
-         3: "the script failed", 4: "pallas-check failed",
-         5: "no pallas_call was checked"}
+_WHAT = {ExitCode.CLEAN: "clean", ExitCode.FINDINGS: "findings",
+         ExitCode.USAGE: "usage or configuration error",
+         ExitCode.USER_ERROR: "the script failed", ExitCode.INTERNAL: "pallas-check failed",
+         ExitCode.NO_CALLS: "no pallas_call was checked"}
 
 
-def _error(message: str) -> ExitCode:
+def _error(message: str, code: ExitCode = ExitCode.USAGE) -> ExitCode:
     print(f"pallas-check: error: {message}", file=sys.stderr)
-    return ExitCode.USAGE
+    return code
 
 
 def configured_scripts(settings: Settings) -> list[Path]:
@@ -71,20 +73,17 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
             return _error(f"{settings.path}: [tool.pallas-check] names no script: add"
                           f" scripts = [...] or pattern = \"...\"")
         scripts = configured_scripts(settings)
-    except SettingsError as exc:
-        return _error(str(exc))
-    root = settings.root
-    output = settings.values.get("output")
-    if output is not None:  # a report that cannot be written is refused before any run
-        from pallas_check.outfile import OutputError, check_target
+        output = settings.values.get("output")
+        if output is not None:  # a report that cannot be written is refused before any run
+            from pallas_check.outfile import check_target
 
-        try:
             check_target(Path(output))
-        except OutputError as exc:
-            return _error(str(exc))
+    except PallasCheckError as exc:  # a bad table or --output: its line, its exit code
+        return _error(str(exc), exc.exit_code)
+    root = settings.root
     fmt = str(getattr(settings.values.get("fmt"), "value", settings.values.get("fmt"))
               or "table")
-    worst = 0
+    worst = ExitCode.CLEAN
     results: list[tuple[str, int]] = []
     with tempfile.TemporaryDirectory(prefix="pallas-check-hook-") as parts_dir:
         parts: list[tuple[str, Path]] = []
@@ -113,7 +112,7 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
     return ExitCode(worst)
 
 
-def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
+def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> ExitCode:
     """One report for every script: SARIF with one run per script, JSON with every
     script's report under `reports`, table and text one after the other."""
     from pallas_check.outfile import OutputError, check_target, write_report
@@ -125,7 +124,7 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
     except ValueError as exc:  # a report of another pallas-check (or not one at all)
         print(f"pallas-check: error: cannot merge the scripts' reports: {exc}",
               file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return ExitCode.USAGE
     if fmt == "sarif":
         logs = [json.loads(text) for _, text in texts]
         merged: Any = dict(logs[0]) if logs else {"version": "2.1.0", "runs": []}
@@ -142,9 +141,9 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> int:
     except (OSError, OutputError) as exc:
         print(f"pallas-check: error: cannot write the hook's report to {output}: {exc}",
               file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return ExitCode.USAGE
     print(f"pallas-check hook: report of {len(texts)} script(s) written to {output}")
-    return 0
+    return ExitCode.CLEAN
 
 
 def _check_parts(fmt: str, texts: list[tuple[str, str]]) -> None:

@@ -26,11 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from pallas_check.errors import OutputError
+
 STDOUT = "-"
-
-
-class OutputError(Exception):
-    """The report cannot go where `--output` says (one line, names the path)."""
 
 
 def is_stdout(path: Path | str | None) -> bool:
@@ -52,8 +50,9 @@ def stream_descriptor(path: Path | str) -> int | None:
     return int(match.group(2))
 
 
-def check_target(path: Path, script: Path | None = None) -> None:
-    """Raise OutputError unless a report can be written to `path` after the run."""
+def check_target(path: Path, script: Path | None = None, flag: str = "--output") -> None:
+    """Raise OutputError unless a report can be written to `path` after the run (`flag`:
+    the option that named it, as the message says: `--output`, `--trace`, `--baseline`)."""
     if is_stdout(path):
         return
     fd = stream_descriptor(path)
@@ -61,25 +60,25 @@ def check_target(path: Path, script: Path | None = None) -> None:
         try:
             os.fstat(fd)
         except OSError:
-            raise OutputError(f"cannot use --output {path}: descriptor {fd} is not open")\
+            raise OutputError(f"cannot use {flag} {path}: descriptor {fd} is not open")\
                 from None
         return
     real = Path(os.path.realpath(path))
     if script is not None and script.exists() and real == Path(os.path.realpath(script)):
-        raise OutputError(f"--output {path} is the script itself; refusing to overwrite it")
+        raise OutputError(f"{flag} {path} is the script itself; refusing to overwrite it")
     try:
         info = os.stat(real)
     except FileNotFoundError:
-        _check_new_file(path, real)
+        _check_new_file(path, real, flag)
         return
     except OSError as exc:
-        raise OutputError(f"cannot use --output {path}: {exc.strerror}") from None
+        raise OutputError(f"cannot use {flag} {path}: {exc.strerror}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise OutputError(f"--output {path} is a folder, not a file")
+        raise OutputError(f"{flag} {path} is a folder, not a file")
     if not os.access(real, os.W_OK):
         if stat.S_ISREG(info.st_mode) and os.access(real.parent, os.W_OK):
             return  # a read-only file in a writable folder is replaced, as `mv` would
-        raise OutputError(f"cannot write --output {path}: permission denied")
+        raise OutputError(f"cannot write {flag} {path}: permission denied")
     if stat.S_ISREG(info.st_mode) and not os.access(real.parent, os.W_OK | os.X_OK):
         return  # written in place (see write_report)
 
@@ -114,20 +113,20 @@ def _identity(path: Path | str) -> tuple | None:
     return ("inode", info.st_dev, info.st_ino)
 
 
-def _check_new_file(path: Path, real: Path) -> None:
+def _check_new_file(path: Path, real: Path, flag: str) -> None:
     """A new report may create its own folder (`-o reports/run.json`), one level, under a
     folder that exists: never a chain of folders from a typo'd or absent root (run as
     root, `/nonexistent/sub/t.json` would otherwise create `/nonexistent` at `/`)."""
     folder = real.parent
     if not folder.exists():
         if not folder.parent.exists():
-            raise OutputError(f"cannot create --output {path}: {folder.parent} does not"
+            raise OutputError(f"cannot create {flag} {path}: {folder.parent} does not"
                               f" exist (only the report's own folder is created)")
         folder = folder.parent
     if not folder.is_dir():
-        raise OutputError(f"cannot create --output {path}: {folder} is not a folder")
+        raise OutputError(f"cannot create {flag} {path}: {folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot create --output {path}: {folder} is not writable")
+        raise OutputError(f"cannot create {flag} {path}: {folder} is not writable")
 
 
 def write_report(path: Path, text: str) -> None:

@@ -18,12 +18,12 @@ nothing more.
 
 from __future__ import annotations
 
-import io
 from typing import Any, Generator
 
 import pytest
 
-from pallas_check.options import RUN_OPTIONS  # plain data: no JAX imported
+from pallas_check.config.options import RUN_OPTIONS  # plain data: no JAX imported
+from pallas_check.exitcodes import ExitCode
 
 PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 
@@ -95,7 +95,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
 
     from pallas_check.api import checked
-    from pallas_check.runner import one_line
+    from pallas_check.runner import checks_verdict, one_line
 
     failure: BaseException | None = None
     result = run = None
@@ -108,22 +108,23 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if run is None or run.report is None:  # the block never began
         raise failure if failure is not None else RuntimeError("pallas-check: no report")
     report = run.report
-    findings, engine_error = report.findings, report.internal_error
     item.user_properties.append(("pallas_check_calls", len(report.calls)))
-    item.user_properties.append(("pallas_check_findings", len(findings)))
+    item.user_properties.append(("pallas_check_findings", len(report.findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))
-    if not findings and engine_error is None:
+    # The runner's verdict on what the checking found; the test's own failure is pytest's.
+    verdict = checks_verdict(report)
+    if verdict.code not in (ExitCode.FINDINGS, ExitCode.INTERNAL):
         if failure is not None:
             raise failure
         return result
-    text = _render(report)
-    if engine_error is not None:
-        pytest.fail(f"pallas-check error: {one_line(engine_error)}\n{text}", pytrace=False)
+    if verdict.error is not None:
+        pytest.fail(f"pallas-check error: {one_line(verdict.error)}\n{verdict.text}",
+                    pytrace=False)
     if failure is not None:
-        item.add_report_section("call", SECTION, text)
+        item.add_report_section("call", SECTION, verdict.text)
         raise failure
-    pytest.fail(f"pallas-check: {len(findings)} finding(s) in {item.nodeid}\n{text}",
-                pytrace=False)
+    pytest.fail(f"pallas-check: {len(report.findings)} finding(s) in {item.nodeid}\n"
+                f"{verdict.text}", pytrace=False)
 
 
 class _CallCounter:
@@ -150,18 +151,5 @@ class _CallCounter:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line("pallas-check: no pallas_call was checked: the tests made"
-                                " none (exit 5)")
+                                f" none (exit {int(ExitCode.NO_CALLS)})")
 
-
-def _render(report: Any) -> str:
-    """The table of the test's findings; the test's own failure is pytest's to show."""
-    import dataclasses
-
-    from pallas_check.report.table import TableReporter
-
-    shown = dataclasses.replace(report, user_error=None, user_traceback=None,
-                                partial=False,
-                                exit_code=4 if report.internal_error else 1)
-    buffer = io.StringIO()
-    TableReporter().render(shown, buffer)
-    return buffer.getvalue()

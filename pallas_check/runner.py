@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
 from pallas_check.config import Config
+from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
@@ -27,7 +28,9 @@ def config_dict(config: Config) -> dict:
 
 @dataclasses.dataclass
 class Verdict:
-    """What a command made of a finished run: the report as text and its exit code."""
+    """What a command made of a finished run: the report as text and its exit code. Every
+    command ends in one (`run`, `diff`, `compile`, `run --native`: `Command.verdict`; a
+    test under `pytest --pallas-check`: `checks_verdict`)."""
 
     text: str
     code: ExitCode
@@ -124,8 +127,6 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
-        from pallas_check.report.console import display_for
-
         done = finished_report(self.session, outcome, ours, self.policy, self.script,
                                self.args)
         report, kept = done.report, done.kept
@@ -137,18 +138,14 @@ class CheckCommand:
             code = ExitCode.USAGE  # a file asked for is not where it was asked for
         report.exit_code = int(code)
         report.trace = str(self.trace_shown) if trace_written else None
-        buffer = io.StringIO()
-        reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
-            report, buffer)
-        suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
-        summary = (f"{len(report.findings)} finding(s) in {len(report.calls)}"
-                   f" pallas_call(s){suppressed}")
+        text = rendered(report, fmt, to_stdout)
+        summary = findings_summary(report)
         failure = script_traceback(done.outcome) if done.user_failed else None
         if done.user_failed and done.outcome.interrupted:  # one line: how it stopped, where
             stopped = stopped_text(done.outcome.error, report.calls)
             summary = f"{stopped}; {summary}"
             failure = f"pallas-check: {stopped}\n" if to_stdout else None
-        return Verdict(buffer.getvalue(), code, summary, report.internal_error, failure)
+        return Verdict(text, code, summary, report.internal_error, failure)
 
     @property
     def trace_shown(self) -> str:
@@ -195,6 +192,37 @@ class CheckCommand:
         print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
               file=sys.stderr)
         return True
+
+
+def rendered(report: RunReport, fmt: str, to_stdout: bool = False) -> str:
+    """The report in `fmt`, as shown on stdout (its width and colours) or in a file."""
+    from pallas_check.report.console import display_for
+
+    buffer = io.StringIO()
+    reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
+        report, buffer)
+    return buffer.getvalue()
+
+
+def findings_summary(report: RunReport) -> str:
+    """`3 finding(s) in 2 pallas_call(s); 1 suppressed (...)`."""
+    suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
+    return (f"{len(report.findings)} finding(s) in {len(report.calls)}"
+            f" pallas_call(s){suppressed}")
+
+
+def checks_verdict(report: RunReport, fmt: str = "table") -> Verdict:
+    """The verdict on what the checking alone found in a block of code whose own outcome
+    is its caller's to show and rank (a test under `pytest --pallas-check`: pytest reports
+    the test's own failure): the exit code `run` would give without that failure, and,
+    unless that is clean, the report without it (no text for a clean verdict)."""
+    code = exit_code_for(len(report.findings), False, report.internal_error is not None,
+                         calls=len(report.calls))
+    text = ""
+    if code in (ExitCode.FINDINGS, ExitCode.INTERNAL):
+        text = rendered(dataclasses.replace(report, user_error=None, user_traceback=None,
+                                            partial=False, exit_code=int(code)), fmt)
+    return Verdict(text, code, findings_summary(report), report.internal_error)
 
 
 @dataclasses.dataclass
@@ -382,9 +410,9 @@ def short_error(message: str) -> str:
     """One line, at most MAX_ERROR_CHARS long unless PALLAS_CHECK_DEBUG is set (an MLIR
     dump inside a JAX error can be kilobytes)."""
     line = one_line(message)
-    if len(line) <= MAX_ERROR_CHARS or os.environ.get("PALLAS_CHECK_DEBUG"):
+    if len(line) <= MAX_ERROR_CHARS or debug_requested():
         return line
-    more = " ... (PALLAS_CHECK_DEBUG=1 shows the rest)"
+    more = f" ... ({DEBUG_VARIABLE}=1 shows the rest)"
     short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
     # (a first word longer than the limit leaves only the placeholder: cut inside it)
     return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more
@@ -406,8 +434,8 @@ def showing_progress(session: Any, shown: bool) -> Iterator[None]:
 def callback_failures() -> Iterator[list[str]]:
     """While active, exceptions our host callback raised that are bugs of ours (not an
     `EngineFailure`, whose message the session already holds, nor Ctrl-C) are kept."""
+    from pallas_check.errors import EngineFailure
     from pallas_check.intercept import handler_failures
-    from pallas_check.session import EngineFailure
 
     errors: list[str] = []
     lock = threading.Lock()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from pallas_check.config import Config
+from pallas_check.errors import EngineFailure
 from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo
 
 
@@ -101,10 +102,6 @@ def _write_print(line: str) -> None:
 class _CallInFlight:
     record: tuple  # Session._record's arguments for the call
     live: Any  # engine/inflight.py's InFlight: what the call found so far
-
-
-class EngineFailure(Exception):
-    """Raised inside the host callback when the engine cannot go on (reported, exit 4)."""
 
 
 class Session:

@@ -32,6 +32,7 @@ import tokenize
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from pallas_check.errors import SuppressionError
 from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import Suppression
 from pallas_check.report.sarif import fingerprint
@@ -44,10 +45,6 @@ KINDS = frozenset(kind.value for kind in FindingKind)
 NEEDS_OPTION = {FindingKind.RACE.value: "races"}
 BASELINE_SCHEMA = "pallas-check/baseline"
 BASELINE_VERSION = 1
-
-
-class SuppressionError(Exception):
-    """A bad `ignore` entry or baseline file (one line; the command line exits 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,7 +115,7 @@ def test_an_absolute_hook_pattern_is_a_configuration_error(tmp_path):
 
 def test_an_error_of_ours_outside_the_run_is_one_line_exit_4(cli, monkeypatch, tmp_path):
     """Any exception before the script runs (here: reading the settings) is ours."""
-    import pallas_check.settings as settings
+    import pallas_check.config.layers as settings
 
     def broken(*args, **kwargs):
         raise RuntimeError("settings exploded\nover two lines")

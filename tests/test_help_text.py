@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from pallas_check.cli import app
 from pallas_check.exitcodes import ExitCode
-from pallas_check.options import COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS
+from pallas_check.config.options import COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS
 
 COMMANDS = {"run": RUN_OPTIONS, "compile": COMPILE_OPTIONS, "diff": DIFF_OPTIONS}
 

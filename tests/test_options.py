@@ -14,9 +14,9 @@ import typer
 from pallas_check import pytest_plugin
 from pallas_check.cli import app, run
 from pallas_check.config import Config
-from pallas_check.options import RUN_OPTIONS, Option
+from pallas_check.config.layers import load_settings
+from pallas_check.config.options import RUN_OPTIONS, Option
 from pallas_check.report.model import replay_command
-from pallas_check.settings import load_settings
 
 IDS = [o.key for o in RUN_OPTIONS]
 
@@ -110,3 +110,36 @@ def test_every_config_field_a_user_sets_has_an_option():
 
 def test_output_is_a_path():
     assert [o.kind for o in RUN_OPTIONS if o.param == "output"][0].__args__[0] is Path
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_the_config_default_is_the_options_default(option):
+    """A default is written in the table (the CLI's) and on the Config field (the engine's
+    and the API's): they agree, so `run` with no flag and `checking()` check alike."""
+    if option.config_field is None:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    assert defaults[option.config_field] == option.default
+
+
+@pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
+def test_config_from_sets_the_field_of_each_option(option):
+    """The one way a Config is built (config_from: run, diff, the API, the pytest plugin)
+    sets an option's field from its value, a choice's text as its enum member."""
+    from pallas_check.config.options import config_from
+
+    if option.config_field is None:
+        assert config_from({option.param: sample(option)[0]}) == Config()
+        return
+    value, _ = sample(option)
+    built = getattr(config_from({option.param: value}), option.config_field)
+    assert built == value
+    if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
+        assert built is option.kind(value)
+
+
+def test_config_from_of_every_default_is_the_default_config():
+    from pallas_check.config.options import config_from
+
+    assert config_from({o.param: o.default for o in RUN_OPTIONS}) == Config()
+    assert config_from({}, timeline=True) == Config(timeline=True)

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from pallas_check.cli import app, run
 from pallas_check.config import DmaMode
+from pallas_check.config.layers import (SettingsError, find_pyproject, load_settings,
+                                        option_specs)
 from pallas_check.exitcodes import ExitCode
-from pallas_check.settings import (SettingsError, find_pyproject, load_settings,
-                                   option_specs)
 
 EXPECTED_KEYS = {"dma", "uninit", "skip-floats", "format", "output", "devices", "tpu",
                  "cores", "seed", "races"}

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from pallas_check.findings import CallSummary, Finding
-from pallas_check.options import RUN_OPTIONS, replay_options
+from pallas_check.config.options import RUN_OPTIONS, replay_options
 
 
 @dataclasses.dataclass(frozen=True)

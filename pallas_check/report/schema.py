@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class SchemaError(ValueError):
-    """A file that is not the schema, or not a version of it, that this pallas-check reads."""
+from pallas_check.errors import SchemaError
 
 
 def check_schema(data: Any, path: object, schema: str, versions: tuple[int, ...],

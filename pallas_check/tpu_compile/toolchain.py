@@ -18,6 +18,7 @@ import threading
 from typing import Any, Callable, Iterator, TypeVar
 
 from pallas_check.config import TpuGeneration
+from pallas_check.config.environment import debug_requested
 
 INSTALL_HINT = 'pip install "pallas-check[tpu]"'
 
@@ -80,7 +81,7 @@ def _stderr_to_file() -> Iterator[None]:
             text = sink.read().decode("utf-8", "replace")
             if text.strip():
                 chatter.append(text)
-                if os.environ.get("PALLAS_CHECK_DEBUG"):
+                if debug_requested():
                     sys.stderr.write(text)
 
 

@@ -1,10 +1,15 @@
-"""Every option of `pallas-check run`, declared once.
+"""Every option of `pallas-check run` (and of `diff` and `compile`), declared once.
 
 From this one table come: the typer command (cli.run's parameters), the
-`[tool.pallas-check]` keys and `PALLAS_CHECK_*` variables with their checks (settings.py),
-the pytest plugin's `--pallas-check-*` options, and the replay command printed under each
+`[tool.pallas-check]` keys and `PALLAS_CHECK_*` variables with their checks (layers.py),
+the pytest plugin's `--pallas-check-*` options, the Python API's keyword arguments, the
+`Config` every command builds (`config_from`), and the replay command printed under each
 finding (report/model.py). Adding an option is one entry here (and reading it where it
 acts); tests/test_options.py proves every surface accepts every option.
+
+The names a user types for an option are derived from its row: the flag, the settings key
+(the long flag without dashes) and the environment variable (environment.py: the prefix
+and the key in capitals).
 
 Nothing here imports JAX.
 """
@@ -15,9 +20,11 @@ import dataclasses
 import enum
 import inspect
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
-from pallas_check.config import DmaMode, TpuGeneration, UninitFill, parse_generations
+from pallas_check.config.environment import env_variable
+from pallas_check.config.model import (Config, DmaMode, TpuGeneration, UninitFill,
+                                       parse_generations)
 
 
 class Format(str, enum.Enum):
@@ -63,7 +70,8 @@ class Option:
 
     @property
     def env(self) -> str:
-        return "PALLAS_CHECK_" + self.key.upper().replace("-", "_")
+        """Its environment variable, e.g. PALLAS_CHECK_SKIP_FLOATS."""
+        return env_variable(self.key)
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -194,7 +202,7 @@ def with_options(options: tuple[Option, ...],
                  leading: list[inspect.Parameter]) -> Callable[[Callable[..., Any]],
                                                                 Callable[..., Any]]:
     """Give a command function the declared options as its signature (after `leading`,
-    its arguments); typer reads the signature, settings.py the declaration."""
+    its arguments); typer reads the signature, layers.py the declaration."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         params = leading + typer_parameters(options)
@@ -211,3 +219,21 @@ def replay_options() -> tuple[tuple[str, str, Any], ...]:
     return tuple((o.config_field, o.flags[0],
                   o.default.value if isinstance(o.default, enum.Enum) else o.default)
                  for o in RUN_OPTIONS if o.replayed and o.config_field)
+
+
+def config_from(values: Mapping[str, Any], options: tuple[Option, ...] = RUN_OPTIONS,
+                **internal: Any) -> Config:
+    """The one way a `Config` is built (`run`, `diff`, the Python API, the pytest plugin):
+    from option values by parameter name (the command function's keyword arguments, or a
+    settings table's), each declared option with a `config_field` that has a value setting
+    that field; a choice given as its text becomes its enum member. `internal`: fields no
+    option sets (`timeline`, on when `--trace` names a file)."""
+    fields: dict[str, Any] = {}
+    for option in options:
+        if option.config_field is None or option.param not in values:
+            continue
+        value = values[option.param]
+        if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
+            value = option.kind(value)
+        fields[option.config_field] = value
+    return Config(**fields, **internal)

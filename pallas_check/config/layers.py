@@ -2,9 +2,9 @@
 
 Precedence, lowest first: the option's default < the pyproject table < the environment <
 a flag given on the command line. The keys are the long option names of `pallas-check run`
-without their dashes (`dma`, `skip-floats` or `skip_floats`, `format`, ...), taken from
-their one declaration in options.py, so an option added there can be set here with no
-change to this module. The table may also name the scripts the pre-commit hook checks (`scripts`, `pattern`).
+without their dashes (`dma`, `skip-floats` or `skip_floats`, `format`, ...), and the
+variables' names, taken from their one declaration in options.py, so an option added there
+can be set here with no change to this module. The table may also name the scripts the pre-commit hook checks (`scripts`, `pattern`).
 
 Nothing here imports JAX. Every error is a `SettingsError` naming the key and the file (or
 the variable); the command line turns it into one line and exit 2.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import inspect
 import os
 import tomllib
 import types
@@ -23,16 +22,14 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
+from pallas_check.config.environment import DEBUG_VARIABLE, ENV_PREFIX, env_variable
+from pallas_check.config.options import Option
+from pallas_check.errors import SettingsError
+
 TABLE = "pallas-check"
-ENV_PREFIX = "PALLAS_CHECK_"
 HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`
-# Variables with our prefix that are not options: a traceback for bug reports, and those the
-# pytest plugin and the hook set for the processes they start.
-OTHER_VARIABLES = ("PALLAS_CHECK_DEBUG",)
-
-
-class SettingsError(Exception):
-    """A bad `[tool.pallas-check]` table or `PALLAS_CHECK_*` variable (exit 2)."""
+# Variables with our prefix that are not options: a traceback for bug reports.
+OTHER_VARIABLES = (DEBUG_VARIABLE,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +40,11 @@ class OptionSpec:
     name: str  # the command function's parameter, e.g. "skip_floats"
     kind: Any  # bool, int, float, str, Path, list (of str), an Enum subclass, or None
     minimum: int | float | None = None
-    maximum: int | float | None = None
     check: Any = None  # a further check of the value (raises ValueError)
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.key.upper().replace("-", "_")
+        return env_variable(self.key)
 
 
 @dataclasses.dataclass
@@ -69,33 +65,13 @@ class Settings:
 
 
 def option_specs(command: Any) -> dict[str, OptionSpec]:
-    """The settings keys of a command: from its options.py declaration (`run`), else from
-    the typer function's signature; one per option (not per argument)."""
-    declared = (command if isinstance(command, tuple)
-                else getattr(command, "__pallas_check_options__", None))
-    if declared is not None:
-        return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, None,
-                                  getattr(o, "check", None))
-                for o in declared}
-    import typer.models
-
-    hints = typing.get_type_hints(command, include_extras=True)
-    specs: dict[str, OptionSpec] = {}
-    for name, param in inspect.signature(command).parameters.items():
-        annotation = hints.get(name)
-        info = param.default
-        if typing.get_origin(annotation) is typing.Annotated:
-            args = typing.get_args(annotation)
-            annotation = args[0]
-            info = next((a for a in args[1:] if isinstance(a, typer.models.ParameterInfo)),
-                        info)
-        if not isinstance(info, typer.models.OptionInfo):
-            continue
-        longs = [d.split("/")[0] for d in (info.param_decls or ()) if d.startswith("--")]
-        key = longs[0][2:] if longs else name.replace("_", "-")
-        specs[key] = OptionSpec(key, name, _kind(annotation),
-                                getattr(info, "min", None), getattr(info, "max", None))
-    return specs
+    """The settings keys of a command, one per option (not per argument): from its
+    options.py declaration, given as the tuple of options (`RUN_OPTIONS`) or as a command
+    function that `options.with_options` declared them on (`cli.run`)."""
+    declared: tuple[Option, ...] = (command if isinstance(command, tuple)
+                                    else command.__pallas_check_options__)
+    return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, o.check)
+            for o in declared}
 
 
 def _kind(annotation: Any) -> Any:
@@ -129,8 +105,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> Any:
-    """A checked value, in the form a command-line default takes (raises ValueError)."""
+def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> Any:
+    """A checked value, in the form a command-line default takes (raises ValueError):
+    `from_env`, a variable's text; `base`, the folder a relative path is relative to."""
     kind = spec.kind
     if kind is bool:
         if isinstance(value, bool):
@@ -153,8 +130,6 @@ def _convert(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) ->
             raise ValueError(f"expected a number, got {value!r}")
         if spec.minimum is not None and value < spec.minimum:
             raise ValueError(f"must be at least {spec.minimum}")
-        if spec.maximum is not None and value > spec.maximum:
-            raise ValueError(f"must be at most {spec.maximum}")
         value = kind(value)
     elif isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = [str(m.value) for m in kind]
@@ -207,8 +182,8 @@ def read_table(path: Path) -> dict[str, Any] | None:
 
 def load_settings(command: Any, cwd: Path | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings for `command`: a typer command function (e.g. `cli.run`) or a tuple of
-    options.py's declarations (`RUN_OPTIONS`, for the hook and the pytest plugin).
+    """Settings for `command`: a command function declared by options.py (`cli.run`) or a
+    tuple of its declarations (`RUN_OPTIONS`, for the hook, the API and the pytest plugin).
 
     Reads the nearest pyproject.toml from `cwd` up, then `PALLAS_CHECK_<KEY>` variables;
     a variable with the prefix that names no option (a typo) is an error, not ignored.
@@ -231,7 +206,7 @@ def load_settings(command: Any, cwd: Path | None = None,
     for spec in specs.values():
         if spec.env in environ:
             try:
-                settings.values[spec.name] = _convert(spec, environ[spec.env], True, None)
+                settings.values[spec.name] = checked_value(spec, environ[spec.env], True, None)
             except ValueError as exc:
                 raise SettingsError(f"environment variable {spec.env}: {exc}") from None
             settings.origins[spec.name] = spec.env
@@ -264,7 +239,7 @@ def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
             raise SettingsError(f"{path}: [tool.{TABLE}] unknown key {raw_key!r}"
                                 f" (known keys: {known})")
         try:
-            settings.values[spec.name] = _convert(spec, value, False, path.parent)
+            settings.values[spec.name] = checked_value(spec, value, False, path.parent)
         except ValueError as exc:
             raise SettingsError(f"{path}: [tool.{TABLE}] {raw_key}: {exc}") from None
         settings.origins[spec.name] = str(path)
