@@ -152,7 +152,8 @@ COMPILE_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
            "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas.",
            check=parse_generations, metavar="LIST"),
-    Option("fmt", ("--format",), Format.choices(COMPILE), Format.default(COMPILE), Format.help(COMPILE)),
+    Option("fmt", ("--format",), Format.choices(COMPILE), Format.default(COMPILE),
+           Format.help(COMPILE)),
     *(BY_PARAM[name] for name in ("output", "devices")),
 )
 
