@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import io
 import itertools
 import shlex
 import threading
@@ -476,7 +475,7 @@ class DiffCommand:
         import sys
 
         from pallas_check.report.console import display_for
-        from pallas_check.report.diff import render
+        from pallas_check.report.formats import DIFF, render
         from pallas_check.runner import Verdict, config_dict, script_traceback, short_error
 
         session = self.session
@@ -493,9 +492,8 @@ class DiffCommand:
             user_error=outcome.error if user_failed else None,
             user_traceback=outcome.traceback if user_failed else None,
             internal_error=error, partial=outcome.interrupted)
-        buffer = io.StringIO()
-        render(report, fmt, buffer, display_for(sys.stdout if to_stdout else None))
-        return Verdict(buffer.getvalue(), code,
+        text = render(report, fmt, DIFF, display_for(sys.stdout if to_stdout else None))
+        return Verdict(text, code,
                        f"{report.mismatching_outputs} mismatching output(s) in"
                        f" {len(calls)} call(s)", error,
                        script_traceback(outcome) if user_failed else None)

@@ -23,6 +23,7 @@ import numpy as np
 
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call import kernel_arg_names
+from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
 # Per TensorCore, as JAX's own table has them (jax/_src/pallas/mosaic/tpu_info.py,
@@ -48,17 +49,6 @@ class Allocation:
 
     def describe(self) -> str:
         return f"{self.what} {self.name} {format_bytes(self.nbytes)}"
-
-
-def format_bytes(nbytes: int) -> str:
-    """Bytes as people read them: 512 B, 24.0 KiB, 23.80 MiB, 64.00 GiB."""
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    if nbytes < MIB:
-        return f"{nbytes / 1024:.1f} KiB"
-    if nbytes < 1024 * MIB:
-        return f"{nbytes / MIB:.2f} MiB"
-    return f"{nbytes / (1024 * MIB):.2f} GiB"
 
 
 def tiled_bytes(shape: tuple[int, ...], dtype: Any) -> int:
