@@ -335,7 +335,7 @@ class CallDiff:
 def _output_names(params: dict) -> list[str]:
     n_out = len(params["out_avals"])
     try:
-        from pallas_check.engine.kernel import kernel_arg_names
+        from pallas_check.engine.call.describe import kernel_arg_names
 
         gm = params["grid_mapping"]
         names = kernel_arg_names(params["jaxpr"])
@@ -352,7 +352,7 @@ def _on_cpu() -> Iterator[None]:
     runtime that waits for the callback."""
     import jax
 
-    from pallas_check.engine.backend import engine_device
+    from pallas_check.engine.runtime.backend import engine_device
 
     with jax.default_device(engine_device()):
         yield
@@ -377,7 +377,7 @@ class DiffSession:
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
                     call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.kernel import kernel_info
+        from pallas_check.engine.call.describe import kernel_info
 
         with _on_cpu():
             ours = self.ours.handle_call(params, operands, device, mesh_axes,

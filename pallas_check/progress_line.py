@@ -103,7 +103,7 @@ class ProgressLine:
                 self._hide()
 
     def _polling(self) -> None:
-        from pallas_check.engine import progress
+        from pallas_check.engine.runtime import progress
 
         while not self._stop.wait(REFRESH_S):
             now = time.monotonic()

@@ -84,7 +84,7 @@ _UNNAMED = KernelInfo("pallas_call")
 
 def _kernel_or_unnamed(params: dict) -> KernelInfo:
     """The call's kernel, for listing a call that failed outside the engine."""
-    from pallas_check.engine.kernel import kernel_info
+    from pallas_check.engine.call.describe import kernel_info
 
     try:
         return kernel_info(params)
@@ -121,7 +121,7 @@ class Session:
         self._counter = itertools.count()
         self._lock = threading.Lock()
         # Multi-device calls: where each device's callback meets the others'.
-        from pallas_check.engine.rendezvous import Rendezvous
+        from pallas_check.engine.runtime.rendezvous import Rendezvous
 
         self._meeting_point = Rendezvous()
         # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
@@ -150,8 +150,8 @@ class Session:
                     call_site: Any = None) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
-        from pallas_check.engine import progress
-        from pallas_check.engine.kernel import MeshInfo
+        from pallas_check.engine.runtime import progress
+        from pallas_check.engine.call.describe import MeshInfo
 
         with self._lock:
             self.calls_in_flight += 1
@@ -168,7 +168,7 @@ class Session:
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any, call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.rendezvous import RendezvousTimeout
+        from pallas_check.engine.runtime.rendezvous import RendezvousTimeout
 
         try:
             return self._meeting_point.meet(
@@ -186,9 +186,11 @@ class Session:
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.checkers import CHECKERS
-        from pallas_check.engine import capacity, progress
-        from pallas_check.engine.inflight import InFlight
-        from pallas_check.engine.kernel import kernel_info, run_call_devices
+        from pallas_check.engine.call import capacity
+        from pallas_check.engine.runtime import progress
+        from pallas_check.engine.runtime.inflight import InFlight
+        from pallas_check.engine.call.describe import kernel_info
+        from pallas_check.engine.call.explore import run_call_devices
 
         with self._lock:
             index = next(self._counter)
@@ -218,7 +220,7 @@ class Session:
                 return outputs
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
-            from pallas_check.engine.backend import engine_device
+            from pallas_check.engine.runtime.backend import engine_device
 
             # The engine's own compiled pieces run on a CPU client of its own, whatever
             # the script's backend is, and never queue behind the script's work.
@@ -263,7 +265,7 @@ class Session:
         comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
         the call listed as failed."""
         from pallas_check import interrupts
-        from pallas_check.engine.evaluate import EngineBug, KernelError
+        from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
 
         if interrupts.requested():
             self._stopped(index)
@@ -308,7 +310,7 @@ class Session:
                 failed: bool = False, progress: dict[str, int] | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`)."""
-        from pallas_check.engine.kernel import resolve_grid
+        from pallas_check.engine.call.describe import resolve_grid
 
         try:
             gm = params["grid_mapping"]
@@ -334,7 +336,7 @@ class Session:
         """The end of the script: a semaphore a call returned and no later call took
         still holds its count and its DMAs (engine/carried.py); reported once."""
         from pallas_check.checkers import CHECKERS
-        from pallas_check.engine.carried import forget, never_taken
+        from pallas_check.engine.call.carried import forget, never_taken
 
         with self._lock:
             values = never_taken(self.carried)

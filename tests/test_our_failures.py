@@ -26,7 +26,7 @@ _PRELUDE = """
     import jax, jax.numpy as jnp, numpy as np
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
-    import pallas_check.engine.kernel  # every rule registered: what follows replaces one
+    import pallas_check.engine.call.simulate  # every rule registered: what follows replaces one
     from pallas_check.engine import evaluate, pipeline
     from pallas_check.jaxbridge import state_primitives
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_check.engine.scalar import scalar_segment_fn
+from pallas_check.engine.jaxpr.scalar import scalar_segment_fn
 
 I32 = np.iinfo(np.int32)
 EDGES = [0, 1, -1, 2, -2, 7, -7, 13, I32.max, I32.min, I32.max - 1, I32.min + 1]

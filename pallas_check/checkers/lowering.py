@@ -4,7 +4,7 @@ skips it (engine/kernel.py `_skipped`)."""
 
 from __future__ import annotations
 
-from pallas_check.engine.mosaic_limits import NotLowered
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.findings import Finding, FindingKind, KernelInfo
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pallas_check.findings import Finding
 
+
 CALL_TRACK = "call"  # where a finding with no known actor is marked
 
 

@@ -2,5 +2,10 @@
 engine/footprint.py (the engine checks every call against the chip's capacity with it
 before simulating it); re-exported here for the compile stage."""
 
-from pallas_check.engine.footprint import (  # noqa: F401  (re-exported)
-    Allocation, allocations, format_bytes, scratch_bytes, tiled_bytes)
+from pallas_check.engine.call.footprint import (
+    Allocation,
+    allocations,
+    format_bytes,
+    scratch_bytes,
+    tiled_bytes,
+)

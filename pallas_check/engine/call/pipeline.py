@@ -12,17 +12,15 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import sync
-from pallas_check.engine.evaluate import eval_jaxpr
-from pallas_check.engine.scheduler import Actor, Wait
-from pallas_check.engine.memory import RefView
-from pallas_check.engine.revisit import Perturbation, RevisitRecord
+from pallas_check.engine.dma.engine import complete
+from pallas_check.engine.jaxpr.program import eval_jaxpr
+from pallas_check.engine.runtime.scheduler import Actor, Wait
+from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
-
-
-from pallas_check.engine.call import Operand
-from pallas_check.engine.state import CoreContext
+from pallas_check.engine.call.describe import Operand
+from pallas_check.engine.call.state import CoreContext
 
 
 def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
@@ -439,7 +437,7 @@ def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
     state = ctx.call
     for dma in state.sync.dmas:
         if not dma.copied:
-            sync.complete(ctx, dma)
+            complete(ctx, dma)
     if report:
         for finding in state.checkers.dmas_not_waited(state):
             state.add(finding)

@@ -22,7 +22,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from pallas_check.config import TpuGeneration
-from pallas_check.engine.call import kernel_arg_names
+from pallas_check.engine.call.describe import kernel_arg_names
+
 
 MIB = 1024 * 1024
 # Per TensorCore, as JAX's own table has them (jax/_src/pallas/mosaic/tpu_info.py,

@@ -25,6 +25,7 @@ from pallas_check.jaxbridge import state_types
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
+
 # The lowering's own words. A load or store whose indexer holds an array: a ValueError of
 # `_canonicalize_transforms_to_indexer` (jax/_src/pallas/mosaic/lowering.py). A DMA of
 # `ref.at[ids]`: the slice of the ref is emitted with a vector of offsets, which Mosaic's
