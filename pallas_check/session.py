@@ -100,7 +100,7 @@ def _write_print(line: str) -> None:
 @dataclasses.dataclass
 class _CallInFlight:
     record: tuple  # Session._record's arguments for the call
-    live: Any  # engine/inflight.py's InFlight: what the call found so far
+    live: Any  # engine/runtime/inflight.py's InFlight: what the call found so far
 
 
 class EngineFailure(Exception):
@@ -207,7 +207,7 @@ class Session:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
             # Checked against the chips of --tpu before anything is allocated: a call no
-            # chip could run is reported and not simulated (engine/capacity.py).
+            # chip could run is reported and not simulated (engine/call/capacity.py).
             fits = capacity.check(params, self.config, kernel, index, call_site)
             self.store.extend(fits.findings)
             if not fits.simulated:
@@ -238,7 +238,7 @@ class Session:
             raise self._failed(exc, index, kernel, params, device_operands, started, mesh,
                                call_site) from exc
         finally:
-            progress.call_ended(index)  # off the progress line (engine/progress.py)
+            progress.call_ended(index)  # off the progress line (engine/runtime/progress.py)
         with self._lock:
             if self._in_flight.pop(index, None) is None:
                 return result.outputs  # the run's report already listed it, interrupted
@@ -334,7 +334,7 @@ class Session:
 
     def finish(self) -> None:
         """The end of the script: a semaphore a call returned and no later call took
-        still holds its count and its DMAs (engine/carried.py); reported once."""
+        still holds its count and its DMAs (engine/call/carried.py); reported once."""
         from pallas_check.checkers import CHECKERS
         from pallas_check.engine.call.carried import forget, never_taken
 

@@ -1,4 +1,4 @@
-"""Scalar integer segments run by numpy (engine/scalar.py) give exactly what XLA gives:
+"""Scalar integer segments run by numpy (engine/jaxpr/scalar.py) give exactly what XLA gives:
 wrap-around, division and remainder toward zero, conversions, selects, and the inputs
 numpy would answer differently (division by zero, INT_MIN / -1) through the compiled
 segment."""

@@ -1,4 +1,4 @@
-"""Where pure equations run (engine/segment_order.py): fewer compiled segments, the same
+"""Where pure equations run (engine/jaxpr/segment_order.py): fewer compiled segments, the same
 values, the same memory accesses in the same order, the same findings."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The BlockSpec pipeline: an output block visited again after other blocks loses what an
-earlier visit did unless that still reaches the block's final value (engine/revisit.py
+earlier visit did unless that still reaches the block's final value (engine/call/revisit.py
 decides it: by a re-run with the first visit's input blocks perturbed, or, where that
 cannot tell, by what the last visit wrote)."""
 

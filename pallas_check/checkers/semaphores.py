@@ -85,7 +85,7 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
 
 def never_taken_findings(values: list) -> list[Finding]:
     """Semaphores a call returned that no later call took, at the end of the script
-    (engine/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
+    (engine/call/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
     a count its DMAs do not explain, reported at the call that returned them."""
     findings = []
     for value in values:

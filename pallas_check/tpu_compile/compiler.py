@@ -21,7 +21,7 @@ from typing import Any
 from pallas_check.config import TpuGeneration
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
-# One reckoning of capacities and limits, shared with the engine (engine/footprint.py).
+# One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
 from pallas_check.engine.call.footprint import (
     MIB,
     SCOPED_VMEM_LIMIT,

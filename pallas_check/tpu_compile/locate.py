@@ -3,7 +3,7 @@
 - Mosaic quoted an operation: its source location in the call's Mosaic module (mlirloc);
 - the lowering has no rule for a primitive: the kernel's first equation of that primitive;
 - a ref indexed by an array (Mosaic's words carry no location): the first such access, as
-  the simulation finds it (engine/mosaic_limits.py);
+  the simulation finds it (engine/jaxpr/mosaic_limits.py);
 - a BlockSpec, or VMEM: the line that made the pallas_call (a BlockSpec has no line of its
   own; it is written in the call).
 """

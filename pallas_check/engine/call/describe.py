@@ -14,13 +14,12 @@ from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import state_discharge
 from pallas_check.jaxbridge import state_indexing
 
-from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import structure_key
-from pallas_check.engine.memory.buffer import Buffer
+from pallas_check.engine.memory.buffer import Buffer, memory_space_name
+from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.findings import KernelInfo
 from pallas_check.sourceinfo import parse_src_info
-from pallas_check.engine.memory.buffer import memory_space_name
 
 
 def is_semaphore_aval(aval: Any) -> bool:

@@ -14,20 +14,18 @@ import numpy as np
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.runtime import caches
-from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.engine.call import revisit
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace
+from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
+                                               kernel_info)
+from pallas_check.engine.call.simulate import simulate_schedule
+from pallas_check.engine.call.state import CallState
+from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered, kernel_not_lowered
-from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
+from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.findings import Finding
-from pallas_check.engine.call.describe import (
-    MeshInfo, SINGLE_DEVICE, kernel_arg_names, kernel_info)
-from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.engine.call.state import CallState
-from pallas_check.engine.call.simulate import simulate_schedule
 
 
 @dataclasses.dataclass
@@ -61,7 +59,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      live: InFlight | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
-    is kept up to date with what the call has found so far (engine/inflight.py).
+    is kept up to date with what the call has found so far (engine/runtime/inflight.py).
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -70,7 +68,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     until one schedule has findings (or all of them, with keep_going); each finding
     carries the seed that replays it.
 
-    A kernel that Mosaic does not lower (engine/mosaic_limits.py) never runs on a TPU:
+    A kernel that Mosaic does not lower (engine/jaxpr/mosaic_limits.py) never runs on a TPU:
     the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
     carried = carried if carried is not None else {}
     checkers = checkers if checkers is not None else default_checkers()
@@ -97,7 +95,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     chosen_carried = dict(carried)
     tried = 0
     # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
-    # later call recognises a DMA's destination among its operands (engine/carried.py).
+    # later call recognises a DMA's destination among its operands (engine/call/carried.py).
     addresses = ([r.__array_interface__["data"][0] for r in results]
                  if results is not None else None)
     for i in range(schedules):

@@ -1,9 +1,10 @@
-"""One pallas_call on a modelled TPU: schedule exploration, the second-fill re-run, and the
-simulation of one schedule (buffers per device and core, actors, the scheduler).
+"""One schedule of a pallas_call on a modelled TPU: buffers per device and core, the actors
+and the scheduler, and the outputs handed back (the schedules tried, the second-fill re-run
+and lost revisits are explore.py's).
 
-The static description of the call is in call.py, the run-time state in state.py, the
+The static description of the call is in describe.py, the run-time state in state.py, the
 BlockSpec pipeline of each core in pipeline.py. Findings come from the checkers the call
-is given (events.py); nothing is printed.
+is given (engine/events.py); nothing is printed.
 """
 
 from __future__ import annotations
@@ -15,29 +16,29 @@ import numpy as np
 
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.memory.buffer import fill_value
-from pallas_check.engine.runtime import progress
 from pallas_check.engine.call import revisit
+from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE, _block_indices,
+                                               _grid_points, _operand, _program_axes, _read_only,
+                                               core_mesh_axes, dimension_semantics,
+                                               is_semaphore_aval, kernel_arg_names, resolve_grid,
+                                               split_grid)
+from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import dma_actor
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
-from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
-from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
+                                               memory_space_name)
+from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.scheduler import Actor, Deadlock, Scheduler
-# Every rule module, imported for its rules to register themselves:
-from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
-from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 from pallas_check.findings import KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line
-from pallas_check.engine.call.describe import (
-    MeshInfo, Operand, SINGLE_DEVICE, _block_indices, _grid_points, _operand, _program_axes,
-    _read_only, core_mesh_axes, dimension_semantics, is_semaphore_aval, kernel_arg_names,
-    resolve_grid, split_grid)
-from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
-from pallas_check.engine.call.state import CallState, CoreContext  # noqa: F401
+from pallas_check.engine.call.state import CallState, CoreContext
+# Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
+from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
+from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -113,7 +114,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     """One schedule of the call on every device: buffers, one actor per core, the run
     (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
     input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
-    where the outputs' XLA buffers are, engine/carried.py; `live`: told of the state)."""
+    where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
@@ -145,7 +146,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
                                               operands[layout.first:], fill, results)
         device_hbm_outputs.append(hbm_outputs)
-        if layout.sem_in:  # where DMAs carried in may land (engine/carried.py)
+        if layout.sem_in:  # where DMAs carried in may land (engine/call/carried.py)
             data = [b for b in hbm_inputs if b.space != MemorySpace.SEMAPHORE]
             by_address[device] = ({a.__array_interface__["data"][0]: buf for a, buf in
                                    zip(operands[layout.first:], hbm_inputs)
@@ -327,8 +328,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
     state.scheduler = Scheduler(seed=state.config.seed)
     state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
-        # Scalar segments (scalar.py) run on numpy scalars, whose integer overflow wraps
-        # as XLA's does; numpy would warn at each: silenced once for the whole call.
+        # Scalar segments (engine/jaxpr/scalar.py) run on numpy scalars, whose integer
+        # overflow wraps as XLA's does; numpy would warn at each: silenced once for the whole call.
         with np.errstate(over="ignore"):
             state.scheduler.run(actors)
     except Deadlock as deadlock:
@@ -361,7 +362,7 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
 
 def _depart(state: CallState, ctx: CoreContext,
             device_hbm_outputs: list[list[Buffer]]) -> dict:
-    """The DMAs in flight carried by the semaphores the call returns (engine/carried.py);
+    """The DMAs in flight carried by the semaphores the call returns (engine/call/carried.py);
     those semaphores are checked where their last holder ends, not here."""
     sem_out = state.layout_semaphores[1]
     if not sem_out:
@@ -449,7 +450,7 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
             if not buf.fully_written and not state.unfinished:
                 state.checkers.output_unwritten(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
-        # A semaphore leaves as handles to its value (engine/carried.py).
+        # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if
                         buf.space == MemorySpace.SEMAPHORE else buf.data
                         for buf in hbm_outputs])

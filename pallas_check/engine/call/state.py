@@ -9,20 +9,20 @@ from typing import Any
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.engine.memory.access_cache import AccessCache
-from pallas_check.engine.memory.buffer import fill_value
-from pallas_check.engine.runtime import progress
+from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
 from pallas_check.engine.dma.engine import Dma, SyncState
+from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
+                                        UninitRead)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
+from pallas_check.engine.memory.access_cache import AccessCache
+from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
+                                               memory_space_name)
 from pallas_check.engine.memory.region import Region
-from pallas_check.engine.events import Checkers, KernelPrint, RaceDetector, UnboundedDma, UninitRead
+from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
-from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
-from pallas_check.engine.memory.buffer import memory_space_name
 
 
 class CallState:
@@ -55,7 +55,7 @@ class CallState:
         self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
-        # Semaphores passed between calls (engine/carried.py): the semaphore inputs whose
+        # Semaphores passed between calls (engine/call/carried.py): the semaphore inputs whose
         # values carry DMAs (buffer, cell, value), those DMAs once started here, the
         # outputs' XLA buffer addresses (one CPU device), the handles of the semaphores
         # returned (by buffer id), and the layout's (semaphore inputs, outputs, aliases,
@@ -79,14 +79,14 @@ class CallState:
         self.accesses = AccessCache()
         self.cores_per_device = 1
         self._copies_in_flight: set[str] = set()
-        # Output blocks revisited after other blocks (engine/revisit.py): what each core's
+        # Output blocks revisited after other blocks (engine/call/revisit.py): what each core's
         # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer
         # id -> why, for a read of them), and the perturbation of a re-run deciding them.
         self.revisits: list[Any] = []
         self.fresh_revisits: dict[int, str] = {}
         self.perturb: Any = None
         self.first_output = 0  # where the outputs start among the kernel's parameters
-        # Grid steps walked so far, read by a progress line (engine/progress.py); the
+        # Grid steps walked so far, read by a progress line (engine/runtime/progress.py); the
         # call's live counter once `_simulate` registers it.
         self.steps = progress.GridSteps(call_index, kernel.name)
         # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
@@ -169,7 +169,7 @@ class CallState:
                                           len(self.uninit_reads), ctx.grid_point, ctx.actor)
 
     def check_failed(self, ctx: "CoreContext", message: str, check: str) -> None:
-        """The kernel's own `pl.debug_check` is false here (engine/debug.py)."""
+        """The kernel's own `pl.debug_check` is false here (engine/rules/debug.py)."""
         if self.report:
             self.add(self.checkers.check_failed(self, ctx, message, check,
                                                 current_frames(ctx)))

@@ -21,13 +21,11 @@ from typing import Any
 import numpy as np
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine.memory.buffer import Buffer, all_written
-from pallas_check.engine.memory.region import resolve
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.memory.buffer import RefView
-from pallas_check.engine.memory.region import Region
-from pallas_check.findings import SourceFrame
+from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.findings import SourceFrame, format_range
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,7 +50,7 @@ class Dma:
     waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
     staged: Any = None  # (values, written-shadow) read from the source, not yet written
     # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
-    # (engine/carried.py): (that call's index, its KernelInfo, the actor that started it).
+    # (engine/call/carried.py): (that call's index, its KernelInfo, the actor that started it).
     origin: Any = None
 
     @property
@@ -158,8 +156,6 @@ def cell_of(ctx: Any, region: Region) -> tuple[Buffer, tuple]:
 
 
 def _describe(region: Region) -> str:
-    from pallas_check.findings import format_range
-
     return format_range(region.index_range())
 
 

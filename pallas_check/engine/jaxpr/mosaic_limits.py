@@ -2,7 +2,7 @@
 
 A kernel that does not lower never runs on a TPU: the defect is the kernel's, not
 pallas-check's, and it is reported as a `compile-error` finding at the user's line, the
-call skipped (engine/kernel.py), the run going on — with or without `--compile`. The
+call skipped (engine/call/explore.py), the run going on — with or without `--compile`. The
 construct found here is a ref indexed by an array of indices, a gather or scatter
 (`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it.
 

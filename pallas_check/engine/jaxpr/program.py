@@ -20,14 +20,14 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.jaxpr import segment_order
-from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
-from pallas_check.engine.runtime.caches import BoundedCache
-from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
-from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import user_frames
 from pallas_check.engine.jaxpr.errors import (CallHalted, EngineBug, KernelError,
                                               UnsupportedPrimitive)
-from pallas_check.engine.jaxpr.registry import BODY_ONLY, Rule, RuleFn, RULES, SPECIALIZERS
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
+from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
+from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
+from pallas_check.engine.runtime.caches import BoundedCache
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
 
 
 Gen = Generator[Any, None, Any]

@@ -47,8 +47,8 @@ class AccessCache:
     same refs with the same indices at step after step, and resolving (indexer pytrees,
     bounds, numpy indices) cost more than the access. A region depends only on the view
     and the buffer's shape. A DMA wait's size and semaphore, and a DMA start's local ref
-    arguments, are cached the same way (sync.py; a paged kernel's source pages miss every
-    time, and a miss costs only its key)."""
+    arguments, are cached the same way (engine/rules/dma.py; a paged kernel's source pages
+    miss every time, and a miss costs only its key)."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._entries: dict[tuple, tuple] = {}

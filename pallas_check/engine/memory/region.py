@@ -12,7 +12,7 @@ import numpy as np
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine.memory.buffer import _SMALL_BYTES, Buffer, RefView, aligned_copy
+from pallas_check.engine.memory.buffer import Buffer, RefView, _SMALL_BYTES, aligned_copy
 from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, _apply_post,
                                               _as_int, _bitcast_shadow, _build_map, _maps,
                                               _post_key, _undo_post, has_array_index)

@@ -15,15 +15,14 @@ from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_primitives
 
-from pallas_check.engine.rules import index_plan
-from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
-from pallas_check.engine.memory.region import resolve
 from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule, specializer
 from pallas_check.engine.memory.buffer import RefView
-from pallas_check.engine.memory.region import Region
-from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
+from pallas_check.engine.rules import index_plan
 
 
 # -- the one path for reads and writes ---------------------------------------------------
@@ -93,7 +92,7 @@ def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
     # An indexer with an array of indices is left for after the plain ones (`post`).
     if region.post and any(isinstance(t, state_indexing.NDIndexer)
                            and has_array_index(t) for t in region.post):
-        # Found before the call ran (engine/mosaic_limits.py) unless spelled otherwise: the
+        # Found before the call ran (engine/jaxpr/mosaic_limits.py) unless spelled otherwise: the
         # kernel's defect either way, and the call is skipped.
         raise gather_or_scatter(view.buffer.name, view.buffer.space, operation,
                                 current_frames(ctx))

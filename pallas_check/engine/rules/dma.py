@@ -23,22 +23,19 @@ from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
 
 from pallas_check.config import DmaMode
-from pallas_check.engine.rules import index_plan
-from pallas_check.engine.runtime import caches
-from pallas_check.engine.memory.region import resolve
-from pallas_check.engine.runtime import progress
-from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
-from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule, specializer
-from pallas_check.engine.memory.buffer import MemorySpace, RefView
-from pallas_check.engine.memory.region import Region
-from pallas_check.engine.runtime.scheduler import Actor, Wait
-from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import user_frames
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, complete, dma_actor,
                                             dma_read, sem_add, sem_name, sem_value)
+from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.rules import index_plan
+from pallas_check.engine.runtime import caches, progress
+from pallas_check.engine.runtime.scheduler import Actor, Wait
+from pallas_check.findings import SourceFrame
+from pallas_check.sourceinfo import user_frames
 
 
 # -- rules ----------------------------------------------------------------------------------
@@ -174,7 +171,7 @@ def _halt_unbounded(ctx: Any, src: Region, dst: Region,
                     frames: tuple[SourceFrame, ...]) -> None:
     """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
     stops there (what would such a DMA have moved?); whether its size came from
-    never-written memory is decided by a re-run with the other fill (engine/kernel.py)."""
+    never-written memory is decided by a re-run with the other fill (engine/call/explore.py)."""
     call = ctx.call
     for region, what in ((src, "DMA source"), (dst, "DMA destination")):
         if region.oob:

@@ -23,12 +23,10 @@ from typing import Any, Callable, Sequence
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine.runtime import caches
-from pallas_check.engine.memory.buffer import Buffer
-from pallas_check.engine.memory.region import index_region
 from pallas_check.engine.memory.access_cache import scalar_index
-from pallas_check.engine.memory.buffer import RefView
-from pallas_check.engine.memory.region import Region
+from pallas_check.engine.memory.buffer import Buffer, RefView
+from pallas_check.engine.memory.region import Region, index_region
+from pallas_check.engine.runtime import caches
 
 
 class _Slot:

@@ -8,12 +8,12 @@ import numpy as np
 from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import mosaic_primitives
 
+from pallas_check.engine.dma.devices import _with_core, on_device, target_device
+from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule
-from pallas_check.engine.runtime.scheduler import Wait
-from pallas_check.engine.dma.devices import on_device, target_device, _with_core
-from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.rules.dma import _account_wait, _wait_ready
+from pallas_check.engine.runtime.scheduler import Wait
 
 
 @rule(pallas_primitives.semaphore_signal_p)
