@@ -73,8 +73,8 @@ def test_pure_code_between_loads_and_stores_merges_and_keeps_values(check, monke
     np.testing.assert_allclose(np.asarray(r.value), np.asarray(_softmax_ref(x, m)),
                                rtol=1e-6)
     program = _kernel_program(built)
-    segments = [s for s in program.steps if isinstance(s, program.Segment)]
-    ruled = [s for s in program.steps if not isinstance(s, program.Segment)]
+    segments = [s for s in program.steps if isinstance(s, jaxpr_program.Segment)]
+    ruled = [s for s in program.steps if not isinstance(s, jaxpr_program.Segment)]
     # Ruled: 3 loads, 3 stores, in the kernel's order; the nested jit of jnp.where is
     # pure and runs inside a segment. In source order the pure code sits in 4 gaps
     # (after x's load, after old's load, after the second store, before o's store); all
@@ -92,7 +92,7 @@ def test_unused_old_value_of_a_store_is_dropped(check, monkeypatch):
     check(_softmax, x, jnp.zeros((8, 1), jnp.float32))
     program = _kernel_program(built)
     swaps = [s for s in program.steps
-             if not isinstance(s, program.Segment) and s.primitive.name == "swap"]
+             if not isinstance(s, jaxpr_program.Segment) and s.primitive.name == "swap"]
     assert swaps and all(isinstance(s.outvars[0], jax_core.DropVar) for s in swaps)
 
 
