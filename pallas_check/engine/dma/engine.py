@@ -1,15 +1,12 @@
-"""Semaphores and DMAs as small state machines, and the rules of their primitives.
-
-DMA semaphores count bytes, as on a TPU, and a DMA is two events: it reads its source,
-which signals the send semaphore (`wait_send`: the source may be reused), then it writes
-its destination, which signals the receive semaphore (`wait_recv`: the data has landed).
-A wait takes the bytes of the waited ref off its semaphore. In `eager` mode a DMA does
-both when it starts; in `on_wait` mode a wait does what it needs of the DMAs in flight on
-its semaphore, newest first (DMAs sharing a semaphore may land in any order on a TPU, and
-newest-first is the order that breaks a kernel relying on FIFO); in `random` mode each
-event happens where the scheduler puts it. DMAs never waited complete at kernel end.
-A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
-lands DMAs as a DMA wait does (`signal_count`)."""
+"""DMAs and semaphores as small state machines: a `Dma` in flight, the call's `SyncState`
+(DMAs in flight per semaphore, who signalled last), semaphore cells and their counts, and a
+DMA's two events. DMA semaphores count bytes, as on a TPU, and a DMA is two events: it
+reads its source, which signals the send semaphore (`wait_send`: the source may be reused),
+then it writes its destination, which signals the receive semaphore (`wait_recv`: the data
+has landed). When each event happens in each DMA mode (`eager`, `on_wait`, `random`: then
+`dma_actor` runs them where the scheduler puts them) is decided by the rules that drive
+these machines (engine/rules/dma.py, engine/rules/semaphore.py).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Semaphores and DMAs as small state machines, and the rules of their primitives.
+"""The rules of the DMA primitives (`dma_start`, `dma_wait`, specialized once per equation
+where its layout allows); the DMAs and semaphores they drive are engine/dma/engine.py's.
 
 DMA semaphores count bytes, as on a TPU, and a DMA is two events: it reads its source,
 which signals the send semaphore (`wait_send`: the source may be reused), then it writes
