@@ -42,7 +42,7 @@ class CompileOnlyCommand:
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.call import kernel_info
+        from pallas_check.engine.call.describe import kernel_info
 
         if device == 0:  # one record per call, also under shard_map
             with self._lock:

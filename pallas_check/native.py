@@ -115,7 +115,7 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
     """Re-run each recorded call's hardware kernel alone (no interception installed)."""
     import jax
 
-    from pallas_check.engine.kernel import kernel_info
+    from pallas_check.engine.call.describe import kernel_info
     from pallas_check.intercept import native_function
 
     compiled: dict[tuple, tuple[Any, float]] = {}

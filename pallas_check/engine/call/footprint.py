@@ -1,6 +1,6 @@
 """A call's VMEM and SMEM allocations by the kernel's own names, and what each TPU
 generation has room for: the one reckoning of a kernel's on-chip memory, used by the
-engine (a call that fits no chip of `--tpu` is not simulated, engine/capacity.py) and by
+engine (a call that fits no chip of `--tpu` is not simulated, engine/call/capacity.py) and by
 `--compile` (the largest allocations a `vmem-exceeded` finding names; the compiler names
 its allocations by number, not by ref).
 
@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pallas_check.config import TpuGeneration
-from pallas_check.engine.call import kernel_arg_names
+from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
@@ -137,7 +137,7 @@ def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
                     subs.append(inner)
         if eqn.primitive.name == "run_scoped" and subs:
             body = subs[0]
-            # Named as the engine names them (engine/rules.py, _run_scoped).
+            # Named as the engine names them (engine/rules/control.py, _run_scoped).
             info = list(getattr(getattr(body, "debug_info", None), "arg_names", None) or ())
             names = [info[i] if i < len(info) and info[i] else f"scoped[{i}]"
                      for i in range(len(body.invars))]
