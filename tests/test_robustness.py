@@ -479,19 +479,19 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
     written-shadow is exactly its own shape."""
     longest: dict[str, int] = {}
     states: list = []
-    access = RaceChecker.access
+    access = RaceChecker.on_access
 
-    def measured(self, actor, buffer, *args, **kwargs):
-        access(self, actor, buffer, *args, **kwargs)
-        n = len(self.history[buffer.id]) if buffer.id in self.history else 0
-        longest[buffer.name] = max(longest.get(buffer.name, 0), n)
+    def measured(self, event):
+        access(self, event)
+        n = len(self.history[event.buffer_id]) if event.buffer_id in self.history else 0
+        longest[event.buffer] = max(longest.get(event.buffer, 0), n)
 
     class RecordedState(simulate.CallState):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             states.append(self)
 
-    monkeypatch.setattr(RaceChecker, "access", measured)
+    monkeypatch.setattr(RaceChecker, "on_access", measured)
     monkeypatch.setattr(simulate, "CallState", RecordedState)
     x = (jnp.arange(steps * 8 * 128) % 5).astype(jnp.float32).reshape(steps * 8, 128)
     session = Session(Config(races=True, dma_mode=DmaMode.ON_WAIT))
@@ -499,7 +499,8 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
     assert session.findings == [] and session.engine_error is None
     assert longest and max(longest.values()) <= 80, longest
     (state,) = states
-    assert state.races.checked >= steps
+    (races,) = [x for x in state.feeds.listeners if isinstance(x, RaceChecker)]
+    assert races.checked >= steps
     for buf in state.registry.values():
         assert buf.written.shape == buf.data.shape and buf.written.dtype == np.bool_, buf
 

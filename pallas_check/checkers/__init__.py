@@ -1,86 +1,61 @@
 """Checkers turn engine events into findings while the kernel runs (one module each).
 
-`CHECKERS` answers the engine's events (`engine/events.py`'s `Checkers` protocol); the
-session hands it to the engine, which imports no checker.
+Each checker is a listener (engine/events.py `Listener`): it overrides the `on_...` methods
+of the events it takes and emits its findings into the call's sink. `CHECKERS` makes a
+call's listeners (engine/events.py `Checking`); the session hands it to the engine, which
+imports no checker.
+
+A new checker: a `Checker` subclass in a module here, and its class in `_CHECKERS`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from pallas_check.checkers import (assertions, bounds, deadlock, lowering, pipeline, semaphores,
-                                 uninit)
+from pallas_check.checkers.assertions import AssertionChecker
+from pallas_check.checkers.base import Checker
+from pallas_check.checkers.bounds import BoundsChecker
+from pallas_check.checkers.deadlock import DeadlockChecker
+from pallas_check.checkers.lowering import LoweringChecker
+from pallas_check.checkers.pipeline import RevisitChecker
 from pallas_check.checkers.races import RaceChecker
+from pallas_check.checkers.semaphores import SemaphoreChecker, never_taken_findings
+from pallas_check.checkers.uninit import UninitChecker
 from pallas_check.engine import events
-from pallas_check.findings import Finding, KernelInfo
+from pallas_check.findings import Finding
+
+if TYPE_CHECKING:  # only for annotations
+    from pallas_check.engine.call.carried import SemaphoreValue
+
+# The checkers every simulation of a call has (RaceChecker too, with races on).
+_CHECKERS: tuple[type[Checker], ...] = (
+    BoundsChecker, AssertionChecker, DeadlockChecker, SemaphoreChecker, UninitChecker,
+    RevisitChecker, LoweringChecker)
 
 
-class _Checkers:
-    """The checkers behind the engine's events (see engine/events.py)."""
+class Checkers:
+    """The checkers behind the engine's events: a fresh set for each simulation."""
 
-    def masked_out_of_bounds(self, region: Any, mask: np.ndarray) -> bool:
-        return bounds.masked_oob(region, mask)
+    def listeners(self, call: events.CallFacts,
+                  sink: events.FindingSink) -> tuple[events.Listener, ...]:
+        made: tuple[events.Listener, ...] = tuple(kind(call, sink) for kind in _CHECKERS)
+        if call.races:
+            made += (self.race_checker(call, sink),)
+        return made
 
-    def access_out_of_bounds(self, state: Any, ctx: Any, region: Any, operation: str,
-                             frames: tuple) -> Finding:
-        return bounds.access_finding(state, ctx, region, operation, frames)
+    def race_checker(self, call: events.CallFacts, sink: events.FindingSink) -> RaceChecker:
+        return RaceChecker(call, sink)
 
-    def block_out_of_bounds(self, ctx: Any, op: Any, block_index: tuple,
-                            bad_dims: list[int], frames: tuple) -> Finding:
-        return bounds.block_finding(ctx, op, block_index, bad_dims, frames)
-
-    def revisit_lost(self, state: Any, lost: Any) -> Finding:
-        return pipeline.lost_values_finding(state, lost)
-
-    def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
-                             frames: tuple) -> Finding:
-        return bounds.device_finding(state, ctx, device, what, frames)
-
-    def deadlocked(self, state: Any, found: Any, ctx: Any) -> Finding:
-        return deadlock.deadlock_finding(state, found, ctx)
-
-    def call_ended(self, state: Any, ctx: Any) -> None:
-        semaphores.semaphore_findings(state, ctx)
-
-    def dmas_not_waited(self, state: Any) -> list[Finding]:
-        return semaphores.dma_not_waited_findings(state)
-
-    def semaphores_never_taken(self, values: list) -> list[Finding]:
+    def semaphores_never_taken(self, values: list[SemaphoreValue]) -> list[Finding]:
         """At the script's end: semaphores a call returned that no later call took."""
-        return semaphores.never_taken_findings(values)
-
-    def output_unwritten(self, state: Any, buffer: Any) -> None:
-        uninit.unwritten_finding(state, buffer)
-
-    def outputs_of_two_fills(self, output_names: list[str], state: Any,
-                             outputs: list[np.ndarray], other_outputs: list[np.ndarray],
-                             written: list[np.ndarray | None], kernel: KernelInfo,
-                             call_index: int) -> list[Finding]:
-        return uninit.uninit_findings(output_names, state, outputs, other_outputs, written,
-                                      kernel, call_index)
-
-    def dma_address_of_two_fills(self, state: Any, other: Any) -> list[Finding]:
-        return uninit.address_findings(state, other)
-
-    def check_failed(self, state: Any, ctx: Any, message: str, check: str,
-                     frames: tuple) -> Finding:
-        return assertions.check_failed_finding(state, ctx, message, check, frames)
-
-    def race_detector(self, make_finding: Callable[..., Finding],
-                      add: Callable[[Finding], None]) -> RaceChecker:
-        return RaceChecker(make_finding, add)
-
-    def not_lowered(self, kernel: KernelInfo, call_index: int, error: Any) -> Finding:
-        return lowering.not_lowered_finding(kernel, call_index, error)
+        return never_taken_findings(values)
 
 
-class RaceCounting(_Checkers):
+class RaceCounting(Checkers):
     """The checkers of ONE call with races on, keeping what its race checking covered for
     the call's summary (CallSummary.races): the accesses checked and the longest history
     one buffer held, over every simulation of the call (schedules, the second fill,
-    revisit re-runs). They run one after the other, so a detector is done once the next
+    revisit re-runs). They run one after the other, so a checker is done once the next
     is made: only its numbers are kept, not its history."""
 
     def __init__(self) -> None:
@@ -88,10 +63,9 @@ class RaceCounting(_Checkers):
         self._longest = 0
         self._current: RaceChecker | None = None
 
-    def race_detector(self, make_finding: Callable[..., Finding],
-                      add: Callable[[Finding], None]) -> RaceChecker:
+    def race_checker(self, call: events.CallFacts, sink: events.FindingSink) -> RaceChecker:
         self._tally()
-        self._current = RaceChecker(make_finding, add)
+        self._current = RaceChecker(call, sink)
         return self._current
 
     def race_cost(self) -> dict[str, int]:
@@ -106,5 +80,5 @@ class RaceCounting(_Checkers):
             self._current = None
 
 
-CHECKERS = _Checkers()
-events.set_default_checkers(CHECKERS)
+CHECKERS = Checkers()
+events.set_default_checking(CHECKERS)

@@ -3,25 +3,26 @@ merged over the grid steps (and calls) where the same check fails, with a count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pallas_check.findings import Finding, FindingKind, SourceFrame
-
-if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.call.state import CallState, CoreContext
+from pallas_check.checkers.base import Checker
+from pallas_check.engine.events import CheckFailed
+from pallas_check.findings import Finding, FindingKind
 
 
-def check_failed_finding(state: CallState, ctx: CoreContext, message: str, check: str,
-                         frames: tuple[SourceFrame, ...]) -> Finding:
+class AssertionChecker(Checker):
+    def on_check_failed(self, event: CheckFailed) -> None:
+        self.sink.emit(check_failed_finding(self, event))
+
+
+def check_failed_finding(checker: Checker, e: CheckFailed) -> Finding:
     """`message`: the check's message with its values; `check`: as written, which tells
     two checks on one line apart (the merge key), whatever values each step formats."""
-    where = f"at grid point {tuple(ctx.grid_point)} " if ctx.grid_point else ""
-    on = f"{where}on device {ctx.device_id} core {ctx.core_id}"
+    w = e.where
+    at = f"at grid point {tuple(w.grid_point)} " if w.grid_point else ""
+    on = f"{at}on device {w.device} core {w.core}"
     return Finding(
         kind=FindingKind.CHECK_FAILED,
-        message=f"pl.debug_check failed: {message} ({on})",
-        kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
-        actor=ctx.actor, frames=frames,
-        details={"merge": check, "check": message, "device": ctx.device_id,
-                 "core": ctx.core_id},
+        message=f"pl.debug_check failed: {e.message} ({on})",
+        kernel=checker.call.kernel, call_index=checker.call.call_index,
+        grid_point=w.grid_point, actor=w.actor, frames=w.frames,
+        details={"merge": e.check, "check": e.message, "device": w.device, "core": w.core},
     )

@@ -4,17 +4,19 @@ skips it (engine/call/explore.py `_skipped`)."""
 
 from __future__ import annotations
 
-from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
-from pallas_check.findings import Finding, FindingKind, KernelInfo
+from pallas_check.checkers.base import Checker
+from pallas_check.engine.events import CallSkipped
+from pallas_check.findings import Finding, FindingKind
 
 
-def not_lowered_finding(kernel: KernelInfo, call_index: int, error: NotLowered) -> Finding:
-    """What Mosaic refuses (`error`, raised by engine/jaxpr/mosaic_limits.py), as the finding."""
-    return Finding(
-        kind=FindingKind.COMPILE_ERROR,
-        message=f"{error.message}; the call is skipped: its outputs are left never written"
-                f" (the fill), an output aliased to an input keeps the input",
-        kernel=kernel, call_index=call_index, buffer=error.buffer,
-        memory_space=error.memory_space, frames=error.frames,
-        details={"operation": error.operation, "mosaic": error.mosaic, "skipped": True},
-    )
+class LoweringChecker(Checker):
+    def on_call_skipped(self, event: CallSkipped) -> None:
+        """What Mosaic refuses (raised by engine/jaxpr/mosaic_limits.py), as the finding."""
+        self.sink.emit(Finding(
+            kind=FindingKind.COMPILE_ERROR,
+            message=f"{event.message}; the call is skipped: its outputs are left never"
+                    f" written (the fill), an output aliased to an input keeps the input",
+            kernel=self.call.kernel, call_index=self.call.call_index, buffer=event.buffer,
+            memory_space=event.memory_space, frames=event.frames,
+            details={"operation": event.operation, "mosaic": event.mosaic, "skipped": True},
+        ))

@@ -21,16 +21,18 @@ buffer's history doubles, so a long grid keeps only a few records per buffer.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Hashable, Iterable, NamedTuple
 
+from pallas_check.checkers.base import Checker
+from pallas_check.engine import events
 from pallas_check.findings import Access, Finding, FindingKind, IndexRange, SourceFrame, format_range
 
 Clock = dict[str, int]
 
 
-@dataclasses.dataclass(frozen=True)
-class AccessRecord:
+class AccessRecord(NamedTuple):
+    """An access as the history keeps it (a NamedTuple: one is made per access)."""
+
     actor: str
     epoch: int
     index_range: IndexRange
@@ -179,14 +181,14 @@ class _History:
 _SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
 
 
-class RaceChecker:
-    """Collects races of one pallas_call; `report` receives each as a Finding."""
+class RaceChecker(Checker):
+    """Collects the races of one simulation of a pallas_call, a listener of the engine's
+    happens-before feed (engine/events.py); each race is emitted as a Finding."""
 
-    def __init__(self, make_finding: Callable[..., Finding], report: Callable[[Finding], None]):
-        self._make_finding = make_finding
-        self._report = report
+    def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
+        super().__init__(call, sink)
         self.clocks: dict[str, Clock] = {}
-        self.sync_clocks: dict[Any, Clock] = {}
+        self.sync_clocks: dict[Hashable, Clock] = {}
         self.history: dict[int, _History] = {}
         self.checked = 0  # accesses checked (CallSummary.races: what race checking covered)
         # Clock slots: an actor's own entry in the clocks (its name, or a reused DMA slot).
@@ -255,7 +257,7 @@ class RaceChecker:
         self._free.setdefault(parent, []).append(
             (slot, self._last_epoch.pop(actor, 0), vc[slot] + 1))
 
-    def declare(self, actors: Any) -> None:
+    def declare(self, actors: Iterable[str]) -> None:
         """Every root actor of the call (its cores), before any of them acts. From then on
         a record that every live actor has ordered before its clock can race with no later
         access and is dropped (a sweep whenever a buffer's history doubles), so history
@@ -292,33 +294,34 @@ class RaceChecker:
         if vc:
             self._join(self.clock(actor), vc)
 
-    def release(self, actor: str, sync_object: Any) -> None:
+    def release(self, actor: str, sync_object: Hashable) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
         self._join(self.sync_clocks.setdefault(sync_object, {}), self.clock(actor))
         self._tick(actor)
 
-    def acquire(self, actor: str, sync_object: Any) -> None:
+    def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
         released = self.sync_clocks.get(sync_object)
         if released:
             self._join(self.clock(actor), released)
 
     # -- accesses ----------------------------------------------------------------------
-    def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
-               operation: str, frames: tuple[SourceFrame, ...],
-               grid_point: tuple[int, ...] | None) -> None:
+    def on_access(self, event: events.Access) -> None:
+        """An actor touched a box of a buffer: races with the unordered accesses before."""
+        actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
+            grid_point = event
         self.checked += 1
         vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
-        record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer.name,
-                              buffer.space, frames, grid_point, slot)
+        record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer,
+                              memory_space, frames, grid_point, slot)
         if _empty(index_range):
             return
         if actor in self._parent:
             self._last_epoch[actor] = vc[slot]
-        history = self.history.get(buffer.id)
+        history = self.history.get(buffer_id)
         if history is None:
-            history = self.history[buffer.id] = _History()
+            history = self.history[buffer_id] = _History()
         for seq, prev in history.candidates(index_range):
             ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
             if not ordered and (prev.is_write or is_write):
@@ -332,17 +335,63 @@ class RaceChecker:
         if self.live is not None:
             if actor not in self.live:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-            elif len(history) > self._prune_at.get(buffer.id, _SWEEP_AFTER):
-                self._sweep(buffer.id, history)
+            elif len(history) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
+                self._sweep(buffer_id, history)
 
     def _race(self, current: AccessRecord, previous: AccessRecord, overlap: IndexRange) -> None:
         where = format_range(overlap)
         message = (f"{current.operation} of {current.buffer}{where} by {current.actor} races"
                    f" with {previous.operation} by {previous.actor}: no semaphore, DMA wait or"
                    f" barrier orders them")
-        self._report(self._make_finding(
+        self.sink.emit(Finding(
             kind=FindingKind.RACE, message=message, buffer=current.buffer,
             memory_space=current.memory_space, index_range=overlap, frames=current.frames,
             actor=current.actor, grid_point=current.grid_point,
             accesses=(current.as_access(overlap), previous.as_access(overlap)),
+            kernel=self.call.kernel, call_index=self.call.call_index, seed=self.call.seed,
         ))
+
+    # -- the engine's other events, as happens-before edges -------------------------------
+    def on_actors_declared(self, event: events.ActorsDeclared) -> None:
+        self.declare(event.actors)
+
+    def on_kernel_entered(self, event: events.KernelEntered) -> None:
+        """Each device's private memory becomes the kernel's, then its cores rendezvous."""
+        for access in event.writes:
+            self.on_access(access)
+        for actor, device in event.cores:
+            self.release(actor, ("kernel entry", device))
+        for actor, device in event.cores:
+            self.acquire(actor, ("kernel entry", device))
+
+    def on_dma_started(self, event: events.DmaStarted) -> None:
+        if not event.carried:  # (one carried in runs alongside the cores from the start)
+            self.fork(event.starter, event.actor)
+
+    def on_dma_moved(self, event: events.DmaMoved) -> None:
+        for access in event.accesses:
+            self.on_access(access)
+        if event.signalled is not None:
+            self.release(event.actor, event.signalled.key)
+        if event.landed:
+            self.end(event.actor)
+
+    def on_signalled(self, event: events.Signalled) -> None:
+        self.release(event.actor, event.cell.key)
+
+    def on_waited(self, event: events.Waited) -> None:
+        self.acquire(event.actor, event.cell.key)
+
+    def on_core_done(self, event: events.CoreDone) -> None:
+        self.end(event.actor)  # the core's grid is done: it accesses nothing more
+
+    def on_copy_started(self, event: events.CopyStarted) -> None:
+        self.fork(event.actor, event.name)
+
+    def on_copy_moved(self, event: events.CopyMoved) -> None:
+        if event.access is not None:
+            self.on_access(event.access)
+        self.end(event.name)
+
+    def on_copy_waited(self, event: events.CopyWaited) -> None:
+        self.join_finished(event.actor, event.name)

@@ -3,84 +3,71 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
-from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.checkers.base import Checker
+from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.engine.dma.engine import sem_name, sem_value
-
-if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.call.state import CallState, CoreContext
+from pallas_check.findings import Finding, FindingKind, format_range
 
 
-def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
-    unwaited: dict[tuple[int, tuple], int] = {}
-    for dma in state.sync.dmas:
-        key = (dma.dst_sem[0].id, dma.dst_sem[1])
-        unwaited[key] = unwaited.get(key, 0) + dma.signal - dma.waited_bytes
-    for buf in state.semaphores:
-        for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
-            idx = tuple(int(i) for i in idx)
-            count = int(buf.data[idx])
-            if count == 0:
-                continue
-            left = count - unwaited.get((buf.id, idx), 0)
-            if left == 0:
-                continue  # explained by a DMA never waited, reported as such
-            frames = state.sync.last_signal.get((buf.id, idx), ())
-            signaller = state.sync.last_signaller.get((buf.id, idx), "")
-            cell = sem_name((buf, idx))
-            # Several devices: say whose semaphore leaked and who signalled it last (a
-            # remote signal's target is another device than its signaller).
-            on = f" of device {buf.device}" if state.mesh.num_devices > 1 else ""
-            by = f" by {signaller}" if signaller and state.mesh.num_devices > 1 else ""
-            where = (f", last signalled{by} at {frames[0].file}:{frames[0].line}"
-                     if frames else "")
-            state.add(Finding(
-                kind=FindingKind.SEMAPHORE_LEAK,
-                message=f"semaphore {cell}{on} ends the kernel with count {count}{where}",
-                kernel=state.kernel, call_index=state.call_index, grid_point=None,
-                actor=signaller or ctx.actor, buffer=buf.name, memory_space=MemorySpace.SEMAPHORE,
-                index_range=tuple((i, i + 1) for i in idx) or None, frames=frames,
-                details={"count": count, "semaphore": cell},
-            ))
+class SemaphoreChecker(Checker):
+    def on_call_ended(self, event: CallEnded) -> None:
+        for left in event.semaphores:
+            finding = leak_finding(self, event, left)
+            if finding is not None:
+                self.sink.emit(finding)
+
+    def on_dma_not_waited(self, event: DmaNotWaited) -> None:
+        self.sink.emit(dma_not_waited_finding(self, event))
 
 
-def dma_not_waited_findings(state: CallState) -> list[Finding]:
-    """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
-    findings = []
-    for dma in state.sync.dmas:
-        if dma.waited_bytes >= dma.signal:
-            continue
-        sem = sem_name(dma.dst_sem)
-        count = sem_value(dma.dst_sem)
-        what = (f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
-                f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())}")
-        if dma.waited_bytes:
-            message = (f"{what} ({dma.nbytes} bytes) was waited for only {dma.waited_bytes}"
-                       f" of its bytes: {dma.nbytes - dma.waited_bytes} bytes were never"
-                       f" waited, and semaphore {sem} ends the kernel with count {count} (a"
-                       f" wait takes the size of the descriptor it is given: waiting with"
-                       f" another DMA's descriptor of another size leaves bytes behind)")
-        elif dma.origin is not None:  # carried in from the call that started it
-            message = (f"{what} was started in call #{dma.origin[0]} ({dma.origin[1].name})"
-                       f" and never waited on: semaphore {sem}, which carried it into this"
-                       f" call, ends here (its last holder) with count {count}")
-        else:
-            message = (f"{what} was started but never waited on (semaphore {sem}, which"
-                       f" ends the kernel with count {count})")
-        findings.append(Finding(
-            kind=FindingKind.DMA_NOT_WAITED,
-            message=message,
-            kernel=state.kernel, call_index=state.call_index, grid_point=dma.grid_point,
-            actor=dma.actor, buffer=dma.dst.buffer.name, memory_space=dma.dst.buffer.space,
-            index_range=dma.dst.index_range(), frames=dma.frames,
-            details={"semaphore": sem, "bytes": dma.nbytes,
-                     "waited_bytes": dma.waited_bytes, "semaphore_count": count},
-        ))
-    return findings
+def leak_finding(checker: Checker, end: CallEnded, left: SemaphoreLeft) -> Finding | None:
+    """A semaphore cell left with a count, unless DMAs never waited explain it (those are
+    reported as such)."""
+    if left.count - left.unwaited == 0:
+        return None
+    frames, signaller = left.last_signal, left.last_signaller
+    # Several devices: say whose semaphore leaked and who signalled it last (a remote
+    # signal's target is another device than its signaller).
+    on = f" of device {left.device}" if end.num_devices > 1 else ""
+    by = f" by {signaller}" if signaller and end.num_devices > 1 else ""
+    where = f", last signalled{by} at {frames[0].file}:{frames[0].line}" if frames else ""
+    return Finding(
+        kind=FindingKind.SEMAPHORE_LEAK,
+        message=f"semaphore {left.cell}{on} ends the kernel with count {left.count}{where}",
+        kernel=checker.call.kernel, call_index=checker.call.call_index, grid_point=None,
+        actor=signaller or end.actor, buffer=left.buffer, memory_space=MemorySpace.SEMAPHORE,
+        index_range=tuple((i, i + 1) for i in left.index) or None, frames=frames,
+        details={"count": left.count, "semaphore": left.cell},
+    )
+
+
+def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
+    """A DMA whose bytes were never (fully) taken off its semaphore by a wait."""
+    sem, count = dma.semaphore, dma.semaphore_count
+    what = (f"DMA #{dma.id} {dma.src}{format_range(dma.src_range)}"
+            f" -> {dma.dst}{format_range(dma.dst_range)}")
+    if dma.waited_bytes:
+        message = (f"{what} ({dma.nbytes} bytes) was waited for only {dma.waited_bytes}"
+                   f" of its bytes: {dma.nbytes - dma.waited_bytes} bytes were never"
+                   f" waited, and semaphore {sem} ends the kernel with count {count} (a"
+                   f" wait takes the size of the descriptor it is given: waiting with"
+                   f" another DMA's descriptor of another size leaves bytes behind)")
+    elif dma.origin is not None:  # carried in from the call that started it
+        message = (f"{what} was started in call #{dma.origin[0]} ({dma.origin[1]})"
+                   f" and never waited on: semaphore {sem}, which carried it into this"
+                   f" call, ends here (its last holder) with count {count}")
+    else:
+        message = (f"{what} was started but never waited on (semaphore {sem}, which"
+                   f" ends the kernel with count {count})")
+    return Finding(
+        kind=FindingKind.DMA_NOT_WAITED,
+        message=message,
+        kernel=checker.call.kernel, call_index=checker.call.call_index,
+        grid_point=dma.grid_point, actor=dma.actor, buffer=dma.dst,
+        memory_space=dma.dst_space, index_range=dma.dst_range, frames=dma.frames,
+        details={"semaphore": sem, "bytes": dma.nbytes,
+                 "waited_bytes": dma.waited_bytes, "semaphore_count": count},
+    )
 
 
 def never_taken_findings(values: list) -> list[Finding]:

@@ -4,18 +4,30 @@ the kernel never wrote."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 import numpy as np
 
+from pallas_check.checkers.base import Checker
+from pallas_check.engine.events import (DmaAddressCompared, FillsCompared, OutputUnwritten,
+                                        UninitRead)
+from pallas_check.engine.memory.buffer import MemorySpace
 from pallas_check.findings import (
-    Access, Finding, FindingKind, IndexRange, KernelInfo, SourceFrame, format_range)
-from pallas_check.engine.events import UninitRead
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace
+    Access, Finding, FindingKind, IndexRange, SourceFrame, format_range)
 from pallas_check.sourceinfo import code_line
 
-if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.call.state import CallState
+
+class UninitChecker(Checker):
+    def on_output_unwritten(self, event: OutputUnwritten) -> None:
+        self.sink.emit(unwritten_finding(self, event))
+
+    def on_fills_compared(self, event: FillsCompared) -> None:
+        for finding in uninit_findings(self, event):
+            self.sink.emit(finding)
+
+    def on_dma_address_compared(self, event: DmaAddressCompared) -> None:
+        for finding in address_findings(self, event):
+            self.sink.emit(finding)
 
 
 def bbox(mask: np.ndarray) -> IndexRange:
@@ -29,38 +41,38 @@ def bbox(mask: np.ndarray) -> IndexRange:
     return tuple(out)
 
 
-def unwritten_finding(state: CallState, buf: Buffer) -> None:
-    missing = ~buf.written
+def unwritten_finding(checker: Checker, event: OutputUnwritten) -> Finding:
+    missing, name, kernel = event.unwritten, event.buffer, checker.call.kernel
     count = int(missing.sum())
     total = int(missing.size)
     rng = bbox(missing)
-    state.add(Finding(
+    return Finding(
         kind=FindingKind.UNWRITTEN_OUTPUT,
-        message=f"{count} of {total} elements of output {buf.name} are never written"
-                f" (within {buf.name}{format_range(rng)})",
-        kernel=state.kernel, call_index=state.call_index, grid_point=None, actor="",
-        buffer=buf.name, memory_space=MemorySpace.HBM, index_range=rng,
-        frames=(SourceFrame(state.kernel.file, state.kernel.line, state.kernel.name,
-                            code_line(state.kernel.file, state.kernel.line)),)
-        if state.kernel.file else (),
+        message=f"{count} of {total} elements of output {name} are never written"
+                f" (within {name}{format_range(rng)})",
+        kernel=kernel, call_index=checker.call.call_index, grid_point=None, actor="",
+        buffer=name, memory_space=MemorySpace.HBM, index_range=rng,
+        frames=(SourceFrame(kernel.file, kernel.line, kernel.name,
+                            code_line(kernel.file, kernel.line)),)
+        if kernel.file else (),
         details={"elements": count, "total": total},
-    ))
+    )
 
 
-def uninit_findings(output_names: list[str], state: CallState, outputs: list[np.ndarray],
-                    other: list[np.ndarray], written: list[np.ndarray | None],
-                    kernel: KernelInfo, call_index: int) -> list[Finding]:
+def uninit_findings(checker: Checker, event: FillsCompared) -> list[Finding]:
     """Outputs that change with the fill of never-written memory depend on it (the lists
-    run over every device's outputs; `output_names` names each)."""
+    run over every device's outputs; `names` names each)."""
     findings = []
-    reads = distinct_reads(state.uninit_reads)
-    for j, (a, b) in enumerate(zip(outputs, other)):
+    kernel, call_index = checker.call.kernel, checker.call.call_index
+    written = event.written
+    reads = distinct_reads(event.reads)
+    for j, (a, b) in enumerate(zip(event.outputs, event.other)):
         differ = differs(a, b)
         if written[j] is not None:
             differ &= written[j]
         if not differ.any():
             continue
-        name = output_names[j]
+        name = event.names[j]
         count = int(differ.sum())
         rng = bbox(differ)
         first = reads[0]
@@ -89,17 +101,16 @@ def uninit_findings(output_names: list[str], state: CallState, outputs: list[np.
     return findings
 
 
-def address_findings(state: CallState,
-                     other: tuple[IndexRange, IndexRange] | None) -> list[Finding]:
-    """The DMA the call stopped at (`state.unbounded_dma`, a slice no part of its ref
+def address_findings(checker: Checker, event: DmaAddressCompared) -> list[Finding]:
+    """The DMA the call stopped at (`event.dma`, a slice no part of its ref
     holds) addresses other elements when never-written memory holds the other fill
     (`other`: its ranges there, None when that run never reached it): the read of
     never-written memory that reached the address is the defect. Named: the latest read
     of SMEM before it (scalars are what addresses are made of), else the latest read."""
-    dma = state.unbounded_dma
-    if dma is None or other == dma.ranges:
+    dma, other = event.dma, event.other
+    if other == dma.ranges:
         return []
-    reads = distinct_reads(state.uninit_reads[:dma.reads])
+    reads = distinct_reads(event.reads[:dma.reads])
     if not reads:
         return []
     scalar = [r for r in reads if r.memory_space == MemorySpace.SMEM] or reads
@@ -117,7 +128,8 @@ def address_findings(state: CallState,
                 f" that was never written: read of {read.buffer}"
                 f"{format_range(read.index_range)}{read_at} (with never-written memory"
                 f" holding other values the DMA addresses {shown})",
-        kernel=state.kernel, call_index=state.call_index, grid_point=read.grid_point,
+        kernel=checker.call.kernel, call_index=checker.call.call_index,
+        grid_point=read.grid_point,
         actor=read.actor, buffer=read.buffer, memory_space=read.memory_space,
         index_range=read.index_range, frames=read.frames,
         accesses=(Access("read", read.actor, read.buffer, read.memory_space,
@@ -127,7 +139,7 @@ def address_findings(state: CallState,
     )]
 
 
-def distinct_reads(reads: list[UninitRead]) -> list[UninitRead]:
+def distinct_reads(reads: Sequence[UninitRead]) -> list[UninitRead]:
     seen: dict[tuple, UninitRead] = {}
     for r in reads:
         key = (r.buffer, r.frames[:1])

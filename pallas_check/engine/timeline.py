@@ -1,6 +1,6 @@
 """A timeline of one simulated call, recorded as plain data (`--trace`).
 
-An observer: `CallState` (the hub every rule reports to) and the scheduler call it; it
+A listener of the engine's events (engine/events.py) and the scheduler's observer; it
 never changes what the simulation does, and it prints nothing. Its clock is logical: one
 tick per scheduler step and per recorded moment, so every moment has its own time and the
 order is exactly the simulation's. The Chrome trace-event file is written from this data
@@ -17,6 +17,9 @@ import dataclasses
 import itertools
 from typing import Any
 
+from pallas_check.engine.events import (Cell, CopyMoved, CopyStarted, CopyWaited, CoreDone,
+                                        DmaMoved, DmaStarted, Found, GridStep, Listener,
+                                        Signalled, Waited)
 from pallas_check.findings import Finding
 
 
@@ -47,8 +50,9 @@ class _Signal:
     what: str
 
 
-class Timeline:
-    """Records one schedule of one call (see the module docstring)."""
+class Timeline(Listener):
+    """Records one schedule of one call (see the module docstring): a listener of the
+    engine's events, and the scheduler's observer."""
 
     def __init__(self, kernel: str, call_index: int, seed: int) -> None:
         self.kernel, self.call_index, self.seed = kernel, call_index, seed
@@ -59,7 +63,8 @@ class Timeline:
         self._open: dict[tuple[int, str], list[str]] = {}  # track -> names of open spans
         self._actors: dict[str, tuple[int, str]] = {}  # actor name -> (device, track)
         self._signals: dict[tuple, list[_Signal]] = {}  # semaphore cell -> not yet waited
-        self._dmas: dict[int, tuple[Any, int, int, tuple[int, str]]] = {}  # id -> start
+        # DMA id -> its receive semaphore, its actor, and its start (time, step, track)
+        self._dmas: dict[int, tuple[tuple, str, int, int, tuple[int, str]]] = {}
         self._copies: dict[str, tuple[int, int, tuple[int, str]]] = {}  # pipeline copies
         self._flows = itertools.count(1)
 
@@ -118,107 +123,127 @@ class Timeline:
                     {"semaphore": wait.semaphore, "wanted": wait.wanted,
                      "at": f"{frame.file}:{frame.line}" if frame else ""})
 
-    # -- the hub (engine/call/state.py) --------------------------------------------------------
-    def grid_step(self, ctx: Any, point: tuple[int, ...]) -> None:
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+    # -- the engine's events (engine/events.py) -----------------------------------------
+    def _core(self, actor: str, device: int, core: int) -> tuple[int, str]:
+        return self._actors.setdefault(actor, (device, f"core {core}"))
+
+    def on_grid_step(self, event: GridStep) -> None:
+        where = self._core(event.actor, event.device, event.core)
         if self._top(where) is not None:
             self._end(where)  # the previous grid step
-        self._begin(where, f"grid {point}", "grid-step", {"grid_point": list(point)})
+        self._begin(where, f"grid {event.point}", "grid-step",
+                    {"grid_point": list(event.point)})
 
-    def core_done(self, ctx: Any) -> None:
-        where = self._actors.get(ctx.actor)
+    def on_core_done(self, event: CoreDone) -> None:
+        where = self._actors.get(event.actor)
         if where is not None:
             self._end(where)
 
-    def dma_start(self, ctx: Any, dma: Any) -> None:
-        here = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
-        track = (ctx.device_id, f"DMA #{dma.id}")
-        self._actors[dma.actor_name] = track
-        start = self._mark("instant", here, f"start DMA #{dma.id}", "dma",
-                           {"src": dma.src.buffer.name, "dst": dma.dst.buffer.name})
-        self._dmas[dma.id] = (dma, start.time, start.step, here)
-        frame = dma.frames[0] if dma.frames else None
-        self._begin(track, f"DMA #{dma.id} {dma.src.buffer.name} -> {dma.dst.buffer.name}",
-                    "dma", {"bytes": dma.nbytes, "started_by": ctx.actor,
+    def on_dma_started(self, event: DmaStarted) -> None:
+        here = self._core(event.starter, event.device, event.core)
+        track = (event.device, f"DMA #{event.id}")
+        self._actors[event.actor] = track
+        start = self._mark("instant", here, f"start DMA #{event.id}", "dma",
+                           {"src": event.src, "dst": event.dst})
+        self._dmas[event.id] = (event.dst_cell.key, event.actor, start.time, start.step, here)
+        frame = event.frames[0] if event.frames else None
+        self._begin(track, f"DMA #{event.id} {event.src} -> {event.dst}",
+                    "dma", {"bytes": event.nbytes, "started_by": event.starter,
                             "at": f"{frame.file}:{frame.line}" if frame else "",
-                            "to_device": dma.dst.buffer.device})
+                            "to_device": event.to_device})
         self._begin(track, "queued", "dma-phase")
+        if event.carried and event.read_done:  # carried in, already past its read
+            self._dma_read(event.id, event.actor, ())
 
-    def dma_read(self, dma: Any, cells: list[tuple]) -> None:
+    def on_dma_moved(self, event: DmaMoved) -> None:
+        if event.replayed:  # (landed in an earlier call: its track says so already)
+            return
+        cells = (event.signalled,) if event.signalled is not None else ()
+        if event.landed:
+            self._dma_landed(event.id, event.actor, cells)
+        else:
+            self._dma_read(event.id, event.actor, cells)
+
+    def _dma_read(self, dma_id: int, actor: str, cells: tuple[Cell, ...]) -> None:
         """The DMA read its source (its send side) and signalled `cells` (its send
         semaphore)."""
-        track = self._actors.get(dma.actor_name)
+        track = self._actors.get(actor)
         if track is not None and self._top(track) == "queued":
             self._end(track)
             for cell in cells:
-                self._signalled(cell, track, f"DMA #{dma.id} sent")
+                self._signalled(cell, track, f"DMA #{dma_id} sent")
             self._begin(track, "sending", "dma-phase")
 
-    def dma_landed(self, dma: Any, cells: list[tuple]) -> None:
+    def _dma_landed(self, dma_id: int, actor: str, cells: tuple[Cell, ...]) -> None:
         """The DMA wrote its destination (its receive side) and signalled `cells`."""
-        track = self._actors.get(dma.actor_name)
-        started = self._dmas.get(dma.id)
+        track = self._actors.get(actor)
+        started = self._dmas.get(dma_id)
         if track is None or started is None:
             return
         self._end(track)  # sending
-        self._flow("DMA start -> landing", (started[1], started[2], started[3]), track)
+        self._flow("DMA start -> landing", (started[2], started[3], started[4]), track)
         for cell in cells:
-            self._signalled(cell, track, f"DMA #{dma.id} landed")
+            self._signalled(cell, track, f"DMA #{dma_id} landed")
         self._begin(track, "landed, not yet waited", "dma-phase")
 
-    def copy_started(self, ctx: Any, name: str, buffer: str) -> None:
+    def on_copy_started(self, event: CopyStarted) -> None:
         """A BlockSpec pipeline copy started: a lifetime slice on the track of the VMEM
         buffer it fills or drains (`pipeline x_ref buffer 1`, one per double buffer)."""
-        here = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
-        track = (ctx.device_id, f"pipeline {buffer}" + (f" (core {ctx.core_id})"
-                                                         if ctx.core_id else ""))
+        here = self._core(event.actor, event.device, event.core)
+        track = (event.device, f"pipeline {event.track}" + (f" (core {event.core})"
+                                                            if event.core else ""))
+        name = event.name
         self._actors[name] = track
         start = self._mark("instant", here, f"start {name}", "dma")
         self._copies[name] = (start.time, start.step, here)
-        self._begin(track, name, "dma", {"started_by": ctx.actor})
+        self._begin(track, name, "dma", {"started_by": event.actor})
         self._begin(track, "queued", "dma-phase")
 
-    def copy_moved(self, name: str) -> None:
+    def on_copy_moved(self, event: CopyMoved) -> None:
         """The copy read HBM (a copy-in) or wrote it (a write-back)."""
-        track = self._actors.get(name)
-        started = self._copies.get(name)
+        track = self._actors.get(event.name)
+        started = self._copies.get(event.name)
         if track is None or started is None or self._top(track) != "queued":
             return
         self._end(track)
         self._flow("DMA start -> landing", started, track)
         self._begin(track, "landed, not yet waited", "dma-phase")
 
-    def copy_waited(self, ctx: Any, name: str) -> None:
-        track = self._actors.get(name)
-        if track is None or self._copies.pop(name, None) is None:
+    def on_copy_waited(self, event: CopyWaited) -> None:
+        track = self._actors.get(event.name)
+        if track is None or self._copies.pop(event.name, None) is None:
             return
         self._end(track)
-        self._end(track, {"waited_by": ctx.actor})
+        self._end(track, {"waited_by": event.actor})
 
-    def signal(self, ctx: Any, cell: tuple) -> None:
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
-        self._mark("instant", where, f"signal {_cell_name(cell)}", "semaphore")
-        self._signalled(cell, where, f"signal by {ctx.actor}")
+    def on_signalled(self, event: Signalled) -> None:
+        where = self._core(event.actor, event.device, event.core)
+        self._mark("instant", where, f"signal {event.cell.name}", "semaphore")
+        self._signalled(event.cell, where, f"signal by {event.actor}")
 
-    def _signalled(self, cell: tuple, where: tuple[int, str], what: str) -> None:
-        self._signals.setdefault(_cell_key(cell), []).append(
+    def _signalled(self, cell: Cell, where: tuple[int, str], what: str) -> None:
+        self._signals.setdefault(cell.key, []).append(
             _Signal(self._clock, self.steps, where[0], where[1], what))
 
-    def waited(self, ctx: Any, cell: tuple, what: str) -> None:
-        """A wait on `cell` completed: arrows from the signals it consumed; the DMAs it
-        accounted for in full end."""
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
-        self._mark("instant", where, f"{what} {_cell_name(cell)} done", "semaphore")
-        for signal in self._signals.pop(_cell_key(cell), []):
+    def on_waited(self, event: Waited) -> None:
+        """A wait completed: arrows from the signals it consumed; the DMAs it accounted for
+        in full end."""
+        where = self._core(event.actor, event.device, event.core)
+        key = event.cell.key
+        self._mark("instant", where, f"{event.what} {event.cell.name} done", "semaphore")
+        for signal in self._signals.pop(key, []):
             self._flow("signal -> wait", (signal.time, signal.step,
                                           (signal.device, signal.track)), where)
-        for dma_id, (dma, *_rest) in list(self._dmas.items()):
-            if _cell_key(dma.dst_sem) == _cell_key(cell) and dma.waited_bytes >= dma.signal:
-                track = self._actors[dma.actor_name]
+        for dma_id, (dst_key, actor, *_rest) in list(self._dmas.items()):
+            if dst_key == key and dma_id not in event.owed:
+                track = self._actors[actor]
                 if self._top(track) == "landed, not yet waited":
                     self._end(track)
-                    self._end(track, {"waited_by": ctx.actor})
+                    self._end(track, {"waited_by": event.actor})
                     del self._dmas[dma_id]
+
+    def on_found(self, event: Found) -> None:
+        self.finding(event.finding)
 
     def finding(self, finding: Finding) -> None:
         """An instant where the finding was found, on its actor's track."""
@@ -242,12 +267,3 @@ class Timeline:
                 closing._mark("end", where, name, args={"unfinished": True})
         return sorted(self.marks + closing.marks, key=lambda m: m.time)
 
-
-def _cell_key(cell: tuple) -> tuple:
-    buf, idx = cell
-    return (buf.id, tuple(int(i) for i in idx))
-
-
-def _cell_name(cell: tuple) -> str:
-    buf, idx = cell
-    return buf.name + ("[" + ", ".join(str(int(i)) for i in idx) + "]" if len(idx) else "")

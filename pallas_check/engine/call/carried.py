@@ -122,12 +122,9 @@ def arrive(state: Any, ctx_of: dict[int, Any],
             dma = _arriving_dma(state, ctx_of[buf.device], (buf, idx), carried,
                                 addresses.get(buf.device, ({}, [])))
             state.sync.start(dma)
-            if state.timeline is not None and (not dma.copied
-                                               or dma in state.carried_landed):
-                # --trace: its track from this call's start, already past its read
-                state.timeline.dma_start(ctx_of[buf.device], dma)
-                if dma.read_done:
-                    state.timeline.dma_read(dma, [])
+            if not dma.copied or dma in state.carried_landed:
+                # --trace: its track from this call's start (past its read if read)
+                state.on_dma_start(ctx_of[buf.device], dma, carried=True)
             made.append(dma)
     state.arriving.clear()
     state.carried_dmas = made

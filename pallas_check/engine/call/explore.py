@@ -19,7 +19,9 @@ from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_a
                                                kernel_info)
 from pallas_check.engine.call.simulate import simulate_schedule
 from pallas_check.engine.call.state import CallState
-from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAddressCompared,
+                                        Feeds, FillsCompared, FindingList, RevisitLost,
+                                        default_checking)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered, kernel_not_lowered
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
@@ -44,7 +46,7 @@ class DevicesResult:
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
-             call_index: int, checkers: Checkers | None = None) -> CallResult:
+             call_index: int, checkers: Checking | None = None) -> CallResult:
     """Simulate one pallas_call on one device; return its outputs and findings."""
     result = run_call_devices(params, [operands], config, call_index, checkers=checkers)
     return CallResult(result.outputs[0], result.findings)
@@ -55,7 +57,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      carried: dict | None = None,
                      progress: Callable[[int, int], None] | None = None,
                      results: Sequence[np.ndarray] | None = None,
-                     checkers: Checkers | None = None,
+                     checkers: Checking | None = None,
                      live: InFlight | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
@@ -71,7 +73,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     A kernel that Mosaic does not lower (engine/jaxpr/mosaic_limits.py) never runs on a TPU:
     the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
     carried = carried if carried is not None else {}
-    checkers = checkers if checkers is not None else default_checkers()
+    checkers = checkers if checkers is not None else default_checking()
     refused = _not_lowered(params)
     if refused is None:
         try:
@@ -85,7 +87,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
              call_index: int, mesh: MeshInfo, carried: dict,
              progress: Callable[[int, int], None] | None,
-             results: Sequence[np.ndarray] | None, checkers: Checkers,
+             results: Sequence[np.ndarray] | None, checkers: Checking,
              live: InFlight | None = None) -> DevicesResult:
     """The call's schedules (see `run_call_devices`)."""
     schedules = max(1, config.schedules)
@@ -147,7 +149,7 @@ def _not_lowered(params: dict) -> NotLowered | None:
 
 
 def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checkers,
+             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checking,
              refused: NotLowered) -> DevicesResult:
     """A call that does not compile for a TPU, skipped: its one finding, and the outputs of
     a kernel that wrote nothing -- never-written memory (the fill of `--uninit`), an output
@@ -174,21 +176,26 @@ def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
                 device_outputs.append(
                     Buffer.filled("", MemorySpace.HBM, aval.shape, aval.dtype, fill).data)
         outputs.append(device_outputs)
-    return DevicesResult(outputs, [checkers.not_lowered(kernel_info(params), call_index,
-                                                        refused)])
+    found = FindingList()
+    facts = CallFacts(kernel_info(params), call_index, config.seed, False)
+    skipped = CallSkipped(refused.message, refused.buffer, refused.memory_space,
+                          refused.operation, refused.mosaic, refused.frames)
+    for take in Feeds(checkers.listeners(facts, found)).call_skipped:
+        take(skipped)
+    return DevicesResult(outputs, list(found))
 
 
 def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
                   carried: dict, results: Sequence[np.ndarray] | None,
-                  checkers: Checkers, addresses: list[int] | None = None,
+                  checkers: Checking, addresses: list[int] | None = None,
                   live: InFlight | None = None) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
     outputs, state, written = simulate_schedule(params, device_operands, config, main_fill, kernel,
                                         call_index, True, mesh, carried, results, checkers,
                                         addresses=addresses, live=live)
-    findings = list(state.findings)
+    state.run_ended()
     # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
     # never-written memory: the re-run with the other fill says whether its address
     # depends on them (the DMA's ranges differ there, or it is never reached).
@@ -203,7 +210,8 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                         call_index, False, mesh, dict(carried or {}), None,
                                         checkers, probe, addresses=addresses)
         if probe is not None:
-            findings.extend(state.checkers.dma_address_of_two_fills(state, probe[unbounded.id]))
+            state.tell(DmaAddressCompared(unbounded, probe[unbounded.id],
+                                          tuple(state.uninit_reads)))
     if compare_outputs:
         flat = [o for dev in outputs for o in dev]
         flat_other = [o for dev in other_outputs for o in dev]
@@ -212,14 +220,21 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         first_output = gm.num_index_operands + gm.num_inputs
         names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
         flat_names = [name for _ in outputs for name in names]
-        findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
-                                             flat_written, kernel, call_index))
+        state.tell(FillsCompared(tuple(flat_names), tuple(flat), tuple(flat_other),
+                                 tuple(flat_written), tuple(state.uninit_reads)))
     if state.revisits and not state.unfinished:
         rerun = functools.partial(simulate_schedule, params, device_operands, config, main_fill,
                                   kernel, call_index, False, mesh, addresses=addresses)
-        findings.extend(state.checkers.revisit_lost(state, lost)
-                        for lost in _lost_revisits(state, outputs, rerun, carried))
-    return DevicesResult(outputs, findings, state.timeline, state.prints)
+        for lost in _lost_revisits(state, outputs, rerun, carried):
+            state.tell(_revisit_lost(lost))
+    return DevicesResult(outputs, list(state.findings), state.timeline, state.prints)
+
+
+def _revisit_lost(lost: revisit.Lost) -> RevisitLost:
+    r = lost.record
+    return RevisitLost(r.name, tuple(r.block), tuple(r.first_point), tuple(r.last_point),
+                       tuple(lost.earlier_point), tuple(r.inputs), r.restored, lost.by_flow,
+                       lost.elements, lost.index_range, r.actor, tuple(r.frames))
 
 
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
@@ -247,7 +262,7 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
         perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
                                        capture)
         try:
-            other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb=perturb)
+            other, other_state, _ = rerun(dict(carried), None, state.checking, perturb=perturb)
         except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
             other_state = None
         if other_state is None or other_state.unfinished:

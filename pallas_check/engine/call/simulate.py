@@ -24,7 +24,9 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                split_grid)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import dma_actor
-from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.call import event_data
+from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking, Deadlocked,
+                                        KernelEntered, OutputUnwritten, default_checking)
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.program import current_frames
@@ -107,7 +109,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
-              checkers: Checkers | None = None, address_probe: dict | None = None,
+              checkers: Checking | None = None, address_probe: dict | None = None,
               perturb: revisit.Perturbation | None = None, addresses: list[int] | None = None,
               live: InFlight | None = None,
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
@@ -117,7 +119,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
-                      checkers if checkers is not None else default_checkers())
+                      checkers if checkers is not None else default_checking())
     if live is not None:
         live.simulating(state)
     state.address_probe = address_probe
@@ -316,15 +318,16 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
          device_hbm_outputs: list[list[Buffer]] | None = None) -> None:
     """Every actor to its end (or a deadlock), then what the end of a kernel checks."""
     ctx = contexts[0]
-    if state.races is not None:
+    if state.feeds.actors_declared:
         # DMAs carried in from an earlier call run alongside every core from the start.
-        state.races.declare({*(actor.name for actor in actors),
-                             *(dma.actor_name for dma in state.carried_dmas
-                               if not dma.copied)})
+        state.tell(ActorsDeclared(frozenset({*(actor.name for actor in actors),
+                                             *(dma.actor_name for dma in state.carried_dmas
+                                               if not dma.copied)})))
+    if state.feeds.dma_moved:
         for dma in state.carried_landed:  # landed in an earlier call, waited in this one
-            state.on_dma_write(ctx, dma)
-        if state.mesh.num_devices > 1:
-            _kernel_entries(state, contexts)
+            state.tell(event_data.dma_moved(dma, landed=True)._replace(replayed=True))
+    if state.feeds.kernel_entered and state.mesh.num_devices > 1:
+        _kernel_entries(state, contexts)
     state.scheduler = Scheduler(seed=state.config.seed)
     state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
@@ -333,7 +336,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         with np.errstate(over="ignore"):
             state.scheduler.run(actors)
     except Deadlock as deadlock:
-        state.add(state.checkers.deadlocked(state, deadlock, ctx))
+        state.tell(Deadlocked(tuple(event_data.blocked_wait(actor, wait)
+                                    for actor, wait in deadlock.blocked), ctx.grid_point))
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
@@ -351,8 +355,9 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be
     # consequences of the hang, not defects of their own.
     _finish_dmas(ctx, report=not state.unfinished)
-    if not state.unfinished:
-        state.checkers.call_ended(state, ctx)
+    if not state.unfinished and state.feeds.call_ended:
+        state.tell(CallEnded(ctx.actor, state.mesh.num_devices,
+                             event_data.semaphores_left(state)))
     state.save_carried()
     state.semaphore_handles = {
         buf.id: carried_semaphores.handles_out(state, buf, carried)
@@ -421,18 +426,14 @@ def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
     another device that lands there with no barrier ordering the entry before the copy
     races with the entry, and is reported at the copy's line. The cores of one device
     enter together (the compiler's entry rendezvous), so a DMA between them does not."""
-    races = state.races
-    assert races is not None
     kernel = state.kernel
     frames = (SourceFrame(kernel.file, kernel.line, kernel.name,
                           code_line(kernel.file, kernel.line)),) if kernel.file else ()
-    for ctx in contexts:
-        for buf in ctx.private_buffers:
-            races.access(ctx.actor, buf, tuple((0, n) for n in buf.shape), True,
-                         "kernel entry (its memory becomes the kernel's)", frames, None)
-        races.release(ctx.actor, ("kernel entry", ctx.device_id))
-    for ctx in contexts:
-        races.acquire(ctx.actor, ("kernel entry", ctx.device_id))
+    state.tell(KernelEntered(
+        tuple(Access(ctx.actor, buf.id, buf.name, buf.space, tuple((0, n) for n in buf.shape),
+                     True, "kernel entry (its memory becomes the kernel's)", frames, None)
+              for ctx in contexts for buf in ctx.private_buffers),
+        tuple((ctx.actor, ctx.device_id) for ctx in contexts)))
 
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
@@ -448,7 +449,7 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
                 continue
             device_written.append(buf.shadow)
             if not buf.fully_written and not state.unfinished:
-                state.checkers.output_unwritten(state, buf)
+                state.tell(OutputUnwritten(buf.name, ~buf.written))
         # The call's buffers die with it: hand their arrays over rather than copy them.
         # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if

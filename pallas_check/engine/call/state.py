@@ -1,37 +1,43 @@
-"""The run-time state of one simulated call (`CallState`, the hub the rules report to and
-that forwards events to the checkers) and of one core running kernel code (`CoreContext`)."""
+"""The run-time state of one simulated call (`CallState`: what the rules report to, which
+turns each moment into a typed event for the call's listeners, engine/events.py) and of
+one core running kernel code (`CoreContext`)."""
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from pallas_check.config import Config
 from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
 from pallas_check.engine.dma.engine import Dma, SyncState
-from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
-                                        UninitRead)
+from pallas_check.engine.call import event_data
+from pallas_check.engine.events import (
+    KIND_OF, Access, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
+    CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
+    KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead, Waited)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
-from pallas_check.engine.memory.region import Region
+from pallas_check.engine.memory.region import Region, masked_out_of_bounds
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
-from pallas_check.findings import Finding, KernelInfo, SourceFrame
+from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
+
+if TYPE_CHECKING:  # only for annotations
+    from pallas_check.engine.call.describe import Operand
 
 
 class CallState:
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
     def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
-                 report: bool, checkers: Checkers) -> None:
+                 report: bool, checking: Checking) -> None:
         self.config = config
-        self.checkers = checkers  # what the events of this call go to
+        self.checking = checking  # what makes the listeners of a re-run too
         self.fill_mode = fill
         self.kernel = kernel
         self.call_index = call_index
@@ -67,13 +73,6 @@ class CallState:
         self.semaphore_handles: dict[int, np.ndarray] = {}
         self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
         self.collective_id: Any = None
-        self.races: RaceDetector | None = None
-        if config.races:
-            # Weak callbacks: a checker pointing back at the state would make a cycle that
-            # keeps the call's buffers alive until some later garbage collection.
-            me = weakref.ref(self)
-            self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
-                                     lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
         # The regions `ref[indices]` accesses resolve to (AccessCache).
         self.accesses = AccessCache()
@@ -89,10 +88,21 @@ class CallState:
         # Grid steps walked so far, read by a progress line (engine/runtime/progress.py); the
         # call's live counter once `_simulate` registers it.
         self.steps = progress.GridSteps(call_index, kernel.name)
-        # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
+        # The listeners of this call (the checkers', and with --trace and a run that
+        # reports, a timeline of this schedule: engine/timeline.py), and per event kind
+        # those that take it: where none does, the event is never built.
         self.timeline: Timeline | None = (
             Timeline(kernel.name, call_index, config.seed)
             if config.timeline and report else None)
+        listeners: tuple[Listener, ...] = checking.listeners(
+            CallFacts(kernel, call_index, config.seed, bool(config.races)), self)
+        if self.timeline is not None:  # first: it sees each moment before its findings
+            listeners = (self.timeline, *listeners)
+        self.feeds = Feeds(listeners)
+        # Transitional, for callers in pipeline.py and dma/ not yet on the methods below:
+        # `races` is not None when some listener takes accesses.
+        self.races: _AccessFeedShim | None = _AccessFeedShim() if self.feeds.access else None
+        self.checkers = _CheckersShim()
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -117,34 +127,68 @@ class CallState:
         self._copies_in_flight.add(name)
         return name
 
-    def add(self, finding: Finding) -> None:
+    # -- the finding sink ---------------------------------------------------------------
+    def emit(self, finding: Finding) -> None:
+        """The call's one finding sink (events.FindingSink): kept by the run that reports."""
         if self.report:
             self.findings.append(finding)
-            if self.timeline is not None:  # timeline: the finding's instant
-                self.timeline.finding(finding)
+            for take in self.feeds.found:  # timeline: the finding's instant
+                take(Found(finding))
 
-    def _finding(self, **fields: Any) -> Finding:
-        return Finding(kernel=self.kernel, call_index=self.call_index,
-                       seed=self.config.seed, **fields)
+    def add(self, finding: Finding | None) -> None:
+        """Transitional (pipeline.py, dma/): `emit`, where a shim below already emitted."""
+        if finding is not None:
+            self.emit(finding)
 
+    def run_ended(self) -> None:
+        """The schedule is over: what is decided after it (the second fill, revisits) is
+        no moment of this schedule's timeline."""
+        self.feeds.without("found")
+
+    # -- the engine's moments, as events -------------------------------------------------
     def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
                actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None) -> None:
-        """Tell the race checker (when on) that an actor touched a region."""
-        if self.races is None:
+        """An actor touched a region (only the race checker listens; the callers skip
+        this when `races` is None)."""
+        takers = self.feeds.access
+        if not takers:
             return
         if frames is None:
             frames = current_frames(ctx)
-        for box in region.boxes():  # one box unless seen through a reshape / bitcast
-            self.races.access(actor or ctx.actor, region.buffer, box, is_write, operation,
-                              frames, ctx.grid_point)
+        for event in event_data.accesses(actor or ctx.actor, region, is_write, operation,
+                                         frames, ctx.grid_point):
+            for take in takers:
+                take(event)
 
-    # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
-        if mask is not None and not self.checkers.masked_out_of_bounds(region, mask):
+        if mask is not None and not masked_out_of_bounds(region, mask):
             return
-        self.add(self.checkers.access_out_of_bounds(self, ctx, region, operation,
-                                                    current_frames(ctx)))
+        buf = region.buffer
+        event = OutOfBounds(event_data.where(ctx, current_frames(ctx)), operation, buf.name,
+                            buf.space, tuple(buf.shape), region.index_range(),
+                            tuple((o.index, o.dim, o.size) for o in region.oob))
+        for take in self.feeds.out_of_bounds:
+            take(event)
+
+    def block_out_of_bounds(self, ctx: "CoreContext", op: Operand,
+                            block_index: tuple[int, ...], bad_dims: Sequence[int],
+                            frames: tuple[SourceFrame, ...]) -> None:
+        """A BlockSpec index map selects a block outside its operand's array."""
+        rng = tuple((start, start + size) for start, size in op.block_window(block_index))
+        event = BlockOutOfBounds(event_data.where(ctx, frames), op.name,
+                                 op.describe(block_index), tuple(block_index), rng,
+                                 tuple(op.hbm.shape), tuple(bad_dims), op.is_output)
+        for take in self.feeds.block_out_of_bounds:
+            take(event)
+
+    def device_out_of_bounds(self, ctx: "CoreContext", device: str, what: str,
+                             frames: tuple[SourceFrame, ...]) -> None:
+        """A DMA or signal aimed at a device outside the mesh."""
+        event = DeviceOutOfBounds(event_data.where(ctx, frames), device, what,
+                                  tuple(self.mesh.axes))
+        for take in self.feeds.device_out_of_bounds:
+            take(event)
 
     def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
                            unwritten: np.ndarray | None = None) -> None:
@@ -171,8 +215,9 @@ class CallState:
     def check_failed(self, ctx: "CoreContext", message: str, check: str) -> None:
         """The kernel's own `pl.debug_check` is false here (engine/rules/debug.py)."""
         if self.report:
-            self.add(self.checkers.check_failed(self, ctx, message, check,
-                                                current_frames(ctx)))
+            event = CheckFailed(event_data.where(ctx, current_frames(ctx)), message, check)
+            for take in self.feeds.check_failed:
+                take(event)
 
     def kernel_print(self, ctx: "CoreContext", text: str) -> None:
         """The kernel printed `text` (`pl.debug_print`); the session writes it, prefixed
@@ -192,98 +237,98 @@ class CallState:
             note))
 
     def on_write(self, ctx: "CoreContext", region: Region) -> None:
-        if self.races is not None:
+        if self.feeds.access:
             self.access(ctx, region, True, "write")
 
     def on_grid_step(self, ctx: "CoreContext", point: tuple[int, ...]) -> None:
-        """A core begins a grid step (only the timeline listens)."""
-        if self.timeline is not None:
-            self.timeline.grid_step(ctx, point)
+        """A core begins a grid step."""
+        if self.feeds.grid_step:
+            event = GridStep(ctx.actor, ctx.device_id, ctx.core_id, point)
+            for take in self.feeds.grid_step:
+                take(event)
 
     def on_core_done(self, ctx: "CoreContext") -> None:
-        """A core finished its grid steps (only the timeline listens)."""
-        if self.timeline is not None:
-            self.timeline.core_done(ctx)
+        """A core finished its grid steps: it accesses nothing more."""
+        if self.feeds.core_done:
+            event = CoreDone(ctx.actor, ctx.device_id, ctx.core_id)
+            for take in self.feeds.core_done:
+                take(event)
 
+    # Pipeline block copies (transitional: they are to report as DMAs, engine/call/pipeline.py).
     def on_copy_start(self, ctx: "CoreContext", name: str, track: str) -> None:
         """A BlockSpec pipeline copy began: an actor of its own, forked by the core, as a
         DMA is (`track`: the VMEM buffer it fills or drains, for the timeline)."""
-        if self.timeline is not None:
-            self.timeline.copy_started(ctx, name, track)
-        if self.races is not None:
-            self.races.fork(ctx.actor, name)
+        if self.feeds.copy_started:
+            event = CopyStarted(ctx.actor, ctx.device_id, ctx.core_id, name, track)
+            for take in self.feeds.copy_started:
+                take(event)
 
-    def on_copy_moved(self, name: str, hbm: Buffer, hbm_range: Any, writes_back: bool,
-                      frames: tuple, grid_point: Any) -> None:
+    def on_copy_moved(self, name: str, hbm: Buffer, hbm_range: IndexRange | None,
+                      writes_back: bool, frames: tuple[SourceFrame, ...],
+                      grid_point: tuple[int, ...] | None) -> None:
         """The copy read its HBM block (copy-in) or wrote it (write-back), and ended;
         `hbm_range` None: an empty block, nothing touched."""
-        if self.timeline is not None:
-            self.timeline.copy_moved(name)
-        races = self.races
-        if races is None:
-            return
-        if hbm_range is not None:
-            races.access(name, hbm, hbm_range, writes_back,
-                         "DMA write" if writes_back else "DMA read", frames, grid_point)
-        races.end(name)
+        if self.feeds.copy_moved:
+            access = None if hbm_range is None else Access(
+                name, hbm.id, hbm.name, hbm.space, hbm_range, writes_back,
+                "DMA write" if writes_back else "DMA read", frames, grid_point)
+            event = CopyMoved(name, access)
+            for take in self.feeds.copy_moved:
+                take(event)
 
     def on_copy_waited(self, ctx: "CoreContext", name: str) -> None:
         """The core waited for the copy: what the copy did happened before what the core
         does next, and its name may serve a later copy."""
-        if self.races is not None:
-            self.races.join_finished(ctx.actor, name)
-        if self.timeline is not None:
-            self.timeline.copy_waited(ctx, name)
+        if self.feeds.copy_waited:
+            event = CopyWaited(ctx.actor, name)
+            for take in self.feeds.copy_waited:
+                take(event)
         self._copies_in_flight.discard(name)
 
-    def on_dma_start(self, ctx: "CoreContext", dma: Dma) -> None:
-        if self.timeline is not None:  # timeline: the DMA's track begins
-            self.timeline.dma_start(ctx, dma)
-        if self.races is not None:
-            self.races.fork(ctx.actor, dma.actor_name)
+    def on_dma_start(self, ctx: "CoreContext", dma: Dma, carried: bool = False) -> None:
+        if self.feeds.dma_started:
+            event = event_data.dma_started(ctx, dma, carried)
+            for take in self.feeds.dma_started:
+                take(event)
 
     def on_dma_read(self, ctx: "CoreContext", dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
-        if self.timeline is not None:  # timeline: queued -> sending, the send semaphore
-            self.timeline.dma_read(dma, [dma.src_sem] if dma.src_sem is not None else [])
-        races = self.races
-        if races is not None:
-            for box in dma.src.boxes():
-                races.access(dma.actor_name, dma.src.buffer, box, False, "DMA read",
-                             dma.frames, dma.grid_point)
-            if dma.src_sem is not None:
-                races.release(dma.actor_name, _sync_key(dma.src_sem))
+        if self.feeds.dma_moved:
+            event = event_data.dma_moved(dma, landed=False)
+            for take in self.feeds.dma_moved:
+                take(event)
 
     def on_dma_write(self, ctx: "CoreContext", dma: Dma) -> None:
-        """The DMA wrote its destination and signals its receive semaphore."""
-        if self.timeline is not None:  # timeline: sending -> landed, the receive semaphore
-            self.timeline.dma_landed(dma, [dma.dst_sem])
-        races = self.races
-        if races is None:
-            return
-        for box in dma.dst.boxes():
-            races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write", dma.frames,
-                         dma.grid_point)
-        races.release(dma.actor_name, _sync_key(dma.dst_sem))
-        races.end(dma.actor_name)
+        """The DMA wrote its destination and signals its receive semaphore; it ends."""
+        if self.feeds.dma_moved:
+            event = event_data.dma_moved(dma, landed=True)
+            for take in self.feeds.dma_moved:
+                take(event)
 
     def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
-        if self.timeline is not None:  # timeline: arrows from the signals it consumed
-            self.timeline.waited(ctx, cell, "DMA wait")
-        if self.races is not None:
-            self.races.acquire(ctx.actor, _sync_key(cell))
-
-    def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
-        if self.timeline is not None:  # timeline: a signal instant
-            self.timeline.signal(ctx, cell)
-        if self.races is not None:
-            self.races.release(ctx.actor, _sync_key(cell))
+        self._waited(ctx, cell, "DMA wait")
 
     def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
-        if self.timeline is not None:  # timeline: arrows from the signals it consumed
-            self.timeline.waited(ctx, cell, "semaphore wait")
-        if self.races is not None:
-            self.races.acquire(ctx.actor, _sync_key(cell))
+        self._waited(ctx, cell, "semaphore wait")
+
+    def _waited(self, ctx: "CoreContext", cell: tuple, what: str) -> None:
+        if self.feeds.waited:
+            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell), what,
+                           event_data.owed(self, cell))
+            for take in self.feeds.waited:
+                take(event)
+
+    def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+        if self.feeds.signalled:
+            event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell))
+            for take in self.feeds.signalled:
+                take(event)
+
+    def tell(self, event: Event) -> None:
+        """A moment built where it happens (the call's start and end, what is decided
+        after it): to the listeners of its kind."""
+        for take in getattr(self.feeds, KIND_OF[type(event)]):
+            take(event)
 
     def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
                  owner: str = "") -> Buffer:
@@ -372,9 +417,30 @@ class CallState:
                 self.carried[("barrier", self.collective_id, device)] = int(buf.data)
 
 
-def _sync_key(cell: tuple) -> tuple:
-    buf, idx = cell
-    return (buf.id, tuple(int(i) for i in idx))
+class _AccessFeedShim:
+    """`state.races` for pipeline.py until it asks `state.feeds`: its `end` is the core's
+    `CoreDone`, which the race checker takes already."""
+
+    def end(self, actor: str) -> None:
+        pass
+
+
+class _CheckersShim:
+    """`state.checkers` for pipeline.py and dma/devices.py (owned by another change) until
+    they call the CallState methods: each emits its event and hands back nothing to add."""
+
+    def block_out_of_bounds(self, ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
+                            bad_dims: Sequence[int], frames: tuple[SourceFrame, ...]) -> None:
+        ctx.call.block_out_of_bounds(ctx, op, block_index, bad_dims, frames)
+
+    def device_out_of_bounds(self, state: CallState, ctx: CoreContext, device: str, what: str,
+                             frames: tuple[SourceFrame, ...]) -> None:
+        state.device_out_of_bounds(ctx, device, what, frames)
+
+    def dmas_not_waited(self, state: CallState) -> list[Finding]:
+        for event in event_data.dmas_not_waited(state):
+            state.tell(event)
+        return []
 
 
 class CoreContext:

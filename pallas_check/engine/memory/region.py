@@ -333,3 +333,25 @@ def element_map_of(region: Region) -> ElementMap:
     if key is not None:
         _maps.put(key, made)
     return made
+
+
+def masked_out_of_bounds(region: Region, mask: np.ndarray) -> bool:
+    """Whether any element a masked access selects lies outside its buffer (a masked load
+    or store whose mask keeps out every index outside touches nothing out of bounds)."""
+    valid = np.ones((), bool)
+    shapes = []
+    for d, n in zip(region.dims, region.buffer.shape):
+        if isinstance(d, int):
+            continue
+        idx = d[0] + d[2] * np.arange(d[1])
+        shapes.append(((idx >= 0) & (idx < n)))
+    for axis, m in enumerate(shapes):
+        shape = [1] * len(shapes)
+        shape[axis] = m.shape[0]
+        valid = valid & m.reshape(shape)
+    scalar_oob = any(isinstance(d, int) and not (0 <= d < n)
+                     for d, n in zip(region.dims, region.buffer.shape))
+    mask = np.broadcast_to(mask, region.out_shape)
+    if scalar_oob:
+        return bool(mask.any())
+    return bool((mask & ~np.broadcast_to(valid, mask.shape)).any())

@@ -1,0 +1,113 @@
+"""The plain data of the engine's events (engine/events.py), built from its objects.
+
+Only the engine reads its buffers, regions and DMAs; a listener gets names, ranges and
+frames. These builders run only where some listener takes the event (see `Feeds`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pallas_check.engine.events import (Access, BlockedWait, Cell, DmaMoved, DmaNotWaited,
+                                        DmaStarted, SemaphoreLeft, Where)
+from pallas_check.engine.dma.engine import sem_name, sem_value
+from pallas_check.engine.memory.region import Region
+from pallas_check.findings import SourceFrame
+
+if TYPE_CHECKING:  # only for annotations
+    from pallas_check.engine.call.state import CallState, CoreContext
+    from pallas_check.engine.dma.engine import Dma
+    from pallas_check.engine.runtime.scheduler import Wait
+
+
+def cell(semaphore: tuple) -> Cell:
+    """A semaphore cell (buffer, index) as plain data."""
+    buf, idx = semaphore
+    return Cell((buf.id, tuple(int(i) for i in idx)), sem_name(semaphore), buf.device)
+
+
+def where(ctx: CoreContext, frames: tuple[SourceFrame, ...]) -> Where:
+    return Where(ctx.actor, ctx.device_id, ctx.core_id, ctx.grid_point, frames)
+
+
+def accesses(actor: str, region: Region, is_write: bool, operation: str,
+             frames: tuple[SourceFrame, ...],
+             grid_point: tuple[int, ...] | None) -> tuple[Access, ...]:
+    """One access per box (one box unless seen through a reshape or bitcast)."""
+    buf = region.buffer
+    return tuple(Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
+                        grid_point) for box in region.boxes())
+
+
+def dma_started(ctx: CoreContext, dma: Dma, carried: bool = False) -> DmaStarted:
+    return DmaStarted(dma.id, dma.actor_name, ctx.actor, ctx.device_id, ctx.core_id,
+                      dma.src.buffer.name, dma.dst.buffer.name, dma.nbytes, dma.frames,
+                      dma.dst.buffer.device, cell(dma.dst_sem), carried,
+                      bool(dma.read_done))
+
+
+def dma_moved(dma: Dma, landed: bool) -> DmaMoved:
+    """The DMA's read (with its send semaphore) or its write (its receive semaphore)."""
+    if landed:
+        moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
+                         dma.grid_point)
+        return DmaMoved(dma.id, dma.actor_name, True, moved, cell(dma.dst_sem))
+    moved = accesses(dma.actor_name, dma.src, False, "DMA read", dma.frames, dma.grid_point)
+    return DmaMoved(dma.id, dma.actor_name, False, moved,
+                    cell(dma.src_sem) if dma.src_sem is not None else None)
+
+
+def owed(state: CallState, semaphore: tuple) -> tuple[int, ...]:
+    """The DMAs on a semaphore cell not yet fully waited (in start order)."""
+    queue = state.sync._unwaited.get((semaphore[0].id, semaphore[1]), ())
+    return tuple(d.id for d in queue if d.waited_bytes < d.signal)
+
+
+def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
+    current = wait.current() if callable(wait.current) else wait.current
+    if getattr(wait, "cell", None) is None:
+        buffer, rng = wait.semaphore, None
+    else:
+        buf, idx = wait.cell
+        buffer, rng = buf.name, tuple((int(i), int(i) + 1) for i in idx) or None
+    return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, int(current), buffer,
+                       rng, tuple(wait.frames))
+
+
+def semaphores_left(state: CallState) -> tuple[SemaphoreLeft, ...]:
+    """Every semaphore cell with a count at kernel end, with what DMAs never waited on it
+    explain of it and where it was last signalled."""
+    unwaited: dict[tuple[int, tuple], int] = {}
+    for dma in state.sync.dmas:
+        key = (dma.dst_sem[0].id, dma.dst_sem[1])
+        unwaited[key] = unwaited.get(key, 0) + dma.signal - dma.waited_bytes
+    left = []
+    for buf in state.semaphores:
+        for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
+            idx = tuple(int(i) for i in idx)
+            count = int(buf.data[idx])
+            if count == 0:
+                continue
+            left.append(SemaphoreLeft(
+                buf.name, sem_name((buf, idx)), idx, buf.device, count,
+                unwaited.get((buf.id, idx), 0), state.sync.last_signal.get((buf.id, idx), ()),
+                state.sync.last_signaller.get((buf.id, idx), "")))
+    return tuple(left)
+
+
+def dmas_not_waited(state: CallState) -> list[DmaNotWaited]:
+    """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
+    found = []
+    for dma in state.sync.dmas:
+        if dma.waited_bytes >= dma.signal:
+            continue
+        sem = cell(dma.dst_sem)
+        origin = (dma.origin[0], dma.origin[1].name) if dma.origin is not None else None
+        found.append(DmaNotWaited(
+            dma.id, dma.src.buffer.name, dma.src.index_range(), dma.dst.buffer.name,
+            dma.dst.index_range(), dma.dst.buffer.space, dma.nbytes, dma.waited_bytes,
+            sem.name, sem_value(dma.dst_sem), origin, dma.actor,
+            dma.grid_point, dma.frames))
+    return found
