@@ -6,7 +6,7 @@ frames. These builders run only where some listener takes the event (see `Feeds`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -17,9 +17,18 @@ from pallas_check.engine.memory.region import Region
 from pallas_check.findings import SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.call.state import CallState, CoreContext
-    from pallas_check.engine.dma.engine import Dma
+    from pallas_check.engine.dma.engine import Dma, SyncState
+    from pallas_check.engine.memory.buffer import Buffer
     from pallas_check.engine.runtime.scheduler import Wait
+
+
+class Core(Protocol):
+    """Who runs (state.py's CoreContext)."""
+
+    actor: str
+    device_id: int
+    core_id: int
+    grid_point: tuple[int, ...] | None
 
 
 def cell(semaphore: tuple) -> Cell:
@@ -28,7 +37,7 @@ def cell(semaphore: tuple) -> Cell:
     return Cell((buf.id, tuple(int(i) for i in idx)), sem_name(semaphore), buf.device)
 
 
-def where(ctx: CoreContext, frames: tuple[SourceFrame, ...]) -> Where:
+def where(ctx: Core, frames: tuple[SourceFrame, ...]) -> Where:
     return Where(ctx.actor, ctx.device_id, ctx.core_id, ctx.grid_point, frames)
 
 
@@ -41,7 +50,7 @@ def accesses(actor: str, region: Region, is_write: bool, operation: str,
                         grid_point) for box in region.boxes())
 
 
-def dma_started(ctx: CoreContext, dma: Dma, carried: bool = False) -> DmaStarted:
+def dma_started(ctx: Core, dma: Dma, carried: bool = False) -> DmaStarted:
     return DmaStarted(dma.id, dma.actor_name, ctx.actor, ctx.device_id, ctx.core_id,
                       dma.src.buffer.name, dma.dst.buffer.name, dma.nbytes, dma.frames,
                       dma.dst.buffer.device, cell(dma.dst_sem), carried,
@@ -59,9 +68,9 @@ def dma_moved(dma: Dma, landed: bool) -> DmaMoved:
                     cell(dma.src_sem) if dma.src_sem is not None else None)
 
 
-def owed(state: CallState, semaphore: tuple) -> tuple[int, ...]:
+def owed(sync: SyncState, semaphore: tuple) -> tuple[int, ...]:
     """The DMAs on a semaphore cell not yet fully waited (in start order)."""
-    queue = state.sync._unwaited.get((semaphore[0].id, semaphore[1]), ())
+    queue = sync._unwaited.get((semaphore[0].id, semaphore[1]), ())
     return tuple(d.id for d in queue if d.waited_bytes < d.signal)
 
 
@@ -76,15 +85,15 @@ def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
                        rng, tuple(wait.frames))
 
 
-def semaphores_left(state: CallState) -> tuple[SemaphoreLeft, ...]:
+def semaphores_left(sync: SyncState, semaphores: list[Buffer]) -> tuple[SemaphoreLeft, ...]:
     """Every semaphore cell with a count at kernel end, with what DMAs never waited on it
     explain of it and where it was last signalled."""
     unwaited: dict[tuple[int, tuple], int] = {}
-    for dma in state.sync.dmas:
+    for dma in sync.dmas:
         key = (dma.dst_sem[0].id, dma.dst_sem[1])
         unwaited[key] = unwaited.get(key, 0) + dma.signal - dma.waited_bytes
     left = []
-    for buf in state.semaphores:
+    for buf in semaphores:
         for idx in zip(*np.nonzero(buf.data)) if buf.data.ndim else [()]:
             idx = tuple(int(i) for i in idx)
             count = int(buf.data[idx])
@@ -92,15 +101,15 @@ def semaphores_left(state: CallState) -> tuple[SemaphoreLeft, ...]:
                 continue
             left.append(SemaphoreLeft(
                 buf.name, sem_name((buf, idx)), idx, buf.device, count,
-                unwaited.get((buf.id, idx), 0), state.sync.last_signal.get((buf.id, idx), ()),
-                state.sync.last_signaller.get((buf.id, idx), "")))
+                unwaited.get((buf.id, idx), 0), sync.last_signal.get((buf.id, idx), ()),
+                sync.last_signaller.get((buf.id, idx), "")))
     return tuple(left)
 
 
-def dmas_not_waited(state: CallState) -> list[DmaNotWaited]:
+def dmas_not_waited(sync: SyncState) -> list[DmaNotWaited]:
     """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
     found = []
-    for dma in state.sync.dmas:
+    for dma in sync.dmas:
         if dma.waited_bytes >= dma.signal:
             continue
         sem = cell(dma.dst_sem)

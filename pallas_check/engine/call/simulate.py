@@ -357,7 +357,7 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
     _finish_dmas(ctx, report=not state.unfinished)
     if not state.unfinished and state.feeds.call_ended:
         state.tell(CallEnded(ctx.actor, state.mesh.num_devices,
-                             event_data.semaphores_left(state)))
+                             event_data.semaphores_left(state.sync, state.semaphores)))
     state.save_carried()
     state.semaphore_handles = {
         buf.id: carried_semaphores.handles_out(state, buf, carried)

@@ -314,7 +314,7 @@ class CallState:
     def _waited(self, ctx: "CoreContext", cell: tuple, what: str) -> None:
         if self.feeds.waited:
             event = Waited(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell), what,
-                           event_data.owed(self, cell))
+                           event_data.owed(self.sync, cell))
             for take in self.feeds.waited:
                 take(event)
 
@@ -438,7 +438,7 @@ class _CheckersShim:
         state.device_out_of_bounds(ctx, device, what, frames)
 
     def dmas_not_waited(self, state: CallState) -> list[Finding]:
-        for event in event_data.dmas_not_waited(state):
+        for event in event_data.dmas_not_waited(state.sync):
             state.tell(event)
         return []
 
