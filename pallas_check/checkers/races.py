@@ -25,7 +25,8 @@ from typing import Hashable, Iterable, NamedTuple
 
 from pallas_check.checkers.base import Checker
 from pallas_check.engine import events
-from pallas_check.findings import Access, Finding, FindingKind, IndexRange, SourceFrame, format_range
+from pallas_check.findings import (Access, Finding, FindingKind, IndexRange, SourceFrame,
+                                   format_range)
 
 Clock = dict[str, int]
 

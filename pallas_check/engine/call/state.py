@@ -155,8 +155,10 @@ class CallState:
             return
         if frames is None:
             frames = current_frames(ctx)
-        for event in event_data.accesses(actor or ctx.actor, region, is_write, operation,
-                                         frames, ctx.grid_point):
+        buf, actor, point = region.buffer, actor or ctx.actor, ctx.grid_point
+        for box in region.boxes():  # one box unless seen through a reshape / bitcast
+            event = Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
+                           point)
             for take in takers:
                 take(event)
 
