@@ -51,12 +51,19 @@ class CallFacts(NamedTuple):
 
 
 class Cell(NamedTuple):
-    """A semaphore cell: its identity (buffer id, index), its name as the kernel has it
-    (`sem[1]`), and the device it lives on."""
+    """A semaphore cell: its identity (buffer id, index), its buffer's name, and the
+    device it lives on."""
 
     key: tuple[int, tuple[int, ...]]
-    name: str
+    buffer: str
     device: int | None
+
+    @property
+    def name(self) -> str:
+        """As the kernel has it: `sem[1]` (`sem` for a scalar semaphore); made only when
+        asked (a DMA signals and waits on cells the race checker only keys by)."""
+        index = self.key[1]
+        return self.buffer + ("[" + ", ".join(map(str, index)) + "]" if index else "")
 
 
 # -- the happens-before feed (races, the timeline) ---------------------------------------

@@ -34,7 +34,7 @@ class Core(Protocol):
 def cell(semaphore: tuple) -> Cell:
     """A semaphore cell (buffer, index) as plain data."""
     buf, idx = semaphore
-    return Cell((buf.id, tuple(int(i) for i in idx)), sem_name(semaphore), buf.device)
+    return Cell((buf.id, tuple(int(i) for i in idx)), buf.name, buf.device)
 
 
 def where(ctx: Core, frames: tuple[SourceFrame, ...]) -> Where:
