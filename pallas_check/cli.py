@@ -236,7 +236,8 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
         devices: int, tpu: str, cores: int, seed: int, races: bool,
         schedules: int, keep_going: bool, native: bool, compile: bool,
         ignore: Optional[List[str]], baseline: Optional[Path], update_baseline: bool,
-        trace: Optional[Path], quiet_prints: bool) -> None:
+        trace: Optional[Path], quiet_prints: bool, kernel: Optional[List[str]],
+        calls: int) -> None:
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     fmt_name = Format(fmt).value
     if not script.exists():
@@ -257,7 +258,8 @@ def run(script: Path, script_args: Optional[List[str]] = None, *, dma: DmaMode,
     config = Config(dma_mode=dma, uninit=uninit, skip_floats=skip_floats, tpu=tpu,
                     devices=devices, cores=cores, seed=seed, races=races,
                     schedules=schedules, keep_going=keep_going, compile=compile,
-                    timeline=trace is not None, quiet_prints=quiet_prints)
+                    timeline=trace is not None, quiet_prints=quiet_prints,
+                    kernels=tuple(kernel) if kernel else None, calls=calls)
     from pallas_check.runner import run_and_report
 
     args = list(script_args or [])

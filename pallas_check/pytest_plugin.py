@@ -42,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if option.kind is bool:
             group.addoption(f"--pallas-check-{option.key}", action="store_true", default=None,
                             help=option.help)
+        elif "List" in str(option.kind):  # repeatable, e.g. --pallas-check-kernel
+            group.addoption(f"--pallas-check-{option.key}", action="append", default=None,
+                            help=option.help)
         else:
             group.addoption(f"--pallas-check-{option.key}", choices=option.choices or None,
                             default=None, help=option.help)

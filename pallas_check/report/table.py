@@ -302,12 +302,17 @@ def summary_line(report: RunReport) -> str:
                    " until then")
     elif calls == 0 and report.partial:
         summary = "no pallas_call was checked before the run stopped"
+    elif calls == 0 and report.passed_through:
+        summary = ("no pallas_call was checked: --kernel selected none of the kernels"
+                   f" called ({', '.join(report.passed_through)})")
     elif calls == 0:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
     else:
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+    if report.passed_through and calls:
+        summary += f"; {passed_through_text(report)}"
     if report.suppressed:
         summary += f"; {suppressed_text(report)}"
     if report.partial:
@@ -315,6 +320,14 @@ def summary_line(report: RunReport) -> str:
             f"; call {c.index} ({c.kernel}) stopped {c.stopped_text()}" for c in report.calls if getattr(c, "interrupted", False))
         summary += f" (partial: the run did not finish{stopped})"
     return summary
+
+
+def passed_through_text(report: RunReport) -> str:
+    """`1494 passed through unchecked (matmul 996, sgd 498)`: the calls --kernel and
+    --calls left unchecked, per kernel."""
+    total = sum(report.passed_through.values())
+    parts = ", ".join(f"{name} {n}" for name, n in report.passed_through.items())
+    return f"{total} passed through unchecked ({parts})"
 
 
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,

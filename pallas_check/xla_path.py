@@ -1,0 +1,227 @@
+"""The fastest correct path of a call the filters pass through (`--calls`, `--kernel`):
+the kernel compiled by XLA, written here, when nothing in it needs the engine.
+
+A kernel with no DMA, no semaphore, no remote or device effect, no print or assertion of
+its own, computes a pure function of its input blocks: one grid step reads its blocks,
+runs its body, writes its output blocks. That is compiled here once per call structure
+as one XLA computation -- a loop over the grid points (row-major, as a TPU core runs
+them), each slicing its blocks at the block indices the index maps give, running the
+kernel body with its refs discharged (refs become values, `program_id` the loop's grid
+indices), and writing the output blocks back -- and run on the engine's private CPU client
+(engine/backend.py), where the engine's own compiled pieces run. Outputs start as the
+engine's never-written memory (the `--uninit` fill), an output aliased to an input as that
+input, scratch likewise, carried from step to step: the values a checked run of a correct
+kernel returns.
+
+Any other kernel -- a DMA, a semaphore, a block that does not tile its array, scalar
+prefetch, a dynamic grid, vmap's extra grid axes, a primitive that does not compile outside
+a TPU lowering -- is answered None: the session runs it on the engine with its checks off.
+This is not JAX's interpreter: only JAX's state discharge (as the engine uses for index
+maps) and the primitives' own CPU lowerings.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
+# prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
+# name, in nested jaxprs too.
+_ENGINE_ONLY = ("dma", "semaphore", "barrier", "device_id", "run_scoped", "print",
+                "callback", "check", "delay", "prng", "core_map", "get_core", "remote")
+_GRID_PRIMITIVES = ("program_id", "num_programs")
+
+
+def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
+    """A jitted function of the call's operands returning its outputs, or None when the
+    kernel needs the engine (see the module's docstring)."""
+    gm = params["grid_mapping"]
+    if not _plain_grid(params, gm) or not _pure(params["jaxpr"], top=True):
+        return None
+    import jax
+
+    try:
+        body = _discharged_body(params["jaxpr"])
+    except Exception:  # noqa: BLE001 - a kernel discharge does not take: the engine runs it
+        return None
+    if body.effects:
+        return None
+    run = functools.partial(_run_grid, params, body, fill)
+    return jax.jit(run)
+
+
+def _plain_grid(params: dict, gm: Any) -> bool:
+    """A static grid, no scalar prefetch or vmap axes, and blocks that tile their arrays
+    (each a VMEM/SMEM block: a ref in HBM is only reached by DMA)."""
+    if gm.num_index_operands or getattr(gm, "vmapped_dims", ()) or getattr(
+            gm, "num_dynamic_grid_bounds", 0):
+        return False
+    if not all(isinstance(n, int) for n in gm.grid):
+        return False
+    for bm in gm.block_mappings:
+        space = getattr(bm.transformed_block_aval, "memory_space", None)
+        if str(space).lower() in ("any", "hbm", "semaphore_mem") or bm.transforms:
+            return False
+        for dim, size in zip(bm.block_shape, bm.array_aval.shape):
+            kind = type(dim).__name__
+            if kind == "Squeezed":
+                continue
+            if kind != "Blocked" or size % dim.block_size:
+                return False
+    for aval in gm.scratch_avals:
+        if "sem" in str(getattr(aval, "dtype", "")).lower():
+            return False
+    return True
+
+
+def _pure(jaxpr: Any, top: bool) -> bool:
+    """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
+    where `_evaluate` answers them."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if any(word in name for word in _ENGINE_ONLY):
+            return False
+        if name in _GRID_PRIMITIVES and not top:
+            return False
+        for sub in _subjaxprs(eqn.params):
+            if not _pure(sub, top=False):
+                return False
+    return True
+
+
+def _subjaxprs(params: dict) -> list[Any]:
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _discharged_body(jaxpr: Any) -> Any:
+    """The kernel with every ref a value in and out (JAX's state discharge)."""
+    from pallas_check.jaxbridge import jax_core, state_discharge
+
+    return state_discharge.discharge_state(jax_core.ClosedJaxpr(jaxpr, ()))
+
+
+def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+              grid_values: Callable[[str, dict], Any]) -> list[Any]:
+    """The discharged kernel traced into the caller's computation; `program_id` and
+    `num_programs` answered by `grid_values`."""
+    from pallas_check.jaxbridge import jax_core
+
+    env: dict[Any, Any] = {}
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, jax_core.Literal) else env[atom]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _GRID_PRIMITIVES:
+            outs = [grid_values(name, eqn.params)]
+        else:
+            bind_params = eqn.primitive.get_bind_params(eqn.params)
+            outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        for var, value in zip(eqn.outvars, outs):
+            if not isinstance(var, jax_core.DropVar):
+                env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _run_grid(params: dict, body: Any, fill: str, *operands: Any) -> list[Any]:
+    """The call as one computation: outputs and scratch carried through the grid."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_check.engine.memory import fill_value
+
+    gm = params["grid_mapping"]
+    grid = tuple(int(n) for n in gm.grid)
+    inputs = operands[: gm.num_inputs]
+    aliases = dict((o, i) for i, o in (params.get("input_output_aliases") or ()))
+    outputs = [inputs[aliases[j]] if j in aliases
+               else jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
+               for j, aval in enumerate(params["out_avals"])]
+    scratch = [jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
+               for aval in (getattr(a, "inner_aval", a) for a in gm.scratch_avals)]
+    in_maps = gm.block_mappings[: gm.num_inputs]
+    out_maps = gm.block_mappings[gm.num_inputs: gm.num_inputs + gm.num_outputs]
+
+    def step(flat: Any, carry: tuple) -> tuple:
+        outs, scratch_values = carry
+        point = _grid_point(flat, grid)
+        blocks = [_block(x, bm, point) for x, bm in zip(inputs, in_maps)]
+        out_blocks = [_block(x, bm, point) for x, bm in zip(outs, out_maps)]
+
+        def grid_values(name: str, eqn_params: dict) -> Any:
+            axis = eqn_params["axis"]
+            return point[axis] if name == "program_id" else jnp.int32(grid[axis])
+
+        results = _evaluate(body.jaxpr, body.consts,
+                            [*blocks, *out_blocks, *scratch_values], grid_values)
+        n_in = len(blocks)
+        new_outs = [_put_block(x, bm, point, value) for x, bm, value in
+                    zip(outs, out_maps, results[n_in: n_in + len(outs)])]
+        return new_outs, list(results[n_in + len(outs):])
+
+    total = math.prod(grid)
+    if total == 0:
+        return outputs
+    outputs, _ = jax.lax.fori_loop(0, total, step, (outputs, scratch))
+    return list(outputs)
+
+
+def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
+    """Row-major grid indices (the last axis fastest) of step `flat`."""
+    point = []
+    for size in reversed(grid):
+        point.append(flat % size)
+        flat = flat // size
+    return [p.astype(np.int32) for p in reversed(point)]
+
+
+def _starts(bm: Any, point: list[Any]) -> list[Any]:
+    """The element offset of the block in each dimension of its array."""
+    indices = _evaluate(bm.index_map_jaxpr.jaxpr, bm.index_map_jaxpr.consts, point,
+                        _no_grid)
+    starts = []
+    for dim, index in zip(bm.block_shape, indices):
+        size = 1 if type(dim).__name__ == "Squeezed" else dim.block_size
+        starts.append(index.astype(np.int32) * size if hasattr(index, "astype")
+                      else np.int32(index * size))
+    return starts
+
+
+def _no_grid(name: str, params: dict) -> Any:
+    raise ValueError(f"{name} in an index map")
+
+
+def _sizes(bm: Any) -> tuple[int, ...]:
+    return tuple(1 if type(d).__name__ == "Squeezed" else d.block_size
+                 for d in bm.block_shape)
+
+
+def _block(array: Any, bm: Any, point: list[Any]) -> Any:
+    import jax
+
+    block = jax.lax.dynamic_slice(array, _starts(bm, point), _sizes(bm))
+    return block.reshape(bm.transformed_block_aval.inner_aval.shape
+                         if hasattr(bm.transformed_block_aval, "inner_aval")
+                         else bm.transformed_block_aval.shape)
+
+
+def _put_block(array: Any, bm: Any, point: list[Any], value: Any) -> Any:
+    import jax
+
+    return jax.lax.dynamic_update_slice(array, value.reshape(_sizes(bm)),
+                                        _starts(bm, point))
