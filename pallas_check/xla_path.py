@@ -45,7 +45,7 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
     import jax
 
     try:
-        body = _discharged_body(params["jaxpr"])
+        body = _discharged_body(params["jaxpr"], tuple(gm.grid))
     except Exception:  # noqa: BLE001 - a kernel discharge does not take: the engine runs it
         return None
     if body.effects:
@@ -103,17 +103,33 @@ def _subjaxprs(params: dict) -> list[Any]:
     return found
 
 
-def _discharged_body(jaxpr: Any) -> Any:
-    """The kernel with every ref a value in and out (JAX's state discharge)."""
+def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
+    """The kernel as a pure function: its grid indices first, as scalar arguments in
+    place of `program_id` (`num_programs` a literal), then every ref a value in and out
+    (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
     from pallas_check.jaxbridge import jax_core, state_discharge
 
-    return state_discharge.discharge_state(jax_core.ClosedJaxpr(jaxpr, ()))
+    index_vars = [jax_core.Var(jax_core.ShapedArray((), np.int32)) for _ in grid]
+    substitute: dict[Any, Any] = {}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _GRID_PRIMITIVES:
+            axis = eqn.params["axis"]
+            substitute[eqn.outvars[0]] = (
+                index_vars[axis] if name == "program_id"
+                else jax_core.Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
+            continue
+        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, jax_core.Var)
+                                        else v for v in eqn.invars]))
+    pure_grid = jaxpr.replace(invars=[*index_vars, *jaxpr.invars], eqns=eqns,
+                              outvars=[substitute.get(v, v) for v in jaxpr.outvars])
+    return state_discharge.discharge_state(jax_core.ClosedJaxpr(pure_grid, ()))
 
 
-def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
-              grid_values: Callable[[str, dict], Any]) -> list[Any]:
-    """The discharged kernel traced into the caller's computation; `program_id` and
-    `num_programs` answered by `grid_values`."""
+def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    """A pure jaxpr (the discharged kernel, an index map) traced into the caller's
+    computation, equation by equation."""
     from pallas_check.jaxbridge import jax_core
 
     env: dict[Any, Any] = {}
@@ -124,14 +140,12 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in _GRID_PRIMITIVES:
-            outs = [grid_values(name, eqn.params)]
-        else:
-            bind_params = eqn.primitive.get_bind_params(eqn.params)
-            outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
+        if eqn.primitive.name in _GRID_PRIMITIVES:
+            raise ValueError(f"{eqn.primitive.name} outside the kernel's top level")
+        outs = eqn.primitive.bind(*map(read, eqn.invars),
+                                  **eqn.primitive.get_bind_params(eqn.params))
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
         for var, value in zip(eqn.outvars, outs):
             if not isinstance(var, jax_core.DropVar):
                 env[var] = value
@@ -163,12 +177,8 @@ def _run_grid(params: dict, body: Any, fill: str, *operands: Any) -> list[Any]:
         blocks = [_block(x, bm, point) for x, bm in zip(inputs, in_maps)]
         out_blocks = [_block(x, bm, point) for x, bm in zip(outs, out_maps)]
 
-        def grid_values(name: str, eqn_params: dict) -> Any:
-            axis = eqn_params["axis"]
-            return point[axis] if name == "program_id" else jnp.int32(grid[axis])
-
         results = _evaluate(body.jaxpr, body.consts,
-                            [*blocks, *out_blocks, *scratch_values], grid_values)
+                            [*point, *blocks, *out_blocks, *scratch_values])
         n_in = len(blocks)
         new_outs = [_put_block(x, bm, point, value) for x, bm, value in
                     zip(outs, out_maps, results[n_in: n_in + len(outs)])]
@@ -192,18 +202,13 @@ def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
 
 def _starts(bm: Any, point: list[Any]) -> list[Any]:
     """The element offset of the block in each dimension of its array."""
-    indices = _evaluate(bm.index_map_jaxpr.jaxpr, bm.index_map_jaxpr.consts, point,
-                        _no_grid)
+    indices = _evaluate(bm.index_map_jaxpr.jaxpr, bm.index_map_jaxpr.consts, point)
     starts = []
     for dim, index in zip(bm.block_shape, indices):
         size = 1 if type(dim).__name__ == "Squeezed" else dim.block_size
         starts.append(index.astype(np.int32) * size if hasattr(index, "astype")
                       else np.int32(index * size))
     return starts
-
-
-def _no_grid(name: str, params: dict) -> Any:
-    raise ValueError(f"{name} in an index map")
 
 
 def _sizes(bm: Any) -> tuple[int, ...]:

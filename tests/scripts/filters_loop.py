@@ -37,7 +37,7 @@ def scale(x):
 
 def leak_kernel(x_ref, o_ref, sem):
     o_ref[...] = x_ref[...] + 0.25
-    pltpu.semaphore_signal(sem, 1)  # BUG: signalled, never waited: left with a count
+    pl.semaphore_signal(sem, 1)  # BUG: signalled, never waited: left with a count
 
 
 def leak(x):
