@@ -7,7 +7,8 @@ final parameters, so that two runs can be compared.
 
 The kernels: `matmul` (a BlockSpec grid over row blocks, no DMA of its own) computes the
 forward pass and the gradient; `sgd_update` copies the gradient from HBM into VMEM with a
-DMA and a semaphore, then writes `w - lr * grad`.
+DMA and a semaphore, then writes `w - lr * grad` (with TRAIN_LOOP_DMA=0, `sgd_plain`
+does the same with no DMA: both kernels are then pure).
 """
 
 import os
@@ -20,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 INTERPRET = os.environ.get("TRAIN_LOOP_INTERPRET") == "1"
+DMA = os.environ.get("TRAIN_LOOP_DMA", "1") == "1"
 ROWS, FEATURES, BLOCK = 64, 128, 16
 LEARNING_RATE = 1e-3
 
@@ -47,7 +49,15 @@ def sgd_kernel(w_ref, grad_hbm, o_ref, grad_vmem, sem):
     o_ref[...] = w_ref[...] - LEARNING_RATE * grad_vmem[...]
 
 
+def sgd_plain_kernel(w_ref, grad_ref, o_ref):
+    o_ref[...] = w_ref[...] - LEARNING_RATE * grad_ref[...]
+
+
 def sgd_update(w, grad):
+    if not DMA:  # the update as a plain elementwise kernel: no DMA, no semaphore
+        return pl.pallas_call(
+            sgd_plain_kernel, interpret=INTERPRET,
+            out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype))(w, grad)
     return pl.pallas_call(
         sgd_kernel, interpret=INTERPRET,
         in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM),
