@@ -18,6 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config
 
+pytest_plugins = ["pytester"]
+
 LOOP = Path(__file__).resolve().parent / "scripts" / "filters_loop.py"
 STEPS = 4
 LEAK_LINE = 40  # `pltpu.semaphore_signal(sem, 1)` in filters_loop.py
@@ -53,7 +55,6 @@ def test_calls_1_reports_the_first_calls_bug_and_passes_later_calls_through(cli,
     assert leak["call_index"] == 1  # the loop's second pallas_call (scale, then leak)
     assert _kernels(result.report) == {"leak_kernel": (1, 3), "scale_kernel": (1, 3)}
     assert [c["kernel"] for c in result.report["calls"]] == ["scale_kernel", "leak_kernel"]
-    assert result.report["summary"]["passed_through"] == 6
     # The script saw the outputs an unfiltered run gives (and the right ones).
     full, full_outputs = _run(cli, tmp_path)
     assert full.report["findings"][0]["count"] == STEPS
@@ -199,3 +200,35 @@ def test_calls_0_checks_every_call(check, calls):
     x = np.ones((2, 32, 128), np.float32)
     run = check(lambda: [_accumulate(x) for _ in range(3)], config=Config(calls=calls))
     assert len(run.session.calls) == (3 if calls == 0 else 2)
+
+
+LOOP_TEST = """\
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, {folder!r})
+import filters_loop
+
+
+def test_loop():
+    x = jnp.zeros((16, 128), jnp.float32)
+    for _ in range(3):
+        x = filters_loop.step(x)
+    np.asarray(x)
+"""
+
+
+def test_the_pytest_plugin_takes_the_filters(pytester):
+    import pallas_check.runner  # noqa: F401  (kept across pytester's in-process runs)
+
+    pytester.makepyfile(test_loop=LOOP_TEST.format(folder=str(LOOP.parent)))
+    (pytester.path / "pyproject.toml").write_text('[tool.pallas-check]\ncalls = 1\n')
+    flagged = pytester.runpytest("--pallas-check", "-p", "no:cacheprovider")
+    flagged.assert_outcomes(failed=1)  # the first call's leak
+    flagged.stdout.fnmatch_lines(["*1 finding in 2 pallas_calls; 4 passed through unchecked"
+                                  " (leak_kernel 2, scale_kernel 2)*"])
+    only_scale = pytester.runpytest("--pallas-check", "--pallas-check-kernel", "scale*",
+                                    "-p", "no:cacheprovider")
+    only_scale.assert_outcomes(passed=1)

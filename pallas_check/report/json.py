@@ -45,8 +45,7 @@ def report_dict(report: RunReport) -> dict[str, Any]:
                     for name, checked, passed in kernel_counts(report)],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items())),
                     "suppressed": len(report.suppressed),
-                    "suppressed_by": suppressed_counts(report),
-                    "passed_through": sum(report.passed_through.values())},
+                    "suppressed_by": suppressed_counts(report)},
         "findings": [
             {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed,
                                                      report.rerun, report.script_args),
