@@ -44,14 +44,18 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
         return None
     import jax
 
+    inputs = [jax.ShapeDtypeStruct(bm.array_aval.shape, bm.array_aval.dtype)
+              for bm in gm.block_mappings[: gm.num_inputs]]
     try:
         body = _discharged_body(params["jaxpr"], tuple(gm.grid))
-    except Exception:  # noqa: BLE001 - a kernel discharge does not take: the engine runs it
+        if body.effects:
+            return None
+        # Compiled now, so that a kernel XLA cannot compile outside a TPU lowering (a
+        # primitive with no CPU rule) goes to the engine instead of failing its call.
+        return jax.jit(functools.partial(_run_grid, params, body, fill)).lower(
+            *inputs).compile()
+    except Exception:  # noqa: BLE001 - not ours to compile: the engine runs it
         return None
-    if body.effects:
-        return None
-    run = functools.partial(_run_grid, params, body, fill)
-    return jax.jit(run)
 
 
 def _plain_grid(params: dict, gm: Any) -> bool:

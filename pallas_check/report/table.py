@@ -24,7 +24,8 @@ from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.console import Display
-from pallas_check.report.model import RunReport, replay_command, suppressed_text
+from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+                                       suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
 
 _TITLES = {
@@ -323,11 +324,15 @@ def summary_line(report: RunReport) -> str:
 
 
 def passed_through_text(report: RunReport) -> str:
-    """`1494 passed through unchecked (matmul 996, sgd 498)`: the calls --kernel and
-    --calls left unchecked, per kernel."""
+    """`498 passed through unchecked (matmul: 4 checked, 496 passed through; sgd: 2
+    passed through)`: what --kernel and --calls did, per kernel."""
     total = sum(report.passed_through.values())
-    parts = ", ".join(f"{name} {n}" for name, n in report.passed_through.items())
-    return f"{total} passed through unchecked ({parts})"
+    parts = []
+    for name, checked, passed in kernel_counts(report):
+        counts = [f"{checked} checked"] if checked else []
+        counts += [f"{passed} passed through"] if passed else []
+        parts.append(f"{name}: {', '.join(counts)}")
+    return f"{total} passed through unchecked ({'; '.join(parts)})"
 
 
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
