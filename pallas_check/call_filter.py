@@ -57,7 +57,7 @@ class CallFilter:
         checked = self.selects(kernel.name)
         if checked and self.calls > 0:
             key = (kernel, self.structure(params),
-                   tuple((tuple(o.shape), str(o.dtype)) for o in operands))
+                   tuple((o.shape, o.dtype) for o in operands))
             with self._lock:
                 self._seen[key] += 1
                 checked = self._seen[key] <= self.calls
