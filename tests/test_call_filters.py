@@ -226,3 +226,92 @@ def test_the_pytest_plugin_takes_the_filters(pytester):
     only_scale = pytester.runpytest("--pallas-check", "--pallas-check-kernel", "scale*",
                                     "-p", "no:cacheprovider")
     only_scale.assert_outcomes(passed=1)
+
+
+# -- more kernels: a call passed through returns what a checked call returns ---------------
+
+def _in_place_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + pl.program_id(0).astype(jnp.float32)
+
+
+def _in_place(x):
+    return pl.pallas_call(
+        _in_place_kernel, grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        input_output_aliases={0: 0},
+    )(x)
+
+
+def _two_outputs_kernel(x_ref, sum_ref, twice_ref):
+    def body(i, total):
+        return total + x_ref[pl.ds(i, 1), :]
+
+    sum_ref[...] = jax.lax.fori_loop(0, 8, body, jnp.zeros((1, 128), jnp.float32))
+    twice_ref[...] = x_ref[...] * 2.0
+
+
+def _two_outputs(x):
+    return pl.pallas_call(
+        _two_outputs_kernel, grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=[pl.BlockSpec((1, 128), lambda i: (i, 0)),
+                   pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_shape=[jax.ShapeDtypeStruct((4, 128), jnp.float32),
+                   jax.ShapeDtypeStruct((32, 128), jnp.float32)],
+    )(x)
+
+
+def _nested_program_id_kernel(x_ref, o_ref):
+    @pl.when(x_ref[0, 0] > -1e30)
+    def _():
+        o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32)
+
+
+def _nested_program_id(x):
+    return pl.pallas_call(
+        _nested_program_id_kernel, grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def _half_written_kernel(x_ref, o_ref):
+    o_ref[0:4, :] = x_ref[0:4, :]  # rows 4:8 of every block never written (a defect)
+
+
+def _half_written(x):
+    return pl.pallas_call(
+        _half_written_kernel, grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+@pytest.mark.parametrize("fn, by_xla, uninit", [
+    (_in_place, True, "nan"),
+    (_two_outputs, True, "nan"),
+    (_nested_program_id, False, "nan"),  # program_id inside a cond: the engine's
+    (_half_written, True, "nan"),
+    (_half_written, True, "zero"),
+], ids=["aliased", "two-outputs-fori", "nested-program-id", "unwritten-nan",
+        "unwritten-zero"])
+def test_calls_passed_through_return_what_checked_calls_return(check, fn, by_xla, uninit):
+    from pallas_check.config import UninitFill
+
+    xs = [np.random.default_rng(seed).standard_normal((32, 128)).astype(np.float32)
+          for seed in range(3)]
+    jitted = jax.jit(fn)
+    fill = UninitFill(uninit)
+    checked = [jax.tree.map(np.asarray, check(jitted, x, config=Config(uninit=fill)).value)
+               for x in xs]
+    run = check(lambda: [jax.tree.map(np.asarray, jitted(x)) for x in xs],
+                config=Config(calls=1, uninit=fill))
+    assert len(run.session.calls) == 1
+    assert (list(run.session._xla_paths.values())[0] is not None) == by_xla
+    for expected, got in zip(checked, run.value):
+        for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+            np.testing.assert_allclose(g, e, rtol=1e-6)  # NaN where the engine has NaN
