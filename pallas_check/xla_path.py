@@ -62,7 +62,9 @@ def _plain_grid(params: dict, gm: Any) -> bool:
     """A static grid, no scalar prefetch or vmap axes, and blocks that tile their arrays
     (each a VMEM/SMEM block: a ref in HBM is only reached by DMA)."""
     if gm.num_index_operands or getattr(gm, "vmapped_dims", ()) or getattr(
-            gm, "num_dynamic_grid_bounds", 0):
+            gm, "num_dynamic_grid_bounds", 0) or params.get("mesh") is not None:
+        return False  # (a mesh: a core_map kernel, its cores the engine's)
+    if params["jaxpr"].constvars or getattr(gm, "get_grid_indices", None) is not None:
         return False
     if not all(isinstance(n, int) for n in gm.grid):
         return False
