@@ -52,8 +52,12 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
             return None
         # Compiled now, so that a kernel XLA cannot compile outside a TPU lowering (a
         # primitive with no CPU rule) goes to the engine instead of failing its call.
-        return jax.jit(functools.partial(_run_grid, params, body, fill)).lower(
-            *inputs).compile()
+        # With the engine's compiler options: no algebraic simplification, so that
+        # never-written memory's NaN reaches what it reaches in the engine (`0 * x`).
+        from pallas_check.engine.evaluate import SEGMENT_COMPILER_OPTIONS
+
+        return jax.jit(functools.partial(_run_grid, params, body, fill),
+                       compiler_options=SEGMENT_COMPILER_OPTIONS).lower(*inputs).compile()
     except Exception:  # noqa: BLE001 - not ours to compile: the engine runs it
         return None
 
