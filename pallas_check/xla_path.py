@@ -11,7 +11,8 @@ indices), and writing the output blocks back -- and run on the engine's private 
 (engine/backend.py), where the engine's own compiled pieces run. Outputs start as the
 engine's never-written memory (the `--uninit` fill), an output aliased to an input as that
 input, scratch likewise, carried from step to step: the values a checked run of a correct
-kernel returns.
+kernel returns (to float rounding: XLA fuses the whole body where the engine compiles runs
+of it, e.g. flash attention's outputs differ by at most 2.4e-7).
 
 Any other kernel -- a DMA, a semaphore, a block that does not tile its array, scalar
 prefetch, a dynamic grid, vmap's extra grid axes, a primitive that does not compile outside
@@ -37,7 +38,8 @@ _GRID_PRIMITIVES = ("program_id", "num_programs")
 
 
 def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
-    """A jitted function of the call's operands returning its outputs, or None when the
+    """The call compiled for the engine's CPU client (call it with the operands, in the
+    engine device's `jax.default_device`: it returns the outputs), or None when the
     kernel needs the engine (see the module's docstring)."""
     gm = params["grid_mapping"]
     if not _plain_grid(params, gm) or not _pure(params["jaxpr"], top=True):
