@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any, TextIO
 
 from pallas_check import __version__
-from pallas_check.report.model import RunReport, replay_command, suppressed_counts
+from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+                                       suppressed_counts)
 
 SCHEMA = "pallas-check/report"
 # 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).
@@ -52,6 +53,9 @@ def report_dict(report: RunReport) -> dict[str, Any]:
               "function": c.call_site.function, "code": c.call_site.code}}
             for c in report.calls
         ],
+        # Per kernel: calls checked, and calls --kernel / --calls passed through unchecked.
+        "kernels": [{"kernel": name, "checked": checked, "passed_through": passed}
+                    for name, checked, passed in kernel_counts(report)],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items())),
                     "suppressed": len(report.suppressed),
                     "suppressed_by": suppressed_counts(report)},

@@ -24,7 +24,8 @@ from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.console import Display
-from pallas_check.report.model import RunReport, replay_command, suppressed_text
+from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+                                       suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
 
 LOCATION = "cyan"
@@ -287,12 +288,17 @@ def summary_line(report: RunReport) -> str:
                    " until then")
     elif calls == 0 and report.partial:
         summary = "no pallas_call was checked before the run stopped"
+    elif calls == 0 and report.passed_through:
+        summary = ("no pallas_call was checked: --kernel selected none of the kernels"
+                   f" called ({', '.join(report.passed_through)})")
     elif calls == 0:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
     else:
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+    if report.passed_through and calls:
+        summary += f"; {passed_through_text(report)}"
     if report.suppressed:
         summary += f"; {suppressed_text(report)}"
     if report.partial:
@@ -300,6 +306,18 @@ def summary_line(report: RunReport) -> str:
             f"; call {c.index} ({c.kernel}) stopped {c.stopped_text()}" for c in report.calls if getattr(c, "interrupted", False))
         summary += f" (partial: the run did not finish{stopped})"
     return summary
+
+
+def passed_through_text(report: RunReport) -> str:
+    """`498 passed through unchecked (matmul: 4 checked, 496 passed through; sgd: 2
+    passed through)`: what --kernel and --calls did, per kernel."""
+    total = sum(report.passed_through.values())
+    parts = []
+    for name, checked, passed in kernel_counts(report):
+        counts = [f"{checked} checked"] if checked else []
+        counts += [f"{passed} passed through"] if passed else []
+        parts.append(f"{name}: {', '.join(counts)}")
+    return f"{total} passed through unchecked ({'; '.join(parts)})"
 
 
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,
