@@ -249,7 +249,8 @@ class Session:
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site,
-                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None)
+                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
+                     unused_memory=result.unused_memory)
         return result.outputs
 
     def _write_prints(self, prints: list) -> None:
@@ -308,7 +309,8 @@ class Session:
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,
                 failed: bool = False, progress: dict[str, int] | None = None,
-                races: dict[str, int] | None = None) -> None:
+                races: dict[str, int] | None = None,
+                unused_memory: list | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         from pallas_check.engine.call.describe import resolve_grid
@@ -323,7 +325,8 @@ class Session:
                                           time.perf_counter() - started, findings,
                                           mesh.num_devices, call_site, failed,
                                           interrupted=progress is not None,
-                                          progress=progress or {}, races=races or {}))
+                                          progress=progress or {}, races=races or {},
+                                          unused_memory=unused_memory or []))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""
