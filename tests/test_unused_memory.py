@@ -156,3 +156,21 @@ def test_every_core_counts_and_schedules_agree(check):
     [summary] = checked.session.calls
     assert [(u.bytes, u.ranges) for u in summary.unused_memory] == [
         (4096, (((8, 16), (0, 128)),))]
+
+
+def test_ranges_are_said_when_simple_and_bytes_always():
+    from pallas_check.engine.memory.usage import boxes
+    from pallas_check.findings import UnusedMemory
+
+    mask = np.zeros((16, 128), bool)
+    mask[8:16] = True
+    assert boxes(mask) == [((8, 16), (0, 128))]
+    mask[0:2, 64:128] = True  # two boxes: rows 0:2 right half, rows 8:16 whole
+    assert boxes(mask) == [((0, 2), (64, 128)), ((8, 16), (0, 128))]
+    checkerboard = (np.indices((8, 8)).sum(axis=0) % 2).astype(bool)
+    assert boxes(checkerboard) is None  # not simple: bytes only
+    note = UnusedMemory("acc_ref", "VMEM", 128, 256, ())
+    assert note.text() == "acc_ref (in parts) never touched: 128 B of 256 B VMEM"
+    two = UnusedMemory("acc_ref", "VMEM", 5120, 8192, (((0, 2), (64, 128)), ((8, 16), (0, 128))))
+    assert two.text() == ("acc_ref [0:2, 64:128], [8:16, 0:128] never touched:"
+                          " 5.00 KiB of 8.00 KiB VMEM")

@@ -33,7 +33,6 @@ than the kernel uses); HBM (not the kernel's to win back); semaphores.
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import numpy as np
@@ -47,8 +46,9 @@ _KERNEL_SPACES = (MemorySpace.VMEM, MemorySpace.SMEM, MemorySpace.VMEM_SHARED)
 # Past this many boxes the untouched part is not "simple": only its bytes are said.
 _MAX_RANGES = 4
 
-# One allocation's untouched elements: (name, memory space, itemsize, untouched mask).
-Untouched = dict[tuple, tuple[str, str, int, np.ndarray]]
+# One allocation's untouched elements: (name, memory space, itemsize, its element count,
+# untouched mask or None when every element was touched: no mask is made for those).
+Untouched = dict[tuple, tuple[str, str, int, int, np.ndarray | None]]
 
 
 class EverWritten:
@@ -78,13 +78,16 @@ class EverWritten:
         else:
             seen |= shadow
 
-    def written(self, buf: Buffer) -> np.ndarray:
-        """Every element of `buf` ever written: the resets' union and its shadow now."""
+    def never_written(self, buf: Buffer) -> np.ndarray | None:
+        """The elements of `buf` never written (neither before a reset nor now); None
+        when there are none."""
         if buf.id in self._whole or buf.fully_written:
-            return np.ones(buf.shape, bool)
-        now = np.array(buf.written, bool)
+            return None
+        free = ~buf.written
         seen = self._union.get(buf.id)
-        return now if seen is None else now | seen
+        if seen is not None:
+            free &= ~seen
+        return free
 
 
 def untouched(registry: dict[tuple, Buffer], ever: EverWritten,
@@ -101,37 +104,43 @@ def untouched(registry: dict[tuple, Buffer], ever: EverWritten,
             continue
         if key[0] == "block" and not buf.is_output:
             continue  # an input block: not covered (see the module's docstring)
-        free = ~ever.written(buf)
-        for box in read_boxes.get((buf.name, buf.space), ()):
-            _clear_box(free, box)
+        free = ever.never_written(buf)
+        if free is not None:
+            for box in read_boxes.get((buf.name, buf.space), ()):
+                _clear_box(free, box)
         ident = (key, buf.name)
         if ident in out:
-            out[ident][3].__iand__(free)
-        else:
-            out[ident] = (buf.name, buf.space, buf.data.dtype.itemsize, free)
+            free = _both(out[ident][4], free)
+        out[ident] = (buf.name, buf.space, buf.data.dtype.itemsize, buf.data.size, free)
     return out
+
+
+def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """Untouched in both (None: nothing untouched)."""
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    return a & b
 
 
 def intersect(a: Untouched, b: Untouched) -> Untouched:
     """Untouched in both runs (two schedules of one call): touched in either is touched."""
     out: Untouched = {}
-    for ident, (name, space, itemsize, free) in a.items():
+    for ident, (name, space, itemsize, size, free) in a.items():
         other = b.get(ident)
-        out[ident] = (name, space, itemsize,
-                      free if other is None or other[3].shape != free.shape
-                      else free & other[3])
+        out[ident] = (name, space, itemsize, size,
+                      free if other is None else _both(free, other[4]))
     return out
 
 
 def notes(found: Untouched) -> list[UnusedMemory]:
     """The note's entries: each allocation with an untouched part, its bytes and ranges."""
     out = []
-    for name, space, itemsize, free in found.values():
-        count = int(np.count_nonzero(free))
+    for name, space, itemsize, size, free in found.values():
+        count = 0 if free is None else int(np.count_nonzero(free))
         if not count:
             continue
-        out.append(UnusedMemory(name, space, count * itemsize,
-                                math.prod(free.shape) * itemsize, tuple(boxes(free) or ())))
+        out.append(UnusedMemory(name, space, count * itemsize, size * itemsize,
+                                tuple(boxes(free) or ())))
     return out
 
 
