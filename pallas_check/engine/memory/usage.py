@@ -22,10 +22,14 @@ defined data), or read (a load, a DMA reading it). No per-access work is done fo
   records anyway (with the bounding box of the elements it read): those boxes count as
   read. Any other read is of an element already written, counted above.
 
-So "untouched" = never in any shadow and in no uninitialized read's box: exact for a
-correct kernel, and never claims a read or written element as untouched except where a
-store or DMA left an element undefined again (it copied never-written data into it) and
-nothing read it afterwards -- memory that held nothing defined all the same.
+So "untouched" = never in any shadow and in no uninitialized read's box. Exact for a
+kernel that never touches undefined memory; otherwise it errs only around undefined data:
+a read's bounding box may cover elements it skipped (said used: the note says less, never
+wrongly more), and two cases are said untouched although something moved undefined data
+there -- a store or DMA that copied never-written data over an element nothing reads
+afterwards, and a DMA that copies never-written scratch to anything but an output (the
+engine records that read only when it reaches an output). Memory holding nothing defined
+either way.
 
 What is not covered: the parts of an input block the body never reads (a block larger
 than the kernel uses); HBM (not the kernel's to win back); semaphores.
