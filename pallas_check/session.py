@@ -263,7 +263,8 @@ class Session:
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site,
-                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None)
+                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
+                     unused_memory=result.unused_memory)
         return result.outputs
 
     def _checked(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
@@ -370,7 +371,8 @@ class Session:
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,
                 failed: bool = False, progress: dict[str, int] | None = None,
-                races: dict[str, int] | None = None) -> None:
+                races: dict[str, int] | None = None,
+                unused_memory: list | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         from pallas_check.engine.call.describe import resolve_grid
@@ -385,7 +387,8 @@ class Session:
                                           time.perf_counter() - started, findings,
                                           mesh.num_devices, call_site, failed,
                                           interrupted=progress is not None,
-                                          progress=progress or {}, races=races or {}))
+                                          progress=progress or {}, races=races or {},
+                                          unused_memory=unused_memory or []))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

@@ -48,6 +48,8 @@ def report_dict(report: RunReport) -> dict[str, Any]:
              "compiled": {g: {k: v for k, v in entry.items() if k != "compile_seconds"}
                           for g, entry in getattr(c, "compiled", {}).items()},
              "races": getattr(c, "races", None) or None,
+             # A note, not a finding: the kernel's memory no read or write touched.
+             "unused_memory": [u.to_dict() for u in getattr(c, "unused_memory", ())],
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,
               "function": c.call_site.function, "code": c.call_site.code}}

@@ -137,6 +137,7 @@ class TableReporter:
             else:
                 _print_blocks(console, shown, kind, items)
         _print_compiled(console, report)
+        _print_unused_memory(console, report)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         style = "bold green" if not report.findings else "bold red"
@@ -271,6 +272,18 @@ def _print_compiled(console: Console, report: RunReport) -> None:
             parts.append(text)
         print_wrapped(console, Text(f"call {call.index} {call.kernel}: " + "; ".join(parts)),
                       indent=2)
+
+
+def _print_unused_memory(console: Console, report: RunReport) -> None:
+    """The note of memory a kernel never touches: one line per call that has some (a
+    note, not a finding: a clean run stays clean), the cheapest VMEM to win back."""
+    calls = [c for c in report.calls if getattr(c, "unused_memory", None)]
+    if not calls:
+        return
+    console.print(Text.styled("Memory never touched (a note, not a finding):", "bold"))
+    for call in calls:
+        parts = "; ".join(u.text() for u in call.unused_memory)
+        print_wrapped(console, Text(f"call {call.index} {call.kernel}: {parts}"), indent=2)
 
 
 def _mib(nbytes: int | None) -> str:
