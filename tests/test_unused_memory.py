@@ -29,7 +29,8 @@ def test_sample_notes_the_unused_half_of_its_scratch_in_json(cli, sample):
     assert call["unused_memory"] == [_HALF]
 
 
-def test_sample_notes_the_unused_half_in_one_table_line(cli, sample):
+def test_sample_notes_the_unused_half_in_one_table_line(cli, sample, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for the whole line (80 folds it)
     result = cli("run", sample("unused_scratch_ok.py"), json_report=False)
     assert result.exit_code == 0
     lines = [line.strip() for line in result.output.splitlines()]
