@@ -11,6 +11,7 @@ import numpy as np
 from pallas_check.config import Config
 from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
 from pallas_check.engine.dma.engine import Dma, SyncState
+from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
                                         UninitRead)
 from pallas_check.engine.jaxpr.errors import KernelError
@@ -48,6 +49,8 @@ class CallState:
         self.unbounded_dma: UnboundedDma | None = None
         self.address_probe: dict[int, Any] | None = None
         self.sync = SyncState()
+        # When this call's DMAs and pipeline copies move their data (--dma).
+        self.dma_policy: DmaPolicy = policy_for(config.dma_mode)
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
