@@ -18,9 +18,10 @@ import typer.core
 from pallas_check import __version__
 from pallas_check.config import TpuGeneration
 from pallas_check.config.environment import debug_requested
-from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS, Format,
-                                         TableOrJson, config_from, with_options)
+from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS,
+                                         config_from, with_options)
 from pallas_check.errors import InternalError, PallasCheckError, UsageError
+from pallas_check.report.formats import NATIVE, Format
 from pallas_check.exitcodes import ExitCode
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -301,10 +302,10 @@ def _start_quietly(compiling: bool = False) -> None:
              context_settings={"allow_interspersed_args": True})
 @with_options(COMPILE_OPTIONS, _SCRIPT_PARAMETERS)
 def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: str,
-                 fmt: TableOrJson, output: Optional[Path], devices: int) -> None:
+                 fmt: Format, output: Optional[Path], devices: int) -> None:
     """Compile every pallas_call of SCRIPT for real TPUs (libtpu, no TPU, no simulation):
     a table of calls x generations."""
-    fmt_name = TableOrJson(fmt).value  # sarif and text are not offered (options.py)
+    fmt_name = Format(fmt).value  # only the formats compile's report has (formats.py)
     if not script.exists():
         raise fail(f"script not found: {script}")
     if not script.is_file():
@@ -345,8 +346,10 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
     """`run --native`: no simulation; the calls on the hardware, each one timed."""
     from pallas_check.native import native_unavailable, run_native_and_report
 
-    if fmt not in ("table", "json"):
-        raise fail(f"--native reports as table or json, not {fmt!r}")
+    accepted = Format.accepted_by(NATIVE)
+    if Format(fmt) not in accepted:
+        raise fail(f"--native reports as {' or '.join(f.value for f in accepted)},"
+                   f" not {fmt!r}")
     reason = native_unavailable()
     if reason:
         raise fail(reason)
@@ -358,7 +361,7 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
 @with_options(DIFF_OPTIONS, _SCRIPT_PARAMETERS)
 def diff(script: Path, script_args: Optional[List[str]] = None, **options: Any) -> None:
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
-    fmt = TableOrJson(options["fmt"]).value  # sarif and text are not offered (options.py)
+    fmt = Format(options["fmt"]).value  # only the formats diff's report has (formats.py)
     against, output = options["against"], options["output"]
     if options["native"] and against not in (None, "native"):
         raise fail(f"--native and --against {against!r} name two different other sides")

@@ -7,27 +7,17 @@ the user's source frames) so that table, JSON and SARIF output are pure function
 from __future__ import annotations
 
 import dataclasses
-import enum
+import hashlib
+import json
+import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import quote
 
-
-class FindingKind(str, enum.Enum):
-    """Kinds of defect pallas-check reports; the value is the stable JSON name."""
-
-    OUT_OF_BOUNDS = "out-of-bounds"
-    UNINITIALIZED = "uninitialized"
-    UNWRITTEN_OUTPUT = "unwritten-output"
-    OUTPUT_REVISITED = "output-revisited"
-    SEMAPHORE_LEAK = "semaphore-leak"
-    DMA_NOT_WAITED = "dma-not-waited"
-    RACE = "race"
-    DEADLOCK = "deadlock"
-    UNUSED_SUPPRESSION = "unused-suppression"  # a `# pallas-check: ignore` that matched nothing
-    COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
-    VMEM_EXCEEDED = "vmem-exceeded"  # the kernel does not fit the chip's VMEM or SMEM
-    CHECK_FAILED = "check-failed"  # the kernel's own `pl.debug_check` failed
+# The kinds and what is said about each live in kinds.py; they are imported from here too.
+from pallas_check.kinds import CATALOGUE, FindingKind, KindInfo  # noqa: F401
 
 
 @dataclass(frozen=True, order=True)
@@ -100,6 +90,18 @@ class Finding:
     seed: int | None = None
     count: int = 1
 
+    # -- identity: when two findings are one defect ------------------------------------
+    def identity(self, where: Callable[[tuple[SourceFrame, ...]], Any]) -> tuple:
+        """The facts two sightings of one defect share: its kind, kernel, buffer, source
+        line, the accesses it names and the emitter's own `merge` detail. `where` names a
+        source line: exactly within one run (`merge_key`), portably across runs and
+        checkouts (`fingerprint`: a path relative to the project and the line's text, so
+        that an edit above the kernel does not make an old defect new)."""
+        return (self.kind.value, self.kernel.name, self.buffer, self.memory_space,
+                where(self.frames),
+                tuple((a.operation, a.buffer, where(a.frames)) for a in self.accesses),
+                str(self.details.get("merge", "")))
+
     def merge_key(self) -> tuple:
         """Findings with this key equal are the same defect seen again (e.g. each grid step)."""
         if self.kind == FindingKind.RACE:
@@ -107,16 +109,22 @@ class Finding:
             return (self.kind, self.kernel.name, self.kernel.file, self.buffer,
                     tuple(sorted((a.operation.removeprefix("DMA "), a.frames[:1])
                                  for a in self.accesses)))
-        return (
-            self.kind,
-            self.kernel.name,
-            self.kernel.file,
-            self.kernel.line,
-            self.buffer,
-            self.frames[:1],
-            tuple((a.operation, a.buffer, a.frames[:1]) for a in self.accesses),
-            self.details.get("merge", ""),
-        )
+        # Within one run the kernel's definition site tells apart two kernels of one name.
+        return (self.kernel.file, self.kernel.line, *self.identity(_first_frame))
+
+    def fingerprint(self, root: str | None = None) -> str:
+        """A hash that stays the same across runs and checkouts for the same defect (paths
+        relative to `root`, default the current folder; a baseline passes its folder).
+        The SARIF report's `partialFingerprints` and the baseline file (suppress.py) are
+        this; changing it makes every accepted finding of every baseline new again."""
+        def where(frames: tuple[SourceFrame, ...]) -> tuple[str, ...]:
+            if not frames:
+                return ()
+            f = frames[0]
+            return (project_uri(f.file, root)[0], f.function, f.code.strip() or str(f.line))
+
+        text = json.dumps(self.identity(where), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     @property
     def location(self) -> SourceFrame | None:
@@ -138,6 +146,25 @@ class Finding:
             if access["grid_point"] is not None:
                 access["grid_point"] = list(access["grid_point"])
         return data
+
+
+def _first_frame(frames: tuple[SourceFrame, ...]) -> tuple[SourceFrame, ...]:
+    return frames[:1]
+
+
+def project_uri(file: str, root: str | None = None) -> tuple[str, bool]:
+    """`file` as a URI, and whether it is relative: inside `root` (default the current
+    folder) a quoted `/`-separated path relative to it, else an absolute `file:///` URI.
+    The fingerprint names files so, and SARIF locates them so (against %SRCROOT%)."""
+    root = os.path.abspath(root or os.getcwd())
+    absolute = os.path.abspath(file)
+    try:
+        rel = os.path.relpath(absolute, root)
+    except ValueError:  # another drive
+        rel = None
+    if rel is not None and not rel.startswith(os.pardir):
+        return quote(Path(rel).as_posix()), True
+    return Path(absolute).as_uri(), False
 
 
 def _range_list(index_range: Any) -> list[list[int]] | None:

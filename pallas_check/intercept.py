@@ -170,7 +170,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
         params.pop("interpret", None)
         # Semaphore-typed operands and results (a semaphore passed from one call to the
         # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
-        # to the semaphore's value in them, engine/carried.py).
+        # to the semaphore's value in them, engine/call/carried.py).
         outer = ctx
         ctx = ctx.replace(avals_in=[_physical(a) for a in ctx.avals_in],
                           avals_out=[_physical(a) for a in ctx.avals_out])

@@ -26,19 +26,17 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Sequence
 
 import numpy as np
 
 from pallas_check.exitcodes import ExitCode, exit_code_for
-from pallas_check.report import render_json_or_table
+from pallas_check.report.formats import NATIVE, render
+from pallas_check.report.native import NativeReport
 
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
 REPEATS = 5
 MAX_TIMED_CALLS = 256  # calls beyond these are counted, not kept (their operands cost memory)
-
-SCHEMA = "pallas-check/native-timing"
-SCHEMA_VERSION = 1
 
 
 def platforms() -> list[str]:
@@ -117,7 +115,7 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
     """Re-run each recorded call's hardware kernel alone (no interception installed)."""
     import jax
 
-    from pallas_check.engine.kernel import kernel_info
+    from pallas_check.engine.call.describe import kernel_info
     from pallas_check.intercept import native_function
 
     compiled: dict[tuple, tuple[Any, float]] = {}
@@ -156,73 +154,6 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
 
             timing.not_timed = one_line(f"{type(exc).__name__}: {exc}")[:300]
     return out
-
-
-@dataclasses.dataclass
-class NativeReport:
-    script: str
-    backend: str
-    script_seconds: float
-    calls: list[CallTiming]
-    exit_code: int
-    user_error: str | None = None
-    user_traceback: str | None = None
-    internal_error: str | None = None
-    partial: bool = False
-
-
-def report_dict(report: NativeReport) -> dict[str, Any]:
-    from pallas_check import __version__
-
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "pallas-check", "version": __version__},
-        "script": report.script,
-        "backend": report.backend,
-        "timed": (f"each call's kernel re-run alone after the script on the same operands:"
-                  f" compile once, 1 warm-up, best and median of {REPEATS} runs ended by"
-                  f" block_until_ready"),
-        "script_seconds": report.script_seconds,
-        "exit_code": report.exit_code,
-        "partial": report.partial,
-        "user_error": report.user_error,
-        "user_traceback": report.user_traceback,
-        "internal_error": report.internal_error,
-        "calls": [dataclasses.asdict(c) | {"grid": list(c.grid)} for c in report.calls],
-    }
-
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
-def render_table(report: NativeReport, stream: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    from pallas_check.report.table import print_failures
-
-    console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
-    table = Table(title=f"pallas_call wall times on {report.backend} (native lowering)",
-                  title_justify="left", expand=True)
-    for col in ("call", "kernel", "where", "grid", "compile ms", "best ms", "median ms",
-                "note"):
-        table.add_column(col, overflow="fold")
-    for c in report.calls:
-        table.add_row(str(c.index), c.kernel, f"{c.file}:{c.line}", str(c.grid),
-                      _ms(c.compile_s), _ms(c.best_s), _ms(c.median_s), c.not_timed or "")
-    console.print(table)
-    console.print(Text(f"Timed: each call's kernel re-run alone after the script, on the"
-                       f" same operands; best and median of {REPEATS} runs after a warm-up,"
-                       f" each ended by block_until_ready.", style="dim"))
-    print_failures(console, report.user_error, report.user_traceback,
-                   report.internal_error)
-    timed = sum(1 for c in report.calls if c.best_s is not None)
-    summary = (f"{timed} of {len(report.calls)} pallas_call(s) timed; the script ran"
-               f" {report.script_seconds:.3f} s")
-    console.print(Text("pallas-check: ", style="bold") + Text(summary, style="bold"))
 
 
 def run_native_and_report(script: str, args: Sequence[str], fmt: str,
@@ -276,7 +207,7 @@ class NativeCommand:
         report = NativeReport(self.script, jax.default_backend(), script_seconds, timings,
                               int(code), outcome.error if user_failed else None,
                               outcome.traceback if user_failed else None, internal,
-                              outcome.interrupted)
-        text = render_json_or_table(report, fmt, report_dict, render_table)
+                              outcome.interrupted, repeats=REPEATS)
+        text = render(report, fmt, NATIVE)
         return Verdict(text, code, f"{len(timings)} pallas_call(s)", internal,
                        script_traceback(outcome) if user_failed else None)

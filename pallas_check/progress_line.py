@@ -2,7 +2,7 @@
 of the total, steps per second, the schedule and the pass.
 
 A 10^6-step grid is half a minute of simulation with nothing else to show for it. The
-engine only counts (engine/progress.py: one int increment per grid step); this module
+engine only counts (engine/runtime/progress.py: one int increment per grid step); this module
 reads the counters from a thread of its own a few times a second and draws one line on
 stderr with rich, erased when the call ends. Shown only where stderr is a terminal and the
 caller asked for it (`pallas-check run` when no machine-readable report goes to stdout;
@@ -103,7 +103,7 @@ class ProgressLine:
                 self._hide()
 
     def _polling(self) -> None:
-        from pallas_check.engine import progress
+        from pallas_check.engine.runtime import progress
 
         while not self._stop.wait(REFRESH_S):
             now = time.monotonic()

@@ -85,7 +85,7 @@ _UNNAMED = KernelInfo("pallas_call")
 
 def _kernel_or_unnamed(params: dict) -> KernelInfo:
     """The call's kernel, for listing a call that failed outside the engine."""
-    from pallas_check.engine.kernel import kernel_info
+    from pallas_check.engine.call.describe import kernel_info
 
     try:
         return kernel_info(params)
@@ -101,7 +101,7 @@ def _write_print(line: str) -> None:
 @dataclasses.dataclass
 class _CallInFlight:
     record: tuple  # Session._record's arguments for the call
-    live: Any  # engine/inflight.py's InFlight: what the call found so far
+    live: Any  # engine/runtime/inflight.py's InFlight: what the call found so far
 
 
 class Session:
@@ -118,7 +118,7 @@ class Session:
         self._counter = itertools.count()
         self._lock = threading.Lock()
         # Multi-device calls: where each device's callback meets the others'.
-        from pallas_check.engine.rendezvous import Rendezvous
+        from pallas_check.engine.runtime.rendezvous import Rendezvous
 
         self._meeting_point = Rendezvous()
         # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
@@ -147,8 +147,8 @@ class Session:
                     call_site: Any = None) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
-        from pallas_check.engine import progress
-        from pallas_check.engine.kernel import MeshInfo
+        from pallas_check.engine.runtime import progress
+        from pallas_check.engine.call.describe import MeshInfo
 
         with self._lock:
             self.calls_in_flight += 1
@@ -165,7 +165,7 @@ class Session:
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any, call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.rendezvous import RendezvousTimeout
+        from pallas_check.engine.runtime.rendezvous import RendezvousTimeout
 
         try:
             return self._meeting_point.meet(
@@ -183,9 +183,11 @@ class Session:
                   results: Sequence[np.ndarray] | None = None,
                   call_site: Any = None) -> list[list[np.ndarray]]:
         from pallas_check.checkers import CHECKERS, RaceCounting
-        from pallas_check.engine import capacity, progress
-        from pallas_check.engine.inflight import InFlight
-        from pallas_check.engine.kernel import kernel_info, run_call_devices
+        from pallas_check.engine.call import capacity
+        from pallas_check.engine.runtime import progress
+        from pallas_check.engine.runtime.inflight import InFlight
+        from pallas_check.engine.call.describe import kernel_info
+        from pallas_check.engine.call.explore import run_call_devices
 
         with self._lock:
             index = next(self._counter)
@@ -204,7 +206,7 @@ class Session:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
             # Checked against the chips of --tpu before anything is allocated: a call no
-            # chip could run is reported and not simulated (engine/capacity.py).
+            # chip could run is reported and not simulated (engine/call/capacity.py).
             fits = capacity.check(params, self.config, kernel, index, call_site)
             self.store.extend(fits.findings)
             if not fits.simulated:
@@ -217,7 +219,7 @@ class Session:
                 return outputs
             import jax  # not at module level: --devices must reach XLA_FLAGS first
 
-            from pallas_check.engine.backend import engine_device
+            from pallas_check.engine.runtime.backend import engine_device
 
             # The engine's own compiled pieces run on a CPU client of its own, whatever
             # the script's backend is, and never queue behind the script's work.
@@ -235,7 +237,7 @@ class Session:
             raise self._failed(exc, index, kernel, params, device_operands, started, mesh,
                                call_site) from exc
         finally:
-            progress.call_ended(index)  # off the progress line (engine/progress.py)
+            progress.call_ended(index)  # off the progress line (engine/runtime/progress.py)
         with self._lock:
             if self._in_flight.pop(index, None) is None:
                 return result.outputs  # the run's report already listed it, interrupted
@@ -263,7 +265,7 @@ class Session:
         comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
         the call listed as failed."""
         from pallas_check import interrupts
-        from pallas_check.engine.evaluate import EngineBug, KernelError
+        from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
 
         if interrupts.requested():
             self._stopped(index)
@@ -309,7 +311,7 @@ class Session:
                 races: dict[str, int] | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
-        from pallas_check.engine.kernel import resolve_grid
+        from pallas_check.engine.call.describe import resolve_grid
 
         try:
             gm = params["grid_mapping"]
@@ -333,9 +335,9 @@ class Session:
 
     def finish(self) -> None:
         """The end of the script: a semaphore a call returned and no later call took
-        still holds its count and its DMAs (engine/carried.py); reported once."""
+        still holds its count and its DMAs (engine/call/carried.py); reported once."""
         from pallas_check.checkers import CHECKERS
-        from pallas_check.engine.carried import forget, never_taken
+        from pallas_check.engine.call.carried import forget, never_taken
 
         with self._lock:
             values = never_taken(self.carried)

@@ -9,8 +9,8 @@ Tried in this order for each finding (the first that applies is the one reported
 - def-line: the same comment on the kernel's `def` line, for the whole kernel;
 - config: `ignore = ["race:ag_kernel", "semaphore-leak:*/vendor/*"]` in
   `[tool.pallas-check]` (or `--ignore`): KIND (or `*`) : a kernel name or a path glob;
-- baseline: `--baseline FILE`, the stable fingerprints (report/sarif.py's) of accepted
-  findings; `--update-baseline` writes it.
+- baseline: `--baseline FILE`, the stable fingerprints (`Finding.fingerprint`, which
+  SARIF reports too) of accepted findings; `--update-baseline` writes it.
 
 An inline comment inside a kernel the run checked that matched nothing is reported as an
 `unused-suppression` finding (like ruff's unused-noqa), unless every kind it names is one
@@ -35,14 +35,14 @@ from typing import Any, Iterable, Sequence
 from pallas_check.errors import SuppressionError
 from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import Suppression
-from pallas_check.report.sarif import fingerprint
 from pallas_check.report.schema import SchemaError, check_schema
 
 COMMENT = re.compile(r"pallas-check:\s*ignore\b(?:\[([^\]]*)\])?")
 KINDS = frozenset(kind.value for kind in FindingKind)
-# Kinds that only an option makes the run look for: a comment for them is not "unused" in
-# a run that did not look.
-NEEDS_OPTION = {FindingKind.RACE.value: "races"}
+# Kinds that only an option makes the run look for (kinds.py): a comment for them is not
+# "unused" in a run that did not look.
+NEEDS_OPTION = {kind.value: kind.info.needs_option for kind in FindingKind
+                if kind.info.needs_option}
 BASELINE_SCHEMA = "pallas-check/baseline"
 BASELINE_VERSION = 1
 
@@ -182,7 +182,7 @@ def apply(findings: Sequence[Finding], calls: Sequence[CallSummary], policy: Pol
             suppressed.append((finding, Suppression("config", rule.text)))
         elif policy.baseline is not None and (
                 policy.update_baseline
-                or fingerprint(finding, str(policy.baseline.parent)) in policy.known):
+                or finding.fingerprint(str(policy.baseline.parent)) in policy.known):
             suppressed.append((finding, Suppression("baseline", _shown(policy.baseline,
                                                                         cwd))))
         else:
@@ -330,7 +330,7 @@ def baseline_entries(findings: Iterable[Finding], root: Path, script: str) -> li
     entries: dict[str, dict] = {}
     for finding in findings:
         where = finding.location
-        fp = fingerprint(finding, str(root))
+        fp = finding.fingerprint(str(root))
         entries.setdefault(fp, {
             "fingerprint": fp,
             "kind": finding.kind.value,

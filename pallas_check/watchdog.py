@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from pallas_check import interrupts
-from pallas_check.engine import progress
+from pallas_check.engine.runtime import progress
 from pallas_check.exitcodes import ExitCode
 
 _real_exit = os._exit  # a run may wrap os._exit (runner.py); the watchdog ends for real

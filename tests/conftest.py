@@ -20,7 +20,7 @@ from pallas_check.session import Session
 # sys.modules afterwards, and an engine module first imported inside one would be imported
 # again later as a second copy with its own rule registry.
 import pallas_check.checkers  # noqa: E402,F401
-import pallas_check.engine.kernel  # noqa: E402,F401
+import pallas_check.engine.call.simulate  # noqa: E402,F401
 
 # The fuzz tests' hypothesis profiles must exist before hypothesis' pytest plugin reads
 # --hypothesis-profile (while pytest configures, before tests/fuzz/conftest.py loads).

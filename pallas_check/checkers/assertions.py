@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pallas_check.findings import Finding, FindingKind, SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CallState, CoreContext
+    from pallas_check.engine.call.state import CallState, CoreContext
 
 
 def check_failed_finding(state: CallState, ctx: CoreContext, message: str, check: str,

@@ -9,12 +9,14 @@ import numpy as np
 
 from typing import TYPE_CHECKING, Sequence
 
-from pallas_check.engine.memory import MemorySpace, Region
+from pallas_check.engine.memory.buffer import MemorySpace
+from pallas_check.engine.memory.region import Region
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CallState, CoreContext, Operand
+    from pallas_check.engine.call.state import CallState, CoreContext
+    from pallas_check.engine.call.describe import Operand
 
 
 def masked_oob(region: Region, mask: np.ndarray) -> bool:

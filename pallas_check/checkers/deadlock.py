@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pallas_check.findings import Access, Finding, FindingKind, IndexRange
-from pallas_check.engine.memory import MemorySpace
-from pallas_check.engine.scheduler import Deadlock
+from pallas_check.engine.memory.buffer import MemorySpace
+from pallas_check.engine.runtime.scheduler import Deadlock
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CallState, CoreContext
+    from pallas_check.engine.call.state import CallState, CoreContext
 
 
 def deadlock_finding(state: CallState, deadlock: Deadlock, ctx: CoreContext) -> Finding:

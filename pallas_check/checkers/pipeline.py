@@ -1,5 +1,5 @@
 """The BlockSpec pipeline: an output block visited again after other blocks loses what an
-earlier visit did unless that still reaches the block's final value (engine/revisit.py
+earlier visit did unless that still reaches the block's final value (engine/call/revisit.py
 decides it: by a re-run with the first visit's input blocks perturbed, or, where that
 cannot tell, by what the last visit wrote)."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pallas_check.findings import Finding, FindingKind, format_range
-from pallas_check.engine.memory import MemorySpace
+from pallas_check.engine.memory.buffer import MemorySpace
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.revisit import Lost
-    from pallas_check.engine.state import CallState
+    from pallas_check.engine.call.revisit import Lost
+    from pallas_check.engine.call.state import CallState
 
 
 def lost_values_finding(state: CallState, lost: Lost) -> Finding:

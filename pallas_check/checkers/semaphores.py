@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pallas_check.findings import Finding, FindingKind, format_range
-from pallas_check.engine.memory import MemorySpace
-from pallas_check.engine import sync
+from pallas_check.engine.memory.buffer import MemorySpace
+from pallas_check.engine.dma.engine import sem_name, sem_value
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CallState, CoreContext
+    from pallas_check.engine.call.state import CallState, CoreContext
 
 
 def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
@@ -31,7 +31,7 @@ def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
                 continue  # explained by a DMA never waited, reported as such
             frames = state.sync.last_signal.get((buf.id, idx), ())
             signaller = state.sync.last_signaller.get((buf.id, idx), "")
-            cell = sync.sem_name((buf, idx))
+            cell = sem_name((buf, idx))
             # Several devices: say whose semaphore leaked and who signalled it last (a
             # remote signal's target is another device than its signaller).
             on = f" of device {buf.device}" if state.mesh.num_devices > 1 else ""
@@ -54,8 +54,8 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
     for dma in state.sync.dmas:
         if dma.waited_bytes >= dma.signal:
             continue
-        sem = sync.sem_name(dma.dst_sem)
-        count = sync.sem_value(dma.dst_sem)
+        sem = sem_name(dma.dst_sem)
+        count = sem_value(dma.dst_sem)
         what = (f"DMA #{dma.id} {dma.src.buffer.name}{format_range(dma.src.index_range())}"
                 f" -> {dma.dst.buffer.name}{format_range(dma.dst.index_range())}")
         if dma.waited_bytes:
@@ -85,7 +85,7 @@ def dma_not_waited_findings(state: CallState) -> list[Finding]:
 
 def never_taken_findings(values: list) -> list[Finding]:
     """Semaphores a call returned that no later call took, at the end of the script
-    (engine/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
+    (engine/call/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
     a count its DMAs do not explain, reported at the call that returned them."""
     findings = []
     for value in values:

@@ -11,11 +11,11 @@ import numpy as np
 from pallas_check.findings import (
     Access, Finding, FindingKind, IndexRange, KernelInfo, SourceFrame, format_range)
 from pallas_check.engine.events import UninitRead
-from pallas_check.engine.memory import Buffer, MemorySpace
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace
 from pallas_check.sourceinfo import code_line
 
 if TYPE_CHECKING:  # only for annotations
-    from pallas_check.engine.kernel import CallState
+    from pallas_check.engine.call.state import CallState
 
 
 def bbox(mask: np.ndarray) -> IndexRange:

@@ -25,24 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional
 from pallas_check.config.environment import env_variable
 from pallas_check.config.model import (Config, DmaMode, TpuGeneration, UninitFill,
                                        parse_generations)
-
-
-class Format(str, enum.Enum):
-    """Report formats of `run` (`diff` and `--native` take table and json)."""
-
-    TABLE = "table"
-    JSON = "json"
-    SARIF = "sarif"
-    TEXT = "text"
-
-
-class TableOrJson(str, enum.Enum):
-    """The report formats of `diff` and `compile`: their reports are tables of calls (and
-    of sides or generations), which SARIF's results and text's finding lines do not fit.
-    Offered as choices, so that `--help` offers only what the command takes."""
-
-    TABLE = "table"
-    JSON = "json"
+from pallas_check.report.formats import COMPILE, DIFF, RUN, Format
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +85,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("skip_floats", ("--skip-floats",), bool, False,
            "Skip float-only computation (results become inf).", config_field="skip_floats",
            replayed=True),
-    Option("fmt", ("--format",), Format, Format.TABLE,
-           "Report format: a table for people, json, sarif, or text (path:line: kind:"
-           " message)."),
+    # `--format` of each command: the formats with a reporter for its report (formats.py).
+    Option("fmt", ("--format",), Format.choices(RUN), Format.default(RUN), Format.help(RUN)),
     Option("output", ("--output", "-o"), Optional[Path], None,
            "Write the report to this file (- for stdout).", metavar="PATH"),
     Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
@@ -168,8 +150,7 @@ DIFF_OPTIONS: tuple[Option, ...] = (
            "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0,
            metavar="FLOAT"),
     *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats")),
-    Option("fmt", ("--format",), TableOrJson, TableOrJson.TABLE,
-           "Report format: a table for people, or json."),
+    Option("fmt", ("--format",), Format.choices(DIFF), Format.default(DIFF), Format.help(DIFF)),
     *(BY_PARAM[name] for name in ("output", "devices", "tpu", "cores", "seed")),
 )
 
@@ -179,8 +160,8 @@ COMPILE_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, "v5e,v6e,v7x",
            "TPU generations to compile for: v5e, v5p, v6e, v7x, separated by commas.",
            check=parse_generations, metavar="LIST"),
-    Option("fmt", ("--format",), TableOrJson, TableOrJson.TABLE,
-           "Report format: a table for people, or json."),
+    Option("fmt", ("--format",), Format.choices(COMPILE), Format.default(COMPILE),
+           Format.help(COMPILE)),
     *(BY_PARAM[name] for name in ("output", "devices")),
 )
 

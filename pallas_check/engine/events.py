@@ -87,8 +87,8 @@ class RaceDetector(Protocol):
 
 
 class Checkers(Protocol):
-    """The events of one simulated call, answered with findings (state: engine.kernel's
-    CallState; ctx: its CoreContext; op: an Operand)."""
+    """The events of one simulated call, answered with findings (state: the call's
+    CallState, engine/call/state.py; ctx: its CoreContext; op: an Operand, call/describe.py)."""
 
     def masked_out_of_bounds(self, region: Any, mask: np.ndarray) -> bool:
         """Whether an access's mask lets any out-of-bounds element through."""
@@ -101,7 +101,7 @@ class Checkers(Protocol):
 
     def revisit_lost(self, state: Any, lost: Any) -> Finding:
         """An output block was visited again after other blocks, and what an earlier
-        visit did does not reach its final value (engine/revisit.py's `Lost`)."""
+        visit did does not reach its final value (engine/call/revisit.py's `Lost`)."""
 
     def device_out_of_bounds(self, state: Any, ctx: Any, device: str, what: str,
                              frames: tuple) -> Finding:
@@ -138,7 +138,7 @@ class Checkers(Protocol):
                       add: Callable[[Finding], None]) -> RaceDetector: ...
 
     def not_lowered(self, kernel: KernelInfo, call_index: int, error: Any) -> Finding:
-        """The kernel does something Mosaic does not lower (engine/mosaic_limits.py's
+        """The kernel does something Mosaic does not lower (engine/jaxpr/mosaic_limits.py's
         NotLowered): the call was skipped."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pallas_check.findings import Finding
 
+
 CALL_TRACK = "call"  # where a finding with no known actor is marked
 
 
@@ -117,7 +118,7 @@ class Timeline:
                     {"semaphore": wait.semaphore, "wanted": wait.wanted,
                      "at": f"{frame.file}:{frame.line}" if frame else ""})
 
-    # -- the hub (engine/state.py) --------------------------------------------------------
+    # -- the hub (engine/call/state.py) --------------------------------------------------------
     def grid_step(self, ctx: Any, point: tuple[int, ...]) -> None:
         where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
         if self._top(where) is not None:

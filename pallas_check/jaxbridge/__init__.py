@@ -26,21 +26,21 @@ from jax._src import dispatch
 from jax._src import ffi
 # The sharding context of a lowering: one device or several (intercept.py).
 from jax._src import sharding_impls
-# The nested-jit primitive (`pjit_p`) inside kernels (rules.py).
+# The nested-jit primitive (`pjit_p`) inside kernels (engine/rules/control.py).
 from jax._src import pjit
 # MLIR lowering registry: where the pallas_call lowering is patched (intercept.py), and
-# whether a primitive has a CPU lowering (evaluate.py).
+# whether a primitive has a CPU lowering (engine/jaxpr/program.py).
 from jax._src.interpreters import mlir
-# lax internals: control flow (cond, while, scan), `convert_element_type_p`, axis_index.
+# lax internals: control-flow primitives (cond, while, scan) and axis_index, evaluated by our
+# rules (engine/rules/control.py).
 from jax._src.lax import control_flow as lax_control_flow
-from jax._src.lax import lax as lax_internal
 from jax._src.lax import parallel as lax_parallel
 # The pallas_call primitive and its lowering (intercept.py); GridMapping, BlockSpec dims,
-# semaphore dtypes, dynamic grid dims (engine/kernel.py).
+# semaphore dtypes, dynamic grid dims (engine/call/describe.py, engine/rules/dma.py).
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas import pallas_call as pallas_call_module
 from jax._src.pallas import primitives as pallas_primitives
-# Mosaic (TPU) primitives: DMAs, semaphores, PRNG, barrier (engine/rules.py, sync.py), and
+# Mosaic (TPU) primitives: DMAs, semaphores, PRNG, barrier (engine/rules/), and
 # which chip a kernel is told it runs on (tpu_info.py).
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
@@ -51,15 +51,15 @@ from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 # `pl.debug_check`'s primitive (`check_p`) and the error pytree its operands flatten
-# (engine/debug.py evaluates the kernel's own assertions).
+# (engine/rules/debug.py evaluates the kernel's own assertions).
 from jax._src import checkify
 # `pl.debug_print`'s primitive (`debug_print_p`), whose params carry the format string
-# (engine/debug.py formats each print with the core that printed it).
+# (engine/rules/debug.py formats each print with the core that printed it).
 from jax._src import debugging
 
 
 def xla_client() -> ModuleType:
-    """The XLA client, for the engine's own CPU client (engine/backend.py)."""
+    """The XLA client, for the engine's own CPU client (engine/runtime/backend.py)."""
     from jax._src.lib import xla_client as module
 
     return module
@@ -106,7 +106,7 @@ def mosaic_dialect() -> ModuleType:
 
 __all__ = [
     "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
-    "jax_core", "jax_tpu_info", "lax_control_flow", "lax_internal", "lax_parallel", "mlir",
+    "jax_core", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
     "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
     "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",

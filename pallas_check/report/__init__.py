@@ -1,57 +1,30 @@
-"""Reporters: each renders a finished `RunReport` in one format (one module per format)."""
+"""Reporters: each renders a finished report in one format (one module per format, and
+per command's report). The registry of formats, and which command's report each renders,
+is `Format` (report/formats.py)."""
 
 from __future__ import annotations
 
-import io
-import json as _json  # (the name `json` is this package's own json module once imported)
-from typing import Any, Callable, Protocol, TextIO
+import dataclasses
+from typing import Any
 
-from pallas_check.report.model import RunReport
+from pallas_check.report.formats import RUN, Format, Reporter, render
 
-
-class Reporter(Protocol):
-    """The contract every output format implements."""
-
-    def render(self, report: RunReport, stream: TextIO) -> None: ...
-
-
-FORMATS = ("table", "json", "sarif", "text")  # the names `--format` accepts
+FORMATS = tuple(fmt.value for fmt in Format.accepted_by(RUN))  # the names `--format` accepts
 
 
 def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None,
                  display: Any = None) -> Reporter:
-    """The reporter of a format name ('table', 'json', 'sarif', 'text'). `display`
+    """The reporter of the run report in a format name ('table', 'json', ...). `display`
     (report.console.Display: width, colours, boxes), ascii_only and width describe where a
     table will be shown; the other formats ignore them."""
-    if fmt == "table":
-        from pallas_check.report.table import TableReporter
+    if ascii_only or width is not None:
+        from pallas_check.report.console import Display
 
-        return TableReporter(ascii_only=ascii_only, width=width, display=display)
-    if fmt == "text":
-        from pallas_check.report.text import TextReporter
-
-        return TextReporter()
-    if fmt == "json":
-        from pallas_check.report.json import JsonReporter
-
-        return JsonReporter()
-    if fmt == "sarif":
-        from pallas_check.report.sarif import SarifReporter
-
-        return SarifReporter()
-    raise ValueError(f"unknown report format {fmt!r}")
+        display = display if display is not None else Display()
+        display = dataclasses.replace(
+            display, ascii_only=ascii_only or display.ascii_only,
+            width=width if width is not None else display.width)
+    return Format(fmt).reporter(RUN, display=display)
 
 
-__all__ = ["FORMATS", "Reporter", "RunReport", "reporter_for"]
-
-
-def render_json_or_table(report: Any, fmt: str, as_dict: Callable[[Any], dict],
-                         as_table: Callable[[Any, TextIO], None]) -> str:
-    """A command's own report (`compile`, `--native`) as JSON or as its table."""
-    buffer = io.StringIO()
-    if fmt == "json":
-        _json.dump(as_dict(report), buffer, indent=2, default=str)
-        buffer.write("\n")
-    else:
-        as_table(report, buffer)
-    return buffer.getvalue()
+__all__ = ["FORMATS", "Format", "Reporter", "render", "reporter_for"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -11,11 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from pallas_check.report.console import Display
+from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
 from pallas_check.report.table import (INDENT, MIN_MESSAGE_WIDTH, fits, print_failures,
                                        print_wrapped, unbroken_column)
-
-from pallas_check import __version__
 
 SCHEMA = "pallas-check/diff"
 SCHEMA_VERSION = 1
@@ -47,10 +45,7 @@ def diff_dict(report: Any) -> dict[str, Any]:
                       "file": c.file, "line": c.line, "grid": list(c.grid),
                       "mismatches": c.mismatches, "error": c.error, "outputs": outputs})
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "pallas-check", "version": __version__},
-        "script": report.script,
+        **header(SCHEMA, SCHEMA_VERSION, report.script),
         "ours": report.config,
         "against": report.against,
         "against_config": report.against_config,
@@ -187,15 +182,20 @@ def render_table(report: Any, stream: TextIO, display: Display | None = None) ->
                   + Text(summary, style="bold red" if bad else "bold green"))
 
 
-def render(report: Any, fmt: str, stream: TextIO, display: Display | None = None) -> None:
-    """The diff report in `fmt`; `display` says where a table is shown (width, colours)."""
-    if fmt == "json":
-        json.dump(diff_dict(report), stream, indent=2, default=str)
-        stream.write("\n")
-    elif fmt == "table":
-        render_table(report, stream, display)
-    else:
-        raise ValueError(f"unknown report format {fmt!r}")
+class DiffTableReporter:
+    def __init__(self, display: Display | None = None) -> None:
+        self.display = display
+
+    def render(self, report: Any, stream: TextIO) -> None:
+        render_table(report, stream, self.display)
 
 
-__all__ = ["diff_dict", "render"]
+class DiffJsonReporter:
+    def __init__(self, display: Display | None = None) -> None:
+        pass  # a file's bytes do not depend on where they are shown
+
+    def render(self, report: Any, stream: TextIO) -> None:
+        dump(diff_dict(report), stream)
+
+
+__all__ = ["DiffJsonReporter", "DiffTableReporter", "diff_dict"]

@@ -14,14 +14,24 @@ SCHEMA = "pallas-check/report"
 SCHEMA_VERSION = 2
 
 
+def header(schema: str, version: int, script: str) -> dict[str, Any]:
+    """The first keys of every JSON report (run, diff, native, compile): which report of
+    which schema version, by which pallas-check, of which script."""
+    return {"schema": schema, "schema_version": version,
+            "tool": {"name": "pallas-check", "version": __version__}, "script": script}
+
+
+def dump(data: dict[str, Any], stream: TextIO) -> None:
+    """A JSON report as every command writes it: indented, one newline at the end."""
+    json.dump(data, stream, indent=2, default=str)
+    stream.write("\n")
+
+
 def report_dict(report: RunReport) -> dict[str, Any]:
     """The report as JSON-ready data; stable key order, no timestamps (reproducible)."""
     by_kind = Counter(f.kind.value for f in report.findings)
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "pallas-check", "version": __version__},
-        "script": report.script,
+        **header(SCHEMA, SCHEMA_VERSION, report.script),
         "config": report.config,
         "exit_code": report.exit_code,
         "partial": report.partial,
@@ -56,6 +66,8 @@ def report_dict(report: RunReport) -> dict[str, Any]:
 
 
 class JsonReporter:
+    def __init__(self, display: Any = None) -> None:
+        pass  # a file's bytes do not depend on where they are shown
+
     def render(self, report: RunReport, stream: TextIO) -> None:
-        json.dump(report_dict(report), stream, indent=2, default=str)
-        stream.write("\n")
+        dump(report_dict(report), stream)

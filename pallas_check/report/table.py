@@ -27,20 +27,6 @@ from pallas_check.report.console import Display
 from pallas_check.report.model import RunReport, replay_command, suppressed_text
 from pallas_check.report.paths import display_path, display_text, project_root
 
-_TITLES = {
-    FindingKind.OUT_OF_BOUNDS: "Out-of-bounds accesses",
-    FindingKind.UNINITIALIZED: "Uninitialized memory reaching outputs",
-    FindingKind.UNWRITTEN_OUTPUT: "Output elements never written",
-    FindingKind.OUTPUT_REVISITED: "Output blocks revisited",
-    FindingKind.SEMAPHORE_LEAK: "Semaphore leaks",
-    FindingKind.DMA_NOT_WAITED: "DMAs never waited",
-    FindingKind.RACE: "Data races",
-    FindingKind.DEADLOCK: "Deadlocks",
-    FindingKind.UNUSED_SUPPRESSION: "Suppressions that matched nothing",
-    FindingKind.COMPILE_ERROR: "TPU compile errors",
-    FindingKind.VMEM_EXCEEDED: "VMEM/SMEM overflows (the kernel does not fit the TPU)",
-    FindingKind.CHECK_FAILED: "Failed kernel checks (pl.debug_check)",
-}
 LOCATION = "cyan"
 KIND = "bold red"
 DIM = "dim"
@@ -159,7 +145,7 @@ class TableReporter:
 
     def _table(self, console: Console, shown: _Shown, kind: FindingKind,
                items: list[Finding], first: int) -> Table:
-        table = Table(title=f"{_TITLES[kind]} ({len(items)})", title_justify="left",
+        table = Table(title=f"{kind.info.title} ({len(items)})", title_justify="left",
                       show_lines=True, expand=True,
                       box=box.ASCII if self.display.ascii_only else box.HEAVY_HEAD)
         rows = [_row(shown, index, f) for index, f in enumerate(items, start=first)]
@@ -196,7 +182,7 @@ def headline(shown: _Shown, f: Finding) -> Text:
 def _print_blocks(console: Console, shown: _Shown, kind: FindingKind,
                   items: list[Finding]) -> None:
     """One block per finding: the headline, then what the table's columns would say."""
-    console.print(Text(f"{_TITLES[kind]} ({len(items)})", style="bold underline"))
+    console.print(Text(f"{kind.info.title} ({len(items)})", style="bold underline"))
     for f in items:
         console.print()
         print_wrapped(console, headline(shown, f))
@@ -237,21 +223,20 @@ def _print_details(console: Console, shown: _Shown, f: Finding) -> None:
     if site is not None:
         print_wrapped(console, Text.styled("called from ", DIM) + shown.where(site)
                       + Text(f": {site.code}" if site.code else ""), indent=INDENT)
-    if f.accesses and f.kind in (FindingKind.UNINITIALIZED, FindingKind.RACE,
-                                 FindingKind.DEADLOCK):
+    if f.accesses and f.kind.info.shows_accesses:
         _print_accesses(console, shown, f)
     replay = replay_command(report.script, report.config, f.seed, report.rerun,
                             report.script_args)
     print_wrapped(console, Text.styled("note: ", "bold") + Text("replay: " + replay),
                   indent=INDENT)
-    if report.trace and f.kind in (FindingKind.RACE, FindingKind.DEADLOCK):
+    if report.trace and f.kind.info.on_timeline:
         print_wrapped(console, Text.styled("note: ", "bold")
                       + Text(f"timeline: open {report.trace} in ui.perfetto.dev"),
                       indent=INDENT)
 
 
 def _print_accesses(console: Console, shown: _Shown, f: Finding) -> None:
-    labels = ("current:  ", "previous: ") if f.kind == FindingKind.RACE else ("", "")
+    labels = f.kind.info.access_labels
     for i, a in enumerate(f.accesses):
         label = labels[i] if i < len(labels) else ""
         where = a.frames[0] if a.frames else None

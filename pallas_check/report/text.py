@@ -12,6 +12,9 @@ from pallas_check.report.paths import display_path, display_text, project_root
 
 
 class TextReporter:
+    def __init__(self, display: object = None) -> None:
+        pass  # one line per finding, whatever the width
+
     def render(self, report: RunReport, stream: TextIO) -> None:
         from pallas_check.report.table import summary_line
 

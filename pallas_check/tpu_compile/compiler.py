@@ -21,10 +21,16 @@ from typing import Any
 from pallas_check.config import TpuGeneration
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
-# One reckoning of capacities and limits, shared with the engine (engine/footprint.py).
-from pallas_check.engine.footprint import (  # noqa: F401  (re-exported)
-    MIB, SCOPED_VMEM_LIMIT, VMEM_CAPACITY, Allocation, allocations, scoped_limit,
-    scratch_bytes)
+# One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
+from pallas_check.engine.call.footprint import (
+    MIB,
+    SCOPED_VMEM_LIMIT,
+    VMEM_CAPACITY,
+    Allocation,
+    allocations,
+    scoped_limit,
+    scratch_bytes,
+)
 
 _USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pallas_check.engine.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
+from pallas_check.engine.jaxpr.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
 
 CODE = re.compile(r"\b(E\d{4})\b")
 _SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)")

@@ -1,6 +1,11 @@
 """A call's VMEM allocations by the kernel's own names: the reckoning lives in
-engine/footprint.py (the engine checks every call against the chip's capacity with it
+engine/call/footprint.py (the engine checks every call against the chip's capacity with it
 before simulating it); re-exported here for the compile stage."""
 
-from pallas_check.engine.footprint import (  # noqa: F401  (re-exported)
-    Allocation, allocations, format_bytes, scratch_bytes, tiled_bytes)
+from pallas_check.engine.call.footprint import (
+    Allocation,
+    allocations,
+    format_bytes,
+    scratch_bytes,
+    tiled_bytes,
+)

@@ -3,7 +3,7 @@
 - Mosaic quoted an operation: its source location in the call's Mosaic module (mlirloc);
 - the lowering has no rule for a primitive: the kernel's first equation of that primitive;
 - a ref indexed by an array (Mosaic's words carry no location): the first such access, as
-  the simulation finds it (engine/mosaic_limits.py);
+  the simulation finds it (engine/jaxpr/mosaic_limits.py);
 - a BlockSpec, or VMEM: the line that made the pallas_call (a BlockSpec has no line of its
   own; it is written in the call).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from pallas_check.engine.call import kernel_arg_names
+from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import code_line, user_frames
 
@@ -75,8 +75,8 @@ def _primitive_frame(jaxpr: Any, primitive: str) -> SourceFrame | None:
 
 
 def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None, str]:
-    from pallas_check.engine.call import memory_space_name
-    from pallas_check.engine.mosaic_limits import kernel_not_lowered
+    from pallas_check.engine.memory.buffer import memory_space_name
+    from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
 
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     found = kernel_not_lowered(inner, names, lambda aval: memory_space_name(

@@ -121,7 +121,7 @@ def compile_session(session: Any) -> None:
     if recorder is None:
         return
     result = compile_recorded(recorder.calls, parse_generations(session.config.tpu))
-    # What the simulation already found Mosaic refuses (engine/mosaic_limits.py), at the
+    # What the simulation already found Mosaic refuses (engine/jaxpr/mosaic_limits.py), at the
     # same line of the same call, is one defect: its finding stays, the compiler's joins it.
     known = {(f.call_index, f.frames[:1]) for f in session.findings
              if f.kind == FindingKind.COMPILE_ERROR and f.details.get("skipped")}
@@ -142,7 +142,7 @@ def compile_session(session: Any) -> None:
 
 def _replace_reckoned(store: Any, findings: list[Finding]) -> dict[int, int]:
     """The compiler's vmem-exceeded verdicts replace the engine's own reckoning of the
-    same call and generation (engine/capacity.py): their numbers are the compiler's. A
+    same call and generation (engine/call/capacity.py): their numbers are the compiler's. A
     call the engine did not simulate says so in the compiler's finding too. Per call, how
     many findings were removed (negative counts)."""
     verdicts = {(f.call_index, f.details.get("generation")): f for f in findings

@@ -248,12 +248,12 @@ def test_unsupported_primitive_json_report(cli, tmp_path):
 def test_engine_crash_inside_the_callback_is_exit_4(cli, tmp_path, monkeypatch):
     """Our bug in the engine, under jit: JAX wraps it in its own runtime error; the run
     still ends with our one-line message and exit 4, not as the user's failure."""
-    from pallas_check.engine import kernel
+    from pallas_check.engine.call import explore
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated engine bug\nsecond line")
 
-    monkeypatch.setattr(kernel, "run_call_devices", broken)
+    monkeypatch.setattr(explore, "run_call_devices", broken)
     script = write_script(tmp_path, "jax.block_until_ready(jax.jit(half)(X))\n")
     result = cli("run", str(script))
     assert result.exit_code == ExitCode.INTERNAL
@@ -265,12 +265,12 @@ def test_engine_crash_inside_the_callback_is_exit_4(cli, tmp_path, monkeypatch):
 
 def test_crash_outside_the_engine_but_in_our_callback_is_exit_4(cli, tmp_path, monkeypatch):
     """An exception raised by our handler before the engine runs is still ours."""
-    from pallas_check.engine import kernel
+    from pallas_check.engine.call import describe
 
     def broken(params):
         raise KeyError("no such param")
 
-    monkeypatch.setattr(kernel, "kernel_info", broken)
+    monkeypatch.setattr(describe, "kernel_info", broken)
     script = write_script(tmp_path, "jax.block_until_ready(half(X))\n")
     result = cli("run", str(script))
     assert result.exit_code == ExitCode.INTERNAL

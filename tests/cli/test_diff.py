@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pallas_check.cli import app
-from pallas_check.compare import compare
+from pallas_check.output_diff import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"

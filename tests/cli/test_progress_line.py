@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from _pty import read_until_closed
 
 import pallas_check
-from pallas_check.engine import progress
+from pallas_check.engine.runtime import progress
 from pallas_check.progress_line import describe, wanted
 
 ROOT = Path(__file__).resolve().parents[2]

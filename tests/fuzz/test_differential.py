@@ -152,8 +152,8 @@ NON_PREFIX_PARALLEL = Kernel(
 # 2. Engine: under vmap a pl.ANY operand gets a window (the batch element); the engine
 #    gave each core a VMEM copy of that window, written back whole at the end, so with
 #    2 cores a pl.ANY output DMA'd by both lost one core's rows (a race between the two
-#    write-backs, unwritten output). Fixed in engine/kernel.py `_simulate`: a windowed
-#    HBM operand is a view of the shared HBM array, moved at every grid step.
+#    write-backs, unwritten output). Fixed in engine/call/simulate.py `simulate_schedule`:
+#    a windowed HBM operand is a view of the shared HBM array, moved at every grid step.
 VMAP_ANY_OUTPUT_TWO_CORES = Kernel(
     dtype=F32, grid=(2, 1), semantics=("parallel", "arbitrary"),
     out=(Dim(16, 8, 0), Dim(128, 128, 1)), reduce=-1, tables=(),

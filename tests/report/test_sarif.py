@@ -22,7 +22,8 @@ import pytest
 from pallas_check.exitcodes import ExitCode
 from pallas_check.findings import Access, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import RunReport
-from pallas_check.report.sarif import FINGERPRINT, RULES, SRCROOT, report_sarif
+from pallas_check.kinds import CATALOGUE as RULES
+from pallas_check.report.sarif import FINGERPRINT, SRCROOT, report_sarif
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -52,9 +52,9 @@ def test_operands_are_lent_xla_buffers_not_copies():
 
 
 def test_engine_simulates_the_outputs_in_the_calls_own_result_buffers(check, monkeypatch):
-    from pallas_check.engine import kernel as engine_kernel
+    from pallas_check.engine.call import explore
 
-    original = engine_kernel.run_call_devices
+    original = explore.run_call_devices
     addresses = {}
 
     def observed(*args, **kwargs):
@@ -63,7 +63,7 @@ def test_engine_simulates_the_outputs_in_the_calls_own_result_buffers(check, mon
         addresses["outputs"] = [_address(o) for o in result.outputs[0]]
         return result
 
-    monkeypatch.setattr(engine_kernel, "run_call_devices", observed)
+    monkeypatch.setattr(explore, "run_call_devices", observed)
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
     checked = check(jax.jit(_double), x)
     assert checked.findings == []

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.engine import evaluate, progress
+from pallas_check.engine.jaxpr.program import _segment_fns
+from pallas_check.engine.runtime import progress
 from pallas_check.watchdog import Watchdog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,10 +61,10 @@ def test_eager_calls_reuse_the_compiled_segments_of_the_first():
     x = jnp.zeros((32, 128), jnp.float32)
     with session.install():
         x = kernel_loop.add(x, x + 1)
-        compiled = len(evaluate._segment_fns)
+        compiled = len(_segment_fns)
         for _ in range(30):
             x = kernel_loop.add(x, x * 0 + 1)
-    assert len(evaluate._segment_fns) == compiled
+    assert len(_segment_fns) == compiled
     assert float(x[0, 0]) == 31.0
     assert len(session.calls) == 31 and not session.findings
 

@@ -26,8 +26,9 @@ _PRELUDE = """
     import jax, jax.numpy as jnp, numpy as np
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
-    import pallas_check.engine.kernel  # every rule registered: what follows replaces one
-    from pallas_check.engine import evaluate, pipeline
+    import pallas_check.engine.call.simulate  # every rule registered: what follows replaces one
+    from pallas_check.engine.call import pipeline
+    from pallas_check.engine.jaxpr import errors, registry
     from pallas_check.jaxbridge import state_primitives
 
     def broken(*args, **kwargs):
@@ -36,19 +37,19 @@ _PRELUDE = """
 
 # What each script breaks, and what the error line must then say.
 _BREAKS = {
-    "rule": ("evaluate.RULES[state_primitives.swap_p] = evaluate.Rule(broken, False)",
+    "rule": ("registry.RULES[state_primitives.swap_p] = registry.Rule(broken, False)",
              "ZeroDivisionError: simulated bug of ours (evaluating `swap` at {file}:{store}"
              " in kernel.<locals>._)"),
-    "specializer": ("evaluate.SPECIALIZERS[state_primitives.get_p] = lambda eqn: broken",
+    "specializer": ("registry.SPECIALIZERS[state_primitives.get_p] = lambda eqn: broken",
                     "ZeroDivisionError: simulated bug of ours (evaluating `get` at"
                     " {file}:{load} in kernel)"),
     "kernel-error-without-a-line": (
         "def refuse(ctx, eqn, invals):\n"
-        "    raise evaluate.KernelError('expected a ref, got tuple')\n"
-        "evaluate.RULES[state_primitives.swap_p] = evaluate.Rule(refuse, False)",
+        "    raise errors.KernelError('expected a ref, got tuple')\n"
+        "registry.RULES[state_primitives.swap_p] = registry.Rule(refuse, False)",
         "expected a ref, got tuple (evaluating `swap` at {file}:{store} in"
         " kernel.<locals>._)"),
-    "specializer-itself": ("evaluate.SPECIALIZERS[state_primitives.get_p] = broken",
+    "specializer-itself": ("registry.SPECIALIZERS[state_primitives.get_p] = broken",
                            "ZeroDivisionError: simulated bug of ours (preparing the rule of"
                            " `get` at {file}:{load} in kernel)"),
     "pipeline": ("pipeline.Pipeline.inputs_ready = broken",

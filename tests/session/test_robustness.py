@@ -23,7 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_check import intercept
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.config import Config, DmaMode
-from pallas_check.engine import kernel as engine_kernel
+from pallas_check.engine.call import describe, explore, simulate
 from pallas_check.exitcodes import ExitCode
 from pallas_check.session import Session
 
@@ -135,7 +135,7 @@ def test_an_error_in_one_schedule_leaves_the_others_clean(monkeypatch):
     session = Session(Config(schedules=3, keep_going=True, races=True))
     np.testing.assert_array_equal(run_in(session, scale, X), np.asarray(X) * 3.0 + 1.0)
     assert session.findings == [] and session.engine_error is None
-    original = engine_kernel._one_schedule
+    original = explore._one_schedule
     calls = []
 
     def second_schedule_fails(params, operands, config, *args):
@@ -144,11 +144,11 @@ def test_an_error_in_one_schedule_leaves_the_others_clean(monkeypatch):
             raise RuntimeError("schedule 2 broke")
         return original(params, operands, config, *args)
 
-    monkeypatch.setattr(engine_kernel, "_one_schedule", second_schedule_fails)
+    monkeypatch.setattr(explore, "_one_schedule", second_schedule_fails)
     with pytest.raises(Exception):
         run_in(session, scale, X)
     assert "schedule 2 broke" in session.engine_error
-    monkeypatch.setattr(engine_kernel, "_one_schedule", original)
+    monkeypatch.setattr(explore, "_one_schedule", original)
     fresh = Session(Config(schedules=3, keep_going=True))
     out = run_in(fresh, half, X)
     assert [f.kind.value for f in fresh.findings] == ["unwritten-output"]
@@ -211,7 +211,7 @@ def test_internal_error_keeps_what_was_found_so_far(cli, tmp_path):
     assert [c["failed"] for c in result.report["calls"]] == [False, True]
 
 
-_KERNEL_INFO = engine_kernel.kernel_info
+_KERNEL_INFO = describe.kernel_info
 
 
 def _fails_for_double_kernel(original):
@@ -234,8 +234,8 @@ def test_every_failure_of_ours_lists_the_calls_made(cli, tmp_path, monkeypatch, 
     failing = "global_sem_kernel" if fails_in is None else "double_kernel"
     listed = "pallas_call" if fails_in == "kernel_info" else failing
     if fails_in is not None:
-        monkeypatch.setattr(engine_kernel, fails_in,
-                            _fails_for_double_kernel(getattr(engine_kernel, fails_in)))
+        home = describe if fails_in == "kernel_info" else explore
+        monkeypatch.setattr(home, fails_in, _fails_for_double_kernel(getattr(home, fails_in)))
     result = cli("run", script(tmp_path, f"""
         def double_kernel(x_ref, o_ref):
             o_ref[...] = x_ref[...] * 2.0
@@ -254,7 +254,7 @@ def test_every_failure_of_ours_lists_the_calls_made(cli, tmp_path, monkeypatch, 
 def test_a_rendezvous_timeout_lists_the_call_once():
     """Every device left waiting times out on its own thread: the call is listed once,
     failed, and the run's error is the first device's."""
-    from pallas_check.engine.rendezvous import RendezvousTimeout
+    from pallas_check.engine.runtime.rendezvous import RendezvousTimeout
     from pallas_check.session import EngineFailure
 
     class NeverMet:
@@ -281,7 +281,7 @@ def test_sys_exit_after_findings_keeps_them(cli, tmp_path):
 def test_ctrl_c_during_a_simulation_is_a_partial_report(cli, tmp_path, monkeypatch):
     """The host callback runs on the main thread, so Ctrl-C can land inside the engine;
     JAX then hands the script its own runtime error. It is still an interruption."""
-    original = engine_kernel.run_call_devices
+    original = explore.run_call_devices
     count = []
 
     def interrupted_on_call_2(*args, **kwargs):
@@ -290,7 +290,7 @@ def test_ctrl_c_during_a_simulation_is_a_partial_report(cli, tmp_path, monkeypat
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine_kernel, "run_call_devices", interrupted_on_call_2)
+    monkeypatch.setattr(explore, "run_call_devices", interrupted_on_call_2)
     result = cli("run", script(tmp_path, """
         jax.block_until_ready(half(X))
         jax.block_until_ready(half(X + 1))
@@ -361,7 +361,7 @@ print("all threads checked their outputs")
 
 
 def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, monkeypatch):
-    original = engine_kernel.run_call_devices
+    original = explore.run_call_devices
     lock = threading.Lock()
     in_flight, most, per_call = [0], [0], {}
 
@@ -377,11 +377,11 @@ def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, mo
                 in_flight[0] -= 1
         # Copies: the test looks at them after the call's buffers are gone.
         outputs = [np.array(o) for o in result.outputs[0]]
-        per_call[call_index] = (engine_kernel.kernel_info(params).name,
+        per_call[call_index] = (describe.kernel_info(params).name,
                                 np.array(device_operands[0][0]), (outputs, result.findings))
         return result
 
-    monkeypatch.setattr(engine_kernel, "run_call_devices", observed)
+    monkeypatch.setattr(explore, "run_call_devices", observed)
     result = cli("run", script(tmp_path, THREADS_SCRIPT))
     assert result.exit_code == ExitCode.FINDINGS, result.output
     assert "all threads checked their outputs" in result.output
@@ -486,13 +486,13 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
         n = len(self.history[buffer.id]) if buffer.id in self.history else 0
         longest[buffer.name] = max(longest.get(buffer.name, 0), n)
 
-    class RecordedState(engine_kernel.CallState):
+    class RecordedState(simulate.CallState):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             states.append(self)
 
     monkeypatch.setattr(RaceChecker, "access", measured)
-    monkeypatch.setattr(engine_kernel, "CallState", RecordedState)
+    monkeypatch.setattr(simulate, "CallState", RecordedState)
     x = (jnp.arange(steps * 8 * 128) % 5).astype(jnp.float32).reshape(steps * 8, 128)
     session = Session(Config(races=True, dma_mode=DmaMode.ON_WAIT))
     run_in(session, fn, x)
@@ -507,7 +507,7 @@ def test_race_history_stays_small_on_a_long_kernel(fn, steps, monkeypatch):
 def test_a_device_arriving_after_another_gave_up_does_not_use_its_operands():
     """Once a device stops waiting (its call failed), the meeting must never run with its
     operands; the devices' next call meets normally."""
-    from pallas_check.engine.rendezvous import Rendezvous, RendezvousTimeout
+    from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
 
     meeting_point = Rendezvous(timeout_s=0.05)
     ran = []
@@ -533,7 +533,7 @@ def test_a_call_allocates_its_output_and_shadow_but_never_copies_its_inputs(race
     and a one-byte-per-element shadow; the rest is block-sized."""
     import tracemalloc
 
-    from pallas_check.engine.kernel import run_call
+    from pallas_check.engine.call.explore import run_call
     from pallas_check.intercept import intercepted
 
     rows = 8 * 512

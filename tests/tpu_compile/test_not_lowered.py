@@ -16,8 +16,8 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_check.engine import kernel as engine_kernel
-from pallas_check.engine.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
+from pallas_check.engine.call import explore
+from pallas_check.engine.jaxpr.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
 from pallas_check.exitcodes import ExitCode
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -95,7 +95,7 @@ def test_a_ref_indexed_by_an_array_is_a_compile_error_and_the_call_is_skipped(
     branch never taken, which only the look can see."""
     kernel, buffer, space, operation, mosaic, dma = _CASES[case]
     if found == "while-running":
-        monkeypatch.setattr(engine_kernel, "_not_lowered", lambda params: None)
+        monkeypatch.setattr(explore, "_not_lowered", lambda params: None)
     r = check(_call(kernel, dma), IDS, X)
     [finding] = r.findings
     assert finding.kind.value == "compile-error"

@@ -1,4 +1,4 @@
-"""Semaphores and DMAs that cross pallas_call boundaries (engine/carried.py).
+"""Semaphores and DMAs that cross pallas_call boundaries (engine/call/carried.py).
 
 JAX's async-copy pattern: a call starts a DMA and returns its semaphore (an out_shape of
 `pltpu.SemaphoreType.DMA(...)`, its BlockSpec in `pltpu.SEMAPHORE`) with the copy in

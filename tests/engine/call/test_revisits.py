@@ -20,7 +20,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-import pallas_check.engine.kernel as engine_kernel
+from pallas_check.engine.call import explore
 from pallas_check.config import Config, DmaMode
 from pallas_check.session import Session
 
@@ -223,13 +223,13 @@ def test_a_first_visit_that_skips_its_tile_loses_nothing(mode):
 
 def _count_runs(monkeypatch) -> list[int]:
     runs = []
-    real = engine_kernel._simulate
+    real = explore.simulate_schedule
 
     def counted(*args, **kwargs):
         runs.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_kernel, "_simulate", counted)
+    monkeypatch.setattr(explore, "simulate_schedule", counted)
     return runs
 
 

@@ -1,4 +1,4 @@
-"""Simulated VMEM and SMEM are bounded as a TPU's are (engine/capacity.py): a call that no
+"""Simulated VMEM and SMEM are bounded as a TPU's are (engine/call/capacity.py): a call that no
 chip of `--tpu` could run (over the scoped VMEM limit, the chip's VMEM or its SMEM) is a
 `vmem-exceeded` finding at the pallas_call line, is not simulated (nothing of it is
 allocated), and the run goes on. Capacities and limits: JAX's tpu_info.py and libtpu

@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config
-from pallas_check.engine import rules
+from pallas_check.engine.rules import access as access_rules
 
 ROWS = 8
 
@@ -59,13 +59,13 @@ def _call(table_call, kernel):
 def general_loads(monkeypatch):
     """How many loads reach the general `_get` rule (the shortcut falls back to it)."""
     calls = []
-    general = rules._get
+    general = access_rules._get
 
     def counting(ctx, eqn, invals):
         calls.append(eqn.outvars[0].aval.shape)
         return general(ctx, eqn, invals)
 
-    monkeypatch.setattr(rules, "_get", counting)
+    monkeypatch.setattr(access_rules, "_get", counting)
     return calls
 
 
@@ -142,17 +142,17 @@ def _dma_call(table_call, kernel):
 @pytest.fixture
 def general_dmas(monkeypatch):
     """Which DMA equations reach the general start and wait rules."""
-    from pallas_check.engine import sync
+    from pallas_check.engine.rules import dma as dma_rules
 
     calls = []
     for name in ("_dma_start", "_dma_wait"):
-        general = getattr(sync, name)
+        general = getattr(dma_rules, name)
 
         def counting(ctx, eqn, invals, general=general, name=name):
             calls.append(name)
             return (yield from general(ctx, eqn, invals))
 
-        monkeypatch.setattr(sync, name, counting)
+        monkeypatch.setattr(dma_rules, name, counting)
     return calls
 
 

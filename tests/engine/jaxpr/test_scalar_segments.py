@@ -1,4 +1,4 @@
-"""Scalar integer segments run by numpy (engine/scalar.py) give exactly what XLA gives:
+"""Scalar integer segments run by numpy (engine/jaxpr/scalar.py) give exactly what XLA gives:
 wrap-around, division and remainder toward zero, conversions, selects, and the inputs
 numpy would answer differently (division by zero, INT_MIN / -1) through the compiled
 segment."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_check.engine.scalar import scalar_segment_fn
+from pallas_check.engine.jaxpr.scalar import scalar_segment_fn
 
 I32 = np.iinfo(np.int32)
 EDGES = [0, 1, -1, 2, -2, 7, -7, 13, I32.max, I32.min, I32.max - 1, I32.min + 1]

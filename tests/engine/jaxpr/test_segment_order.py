@@ -1,4 +1,4 @@
-"""Where pure equations run (engine/segment_order.py): fewer compiled segments, the same
+"""Where pure equations run (engine/jaxpr/segment_order.py): fewer compiled segments, the same
 values, the same memory accesses in the same order, the same findings."""
 
 from __future__ import annotations
@@ -12,23 +12,24 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config
-from pallas_check.engine import evaluate
-from pallas_check.engine.segment_order import schedule
+from pallas_check.engine.jaxpr import program as jaxpr_program
+from pallas_check.engine.jaxpr.segment_order import schedule
+from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.jaxbridge import jax_core
 
 
-def _programs_built(monkeypatch) -> list[evaluate.Program]:
+def _programs_built(monkeypatch) -> list[jaxpr_program.Program]:
     """Every program the engine builds from now on (the cache is bypassed)."""
-    built: list[evaluate.Program] = []
-    original = evaluate._build_program
+    built: list[jaxpr_program.Program] = []
+    original = jaxpr_program._build_program
 
     def build(jaxpr, skip_floats):
         program = original(jaxpr, skip_floats)
         built.append(program)
         return program
 
-    monkeypatch.setattr(evaluate, "_build_program", build)
-    monkeypatch.setattr(evaluate, "_programs", evaluate.BoundedCache(256))
+    monkeypatch.setattr(jaxpr_program, "_build_program", build)
+    monkeypatch.setattr(jaxpr_program, "_programs", BoundedCache(256))
     return built
 
 
@@ -59,7 +60,7 @@ def _softmax_ref(x, m):
     return p / total + m
 
 
-def _kernel_program(built: list[evaluate.Program]) -> evaluate.Program:
+def _kernel_program(built: list[jaxpr_program.Program]) -> jaxpr_program.Program:
     return max(built, key=lambda p: len(p.steps))
 
 
@@ -72,8 +73,8 @@ def test_pure_code_between_loads_and_stores_merges_and_keeps_values(check, monke
     np.testing.assert_allclose(np.asarray(r.value), np.asarray(_softmax_ref(x, m)),
                                rtol=1e-6)
     program = _kernel_program(built)
-    segments = [s for s in program.steps if isinstance(s, evaluate.Segment)]
-    ruled = [s for s in program.steps if not isinstance(s, evaluate.Segment)]
+    segments = [s for s in program.steps if isinstance(s, jaxpr_program.Segment)]
+    ruled = [s for s in program.steps if not isinstance(s, jaxpr_program.Segment)]
     # Ruled: 3 loads, 3 stores, in the kernel's order; the nested jit of jnp.where is
     # pure and runs inside a segment. In source order the pure code sits in 4 gaps
     # (after x's load, after old's load, after the second store, before o's store); all
@@ -91,7 +92,7 @@ def test_unused_old_value_of_a_store_is_dropped(check, monkeypatch):
     check(_softmax, x, jnp.zeros((8, 1), jnp.float32))
     program = _kernel_program(built)
     swaps = [s for s in program.steps
-             if not isinstance(s, evaluate.Segment) and s.primitive.name == "swap"]
+             if not isinstance(s, jaxpr_program.Segment) and s.primitive.name == "swap"]
     assert swaps and all(isinstance(s.outvars[0], jax_core.DropVar) for s in swaps)
 
 

@@ -12,7 +12,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.engine.memory import AccessCache, Buffer, RefView
+from pallas_check.engine.memory.access_cache import AccessCache
+from pallas_check.engine.memory.buffer import Buffer, RefView
 
 
 def _counting():

@@ -1,4 +1,4 @@
-"""memory.Buffer.lend: a large read returns a view of the buffer's memory instead of a copy,
+"""Buffer.lend: a large read returns a view of the buffer's memory instead of a copy,
 and a write copies the buffer first while such a view is still held (copy on write). A
 value read from a ref must never change when the ref is written afterwards."""
 
@@ -12,8 +12,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.engine import memory
-from pallas_check.engine.memory import Buffer, Region
+from pallas_check.engine.memory.buffer import Buffer, _LENDING
+from pallas_check.engine.memory.buffer import Buffer
+from pallas_check.engine.memory.region import Region
 
 
 def _rows(buffer: Buffer, rows: int) -> Region:
@@ -26,7 +27,7 @@ def _whole(buffer: Buffer) -> Region:
 
 def test_lending_is_on_here():
     """The holder count is calibrated on this Python; the tests below exercise lending."""
-    assert memory._LENDING
+    assert _LENDING
 
 
 def test_a_held_view_survives_a_write_and_then_reads_are_copies():

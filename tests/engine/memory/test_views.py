@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config
-from pallas_check.engine.memory import flat_boxes
+from pallas_check.engine.memory.views import flat_boxes
 
 F32, BF16, I32 = jnp.float32, jnp.bfloat16, jnp.int32
 

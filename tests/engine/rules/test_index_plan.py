@@ -1,5 +1,5 @@
 """engine/index_plan: a ref's indexers read straight from an equation's flat operands give
-exactly the region the general path (JAX's indexer objects, `memory.resolve`) gives, and
+exactly the region the general path (JAX's indexer objects, `resolve`) gives, and
 every spelling the plan does not cover falls back to that path."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from jax._src.state import indexing, types as state_types
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.engine import index_plan, memory
-from pallas_check.engine.memory import Buffer, RefView
+from pallas_check.engine.rules import index_plan
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.memory.buffer import Buffer, RefView
 
 
 def _flat(ref: RefView, *indexers):
@@ -33,7 +34,7 @@ def _flat(ref: RefView, *indexers):
         state_types.TransformedRef(ref, tuple(transforms)))
 
 
-def _same_region(a: memory.Region, b: memory.Region) -> None:
+def _same_region(a: Region, b: Region) -> None:
     assert a.buffer is b.buffer
     assert a.dims == b.dims and a.index == b.index and a.out_shape == b.out_shape
     assert [(o.dim, o.index, o.size) for o in a.oob] == [(o.dim, o.index, o.size) for o in b.oob]
@@ -44,7 +45,7 @@ def _planned_and_general(leaves, tree):
     plan = index_plan.plan_for(tree)
     assert plan is not None
     built = tree.unflatten(leaves)  # JAX's own objects: what the general path reads
-    general = memory.resolve(RefView(built.ref.buffer, tuple(built.transforms)))
+    general = resolve(RefView(built.ref.buffer, tuple(built.transforms)))
     return plan.region(leaves, leaves[plan.ref]), general
 
 
@@ -117,7 +118,7 @@ def test_a_get_style_tree_of_transforms_and_a_bare_ref():
     # The whole buffer, by the straight-line path, is the general path's region.
     whole = bare._in_bounds(bare_leaves, ref.buffer)
     assert whole is not None
-    _same_region(whole, memory.resolve(ref))
+    _same_region(whole, resolve(ref))
 
 
 def test_what_the_plan_does_not_cover_goes_the_general_way():

@@ -3,7 +3,7 @@ and that the same seed gives the same interleaving when it cannot."""
 
 from __future__ import annotations
 
-from pallas_check.engine.scheduler import Actor, Scheduler
+from pallas_check.engine.runtime.scheduler import Actor, Scheduler
 
 
 def _actor(name, log, points):

@@ -12,125 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Generator, Iterable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine import segment_order
-from pallas_check.engine.mosaic_limits import NotLowered
-from pallas_check.engine.lru import BoundedCache
-from pallas_check.engine.scalar import eqn_qualifies, scalar_segment_fn
+from pallas_check.engine.jaxpr import segment_order
+from pallas_check.engine.jaxpr.errors import (CallHalted, EngineBug, KernelError,
+                                              UnsupportedPrimitive)
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
+from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
+from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
+from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
+
 Gen = Generator[Any, None, Any]
-RuleFn = Callable[..., Any]
-
-
-class CallHalted(Exception):
-    """The kernel did something after which nothing it does is defined (a DMA or signal
-    aimed at a device outside the mesh); the finding saying so was already added, and the
-    call's simulation ends there, cleanly."""
-
-
-class KernelError(Exception):
-    """An error in evaluating a kernel, located at the user's source line."""
-
-    def __init__(self, message: str, frames: tuple[SourceFrame, ...] = ()):
-        super().__init__(message)
-        self.message = message
-        self.frames = frames
-        self.primitive = ""  # set where raised without frames: the equation evaluated
-        self.prints: list = []  # what the kernel printed before (events.KernelPrint)
-
-    def located(self) -> str:
-        doing = f"evaluating `{self.primitive}`" if self.primitive else ""
-        if self.frames:
-            f = self.frames[0]
-            doing += (" " if doing else "") + f"at {f.file}:{f.line} in {f.function}"
-        return f"{self.message} ({doing})" if doing else self.message
-
-
-class EngineBug(Exception):
-    """An exception of pallas-check's own code (a rule, a specializer, the generated
-    program) while evaluating one equation: ours, never the kernel's (exit 4). It names the
-    primitive and the user's line being evaluated, so that the one line the run ends with
-    says where to look."""
-
-    def __init__(self, error: BaseException, primitive: str = "",
-                 frames: tuple[SourceFrame, ...] = (), where: str = "",
-                 verb: str = "evaluating") -> None:
-        self.error = error
-        self.primitive = primitive
-        self.frames = frames
-        self.where = where  # outside any equation: what was running
-        self.verb = verb  # what was done with the equation
-        super().__init__(self.describe())
-
-    def describe(self) -> str:
-        doing = f"{self.verb} `{self.primitive}`" if self.primitive else self.where
-        if self.frames:
-            f = self.frames[0]
-            doing += (" " if doing else "") + f"at {f.file}:{f.line} in {f.function}"
-        text = f"{type(self.error).__name__}: {self.error}"
-        return f"{text} ({doing})" if doing else text
-
-
-class UnsupportedPrimitive(KernelError):
-    """The kernel uses a primitive pallas-check cannot simulate."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    fn: RuleFn
-    is_generator: bool
-
-
-RULES: dict[jax_core.Primitive, Rule] = {}
-# Primitives whose rule only evaluates their sub-jaxprs (jit, cond, loops, custom
-# derivatives): the rule is needed for bodies that touch refs; with pure bodies and no
-# ref operands the equation is pure, and XLA runs it inside a compiled segment.
-BODY_ONLY: set[jax_core.Primitive] = set()
-
-
-# Per primitive, `specialize(eqn) -> rule fn or None`: a rule made for one equation when
-# its operands' static structure allows a shorter path (a scalar load), chosen once when
-# the program is generated. The specialized fn takes what the general rule takes and
-# falls back to it for any value its shortcut does not cover.
-SPECIALIZERS: dict[jax_core.Primitive, Callable[[jax_core.JaxprEqn], RuleFn | None]] = {}
-
-
-def specializer(primitive: jax_core.Primitive) -> Callable[[Callable], Callable]:
-    """Register `fn(eqn) -> rule fn or None` as the specializer of a primitive's rule (a
-    generator rule's specialized fn is a generator too)."""
-
-    def register(fn: Callable) -> Callable:
-        SPECIALIZERS[primitive] = fn
-        return fn
-
-    return register
-
-
-def rule(*primitives: jax_core.Primitive, generator: bool = False,
-         body_only: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
-
-    With generator=True the rule may yield scheduler requests (`yield from` it); with
-    body_only=True the rule does nothing but evaluate the equation's sub-jaxprs.
-    """
-
-    def register(fn: RuleFn) -> RuleFn:
-        for primitive in primitives:
-            RULES[primitive] = Rule(fn, generator)
-            if body_only:
-                BODY_ONLY.add(primitive)
-        return fn
-
-    return register
 
 
 # ---------------------------------------------------------------------------------------
@@ -529,18 +429,3 @@ def eval_closed(ctx: Any, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> 
     return eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 
-def run_to_end(gen: Gen) -> Any:
-    """Run a generator that must not block (e.g. an index map); return its value."""
-    try:
-        request = next(gen)
-    except StopIteration as stop:
-        return stop.value
-    raise KernelError(f"unexpected blocking operation ({request}) outside a kernel body")
-
-
-def as_numpy(x: Any) -> np.ndarray:
-    return np.asarray(x)
-
-
-def flatten_values(values: Iterable[Any]) -> list[Any]:
-    return list(values)

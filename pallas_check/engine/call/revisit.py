@@ -22,8 +22,9 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_check.engine.memory import Buffer, MemorySpace, all_written
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, all_written
 from pallas_check.findings import IndexRange, SourceFrame
+
 
 # How many perturbed re-runs at most: NaN first (it flows through arithmetic, as a
 # never-written fill does), then large values of either sign (`perturbed`: a contribution

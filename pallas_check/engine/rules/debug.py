@@ -22,9 +22,9 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-
 from pallas_check.jaxbridge import checkify, debugging
-from pallas_check.engine.evaluate import rule
+
+from pallas_check.engine.jaxpr.registry import rule
 
 
 @rule(checkify.check_p)

@@ -12,17 +12,15 @@ from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import sync
-from pallas_check.engine.evaluate import eval_jaxpr
-from pallas_check.engine.scheduler import Actor, Wait
-from pallas_check.engine.memory import RefView
-from pallas_check.engine.revisit import Perturbation, RevisitRecord
+from pallas_check.engine.call.describe import Operand
+from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
+from pallas_check.engine.call.state import CoreContext
+from pallas_check.engine.dma.engine import complete
+from pallas_check.engine.jaxpr.program import eval_jaxpr
+from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.runtime.scheduler import Actor, Wait
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
-
-
-from pallas_check.engine.call import Operand
-from pallas_check.engine.state import CoreContext
 
 
 def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
@@ -32,12 +30,12 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
     pipe = Pipeline(ctx, blocked, points)
     outputs = pipe.outputs
-    # An output whose block is an aliased input's (kernel.py `_aliased_whole_block`)
+    # An output whose block is an aliased input's (simulate.py `_aliased_whole_block`)
     # starts with what the input brought in, not as fresh memory.
     inputs_blocks = {id(op.vmem) for op in blocked if not op.is_output}
     fresh = [plan for plan in outputs if id(plan.op.vmem) not in inputs_blocks]
     num_steps = len(points)
-    walked = ctx.call.steps  # a progress line reads it (engine/progress.py): one add a step
+    walked = ctx.call.steps  # a progress line reads it (engine/runtime/progress.py): one add a step
     for step in range(num_steps):
         point = pipe.grid_points[step]
         ctx.grid_point = point
@@ -439,7 +437,7 @@ def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
     state = ctx.call
     for dma in state.sync.dmas:
         if not dma.copied:
-            sync.complete(ctx, dma)
+            complete(ctx, dma)
     if report:
         for finding in state.checkers.dmas_not_waited(state):
             state.add(finding)

@@ -20,11 +20,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
-from pallas_check.engine import footprint
-from pallas_check.engine.lru import BoundedCache
-from pallas_check.engine.memory import fill_value
+from pallas_check.engine.call import footprint
+from pallas_check.engine.memory.buffer import fill_value
+from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line
+
 
 LARGEST = 3  # allocations a finding names
 

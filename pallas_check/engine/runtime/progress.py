@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+
 _last_beat = time.monotonic()
 
 

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from pallas_check.engine import sync
-from pallas_check.engine.memory import Buffer, MemorySpace, Region
+from pallas_check.engine.dma.engine import Dma, complete, sem_add, sem_name
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace
+from pallas_check.engine.memory.region import Region
 from pallas_check.findings import IndexRange, KernelInfo, SourceFrame
+
 
 _handles = itertools.count(1)  # 0: a semaphore with nothing to carry (count 0, no DMAs)
 
@@ -109,7 +111,7 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
 
 
 def arrive(state: Any, ctx_of: dict[int, Any],
-           addresses: dict[int, tuple[dict[int, Buffer], list[Buffer]]]) -> list[sync.Dma]:
+           addresses: dict[int, tuple[dict[int, Buffer], list[Buffer]]]) -> list[Dma]:
     """The DMAs the call's semaphore inputs carry, as DMAs of this call still in flight
     (`addresses`: per device, its HBM inputs by operand address (one CPU device) and all
     of them, where a landing may be found). Returns them (the caller makes them actors in
@@ -133,7 +135,7 @@ def arrive(state: Any, ctx_of: dict[int, Any],
 
 
 def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
-                  candidates: tuple[dict[int, Buffer], list[Buffer]]) -> sync.Dma:
+                  candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Dma:
     src = _stub_region(carried.src)
     dst = _landing_region(state, carried, candidates) if carried.lands else None
     followed = dst is not None
@@ -145,7 +147,7 @@ def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
         dst_sem = (Buffer("(landing semaphore)", MemorySpace.SEMAPHORE,
                           np.zeros((), np.int64), True), ())
         src_sem = cell
-    dma = sync.Dma(state.sync.next_id(), src, dst, dst_sem, src_sem, carried.nbytes,
+    dma = Dma(state.sync.next_id(), src, dst, dst_sem, src_sem, carried.nbytes,
                    f"{carried.starter} in {carried.origin}", carried.frames,
                    carried.grid_point, carried.signal)
     dma.origin = (carried.call_index, carried.kernel, carried.starter)
@@ -255,23 +257,23 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
         follow = _followed(dma, addresses) if lands else None
         before = ((np.array(dma.dst.read_base(0)), np.array(dma.dst.written_base()))
                   if follow is not None else None)
-        sync.complete(ctx, dma)
+        complete(ctx, dma)
         if lands:
             _mirror(dma, mirrors)
-            sync.sem_add(dma.dst_sem, -dma.signal)
+            sem_add(dma.dst_sem, -dma.signal)
             carried.setdefault(_cell_key(dma.dst_sem), []).append(_carried(
                 state, dma, True, follow, before))
         else:
             kept.append(dma)  # its landing is this call's, and checked here
         if reads:
-            sync.sem_add(dma.src_sem, -dma.signal)
+            sem_add(dma.src_sem, -dma.signal)
             carried.setdefault(_cell_key(dma.src_sem), []).append(
                 _carried(state, dma, False, None))
     state.sync.dmas[:] = kept
     return carried
 
 
-def _followed(dma: sync.Dma, addresses: dict[int, int | None]) -> tuple[int | None] | None:
+def _followed(dma: Dma, addresses: dict[int, int | None]) -> tuple[int | None] | None:
     """Whether a later call may find where `dma` lands: in an output the call returns,
     plainly indexed; then (the address of that output's XLA buffer, or None), else None."""
     if dma.dst.buffer.id not in addresses or dma.dst.post or dma.dst.oob:
@@ -279,7 +281,7 @@ def _followed(dma: sync.Dma, addresses: dict[int, int | None]) -> tuple[int | No
     return (addresses[dma.dst.buffer.id],)
 
 
-def _mirror(dma: sync.Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
+def _mirror(dma: Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
     """A landing in a whole-output VMEM block after the kernel's write-back: the output
     the call returns holds it too (on a TPU that output is the VMEM buffer itself). One
     that `landed` already did so before the write-back if the output holds it written
@@ -302,7 +304,7 @@ def _describe(region: Region) -> tuple:
             list(region.oob))
 
 
-def _carried(state: Any, dma: sync.Dma, lands: bool, follow: tuple | None,
+def _carried(state: Any, dma: Dma, lands: bool, follow: tuple | None,
              before: tuple | None = None, landed: bool = False) -> CarriedDma:
     """What a semaphore the call returns carries of `dma` (started here, or arrived from
     an earlier call and passed on: then it keeps the call that started it). `follow`
@@ -329,7 +331,7 @@ def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
             continue
         handle = next(_handles) % (2**31 - 1) or next(_handles)
         state.carried[_key(handle)] = SemaphoreValue(
-            count, dmas, sync.sem_name((buf, idx)), state.call_index, state.kernel,
+            count, dmas, sem_name((buf, idx)), state.call_index, state.kernel,
             buf.device, state.sync.last_signal.get((buf.id, idx), ()),
             state.sync.last_signaller.get((buf.id, idx), ""))
         handles[idx] = handle

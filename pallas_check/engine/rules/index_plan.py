@@ -6,11 +6,11 @@ objects at every access (JAX's unflatten, then reading each index back out of th
 more than the access itself in DMA-bound kernels: a paged attention starts a DMA per
 page, each with a new page index. A plan, made once per pytree structure, records where
 each index sits among the flat operands (or its static value), so an access reads its
-ints from there and goes straight to `memory.index_region`.
+ints from there and goes straight to `index_region`.
 
 Only the usual spelling is planned: indexers of scalars and static-size slices on a ref
 that carries no transforms of its own. Anything else (bitcasts, reshapes, index arrays,
-dynamic sizes) answers None, and the caller takes the general path (`memory.resolve`),
+dynamic sizes) answers None, and the caller takes the general path (`resolve`),
 which stays the reference for what a region is.
 """
 
@@ -23,8 +23,10 @@ from typing import Any, Callable, Sequence
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine import lru, memory
-from pallas_check.engine.memory import RefView, Region
+from pallas_check.engine.memory.access_cache import scalar_index
+from pallas_check.engine.memory.buffer import Buffer, RefView
+from pallas_check.engine.memory.region import Region, index_region
+from pallas_check.engine.runtime import caches
 
 
 class _Slot:
@@ -49,9 +51,9 @@ class IndexPlan:
     steps: tuple[tuple[_Dim, ...], ...]
     # The in-bounds case as straight-line code (`_in_bounds_fns`), made with the plan: the
     # numpy index alone (`index_in_bounds`), and the region.
-    index_in_bounds: Callable[[Sequence[Any], memory.Buffer], tuple | None] = (
+    index_in_bounds: Callable[[Sequence[Any], Buffer], tuple | None] = (
         dataclasses.field(init=False, repr=False, compare=False))
-    _in_bounds: Callable[[Sequence[Any], memory.Buffer], Region | None] = dataclasses.field(
+    _in_bounds: Callable[[Sequence[Any], Buffer], Region | None] = dataclasses.field(
         init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,18 +75,18 @@ class IndexPlan:
         for indexer in self.steps:
             dims: list = []
             for position, static, size, stride in indexer:
-                value = static if position < 0 else memory.scalar_index(leaves[position])
+                value = static if position < 0 else scalar_index(leaves[position])
                 if value is None:
                     return None
                 dims.append(value if size is None else (value, size, stride))
             steps.append(dims)
-        return memory.index_region(ref.buffer, steps)
+        return index_region(ref.buffer, steps)
 
 
 def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Callable]:
     """`index(leaves, buffer)` and `region(leaves, buffer)`: the numpy index and the
     region of an access in bounds, with no empty or stride-0 slice, on a buffer of the
-    rank the plan expects, as `memory.index_region` would make them; None for anything
+    rank the plan expects, as `index_region` would make them; None for anything
     else (the caller then takes the general account, which says what is wrong).
     Generated per plan: a DMA-bound kernel resolves a fresh source page at every DMA, and
     walking the plan's tuples cost more than the copy's bookkeeping around it."""
@@ -142,16 +144,16 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
               f"def region(leaves, buffer):\n{body}\n"
               f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
               f" ({index_tuple}), ({shape_tuple}))\n")
-    namespace = {"scalar_index": memory.scalar_index, "Region": Region}
+    namespace = {"scalar_index": scalar_index, "Region": Region}
     exec(compile(source, "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
     return namespace["index"], namespace["region"]
 
 
-def _never(leaves: Sequence[Any], buffer: memory.Buffer) -> None:
+def _never(leaves: Sequence[Any], buffer: Buffer) -> None:
     return None
 
 
-def _whole_index(leaves: Sequence[Any], buffer: memory.Buffer) -> tuple | None:
+def _whole_index(leaves: Sequence[Any], buffer: Buffer) -> tuple | None:
     """The numpy index of a bare ref: all of its buffer (None for an empty one)."""
     shape = buffer.data.shape
     if 0 in shape:
@@ -159,7 +161,7 @@ def _whole_index(leaves: Sequence[Any], buffer: memory.Buffer) -> tuple | None:
     return tuple([slice(0, n, 1) for n in shape])
 
 
-def _whole(leaves: Sequence[Any], buffer: memory.Buffer) -> Region | None:
+def _whole(leaves: Sequence[Any], buffer: Buffer) -> Region | None:
     """The region of a bare ref: all of its buffer (None for an empty one)."""
     index = _whole_index(leaves, buffer)
     if index is None:
@@ -168,7 +170,7 @@ def _whole(leaves: Sequence[Any], buffer: memory.Buffer) -> Region | None:
     return Region.in_bounds(buffer, [(0, n, 1) for n in shape], index, shape)
 
 
-@lru.by_identity
+@caches.by_identity
 def has_dynamic_size(tree: Any) -> bool:
     """Whether a ref-and-indexers pytree slices some dimension with a traced size
     (`pl.ds(start, n)` with `n` computed by the kernel): the size is then one of its
@@ -189,7 +191,7 @@ def has_dynamic_size(tree: Any) -> bool:
                for idx in transform.indices)
 
 
-@lru.by_identity
+@caches.by_identity
 def plan_for(tree: Any) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""
@@ -217,13 +219,13 @@ def plan_for(tree: Any) -> IndexPlan | None:
         dims: list[_Dim] = []
         for idx in transform.indices:
             if isinstance(idx, state_indexing.Slice):
-                size = memory.scalar_index(idx.size)
+                size = scalar_index(idx.size)
                 if size is None:
                     return None  # a dynamic size
                 start = idx.start
                 if isinstance(start, _Slot):
                     dims.append((start.position, 0, size, int(idx.stride)))
-                elif (static := memory.scalar_index(start)) is not None:
+                elif (static := scalar_index(start)) is not None:
                     dims.append((-1, static, size, int(idx.stride)))
                 else:
                     return None

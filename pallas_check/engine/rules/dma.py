@@ -1,4 +1,5 @@
-"""Semaphores and DMAs as small state machines, and the rules of their primitives.
+"""The rules of the DMA primitives (`dma_start`, `dma_wait`, specialized once per equation
+where its layout allows); the DMAs and semaphores they drive are engine/dma/engine.py's.
 
 DMA semaphores count bytes, as on a TPU, and a DMA is two events: it reads its source,
 which signals the send semaphore (`wait_send`: the source may be reused), then it writes
@@ -14,319 +15,34 @@ lands DMAs as a DMA wait does (`signal_count`).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
 import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from pallas_check.jaxbridge import pallas_core, pallas_primitives
+from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
-from pallas_check.jaxbridge import state_types
 
 from pallas_check.config import DmaMode
-from pallas_check.engine import index_plan, lru, memory, progress
-from pallas_check.engine.call import memory_space_name
-from pallas_check.engine.evaluate import (CallHalted, KernelError, current_frames, rule,
-                                         specializer)
-from pallas_check.engine.memory import MemorySpace, RefView, Region
-from pallas_check.engine.scheduler import Actor, Wait
+from pallas_check.engine.dma.devices import on_device, target_device
+from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, complete, dma_actor,
+                                            dma_read, sem_add, sem_name, sem_value)
+from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.rules import index_plan
+from pallas_check.engine.runtime import caches, progress
+from pallas_check.engine.runtime.scheduler import Actor, Wait
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
-
-
-@dataclasses.dataclass(slots=True)
-class Dma:
-    """One DMA from start to wait."""
-
-    id: int
-    src: Region
-    dst: Region
-    dst_sem: tuple[memory.Buffer, tuple]
-    src_sem: tuple[memory.Buffer, tuple] | None
-    nbytes: int
-    actor: str
-    frames: tuple[SourceFrame, ...]
-    grid_point: tuple[int, ...] | None
-    # What its read adds to the send semaphore and its landing to the receive semaphore,
-    # and what waits must take off again: its bytes on DMA semaphores, 1 on regular ones
-    # (`signal_count`).
-    signal: int
-    read_done: bool = False  # the source was read (the send semaphore signalled)
-    copied: bool = False  # the destination was written (the receive semaphore signalled)
-    waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
-    staged: Any = None  # (values, written-shadow) read from the source, not yet written
-    # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
-    # (engine/carried.py): (that call's index, its KernelInfo, the actor that started it).
-    origin: Any = None
-
-    @property
-    def actor_name(self) -> str:
-        """The DMA as an actor, as race reports name it."""
-        where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
-        return f"DMA #{self.id} started by {self.actor}{where}"
-
-
-class SyncState:
-    """Semaphore counts live in their buffers; this tracks DMAs and who signalled what."""
-
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self.dmas: list[Dma] = []
-        self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
-        self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
-        # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
-        # signal it (as receive or send semaphore), and those not yet fully waited on it
-        # (so that a wait does not rescan every DMA of the call).
-        self._receiving: dict[tuple, list[Dma]] = {}
-        self._sending: dict[tuple, list[Dma]] = {}
-        self._unwaited: dict[tuple, collections.deque[Dma]] = {}
-
-    def start(self, dma: Dma) -> None:
-        self.dmas.append(dma)
-        dst = (dma.dst_sem[0].id, dma.dst_sem[1])
-        self._receiving.setdefault(dst, []).append(dma)
-        if dma.src_sem is not None:
-            self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
-        self._unwaited.setdefault(dst, collections.deque()).append(dma)
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def landing_only(self, sem: tuple[memory.Buffer, tuple]) -> list[Dma] | None:
-        """The DMAs that may still land on `sem`, in start order (the list itself: a
-        landed one may be removed), when no DMA signals it as its send semaphore; else
-        None (`pending_on` then orders both kinds)."""
-        key = (sem[0].id, sem[1])
-        if self._sending.get(key):
-            return None
-        return self._receiving.get(key, [])
-
-    def pending_on(self, sem: tuple[memory.Buffer, tuple]) -> list[tuple[Dma, bool]]:
-        """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
-        DMA that has yet to land there (receive semaphore), (dma, False) for one that has
-        yet to read its source (send semaphore)."""
-        key = (sem[0].id, sem[1])
-        pending: list[tuple[Dma, bool]] = []
-        receiving = self._receiving.get(key)
-        if receiving:
-            receiving[:] = [d for d in receiving if not d.copied]
-            pending.extend((d, True) for d in receiving)
-        sending = self._sending.get(key)
-        if sending:
-            sending[:] = [d for d in sending if not d.read_done]
-            pending.extend((d, False) for d in sending)
-        if receiving and sending:
-            pending.sort(key=lambda item: -item[0].id)
-        else:
-            pending.reverse()  # each list is in start order
-        return pending
-
-
-def as_view(x: Any) -> RefView:
-    """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
-    if isinstance(x, state_types.TransformedRef):
-        if isinstance(x.ref, (tuple, list)):
-            return as_view(selected_ref(x))
-        base = as_view(x.ref)
-        return base.with_transforms(tuple(x.transforms))
-    if isinstance(x, RefView):
-        return x
-    raise KernelError(f"expected a ref, got {type(x).__name__}")
-
-
-def selected_ref(x: Any) -> Any:
-    """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
-    as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
-    and the last ref for any other value (no check, no trap)."""
-    (transform,) = x.transforms
-    if not isinstance(transform, state_types.SelectTransform):
-        raise KernelError(f"a transform of several refs that is not pl.select_ref:"
-                          f" {type(transform).__name__}")
-    refs = x.ref
-    idx = int(np.asarray(transform.idx))
-    return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
-
-
-def semaphore_cell(ctx: Any, view: RefView) -> tuple[memory.Buffer, tuple]:
-    return cell_of(ctx, memory.resolve(view))
-
-
-def cell_of(ctx: Any, region: Region) -> tuple[memory.Buffer, tuple]:
-    """The one semaphore a region picks (a region of several is the kernel's error)."""
-    if region.oob or region.post or region.out_shape:
-        raise KernelError(
-            f"semaphore access {region.buffer.name}{_describe(region)} must pick one"
-            " semaphore", current_frames(ctx),
-        )
-    return region.buffer, region.index
-
-
-def _describe(region: Region) -> str:
-    from pallas_check.findings import format_range
-
-    return format_range(region.index_range())
-
-
-def sem_value(cell: tuple[memory.Buffer, tuple]) -> int:
-    buf, idx = cell
-    return int(buf.data[idx])
-
-
-def sem_add(cell: tuple[memory.Buffer, tuple], amount: int) -> None:
-    buf, idx = cell
-    buf.writable()[idx] = buf.data[idx] + amount
-
-
-def sem_name(cell: tuple[memory.Buffer, tuple]) -> str:
-    buf, idx = cell
-    if buf.data.ndim == 0:
-        return buf.name
-    return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
-
-
-def dma_read(ctx: Any, dma: Dma) -> None:
-    """The DMA reads its source now (values and written-shadow are staged) and signals
-    its send semaphore: the source may be reused from here on."""
-    if dma.read_done:
-        return
-    dma.read_done = True
-    value = dma.src.read(ctx.fill(dma.src.buffer.data.dtype))
-    target_dtype = dma.dst.buffer.data.dtype
-    if value.dtype != target_dtype:
-        value = value.astype(target_dtype)
-    # A source written everywhere (an input, say) needs no per-element shadow copied along.
-    written = True if dma.src.buffer.fully_written else dma.src.read_written()
-    dma.staged = (value, written)
-    if dma.src_sem is not None:
-        sem_add(dma.src_sem, dma.signal)
-    ctx.call.on_dma_read(ctx, dma)
-
-
-def dma_write(ctx: Any, dma: Dma) -> None:
-    """The DMA writes its destination (reading its source first if it has not yet) and
-    signals its receive semaphore: the data has landed."""
-    if dma.copied:
-        return
-    dma_read(ctx, dma)
-    assert dma.staged is not None
-    value, written = dma.staged
-    dma.staged = None
-    dma.copied = True
-    if dma.dst.buffer.is_output and not memory.all_written(written):
-        # Never-written elements copied into an output: the DMA is where they come from,
-        # so its read is the uninitialized read that reaches the output (not "elements
-        # never written": the DMA wrote them).
-        ctx.call.dma_copied_unwritten(dma, ~np.asarray(written, bool))
-        written = True
-    if dma.dst.post:
-        dma.dst.write(value, ctx.fill(value.dtype), written)
-    else:
-        dma.dst.write_base(value, written)
-    ctx.call.on_dma_write(ctx, dma)
-    sem_add(dma.dst_sem, dma.signal)
-
-
-def complete(ctx: Any, dma: Dma) -> None:
-    """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
-    dma_read(ctx, dma)
-    dma_write(ctx, dma)
-
-
-def dma_actor(ctx: Any, dma: Dma):
-    """In `random` mode a DMA is an actor: its read and its write each happen at a point
-    the scheduler picks, after its start and before what waits for it."""
-    yield None
-    dma_read(ctx, dma)
-    yield None
-    dma_write(ctx, dma)
 
 
 # -- rules ----------------------------------------------------------------------------------
 
 
-def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, int | None]:
-    """The logical device, and the core when the id names one, that a DMA or signal is
-    aimed at. A device id resolves over every named axis: the shard_map mesh's and, in a
-    kernel over a TensorCore mesh (core_map / pl.kernel), the core axes; core None means
-    "the same core as the sender"."""
-    if device_id is None:
-        return ctx.device_id, None
-    mesh = ctx.call.mesh
-    names = [name for name, _ in mesh.axes]
-    core_sizes = ctx.core_mesh_sizes()
-    if isinstance(device_id, dict):
-        unknown = [k for k in device_id if k not in names and k not in core_sizes]
-        if unknown:
-            known = ", ".join(map(str, [*names, *core_sizes])) or "none"
-            raise KernelError(f"device id names the axis {unknown[0]!r}, which is not an axis"
-                              f" of this call (axes: {known})", current_frames(ctx))
-        coords = mesh.coords(ctx.device_id)
-        coords.update({k: int(np.asarray(v)) for k, v in device_id.items() if k in names})
-        cores = {k: int(np.asarray(v)) for k, v in device_id.items() if k in core_sizes}
-        return _on_mesh(ctx, coords), _core_index(ctx, cores) if cores else None
-    ids = device_id if isinstance(device_id, (tuple, list)) else (device_id,)
-    ids = [int(np.asarray(x)) for x in ids]
-    logical = getattr(device_id_type, "name", str(device_id_type)).upper().endswith("LOGICAL")
-    if core_sizes and not logical and len(ids) == len(names) + len(core_sizes):
-        device = _on_mesh(ctx, dict(zip(names, ids))) if names else ctx.device_id
-        return device, _core_index(ctx, dict(zip(core_sizes, ids[len(names):])))
-    if len(ids) == 1 and (logical or len(names) <= 1):
-        if not 0 <= ids[0] < mesh.num_devices:
-            _device_out_of_bounds(ctx, f"device id {ids[0]}", "device id")
-        return ids[0], None
-    if len(ids) == len(names):
-        return _on_mesh(ctx, dict(zip(names, ids))), None
-    raise KernelError(f"device id {tuple(ids)} does not match the mesh axes {names}",
-                      current_frames(ctx))
-
-
-def _on_mesh(ctx: Any, coords: dict[str, int]) -> int:
-    """The logical device at mesh coordinates, each of which must be on its axis."""
-    mesh = ctx.call.mesh
-    for name, size in mesh.axes:
-        if not 0 <= coords[name] < size:
-            shown = ", ".join(f"{n}={coords[n]}" for n, _ in mesh.axes)
-            _device_out_of_bounds(ctx, f"device id ({shown})", f"coordinate {coords[name]} of"
-                                  f" axis {name!r} (size {size})")
-    return mesh.logical(coords)
-
-
-def _device_out_of_bounds(ctx: Any, device: str, what: str) -> None:
-    """A DMA or signal aimed outside the mesh: the kernel's bug, an out-of-bounds finding;
-    the call stops there (what would the DMA have done?)."""
-    state = ctx.call
-    state.add(state.checkers.device_out_of_bounds(state, ctx, device, what,
-                                                  current_frames(ctx)))
-    raise CallHalted()
-
-
-def _core_index(ctx: Any, cores: dict[str, int]) -> int:
-    """A core of the TensorCore mesh, by its coordinates (others: the sender's own)."""
-    sizes = ctx.core_mesh_sizes()
-    coords = {**ctx.core_coords, **cores}
-    index = 0
-    for name, size in sizes.items():
-        if not 0 <= coords[name] < size:
-            raise KernelError(f"core {coords[name]} of axis {name!r} is outside the"
-                              f" TensorCore mesh (size {size})", current_frames(ctx))
-        index = index * size + coords[name]
-    return index
-
-
-def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefView:
-    """The same ref on another device or core (a remote DMA's destination, a remote
-    signal)."""
-    device, core = target
-    if device == view.buffer.device and (core is None or core == view.buffer.core):
-        return view
-    other = ctx.call.remote(view.buffer, device, current_frames(ctx), core)
-    return RefView(other, view.transforms)
-
-
-@lru.by_identity
+@caches.by_identity
 def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
     the equation's flat operands, its own pytree structure, and its index plan."""
@@ -365,10 +81,10 @@ def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
     view = as_view(tree.unflatten(leaves))
     if target is not None:
         view = on_device(ctx, view, target)
-    return memory.resolve(view)
+    return resolve(view)
 
 
-@lru.by_identity
+@caches.by_identity
 def signal_count(eqn: Any) -> int:
     """What a DMA start adds to its semaphores, by their type in the kernel's jaxpr: its
     bytes (-1) on DMA semaphores, 1 on a regular semaphore (`pltpu.SemaphoreType.REGULAR`,
@@ -456,7 +172,7 @@ def _halt_unbounded(ctx: Any, src: Region, dst: Region,
                     frames: tuple[SourceFrame, ...]) -> None:
     """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
     stops there (what would such a DMA have moved?); whether its size came from
-    never-written memory is decided by a re-run with the other fill (engine/kernel.py)."""
+    never-written memory is decided by a re-run with the other fill (engine/call/explore.py)."""
     call = ctx.call
     for region, what in ((src, "DMA source"), (dst, "DMA destination")):
         if region.oob:
@@ -682,63 +398,3 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
             queue.popleft()  # fully waited: only ever the oldest ones
 
 
-@rule(pallas_primitives.semaphore_signal_p)
-def _semaphore_signal(ctx, eqn, invals):
-    sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
-    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
-    if core_index is not None:
-        target = _with_core(ctx, target, core_index)
-    view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
-    cell = semaphore_cell(ctx, view)
-    sem_add(cell, int(np.asarray(inc)))
-    ctx.call.sync.last_signal[(cell[0].id, cell[1])] = current_frames(ctx)
-    ctx.call.sync.last_signaller[(cell[0].id, cell[1])] = ctx.actor
-    ctx.call.on_signal(ctx, cell)
-    return []
-
-
-def _with_core(ctx: Any, target: tuple[int, int | None], core_index: Any) -> tuple[int, int]:
-    """A signal's target with `core_index` (`pl.semaphore_signal(..., core_index=i)`): the
-    semaphore of core i of the target device, a TensorCore of the chip (`--cores`) or a
-    core of the kernel's TensorCore mesh, counted as the cores' ids are."""
-    if target[1] is not None:
-        raise KernelError("Cannot specify both `core_index` and the core axis in"
-                          " `device_id` (Mosaic lowering)", current_frames(ctx))
-    core = int(np.asarray(core_index))
-    cores = ctx.call.cores_per_device
-    if not 0 <= core < cores:
-        raise KernelError(f"core_index {core} is outside the {cores} TensorCore(s) of the"
-                          f" device (--cores, or the kernel's TensorCore mesh)",
-                          current_frames(ctx))
-    return target[0], core
-
-
-@rule(pallas_primitives.semaphore_wait_p, generator=True)
-def _semaphore_wait(ctx, eqn, invals):
-    sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
-    view = as_view(sem).with_transforms(tuple(transforms or ()))
-    cell = semaphore_cell(ctx, view)
-    wanted = int(np.asarray(value))
-    # DMAs may signal a regular semaphore (one count each): in `on_wait` mode the wait
-    # lands those it needs, as a DMA wait does, and what it takes is theirs.
-    if not _wait_ready(ctx, cell, wanted):
-        yield Wait(lambda: _wait_ready(ctx, cell, wanted), "semaphore wait",
-                   current_frames(ctx), semaphore=sem_name(cell), wanted=wanted,
-                   current=lambda: sem_value(cell), cell=cell)
-    if decrement is None or bool(np.asarray(decrement)):
-        sem_add(cell, -wanted)
-        _account_wait(ctx.call.sync, cell, wanted)
-    ctx.call.on_semaphore_wait(ctx, cell)
-    return []
-
-
-@rule(pallas_primitives.semaphore_read_p)
-def _semaphore_read(ctx, eqn, invals):
-    sem, transforms = eqn.params["args_tree"].unflatten(invals)
-    view = as_view(sem).with_transforms(tuple(transforms or ()))
-    return np.int32(sem_value(semaphore_cell(ctx, view)))
-
-
-@rule(mosaic_primitives.get_barrier_semaphore_p)
-def _get_barrier_semaphore(ctx, eqn, invals):
-    return ctx.call.barrier_semaphore(ctx)

@@ -9,17 +9,20 @@ from typing import Any
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.engine import memory, progress, sync
-from pallas_check.engine.evaluate import KernelError, current_frames
-from pallas_check.engine.memory import Buffer, MemorySpace, RefView, Region
+from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
+from pallas_check.engine.dma.engine import Dma, SyncState
 from pallas_check.engine.events import (Checkers, KernelPrint, RaceDetector, UnboundedDma,
                                         UninitRead)
-from pallas_check.engine.scheduler import Scheduler
+from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.memory.access_cache import AccessCache
+from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
+                                               memory_space_name)
+from pallas_check.engine.memory.region import Region
+from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, KernelInfo, SourceFrame
-
-
-from pallas_check.engine.call import MeshInfo, memory_space_name, is_semaphore_aval
 
 
 class CallState:
@@ -39,11 +42,11 @@ class CallState:
         # that reports only (not by re-runs), and not at all with --quiet-prints.
         self.prints: list[KernelPrint] = []
         # A DMA the call stopped at because no part of its ref can hold its slice's size
-        # (sync.py); and, in the re-run with the other fill, that DMA's id -> its ranges
+        # (dma/engine.py); and, in the re-run with the other fill, that DMA's id -> its ranges
         # there (None until reached): does its address depend on never-written memory?
         self.unbounded_dma: UnboundedDma | None = None
         self.address_probe: dict[int, Any] | None = None
-        self.sync = sync.SyncState()
+        self.sync = SyncState()
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
@@ -52,14 +55,14 @@ class CallState:
         self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
         self.mesh: MeshInfo = MeshInfo()
         self.carried: dict = {}
-        # Semaphores passed between calls (engine/carried.py): the semaphore inputs whose
+        # Semaphores passed between calls (engine/call/carried.py): the semaphore inputs whose
         # values carry DMAs (buffer, cell, value), those DMAs once started here, the
         # outputs' XLA buffer addresses (one CPU device), the handles of the semaphores
         # returned (by buffer id), and the layout's (semaphore inputs, outputs, aliases,
         # number of inputs).
         self.arriving: list[tuple] = []
-        self.carried_dmas: list[sync.Dma] = []
-        self.carried_landed: list[sync.Dma] = []  # landed before this call, followed here
+        self.carried_dmas: list[Dma] = []
+        self.carried_landed: list[Dma] = []  # landed before this call, followed here
         self.output_addresses: list[int] | None = None
         self.semaphore_handles: dict[int, np.ndarray] = {}
         self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
@@ -72,18 +75,18 @@ class CallState:
             self.races = checkers.race_detector(lambda **fields: me()._finding(**fields),  # type: ignore[union-attr]
                                      lambda finding: me().add(finding))  # type: ignore[union-attr]
         self._fill_cache: dict[Any, Any] = {}
-        # The regions `ref[indices]` accesses resolve to (memory.AccessCache).
-        self.accesses = memory.AccessCache()
+        # The regions `ref[indices]` accesses resolve to (AccessCache).
+        self.accesses = AccessCache()
         self.cores_per_device = 1
         self._copies_in_flight: set[str] = set()
-        # Output blocks revisited after other blocks (engine/revisit.py): what each core's
+        # Output blocks revisited after other blocks (engine/call/revisit.py): what each core's
         # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer
         # id -> why, for a read of them), and the perturbation of a re-run deciding them.
         self.revisits: list[Any] = []
         self.fresh_revisits: dict[int, str] = {}
         self.perturb: Any = None
         self.first_output = 0  # where the outputs start among the kernel's parameters
-        # Grid steps walked so far, read by a progress line (engine/progress.py); the
+        # Grid steps walked so far, read by a progress line (engine/runtime/progress.py); the
         # call's live counter once `_simulate` registers it.
         self.steps = progress.GridSteps(call_index, kernel.name)
         # --trace: a recorder of this schedule's events (an observer; engine/timeline.py).
@@ -94,7 +97,7 @@ class CallState:
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
         if value is None:
-            value = memory.fill_value(dtype, self.fill_mode)
+            value = fill_value(dtype, self.fill_mode)
             self._fill_cache[dtype] = value
         return value
 
@@ -166,7 +169,7 @@ class CallState:
                                           len(self.uninit_reads), ctx.grid_point, ctx.actor)
 
     def check_failed(self, ctx: "CoreContext", message: str, check: str) -> None:
-        """The kernel's own `pl.debug_check` is false here (engine/debug.py)."""
+        """The kernel's own `pl.debug_check` is false here (engine/rules/debug.py)."""
         if self.report:
             self.add(self.checkers.check_failed(self, ctx, message, check,
                                                 current_frames(ctx)))
@@ -177,7 +180,7 @@ class CallState:
         if self.report and not self.config.quiet_prints:
             self.prints.append(KernelPrint(ctx.device_id, ctx.core_id, ctx.grid_point, text))
 
-    def dma_copied_unwritten(self, dma: sync.Dma, unwritten: np.ndarray) -> None:
+    def dma_copied_unwritten(self, dma: Dma, unwritten: np.ndarray) -> None:
         """A DMA read never-written elements (`unwritten`, in the access's shape) and wrote
         them to HBM: a read of uninitialized memory at the DMA's line."""
         src = dma.src
@@ -233,13 +236,13 @@ class CallState:
             self.timeline.copy_waited(ctx, name)
         self._copies_in_flight.discard(name)
 
-    def on_dma_start(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+    def on_dma_start(self, ctx: "CoreContext", dma: Dma) -> None:
         if self.timeline is not None:  # timeline: the DMA's track begins
             self.timeline.dma_start(ctx, dma)
         if self.races is not None:
             self.races.fork(ctx.actor, dma.actor_name)
 
-    def on_dma_read(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+    def on_dma_read(self, ctx: "CoreContext", dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.timeline is not None:  # timeline: queued -> sending, the send semaphore
             self.timeline.dma_read(dma, [dma.src_sem] if dma.src_sem is not None else [])
@@ -251,7 +254,7 @@ class CallState:
             if dma.src_sem is not None:
                 races.release(dma.actor_name, _sync_key(dma.src_sem))
 
-    def on_dma_write(self, ctx: "CoreContext", dma: sync.Dma) -> None:
+    def on_dma_write(self, ctx: "CoreContext", dma: Dma) -> None:
         """The DMA wrote its destination and signals its receive semaphore."""
         if self.timeline is not None:  # timeline: sending -> landed, the receive semaphore
             self.timeline.dma_landed(dma, [dma.dst_sem])

@@ -2,7 +2,7 @@
 
 A kernel that does not lower never runs on a TPU: the defect is the kernel's, not
 pallas-check's, and it is reported as a `compile-error` finding at the user's line, the
-call skipped (engine/kernel.py), the run going on — with or without `--compile`. The
+call skipped (engine/call/explore.py), the run going on — with or without `--compile`. The
 construct found here is a ref indexed by an array of indices, a gather or scatter
 (`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it.
 
@@ -24,6 +24,7 @@ from pallas_check.jaxbridge import state_types
 
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
+
 
 # The lowering's own words. A load or store whose indexer holds an array: a ValueError of
 # `_canonicalize_transforms_to_indexer` (jax/_src/pallas/mosaic/lowering.py). A DMA of

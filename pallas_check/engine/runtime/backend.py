@@ -14,6 +14,7 @@ import functools
 import threading
 from typing import Any
 
+
 _lock = threading.Lock()
 
 

@@ -14,26 +14,12 @@ from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import state_discharge
 from pallas_check.jaxbridge import state_indexing
 
-from pallas_check.engine.lru import BoundedCache
-from pallas_check.engine.evaluate import KernelError, structure_key
-from pallas_check.engine.memory import Buffer, MemorySpace
+from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.program import structure_key
+from pallas_check.engine.memory.buffer import Buffer, memory_space_name
+from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.findings import KernelInfo
 from pallas_check.sourceinfo import parse_src_info
-
-
-
-
-def memory_space_name(space: Any, default: str = MemorySpace.VMEM) -> str:
-    if space is None:
-        return default
-    name = getattr(space, "name", str(space)).upper()
-    if name in ("ANY", "HBM", "GLOBAL"):
-        return MemorySpace.HBM
-    if name in ("SEMAPHORE", "SEMAPHORE_MEM"):
-        return MemorySpace.SEMAPHORE
-    if name in ("VMEM", "SMEM", "VMEM_SHARED"):
-        return name
-    return default
 
 
 def is_semaphore_aval(aval: Any) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
+
 TIMEOUT_S = 600.0
 
 

@@ -1,6 +1,6 @@
 """A call's VMEM and SMEM allocations by the kernel's own names, and what each TPU
 generation has room for: the one reckoning of a kernel's on-chip memory, used by the
-engine (a call that fits no chip of `--tpu` is not simulated, engine/capacity.py) and by
+engine (a call that fits no chip of `--tpu` is not simulated, engine/call/capacity.py) and by
 `--compile` (the largest allocations a `vmem-exceeded` finding names; the compiler names
 its allocations by number, not by ref).
 
@@ -22,7 +22,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from pallas_check.config import TpuGeneration
-from pallas_check.engine.call import kernel_arg_names
+from pallas_check.engine.call.describe import kernel_arg_names
+from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
 # Per TensorCore, as JAX's own table has them (jax/_src/pallas/mosaic/tpu_info.py,
@@ -48,17 +49,6 @@ class Allocation:
 
     def describe(self) -> str:
         return f"{self.what} {self.name} {format_bytes(self.nbytes)}"
-
-
-def format_bytes(nbytes: int) -> str:
-    """Bytes as people read them: 512 B, 24.0 KiB, 23.80 MiB, 64.00 GiB."""
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    if nbytes < MIB:
-        return f"{nbytes / 1024:.1f} KiB"
-    if nbytes < 1024 * MIB:
-        return f"{nbytes / MIB:.2f} MiB"
-    return f"{nbytes / (1024 * MIB):.2f} GiB"
 
 
 def tiled_bytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -147,7 +137,7 @@ def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
                     subs.append(inner)
         if eqn.primitive.name == "run_scoped" and subs:
             body = subs[0]
-            # Named as the engine names them (engine/rules.py, _run_scoped).
+            # Named as the engine names them (engine/rules/control.py, _run_scoped).
             info = list(getattr(getattr(body, "debug_info", None), "arg_names", None) or ())
             names = [info[i] if i < len(info) and info[i] else f"scoped[{i}]"
                      for i in range(len(body.invars))]

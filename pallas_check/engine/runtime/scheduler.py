@@ -15,8 +15,9 @@ import dataclasses
 import random
 from typing import Any, Generator
 
-from pallas_check.engine import progress
+from pallas_check.engine.runtime import progress
 from pallas_check.findings import SourceFrame
+
 
 PRIORITY_CHANGE_POINTS = 3
 CHANGE_POINT_HORIZON = 512  # scheduling steps within which the change points fall

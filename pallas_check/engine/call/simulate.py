@@ -1,275 +1,44 @@
-"""One pallas_call on a modelled TPU: schedule exploration, the second-fill re-run, and the
-simulation of one schedule (buffers per device and core, actors, the scheduler).
+"""One schedule of a pallas_call on a modelled TPU: buffers per device and core, the actors
+and the scheduler, and the outputs handed back (the schedules tried, the second-fill re-run
+and lost revisits are explore.py's).
 
-The static description of the call is in call.py, the run-time state in state.py, the
+The static description of the call is in describe.py, the run-time state in state.py, the
 BlockSpec pipeline of each core in pipeline.py. Findings come from the checkers the call
-is given (events.py); nothing is printed.
+is given (engine/events.py); nothing is printed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config, DmaMode, UninitFill
-from pallas_check.engine import carried as carried_semaphores
-from pallas_check.engine import debug, lru, memory, progress, revisit, rules, sync  # noqa: F401  (rules register themselves)
-from pallas_check.engine.memory import Buffer, MemorySpace, RefView
-from pallas_check.engine.evaluate import CallHalted, EngineBug, KernelError, current_frames
-from pallas_check.engine.mosaic_limits import NotLowered, kernel_not_lowered
+from pallas_check.config import Config, DmaMode
+from pallas_check.engine.call import carried as carried_semaphores
+from pallas_check.engine.call import revisit
+from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE, _block_indices,
+                                               _grid_points, _operand, _program_axes, _read_only,
+                                               core_mesh_axes, dimension_semantics,
+                                               is_semaphore_aval, kernel_arg_names, resolve_grid,
+                                               split_grid)
+from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
+from pallas_check.engine.dma.engine import dma_actor
 from pallas_check.engine.events import Checkers, default_checkers
-from pallas_check.engine.inflight import InFlight
-from pallas_check.engine.scheduler import Actor, Deadlock, Scheduler
-from pallas_check.findings import Finding, KernelInfo, SourceFrame
+from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
+                                               memory_space_name)
+from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.inflight import InFlight
+from pallas_check.engine.runtime.scheduler import Actor, Deadlock, Scheduler
+from pallas_check.findings import KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line
-
-
-from pallas_check.engine.call import (  # noqa: F401  (re-exported: the call's API)
-    MeshInfo, Operand, SINGLE_DEVICE, _block_indices, _grid_points, _operand, _program_axes,
-    _read_only, core_mesh_axes, dimension_semantics, is_semaphore_aval, kernel_arg_names,
-    kernel_info, memory_space_name, resolve_grid, split_grid)
-from pallas_check.engine.pipeline import _core_body, _finish_dmas
-from pallas_check.engine.state import CallState, CoreContext  # noqa: F401
-
-
-@dataclasses.dataclass
-class CallResult:
-    outputs: list[np.ndarray]
-    findings: list[Finding]
-
-
-@dataclasses.dataclass
-class DevicesResult:
-    outputs: list[list[np.ndarray]]  # per device, per output
-    findings: list[Finding]
-    timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
-    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
-    prints: list = dataclasses.field(default_factory=list)
-
-
-def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
-             call_index: int, checkers: Checkers | None = None) -> CallResult:
-    """Simulate one pallas_call on one device; return its outputs and findings."""
-    result = run_call_devices(params, [operands], config, call_index, checkers=checkers)
-    return CallResult(result.outputs[0], result.findings)
-
-
-def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
-                     config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
-                     carried: dict | None = None,
-                     progress: Callable[[int, int], None] | None = None,
-                     results: Sequence[np.ndarray] | None = None,
-                     checkers: Checkers | None = None,
-                     live: InFlight | None = None) -> DevicesResult:
-    """Simulate one pallas_call on every device of `mesh` together (one operand list per
-    device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
-    is kept up to date with what the call has found so far (engine/inflight.py).
-
-    `results` (one device): the buffers the call's outputs are returned in; the first
-    schedule simulates the outputs' HBM in them, so that the outputs are not copied.
-
-    With `config.schedules` > 1 the call is simulated under seeds seed, seed+1, ...
-    until one schedule has findings (or all of them, with keep_going); each finding
-    carries the seed that replays it.
-
-    A kernel that Mosaic does not lower (engine/mosaic_limits.py) never runs on a TPU:
-    the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
-    carried = carried if carried is not None else {}
-    checkers = checkers if checkers is not None else default_checkers()
-    refused = _not_lowered(params)
-    if refused is None:
-        try:
-            return _explore(params, device_operands, config, call_index, mesh, carried,
-                            progress, results, checkers, live)
-        except NotLowered as exc:  # met while running: a spelling the static look missed
-            refused = exc
-    return _skipped(params, device_operands, config, call_index, results, checkers, refused)
-
-
-def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-             call_index: int, mesh: MeshInfo, carried: dict,
-             progress: Callable[[int, int], None] | None,
-             results: Sequence[np.ndarray] | None, checkers: Checkers,
-             live: InFlight | None = None) -> DevicesResult:
-    """The call's schedules (see `run_call_devices`)."""
-    schedules = max(1, config.schedules)
-    findings: list[Finding] = []
-    seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
-    result: DevicesResult | None = None
-    chosen_carried = dict(carried)
-    tried = 0
-    # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
-    # later call recognises a DMA's destination among its operands (engine/carried.py).
-    addresses = ([r.__array_interface__["data"][0] for r in results]
-                 if results is not None else None)
-    for i in range(schedules):
-        trial_carried = dict(carried)
-        trial = _one_schedule(params, device_operands,
-                              dataclasses.replace(config, seed=config.seed + i), call_index,
-                              mesh, trial_carried, results if i == 0 else None, checkers,
-                              addresses, live)
-        tried += 1
-        if progress is not None:
-            progress(i + 1, schedules)
-        if result is None or (trial.findings and not findings):
-            result, chosen_carried = trial, trial_carried
-        # Every occurrence is kept (the store counts them); a defect already seen under an
-        # earlier seed is not reported again under a later one.
-        keys: set[tuple] = set()
-        for finding in trial.findings:
-            if finding.seed is None:
-                finding.seed = config.seed + i
-            key = finding.merge_key()
-            if key not in seen:
-                findings.append(finding)
-            keys.add(key)
-        for key in keys:
-            seen[key] = seen.get(key, 0) + 1
-        if live is not None:
-            live.schedule_done(findings, seen, i + 1)
-        if findings and not config.keep_going:
-            break
-    assert result is not None
-    if schedules > 1:
-        for finding in findings:
-            finding.details["schedules"] = [seen[finding.merge_key()], tried]
-    carried.clear()
-    carried.update(chosen_carried)
-    carried_semaphores.drop_taken(carried)
-    return DevicesResult(result.outputs, findings, result.timeline, result.prints)
-
-
-_refusals = lru.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
-
-
-def _not_lowered(params: dict) -> NotLowered | None:
-    """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
-    jaxpr = params["jaxpr"]
-    return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
-        jaxpr, kernel_arg_names(jaxpr),
-        lambda aval: memory_space_name(getattr(aval, "memory_space", None))))
-
-
-def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checkers,
-             refused: NotLowered) -> DevicesResult:
-    """A call that does not compile for a TPU, skipped: its one finding, and the outputs of
-    a kernel that wrote nothing -- never-written memory (the fill of `--uninit`), an output
-    aliased to an input that input, unchanged -- so that the script runs on and the rest of
-    its calls are checked."""
-    gm = params["grid_mapping"]
-    first = gm.num_dynamic_grid_bounds + gm.num_index_operands
-    aliases = {o: i - gm.num_index_operands
-               for i, o in (params.get("input_output_aliases") or ())}
-    fill = config.uninit.value
-    outputs: list[list[np.ndarray]] = []
-    for operands in device_operands:
-        inputs = list(operands)[first:]
-        device_outputs = []
-        for j, aval in enumerate(params["out_avals"]):
-            if j in aliases:
-                device_outputs.append(np.array(inputs[aliases[j]]))
-            elif (results is not None and len(device_operands) == 1
-                  and results[j].shape == tuple(aval.shape)
-                  and results[j].dtype == np.dtype(aval.dtype)):
-                results[j][...] = memory.fill_value(aval.dtype, fill)
-                device_outputs.append(results[j])
-            else:
-                device_outputs.append(
-                    Buffer.filled("", MemorySpace.HBM, aval.shape, aval.dtype, fill).data)
-        outputs.append(device_outputs)
-    return DevicesResult(outputs, [checkers.not_lowered(kernel_info(params), call_index,
-                                                        refused)])
-
-
-def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
-                  config: Config, call_index: int, mesh: MeshInfo,
-                  carried: dict, results: Sequence[np.ndarray] | None,
-                  checkers: Checkers, addresses: list[int] | None = None,
-                  live: InFlight | None = None) -> DevicesResult:
-    kernel = kernel_info(params)
-    main_fill = config.uninit.value
-    outputs, state, written = _simulate(params, device_operands, config, main_fill, kernel,
-                                        call_index, True, mesh, carried, results, checkers,
-                                        addresses=addresses, live=live)
-    findings = list(state.findings)
-    # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
-    # never-written memory: the re-run with the other fill says whether its address
-    # depends on them (the DMA's ranges differ there, or it is never reached).
-    unbounded = state.unbounded_dma
-    probe = ({unbounded.id: None} if unbounded is not None and unbounded.reads
-             and config.check_uninit_outputs else None)
-    compare_outputs = (state.uninit_reads and config.check_uninit_outputs
-                       and not config.skip_floats and not state.unfinished)
-    if compare_outputs or probe is not None:
-        other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
-        other_outputs, _, _ = _simulate(params, device_operands, config, other_fill, kernel,
-                                        call_index, False, mesh, dict(carried or {}), None,
-                                        checkers, probe, addresses=addresses)
-        if probe is not None:
-            findings.extend(state.checkers.dma_address_of_two_fills(state, probe[unbounded.id]))
-    if compare_outputs:
-        flat = [o for dev in outputs for o in dev]
-        flat_other = [o for dev in other_outputs for o in dev]
-        flat_written = [w for dev in written for w in dev]
-        gm = params["grid_mapping"]
-        first_output = gm.num_index_operands + gm.num_inputs
-        names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
-        flat_names = [name for _ in outputs for name in names]
-        findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
-                                             flat_written, kernel, call_index))
-    if state.revisits and not state.unfinished:
-        rerun = functools.partial(_simulate, params, device_operands, config, main_fill,
-                                  kernel, call_index, False, mesh, addresses=addresses)
-        findings.extend(state.checkers.revisit_lost(state, lost)
-                        for lost in _lost_revisits(state, outputs, rerun, carried))
-    return DevicesResult(outputs, findings, state.timeline, state.prints)
-
-
-def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
-                   rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
-    """Output blocks revisited after other blocks whose first visit's work is lost.
-
-    Decided as uninitialized memory is, by running the call again (only calls where such
-    a revisit happened): the input blocks the first visit consumed are perturbed for its
-    steps, and a block whose final value does not change under any perturbation
-    (revisit.ROUNDS) keeps nothing of that visit. Where no run can tell (the first visit
-    consumed no input block, a re-run did not finish, or floats are skipped), what the
-    last visit wrote decides."""
-    config = state.config
-    records = state.revisits
-    undecided = [r for r in records if not r.perturbable]
-    candidates = [r for r in records if r.perturbable]
-    if config.skip_floats or not config.check_uninit_outputs:
-        undecided, candidates = list(records), []
-    first_output = state.first_output
-    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
-    for round_ in range(revisit.ROUNDS):
-        if not candidates:
-            break
-        capture = {r.first_end for r in candidates} if round_ else None
-        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
-                                       capture)
-        try:
-            other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb=perturb)
-        except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
-            other_state = None
-        if other_state is None or other_state.unfinished:
-            undecided += candidates
-            candidates = []
-            break
-        candidates = [r for r in candidates
-                      if not revisit.block_changed(r, outputs, other, first_output)]
-        for key in capture or ():
-            prints.setdefault(key, set()).add(perturb.fingerprints.get(key))
-    # A first visit whose result did not depend on its inputs lost nothing (a step that
-    # skips its tile): only one whose result did, and that the final block forgets, is lost.
-    lost = [revisit.lost_by_flow(r) for r in candidates if len(prints.get(r.first_end, ())) > 1]
-    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
-    return lost
+from pallas_check.engine.call.state import CallState, CoreContext
+# Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
+from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
+from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -334,7 +103,7 @@ def _is_semaphore_ref(aval: Any) -> bool:
         getattr(aval, "memory_space", None)) == MemorySpace.SEMAPHORE)
 
 
-def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
               fill: str, kernel: KernelInfo, call_index: int, report: bool,
               mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
               results: Sequence[np.ndarray] | None = None,
@@ -345,7 +114,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
     """One schedule of the call on every device: buffers, one actor per core, the run
     (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
     input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
-    where the outputs' XLA buffers are, engine/carried.py; `live`: told of the state)."""
+    where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state)."""
     gm = params["grid_mapping"]
     state = CallState(config, fill, kernel, call_index, report,
                       checkers if checkers is not None else default_checkers())
@@ -377,7 +146,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
                                               operands[layout.first:], fill, results)
         device_hbm_outputs.append(hbm_outputs)
-        if layout.sem_in:  # where DMAs carried in may land (engine/carried.py)
+        if layout.sem_in:  # where DMAs carried in may land (engine/call/carried.py)
             data = [b for b in hbm_inputs if b.space != MemorySpace.SEMAPHORE]
             by_address[device] = ({a.__array_interface__["data"][0]: buf for a, buf in
                                    zip(operands[layout.first:], hbm_inputs)
@@ -395,7 +164,7 @@ def _simulate(params: dict, device_operands: Sequence[Sequence[np.ndarray]], con
         first_ctx = {ctx.device_id: ctx for ctx in reversed(contexts)}
         for dma in carried_semaphores.arrive(state, first_ctx, by_address):
             if config.dma_mode == DmaMode.RANDOM and not dma.copied:
-                actors.append(Actor(dma.actor_name, sync.dma_actor(
+                actors.append(Actor(dma.actor_name, dma_actor(
                     first_ctx[dma.dst_sem[0].device if dma.src_sem is None
                               else dma.src_sem[0].device], dma)))
     state.output_addresses = addresses
@@ -434,7 +203,7 @@ def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
                 and results[j].shape == tuple(aval.shape)
                 and results[j].dtype == np.dtype(aval.dtype)):
             data = results[j]  # the call's own output buffer: filled, simulated in
-            data[...] = memory.fill_value(aval.dtype, fill)
+            data[...] = fill_value(aval.dtype, fill)
             buf = Buffer(name, MemorySpace.HBM, data, written=False)
         else:
             buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
@@ -559,8 +328,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
     state.scheduler = Scheduler(seed=state.config.seed)
     state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
-        # Scalar segments (scalar.py) run on numpy scalars, whose integer overflow wraps
-        # as XLA's does; numpy would warn at each: silenced once for the whole call.
+        # Scalar segments (engine/jaxpr/scalar.py) run on numpy scalars, whose integer
+        # overflow wraps as XLA's does; numpy would warn at each: silenced once for the whole call.
         with np.errstate(over="ignore"):
             state.scheduler.run(actors)
     except Deadlock as deadlock:
@@ -593,7 +362,7 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
 
 def _depart(state: CallState, ctx: CoreContext,
             device_hbm_outputs: list[list[Buffer]]) -> dict:
-    """The DMAs in flight carried by the semaphores the call returns (engine/carried.py);
+    """The DMAs in flight carried by the semaphores the call returns (engine/call/carried.py);
     those semaphores are checked where their last holder ends, not here."""
     sem_out = state.layout_semaphores[1]
     if not sem_out:
@@ -681,7 +450,7 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
             if not buf.fully_written and not state.unfinished:
                 state.checkers.output_unwritten(state, buf)
         # The call's buffers die with it: hand their arrays over rather than copy them.
-        # A semaphore leaves as handles to its value (engine/carried.py).
+        # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if
                         buf.space == MemorySpace.SEMAPHORE else buf.data
                         for buf in hbm_outputs])

@@ -1,0 +1,265 @@
+"""Exploring one pallas_call: the schedules tried (seeds), the call skipped when Mosaic
+would not lower it, the second-fill re-run that decides uninitialized reads, revisits whose
+work is lost, and the results handed back to the session. One schedule's simulation is
+simulate.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pallas_check.config import Config, UninitFill
+from pallas_check.engine.call import carried as carried_semaphores
+from pallas_check.engine.call import revisit
+from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
+                                               kernel_info)
+from pallas_check.engine.call.simulate import simulate_schedule
+from pallas_check.engine.call.state import CallState
+from pallas_check.engine.events import Checkers, default_checkers
+from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import NotLowered, kernel_not_lowered
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
+from pallas_check.engine.runtime import caches
+from pallas_check.engine.runtime.inflight import InFlight
+from pallas_check.findings import Finding
+
+
+@dataclasses.dataclass
+class CallResult:
+    outputs: list[np.ndarray]
+    findings: list[Finding]
+
+
+@dataclasses.dataclass
+class DevicesResult:
+    outputs: list[list[np.ndarray]]  # per device, per output
+    findings: list[Finding]
+    timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
+    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
+    prints: list = dataclasses.field(default_factory=list)
+
+
+def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
+             call_index: int, checkers: Checkers | None = None) -> CallResult:
+    """Simulate one pallas_call on one device; return its outputs and findings."""
+    result = run_call_devices(params, [operands], config, call_index, checkers=checkers)
+    return CallResult(result.outputs[0], result.findings)
+
+
+def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
+                     config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
+                     carried: dict | None = None,
+                     progress: Callable[[int, int], None] | None = None,
+                     results: Sequence[np.ndarray] | None = None,
+                     checkers: Checkers | None = None,
+                     live: InFlight | None = None) -> DevicesResult:
+    """Simulate one pallas_call on every device of `mesh` together (one operand list per
+    device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
+    is kept up to date with what the call has found so far (engine/runtime/inflight.py).
+
+    `results` (one device): the buffers the call's outputs are returned in; the first
+    schedule simulates the outputs' HBM in them, so that the outputs are not copied.
+
+    With `config.schedules` > 1 the call is simulated under seeds seed, seed+1, ...
+    until one schedule has findings (or all of them, with keep_going); each finding
+    carries the seed that replays it.
+
+    A kernel that Mosaic does not lower (engine/jaxpr/mosaic_limits.py) never runs on a TPU:
+    the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
+    carried = carried if carried is not None else {}
+    checkers = checkers if checkers is not None else default_checkers()
+    refused = _not_lowered(params)
+    if refused is None:
+        try:
+            return _explore(params, device_operands, config, call_index, mesh, carried,
+                            progress, results, checkers, live)
+        except NotLowered as exc:  # met while running: a spelling the static look missed
+            refused = exc
+    return _skipped(params, device_operands, config, call_index, results, checkers, refused)
+
+
+def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+             call_index: int, mesh: MeshInfo, carried: dict,
+             progress: Callable[[int, int], None] | None,
+             results: Sequence[np.ndarray] | None, checkers: Checkers,
+             live: InFlight | None = None) -> DevicesResult:
+    """The call's schedules (see `run_call_devices`)."""
+    schedules = max(1, config.schedules)
+    findings: list[Finding] = []
+    seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
+    result: DevicesResult | None = None
+    chosen_carried = dict(carried)
+    tried = 0
+    # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
+    # later call recognises a DMA's destination among its operands (engine/call/carried.py).
+    addresses = ([r.__array_interface__["data"][0] for r in results]
+                 if results is not None else None)
+    for i in range(schedules):
+        trial_carried = dict(carried)
+        trial = _one_schedule(params, device_operands,
+                              dataclasses.replace(config, seed=config.seed + i), call_index,
+                              mesh, trial_carried, results if i == 0 else None, checkers,
+                              addresses, live)
+        tried += 1
+        if progress is not None:
+            progress(i + 1, schedules)
+        if result is None or (trial.findings and not findings):
+            result, chosen_carried = trial, trial_carried
+        # Every occurrence is kept (the store counts them); a defect already seen under an
+        # earlier seed is not reported again under a later one.
+        keys: set[tuple] = set()
+        for finding in trial.findings:
+            if finding.seed is None:
+                finding.seed = config.seed + i
+            key = finding.merge_key()
+            if key not in seen:
+                findings.append(finding)
+            keys.add(key)
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
+        if live is not None:
+            live.schedule_done(findings, seen, i + 1)
+        if findings and not config.keep_going:
+            break
+    assert result is not None
+    if schedules > 1:
+        for finding in findings:
+            finding.details["schedules"] = [seen[finding.merge_key()], tried]
+    carried.clear()
+    carried.update(chosen_carried)
+    carried_semaphores.drop_taken(carried)
+    return DevicesResult(result.outputs, findings, result.timeline, result.prints)
+
+
+_refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
+
+
+def _not_lowered(params: dict) -> NotLowered | None:
+    """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
+    jaxpr = params["jaxpr"]
+    return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
+        jaxpr, kernel_arg_names(jaxpr),
+        lambda aval: memory_space_name(getattr(aval, "memory_space", None))))
+
+
+def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
+             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checkers,
+             refused: NotLowered) -> DevicesResult:
+    """A call that does not compile for a TPU, skipped: its one finding, and the outputs of
+    a kernel that wrote nothing -- never-written memory (the fill of `--uninit`), an output
+    aliased to an input that input, unchanged -- so that the script runs on and the rest of
+    its calls are checked."""
+    gm = params["grid_mapping"]
+    first = gm.num_dynamic_grid_bounds + gm.num_index_operands
+    aliases = {o: i - gm.num_index_operands
+               for i, o in (params.get("input_output_aliases") or ())}
+    fill = config.uninit.value
+    outputs: list[list[np.ndarray]] = []
+    for operands in device_operands:
+        inputs = list(operands)[first:]
+        device_outputs = []
+        for j, aval in enumerate(params["out_avals"]):
+            if j in aliases:
+                device_outputs.append(np.array(inputs[aliases[j]]))
+            elif (results is not None and len(device_operands) == 1
+                  and results[j].shape == tuple(aval.shape)
+                  and results[j].dtype == np.dtype(aval.dtype)):
+                results[j][...] = fill_value(aval.dtype, fill)
+                device_outputs.append(results[j])
+            else:
+                device_outputs.append(
+                    Buffer.filled("", MemorySpace.HBM, aval.shape, aval.dtype, fill).data)
+        outputs.append(device_outputs)
+    return DevicesResult(outputs, [checkers.not_lowered(kernel_info(params), call_index,
+                                                        refused)])
+
+
+def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
+                  config: Config, call_index: int, mesh: MeshInfo,
+                  carried: dict, results: Sequence[np.ndarray] | None,
+                  checkers: Checkers, addresses: list[int] | None = None,
+                  live: InFlight | None = None) -> DevicesResult:
+    kernel = kernel_info(params)
+    main_fill = config.uninit.value
+    outputs, state, written = simulate_schedule(params, device_operands, config, main_fill, kernel,
+                                        call_index, True, mesh, carried, results, checkers,
+                                        addresses=addresses, live=live)
+    findings = list(state.findings)
+    # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
+    # never-written memory: the re-run with the other fill says whether its address
+    # depends on them (the DMA's ranges differ there, or it is never reached).
+    unbounded = state.unbounded_dma
+    probe = ({unbounded.id: None} if unbounded is not None and unbounded.reads
+             and config.check_uninit_outputs else None)
+    compare_outputs = (state.uninit_reads and config.check_uninit_outputs
+                       and not config.skip_floats and not state.unfinished)
+    if compare_outputs or probe is not None:
+        other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
+        other_outputs, _, _ = simulate_schedule(params, device_operands, config, other_fill, kernel,
+                                        call_index, False, mesh, dict(carried or {}), None,
+                                        checkers, probe, addresses=addresses)
+        if probe is not None:
+            findings.extend(state.checkers.dma_address_of_two_fills(state, probe[unbounded.id]))
+    if compare_outputs:
+        flat = [o for dev in outputs for o in dev]
+        flat_other = [o for dev in other_outputs for o in dev]
+        flat_written = [w for dev in written for w in dev]
+        gm = params["grid_mapping"]
+        first_output = gm.num_index_operands + gm.num_inputs
+        names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
+        flat_names = [name for _ in outputs for name in names]
+        findings.extend(state.checkers.outputs_of_two_fills(flat_names, state, flat, flat_other,
+                                             flat_written, kernel, call_index))
+    if state.revisits and not state.unfinished:
+        rerun = functools.partial(simulate_schedule, params, device_operands, config, main_fill,
+                                  kernel, call_index, False, mesh, addresses=addresses)
+        findings.extend(state.checkers.revisit_lost(state, lost)
+                        for lost in _lost_revisits(state, outputs, rerun, carried))
+    return DevicesResult(outputs, findings, state.timeline, state.prints)
+
+
+def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
+                   rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
+    """Output blocks revisited after other blocks whose first visit's work is lost.
+
+    Decided as uninitialized memory is, by running the call again (only calls where such
+    a revisit happened): the input blocks the first visit consumed are perturbed for its
+    steps, and a block whose final value does not change under any perturbation
+    (revisit.ROUNDS) keeps nothing of that visit. Where no run can tell (the first visit
+    consumed no input block, a re-run did not finish, or floats are skipped), what the
+    last visit wrote decides."""
+    config = state.config
+    records = state.revisits
+    undecided = [r for r in records if not r.perturbable]
+    candidates = [r for r in records if r.perturbable]
+    if config.skip_floats or not config.check_uninit_outputs:
+        undecided, candidates = list(records), []
+    first_output = state.first_output
+    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
+    for round_ in range(revisit.ROUNDS):
+        if not candidates:
+            break
+        capture = {r.first_end for r in candidates} if round_ else None
+        perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
+                                       capture)
+        try:
+            other, other_state, _ = rerun(dict(carried), None, state.checkers, perturb=perturb)
+        except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
+            other_state = None
+        if other_state is None or other_state.unfinished:
+            undecided += candidates
+            candidates = []
+            break
+        candidates = [r for r in candidates
+                      if not revisit.block_changed(r, outputs, other, first_output)]
+        for key in capture or ():
+            prints.setdefault(key, set()).add(perturb.fingerprints.get(key))
+    # A first visit whose result did not depend on its inputs lost nothing (a step that
+    # skips its tile): only one whose result did, and that the final block forgets, is lost.
+    lost = [revisit.lost_by_flow(r) for r in candidates if len(prints.get(r.first_end, ())) > 1]
+    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
+    return lost

@@ -1,0 +1,230 @@
+"""DMAs and semaphores as small state machines: a `Dma` in flight, the call's `SyncState`
+(DMAs in flight per semaphore, who signalled last), semaphore cells and their counts, and a
+DMA's two events. DMA semaphores count bytes, as on a TPU, and a DMA is two events: it
+reads its source, which signals the send semaphore (`wait_send`: the source may be reused),
+then it writes its destination, which signals the receive semaphore (`wait_recv`: the data
+has landed). When each event happens in each DMA mode (`eager`, `on_wait`, `random`: then
+`dma_actor` runs them where the scheduler puts them) is decided by the rules that drive
+these machines (engine/rules/dma.py, engine/rules/semaphore.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from typing import Any
+
+import numpy as np
+from pallas_check.jaxbridge import state_types
+
+from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
+from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.findings import SourceFrame, format_range
+
+
+@dataclasses.dataclass(slots=True)
+class Dma:
+    """One DMA from start to wait."""
+
+    id: int
+    src: Region
+    dst: Region
+    dst_sem: tuple[Buffer, tuple]
+    src_sem: tuple[Buffer, tuple] | None
+    nbytes: int
+    actor: str
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    # What its read adds to the send semaphore and its landing to the receive semaphore,
+    # and what waits must take off again: its bytes on DMA semaphores, 1 on regular ones
+    # (`signal_count`).
+    signal: int
+    read_done: bool = False  # the source was read (the send semaphore signalled)
+    copied: bool = False  # the destination was written (the receive semaphore signalled)
+    waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
+    staged: Any = None  # (values, written-shadow) read from the source, not yet written
+    # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
+    # (engine/call/carried.py): (that call's index, its KernelInfo, the actor that started it).
+    origin: Any = None
+
+    @property
+    def actor_name(self) -> str:
+        """The DMA as an actor, as race reports name it."""
+        where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
+        return f"DMA #{self.id} started by {self.actor}{where}"
+
+
+class SyncState:
+    """Semaphore counts live in their buffers; this tracks DMAs and who signalled what."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self.dmas: list[Dma] = []
+        self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
+        self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
+        # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
+        # signal it (as receive or send semaphore), and those not yet fully waited on it
+        # (so that a wait does not rescan every DMA of the call).
+        self._receiving: dict[tuple, list[Dma]] = {}
+        self._sending: dict[tuple, list[Dma]] = {}
+        self._unwaited: dict[tuple, collections.deque[Dma]] = {}
+
+    def start(self, dma: Dma) -> None:
+        self.dmas.append(dma)
+        dst = (dma.dst_sem[0].id, dma.dst_sem[1])
+        self._receiving.setdefault(dst, []).append(dma)
+        if dma.src_sem is not None:
+            self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
+        self._unwaited.setdefault(dst, collections.deque()).append(dma)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def landing_only(self, sem: tuple[Buffer, tuple]) -> list[Dma] | None:
+        """The DMAs that may still land on `sem`, in start order (the list itself: a
+        landed one may be removed), when no DMA signals it as its send semaphore; else
+        None (`pending_on` then orders both kinds)."""
+        key = (sem[0].id, sem[1])
+        if self._sending.get(key):
+            return None
+        return self._receiving.get(key, [])
+
+    def pending_on(self, sem: tuple[Buffer, tuple]) -> list[tuple[Dma, bool]]:
+        """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
+        DMA that has yet to land there (receive semaphore), (dma, False) for one that has
+        yet to read its source (send semaphore)."""
+        key = (sem[0].id, sem[1])
+        pending: list[tuple[Dma, bool]] = []
+        receiving = self._receiving.get(key)
+        if receiving:
+            receiving[:] = [d for d in receiving if not d.copied]
+            pending.extend((d, True) for d in receiving)
+        sending = self._sending.get(key)
+        if sending:
+            sending[:] = [d for d in sending if not d.read_done]
+            pending.extend((d, False) for d in sending)
+        if receiving and sending:
+            pending.sort(key=lambda item: -item[0].id)
+        else:
+            pending.reverse()  # each list is in start order
+        return pending
+
+
+def as_view(x: Any) -> RefView:
+    """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
+    if isinstance(x, state_types.TransformedRef):
+        if isinstance(x.ref, (tuple, list)):
+            return as_view(selected_ref(x))
+        base = as_view(x.ref)
+        return base.with_transforms(tuple(x.transforms))
+    if isinstance(x, RefView):
+        return x
+    raise KernelError(f"expected a ref, got {type(x).__name__}")
+
+
+def selected_ref(x: Any) -> Any:
+    """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
+    as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
+    and the last ref for any other value (no check, no trap)."""
+    (transform,) = x.transforms
+    if not isinstance(transform, state_types.SelectTransform):
+        raise KernelError(f"a transform of several refs that is not pl.select_ref:"
+                          f" {type(transform).__name__}")
+    refs = x.ref
+    idx = int(np.asarray(transform.idx))
+    return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
+
+
+def semaphore_cell(ctx: Any, view: RefView) -> tuple[Buffer, tuple]:
+    return cell_of(ctx, resolve(view))
+
+
+def cell_of(ctx: Any, region: Region) -> tuple[Buffer, tuple]:
+    """The one semaphore a region picks (a region of several is the kernel's error)."""
+    if region.oob or region.post or region.out_shape:
+        raise KernelError(
+            f"semaphore access {region.buffer.name}{_describe(region)} must pick one"
+            " semaphore", current_frames(ctx),
+        )
+    return region.buffer, region.index
+
+
+def _describe(region: Region) -> str:
+    return format_range(region.index_range())
+
+
+def sem_value(cell: tuple[Buffer, tuple]) -> int:
+    buf, idx = cell
+    return int(buf.data[idx])
+
+
+def sem_add(cell: tuple[Buffer, tuple], amount: int) -> None:
+    buf, idx = cell
+    buf.writable()[idx] = buf.data[idx] + amount
+
+
+def sem_name(cell: tuple[Buffer, tuple]) -> str:
+    buf, idx = cell
+    if buf.data.ndim == 0:
+        return buf.name
+    return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
+
+
+def dma_read(ctx: Any, dma: Dma) -> None:
+    """The DMA reads its source now (values and written-shadow are staged) and signals
+    its send semaphore: the source may be reused from here on."""
+    if dma.read_done:
+        return
+    dma.read_done = True
+    value = dma.src.read(ctx.fill(dma.src.buffer.data.dtype))
+    target_dtype = dma.dst.buffer.data.dtype
+    if value.dtype != target_dtype:
+        value = value.astype(target_dtype)
+    # A source written everywhere (an input, say) needs no per-element shadow copied along.
+    written = True if dma.src.buffer.fully_written else dma.src.read_written()
+    dma.staged = (value, written)
+    if dma.src_sem is not None:
+        sem_add(dma.src_sem, dma.signal)
+    ctx.call.on_dma_read(ctx, dma)
+
+
+def dma_write(ctx: Any, dma: Dma) -> None:
+    """The DMA writes its destination (reading its source first if it has not yet) and
+    signals its receive semaphore: the data has landed."""
+    if dma.copied:
+        return
+    dma_read(ctx, dma)
+    assert dma.staged is not None
+    value, written = dma.staged
+    dma.staged = None
+    dma.copied = True
+    if dma.dst.buffer.is_output and not all_written(written):
+        # Never-written elements copied into an output: the DMA is where they come from,
+        # so its read is the uninitialized read that reaches the output (not "elements
+        # never written": the DMA wrote them).
+        ctx.call.dma_copied_unwritten(dma, ~np.asarray(written, bool))
+        written = True
+    if dma.dst.post:
+        dma.dst.write(value, ctx.fill(value.dtype), written)
+    else:
+        dma.dst.write_base(value, written)
+    ctx.call.on_dma_write(ctx, dma)
+    sem_add(dma.dst_sem, dma.signal)
+
+
+def complete(ctx: Any, dma: Dma) -> None:
+    """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
+    dma_read(ctx, dma)
+    dma_write(ctx, dma)
+
+
+def dma_actor(ctx: Any, dma: Dma):
+    """In `random` mode a DMA is an actor: its read and its write each happen at a point
+    the scheduler picks, after its start and before what waits for it."""
+    yield None
+    dma_read(ctx, dma)
+    yield None
+    dma_write(ctx, dma)

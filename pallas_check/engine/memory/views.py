@@ -1,0 +1,308 @@
+"""Ref views through transforms: which buffer elements a bitcast, reshaped or
+indexed view touches (`ElementMap`), and how a value moves through the transforms.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from typing import Any
+
+import numpy as np
+from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import state_types
+
+from pallas_check.engine.memory.buffer import Buffer
+from pallas_check.findings import IndexRange
+
+
+class ElementMap:
+    """Where each element of an access through a reshape / bitcast / transpose view lies
+    in its buffer, exactly.
+
+    `units` has the access's shape plus one trailing axis: the buffer units each accessed
+    element is made of, as flat indices `element * per + part`, -1 outside the buffer. A
+    unit is the smallest item size along the view (a bitcast to a narrower type splits a
+    buffer element into `per` parts; to a wider one, an accessed element spans several).
+    Everything derived (elements, boxes) is computed once: maps are shared by every access
+    through a view of the same shape (`element_map_of`, region.py).
+    """
+
+    __slots__ = ("units", "per", "shape", "_elements", "_full", "_boxes")
+
+    def __init__(self, units: np.ndarray, per: int, shape: tuple[int, ...]) -> None:
+        self.units = units
+        self.per = per
+        self.shape = shape  # the buffer's
+        self._elements: np.ndarray | None = None
+        self._full: np.ndarray | None = None
+        self._boxes: tuple[IndexRange, ...] | None = None
+
+    def _element_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        units = np.unique(self.units[self.units >= 0])
+        return np.unique(units // self.per, return_counts=True)
+
+    def elements(self) -> np.ndarray:
+        """Flat indices (sorted) of the buffer elements the access touches, even in part."""
+        if self._elements is None:
+            self._elements, counts = self._element_counts()
+            self._full = self._elements[counts == self.per]
+        return self._elements
+
+    def full(self) -> np.ndarray:
+        """Flat indices of the buffer elements the access covers whole (every part)."""
+        if self._full is None:
+            self.elements()
+        assert self._full is not None
+        return self._full
+
+    def boxes(self) -> tuple[IndexRange, ...]:
+        if self._boxes is None:
+            self._boxes = flat_boxes(self.elements(), self.shape)
+        return self._boxes
+
+    def bbox(self, selected: np.ndarray) -> IndexRange | None:
+        """The bounding box in the buffer of the elements that `selected` (a boolean array
+        in the access's shape) touches; None if it touches none."""
+        units = self.units[np.broadcast_to(selected, self.units.shape[:-1])]
+        units = units[units >= 0]
+        if units.size == 0:
+            return None
+        coords = np.unravel_index(units // self.per, self.shape)
+        return tuple((int(c.min()), int(c.max()) + 1) for c in coords)
+
+    def mark(self, buffer: Buffer, written: bool | np.ndarray) -> None:
+        """Update `buffer`'s shadow after a store through the view whose data is
+        initialized where `written` (in the access's shape) says: an element stored whole
+        is written iff all of its parts are; one stored in part keeps its state if the
+        part is initialized and becomes unwritten if not (stale bits landed in it)."""
+        if not isinstance(written, np.ndarray) or written.all():
+            if bool(np.all(written)):
+                buffer.mark_flat(self.full(), True)
+                return
+            buffer.mark_flat(self.elements(), False)
+            return
+        units = self.units.reshape(-1, self.units.shape[-1])
+        written = np.broadcast_to(np.asarray(written, bool), self.units.shape[:-1])
+        good = np.broadcast_to(written.reshape(-1, 1), units.shape)
+        valid = units >= 0
+        elements, where, parts = np.unique(units[valid] // self.per, return_inverse=True,
+                                           return_counts=True)
+        good_parts = np.bincount(where, weights=good[valid], minlength=len(elements))
+        clean = good_parts == parts
+        buffer.mark_flat(elements[clean & (parts == self.per)], True)
+        buffer.mark_flat(elements[~clean], False)
+
+
+def flat_boxes(elements: np.ndarray, shape: tuple[int, ...]) -> tuple[IndexRange, ...]:
+    """Disjoint boxes of a buffer of `shape` that hold exactly the elements at flat
+    indices `elements` (sorted, distinct): one box when they form one (the usual case),
+    else runs of equal slices along the leading dimension, split further inside."""
+    if elements.size == 0:
+        return (tuple((0, 0) for _ in shape),)
+    coords = np.unravel_index(elements, shape)
+    lo = [int(c.min()) for c in coords]
+    hi = [int(c.max()) + 1 for c in coords]
+    if math.prod(h - low for low, h in zip(lo, hi)) == elements.size:
+        return (tuple(zip(lo, hi)),)
+    mask = np.zeros(tuple(h - low for low, h in zip(lo, hi)), bool)
+    mask[tuple(c - low for c, low in zip(coords, lo))] = True
+    return tuple(tuple((low + a, low + b) for low, (a, b) in zip(lo, box))
+                 for box in _mask_boxes(mask))
+
+
+def _mask_boxes(mask: np.ndarray) -> list[IndexRange]:
+    """Disjoint boxes covering exactly the True elements of `mask`."""
+    if mask.ndim == 0:
+        return [()] if bool(mask) else []
+    if mask.all():
+        return [tuple((0, n) for n in mask.shape)]
+    flat = mask.reshape(mask.shape[0], -1)
+    # Runs of consecutive equal slices along axis 0 share their boxes inside.
+    starts = [0] + [i for i in range(1, flat.shape[0])
+                    if not np.array_equal(flat[i], flat[i - 1])] + [flat.shape[0]]
+    out: list[IndexRange] = []
+    for a, b in zip(starts, starts[1:]):
+        if flat[a].any():
+            out.extend(((a, b), *inner) for inner in _mask_boxes(mask[a]))
+    return out
+
+
+_MAP_UNITS = 1 << 22  # units kept in cached maps at most (4 bytes each, or 8)
+
+
+class _MapCache:
+    """Element maps by view shape, bounded by their total size (least recent out)."""
+
+    def __init__(self) -> None:
+        self._items: collections.OrderedDict[Any, ElementMap] = collections.OrderedDict()
+        self._units = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> ElementMap | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: Any, value: ElementMap) -> None:
+        with self._lock:
+            if key in self._items or value.units.size > _MAP_UNITS:
+                return
+            self._items[key] = value
+            self._units += value.units.size
+            while self._units > _MAP_UNITS:
+                _, old = self._items.popitem(last=False)
+                self._units -= old.units.size
+
+
+_maps = _MapCache()
+
+
+def _post_key(post: list) -> tuple | None:
+    """A hashable spelling of post transforms (None: not cacheable, e.g. index arrays)."""
+    key: list = []
+    for t in post:
+        if isinstance(t, state_indexing.NDIndexer):
+            if has_array_index(t):
+                return None
+            key.append(tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
+                             if isinstance(i, state_indexing.Slice) else _as_int(i)
+                             for i in t.indices))
+        elif isinstance(t, state_types.ReshapeTransform):
+            key.append(("reshape", tuple(t.shape)))
+        elif isinstance(t, state_types.BitcastTransform):
+            key.append(("bitcast", np.dtype(t.dtype).str))
+        elif isinstance(t, state_types.TransposeTransform):
+            key.append(("transpose", tuple(t.permutation)))
+        else:
+            raise UnsupportedTransform(type(t).__name__)
+    return tuple(key)
+
+
+def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list, post: list) -> ElementMap:
+    sizes = [dtype.itemsize] + [np.dtype(t.dtype).itemsize for t in post
+                                if isinstance(t, state_types.BitcastTransform)]
+    per = dtype.itemsize // math.gcd(*sizes)
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    flat, valid = np.zeros((), np.int64), np.ones((), bool)
+    for d, n, stride in zip(dims, shape, strides):
+        if isinstance(d, int):
+            flat, valid = flat + d * stride, valid & (0 <= d < n)
+        else:
+            idx = d[0] + d[2] * np.arange(d[1], dtype=np.int64)
+            flat = flat[..., None] + idx * stride
+            valid = valid[..., None] & (idx >= 0) & (idx < n)
+    units = np.where(valid[..., None], flat[..., None] * per + np.arange(per), -1)
+    itemsize = dtype.itemsize
+    for t in post:
+        lead = units.ndim - 1
+        if isinstance(t, state_indexing.NDIndexer):
+            units = units[_numpy_index(t) + (slice(None),)]
+        elif isinstance(t, state_types.ReshapeTransform):
+            units = units.reshape(tuple(t.shape) + units.shape[-1:])
+        elif isinstance(t, state_types.TransposeTransform):
+            units = np.transpose(units, tuple(t.permutation) + (lead,))
+        else:  # a bitcast (anything else was refused by _post_key)
+            new_size = np.dtype(t.dtype).itemsize
+            units, itemsize = _bitcast_units(units, itemsize, new_size), new_size
+    if units.size and int(units.max()) < 2**31:
+        units = units.astype(np.int32)
+    return ElementMap(units, per, tuple(shape))
+
+
+def _bitcast_units(units: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """The units of a view bitcast from item size `src` to `dst`, laid out as
+    `tpu_bitcast` lays out values (packing along the second-minor dimension)."""
+    if src == dst:
+        return units
+    *lead, m, n, k = units.shape
+    if dst > src:  # `p` rows of the narrow type pack into one: their bytes in row order
+        p = dst // src
+        return units.reshape(*lead, m // p, p, n, k).swapaxes(-3, -2).reshape(
+            *lead, m // p, n, p * k)
+    q = src // dst  # one row splits into `q`: row r * q + s holds the s-th part
+    return units.reshape(*lead, m, n, q, k // q).swapaxes(-3, -2).reshape(
+        *lead, m * q, n, k // q)
+
+
+def _apply_post(transform: Any, value: np.ndarray) -> np.ndarray:
+    if isinstance(transform, state_indexing.NDIndexer):
+        return value[_numpy_index(transform)]
+    if isinstance(transform, state_types.ReshapeTransform):
+        return value.reshape(transform.shape)
+    if isinstance(transform, state_types.BitcastTransform):
+        return tpu_bitcast(value, np.dtype(transform.dtype))
+    if isinstance(transform, state_types.TransposeTransform):
+        return np.transpose(value, transform.permutation)
+    raise UnsupportedTransform(type(transform).__name__)
+
+
+def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray:
+    src_bits, dst_bits = src.itemsize * 8, np.dtype(dst).itemsize * 8
+    if src_bits == dst_bits:
+        return written
+    *lead, m, n = written.shape
+    if src_bits < dst_bits:
+        packing = dst_bits // src_bits
+        return written.reshape(*lead, m // packing, packing, n).all(axis=-2)
+    return np.repeat(written, src_bits // dst_bits, axis=-2)
+
+
+def _undo_post(transform: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    if isinstance(transform, state_indexing.NDIndexer):
+        out = np.array(before)
+        out[_numpy_index(transform)] = new
+        return out
+    if isinstance(transform, state_types.ReshapeTransform):
+        return new.reshape(before.shape)
+    if isinstance(transform, state_types.BitcastTransform):
+        return tpu_bitcast(new, before.dtype)
+    if isinstance(transform, state_types.TransposeTransform):
+        inverse = np.argsort(transform.permutation)
+        return np.transpose(new, inverse)
+    raise UnsupportedTransform(type(transform).__name__)
+
+
+def tpu_bitcast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Bitcast as the TPU does: packing changes the second-minor dimension."""
+    src_bits = value.dtype.itemsize * 8
+    dst_bits = np.dtype(dtype).itemsize * 8
+    if src_bits == dst_bits:
+        return value.view(dtype)
+    *lead, m, n = value.shape
+    if src_bits < dst_bits:
+        packing = dst_bits // src_bits
+        packed = value.reshape(*lead, m // packing, packing, n).swapaxes(-1, -2)
+        return np.ascontiguousarray(packed).view(dtype).reshape(*lead, m // packing, n)
+    packing = src_bits // dst_bits
+    unpacked = np.ascontiguousarray(value).view(dtype).reshape(*lead, m, n, packing)
+    return unpacked.swapaxes(-1, -2).reshape(*lead, m * packing, n)
+
+
+class UnsupportedTransform(Exception):
+    """A ref transform pallas-check does not model."""
+
+
+def _numpy_index(indexer: Any) -> tuple:
+    out = []
+    for idx in indexer.indices:
+        if isinstance(idx, state_indexing.Slice):
+            start, size, stride = int(idx.start), int(idx.size), int(idx.stride)
+            out.append(slice(start, start + size * stride, stride))
+        else:
+            out.append(np.asarray(idx))
+    return tuple(out)
+
+
+def _as_int(x: Any) -> int:
+    return int(np.asarray(x))
+
+
+def has_array_index(indexer: Any) -> bool:
+    for idx in indexer.indices:
+        if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
+            return True
+    return False

@@ -1,0 +1,62 @@
+"""The rules of the semaphore primitives: signal (local or remote), wait, read, and the
+barrier semaphore; the semaphores themselves are dma/engine.py's cells.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pallas_check.jaxbridge import pallas_primitives
+from pallas_check.jaxbridge import mosaic_primitives
+
+from pallas_check.engine.dma.devices import _with_core, on_device, target_device
+from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
+from pallas_check.engine.jaxpr.program import current_frames
+from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.rules.dma import _account_wait, _wait_ready
+from pallas_check.engine.runtime.scheduler import Wait
+
+
+@rule(pallas_primitives.semaphore_signal_p)
+def _semaphore_signal(ctx, eqn, invals):
+    sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
+    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    if core_index is not None:
+        target = _with_core(ctx, target, core_index)
+    view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
+    cell = semaphore_cell(ctx, view)
+    sem_add(cell, int(np.asarray(inc)))
+    ctx.call.sync.last_signal[(cell[0].id, cell[1])] = current_frames(ctx)
+    ctx.call.sync.last_signaller[(cell[0].id, cell[1])] = ctx.actor
+    ctx.call.on_signal(ctx, cell)
+    return []
+
+
+@rule(pallas_primitives.semaphore_wait_p, generator=True)
+def _semaphore_wait(ctx, eqn, invals):
+    sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
+    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    cell = semaphore_cell(ctx, view)
+    wanted = int(np.asarray(value))
+    # DMAs may signal a regular semaphore (one count each): in `on_wait` mode the wait
+    # lands those it needs, as a DMA wait does, and what it takes is theirs.
+    if not _wait_ready(ctx, cell, wanted):
+        yield Wait(lambda: _wait_ready(ctx, cell, wanted), "semaphore wait",
+                   current_frames(ctx), semaphore=sem_name(cell), wanted=wanted,
+                   current=lambda: sem_value(cell), cell=cell)
+    if decrement is None or bool(np.asarray(decrement)):
+        sem_add(cell, -wanted)
+        _account_wait(ctx.call.sync, cell, wanted)
+    ctx.call.on_semaphore_wait(ctx, cell)
+    return []
+
+
+@rule(pallas_primitives.semaphore_read_p)
+def _semaphore_read(ctx, eqn, invals):
+    sem, transforms = eqn.params["args_tree"].unflatten(invals)
+    view = as_view(sem).with_transforms(tuple(transforms or ()))
+    return np.int32(sem_value(semaphore_cell(ctx, view)))
+
+
+@rule(mosaic_primitives.get_barrier_semaphore_p)
+def _get_barrier_semaphore(ctx, eqn, invals):
+    return ctx.call.barrier_semaphore(ctx)

@@ -1,0 +1,124 @@
+"""The report of `pallas-check compile`: calls x TPU generations, as a table or JSON
+(versioned schema). compile_command.py compiles; this renders."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pallas_check.report.console import Display
+from pallas_check.report.json import dump, header
+from pallas_check.report.paths import display_path, project_root
+from pallas_check.report.table import fits, print_wrapped, unbroken_column
+from pallas_check.units import format_bytes
+
+SCHEMA = "pallas-check/compile-report"
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class CompileReport:
+    script: str
+    generations: list[str]
+    script_seconds: float
+    calls: list[dict[str, Any]]
+    findings: list[Any]
+    exit_code: int
+    script_error: str | None = None  # how the script ended, when it failed
+    internal_error: str | None = None
+
+
+def compile_dict(report: CompileReport) -> dict[str, Any]:
+    """The report as JSON-ready data; stable key order."""
+    return {**header(SCHEMA, SCHEMA_VERSION, report.script),
+            "generations": report.generations,
+            "exit_code": report.exit_code, "script_seconds": report.script_seconds,
+            "script_error": report.script_error, "internal_error": report.internal_error,
+            "calls": report.calls,
+            "findings": [f.to_dict() for f in report.findings]}
+
+
+def vmem_text(entry: dict[str, Any]) -> str:
+    """`3.02 MiB / 16.00 MiB (scratch 1.00 MiB of it)`: the compiler's scoped VMEM use of
+    the scoped limit, and how much of it the scratch operands take."""
+    scoped = entry.get("vmem_scoped_bytes")
+    if scoped is None:
+        return ""
+    text = f"{format_bytes(scoped)} / {format_bytes(entry['vmem_scoped_limit_bytes'])}"
+    if entry.get("vmem_scratch_bytes"):
+        text += f" (scratch {format_bytes(entry['vmem_scratch_bytes'])} of it)"
+    return text
+
+
+def render_table(report: CompileReport, stream: TextIO,
+                 display: Display | None = None) -> None:
+    """Calls x generations as a table when every cell fits whole at the display's width,
+    else one line per call and generation (`path:line: call N kernel on v5e: ...`)."""
+    console = (display if display is not None else Display()).console(stream)
+    root = project_root(report.script)
+    title = f"pallas_calls compiled for {', '.join(report.generations)} (libtpu, no TPU)"
+    rows = []
+    for call in report.calls:
+        for generation, entry in call["compiled"].items():
+            status = entry["status"] + (f" {entry['error_code']}" if entry["error_code"]
+                                        else "")
+            rows.append([str(call["index"]), call["kernel"],
+                         f"{display_path(call['file'], root)}:{call['line']}", generation,
+                         status, vmem_text(entry), f"{entry['compile_seconds']:.2f}"])
+    table = Table(title=title, title_justify="left")
+    for col, header in enumerate(("call", "kernel", "where", "tpu", "result",
+                                  "VMEM scoped / limit", "compile s")):
+        unbroken_column(table, console, header, [Text(r[col]) for r in rows])
+    for row in rows:
+        table.add_row(*row)
+    if fits(console, table):
+        console.print(table)
+    else:
+        console.print(Text(title, style="bold underline"))
+        for index, kernel, where, generation, status, vmem, seconds in rows:
+            print_wrapped(console, Text(where, style="cyan") + Text(
+                f": call {index} {kernel} on {generation}: {status}"
+                + (f", VMEM {vmem}" if vmem else "") + f", compiled in {seconds} s"))
+    for f in report.findings:
+        where = (f"{display_path(f.location.file, root)}:{f.location.line}" if f.location
+                 else "?")
+        print_wrapped(console, Text(f"{where}: {f.kind.value}: {f.kernel.name}"
+                                    + (f" [{f.buffer}]" if f.buffer else "")
+                                    + f": {' '.join(f.message.split())} (call {f.call_index})"))
+    _print_compile_end(console, report)
+
+
+def _print_compile_end(console: Console, report: CompileReport) -> None:
+    """The script's stop, our own error and the summary line."""
+    if report.script_error:
+        print_wrapped(console, Text(f"note: the script stopped: {report.script_error} (compile"
+                                    " answers every pallas_call with zeros; checks of its"
+                                    " results may fail; calls after that point were not"
+                                    " compiled)", style="yellow"))
+    if report.internal_error:
+        print_wrapped(console, Text(f"pallas-check error: {report.internal_error}",
+                                    style="red"))
+    failures = len(report.findings)
+    print_wrapped(console, Text(f"pallas-check: {len(report.calls)} pallas_call(s) compiled"
+                                f" for {len(report.generations)} generation(s): {failures}"
+                                " failure(s)", style="bold red" if failures else "bold green"))
+
+
+class CompileTableReporter:
+    def __init__(self, display: Display | None = None) -> None:
+        self.display = display
+
+    def render(self, report: CompileReport, stream: TextIO) -> None:
+        render_table(report, stream, self.display)
+
+
+class CompileJsonReporter:
+    def __init__(self, display: Display | None = None) -> None:
+        pass  # a file's bytes do not depend on where they are shown
+
+    def render(self, report: CompileReport, stream: TextIO) -> None:
+        dump(compile_dict(report), stream)
