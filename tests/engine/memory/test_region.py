@@ -46,6 +46,8 @@ def test_a_slice_of_a_slice_is_one_strided_slice_of_the_buffer():
     assert region.out_shape == (3,)
     assert region.index_range() == ((6, 11), (5, 6))
     np.testing.assert_array_equal(region.read(NAN), buffer.data[6:12:2, 5])
+    every_other = index_region(buffer, [((1, 8, 2), (0, 128, 1)), ((2, 3, 1), (0, 128, 1))])
+    assert every_other.index == (slice(5, 11, 2), slice(0, 128, 1))  # rows 5, 7, 9
 
 
 def test_resolve_turns_a_views_indexers_into_the_same_region():
