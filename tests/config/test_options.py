@@ -76,7 +76,9 @@ def test_the_config_and_the_replay_command_follow_it(option):
     value, _ = sample(option)
     config = {option.config_field: value}
     replay = replay_command("k.py", config, seed=3)
-    shown = option.flags[0] if option.kind is bool else f"{option.flags[0]} {value}"
+    shown = (option.flags[0] if option.kind is bool
+             else " ".join(f"{option.flags[0]} {v}" for v in value) if _is_list(option)
+             else f"{option.flags[0]} {value}")
     assert (shown in replay) == option.replayed, replay
 
 

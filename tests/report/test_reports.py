@@ -80,8 +80,13 @@ def test_json_report_fields(cli, script):
     assert [c["index"] for c in calls] == [0, 1]
     assert calls[0]["grid"] == [GRID] and calls[0]["file"] == str(script)
     assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site",
-                          "failed", "interrupted", "progress", "compiled", "races"}
+                          "failed", "interrupted", "progress", "compiled", "races",
+                          "unused_memory"}
                for c in calls)
+    # The note of memory never touched: half_kernel's output block, half written.
+    assert [c["unused_memory"] for c in calls] == [[], [
+        {"buffer": "o_ref", "memory_space": "VMEM", "bytes": 2048, "of_bytes": 4096,
+         "ranges": [[[4, 8], [0, 128]]]}]]
     assert all(c["compiled"] == {} for c in calls)  # no --compile: nothing compiled
     assert all(c["races"] is None for c in calls)  # no --races: no race checking
     assert all(not c["interrupted"] and c["progress"] is None for c in calls)  # finished

@@ -80,6 +80,8 @@ def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
     plan.check_bounds(ctx, step)
     vmem = plan.op.vmem
     assert vmem is not None
+    if ctx.call.ever_written is not None:  # the note of memory never touched
+        ctx.call.ever_written.before_reset(vmem)
     vmem.writable()[...] = ctx.fill(vmem.data.dtype)
     vmem.mark_written(Ellipsis, False)
     return vmem
@@ -231,6 +233,8 @@ class Pipeline:
         memory, as at any visit, and a read of it never written says why."""
         ctx = self.ctx
         if plan.restores:
+            if ctx.call.ever_written is not None:  # the note of memory never touched
+                ctx.call.ever_written.before_reset(plan.op.vmem)
             yield from self._wait(self._start(plan, step, False))
             return
         vmem = _fresh_block(ctx, plan, step)

@@ -19,6 +19,7 @@ from pallas_check.engine.memory.access_cache import AccessCache
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
 from pallas_check.engine.memory.region import Region
+from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
@@ -93,6 +94,9 @@ class CallState:
         self.timeline: Timeline | None = (
             Timeline(kernel.name, call_index, config.seed)
             if config.timeline and report else None)
+        # What was written before a reset made it undefined again, for the note of memory
+        # never touched (engine/memory/usage.py); the reporting run only.
+        self.ever_written: EverWritten | None = EverWritten() if report else None
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -316,6 +320,8 @@ class CallState:
         for ref in refs:
             buf = ref.buffer
             if buf.space != MemorySpace.SEMAPHORE:
+                if self.ever_written is not None:
+                    self.ever_written.before_reset(buf)
                 buf.writable()[...] = self.fill(buf.data.dtype)
                 buf.mark_written(Ellipsis, False)
 
