@@ -20,7 +20,7 @@ from pallas_check.config import Config
 
 pytest_plugins = ["pytester"]
 
-LOOP = Path(__file__).resolve().parent / "scripts" / "filters_loop.py"
+LOOP = Path(__file__).resolve().parents[1] / "scripts" / "filters_loop.py"
 STEPS = 4
 LEAK_LINE = 40  # `pltpu.semaphore_signal(sem, 1)` in filters_loop.py
 
