@@ -5,7 +5,7 @@ From this one table come: the typer command (cli.run's parameters), the
 the pytest plugin's `--pallas-check-*` options, the Python API's keyword arguments, the
 `Config` every command builds (`config_from`), and the replay command printed under each
 finding (report/model.py). Adding an option is one entry here (and reading it where it
-acts); tests/test_options.py proves every surface accepts every option.
+acts); tests/config/test_options.py proves every surface accepts every option.
 
 The names a user types for an option are derived from its row: the flag, the settings key
 (the long flag without dashes) and the environment variable (environment.py: the prefix
