@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pallas_check.engine.dma.policy import policy_for
 from pallas_check.config import DmaMode
 from pallas_check.engine.dma.engine import (Dma, SyncState, cell_of, complete, dma_read,
                                             dma_write, sem_name, sem_value)
@@ -169,12 +170,6 @@ def test_pending_on_lists_the_events_still_to_come_newest_dma_first():
 
 def land_on_wait(ctx: StubContext, sem: tuple, wanted: int) -> None:
     """What a wait in `on_wait` mode makes happen when `sem` holds less than `wanted`."""
-    try:
-        from pallas_check.engine.dma.policy import policy_for
-    except ImportError:  # before the DMA modes became strategies (engine/dma/policy.py)
-        from pallas_check.engine.rules.dma import _deliver
-        _deliver(ctx, ctx.call.sync, sem, wanted)
-        return
     policy_for(DmaMode.ON_WAIT).land_for(ctx, ctx.call.sync, sem, wanted)
 
 
