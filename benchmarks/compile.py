@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "shipped_kernels"
-# case -> extra options of `run` (as tests/test_shipped_kernels.py runs them)
+# case -> extra options of `run` (as tests/scenarios/test_shipped_kernels.py runs them)
 RUN_OPTIONS = {"example_kernel": [], "matmul": ["--cores", "2"], "flash_attention": [],
                "paged_attention": ["--cores", "2"], "ragged_paged_attention": [],
                "megablox_gmm": [], "splash_attention": [], "random": [],

@@ -224,6 +224,41 @@ def _sort_key(f: Finding) -> tuple:
     )
 
 
+@dataclass(frozen=True)
+class UnusedMemory:
+    """A note of one call (not a finding: it changes no exit code): one of the kernel's
+    VMEM/SMEM allocations with elements no read or write of the call touched
+    (engine/memory/usage.py says which memory counts and what touched means). `ranges`:
+    the untouched part as a few index ranges, empty when it is not that simple."""
+
+    buffer: str
+    memory_space: str
+    bytes: int  # of the untouched elements (their count times the itemsize)
+    of_bytes: int  # of the whole allocation, as the kernel sees it (one pipeline buffer)
+    ranges: tuple[IndexRange, ...] = ()
+
+    def text(self) -> str:
+        """`scratch_ref [8:16, 0:128] never touched: 4.00 KiB of 8.00 KiB`."""
+        where = ", ".join(format_range(r) for r in self.ranges if r) if self.ranges else ""
+        where = f" {where}" if where else ("" if self.ranges else " (in parts)")
+        return (f"{self.buffer}{where} never touched: {_size(self.bytes)} of"
+                f" {_size(self.of_bytes)} {self.memory_space}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer, "memory_space": self.memory_space,
+                "bytes": self.bytes, "of_bytes": self.of_bytes,
+                "ranges": [_range_list(r) for r in self.ranges]}
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as a kernel author counts VMEM: B, KiB or MiB with two decimals."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < 1024 * 1024:
+        return f"{nbytes / 1024:.2f} KiB"
+    return f"{nbytes / (1024 * 1024):.2f} MiB"
+
+
 @dataclasses.dataclass
 class CallSummary:
     """What the report says about one pallas_call: which kernel, its grid, its cost."""
@@ -260,3 +295,6 @@ class CallSummary:
     # and `longest_history` (the most access records one buffer's history held at once;
     # it stays small however long the grid runs, when pruning works). Empty with races off.
     races: dict[str, int] = field(default_factory=dict)
+    # Notes (not findings): the kernel's VMEM/SMEM allocations, or parts, that nothing in
+    # the call read or wrote (UnusedMemory; engine/memory/usage.py).
+    unused_memory: list[UnusedMemory] = field(default_factory=list)

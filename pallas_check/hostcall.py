@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import threading
 import traceback
 from typing import Any, Callable, Sequence
@@ -112,15 +113,24 @@ HostFunction = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 
 
 class _Target:
-    """What one lowered call site calls, and the shapes of its buffers."""
+    """What one lowered call site calls, and the layouts of the buffers it reads (worked
+    out once here, not at every call: a call passed through unchecked by --calls costs
+    little more than this callback)."""
 
-    __slots__ = ("host", "operand_avals", "result_avals")
+    __slots__ = ("host", "operand_layouts", "result_layouts")
 
     def __init__(self, host: HostFunction, operand_avals: Sequence[Any],
                  result_avals: Sequence[Any]) -> None:
         self.host = host
-        self.operand_avals = tuple(operand_avals)
-        self.result_avals = tuple(result_avals)
+        self.operand_layouts = tuple(_layout(a) for a in operand_avals)
+        self.result_layouts = tuple(_layout(a) for a in result_avals)
+
+
+def _layout(aval: Any) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, bytes) of a buffer of `aval`."""
+    dtype = np.dtype(aval.dtype)
+    shape = tuple(int(d) for d in aval.shape)
+    return dtype, shape, math.prod(shape) * dtype.itemsize
 
 
 _targets: dict[int, _Target] = {}
@@ -129,14 +139,13 @@ _lock = threading.Lock()
 TARGET_NAME = "pallas_check_host_call"
 
 
-def _view(buffer: Any, aval: Any, writable: bool) -> np.ndarray:
-    dtype = np.dtype(aval.dtype)
-    shape = tuple(int(d) for d in aval.shape)
-    count = int(np.prod(shape, dtype=np.int64))
-    if count == 0 or not buffer.data:
+def _view(buffer: Any, layout: tuple[np.dtype, tuple[int, ...], int],
+          writable: bool) -> np.ndarray:
+    dtype, shape, nbytes = layout
+    if nbytes == 0 or not buffer.data:
         array = np.zeros(shape, dtype)
     else:
-        raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(buffer.data)
+        raw = (ctypes.c_char * nbytes).from_address(buffer.data)
         array = np.frombuffer(raw, dtype=dtype).reshape(shape)
     array.flags.writeable = writable
     return array
@@ -174,10 +183,11 @@ def _handle(frame_ptr: Any) -> int:
         if target is None:
             return _error(frame, "pallas-check: this call was lowered by a pallas-check"
                                  " session that has ended")
-        operands = [_view(frame.args.args[i].contents, aval, False)
-                    for i, aval in enumerate(target.operand_avals)]
-        results = [_view(frame.rets.args[i].contents, aval, True)
-                   for i, aval in enumerate(target.result_avals)]
+        args, rets = frame.args.args, frame.rets.args
+        operands = [_view(args[i].contents, layout, False)
+                    for i, layout in enumerate(target.operand_layouts)]
+        results = [_view(rets[i].contents, layout, True)
+                   for i, layout in enumerate(target.result_layouts)]
         target.host(operands, results)
         return 0
     except BaseException as exc:  # noqa: BLE001  (reported to XLA as the call's error)
@@ -202,12 +212,16 @@ def _register() -> None:
 
 
 def add_target(host: HostFunction, operand_avals: Sequence[Any],
-               result_avals: Sequence[Any]) -> int:
-    """Register a host function for one call site; returns the id the lowering embeds."""
+               result_avals: Sequence[Any], operands_read: int | None = None,
+               results_read: int | None = None) -> int:
+    """Register a host function for one call site; returns the id the lowering embeds.
+    `operands_read` / `results_read`: how many leading operands / results the host
+    reads (default all): only those are viewed at each call."""
     _register()
     with _lock:
         target_id = next(_ids)
-        _targets[target_id] = _Target(host, operand_avals, result_avals)
+        _targets[target_id] = _Target(host, list(operand_avals)[:operands_read],
+                                      list(result_avals)[:results_read])
     return target_id
 
 
@@ -234,9 +248,10 @@ def take(ticket: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 
 def give_back(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
-    """Target of the `give_back` call (operands: the callback's done flag, the ticket, the
-    lent operands and output buffers; results: those output buffers, aliased): forget the
-    ticket if the callback never took it."""
+    """Target of the `give_back` call (its operands: the callback's done flag, the ticket,
+    the lent operands and output buffers, of which only the first two are viewed; its
+    results: those output buffers, aliased): forget the ticket if the callback never
+    took it."""
     with _lock:
         _lent.pop(int(operands[1]), None)
 

@@ -66,7 +66,8 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
     outputs = list(ctx.avals_out)
     lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
     give_back_target = hostcall.add_target(
-        hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in, *outputs], outputs)
+        hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in, *outputs], outputs,
+        operands_read=2, results_read=0)  # it reads the ticket only
     with _lock:
         if _saved is not None:
             _saved["targets"] += [lend_target, give_back_target]

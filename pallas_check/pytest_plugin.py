@@ -10,7 +10,9 @@ its failure and gets the table as an extra report section.
 
 Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait|random`,
 `--pallas-check-uninit nan|zero`, `--pallas-check-compile` (each call also compiled for the
-TPU generations of `tpu`, after the test); the other settings of `[tool.pallas-check]` in the
+TPU generations of `tpu`, after the test), `--pallas-check-kernel GLOB` (repeatable) and
+`--pallas-check-calls N` (check only those kernels, and the first N calls of each call
+structure; the rest pass through unchecked); the other settings of `[tool.pallas-check]` in the
 pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
 these flags over them. One session per test and per process, so pytest-xdist (`-n N`) needs
 nothing more.
@@ -41,6 +43,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for option in PYTEST_OPTIONS:  # declared in options.py
         if option.kind is bool:
             group.addoption(f"--pallas-check-{option.key}", action="store_true", default=None,
+                            help=option.help)
+        elif "List" in str(option.kind):  # repeatable, e.g. --pallas-check-kernel
+            group.addoption(f"--pallas-check-{option.key}", action="append", default=None,
                             help=option.help)
         else:
             group.addoption(f"--pallas-check-{option.key}", choices=option.choices or None,

@@ -266,7 +266,9 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
         user_error=outcome.error if user_failed else None,
         user_traceback=outcome.traceback if user_failed else None,
         internal_error=engine_error, partial=outcome.interrupted, rerun=rerun,
-        script_args=tuple(args), suppressed=kept.suppressed)
+        script_args=tuple(args), suppressed=kept.suppressed,
+        passed_through=(session.call_filter.passed_through()
+                        if session.call_filter is not None else {}))
     return Finished(report, kept, outcome, user_failed,
                     finished=outcome.ok and engine_error is None)
 

@@ -135,6 +135,17 @@ class Session:
         self.print_sink: Callable[[str], None] = _write_print
         # --compile: each call's params and operand shapes, compiled after the script
         # (tpu_compile.stage.compile_session).
+        # --kernel / --calls: which calls are checked (call_filter.py); None: every call.
+        from pallas_check.call_filter import CallFilter
+
+        self.call_filter: CallFilter | None = CallFilter(config.kernels, config.calls)
+        if not self.call_filter.active:
+            self.call_filter = None
+        # What a call passed through runs with: every check that costs time off.
+        self._unchecked = dataclasses.replace(
+            config, races=False, schedules=1, keep_going=False, check_uninit_outputs=False,
+            timeline=False, compile=False)
+        self._xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
         self.compile_recorder: Any = None
         if config.compile:
             from pallas_check.tpu_compile.stage import CompileRecorder
@@ -191,6 +202,9 @@ class Session:
 
         with self._lock:
             index = next(self._counter)
+        if self.call_filter is not None and not self._checked(params, device_operands[0]):
+            return self._pass_through(params, device_operands, mesh, results, index,
+                                      call_site)
         started = time.perf_counter()
         kernel = _UNNAMED  # until named: a failure from here on still lists the call
         live = InFlight(max(1, self.config.schedules))
@@ -249,8 +263,57 @@ class Session:
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site,
-                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None)
+                     races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
+                     unused_memory=result.unused_memory)
         return result.outputs
+
+    def _checked(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
+        """Whether --kernel and --calls have this call checked (call_filter.py)."""
+        assert self.call_filter is not None
+        return self.call_filter.checks(_kernel_or_unnamed(params), params, operands)
+
+    def _pass_through(self, params: dict, device_operands: list, mesh: Any,
+                      results: Sequence[np.ndarray] | None, index: int,
+                      call_site: Any) -> list[list[np.ndarray]]:
+        """A call the filters do not check: run by the engine with every check off (no
+        race detection, no second fill, no capacity check, one schedule), its findings
+        dropped; its outputs and the kernel's prints are the script's as in a checked
+        run, and a kernel that fails still fails the run."""
+        import jax
+
+        from pallas_check.checkers import CHECKERS
+        from pallas_check.engine.runtime.backend import engine_device
+        from pallas_check.engine.call.explore import run_call_devices
+
+        started = time.perf_counter()
+        # XLA computes what the engine does, save --skip-floats' inf (and several devices
+        # meet in the engine's rendezvous).
+        try:
+            with jax.default_device(engine_device()):
+                fast = (self._xla_path(params)
+                        if mesh.num_devices == 1 and not self.config.skip_floats else None)
+                if fast is not None:
+                    return [[np.asarray(o) for o in fast(*device_operands[0])]]
+            with jax.default_device(engine_device()), _collector_paused():
+                result = run_call_devices(params, device_operands, self._unchecked, index,
+                                          mesh, self.carried, results=results,
+                                          checkers=CHECKERS)
+        except Exception as exc:
+            raise self._failed(exc, index, _kernel_or_unnamed(params), params,
+                               device_operands, started, mesh, call_site) from exc
+        self._write_prints(result.prints)
+        return result.outputs
+
+    def _xla_path(self, params: dict) -> Any:
+        """The call compiled by XLA (xla_path.py) when its kernel needs nothing of the
+        engine, else None; made once per call structure."""
+        from pallas_check.xla_path import compiled_call
+
+        assert self.call_filter is not None
+        key = self.call_filter.structure(params)
+        if key not in self._xla_paths:
+            self._xla_paths[key] = compiled_call(params, self.config.uninit.value)
+        return self._xla_paths[key]
 
     def _write_prints(self, prints: list) -> None:
         """What a call's kernel printed (engine/events.KernelPrint), in simulated order."""
@@ -308,7 +371,8 @@ class Session:
     def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
                 started: float, findings: int, mesh: Any, call_site: Any,
                 failed: bool = False, progress: dict[str, int] | None = None,
-                races: dict[str, int] | None = None) -> None:
+                races: dict[str, int] | None = None,
+                unused_memory: list | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         from pallas_check.engine.call.describe import resolve_grid
@@ -323,7 +387,8 @@ class Session:
                                           time.perf_counter() - started, findings,
                                           mesh.num_devices, call_site, failed,
                                           interrupted=progress is not None,
-                                          progress=progress or {}, races=races or {}))
+                                          progress=progress or {}, races=races or {},
+                                          unused_memory=unused_memory or []))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

@@ -2,7 +2,7 @@
 
 Every kind has its entry (the table's title, the SARIF rule's name, description and help,
 a level) and a buggy sample under samples/ that states it (`Expected finding: kind=...`,
-the format tests/test_samples.py runs), so a new kind cannot ship without either. A
+the format tests/scenarios/test_samples.py runs), so a new kind cannot ship without either. A
 finding's in-run identity (`merge_key`) and its cross-run one (`fingerprint`) are the same
 facts, named exactly or portably.
 """
@@ -55,7 +55,7 @@ def test_every_kind_has_a_buggy_sample(kind):
         assert not samples, f"{kind.value} has a sample now: drop it from WITHOUT_SAMPLE"
         return
     assert samples, (f"no samples/*_bug.py states `Expected finding: kind={kind.value}`"
-                     " (add a _bug/_ok pair, tests/test_samples.py runs it)")
+                     " (add a _bug/_ok pair, tests/scenarios/test_samples.py runs it)")
     for name in samples:
         assert (SAMPLES / name.replace("_bug.py", "_ok.py")).exists(), name
 

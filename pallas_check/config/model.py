@@ -65,6 +65,11 @@ class Config:
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     compile: bool = False  # also compile every call for the real TPUs named by `tpu`
     quiet_prints: bool = False  # drop the kernels' own prints (pl.debug_print)
+    # Filters (call_filter.py): check only kernels whose name matches one of these globs
+    # (none: every kernel), and only the first `calls` calls of each kernel, shapes and
+    # static parameters (0: every call); the other calls run unchecked.
+    kernels: tuple[str, ...] | list[str] | None = None
+    calls: int = 0
     # Whether to re-run a call whose kernel read never-written memory, with another fill,
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True

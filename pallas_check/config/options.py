@@ -5,7 +5,7 @@ From this one table come: the typer command (cli.run's parameters), the
 the pytest plugin's `--pallas-check-*` options, the Python API's keyword arguments, the
 `Config` every command builds (`config_from`), and the replay command printed under each
 finding (report/model.py). Adding an option is one entry here (and reading it where it
-acts); tests/test_options.py proves every surface accepts every option.
+acts); tests/config/test_options.py proves every surface accepts every option.
 
 The names a user types for an option are derived from its row: the flag, the settings key
 (the long flag without dashes) and the environment variable (environment.py: the prefix
@@ -117,6 +117,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Drop the kernels' own prints (pl.debug_print); without it each line is"
            " prefixed with the device, core and grid point that printed it.",
            config_field="quiet_prints"),
+    # Filters (call_filter.py): which calls are checked; the others run unchecked.
+    Option("kernel", ("--kernel",), Optional[List[str]], None,
+           "Check only the kernels whose name matches this glob (repeatable; in"
+           " pyproject.toml a list); the other kernels' calls run unchecked.",
+           config_field="kernels", replayed=True, pytest=True, metavar="GLOB"),
+    Option("calls", ("--calls",), int, 0,
+           "Check the first N calls of each kernel, shapes and static parameters; later"
+           " calls run unchecked, on the fastest path that gives the same outputs (0:"
+           " check every call).",
+           minimum=0, config_field="calls", replayed=True, pytest=True, metavar="N"),
     # Suppressions (suppress.py): decided after the analysis, before the report.
     Option("ignore", ("--ignore",), Optional[List[str]], None,
            "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"

@@ -46,7 +46,7 @@ class CallFacts(NamedTuple):
 
     kernel: KernelInfo
     call_index: int
-    seed: int
+    seed: int | None
     races: bool  # race checking asked for (Config.races)
 
 

@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any, TextIO
 
 from pallas_check import __version__
-from pallas_check.report.model import RunReport, replay_command, suppressed_counts
+from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+                                       suppressed_counts)
 
 SCHEMA = "pallas-check/report"
 # 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).
@@ -47,11 +48,16 @@ def report_dict(report: RunReport) -> dict[str, Any]:
              "compiled": {g: {k: v for k, v in entry.items() if k != "compile_seconds"}
                           for g, entry in getattr(c, "compiled", {}).items()},
              "races": getattr(c, "races", None) or None,
+             # A note, not a finding: the kernel's memory no read or write touched.
+             "unused_memory": [u.to_dict() for u in getattr(c, "unused_memory", ())],
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,
               "function": c.call_site.function, "code": c.call_site.code}}
             for c in report.calls
         ],
+        # Per kernel: calls checked, and calls --kernel / --calls passed through unchecked.
+        "kernels": [{"kernel": name, "checked": checked, "passed_through": passed}
+                    for name, checked, passed in kernel_counts(report)],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items())),
                     "suppressed": len(report.suppressed),
                     "suppressed_by": suppressed_counts(report)},

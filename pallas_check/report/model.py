@@ -44,6 +44,18 @@ class RunReport:
     # Findings suppressed (suppress.py), with what suppressed each; `findings` are the rest.
     suppressed: list[tuple[Finding, Suppression]] = dataclasses.field(default_factory=list)
     trace: str | None = None  # the --trace file written, if any
+    # --kernel / --calls: the calls run unchecked, per kernel name (call_filter.py).
+    passed_through: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def kernel_counts(report: RunReport) -> list[tuple[str, int, int]]:
+    """(kernel, calls checked, calls passed through) per kernel name, sorted by name."""
+    checked: dict[str, int] = {}
+    for call in report.calls:
+        checked[call.kernel] = checked.get(call.kernel, 0) + 1
+    names = sorted({*checked, *report.passed_through})
+    return [(name, checked.get(name, 0), report.passed_through.get(name, 0))
+            for name in names]
 
 
 SUPPRESSED_BY = ("inline", "def-line", "config", "baseline")  # the order reports list them
@@ -93,16 +105,25 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
             default = getattr(option.default, "value", option.default)
             value = config.get(option.config_field, default)
             if value != default:
-                flag = f"--pallas-check-{option.key}"
-                flags += f" {flag}" if option.kind is bool else f" {flag} {value}"
+                flags += _flag_text(f"--pallas-check-{option.key}", value)
         return f"{rerun}{flags} (seed {seed})"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for key, flag, default in _REPLAY_OPTIONS:
         value = config.get(key, default)
         if value == default:
             continue
-        parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
+        parts.append(_flag_text(flag, value).lstrip())
     parts.append(f"--seed {seed}")
     if script_args:
         parts.append("-- " + " ".join(shlex.quote(a) for a in script_args))
     return " ".join(parts)
+
+
+def _flag_text(flag: str, value: Any) -> str:
+    """` --races`, ` --dma eager`, or a list's flag once per item (` --kernel 'mat*'
+    --kernel sgd`: quoted, so that the shell hands a glob on unexpanded)."""
+    if isinstance(value, bool):
+        return f" {flag}"
+    if isinstance(value, (list, tuple)):
+        return "".join(f" {flag} {shlex.quote(str(item))}" for item in value)
+    return f" {flag} {value}"

@@ -24,7 +24,8 @@ from rich.text import Text
 
 from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
 from pallas_check.report.console import Display
-from pallas_check.report.model import RunReport, replay_command, suppressed_text
+from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+                                       suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
 
 LOCATION = "cyan"
@@ -136,6 +137,7 @@ class TableReporter:
             else:
                 _print_blocks(console, shown, kind, items)
         _print_compiled(console, report)
+        _print_unused_memory(console, report)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         style = "bold green" if not report.findings else "bold red"
@@ -272,6 +274,18 @@ def _print_compiled(console: Console, report: RunReport) -> None:
                       indent=2)
 
 
+def _print_unused_memory(console: Console, report: RunReport) -> None:
+    """The note of memory a kernel never touches: one line per call that has some (a
+    note, not a finding: a clean run stays clean), the cheapest VMEM to win back."""
+    calls = [c for c in report.calls if getattr(c, "unused_memory", None)]
+    if not calls:
+        return
+    console.print(Text.styled("Memory never touched (a note, not a finding):", "bold"))
+    for call in calls:
+        parts = "; ".join(u.text() for u in call.unused_memory)
+        print_wrapped(console, Text(f"call {call.index} {call.kernel}: {parts}"), indent=2)
+
+
 def _mib(nbytes: int | None) -> str:
     return "?" if nbytes is None else f"{nbytes / (1024 * 1024):.2f} MiB"
 
@@ -287,12 +301,17 @@ def summary_line(report: RunReport) -> str:
                    " until then")
     elif calls == 0 and report.partial:
         summary = "no pallas_call was checked before the run stopped"
+    elif calls == 0 and report.passed_through:
+        summary = ("no pallas_call was checked: --kernel selected none of the kernels"
+                   f" called ({', '.join(report.passed_through)})")
     elif calls == 0:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
     else:
         summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
                    f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+    if report.passed_through and calls:
+        summary += f"; {passed_through_text(report)}"
     if report.suppressed:
         summary += f"; {suppressed_text(report)}"
     if report.partial:
@@ -300,6 +319,18 @@ def summary_line(report: RunReport) -> str:
             f"; call {c.index} ({c.kernel}) stopped {c.stopped_text()}" for c in report.calls if getattr(c, "interrupted", False))
         summary += f" (partial: the run did not finish{stopped})"
     return summary
+
+
+def passed_through_text(report: RunReport) -> str:
+    """`498 passed through unchecked (matmul: 4 checked, 496 passed through; sgd: 2
+    passed through)`: what --kernel and --calls did, per kernel."""
+    total = sum(report.passed_through.values())
+    parts = []
+    for name, checked, passed in kernel_counts(report):
+        counts = [f"{checked} checked"] if checked else []
+        counts += [f"{passed} passed through"] if passed else []
+        parts.append(f"{name}: {', '.join(counts)}")
+    return f"{total} passed through unchecked ({'; '.join(parts)})"
 
 
 def print_failures(console: Console, user_error: str | None, user_traceback: str | None,

@@ -1,4 +1,4 @@
-"""A long racy call, to stop in the middle (tests/test_stopping.py).
+"""A long racy call, to stop in the middle (tests/cli/test_stopping.py).
 
 Every grid step starts a DMA into a VMEM scratch buffer and reads the buffer before
 waiting for the DMA: a race at every step (`--races`). At grid step 1 a debug callback

@@ -24,6 +24,7 @@ from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAdd
                                         default_checking)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered, kernel_not_lowered
+from pallas_check.engine.memory import usage
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
 from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
@@ -43,6 +44,10 @@ class DevicesResult:
     timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
     # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
     prints: list = dataclasses.field(default_factory=list)
+    # The note of memory never touched (findings.UnusedMemory), over every schedule tried;
+    # `untouched`: one schedule's, before it becomes the note (engine/memory/usage.py).
+    unused_memory: list = dataclasses.field(default_factory=list)
+    untouched: Any = None
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
@@ -96,6 +101,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     result: DevicesResult | None = None
     chosen_carried = dict(carried)
     tried = 0
+    untouched: Any = None  # the kernel's memory no schedule so far touched
     # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
     # later call recognises a DMA's destination among its operands (engine/call/carried.py).
     addresses = ([r.__array_interface__["data"][0] for r in results]
@@ -107,6 +113,11 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
                               mesh, trial_carried, results if i == 0 else None, checkers,
                               addresses, live)
         tried += 1
+        if trial.untouched is None or i == 0 or untouched is None:
+            # a schedule that did not finish leaves what is never touched unknown
+            untouched = trial.untouched if i == 0 else None
+        else:
+            untouched = usage.intersect(untouched, trial.untouched)
         if progress is not None:
             progress(i + 1, schedules)
         if result is None or (trial.findings and not findings):
@@ -134,7 +145,8 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     carried.clear()
     carried.update(chosen_carried)
     carried_semaphores.drop_taken(carried)
-    return DevicesResult(result.outputs, findings, result.timeline, result.prints)
+    return DevicesResult(result.outputs, findings, result.timeline, result.prints,
+                         usage.notes(untouched) if untouched is not None else [])
 
 
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
@@ -227,7 +239,8 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                   kernel, call_index, False, mesh, addresses=addresses)
         for lost in _lost_revisits(state, outputs, rerun, carried):
             state.tell(_revisit_lost(lost))
-    return DevicesResult(outputs, list(state.findings), state.timeline, state.prints)
+    return DevicesResult(outputs, list(state.findings), state.timeline, state.prints,
+                         untouched=_untouched(state))
 
 
 def _revisit_lost(lost: revisit.Lost) -> RevisitLost:
@@ -235,6 +248,16 @@ def _revisit_lost(lost: revisit.Lost) -> RevisitLost:
     return RevisitLost(r.name, tuple(r.block), tuple(r.first_point), tuple(r.last_point),
                        tuple(lost.earlier_point), tuple(r.inputs), r.restored, lost.by_flow,
                        lost.elements, lost.index_range, r.actor, tuple(r.frames))
+
+
+def _untouched(state: CallState) -> usage.Untouched | None:
+    """The kernel's memory this schedule never touched; None when the kernel did not
+    finish (a deadlock, a halt): what it would have touched is unknown."""
+    if state.unfinished or state.ever_written is None:
+        return None
+    return usage.untouched(state.registry, state.ever_written,
+                           ((r.buffer, r.memory_space, r.index_range)
+                            for r in state.uninit_reads))
 
 
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],

@@ -11,14 +11,12 @@ import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import state_indexing
 
-from pallas_check.config import DmaMode
 from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
 from pallas_check.engine.call.state import CoreContext
-from pallas_check.engine.dma.engine import complete
+from pallas_check.engine.dma.engine import Transfer
 from pallas_check.engine.jaxpr.program import eval_jaxpr
 from pallas_check.engine.memory.buffer import RefView
-from pallas_check.engine.runtime.scheduler import Actor, Wait
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
@@ -68,9 +66,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         walked.done += 1
     yield from pipe.drain()
     pipe.record_revisits()
-    if ctx.call.races is not None:
-        ctx.call.races.end(ctx.actor)  # the core's grid is done: it accesses nothing more
-    ctx.call.on_core_done(ctx)  # timeline: the last grid step's slice ends
+    ctx.call.on_core_done(ctx)  # it accesses nothing more; the last grid step's slice ends
 
 
 
@@ -80,6 +76,8 @@ def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
     plan.check_bounds(ctx, step)
     vmem = plan.op.vmem
     assert vmem is not None
+    if ctx.call.ever_written is not None:  # the note of memory never touched
+        ctx.call.ever_written.before_reset(vmem)
     vmem.writable()[...] = ctx.fill(vmem.data.dtype)
     vmem.mark_written(Ellipsis, False)
     return vmem
@@ -158,21 +156,32 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
-@dataclasses.dataclass(eq=False)
-class BlockCopy:
-    """One copy of the BlockSpec pipeline, a DMA of its own (an actor in `--dma random`):
-    a copy-in reads an input block from HBM for grid step `step`; a write-back writes the
-    output block of `step` to HBM. `staged` holds what it read (values, written-shadow)."""
+@dataclasses.dataclass(eq=False, slots=True)
+class BlockCopy(Transfer):
+    """One copy of the BlockSpec pipeline, a DMA of its own that the call's DMA mode
+    drives as it drives the kernel's DMAs (engine/dma/policy.py; an actor in `--dma
+    random`): a copy-in reads an input block from HBM for grid step `step`; a write-back
+    writes the output block of `step` to HBM. `staged` holds what it read (values,
+    written-shadow). Its one event (`_move`) is its landing: a copy-in's data reaches
+    VMEM when the core waits it (`_land_in_vmem`), after which the core reads it."""
 
     plan: _Plan
     block: tuple[int, ...]
     step: int
     grid_point: tuple[int, ...]
     writes_back: bool
-    name: str  # the copy as an actor (only when races are checked or DMAs are actors)
+    # The copy as an actor, `pipeline copy-in of x_ref block (3, 0)` (only when races are
+    # checked, a timeline is drawn or DMAs are actors; else "").
+    actor_name: str
     slices: tuple  # (HBM index, VMEM index, empty) of the block's valid part
     staged: Any = None
-    moved: bool = False  # copy-in: HBM was read; write-back: HBM was written
+    copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
+
+    def complete(self, ctx: Any) -> None:
+        _move(ctx, self)
+
+    def events(self, ctx: Any):
+        return _copy_actor(ctx, self)
 
 
 class Pipeline:
@@ -194,7 +203,8 @@ class Pipeline:
         # (plan id, block) -> each visit's (grid point, elements it wrote), for revisits
         self.visits: dict[tuple[int, tuple[int, ...]], list[tuple[tuple, Any]]] = {}
         self.grid_points = [tuple(p) for p in points.tolist()]
-        self.named = (ctx.call.races is not None or ctx.config.dma_mode == DmaMode.RANDOM
+        self.policy = ctx.call.dma_policy  # when copies move: the call's DMA mode
+        self.named = (ctx.call.races is not None or self.policy.actors
                       or ctx.call.timeline is not None)
 
     def inputs_ready(self, step: int):
@@ -231,6 +241,8 @@ class Pipeline:
         memory, as at any visit, and a read of it never written says why."""
         ctx = self.ctx
         if plan.restores:
+            if ctx.call.ever_written is not None:  # the note of memory never touched
+                ctx.call.ever_written.before_reset(plan.op.vmem)
             yield from self._wait(self._start(plan, step, False))
             return
         vmem = _fresh_block(ctx, plan, step)
@@ -276,22 +288,18 @@ class Pipeline:
             if block in plan.revisited and copy.staged is not None:
                 self.visits.setdefault((id(plan), block), []).append(
                     (copy.grid_point, copy.staged[1]))
-        mode = ctx.config.dma_mode
-        if mode == DmaMode.EAGER:
-            _move(ctx, copy)
-        elif mode == DmaMode.RANDOM:
-            ctx.call.scheduler.spawn(Actor(name, _copy_actor(ctx, copy)))
+        self.policy.started(ctx, copy)
         return copy
 
     def _wait(self, copy: BlockCopy):
         ctx = self.ctx
-        if not copy.moved:
-            if ctx.config.dma_mode == DmaMode.RANDOM:
-                yield Wait(lambda: copy.moved, "pipeline copy wait", copy.plan.frames)
-            else:
-                _move(ctx, copy)
+        if not copy.copied:
+            wait = self.policy.await_transfer(ctx, copy, "pipeline copy wait",
+                                              copy.plan.frames)
+            if wait is not None:
+                yield wait
         if self.named:
-            ctx.call.on_copy_waited(ctx, copy.name)
+            ctx.call.on_copy_waited(ctx, copy.actor_name)
         if not copy.writes_back:
             _land_in_vmem(ctx, copy)
 
@@ -323,7 +331,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
     copy (HBM may change before the copy is waited)."""
     op = copy.plan.op
     hbm_index, _, empty = copy.slices
-    copy.moved = True
+    copy.copied = True
     if not empty and copy.writes_back:
         values, written = copy.staged
         copy.staged = None
@@ -338,7 +346,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
             written = np.array(written)
         copy.staged = (values, written)
     touched = None if empty or ctx.call.races is None else _hbm_range(hbm_index)
-    ctx.call.on_copy_moved(copy.name, op.hbm, touched, copy.writes_back, copy.plan.frames,
+    ctx.call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
                            copy.grid_point)
 
 
@@ -416,8 +424,7 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
             bad.append(d)
     if not bad:
         return True
-    ctx.call.add(ctx.call.checkers.block_out_of_bounds(ctx, op, block_index, bad,
-                                                      _index_map_frames(op)))
+    ctx.call.block_out_of_bounds(ctx, op, block_index, bad, _index_map_frames(op))
     return False
 
 
@@ -433,12 +440,10 @@ def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:
 
 
 def _finish_dmas(ctx: CoreContext, report: bool = True) -> None:
-    """DMAs still in flight complete at kernel end; those never waited are findings."""
+    """DMAs still in flight complete at kernel end (as the DMA mode drains them); those
+    never waited are findings."""
     state = ctx.call
-    for dma in state.sync.dmas:
-        if not dma.copied:
-            complete(ctx, dma)
+    state.dma_policy.drain(ctx, state.sync.dmas)
     if report:
-        for finding in state.checkers.dmas_not_waited(state):
-            state.add(finding)
+        state.dmas_not_waited()
 

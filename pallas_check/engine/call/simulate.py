@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config, DmaMode
+from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import revisit
 from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE, _block_indices,
@@ -23,7 +23,6 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
                                                split_grid)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
-from pallas_check.engine.dma.engine import dma_actor
 from pallas_check.engine.call import event_data
 from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking, Deadlocked,
                                         KernelEntered, OutputUnwritten, default_checking)
@@ -165,10 +164,12 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     if state.arriving:  # DMAs started by an earlier call, carried in by a semaphore
         first_ctx = {ctx.device_id: ctx for ctx in reversed(contexts)}
         for dma in carried_semaphores.arrive(state, first_ctx, by_address):
-            if config.dma_mode == DmaMode.RANDOM and not dma.copied:
-                actors.append(Actor(dma.actor_name, dma_actor(
-                    first_ctx[dma.dst_sem[0].device if dma.src_sem is None
-                              else dma.src_sem[0].device], dma)))
+            if not dma.copied:  # the DMA mode may make it an actor of its own
+                actor = state.dma_policy.arrived(first_ctx[
+                    dma.dst_sem[0].device if dma.src_sem is None else dma.src_sem[0].device],
+                    dma)
+                if actor is not None:
+                    actors.append(actor)
     state.output_addresses = addresses
     _run(state, contexts, actors, device_hbm_outputs)
     return _outputs(state, device_hbm_outputs, layout.out_to_in)

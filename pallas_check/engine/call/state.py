@@ -4,7 +4,7 @@ one core running kernel code (`CoreContext`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -16,12 +16,14 @@ from pallas_check.engine.events import (
     KIND_OF, Access, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
     CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
     KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead, Waited)
+from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
 from pallas_check.engine.memory.region import Region, masked_out_of_bounds
+from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
@@ -53,6 +55,8 @@ class CallState:
         self.unbounded_dma: UnboundedDma | None = None
         self.address_probe: dict[int, Any] | None = None
         self.sync = SyncState()
+        # When this call's DMAs and pipeline copies move their data (--dma).
+        self.dma_policy: DmaPolicy = policy_for(config.dma_mode)
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
@@ -94,15 +98,17 @@ class CallState:
         self.timeline: Timeline | None = (
             Timeline(kernel.name, call_index, config.seed)
             if config.timeline and report else None)
+        # What was written before a reset made it undefined again, for the note of memory
+        # never touched (engine/memory/usage.py); the reporting run only.
+        self.ever_written: EverWritten | None = EverWritten() if report else None
         listeners: tuple[Listener, ...] = checking.listeners(
             CallFacts(kernel, call_index, config.seed, bool(config.races)), self)
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
         self.feeds = Feeds(listeners)
-        # Transitional, for callers in pipeline.py and dma/ not yet on the methods below:
-        # `races` is not None when some listener takes accesses.
-        self.races: _AccessFeedShim | None = _AccessFeedShim() if self.feeds.access else None
-        self.checkers = _CheckersShim()
+        # The listeners fed accesses, None when none is (rules skip resolving what an
+        # access touched then).
+        self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
 
     def fill(self, dtype: Any) -> Any:
         value = self._fill_cache.get(dtype)
@@ -135,10 +141,6 @@ class CallState:
             for take in self.feeds.found:  # timeline: the finding's instant
                 take(Found(finding))
 
-    def add(self, finding: Finding | None) -> None:
-        """Transitional (pipeline.py, dma/): `emit`, where a shim below already emitted."""
-        if finding is not None:
-            self.emit(finding)
 
     def run_ended(self) -> None:
         """The schedule is over: what is decided after it (the second fill, revisits) is
@@ -326,6 +328,12 @@ class CallState:
             for take in self.feeds.signalled:
                 take(event)
 
+    def dmas_not_waited(self) -> None:
+        """At kernel end: each DMA whose bytes were never all waited, as an event."""
+        if self.feeds.dma_not_waited:
+            for event in event_data.dmas_not_waited(self.sync):
+                self.tell(event)
+
     def tell(self, event: Event) -> None:
         """A moment built where it happens (the call's start and end, what is decided
         after it): to the listeners of its kind."""
@@ -363,6 +371,8 @@ class CallState:
         for ref in refs:
             buf = ref.buffer
             if buf.space != MemorySpace.SEMAPHORE:
+                if self.ever_written is not None:
+                    self.ever_written.before_reset(buf)
                 buf.writable()[...] = self.fill(buf.data.dtype)
                 buf.mark_written(Ellipsis, False)
 
@@ -417,32 +427,6 @@ class CallState:
         for (device, _, key), buf in self.registry.items():
             if key == ("barrier",):
                 self.carried[("barrier", self.collective_id, device)] = int(buf.data)
-
-
-class _AccessFeedShim:
-    """`state.races` for pipeline.py until it asks `state.feeds`: its `end` is the core's
-    `CoreDone`, which the race checker takes already."""
-
-    def end(self, actor: str) -> None:
-        pass
-
-
-class _CheckersShim:
-    """`state.checkers` for pipeline.py and dma/devices.py (owned by another change) until
-    they call the CallState methods: each emits its event and hands back nothing to add."""
-
-    def block_out_of_bounds(self, ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
-                            bad_dims: Sequence[int], frames: tuple[SourceFrame, ...]) -> None:
-        ctx.call.block_out_of_bounds(ctx, op, block_index, bad_dims, frames)
-
-    def device_out_of_bounds(self, state: CallState, ctx: CoreContext, device: str, what: str,
-                             frames: tuple[SourceFrame, ...]) -> None:
-        state.device_out_of_bounds(ctx, device, what, frames)
-
-    def dmas_not_waited(self, state: CallState) -> list[Finding]:
-        for event in event_data.dmas_not_waited(state.sync):
-            state.tell(event)
-        return []
 
 
 class CoreContext:

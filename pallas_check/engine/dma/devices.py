@@ -65,8 +65,7 @@ def _device_out_of_bounds(ctx: Any, device: str, what: str) -> None:
     """A DMA or signal aimed outside the mesh: the kernel's bug, an out-of-bounds finding;
     the call stops there (what would the DMA have done?)."""
     state = ctx.call
-    state.add(state.checkers.device_out_of_bounds(state, ctx, device, what,
-                                                  current_frames(ctx)))
+    state.device_out_of_bounds(ctx, device, what, current_frames(ctx))
     raise CallHalted()
 
 

@@ -3,9 +3,10 @@
 DMA's two events. DMA semaphores count bytes, as on a TPU, and a DMA is two events: it
 reads its source, which signals the send semaphore (`wait_send`: the source may be reused),
 then it writes its destination, which signals the receive semaphore (`wait_recv`: the data
-has landed). When each event happens in each DMA mode (`eager`, `on_wait`, `random`: then
-`dma_actor` runs them where the scheduler puts them) is decided by the rules that drive
-these machines (engine/rules/dma.py, engine/rules/semaphore.py).
+has landed). When each event happens is the DMA mode's (engine/dma/policy.py: `eager`,
+`on_wait`, `random`, where `dma_actor` runs them where the scheduler puts them), which
+drives a `Dma` and a BlockSpec pipeline's block copy alike (both are `Transfer`s); the
+rules that start and wait DMAs are engine/rules/dma.py's and engine/rules/semaphore.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from pallas_check.jaxbridge import state_types
@@ -25,8 +26,25 @@ from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.findings import SourceFrame, format_range
 
 
+class Transfer:
+    """A copy in flight that a DMA mode drives (engine/dma/policy.py): a kernel's `Dma`
+    or a BlockSpec pipeline's block copy (engine/call/pipeline.py). It has an
+    `actor_name` (how races, the timeline and the scheduler name it), `copied` (it has
+    landed), and its events, all at once (`complete`) or as a scheduler actor (`events`)."""
+
+    __slots__ = ()
+    actor_name: str
+    copied: bool
+
+    def complete(self, ctx: Any) -> None:
+        raise NotImplementedError
+
+    def events(self, ctx: Any) -> Iterator[None]:
+        raise NotImplementedError
+
+
 @dataclasses.dataclass(slots=True)
-class Dma:
+class Dma(Transfer):
     """One DMA from start to wait."""
 
     id: int
@@ -55,6 +73,12 @@ class Dma:
         """The DMA as an actor, as race reports name it."""
         where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
         return f"DMA #{self.id} started by {self.actor}{where}"
+
+    def complete(self, ctx: Any) -> None:
+        complete(ctx, self)
+
+    def events(self, ctx: Any) -> Iterator[None]:
+        return dma_actor(ctx, self)
 
 
 class SyncState:

@@ -4,11 +4,10 @@ where its layout allows); the DMAs and semaphores they drive are engine/dma/engi
 DMA semaphores count bytes, as on a TPU, and a DMA is two events: it reads its source,
 which signals the send semaphore (`wait_send`: the source may be reused), then it writes
 its destination, which signals the receive semaphore (`wait_recv`: the data has landed).
-A wait takes the bytes of the waited ref off its semaphore. In `eager` mode a DMA does
-both when it starts; in `on_wait` mode a wait does what it needs of the DMAs in flight on
-its semaphore, newest first (DMAs sharing a semaphore may land in any order on a TPU, and
-newest-first is the order that breaks a kernel relying on FIFO); in `random` mode each
-event happens where the scheduler puts it. DMAs never waited complete at kernel end.
+A wait takes the bytes of the waited ref off its semaphore. When the events happen is the
+DMA mode's (engine/dma/policy.py): the rules tell the call's policy that a DMA started
+(`started`) and that a wait finds its semaphore short (`land_for`). DMAs never waited
+complete at kernel end.
 A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
 lands DMAs as a DMA wait does (`signal_count`).
 """
@@ -23,10 +22,9 @@ import numpy as np
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
 
-from pallas_check.config import DmaMode
 from pallas_check.engine.dma.devices import on_device, target_device
-from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, complete, dma_actor,
-                                            dma_read, sem_add, sem_name, sem_value)
+from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
+                                            sem_value)
 from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule, specializer
@@ -34,7 +32,7 @@ from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.rules import index_plan
 from pallas_check.engine.runtime import caches, progress
-from pallas_check.engine.runtime.scheduler import Actor, Wait
+from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -197,11 +195,7 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
         call.address_probe[dma.id] = (src.index_range(), dst.index_range())
     call.sync.start(dma)
     call.on_dma_start(ctx, dma)
-    mode = ctx.config.dma_mode
-    if mode == DmaMode.EAGER:
-        complete(ctx, dma)
-    elif mode == DmaMode.RANDOM:
-        call.scheduler.spawn(Actor(dma.actor_name, dma_actor(ctx, dma)))
+    call.dma_policy.started(ctx, dma)
     scheduler = call.scheduler
     if scheduler is not None and scheduler.alone:
         progress.beat()
@@ -320,13 +314,13 @@ def _dma_wait(ctx, eqn, invals):
 
 
 def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
-    """Whether a DMA wait can go on now (`on_wait`: delivering what it needs first)."""
+    """Whether a DMA wait can go on now (the DMA mode landing what it lets land at a wait
+    first: `on_wait` mode)."""
     if sem_value(cell) >= nbytes:
         return True
-    if ctx.config.dma_mode == DmaMode.ON_WAIT:
-        _deliver(ctx, ctx.call.sync, cell, nbytes)
-        return sem_value(cell) >= nbytes
-    return False
+    call = ctx.call
+    call.dma_policy.land_for(ctx, call.sync, cell, nbytes)
+    return sem_value(cell) >= nbytes
 
 
 def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
@@ -364,25 +358,6 @@ def _planned_dma_wait(eqn: Any) -> Any:
         return []
 
     return planned_dma_wait
-
-
-def _deliver(ctx: Any, sync: SyncState, cell: tuple, nbytes: int) -> None:
-    """`on_wait`: the events of DMAs in flight that signal `cell`, newest DMA first, until
-    it holds `nbytes` (a landing for a receive semaphore, a read for a send semaphore)."""
-    receiving = sync.landing_only(cell)
-    if receiving is not None:  # the common case: only DMAs landing here signal it
-        while receiving and sem_value(cell) < nbytes:
-            dma = receiving.pop()  # newest first; one landed already needs nothing more
-            if not dma.copied:
-                complete(ctx, dma)
-        return
-    for dma, lands in sync.pending_on(cell):
-        if sem_value(cell) >= nbytes:
-            return
-        if lands:
-            complete(ctx, dma)
-        else:
-            dma_read(ctx, dma)
 
 
 def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:

@@ -1,0 +1,244 @@
+"""The fastest correct path of a call the filters pass through (`--calls`, `--kernel`):
+the kernel compiled by XLA, written here, when nothing in it needs the engine.
+
+A kernel with no DMA, no semaphore, no remote or device effect, no print or assertion of
+its own, computes a pure function of its input blocks: one grid step reads its blocks,
+runs its body, writes its output blocks. That is compiled here once per call structure
+as one XLA computation -- a loop over the grid points (row-major, as a TPU core runs
+them), each slicing its blocks at the block indices the index maps give, running the
+kernel body with its refs discharged (refs become values, `program_id` the loop's grid
+indices), and writing the output blocks back -- and run on the engine's private CPU client
+(engine/backend.py), where the engine's own compiled pieces run. Outputs start as the
+engine's never-written memory (the `--uninit` fill), an output aliased to an input as that
+input, scratch likewise, carried from step to step: the values a checked run of a correct
+kernel returns (to float rounding: XLA fuses the whole body where the engine compiles runs
+of it, e.g. flash attention's outputs differ by at most 2.4e-7).
+
+Any other kernel -- a DMA, a semaphore, a block that does not tile its array, scalar
+prefetch, a dynamic grid, vmap's extra grid axes, a primitive that does not compile outside
+a TPU lowering -- is answered None: the session runs it on the engine with its checks off.
+This is not JAX's interpreter: only JAX's state discharge (as the engine uses for index
+maps) and the primitives' own CPU lowerings.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
+# prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
+# name, in nested jaxprs too.
+_ENGINE_ONLY = ("dma", "semaphore", "barrier", "device_id", "run_scoped", "print",
+                "callback", "check", "delay", "prng", "core_map", "get_core", "remote")
+_GRID_PRIMITIVES = ("program_id", "num_programs")
+
+
+def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
+    """The call compiled for the engine's CPU client (call it with the operands, in the
+    engine device's `jax.default_device`: it returns the outputs), or None when the
+    kernel needs the engine (see the module's docstring)."""
+    gm = params["grid_mapping"]
+    if not _plain_grid(params, gm) or not _pure(params["jaxpr"], top=True):
+        return None
+    import jax
+
+    inputs = [jax.ShapeDtypeStruct(bm.array_aval.shape, bm.array_aval.dtype)
+              for bm in gm.block_mappings[: gm.num_inputs]]
+    try:
+        body = _discharged_body(params["jaxpr"], tuple(gm.grid))
+        if body.effects:
+            return None
+        # Compiled now, so that a kernel XLA cannot compile outside a TPU lowering (a
+        # primitive with no CPU rule) goes to the engine instead of failing its call.
+        # With the engine's compiler options: no algebraic simplification, so that
+        # never-written memory's NaN reaches what it reaches in the engine (`0 * x`).
+        from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
+
+        return jax.jit(functools.partial(_run_grid, params, body, fill),
+                       compiler_options=SEGMENT_COMPILER_OPTIONS).lower(*inputs).compile()
+    except Exception:  # noqa: BLE001 - not ours to compile: the engine runs it
+        return None
+
+
+def _plain_grid(params: dict, gm: Any) -> bool:
+    """A static grid, no scalar prefetch or vmap axes, and blocks that tile their arrays
+    (each a VMEM/SMEM block: a ref in HBM is only reached by DMA)."""
+    if gm.num_index_operands or getattr(gm, "vmapped_dims", ()) or getattr(
+            gm, "num_dynamic_grid_bounds", 0) or params.get("mesh") is not None:
+        return False  # (a mesh: a core_map kernel, its cores the engine's)
+    if params["jaxpr"].constvars or getattr(gm, "get_grid_indices", None) is not None:
+        return False
+    if not all(isinstance(n, int) for n in gm.grid):
+        return False
+    for bm in gm.block_mappings:
+        space = getattr(bm.transformed_block_aval, "memory_space", None)
+        if str(space).lower() in ("any", "hbm", "semaphore_mem") or bm.transforms:
+            return False
+        for dim, size in zip(bm.block_shape, bm.array_aval.shape):
+            kind = type(dim).__name__
+            if kind == "Squeezed":
+                continue
+            if kind != "Blocked" or size % dim.block_size:
+                return False
+    for aval in gm.scratch_avals:
+        if "sem" in str(getattr(aval, "dtype", "")).lower():
+            return False
+    return True
+
+
+def _pure(jaxpr: Any, top: bool) -> bool:
+    """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
+    where `_evaluate` answers them."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if any(word in name for word in _ENGINE_ONLY):
+            return False
+        if name in _GRID_PRIMITIVES and not top:
+            return False
+        for sub in _subjaxprs(eqn.params):
+            if not _pure(sub, top=False):
+                return False
+    return True
+
+
+def _subjaxprs(params: dict) -> list[Any]:
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
+    """The kernel as a pure function: its grid indices first, as scalar arguments in
+    place of `program_id` (`num_programs` a literal), then every ref a value in and out
+    (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
+    from pallas_check.jaxbridge import jax_core, state_discharge
+
+    index_vars = [jax_core.Var(jax_core.ShapedArray((), np.int32)) for _ in grid]
+    substitute: dict[Any, Any] = {}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _GRID_PRIMITIVES:
+            axis = eqn.params["axis"]
+            substitute[eqn.outvars[0]] = (
+                index_vars[axis] if name == "program_id"
+                else jax_core.Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
+            continue
+        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, jax_core.Var)
+                                        else v for v in eqn.invars]))
+    pure_grid = jaxpr.replace(invars=[*index_vars, *jaxpr.invars], eqns=eqns,
+                              outvars=[substitute.get(v, v) for v in jaxpr.outvars])
+    return state_discharge.discharge_state(jax_core.ClosedJaxpr(pure_grid, ()))
+
+
+def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    """A pure jaxpr (the discharged kernel, an index map) traced into the caller's
+    computation, equation by equation."""
+    from pallas_check.jaxbridge import jax_core
+
+    env: dict[Any, Any] = {}
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, jax_core.Literal) else env[atom]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _GRID_PRIMITIVES:
+            raise ValueError(f"{eqn.primitive.name} outside the kernel's top level")
+        outs = eqn.primitive.bind(*map(read, eqn.invars),
+                                  **eqn.primitive.get_bind_params(eqn.params))
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for var, value in zip(eqn.outvars, outs):
+            if not isinstance(var, jax_core.DropVar):
+                env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _run_grid(params: dict, body: Any, fill: str, *operands: Any) -> list[Any]:
+    """The call as one computation: outputs and scratch carried through the grid."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_check.engine.memory.buffer import fill_value
+
+    gm = params["grid_mapping"]
+    grid = tuple(int(n) for n in gm.grid)
+    inputs = operands[: gm.num_inputs]
+    aliases = dict((o, i) for i, o in (params.get("input_output_aliases") or ()))
+    outputs = [inputs[aliases[j]] if j in aliases
+               else jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
+               for j, aval in enumerate(params["out_avals"])]
+    scratch = [jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
+               for aval in (getattr(a, "inner_aval", a) for a in gm.scratch_avals)]
+    in_maps = gm.block_mappings[: gm.num_inputs]
+    out_maps = gm.block_mappings[gm.num_inputs: gm.num_inputs + gm.num_outputs]
+
+    def step(flat: Any, carry: tuple) -> tuple:
+        outs, scratch_values = carry
+        point = _grid_point(flat, grid)
+        blocks = [_block(x, bm, point) for x, bm in zip(inputs, in_maps)]
+        out_blocks = [_block(x, bm, point) for x, bm in zip(outs, out_maps)]
+
+        results = _evaluate(body.jaxpr, body.consts,
+                            [*point, *blocks, *out_blocks, *scratch_values])
+        n_in = len(blocks)
+        new_outs = [_put_block(x, bm, point, value) for x, bm, value in
+                    zip(outs, out_maps, results[n_in: n_in + len(outs)])]
+        return new_outs, list(results[n_in + len(outs):])
+
+    total = math.prod(grid)
+    if total == 0:
+        return outputs
+    outputs, _ = jax.lax.fori_loop(0, total, step, (outputs, scratch))
+    return list(outputs)
+
+
+def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
+    """Row-major grid indices (the last axis fastest) of step `flat`."""
+    point = []
+    for size in reversed(grid):
+        point.append(flat % size)
+        flat = flat // size
+    return [p.astype(np.int32) for p in reversed(point)]
+
+
+def _starts(bm: Any, point: list[Any]) -> list[Any]:
+    """The element offset of the block in each dimension of its array."""
+    indices = _evaluate(bm.index_map_jaxpr.jaxpr, bm.index_map_jaxpr.consts, point)
+    starts = []
+    for dim, index in zip(bm.block_shape, indices):
+        size = 1 if type(dim).__name__ == "Squeezed" else dim.block_size
+        starts.append(index.astype(np.int32) * size if hasattr(index, "astype")
+                      else np.int32(index * size))
+    return starts
+
+
+def _sizes(bm: Any) -> tuple[int, ...]:
+    return tuple(1 if type(d).__name__ == "Squeezed" else d.block_size
+                 for d in bm.block_shape)
+
+
+def _block(array: Any, bm: Any, point: list[Any]) -> Any:
+    import jax
+
+    block = jax.lax.dynamic_slice(array, _starts(bm, point), _sizes(bm))
+    return block.reshape(bm.transformed_block_aval.inner_aval.shape
+                         if hasattr(bm.transformed_block_aval, "inner_aval")
+                         else bm.transformed_block_aval.shape)
+
+
+def _put_block(array: Any, bm: Any, point: list[Any], value: Any) -> Any:
+    import jax
+
+    return jax.lax.dynamic_update_slice(array, value.reshape(_sizes(bm)),
+                                        _starts(bm, point))

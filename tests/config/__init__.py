@@ -1,0 +1,1 @@
+"""Tests of pallas_check/config/: options on every surface, their layers and precedence."""

@@ -1,0 +1,2 @@
+"""Tests of pallas_check/engine/, one folder per wing (call/, memory/, dma/, jaxpr/, rules/,
+runtime/)."""

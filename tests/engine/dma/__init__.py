@@ -1,0 +1,2 @@
+"""engine/dma/: DMA and semaphore state machines, what a DMA signals, DMAs across devices and
+cores."""

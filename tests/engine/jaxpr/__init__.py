@@ -1,0 +1,1 @@
+"""engine/jaxpr/: generated programs, scalar segments, segment order, the rule registry."""

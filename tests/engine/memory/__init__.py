@@ -1,0 +1,2 @@
+"""engine/memory/: buffers and lending, regions and bounds, reshape/bitcast views, the access
+cache."""

@@ -1,0 +1,1 @@
+"""engine/runtime/: the scheduler, schedule exploration and replay, determinism."""

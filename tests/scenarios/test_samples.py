@@ -1,0 +1,212 @@
+"""Every sample in samples/ through the real CLI: bugs give their stated finding, fixes none.
+
+A buggy sample (`*_bug.py`) states what pallas-check must report in its docstring:
+
+    Expected finding: kind=out-of-bounds buffer=x_ref range=[8:16, 0:128] line=23
+
+`kind` is the finding kind's JSON name, `buffer` the kernel's own parameter name,
+`range` the index range as the report prints it (omitted only where a sample says why),
+`line` the line of the sample the finding points at (its first source frame), and the
+optional `args` the CLI options the finding needs (e.g. `args=--dma on_wait`), given
+last on the line; `generation` (the TPU generation of a `--compile` finding) goes before
+`args`. Each `*_bug.py` has a fixed `*_ok.py` that must report nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pallas_check.findings import FindingKind, format_range
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+BUGS = sorted(SAMPLES.glob("*_bug.py"))
+OKS = sorted(SAMPLES.glob("*_ok.py"))
+
+_LINE = re.compile(r"^\s*Expected finding:\s*(.*)$", re.MULTILINE)
+_FIELD = re.compile(r"(\w+)=(\[[^\]]*\]|.*?)(?=\s+\w+=|\s*$)")
+_KNOWN_FIELDS = {"kind", "buffer", "range", "line", "args", "generation"}
+
+
+def expectations(path: Path) -> list[dict[str, str]]:
+    """The `Expected finding:` lines of a sample's header docstring, as field dicts."""
+    text = path.read_text()
+    docstring = text.split('"""')[1] if text.lstrip().startswith('"""') else ""
+    out = []
+    for body in _LINE.findall(docstring):
+        fields = dict(_FIELD.findall(body.strip()))
+        unknown = set(fields) - _KNOWN_FIELDS
+        assert not unknown, f"{path.name}: unknown fields {unknown}"
+        assert {"kind", "buffer", "line"} <= set(fields), f"{path.name}: {body!r}"
+        out.append(fields)
+    return out
+
+
+def _range_text(index_range: list | None) -> str:
+    return format_range(tuple(tuple(r) for r in index_range) if index_range else None)
+
+
+def _line(finding: dict) -> int | None:
+    frames = finding["frames"]
+    return frames[0]["line"] if frames else None
+
+
+def _describe(findings: list[dict]) -> str:
+    return "\n".join(
+        f"  {f['kind']} buffer={f['buffer']} range={_range_text(f['index_range'])}"
+        f" line={_line(f)}: {f['message']}" for f in findings) or "  (none)"
+
+
+def _run(cli, path: Path, args: str = ""):
+    if "--devices" in args.split():
+        return _run_subprocess(path, args)
+    return cli("run", *args.split(), str(path))
+
+
+def _run_subprocess(path: Path, args: str):
+    """Several CPU devices need a fresh process: XLA_FLAGS is read when JAX starts."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from types import SimpleNamespace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pallas_check", "run", "--format", "json", "--output",
+             str(report_path), *args.split(), str(path)],
+            capture_output=True, text=True, timeout=600)
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return SimpleNamespace(exit_code=proc.returncode, report=report,
+                           output=proc.stdout + proc.stderr,
+                           findings=report["findings"] if report else [])
+
+
+def run_args(path: Path) -> str:
+    """The options a sample's docstring says to run it with ("Run: pallas-check run X ...")."""
+    match = re.search(r"^Run: pallas-check run \S+(.*)$", path.read_text(), re.MULTILINE)
+    return match.group(1).strip() if match else ""
+
+
+def _matches(finding: dict, want: dict[str, str], path: Path) -> bool:
+    if finding["kind"] != want["kind"] or finding["buffer"] != want["buffer"]:
+        return False
+    if "range" in want and _range_text(finding["index_range"]) != want["range"]:
+        return False
+    if "generation" in want and finding["details"].get("generation") != want["generation"]:
+        return False
+    frames = finding["frames"]
+    return bool(frames) and frames[0]["line"] == int(want["line"]) \
+        and Path(frames[0]["file"]).resolve() == path.resolve()
+
+
+def test_samples_are_paired_and_cover_every_kind():
+    bug_stems = {p.name[: -len("_bug.py")] for p in BUGS}
+    ok_stems = {p.name[: -len("_ok.py")] for p in OKS}
+    assert bug_stems <= ok_stems, f"bug samples without a fix: {bug_stems - ok_stems}"
+    kinds = {e["kind"] for p in BUGS for e in expectations(p)}
+    wanted = {k.value for k in FindingKind} - {FindingKind.RACE.value}
+    assert wanted <= kinds, f"no sample for {wanted - kinds}"
+    for path in BUGS:
+        assert expectations(path), f"{path.name} states no expected finding"
+
+
+@pytest.mark.parametrize("path", BUGS, ids=lambda p: p.stem)
+def test_bug_sample_reports_its_finding(cli, path):
+    for want in expectations(path):
+        result = _run(cli, path, want.get("args", ""))
+        assert result.report is not None, result.output
+        assert result.report["user_error"] is None, result.report["user_traceback"]
+        assert result.report["internal_error"] is None, result.report["internal_error"]
+        assert result.exit_code == 1, result.output
+        findings = result.findings
+        assert any(_matches(f, want, path) for f in findings), (
+            f"{path.name}: expected {want}, got\n{_describe(findings)}")
+
+
+@pytest.mark.parametrize("path", OKS, ids=lambda p: p.stem)
+def test_ok_sample_is_clean(cli, path):
+    result = _run(cli, path, run_args(path))
+    assert result.report is not None, result.output
+    assert result.report["user_error"] is None, result.report["user_traceback"]
+    assert result.findings == [], _describe(result.findings)
+    assert result.exit_code == 0
+    assert "output matches" in result.output
+
+
+# -- options that change what is found ------------------------------------------------------
+
+def test_dma_mode_decides_read_before_wait(cli):
+    """on_wait: the copy lands at the wait, so the early read sees never-written VMEM;
+    eager: it landed at the start, so the same read sees the data and nothing is found."""
+    bug = SAMPLES / "dma_read_before_wait_bug.py"
+    (want,) = expectations(bug)
+    assert want["args"] == "--dma on_wait"
+    on_wait = _run(cli, bug, "--dma on_wait")
+    assert on_wait.exit_code == 1
+    assert any(_matches(f, want, bug) for f in on_wait.findings), _describe(on_wait.findings)
+    assert "matches reference: False" in on_wait.output
+    eager = _run(cli, bug, "--dma eager")
+    assert eager.exit_code == 0, _describe(eager.findings)
+    assert eager.findings == []
+    assert "matches reference: True" in eager.output
+    assert eager.report["config"]["dma_mode"] == "eager"
+
+
+@pytest.mark.parametrize("mode", ["eager", "on_wait"])
+def test_dma_mode_independent_findings(cli, mode):
+    """A DMA never waited on, or one past its array, is found whichever way DMAs land;
+    the fixed DMA samples stay clean either way."""
+    for name in ("dma_not_waited_bug.py", "oob_dma_bug.py"):
+        path = SAMPLES / name
+        (want,) = expectations(path)
+        result = _run(cli, path, f"--dma {mode}")
+        assert result.exit_code == 1
+        assert any(_matches(f, want, path) for f in result.findings), _describe(result.findings)
+    for name in ("dma_read_before_wait_ok.py", "dma_not_waited_ok.py"):
+        result = _run(cli, SAMPLES / name, f"--dma {mode}")
+        assert result.exit_code == 0 and result.findings == [], _describe(result.findings)
+
+
+def test_uninit_fill_does_not_hide_a_missing_init(cli):
+    """With --uninit zero the forgotten accumulator init happens to give the right answer;
+    the finding must not depend on that luck (nor on the fill in the report)."""
+    bug = SAMPLES / "uninit_acc_bug.py"
+    (want,) = expectations(bug)
+    runs = {fill: _run(cli, bug, f"--uninit {fill}") for fill in ("nan", "zero")}
+    assert "matches reference: False" in runs["nan"].output
+    assert "matches reference: True" in runs["zero"].output
+    for fill, result in runs.items():
+        assert result.exit_code == 1, fill
+        assert result.report["config"]["uninit"] == fill
+        assert any(_matches(f, want, bug) for f in result.findings), (
+            f"--uninit {fill}:\n{_describe(result.findings)}")
+
+
+@pytest.mark.parametrize("name", ["uninit_masked_ok.py", "uninit_padding_ok.py"])
+def test_masked_away_reads_are_clean_under_both_fills(cli, name):
+    """Reads of never-written memory whose values never reach an output are not findings."""
+    result = _run(cli, SAMPLES / name, "--uninit zero")
+    assert result.exit_code == 0 and result.findings == [], _describe(result.findings)
+
+
+def test_deadlock_sample_ends_instead_of_hanging(tmp_path):
+    """In its own process with a hard timeout, so a regression fails rather than hangs."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    report = tmp_path / "deadlock.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pallas_check", "run", "--format", "json", "--output",
+         str(report), str(SAMPLES / "deadlock_bug.py")],
+        capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60, "the deadlock took too long to be found"
+    assert proc.returncode == 1, proc.stderr
+    kinds = [f["kind"] for f in json.loads(report.read_text())["findings"]]
+    assert "deadlock" in kinds
