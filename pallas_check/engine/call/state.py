@@ -164,6 +164,15 @@ class CallState:
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count, note))
 
+    def undefined_lanes(self, ctx: "CoreContext", region: Region, count: int, note: str) -> None:
+        """A SparseCore vector op left `count` lanes undefined (the inactive lanes of a
+        masked gather or expanded load, an element several scatter lanes store different
+        values to): they hold the fill value, and the call's outputs are compared under the
+        two fills as for a read of never-written memory (`note` says which op, why)."""
+        self.uninit_reads.append(UninitRead(
+            region.buffer.name, region.buffer.space, region.index_range(),
+            current_frames(ctx), ctx.grid_point, ctx.actor, count, note))
+
     def dma_unbounded(self, ctx: "CoreContext", dma_id: int, src: Region, dst: Region,
                       frames: tuple[SourceFrame, ...]) -> None:
         """A DMA whose slice no part of its ref can hold (its out-of-bounds findings are
