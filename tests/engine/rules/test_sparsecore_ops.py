@@ -706,3 +706,37 @@ def test_parallel_loop_without_carry_and_empty_range(gen):
 
     r = run_sc(gen, body, [], [((2 * L,), np.int32)])
     np.testing.assert_array_equal(r.outs[0], np.arange(2 * L))
+
+
+# -- transformed refs ------------------------------------------------------------------------
+
+@gens
+def test_gather_and_scatter_through_a_sliced_ref_index_within_the_slice(gen):
+    L = GENS[gen]
+    x = (np.arange(3 * L) - L).astype(np.int32)
+    idx = ((np.arange(L) * 3) % L).astype(np.int32)
+
+    def body(x_v, i_v, o_v):
+        i = i_v[...]
+        o_v[...] = jnp.zeros((3 * L,), jnp.int32)
+        g = plsc.load_gather(x_v.at[pl.ds(L, L)], [i])
+        plsc.store_scatter(o_v.at[pl.ds(2 * L, L)], [i], g)
+
+    r = run_sc(gen, body, [x, idx], [((3 * L,), np.int32)])
+    want = np.zeros(3 * L, np.int32)
+    want[2 * L + idx] = x[L + idx]
+    np.testing.assert_array_equal(r.outs[0], want)
+    assert r.findings == []
+
+
+@gens
+def test_gather_past_a_sliced_ref_is_out_of_bounds_of_the_slice(gen):
+    L = GENS[gen]
+    x = np.arange(3 * L, dtype=np.int32)
+
+    def body(x_v, o_v):
+        o_v[...] = plsc.load_gather(x_v.at[pl.ds(L, L)], [jax.lax.iota(jnp.int32, L) + 1])
+
+    r = run_sc(gen, body, [x], [((L,), np.int32)])
+    assert r.kinds() == ["out-of-bounds"], r.findings
+    assert f"load_gather lane {L - 1}" in r.findings[0].message
