@@ -42,7 +42,7 @@ def _view_shape(ctx: Any, view: RefView) -> tuple[int, ...]:
     return tuple(region.read(ctx.fill(view.buffer.data.dtype)).shape)
 
 
-def _lanes(ctx: Any, ref: Any, transforms: Any, indices: Any, mask: Any):
+def _lanes(ref: Any, transforms: Any, indices: Any, mask: Any):
     """(view, per-lane index tuples, active lanes) of a load_gather / store_scatter."""
     view = access.view_of(ref, transforms)
     columns = [np.asarray(i).astype(np.int64).reshape(-1) for i in indices]
@@ -63,7 +63,7 @@ def _load_gather(ctx, eqn, invals):
     """`load_gather(ref, [i0, i1, ...], mask=m)`: out[j] = ref[i0[j], i1[j], ...] for each
     active lane j, each an element read (bounds, shadow, races); other lanes undefined."""
     ref, transforms, indices, mask = eqn.params["tree"].unflatten(invals)
-    view, lanes, on = _lanes(ctx, ref, transforms, indices, mask)
+    view, lanes, on = _lanes(ref, transforms, indices, mask)
     dtype = np.dtype(eqn.outvars[0].aval.dtype)
     out = np.full(len(lanes), ctx.fill(dtype), dtype=dtype)
     shape = _view_shape(ctx, view)
@@ -79,7 +79,7 @@ def _load_gather(ctx, eqn, invals):
 def _undefined(ctx: Any, view: RefView, count: int, op: str) -> None:
     """The masked-off lanes of a masked load are undefined (they hold the fill value)."""
     if count:
-        ctx.call.undefined_lanes(ctx, access._resolve(ctx, view), count,
+        ctx.call.undefined_lanes(ctx, f"masked-off lanes of {op}({view.buffer.name})", count,
                                  f"{count} masked-off lanes of a {op} are undefined")
 
 
@@ -95,7 +95,7 @@ def _store_scatter(ctx, eqn, invals):
     never-written memory when it reaches an output; equal values store that value."""
     ref, transforms, indices, x, mask = eqn.params["tree"].unflatten(invals)
     add = eqn.params["add"]
-    view, lanes, on = _lanes(ctx, ref, transforms, indices, mask)
+    view, lanes, on = _lanes(ref, transforms, indices, mask)
     x = np.asarray(x).reshape(-1)
     shape = _view_shape(ctx, view)
     name = "addupdate_scatter" if add else "store_scatter"
@@ -113,8 +113,8 @@ def _store_scatter(ctx, eqn, invals):
         value = x[j]
         if lane in stores and stores[lane].tobytes() != value.tobytes():
             if stores[lane] is not _CONFLICT:
-                ctx.call.undefined_lanes(ctx, region, 1, f"{name} lanes store different"
-                                         " values to one element: which lands is unspecified")
+                ctx.call.undefined_lanes(ctx, name, 1, f"{name} lanes store different values"
+                                         " to one element: which lands is unspecified", region)
             stores[lane] = _CONFLICT
             value = np.asarray(ctx.fill(x.dtype), dtype=x.dtype)  # lanes disagree
         else:
@@ -154,8 +154,7 @@ def _sc_load(ctx, eqn, invals):
         view = access.view_of(ref, eqn.params["tree"].unflatten(flat))
         return access.access_read(ctx, view).astype(dtype)
     view, mask = _compressed_part(ctx, eqn, ref, flat)
-    _undefined(ctx, access.view_of(ref, eqn.params["tree"].unflatten(flat[:-1])),
-               int(mask.size - mask.sum()), "load_expanded")
+    _undefined(ctx, ref, int(mask.size - mask.sum()), "load_expanded")
     if view is None:
         return np.full(mask.shape, ctx.fill(dtype), dtype=dtype)
     if mask.ndim != 1:
@@ -214,6 +213,11 @@ def _masked_sort(ctx, eqn, invals):
 
 @rule(sc_primitives.scan_count_p)
 def _scan_count(ctx, eqn, invals):
+    """Counts of masked-off lanes are undefined (ASSUMED, sc_values.scan_count)."""
+    off = int(np.size(invals[1]) - np.count_nonzero(invals[1]))
+    if off:
+        ctx.call.undefined_lanes(ctx, "masked-off lanes of scan_count", off,
+                                 f"{off} masked-off lanes of a scan_count are undefined")
     return sc_values.scan_count(invals[0], invals[1], ctx.fill(np.dtype(np.int32)))
 
 

@@ -165,6 +165,7 @@ def test_load_gather_inactive_lanes_reaching_an_output_are_reported(gen):
     assert r.kinds() == ["uninitialized"], r.findings
     f = r.findings[0]
     assert f.details["output_range"] == [[0, 3]]
+    assert f.buffer == "masked-off lanes of load_gather(refs[2])"  # x_v
     assert "masked-off lanes of a load_gather are undefined" in f.message
 
 
@@ -551,6 +552,22 @@ def test_scan_count_masked_counts_active_lanes_only(gen, which):
     np.testing.assert_array_equal(r.outs[0], want_c)
     np.testing.assert_array_equal(r.outs[1], want_l)
     assert r.findings == []
+
+
+@gens
+def test_scan_count_masked_off_counts_reaching_an_output_are_reported(gen):
+    L = GENS[gen]
+    x = (np.arange(L) % 3).astype(np.int32)
+
+    def body(x_v, c_v):
+        v = x_v[...]
+        c_v[...], _ = plsc.scan_count(v, v > 0)  # lanes holding 0 are masked off
+
+    r = run_sc(gen, body, [x], [((L,), np.int32)])
+    assert r.kinds() == ["uninitialized"], r.findings
+    f = r.findings[0]
+    assert f.buffer == "masked-off lanes of scan_count" and f.index_range is None
+    assert f.details["output_range"] == [[0, L - (L - 1) % 3]]
 
 
 # -- mask reductions -----------------------------------------------------------------------
