@@ -757,3 +757,24 @@ def test_gather_past_a_sliced_ref_is_out_of_bounds_of_the_slice(gen):
     r = run_sc(gen, body, [x], [((L,), np.int32)])
     assert r.kinds() == ["out-of-bounds"], r.findings
     assert f"load_gather lane {L - 1}" in r.findings[0].message
+
+
+@gens
+def test_lax_sort_rev_iota_reduce_in_a_subcore_kernel(gen):
+    """Plain lax ops with SparseCore lowerings (sort, rev, iota, reduce_*): evaluated as any
+    pure equation is; here to show they need no rule of their own."""
+    L = GENS[gen]
+    x = np.random.default_rng(L).permutation(L).astype(np.int32) - 3
+
+    def body(x_v, s_v, r_v, i_v, m_v):
+        v = x_v[...]
+        s_v[...] = jnp.sort(v, descending=True)
+        r_v[...] = jax.lax.rev(v, (0,))
+        i_v[...] = jax.lax.iota(jnp.int32, L)
+        m_v[...] = jnp.full((L,), jnp.max(v) * 100 + jnp.sum(v), jnp.int32)
+
+    r = run_sc(gen, body, [x], [((L,), np.int32)] * 4)
+    np.testing.assert_array_equal(r.outs[0], np.sort(x)[::-1])
+    np.testing.assert_array_equal(r.outs[1], x[::-1])
+    np.testing.assert_array_equal(r.outs[2], np.arange(L))
+    np.testing.assert_array_equal(r.outs[3], np.full(L, x.max() * 100 + x.sum()))
