@@ -122,6 +122,14 @@ def sparsecore_kernel(mesh: Any) -> bool:
 _SC_SOURCES = (MemorySpace.HBM, MemorySpace.VMEM_SHARED)
 
 
+def _sc_space(aval: Any, space_of: Callable[[Any], str]) -> str:
+    """A ref's memory space in a SparseCore kernel: one with none (a `jax.new_ref` the
+    kernel mutates) is in HBM there (Mosaic's `memory_space_to_tpu_memory_space`)."""
+    if aval is not None and getattr(aval, "memory_space", "") is None:
+        return MemorySpace.HBM
+    return space_of(aval)
+
+
 def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                     frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
     """What Mosaic's SparseCore lowering refuses in one DMA start (see the module
@@ -134,7 +142,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
             transforms[:0] = ref.transforms
             ref = ref.ref
         sides.append((ref, transforms, indirect_indexer(transforms), operation,
-                      space_of(getattr(ref, "aval", None))))
+                      _sc_space(getattr(ref, "aval", None), space_of)))
     (_, _, src_found, _, src_space), (_, _, dst_found, _, dst_space) = sides
 
     def refuse(side: tuple, mosaic: str) -> NotLowered:
