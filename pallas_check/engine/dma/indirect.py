@@ -73,7 +73,7 @@ class RowsRegion:
     `add`: writes add to what is there (a scatter-add or gather-add)."""
 
     __slots__ = ("base", "buffer", "rows", "add", "post", "oob", "zero_stride", "dims",
-                 "out_shape", "_row_dim", "_index", "_buffer_rows")
+                 "out_shape", "_row_dim", "_index", "_buffer_rows", "_boxes")
 
     def __init__(self, base: Region, rows: np.ndarray, add: bool = False):
         if base.post or base.oob or base.zero_stride or not base.out_shape:
@@ -102,6 +102,7 @@ class RowsRegion:
                 lo, size, step = d
                 index.append(slice(lo, lo + size * step, step) if size > 0 else slice(0, 0))
         self._index = tuple(index)
+        self._boxes: tuple[IndexRange, ...] | None = None
 
     # -- values ----------------------------------------------------------------------------
     def _to_rows(self, values: np.ndarray) -> np.ndarray:
@@ -160,14 +161,18 @@ class RowsRegion:
         return self._range_with_rows(int(rows.min()), int(rows.max()) + 1)
 
     def boxes(self) -> tuple[IndexRange, ...]:
-        """One box per run of consecutive buffer rows (none for no rows)."""
-        rows = np.unique(self._buffer_rows)
-        if not rows.size:
-            return ()
-        breaks = np.nonzero(np.diff(rows) != 1)[0]
-        starts = np.concatenate(([rows[0]], rows[breaks + 1]))
-        ends = np.concatenate((rows[breaks], [rows[-1]])) + 1
-        return tuple(self._range_with_rows(int(a), int(b)) for a, b in zip(starts, ends))
+        """One box per run of consecutive buffer rows (none for no rows); made once (the
+        read and the write of a DMA, the race checker's and the timeline's, ask)."""
+        if self._boxes is None:
+            rows = sorted(set(self._buffer_rows.tolist()))
+            runs: list[list[int]] = []
+            for row in rows:
+                if runs and runs[-1][1] == row:
+                    runs[-1][1] = row + 1
+                else:
+                    runs.append([row, row + 1])
+            self._boxes = tuple(self._range_with_rows(lo, hi) for lo, hi in runs)
+        return self._boxes
 
     def selected_range(self, selected: np.ndarray) -> IndexRange:
         picked = np.asarray(selected, bool).reshape(len(self.rows), -1).any(axis=1)

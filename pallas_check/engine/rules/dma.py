@@ -455,13 +455,18 @@ def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
     """The wait of a gather or scatter (`tpu.wait_indirect_dma(sem, src, dst)`: the whole
     refs, no offsets, no filter): it waits for one indirect DMA on its semaphore, the
     oldest not yet waited, and takes what that DMA signals (the bytes it moved: a filtered
-    DMA's ignored rows are not counted); with none in flight, the bytes of its plain side
-    (every row), which only another DMA's signal can bring."""
+    DMA's ignored rows are not counted; one that moved nothing is waited at once); with
+    none in flight, the bytes of its plain side (every row), which only another DMA's
+    signal can bring."""
     cell = cell_of(ctx, _arg_region(ctx, layout[2], invals))
     nbytes = None
-    for dma in ctx.call.sync._unwaited.get((cell[0].id, cell[1]), ()):
-        if isinstance(dma.src, indirect.RowsRegion) and dma.waited_bytes < dma.signal:
+    queue = ctx.call.sync._unwaited.get((cell[0].id, cell[1]), ())
+    for dma in queue:
+        if isinstance(dma.src, indirect.RowsRegion):
             nbytes = dma.signal - dma.waited_bytes
+            if nbytes <= 0:  # it moved nothing (every index ignored): waited now
+                queue.remove(dma)
+                nbytes = 0
             break
     if nbytes is None:
         shape, itemsize = _view_layout(_arg_region(ctx, layout[1 - side], invals))

@@ -110,6 +110,21 @@ def test_filtered_gather_ignored_value_out_of_range_is_not_checked(check):
     _clean(check(run, x, config=_config()))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_filtered_gather_of_nothing_is_waited_at_once(check, mode):
+    """Every index ignored: the DMA moves and signals nothing, its wait does not block
+    (no deadlock), and the destination keeps what it held."""
+    x = np.arange(16 * D, dtype=np.float32).reshape(16, D)
+
+    def run(x):
+        idx = np.full(2 * _lanes(), -1, np.int32)
+        return _gather_fn(2, ignored=-1)(x, jnp.asarray(idx))
+
+    r = check(run, x, config=_config(mode))
+    _clean(r)
+    assert (np.asarray(r.value) == -1.0).all()
+
+
 def test_semaphore_counts_the_bytes_moved(check):
     """A filtered gather signals its DMA semaphore with the rows it moved (eager: at the
     start) and its wait takes them off again."""
