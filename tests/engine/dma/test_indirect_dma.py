@@ -308,3 +308,61 @@ def test_gather_into_hbm_does_not_lower(check):
     kinds = [f.kind for f in r.findings]
     assert kinds == [FindingKind.COMPILE_ERROR], [f.message for f in r.findings]
     assert "from HBM to HBM" in r.findings[0].message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gather_add_by_an_index_value(check, mode):
+    """`add=True` on a gather adds the rows into the VMEM destination; the index vector
+    may be a value (a loaded vector) instead of a ref."""
+    x = np.arange(16 * D, dtype=np.float32).reshape(16, D)
+
+    def run(x):
+        lanes = _lanes()
+        idx = (np.arange(lanes, dtype=np.int32) * 5) % 16
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes, D), jnp.float32), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
+                                  pltpu.VMEM((lanes, D), jnp.float32),
+                                  pltpu.SemaphoreType.DMA])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, sem):
+            pltpu.sync_copy(idx_hbm, idx_v)
+            rows_v[...] = jnp.ones((lanes, D), jnp.float32)
+            pltpu.async_copy(x_hbm.at[idx_v[...]], rows_v, sem, add=True).wait()
+            pltpu.sync_copy(rows_v, o_hbm)
+
+        return jax.jit(kernel)(x, jnp.asarray(idx)), idx
+
+    r = check(run, x, config=_config(mode))
+    _clean(r)
+    out, idx = r.value
+    np.testing.assert_array_equal(np.asarray(out), x[idx] + 1.0)
+
+
+def test_out_of_bounds_index_in_a_slice_of_the_index_ref(check):
+    """The finding names the slice of the index ref the DMA used and the element in it."""
+    x = np.arange(16 * D, dtype=np.float32).reshape(16, D)
+
+    def run(x):
+        lanes = _lanes()
+        idx = np.arange(2 * lanes, dtype=np.int32) % 16
+        idx[lanes + 1] = -2
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes, D), jnp.float32), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((2 * lanes,), jnp.int32),
+                                  pltpu.VMEM((lanes, D), jnp.float32),
+                                  pltpu.SemaphoreType.DMA])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, sem):
+            pltpu.sync_copy(idx_hbm, idx_v)
+            rows_v[...] = jnp.zeros((lanes, D), jnp.float32)
+            pltpu.async_copy(x_hbm.at[idx_v.at[pl.ds(lanes, lanes)]], rows_v, sem).wait()
+            pltpu.sync_copy(rows_v, o_hbm)
+
+        return jax.jit(kernel)(x, jnp.asarray(idx)), lanes
+
+    r = check(run, x, config=_config())
+    oob = [f for f in r.findings if f.kind is FindingKind.OUT_OF_BOUNDS]
+    assert len(oob) == 1, [f.message for f in r.findings]
+    lanes = r.value[1]
+    assert f"index -2 (element 1 of index vector idx_v[{lanes}:{2 * lanes}])" in \
+        oob[0].message, oob[0].message
+    assert format_range(oob[0].index_range) == "[-2, 0:128]"
