@@ -280,9 +280,14 @@ class CallState:
         races = self.races
         if races is None:
             return
-        for box in dma.dst.boxes():
-            races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write", dma.frames,
-                         dma.grid_point)
+        if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
+            for box in dma.dst.boxes():
+                races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA add",
+                             dma.frames, dma.grid_point, atomic_add=True)
+        else:
+            for box in dma.dst.boxes():
+                races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write",
+                             dma.frames, dma.grid_point)
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
         races.end(dma.actor_name)
 
