@@ -79,6 +79,7 @@ class Access(NamedTuple):
     operation: str
     frames: Frames
     grid_point: GridPoint
+    atomic_add: bool = False  # an atomic read-modify-write add (a SparseCore scatter-add)
 
 
 class ActorsDeclared(NamedTuple):

@@ -44,6 +44,11 @@ from jax._src.pallas import primitives as pallas_primitives
 # which chip a kernel is told it runs on (tpu_info.py).
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+# SparseCore primitives (plsc): vector ops, barrier, parallel_loop (engine/rules/sparsecore.py).
+from jax._src.pallas.mosaic import sc_primitives
+# SparseCore: `Indices` (a gather/scatter DMA's filtered index vector; engine/dma/indirect.py,
+# engine/jaxpr/mosaic_limits.py).
+from jax._src.pallas.mosaic import sc_core
 # Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
 # primitives, and discharge of index maps that read scalar-prefetch refs.
 from jax._src.state import discharge as state_discharge

@@ -62,6 +62,8 @@ def dma_moved(dma: Dma, landed: bool) -> DmaMoved:
     if landed:
         moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
                          dma.grid_point)
+        if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
+            moved = tuple(a._replace(operation="DMA add", atomic_add=True) for a in moved)
         return DmaMoved(dma.id, dma.actor_name, True, moved, cell(dma.dst_sem))
     moved = accesses(dma.actor_name, dma.src, False, "DMA read", dma.frames, dma.grid_point)
     return DmaMoved(dma.id, dma.actor_name, False, moved,
