@@ -41,6 +41,11 @@ class _Checkers:
     def deadlocked(self, state: Any, found: Any, ctx: Any) -> Finding:
         return deadlock.deadlock_finding(state, found, ctx)
 
+    def signal_not_remote(self, state: Any, ctx: Any, semaphore: str, named: str,
+                          signaller: str, frames: tuple) -> Finding:
+        return semaphores.signal_not_remote_finding(state, ctx, semaphore, named, signaller,
+                                                    frames)
+
     def call_ended(self, state: Any, ctx: Any) -> None:
         semaphores.semaphore_findings(state, ctx)
 

@@ -41,6 +41,9 @@ class AccessRecord:
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
     slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
+    # An atomic read-modify-write add (a scatter-add DMA, `fetch_and_add`): two of them
+    # never race with each other; against a plain read or write they do.
+    atomic_add: bool = False
 
     def as_access(self, index_range: IndexRange | None = None) -> Access:
         return Access(self.operation, self.actor, self.buffer, self.memory_space,
@@ -198,6 +201,9 @@ class RaceChecker:
         # DMAs in flight. None: not declared, so records are pruned only by coverage.
         self.live: set[str] | None = None
         self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
+        # parallel_loop iterations (see `fork_iteration`): per iteration slot, the latest
+        # epoch an iteration of that slot reached, so that a later one starts after it.
+        self._iteration_top: dict[str, int] = {}
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -303,15 +309,49 @@ class RaceChecker:
         if released:
             self._join(self.clock(actor), released)
 
+    # -- parallel_loop iterations --------------------------------------------------------
+    def loop_began(self, actor: str) -> Clock:
+        """A `parallel_loop` begins in `actor`: what it did so far happens before every
+        iteration (the returned clock, each iteration's start); the iterations are
+        concurrent with one another (they may overlap or be reordered on the chip)."""
+        base = dict(self.clock(actor))
+        self._tick(actor)
+        return base
+
+    def fork_iteration(self, base: Clock, child: str, slot: str) -> None:
+        """Iteration `child` starts from `base` in clock entry `slot`. The engine may give
+        one slot to several iterations of a long loop (engine/rules/sparsecore.py
+        ITERATION_SLOTS apart): each starts after the epochs of the last, so those are
+        ordered, and every other pair is not; clocks stay as small as the slots."""
+        vc = dict(base)
+        vc[slot] = max(self._iteration_top.get(slot, 0), base.get(slot, 0)) + 1
+        self.clocks[child] = vc
+        self.slot_of[child] = slot
+        if self.live is not None:
+            self.live.add(child)
+
+    def join_iteration(self, into: Clock, child: str) -> None:
+        """Iteration `child` ended: its clock joins `into` (what the loop's end knows)."""
+        vc = self.clocks.pop(child)
+        slot = self.slot_of.pop(child)
+        self._iteration_top[slot] = vc[slot]
+        self._join(into, vc)
+        if self.live is not None:
+            self.live.discard(child)
+
+    def loop_ended(self, actor: str, joined: Clock) -> None:
+        """The loop ended in `actor`: every iteration happens before what it does next."""
+        self._join(self.clock(actor), joined)
+
     # -- accesses ----------------------------------------------------------------------
     def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
                operation: str, frames: tuple[SourceFrame, ...],
-               grid_point: tuple[int, ...] | None) -> None:
+               grid_point: tuple[int, ...] | None, atomic_add: bool = False) -> None:
         self.checked += 1
         vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer.name,
-                              buffer.space, frames, grid_point, slot)
+                              buffer.space, frames, grid_point, slot, atomic_add)
         if _empty(index_range):
             return
         if actor in self._parent:
@@ -321,12 +361,16 @@ class RaceChecker:
             history = self.history[buffer.id] = _History()
         for seq, prev in history.candidates(index_range):
             ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
-            if not ordered and (prev.is_write or is_write):
+            if (not ordered and (prev.is_write or is_write)
+                    and not (atomic_add and prev.atomic_add)):
                 overlap = _overlap(prev.index_range, index_range)
                 if overlap is not None:
                     self._race(record, prev, overlap)
-            if ordered and (is_write or not prev.is_write) and _covers(index_range,
-                                                                       prev.index_range):
+            # (an atomic add prunes only atomic adds: a later atomic add races with a plain
+            # access before it, not with the add)
+            if ordered and (is_write or not prev.is_write) and (
+                    not atomic_add or prev.atomic_add) and _covers(index_range,
+                                                                    prev.index_range):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
         if self.live is not None:

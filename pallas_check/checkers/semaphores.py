@@ -48,6 +48,23 @@ def semaphore_findings(state: CallState, ctx: CoreContext) -> None:
             ))
 
 
+def signal_not_remote_finding(state: CallState, ctx: CoreContext, semaphore: str, named: str,
+                              signaller: str, frames: tuple) -> Finding:
+    """A signal meant for another subcore of a SparseCore that goes to the signaller's own
+    semaphore (Mosaic: `tpu.sem_signal` with no core or subcore operand)."""
+    return Finding(
+        kind=FindingKind.SIGNAL_NOT_REMOTE,
+        message=(f"pl.semaphore_signal({semaphore}, device_id={named}) by {signaller} signals"
+                 f" its OWN {semaphore}: in a SparseCore vector-subcore kernel Mosaic drops"
+                 f" the core and subcore of device_id for an ordinary semaphore (a local"
+                 f" tpu.sem_signal), so the subcore named is never signalled and a wait for"
+                 f" it there hangs on the chip"),
+        kernel=state.kernel, call_index=state.call_index, grid_point=ctx.grid_point,
+        actor=signaller, buffer=semaphore, memory_space=MemorySpace.SEMAPHORE,
+        index_range=None, frames=frames, details={"device_id": named},
+    )
+
+
 def dma_not_waited_findings(state: CallState) -> list[Finding]:
     """Every DMA whose bytes were never (fully) taken off its semaphore by a wait."""
     findings = []

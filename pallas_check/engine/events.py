@@ -73,7 +73,20 @@ class RaceDetector(Protocol):
     def declare(self, actors: Any) -> None: ...
 
     def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
-               operation: str, frames: tuple, grid_point: Any) -> None: ...
+               operation: str, frames: tuple, grid_point: Any,
+               atomic_add: bool = False) -> None:
+        """`atomic_add`: an atomic read-modify-write add (a scatter-add DMA,
+        `fetch_and_add`); two such accesses never race with each other."""
+
+    def loop_began(self, actor: str) -> Any:
+        """A `parallel_loop` begins: the clock its iterations start from."""
+
+    def fork_iteration(self, base: Any, child: str, slot: str) -> None:
+        """One iteration (an actor of its own, concurrent with the others) starts."""
+
+    def join_iteration(self, into: Any, child: str) -> None: ...
+
+    def loop_ended(self, actor: str, joined: Any) -> None: ...
 
     def fork(self, parent: str, child: str) -> None: ...
 
@@ -108,6 +121,12 @@ class Checkers(Protocol):
         """A DMA or signal aimed at a device outside the mesh."""
 
     def deadlocked(self, state: Any, deadlock: Any, ctx: Any) -> Finding: ...
+
+    def signal_not_remote(self, state: Any, ctx: Any, semaphore: str, named: str,
+                          signaller: str, frames: tuple) -> Finding:
+        """A `pl.semaphore_signal` naming another subcore (`named`) in a SparseCore
+        vector-subcore kernel: Mosaic lowers it to a signal of the signaller's own
+        semaphore."""
 
     def call_ended(self, state: Any, ctx: Any) -> None:
         """The kernel finished (not deadlocked): semaphores left with a count."""

@@ -49,6 +49,9 @@ from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
 # (intercept.py records its params; tpu_compile/compiler.py binds it to compile for SC).
 from jax._src.pallas.mosaic import sc_core
 from jax._src.pallas import mpmd
+# SparseCore primitives: subcore barrier, fetch_and_add, parallel_loop, vector ops
+# (engine/rules/sparsecore.py registers rules by these primitive objects).
+from jax._src.pallas.mosaic import sc_primitives
 # Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
 # primitives, and discharge of index maps that read scalar-prefetch refs.
 from jax._src.state import discharge as state_discharge
@@ -114,6 +117,6 @@ __all__ = [
     "jax_core", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
     "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
-    "sc_core", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
+    "sc_core", "sc_primitives", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
     "tpu_interpret_params", "tpu_interpreter", "xla_client",
 ]

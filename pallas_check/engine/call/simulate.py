@@ -124,6 +124,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     state.perturb = perturb
     state.first_output = gm.num_index_operands + gm.num_inputs
     state.mesh = mesh
+    state.core_mesh = params.get("mesh")
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
     # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.

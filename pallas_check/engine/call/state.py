@@ -71,6 +71,11 @@ class CallState:
         self.semaphore_handles: dict[int, np.ndarray] = {}
         self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
         self.collective_id: Any = None
+        # SparseCore: the call's core mesh (params["mesh"] of a core_map / pl.kernel call),
+        # every core context (a barrier's members), each SparseCore's subcore barrier.
+        self.core_mesh: Any = None
+        self.contexts: list[CoreContext] = []
+        self.subcore_barriers: dict[tuple[int, int], Any] = {}
         self.races: RaceDetector | None = None
         if config.races:
             # Weak callbacks: a checker pointing back at the state would make a cycle that
@@ -135,15 +140,17 @@ class CallState:
                        seed=self.config.seed, **fields)
 
     def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
-               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None) -> None:
-        """Tell the race checker (when on) that an actor touched a region."""
+               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,
+               atomic_add: bool = False) -> None:
+        """Tell the race checker (when on) that an actor touched a region (`atomic_add`:
+        an atomic read-modify-write add, which never races with another)."""
         if self.races is None:
             return
         if frames is None:
             frames = current_frames(ctx)
         for box in region.boxes():  # one box unless seen through a reshape / bitcast
             self.races.access(actor or ctx.actor, region.buffer, box, is_write, operation,
-                              frames, ctx.grid_point)
+                              frames, ctx.grid_point, atomic_add)
 
     # -- hooks called by the rules ----------------------------------------------------
     def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
@@ -292,6 +299,16 @@ class CallState:
         if self.races is not None:
             self.races.acquire(ctx.actor, _sync_key(cell))
 
+    def on_subcore_barrier(self, ctx: "CoreContext", key: tuple, opened: bool) -> None:
+        """A subcore arrived at its SparseCore's barrier (`opened` False: what it did so far
+        is released to `key`), or went through it (True: what every subcore of its core
+        did before arriving happens before what it does next)."""
+        if self.races is not None:
+            if opened:
+                self.races.acquire(ctx.actor, key)
+            else:
+                self.races.release(ctx.actor, key)
+
     def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
                  owner: str = "") -> Buffer:
         space = memory_space_name(getattr(aval, "memory_space", None), default_space)
@@ -408,6 +425,7 @@ class CoreContext:
         self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch
         # Source frames of the enclosing equations being evaluated (see current_frames).
         self.frame_stack: list[tuple[SourceFrame, ...]] = []
+        call.contexts.append(self)
 
     def fill(self, dtype: Any) -> Any:
         return self.call.fill(dtype)
