@@ -87,7 +87,7 @@ def signal_device_id(ctx: Any, device_id: Any, sem: Any) -> Any:
         return device_id
     if any(ctx.core_coords[k] != v for k, v in named.items()):
         view = sem if isinstance(sem, RefView) else None
-        shown = ", ".join(f"{k!r}: {v}" for k, v in device_id.items() if k in named)
+        shown = ", ".join(f"{k!r}: {v}" for k, v in named.items())
         ctx.call.add(ctx.call.checkers.signal_not_remote(
             ctx.call, ctx, view.buffer.name if view is not None else "semaphore",
             "{" + shown + "}", _root_actor(ctx.actor), current_frames(ctx)))
