@@ -8,7 +8,7 @@ b_sh while the other subcores may still be copying their rows into it: a race on
 rows (and rows not yet written reach the output).
 
 Run: pallas-check run samples/sc_shared_barrier_bug.py --tpu v6e --races
-Expected finding: kind=race buffer=b_sh range=[14, 0:8] line=51 args=--tpu v6e --races
+Expected finding: kind=race buffer=b_sh range=[14, 0:8] line=52 args=--tpu v6e --races
 """
 
 import jax
