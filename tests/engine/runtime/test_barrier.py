@@ -328,3 +328,32 @@ def test_a_local_signal_its_signaller_consumes_is_found_without_a_hang():
     [signal] = run.findings
     assert signal.kind == FindingKind.SIGNAL_NOT_REMOTE
     assert signal.location.line == _line(signal_to_subcore_1, "# SIGNAL")
+
+
+# -- semaphores are per subcore, as on TensorCores ------------------------------------------------
+
+def own_semaphores():
+    """Each subcore starts a DMA on its own DMA semaphore and counts s+1 on its own regular
+    semaphore (signal and wait, no device_id): per-subcore semaphores, never shared."""
+    L = _lanes()
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((4, L), jnp.float32), mesh=_mesh(1, 4),
+               scratch_types=[pltpu.VMEM((1, L), jnp.float32), pltpu.SemaphoreType.DMA,
+                              pltpu.SemaphoreType.REGULAR])
+    def kernel(x_hbm, o_hbm, v, dma_sem, sem):
+        s = jax.lax.axis_index("subcore")
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(s, 1)], v, dma_sem)
+        copy.start()
+        pl.semaphore_signal(sem, s + 1)
+        pl.semaphore_wait(sem, s + 1)
+        copy.wait()
+        v[...] = v[...] * 2.0
+        pltpu.sync_copy(v, o_hbm.at[pl.ds(s, 1)])
+
+    return kernel(jnp.arange(4 * L, dtype=jnp.float32).reshape(4, L))
+
+
+def test_each_subcore_has_its_own_semaphores():
+    out, run = _checked(own_semaphores, dma="random", schedules=5)
+    assert run.findings == []
+    np.testing.assert_allclose(np.asarray(out), 2 * np.arange(32, dtype=np.float32).reshape(4, 8))
