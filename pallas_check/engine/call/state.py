@@ -425,6 +425,8 @@ class CoreContext:
         self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch
         # Source frames of the enclosing equations being evaluated (see current_frames).
         self.frame_stack: list[tuple[SourceFrame, ...]] = []
+        # SparseCore parallel_loops in progress, innermost last (rules/sparsecore.py).
+        self.parallel_loops: list[list[Any]] = []
         call.contexts.append(self)
 
     def fill(self, dtype: Any) -> Any:

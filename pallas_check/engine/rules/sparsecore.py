@@ -144,33 +144,68 @@ def _fetch_and_add(ctx, eqn, invals):
 ITERATION_SLOTS = 64
 
 
-@rule(sc_primitives.parallel_loop_p, generator=True)
+class IterationClocks:
+    """The race checker's side of `parallel_loop` (a hook of the loop rule): each iteration
+    is an actor of its own, forked from the subcore when the loop begins and joined when it
+    ends, so a read of another iteration's write (or two iterations writing one element) is
+    a race, as the chip may overlap or reorder iterations (JAX's parallel_loop docstring:
+    iterations depend on one another only through the carry). While an iteration runs,
+    the context's actor is the iteration (`core 3 (parallel_loop iteration i=16)`): its
+    accesses, DMAs, signals and waits are the iteration's. With races off: nothing."""
+
+    def loop_started(self, ctx: Any, eqn: Any) -> None:
+        races = ctx.call.races
+        if races is not None:
+            ctx.parallel_loops.append([ctx.actor, races.loop_began(ctx.actor), {}, 0])
+
+    def iteration_started(self, ctx: Any, eqn: Any, index: int) -> None:
+        races = ctx.call.races
+        if races is None:
+            return
+        loop = ctx.parallel_loops[-1]
+        parent, base, _, count = loop
+        ctx.actor = f"{parent} (parallel_loop iteration i={index})"
+        races.fork_iteration(base, ctx.actor,
+                             f"{parent} parallel_loop slot {count % ITERATION_SLOTS}")
+        loop[3] = count + 1
+
+    def iteration_ended(self, ctx: Any, eqn: Any, index: int) -> None:
+        races = ctx.call.races
+        if races is None:
+            return
+        loop = ctx.parallel_loops[-1]
+        races.join_iteration(loop[2], ctx.actor)
+        ctx.actor = loop[0]
+
+    def loop_ended(self, ctx: Any, eqn: Any) -> None:
+        races = ctx.call.races
+        if races is not None:
+            parent, _, joined, _ = ctx.parallel_loops.pop()
+            races.loop_ended(parent, joined)
+
+
+# (lead: SC-B's vector-op section defines the same hook list and the loop rule calling it,
+# for the values; keep theirs and register IterationClocks in it. These two stand in for
+# them on this branch alone.)
+PARALLEL_LOOP_HOOKS: list[Any] = [IterationClocks()]
+
+
+@rule(sc_primitives.parallel_loop_p, generator=True, body_only=True)
 def _parallel_loop(ctx, eqn, invals):
-    """`@plsc.parallel_loop(lo, hi, step, carry=...)`: the iterations run in order for
-    their values (only the carry chains them); for the race checker each iteration is an
-    actor of its own, forked from the subcore when the loop begins and joined when it ends,
-    so a read of another iteration's write (or two iterations writing one element) is a
-    race, as the chip may overlap or reorder iterations."""
+    """`@plsc.parallel_loop(lo, hi, step, carry=...)`: the iterations in order for their
+    values (only the carry chains them); the hooks model their concurrency."""
     lower, upper, step, consts, carry = eqn.params["tree"].unflatten(invals)
-    body = eqn.params["jaxpr"]
     lower, upper, step = (int(np.asarray(x)) for x in (lower, upper, step))
+    body, hooks = eqn.params["jaxpr"], PARALLEL_LOOP_HOOKS
     carry = list(carry)
-    races = ctx.call.races
-    if races is None:
-        for i in range(lower, upper, step):
-            carry = list((yield from eval_jaxpr(ctx, body, consts, [np.int32(i), *carry])))
-        return carry
-    parent = ctx.actor
-    base = races.loop_began(parent)
-    joined: dict = {}
-    try:
-        for k, i in enumerate(range(lower, upper, step)):
-            ctx.actor = f"{parent} (parallel_loop iteration i={i})"
-            races.fork_iteration(base, ctx.actor,
-                                 f"{parent} parallel_loop slot {k % ITERATION_SLOTS}")
-            carry = list((yield from eval_jaxpr(ctx, body, consts, [np.int32(i), *carry])))
-            races.join_iteration(joined, ctx.actor)
-    finally:
-        ctx.actor = parent
-    races.loop_ended(parent, joined)
+    for hook in hooks:
+        hook.loop_started(ctx, eqn)
+    for i in range(lower, upper, step):
+        for hook in hooks:
+            hook.iteration_started(ctx, eqn, i)
+        carry = list((yield from eval_jaxpr(ctx, body, consts, [np.int32(i), *carry])))
+        for hook in hooks:
+            hook.iteration_ended(ctx, eqn, i)
+    for hook in hooks:
+        hook.loop_ended(ctx, eqn)
     return carry
