@@ -41,9 +41,7 @@ class AccessRecord:
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
     slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
-    # An atomic read-modify-write add (a scatter-add DMA, `fetch_and_add`): two of them
-    # never race with each other; against a plain read or write they do.
-    atomic_add: bool = False
+    atomic_add: bool = False  # an atomic read-modify-write add (never races with another)
 
     def as_access(self, index_range: IndexRange | None = None) -> Access:
         return Access(self.operation, self.actor, self.buffer, self.memory_space,
@@ -347,6 +345,9 @@ class RaceChecker:
     def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
                operation: str, frames: tuple[SourceFrame, ...],
                grid_point: tuple[int, ...] | None, atomic_add: bool = False) -> None:
+        """`atomic_add`: the access is an atomic read-modify-write add (a SparseCore
+        scatter-add): two of them never race with each other; one races with a plain read
+        or write it is not ordered with."""
         self.checked += 1
         vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
@@ -361,16 +362,16 @@ class RaceChecker:
             history = self.history[buffer.id] = _History()
         for seq, prev in history.candidates(index_range):
             ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
-            if (not ordered and (prev.is_write or is_write)
-                    and not (atomic_add and prev.atomic_add)):
+            if not ordered and (prev.is_write or is_write) and not (
+                    atomic_add and prev.atomic_add):
                 overlap = _overlap(prev.index_range, index_range)
                 if overlap is not None:
                     self._race(record, prev, overlap)
-            # (an atomic add prunes only atomic adds: a later atomic add races with a plain
-            # access before it, not with the add)
+            # (an atomic add covers only atomic adds: a later add races with a plain write
+            # it would hide)
             if ordered and (is_write or not prev.is_write) and (
                     not atomic_add or prev.atomic_add) and _covers(index_range,
-                                                                    prev.index_range):
+                                                                   prev.index_range):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
         if self.live is not None:

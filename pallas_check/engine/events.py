@@ -74,9 +74,7 @@ class RaceDetector(Protocol):
 
     def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
                operation: str, frames: tuple, grid_point: Any,
-               atomic_add: bool = False) -> None:
-        """`atomic_add`: an atomic read-modify-write add (a scatter-add DMA,
-        `fetch_and_add`); two such accesses never race with each other."""
+               atomic_add: bool = False) -> None: ...
 
     def loop_began(self, actor: str) -> Any:
         """A `parallel_loop` begins: the clock its iterations start from."""
