@@ -44,6 +44,11 @@ from jax._src.pallas import primitives as pallas_primitives
 # which chip a kernel is told it runs on (tpu_info.py).
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+# SparseCore meshes (VectorSubcoreMesh / ScalarSubcoreMesh, core types) read by
+# engine/call/describe.py, and the mpmd_map primitive `pl.kernel` over them traces to
+# (intercept.py records its params; tpu_compile/compiler.py binds it to compile for SC).
+from jax._src.pallas.mosaic import sc_core
+from jax._src.pallas import mpmd
 # Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
 # primitives, and discharge of index maps that read scalar-prefetch refs.
 from jax._src.state import discharge as state_discharge
@@ -108,7 +113,7 @@ __all__ = [
     "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
     "jax_core", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
-    "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
-    "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
+    "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
+    "sc_core", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
     "tpu_interpret_params", "tpu_interpreter", "xla_client",
 ]
