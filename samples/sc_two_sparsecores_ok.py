@@ -56,7 +56,7 @@ def reference(x):
 
 
 if __name__ == "__main__":
-    lanes = pltpu.get_tpu_info().sparse_core.num_lanes
+    lanes = plsc.get_sparse_core_info().num_lanes  # 8 on v5p and v6e, 16 on v7x
     rows = NUM_CORES * NUM_SUBCORES * lanes
     x = (jnp.arange(rows * lanes, dtype=jnp.float32) % 7).reshape(rows, lanes)
     out, sums = jax.jit(two_sparsecores)(x)
