@@ -95,5 +95,9 @@ def diagnose(message: str) -> Diagnosis:
             text = f"{parts[-1]} ({parts[1]})"
         return Diagnosis("compile-error", f"Mosaic: {text}", code,
                          mosaic="The MLIR operation involved:" in message)
+    if "The MLIR operation involved:" in message:  # Mosaic's SparseCore compiler
+        first = _first_sentence(message.strip().split("\n\n")[0])
+        text = first.split(": ", 1)[1] if first.split(": ", 1)[0].isupper() else first
+        return Diagnosis("compile-error", f"Mosaic: {text}", code, mosaic=True)
     return Diagnosis("compile-error", _first_sentence(message.strip().split("\n\n")[0]),
                      code)
