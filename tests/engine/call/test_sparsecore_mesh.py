@@ -176,3 +176,19 @@ def test_samples_compile_for_v6e_and_v7x(tmp_path, sample):
     assert code == ExitCode.CLEAN, output
     (call,) = report["calls"]
     assert {g: e["status"] for g, e in call["compiled"].items()} == {"v6e": "ok", "v7x": "ok"}
+
+
+def test_compiled_sparsecore_vmem_overflow_is_the_compilers_verdict(tmp_path):
+    """`--compile`: libtpu places every subcore's VMEM scratch in the SparseCore's spmem
+    (4 MiB on v6e): 16 x 300 KiB does not fit (E3000); the compiler's finding replaces the
+    reckoned one, and v7x compiles."""
+    code, output, report = _run(tmp_path, str(MESH), "vmem", "600", "--tpu", "v6e,v7x",
+                                "--compile")
+    assert code == ExitCode.FINDINGS, output
+    (finding,) = report["findings"]
+    assert finding["kind"] == "vmem-exceeded" and finding["buffer"] == "big_v"
+    assert finding["details"]["error_code"] == "E3000"
+    assert finding["details"]["used_bytes"] == 16 * 600 * 128 * 4
+    assert finding["details"]["available_bytes"] == 4 * 1024 * KIB
+    assert "spmem" in finding["message"] and "compiler's own scratch" not in finding["message"]
+    assert report["calls"][0]["compiled"]["v7x"]["status"] == "ok"
