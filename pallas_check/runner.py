@@ -258,7 +258,8 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
     if engine_error is not None:
         engine_error = short_error(engine_error)
     user_failed = not outcome.ok and engine_error is None
-    wrong_chip = sparsecore_chip_error(outcome, session.config.tpu) if user_failed else None
+    refused = sparsecore_refusal(outcome, session.config.tpu) if user_failed else None
+    wrong_chip = refused[0] if refused is not None else None
     if wrong_chip is not None:  # one line, not the traceback of JAX's mesh constructor
         outcome = ScriptOutcome(ok=False, error=wrong_chip,
                                 traceback=f"pallas-check: error: {wrong_chip}\n")
@@ -267,8 +268,8 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
     kept = suppress.apply(session.findings, calls, policy, cwd=cwd)
     code = exit_code_for(len(kept.active), user_failed, engine_error is not None,
                          calls=len(calls))
-    if wrong_chip is not None:
-        code = ExitCode.USAGE  # the script is right; --tpu names a chip it cannot run on
+    if refused is not None:
+        code = refused[1]
     report = RunReport(
         script=script, config=config_dict(session.config), findings=kept.active,
         calls=calls, exit_code=int(code),
@@ -282,21 +283,26 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
                     finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip)
 
 
-def sparsecore_chip_error(outcome: Any, tpu: Any) -> str | None:
-    """One line for a script that failed building a SparseCore mesh because the simulated
-    chip (`--tpu`, default v5e) has no SparseCores, or fewer than the mesh asks for: JAX's
-    mesh constructors read the chip (sc_core.get_sparse_core_info), often at import."""
+def sparsecore_refusal(outcome: Any, tpu: Any) -> tuple[str, ExitCode] | None:
+    """One line and the exit code for a script that failed on a SparseCore kernel before
+    any call reached us: the simulated chip (`--tpu`, default v5e) has no SparseCores, or
+    fewer than the mesh asks for (JAX's mesh constructors read the chip, often at import:
+    usage, exit 2); or the kernel runs several meshes at once (MPMD: JAX's CPU lowering of
+    mpmd_map refuses it; not simulated yet, exit 4)."""
     exc = outcome.exception
     text = str(exc)
     chip = str(getattr(tpu, "value", tpu)).split(",")[0]
     if isinstance(exc, RuntimeError) and "does not have SparseCores" in text:
         return (f"this script builds a SparseCore mesh (plsc.VectorSubcoreMesh /"
                 f" ScalarSubcoreMesh), but --tpu {chip} has no SparseCores:"
-                f" pass --tpu v6e, v7x or v5p")
+                f" pass --tpu v6e, v7x or v5p", ExitCode.USAGE)
     if isinstance(exc, ValueError) and "but the current TPU chip has only" in text:
         return (f"this script's SparseCore mesh does not fit --tpu {chip}"
                 f" ({text.strip().splitlines()[0]}): v5p has 4 SparseCores x 16 subcores,"
-                f" v6e and v7x 2 x 16")
+                f" v6e and v7x 2 x 16", ExitCode.USAGE)
+    if isinstance(exc, NotImplementedError) and "multiple mesh/function pairs" in text:
+        return ("a pl.kernel over several meshes at once (MPMD: e.g. vector and scalar"
+                " subcores) is not simulated yet by pallas-check", ExitCode.INTERNAL)
     return None
 
 

@@ -9,6 +9,7 @@ outputs against numpy and prints "VARIANT: output matches".
   with_tc      a TensorCore pallas_call, then a SparseCore kernel, in one jit
   vmem ROWS    a (ROWS, 128) f32 VMEM scratch per subcore (vmem-exceeded tests)
   shard_map    the coords kernel under shard_map over every device (--devices N)
+  mpmd         one pl.kernel over a vector and a scalar subcore mesh (not simulated yet)
 """
 
 import sys
@@ -109,6 +110,20 @@ def vmem(rows):
     return kernel
 
 
+def mpmd(x):
+    scalar_mesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=2)
+
+    def vector_body(x_hbm, o_hbm):
+        del x_hbm, o_hbm
+
+    def scalar_body(x_hbm, o_hbm):
+        core = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[pl.ds(core * 8, 8)], o_hbm.at[pl.ds(core * 8, 8)])
+
+    return pl.kernel([vector_body, scalar_body], out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                     mesh=[mesh(), scalar_mesh])(x)
+
+
 def main():
     lanes = plsc.get_sparse_core_info().num_lanes
     if VARIANT == "coords":
@@ -136,6 +151,9 @@ def main():
                            out_specs=spec, check_vma=False)
         got = jax.jit(fn)()
         want = np.concatenate([coords_reference(lanes)] * len(devices))
+    elif VARIANT == "mpmd":
+        x = jnp.ones((16, 128), jnp.float32)
+        got, want = jax.jit(mpmd)(x), np.asarray(x)
     else:
         raise SystemExit(f"unknown variant {VARIANT}")
     np.testing.assert_array_equal(np.asarray(got), want)

@@ -192,3 +192,15 @@ def test_compiled_sparsecore_vmem_overflow_is_the_compilers_verdict(tmp_path):
     assert finding["details"]["available_bytes"] == 4 * 1024 * KIB
     assert "spmem" in finding["message"] and "compiler's own scratch" not in finding["message"]
     assert report["calls"][0]["compiled"]["v7x"]["status"] == "ok"
+
+
+def test_an_mpmd_kernel_is_refused_in_one_line(tmp_path):
+    """pl.kernel over a vector and a scalar subcore mesh: JAX's CPU lowering of mpmd_map
+    refuses several meshes; pallas-check says it does not simulate them yet (exit 4)."""
+    proc = subprocess.run([sys.executable, "-m", "pallas_check", "run", str(MESH), "mpmd",
+                           "--tpu", "v6e"], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert proc.returncode == ExitCode.INTERNAL, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "pallas-check: error: a pl.kernel over several meshes at once (MPMD: e.g. vector and"
+        " scalar subcores) is not simulated yet by pallas-check"]
