@@ -3,6 +3,7 @@
 `python -m pallas_check run sparsecore_mesh.py VARIANT --tpu v6e`; each variant checks its
 outputs against numpy and prints "VARIANT: output matches".
   coords       every subcore writes core * 100 + subcore into its own row (axis_index)
+  chip_coords  the same over the chip's whole mesh (no num_cores / num_subcores given)
   row_race     subcore s of each SparseCore writes HBM row s: the two SparseCores race
   shared       each SparseCore fills ITS VMEM_SHARED with core + 1 and reads it back
   partial_sum  16 subcores of one SparseCore: each sums its rows into its own HBM row
@@ -25,13 +26,15 @@ VARIANT = sys.argv[1]
 
 
 def mesh(num_cores=2, num_subcores=4):
+    if num_cores is None:  # the chip's SparseCores and subcores (get_sparse_core_info)
+        return plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
     return plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore",
                                   num_cores=num_cores, num_subcores=num_subcores)
 
 
-def coords(lanes=8, num_cores=2, num_subcores=4):
+def coords(lanes=8, num_cores=2, num_subcores=4, chip=False):
     @pl.kernel(out_type=jax.ShapeDtypeStruct((num_cores * num_subcores, lanes), jnp.int32),
-               mesh=mesh(num_cores, num_subcores),
+               mesh=mesh(num_cores, num_subcores) if not chip else mesh(None),
                scratch_types=[pltpu.VMEM((1, lanes), jnp.int32)])
     def kernel(o_hbm, row_v):
         core = jax.lax.axis_index("core")
@@ -128,6 +131,11 @@ def main():
     lanes = plsc.get_sparse_core_info().num_lanes
     if VARIANT == "coords":
         got, want = jax.jit(lambda: coords(lanes))(), coords_reference(lanes)
+    elif VARIANT == "chip_coords":
+        info = plsc.get_sparse_core_info()
+        got = jax.jit(lambda: coords(lanes, info.num_cores, info.num_subcores, chip=True))()
+        want = coords_reference(lanes, info.num_cores, info.num_subcores)
+        print(f"chip mesh: {info.num_cores} x {info.num_subcores}")
     elif VARIANT == "row_race":
         x = jnp.arange(32, dtype=jnp.float32).reshape(4, 8)
         got, want = jax.jit(row_race)(x), np.asarray(x)

@@ -41,6 +41,15 @@ def test_axis_index_answers_core_and_subcore(tmp_path, tpu):
     assert "coords: output matches" in output and report["findings"] == []
 
 
+@pytest.mark.parametrize("tpu, cores", [("v5p", 4), ("v6e", 2), ("v7x", 2)])
+def test_a_mesh_without_sizes_is_the_chips(tmp_path, tpu, cores):
+    """VectorSubcoreMesh() without num_cores / num_subcores: every SparseCore and subcore of
+    the --tpu chip, each an actor."""
+    code, output, report = _run(tmp_path, str(MESH), "chip_coords", "--tpu", tpu)
+    assert code == ExitCode.CLEAN, output
+    assert f"chip mesh: {cores} x 16" in output and "chip_coords: output matches" in output
+
+
 def test_actors_are_named_by_sparsecore_and_subcore(tmp_path):
     """Subcore s of SparseCore 0 and subcore s of SparseCore 1 write one HBM row: a race
     between two actors named by their place in the mesh."""
@@ -90,7 +99,7 @@ def test_under_shard_map_over_two_devices(tmp_path):
     assert len({pid for pid, name in tracks if name in subcores}) == 2  # one per device
 
 
-@pytest.mark.parametrize("tpu", ["v6e", "v7x"])
+@pytest.mark.parametrize("tpu", ["v6e", "v7x", "v5p"])
 def test_scalar_subcore_sample(tmp_path, tpu):
     code, output, report = _run(tmp_path, str(SAMPLES / "sc_scalar_subcore_ok.py"),
                                 "--tpu", tpu, "--races")
