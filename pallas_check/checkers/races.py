@@ -41,6 +41,7 @@ class AccessRecord:
     frames: tuple[SourceFrame, ...]
     grid_point: tuple[int, ...] | None
     slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
+    atomic_add: bool = False  # an atomic read-modify-write add (never races with another)
 
     def as_access(self, index_range: IndexRange | None = None) -> Access:
         return Access(self.operation, self.actor, self.buffer, self.memory_space,
@@ -306,12 +307,15 @@ class RaceChecker:
     # -- accesses ----------------------------------------------------------------------
     def access(self, actor: str, buffer: Any, index_range: IndexRange, is_write: bool,
                operation: str, frames: tuple[SourceFrame, ...],
-               grid_point: tuple[int, ...] | None) -> None:
+               grid_point: tuple[int, ...] | None, atomic_add: bool = False) -> None:
+        """`atomic_add`: the access is an atomic read-modify-write add (a SparseCore
+        scatter-add): two of them never race with each other; one races with a plain read
+        or write it is not ordered with."""
         self.checked += 1
         vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer.name,
-                              buffer.space, frames, grid_point, slot)
+                              buffer.space, frames, grid_point, slot, atomic_add)
         if _empty(index_range):
             return
         if actor in self._parent:
@@ -321,12 +325,16 @@ class RaceChecker:
             history = self.history[buffer.id] = _History()
         for seq, prev in history.candidates(index_range):
             ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
-            if not ordered and (prev.is_write or is_write):
+            if not ordered and (prev.is_write or is_write) and not (
+                    atomic_add and prev.atomic_add):
                 overlap = _overlap(prev.index_range, index_range)
                 if overlap is not None:
                     self._race(record, prev, overlap)
-            if ordered and (is_write or not prev.is_write) and _covers(index_range,
-                                                                       prev.index_range):
+            # (an atomic add covers only atomic adds: a later add races with a plain write
+            # it would hide)
+            if ordered and (is_write or not prev.is_write) and (
+                    not atomic_add or prev.atomic_add) and _covers(index_range,
+                                                                   prev.index_range):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
         if self.live is not None:

@@ -21,7 +21,8 @@ from pallas_check.engine.call.simulate import simulate_schedule
 from pallas_check.engine.call.state import CallState
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.jaxpr.errors import KernelError
-from pallas_check.engine.jaxpr.mosaic_limits import NotLowered, kernel_not_lowered
+from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, kernel_not_lowered,
+                                                     sparsecore_kernel)
 from pallas_check.engine.memory import usage
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
 from pallas_check.engine.runtime import caches
@@ -155,7 +156,8 @@ def _not_lowered(params: dict) -> NotLowered | None:
     jaxpr = params["jaxpr"]
     return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
         jaxpr, kernel_arg_names(jaxpr),
-        lambda aval: memory_space_name(getattr(aval, "memory_space", None))))
+        lambda aval: memory_space_name(getattr(aval, "memory_space", None)),
+        sparsecore_kernel(params.get("mesh"))))
 
 
 def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,

@@ -164,6 +164,18 @@ class CallState:
             region.buffer.name, region.buffer.space, rng, frames,
             ctx.grid_point, ctx.actor, count, note))
 
+    def undefined_lanes(self, ctx: "CoreContext", what: str, count: int, note: str,
+                        region: Region | None = None) -> None:
+        """A SparseCore vector op left `count` values undefined: the masked-off lanes of a
+        masked gather or expanded load (`what` names them: no memory holds them), or an
+        element of `region` that several scatter lanes store different values to. They
+        hold the fill value, and the call's outputs are compared under the two fills as
+        for a read of never-written memory (`note` says which op left them, why)."""
+        name, space, rng = (what, "", None) if region is None else (
+            region.buffer.name, region.buffer.space, region.index_range())
+        self.uninit_reads.append(UninitRead(name, space, rng, current_frames(ctx),
+                                            ctx.grid_point, ctx.actor, count, note))
+
     def dma_unbounded(self, ctx: "CoreContext", dma_id: int, src: Region, dst: Region,
                       frames: tuple[SourceFrame, ...]) -> None:
         """A DMA whose slice no part of its ref can hold (its out-of-bounds findings are
@@ -268,9 +280,14 @@ class CallState:
         races = self.races
         if races is None:
             return
-        for box in dma.dst.boxes():
-            races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write", dma.frames,
-                         dma.grid_point)
+        if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
+            for box in dma.dst.boxes():
+                races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA add",
+                             dma.frames, dma.grid_point, atomic_add=True)
+        else:
+            for box in dma.dst.boxes():
+                races.access(dma.actor_name, dma.dst.buffer, box, True, "DMA write",
+                             dma.frames, dma.grid_point)
         races.release(dma.actor_name, _sync_key(dma.dst_sem))
         races.end(dma.actor_name)
 

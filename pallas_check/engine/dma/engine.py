@@ -67,6 +67,9 @@ class Dma(Transfer):
     # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
     # (engine/call/carried.py): (that call's index, its KernelInfo, the actor that started it).
     origin: Any = None
+    # Its write adds to the destination atomically (a SparseCore scatter-add or gather-add,
+    # engine/dma/indirect.py): two such writes never race with each other.
+    atomic_add: bool = False
 
     @property
     def actor_name(self) -> str:

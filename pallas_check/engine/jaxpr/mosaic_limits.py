@@ -6,6 +6,14 @@ call skipped (engine/call/explore.py), the run going on — with or without `--c
 construct found here is a ref indexed by an array of indices, a gather or scatter
 (`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it.
 
+In a SparseCore kernel an indirect DMA (`pltpu.async_copy(x.at[idx_ref], dst, sem)`, its
+scatter form, `plsc.Indices`) is legal where Mosaic's SparseCore lowering takes it
+(`sc_lowering._prepare_dma_refs`): a gather from HBM or VMEM_SHARED into VMEM indexing only
+the source, a scatter from VMEM into HBM or VMEM_SHARED indexing only the destination, a
+1-D index vector (a VMEM ref or a value), the indexer the last transform, no device id;
+`add=True` only on such a DMA. Anything else is the `compile-error` here, as on TensorCores
+(where every array-indexed DMA is).
+
 The whole kernel is looked at, every branch and loop body, as the lowering does: a gather
 in a branch no grid step takes fails to compile all the same. `NotLowered` is also what
 the engine raises if it meets such an access at run time.
@@ -22,6 +30,9 @@ from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_primitives
 from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge import sc_core
+
+from pallas_check.engine.memory.buffer import MemorySpace, RefView
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -71,10 +82,111 @@ def _array_indexed(transforms: Any) -> bool:
         for idx in transform.indices:
             if isinstance(idx, state_indexing.Slice):
                 continue
+            if isinstance(idx, sc_core.Indices):
+                return True
             aval = getattr(idx, "aval", idx)
             if getattr(aval, "shape", ()):
                 return True
     return False
+
+
+def is_indirect_index(idx: Any) -> bool:
+    """Whether an indexer's first index makes a DMA indirect (a SparseCore gather or
+    scatter): `plsc.Indices`, a ref (or a view of one) of indices, or an array of them (at
+    trace time: a var whose value has a shape)."""
+    if isinstance(idx, sc_core.Indices):
+        return True
+    if isinstance(idx, (state_indexing.Slice, int)):
+        return False
+    if isinstance(idx, (RefView, state_types.TransformedRef)):
+        return True
+    aval = getattr(idx, "aval", idx)
+    return bool(getattr(aval, "shape", ()))
+
+
+def indirect_indexer(transforms: Sequence[Any]) -> tuple[Any, int] | None:
+    """The indirect indexer among a ref's transforms (outermost first) and its position,
+    or None for a plain ref."""
+    for at, transform in enumerate(transforms):
+        if isinstance(transform, state_indexing.NDIndexer) and transform.indices \
+                and is_indirect_index(transform.indices[0]):
+            return transform, at
+    return None
+
+
+def sparsecore_kernel(mesh: Any) -> bool:
+    """Whether a call's mesh is a SparseCore one (vector or scalar subcores)."""
+    return getattr(getattr(mesh, "core_type", None), "name", "").startswith("SC_")
+
+
+_SC_SOURCES = (MemorySpace.HBM, MemorySpace.VMEM_SHARED)
+
+
+def _sc_space(aval: Any, space_of: Callable[[Any], str]) -> str:
+    """A ref's memory space in a SparseCore kernel: one with none (a `jax.new_ref` the
+    kernel mutates) is in HBM there (Mosaic's `memory_space_to_tpu_memory_space`)."""
+    if aval is not None and getattr(aval, "memory_space", "") is None:
+        return MemorySpace.HBM
+    return space_of(aval)
+
+
+def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
+                    frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
+    """What Mosaic's SparseCore lowering refuses in one DMA start (see the module
+    docstring), or None."""
+    src, dst, _, _, device_id = eqn.params["tree"].unflatten(eqn.invars)
+    sides = []
+    for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
+        transforms: list = []
+        while isinstance(ref, state_types.TransformedRef):
+            transforms[:0] = ref.transforms
+            ref = ref.ref
+        sides.append((ref, transforms, indirect_indexer(transforms), operation,
+                      _sc_space(getattr(ref, "aval", None), space_of)))
+    (_, _, src_found, _, src_space), (_, _, dst_found, _, dst_space) = sides
+
+    def refuse(side: tuple, mosaic: str) -> NotLowered:
+        ref, _, _, operation, space = side
+        name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
+        return NotLowered(f"{operation} of {name or 'a ref'} ({space}): {mosaic}", frames(),
+                          name, space, operation, mosaic)
+
+    if src_found is None and dst_found is None:
+        if eqn.params.get("add"):
+            return refuse(sides[1], "a DMA with add=True must index the major dimension of"
+                          " its HBM or VMEM_SHARED side with an index vector (Mosaic:"
+                          " \"DMAs with `add=True` must (for now) specify offsets of the"
+                          " majormost dimension\")")
+        return None
+    side = sides[0] if src_found is not None else sides[1]
+    legal = ((src_found is not None and dst_found is None and src_space in _SC_SOURCES
+              and dst_space == MemorySpace.VMEM)
+             or (dst_found is not None and src_found is None and src_space == MemorySpace.VMEM
+                 and dst_space in _SC_SOURCES))
+    if not legal:
+        return refuse(side, f"a gather or scatter DMA from {src_space} to {dst_space} does"
+                      " not lower: Mosaic takes a gather from HBM or VMEM_SHARED into VMEM"
+                      " (the source indexed) or a scatter from VMEM into HBM or VMEM_SHARED"
+                      " (the destination indexed)")
+    if device_id is not None:
+        return refuse(side, "a gather or scatter DMA to or from a remote device does not"
+                      " lower (Mosaic: \"not supported\")")
+    indexer, at = side[2]
+    if at != len(side[1]) - 1:
+        return refuse(side, "the indexed ref of a gather or scatter DMA cannot have any"
+                      " transforms following the indexer (Mosaic)")
+    index = indexer.indices[0]
+    index = index.values if isinstance(index, sc_core.Indices) else index
+    while isinstance(index, state_types.TransformedRef):
+        index = index.ref
+    aval = getattr(index, "aval", None)
+    if len(getattr(aval, "shape", ())) != 1:
+        return refuse(side, "only 1-D index vectors are supported by a gather or scatter"
+                      " DMA (Mosaic)")
+    if hasattr(aval, "memory_space") and space_of(aval) != MemorySpace.VMEM:
+        return refuse(side, f"the indices of a gather or scatter DMA must be in VMEM, got"
+                      f" {space_of(aval)} (Mosaic)")
+    return None
 
 
 # The equations that index refs (a load, a store, a DMA start).
@@ -143,13 +255,20 @@ def scoped_names(jaxpr: Any) -> list[str]:
 
 
 def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
-                      outer: tuple[Any, ...] = ()) -> NotLowered | None:
+                      outer: tuple[Any, ...] = (), sparsecore: bool = False
+                      ) -> NotLowered | None:
     """The first access in `jaxpr` (nested ones included, in program order) that Mosaic
     does not lower, as the error to raise; None when there is none. `names`: ref var ->
     the kernel's name for it; `space_of(aval)`: a ref's memory space name; `outer`: the
     equations holding this jaxpr, innermost last (where a nested equation's line is, when
-    Pallas clipped its own)."""
+    Pallas clipped its own); `sparsecore`: a SparseCore kernel (its DMAs may gather and
+    scatter)."""
     for eqn in jaxpr.eqns:
+        if sparsecore and eqn.primitive is mosaic_primitives.dma_start_p:
+            found = _sc_dma_refusal(eqn, names, space_of, lambda: _frames((*outer, eqn)))
+            if found is not None:
+                return found
+            continue
         if eqn.primitive in _INDEXING:
             for ref, transforms, operation in _indexed_refs(eqn):
                 if _array_indexed(transforms):
@@ -160,7 +279,8 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
         if not eqn.params:
             continue
         for inner, inner_names in _sub_jaxprs(eqn, names):
-            found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn))
+            found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn),
+                                      sparsecore)
             if found is not None:
                 return found
     return None
@@ -177,7 +297,9 @@ def _frames(eqns: tuple[Any, ...]) -> tuple[SourceFrame, ...]:
 
 
 def kernel_not_lowered(jaxpr: Any, arg_names: Sequence[str],
-                       space_of: Callable[[Any], str]) -> NotLowered | None:
+                       space_of: Callable[[Any], str], sparsecore: bool = False
+                       ) -> NotLowered | None:
     """`first_not_lowered` of a kernel's jaxpr, its parameters named as the kernel names
-    them."""
-    return first_not_lowered(jaxpr, dict(zip(jaxpr.invars, arg_names)), space_of)
+    them (`sparsecore`: a SparseCore kernel's)."""
+    return first_not_lowered(jaxpr, dict(zip(jaxpr.invars, arg_names)), space_of,
+                             sparsecore=sparsecore)

@@ -10,12 +10,12 @@ from typing import Any, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.memory.buffer import Buffer, RefView, _SMALL_BYTES, aligned_copy
 from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, _apply_post,
-                                              _as_int, _bitcast_shadow, _build_map, _maps,
-                                              _post_key, _undo_post, has_array_index)
+                                              _as_int, _build_map, _maps,
+                                              _post_key, _undo_post, has_array_index,
+                                              view_transform)
 from pallas_check.findings import IndexRange
 
 
@@ -234,11 +234,7 @@ class Region:
         written = self.written_base()
         dtype = self.buffer.data.dtype
         for transform in self.post:
-            if isinstance(transform, state_types.BitcastTransform):
-                written = _bitcast_shadow(written, dtype, np.dtype(transform.dtype))
-                dtype = np.dtype(transform.dtype)
-            else:
-                written = _apply_post(transform, written)
+            written, dtype = view_transform(transform).shadow(transform, written, dtype)
         return written
 
     def write(self, value: np.ndarray, fill: Any, written: bool | np.ndarray = True,

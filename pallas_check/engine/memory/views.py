@@ -161,30 +161,165 @@ class _MapCache:
 _maps = _MapCache()
 
 
+class _ViewTransform:
+    """What the engine does with one kind of ref transform applied after the plain
+    indexers (a view): the ONE place a transform kind is described. A new kind of
+    transform is one subclass here and one entry in `_TRANSFORMS`."""
+
+    @staticmethod
+    def key(t: Any) -> Any:
+        """A hashable spelling for the element-map cache (None: not cacheable)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+        """The view's value from the value beneath it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """The value beneath once the view's value became `new` (`before`: what it was)."""
+        raise NotImplementedError
+
+    @classmethod
+    def shadow(cls, t: Any, written: np.ndarray, dtype: np.dtype
+               ) -> tuple[np.ndarray, np.dtype]:
+        """The written-shadow seen through the view, and the element type there."""
+        return cls.apply(t, written), dtype
+
+    @classmethod
+    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+        """An element map's units (trailing axis: the parts of one element) through the
+        view, and the item size there."""
+        return cls.apply(t, units), itemsize
+
+    @staticmethod
+    def itemsize(t: Any) -> int | None:
+        """The item size the view changes to (None: unchanged)."""
+        return None
+
+
+class _Index(_ViewTransform):
+    @staticmethod
+    def key(t: Any) -> Any:
+        if has_array_index(t):
+            return None
+        return tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
+                     if isinstance(i, state_indexing.Slice) else _as_int(i)
+                     for i in t.indices)
+
+    @staticmethod
+    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+        return value[_numpy_index(t)]
+
+    @staticmethod
+    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+        out = np.array(before)
+        out[_numpy_index(t)] = new
+        return out
+
+    @classmethod
+    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+        return units[_numpy_index(t) + (slice(None),)], itemsize
+
+
+class _Reshape(_ViewTransform):
+    @staticmethod
+    def key(t: Any) -> Any:
+        return ("reshape", tuple(t.shape))
+
+    @staticmethod
+    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+        return value.reshape(t.shape)
+
+    @staticmethod
+    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return new.reshape(before.shape)
+
+    @classmethod
+    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+        return units.reshape(tuple(t.shape) + units.shape[-1:]), itemsize
+
+
+class _Transpose(_ViewTransform):
+    @staticmethod
+    def key(t: Any) -> Any:
+        return ("transpose", tuple(t.permutation))
+
+    @staticmethod
+    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+        return np.transpose(value, t.permutation)
+
+    @staticmethod
+    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return np.transpose(new, np.argsort(t.permutation))
+
+    @classmethod
+    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+        return np.transpose(units, tuple(t.permutation) + (units.ndim - 1,)), itemsize
+
+
+class _Bitcast(_ViewTransform):
+    @staticmethod
+    def key(t: Any) -> Any:
+        return ("bitcast", np.dtype(t.dtype).str)
+
+    @staticmethod
+    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+        return tpu_bitcast(value, np.dtype(t.dtype))
+
+    @staticmethod
+    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+        return tpu_bitcast(new, before.dtype)
+
+    @classmethod
+    def shadow(cls, t: Any, written: np.ndarray, dtype: np.dtype
+               ) -> tuple[np.ndarray, np.dtype]:
+        return _bitcast_shadow(written, dtype, np.dtype(t.dtype)), np.dtype(t.dtype)
+
+    @classmethod
+    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+        new_size = np.dtype(t.dtype).itemsize
+        return _bitcast_units(units, itemsize, new_size), new_size
+
+    @staticmethod
+    def itemsize(t: Any) -> int | None:
+        return np.dtype(t.dtype).itemsize
+
+
+# The transform kinds a view may have, and what each does (`_ViewTransform`).
+_TRANSFORMS: dict[type, type[_ViewTransform]] = {
+    state_indexing.NDIndexer: _Index,
+    state_types.ReshapeTransform: _Reshape,
+    state_types.TransposeTransform: _Transpose,
+    state_types.BitcastTransform: _Bitcast,
+}
+
+
+def view_transform(t: Any) -> type[_ViewTransform]:
+    """The table's entry for a transform; one the engine does not model is refused."""
+    kind = _TRANSFORMS.get(type(t))
+    if kind is None:  # a subclass of a kind in the table is that kind
+        kind = next((rule for cls, rule in _TRANSFORMS.items() if isinstance(t, cls)), None)
+        if kind is None:
+            raise UnsupportedTransform(type(t).__name__)
+    return kind
+
+
 def _post_key(post: list) -> tuple | None:
     """A hashable spelling of post transforms (None: not cacheable, e.g. index arrays)."""
     key: list = []
     for t in post:
-        if isinstance(t, state_indexing.NDIndexer):
-            if has_array_index(t):
-                return None
-            key.append(tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
-                             if isinstance(i, state_indexing.Slice) else _as_int(i)
-                             for i in t.indices))
-        elif isinstance(t, state_types.ReshapeTransform):
-            key.append(("reshape", tuple(t.shape)))
-        elif isinstance(t, state_types.BitcastTransform):
-            key.append(("bitcast", np.dtype(t.dtype).str))
-        elif isinstance(t, state_types.TransposeTransform):
-            key.append(("transpose", tuple(t.permutation)))
-        else:
-            raise UnsupportedTransform(type(t).__name__)
+        part = view_transform(t).key(t)
+        if part is None:
+            return None
+        key.append(part)
     return tuple(key)
 
 
 def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list, post: list) -> ElementMap:
-    sizes = [dtype.itemsize] + [np.dtype(t.dtype).itemsize for t in post
-                                if isinstance(t, state_types.BitcastTransform)]
+    sizes = [dtype.itemsize] + [size for t in post
+                                if (size := view_transform(t).itemsize(t)) is not None]
     per = dtype.itemsize // math.gcd(*sizes)
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
     flat, valid = np.zeros((), np.int64), np.ones((), bool)
@@ -198,16 +333,7 @@ def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list, post: list) 
     units = np.where(valid[..., None], flat[..., None] * per + np.arange(per), -1)
     itemsize = dtype.itemsize
     for t in post:
-        lead = units.ndim - 1
-        if isinstance(t, state_indexing.NDIndexer):
-            units = units[_numpy_index(t) + (slice(None),)]
-        elif isinstance(t, state_types.ReshapeTransform):
-            units = units.reshape(tuple(t.shape) + units.shape[-1:])
-        elif isinstance(t, state_types.TransposeTransform):
-            units = np.transpose(units, tuple(t.permutation) + (lead,))
-        else:  # a bitcast (anything else was refused by _post_key)
-            new_size = np.dtype(t.dtype).itemsize
-            units, itemsize = _bitcast_units(units, itemsize, new_size), new_size
+        units, itemsize = view_transform(t).units(t, units, itemsize)
     if units.size and int(units.max()) < 2**31:
         units = units.astype(np.int32)
     return ElementMap(units, per, tuple(shape))
@@ -229,15 +355,7 @@ def _bitcast_units(units: np.ndarray, src: int, dst: int) -> np.ndarray:
 
 
 def _apply_post(transform: Any, value: np.ndarray) -> np.ndarray:
-    if isinstance(transform, state_indexing.NDIndexer):
-        return value[_numpy_index(transform)]
-    if isinstance(transform, state_types.ReshapeTransform):
-        return value.reshape(transform.shape)
-    if isinstance(transform, state_types.BitcastTransform):
-        return tpu_bitcast(value, np.dtype(transform.dtype))
-    if isinstance(transform, state_types.TransposeTransform):
-        return np.transpose(value, transform.permutation)
-    raise UnsupportedTransform(type(transform).__name__)
+    return view_transform(transform).apply(transform, value)
 
 
 def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray:
@@ -252,18 +370,7 @@ def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.nda
 
 
 def _undo_post(transform: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
-    if isinstance(transform, state_indexing.NDIndexer):
-        out = np.array(before)
-        out[_numpy_index(transform)] = new
-        return out
-    if isinstance(transform, state_types.ReshapeTransform):
-        return new.reshape(before.shape)
-    if isinstance(transform, state_types.BitcastTransform):
-        return tpu_bitcast(new, before.dtype)
-    if isinstance(transform, state_types.TransposeTransform):
-        inverse = np.argsort(transform.permutation)
-        return np.transpose(new, inverse)
-    raise UnsupportedTransform(type(transform).__name__)
+    return view_transform(transform).undo(transform, before, new)
 
 
 def tpu_bitcast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -22,15 +22,21 @@ import numpy as np
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
 
+from pallas_check.jaxbridge import sc_core
+from pallas_check.jaxbridge import state_types
+
+from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
                                             sem_value)
 from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.rules import index_plan
+from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings import SourceFrame
@@ -126,6 +132,11 @@ def _regular_semaphore(aval: Any) -> bool:
 
 @rule(mosaic_primitives.dma_start_p, generator=True)
 def _dma_start(ctx, eqn, invals):
+    side = _indirect_side(eqn)
+    if side is not None:  # a SparseCore gather or scatter (engine/dma/indirect.py)
+        if _indirect_start(ctx, eqn, invals, side):
+            yield None
+        return []
     src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn.params["tree"])
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
@@ -180,17 +191,19 @@ def _halt_unbounded(ctx: Any, src: Region, dst: Region,
 
 
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
-               nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1) -> bool:
+               nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1,
+               atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
     (not when one actor runs alone: the watchdog is told it is alive instead). `signal`:
-    what it adds to its semaphores (-1: its bytes; see `signal_count`)."""
+    what it adds to its semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its
+    write is an atomic add (a SparseCore scatter-add)."""
     call = ctx.call
     if src.oob:
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
         call.out_of_bounds(ctx, dst, "DMA destination", None)
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
-              ctx.grid_point, nbytes if signal < 0 else signal)
+              ctx.grid_point, nbytes if signal < 0 else signal, atomic_add=atomic_add)
     if call.address_probe is not None and dma.id in call.address_probe:
         call.address_probe[dma.id] = (src.index_range(), dst.index_range())
     call.sync.start(dma)
@@ -241,7 +254,7 @@ def _planned_dma(eqn: Any) -> tuple | None:
     that is static: the general rules then run)."""
     src_at, dst_at, _, _, device_at = _dma_layout(eqn.params["tree"])
     frames = user_frames(eqn.source_info)
-    if device_at[1] > device_at[0] or not frames:
+    if device_at[1] > device_at[0] or not frames or _indirect_side(eqn) is not None:
         return None
     shapes = []
     for lo, _, _, plan in (src_at, dst_at):
@@ -299,6 +312,10 @@ def _dma_wait(ctx, eqn, invals):
     # in a paged kernel) are left out of the cache key; unless a slice has a traced size
     # (`pl.ds(0, n)`): then the bytes are evaluated from the leaves at each wait.
     layout = _dma_layout(eqn.params["tree"])
+    side = _indirect_side(eqn)
+    if side is not None:  # a SparseCore gather or scatter
+        yield from _indirect_wait(ctx, layout, invals, side)
+        return []
     (src_start, src_end, src_tree, _), _, (sem_start, sem_end, _, _), *_ = layout
     if index_plan.has_dynamic_size(src_tree):
         key = [*invals[src_start:src_end], *invals[sem_start:sem_end]]
@@ -358,6 +375,106 @@ def _planned_dma_wait(eqn: Any) -> Any:
         return []
 
     return planned_dma_wait
+
+
+# -- indirect DMAs (SparseCore gathers and scatters: engine/dma/indirect.py) --------------
+
+
+@caches.by_identity
+def _indirect_side(eqn: Any) -> int | None:
+    """Which argument of a DMA start or wait an index vector indexes (0: the source, a
+    gather; 1: the destination, a scatter), None for a plain DMA: decided once per
+    equation from its vars."""
+    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    return indirect.indexed_side(src, dst)
+
+
+def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
+    """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
+    and the written-shadow of the index ref), each active index checked against the
+    indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
+    src_at, dst_at, dst_sem_at, _, device_at = _dma_layout(eqn.params["tree"])
+    frames = current_frames(ctx)
+    if device_at[1] > device_at[0]:
+        raise KernelError("a gather or scatter DMA to or from a remote device is not"
+                          " supported (Mosaic)", frames)
+    indexed_at, plain_at = (src_at, dst_at) if side == 0 else (dst_at, src_at)
+    plain = _arg_region(ctx, plain_at, invals)
+    view = as_view(indexed_at[2].unflatten(invals[indexed_at[0]:indexed_at[1]]))
+    indexer, at = indirect_indexer(view.transforms)
+    base = resolve(indirect.split_view(view, indexer, at))
+    vector = _index_vector(ctx, indexer.indices[0], frames)
+    shape = (len(vector.values), *base.out_shape[1:])
+    if shape != plain.out_shape:
+        src_shape, dst_shape = (shape, plain.out_shape) if side == 0 else (plain.out_shape,
+                                                                           shape)
+        raise KernelError(f"DMA shapes differ: {list(src_shape)} -> {list(dst_shape)} (a"
+                          " gather or scatter moves one row per index)", frames)
+    operation = "DMA source" if side == 0 else "DMA destination"
+    if plain.oob:
+        ctx.call.out_of_bounds(ctx, plain, "DMA destination" if side == 0 else "DMA source",
+                               None)
+    size = base.out_shape[0]
+    bad = vector.active & ((vector.values < 0) | (vector.values >= size))
+    for element in np.nonzero(bad)[0]:
+        region = indirect.bad_row_region(base, int(vector.values[element]), int(element),
+                                         vector)
+        ctx.call.out_of_bounds(ctx, region, operation, None)
+    positions, rows = indirect.active_rows(vector, size)
+    add = bool(eqn.params.get("add", False))
+    indexed = indirect.RowsRegion(base, rows, add and side == 1)
+    others = indirect.RowsRegion(plain, positions, add and side == 0)
+    src, dst = (indexed, others) if side == 0 else (others, indexed)
+    nbytes = math.prod(dst.out_shape) * dst.buffer.data.dtype.itemsize
+    cell = cell_of(ctx, _arg_region(ctx, dst_sem_at, invals))
+    return _begin_dma(ctx, src, dst, cell, None, nbytes, frames, signal_count(eqn), add)
+
+
+def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:
+    """An indirect DMA's index vector, read at its start: a ref's through the one read
+    path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
+    ignored = None
+    if isinstance(index, sc_core.Indices):
+        index, ignored = index.values, index.ignored_value
+    if isinstance(index, (RefView, state_types.TransformedRef)):
+        view = as_view(index)
+        region = resolve(view)
+        values = np.asarray(access_read(ctx, None, region=region))
+        name = indirect.vector_name(view, region)
+    else:
+        values, name = np.asarray(index), "(a value)"
+    if values.ndim != 1:
+        raise KernelError(f"the index vector of a gather or scatter DMA must be 1-D, got"
+                          f" shape {list(values.shape)} (Mosaic)", frames)
+    values = values.astype(np.int64)
+    active = (values != ignored) if ignored is not None else np.ones(values.shape, bool)
+    return indirect.IndexVector(values, active, name)
+
+
+def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
+    """The wait of a gather or scatter (`tpu.wait_indirect_dma(sem, src, dst)`: the whole
+    refs, no offsets, no filter): it waits for one indirect DMA on its semaphore, the
+    oldest not yet waited, and takes what that DMA signals (the bytes it moved: a filtered
+    DMA's ignored rows are not counted; one that moved nothing is waited at once); with
+    none in flight, the bytes of its plain side (every row), which only another DMA's
+    signal can bring."""
+    cell = cell_of(ctx, _arg_region(ctx, layout[2], invals))
+    nbytes = None
+    queue = ctx.call.sync._unwaited.get((cell[0].id, cell[1]), ())
+    for dma in queue:
+        if isinstance(dma.src, indirect.RowsRegion):
+            nbytes = dma.signal - dma.waited_bytes
+            if nbytes <= 0:  # it moved nothing (every index ignored): waited now
+                queue.remove(dma)
+                nbytes = 0
+            break
+    if nbytes is None:
+        shape, itemsize = _view_layout(_arg_region(ctx, layout[1 - side], invals))
+        nbytes = math.prod(shape) * itemsize
+    frames = current_frames(ctx)
+    if not _wait_ready(ctx, cell, nbytes):
+        yield _wait_request(ctx, cell, nbytes, frames)
+    _end_wait(ctx, cell, nbytes, frames)
 
 
 def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
