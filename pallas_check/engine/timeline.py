@@ -120,7 +120,7 @@ class Timeline:
 
     # -- the hub (engine/call/state.py) --------------------------------------------------------
     def grid_step(self, ctx: Any, point: tuple[int, ...]) -> None:
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+        where = self._actors.setdefault(ctx.actor, (ctx.device_id, ctx.local_name))
         if self._top(where) is not None:
             self._end(where)  # the previous grid step
         self._begin(where, f"grid {point}", "grid-step", {"grid_point": list(point)})
@@ -131,7 +131,7 @@ class Timeline:
             self._end(where)
 
     def dma_start(self, ctx: Any, dma: Any) -> None:
-        here = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+        here = self._actors.setdefault(ctx.actor, (ctx.device_id, ctx.local_name))
         track = (ctx.device_id, f"DMA #{dma.id}")
         self._actors[dma.actor_name] = track
         start = self._mark("instant", here, f"start DMA #{dma.id}", "dma",
@@ -169,7 +169,7 @@ class Timeline:
     def copy_started(self, ctx: Any, name: str, buffer: str) -> None:
         """A BlockSpec pipeline copy started: a lifetime slice on the track of the VMEM
         buffer it fills or drains (`pipeline x_ref buffer 1`, one per double buffer)."""
-        here = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+        here = self._actors.setdefault(ctx.actor, (ctx.device_id, ctx.local_name))
         track = (ctx.device_id, f"pipeline {buffer}" + (f" (core {ctx.core_id})"
                                                          if ctx.core_id else ""))
         self._actors[name] = track
@@ -196,7 +196,7 @@ class Timeline:
         self._end(track, {"waited_by": ctx.actor})
 
     def signal(self, ctx: Any, cell: tuple) -> None:
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+        where = self._actors.setdefault(ctx.actor, (ctx.device_id, ctx.local_name))
         self._mark("instant", where, f"signal {_cell_name(cell)}", "semaphore")
         self._signalled(cell, where, f"signal by {ctx.actor}")
 
@@ -207,7 +207,7 @@ class Timeline:
     def waited(self, ctx: Any, cell: tuple, what: str) -> None:
         """A wait on `cell` completed: arrows from the signals it consumed; the DMAs it
         accounted for in full end."""
-        where = self._actors.setdefault(ctx.actor, (ctx.device_id, f"core {ctx.core_id}"))
+        where = self._actors.setdefault(ctx.actor, (ctx.device_id, ctx.local_name))
         self._mark("instant", where, f"{what} {_cell_name(cell)} done", "semaphore")
         for signal in self._signals.pop(_cell_key(cell), []):
             self._flow("signal -> wait", (signal.time, signal.step,

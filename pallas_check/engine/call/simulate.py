@@ -21,7 +21,7 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                _grid_points, _operand, _program_axes, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
-                                               split_grid)
+                                               sparsecore_mesh, split_grid, SparseCoreMesh)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.events import Checkers, default_checkers
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
@@ -60,6 +60,8 @@ class _Layout:
     sem_out: frozenset[int] = frozenset()
     # Outputs whose array itself lives in VMEM or SMEM (an out_shape of `pltpu.VMEM(...)`).
     resident_out: frozenset[int] = frozenset()
+    # The SparseCore mesh of a SparseCore kernel (None: TensorCores).
+    sparsecore: SparseCoreMesh | None = None
 
     @property
     def n_in(self) -> int:
@@ -94,7 +96,8 @@ def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
                    frozenset(j for j, aval in enumerate(params["out_avals"])
                              if memory_space_name(getattr(aval, "memory_space", None),
                                                   MemorySpace.HBM)
-                             in (MemorySpace.VMEM, MemorySpace.SMEM)))
+                             in (MemorySpace.VMEM, MemorySpace.SMEM)),
+                   sparsecore_mesh(params))
 
 
 def _is_semaphore_ref(aval: Any) -> bool:
@@ -154,7 +157,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                                    if buf.space != MemorySpace.SEMAPHORE}
                                   if addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
-        shared_scratch: dict[int, Buffer] = {}
+        shared_scratch: dict[tuple, Buffer] = {}
         for core_id, my_steps in enumerate(layout.core_steps):
             ctx, actor = _core(state, layout, device, core_id, my_steps, scalars, templates,
                                shared_scratch, fill)
@@ -238,15 +241,18 @@ def _operand_templates(layout: _Layout, hbm_inputs: list[Buffer], hbm_outputs: l
 
 def _core(state: CallState, layout: _Layout, device: int, core_id: int,
           my_steps: np.ndarray, scalars: list[np.ndarray], templates: list[Operand],
-          shared_scratch: dict[int, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
+          shared_scratch: dict[tuple, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
     """One core: its context, its kernel arguments, and the actor walking its grid steps.
     Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
-    scratch; VMEM_SHARED scratch is one buffer for all cores of a device."""
+    scratch; VMEM_SHARED scratch is one buffer for all cores of a device (of a SparseCore
+    for its subcores)."""
+    coords = [int(c) for c in layout.points[core_id]] if layout.core_axes else []
+    sc = layout.sparsecore
     ctx = CoreContext(state, layout.grid, layout.program_axes, device_id=device,
-                      core_id=core_id, num_devices=state.mesh.num_devices)
+                      core_id=core_id, num_devices=state.mesh.num_devices,
+                      local_name=sc.actor_name(*coords) if sc is not None else None)
     if layout.core_axes:
-        ctx.core_coords = dict(zip(layout.core_axes,
-                                   (int(c) for c in layout.points[core_id])))
+        ctx.core_coords = dict(zip(layout.core_axes, coords))
     kernel_args: list[Any] = [
         RefView(state.register(
             Buffer(layout.arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
@@ -278,10 +284,12 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
     for position, (var, name) in enumerate(zip(layout.scratch_vars, scratch_names)):
         space = memory_space_name(getattr(var.aval, "memory_space", None))
         if space == MemorySpace.VMEM_SHARED:
-            if position not in shared_scratch:
-                shared_scratch[position] = state.register(
-                    state.allocate(var.aval, name), device, None, ("scratch", position))
-            kernel_args.append(RefView(shared_scratch[position]))
+            # One per device; on SparseCores one per SparseCore, shared by its subcores.
+            key = ("scratch", position) if sc is None else ("scratch", position, coords[0])
+            if key not in shared_scratch:
+                shared_scratch[key] = state.register(
+                    state.allocate(var.aval, name), device, None, key)
+            kernel_args.append(RefView(shared_scratch[key]))
         else:
             buf = state.allocate(var.aval, name, owner=ctx.actor)
             kernel_args.append(RefView(state.register(buf, device, core_id,

@@ -424,7 +424,8 @@ class CoreContext:
     """What the rules see of the actor running kernel code: one core of one device."""
 
     def __init__(self, call: CallState, grid: tuple[int, ...], program_axes: list[int],
-                 device_id: int = 0, core_id: int = 0, num_devices: int = 1) -> None:
+                 device_id: int = 0, core_id: int = 0, num_devices: int = 1,
+                 local_name: str | None = None) -> None:
         self.call = call
         self.config = call.config
         self.grid = grid
@@ -432,7 +433,11 @@ class CoreContext:
         self.device_id = device_id
         self.core_id = core_id
         self.num_devices = num_devices
-        self.actor = f"device {device_id} core {core_id}" if num_devices > 1 else f"core {core_id}"
+        # Its name on its device (`core 0`; a SparseCore subcore: `sparsecore 1 subcore 7`):
+        # the timeline's track; the actor's name adds the device when there are several.
+        self.local_name = local_name or f"core {core_id}"
+        self.actor = (f"device {device_id} {self.local_name}" if num_devices > 1
+                      else self.local_name)
         self.grid_point: tuple[int, ...] | None = None
         self.eqn: Any = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
