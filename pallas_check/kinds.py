@@ -32,6 +32,8 @@ class FindingKind(str, enum.Enum):
     COMPILE_ERROR = "compile-error"  # --compile: the TPU toolchain rejects the kernel
     VMEM_EXCEEDED = "vmem-exceeded"  # the kernel does not fit the chip's VMEM or SMEM
     CHECK_FAILED = "check-failed"  # the kernel's own `pl.debug_check` failed
+    # A SparseCore signal naming another subcore that Mosaic lowers to a local signal.
+    SIGNAL_NOT_REMOTE = "signal-not-remote"
 
     @property
     def info(self) -> KindInfo:
@@ -161,4 +163,15 @@ CATALOGUE: dict[FindingKind, KindInfo] = {
               " pl.enable_debug_checks(); on a TPU the check runs only inside"
               " pl.enable_debug_checks() (and stops the kernel), otherwise it is compiled out and"
               " the kernel goes on with the state the author ruled out.")),
+    FindingKind.SIGNAL_NOT_REMOTE: KindInfo(
+        title="Signals that do not reach the subcore they name (SparseCore)",
+        sarif_name="SignalNotRemote",
+        short=("A pl.semaphore_signal naming another subcore in a SparseCore kernel signals"
+               " the signaller's own semaphore."),
+        help=("In a plsc.VectorSubcoreMesh kernel, Mosaic lowers pl.semaphore_signal(sem,"
+              " device_id={core: c, subcore: s}) on an ordinary semaphore to a LOCAL signal"
+              " (tpu.sem_signal with no core or subcore operand): subcore s is never"
+              " signalled, so its wait hangs on the chip, or a wait of the signaller's own"
+              " consumes the count and orders nothing. Synchronise subcores with"
+              " plsc.subcore_barrier(), or count with plsc.fetch_and_add.")),
 }

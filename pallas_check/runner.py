@@ -145,6 +145,8 @@ class CheckCommand:
             stopped = stopped_text(done.outcome.error, report.calls)
             summary = f"{stopped}; {summary}"
             failure = f"pallas-check: {stopped}\n" if to_stdout else None
+        if done.wrong_chip is not None and not report.calls and fmt == "table" and to_stdout:
+            return Verdict("", code, summary, done.wrong_chip)  # one line: nothing else ran
         return Verdict(text, code, summary, report.internal_error, failure)
 
     @property
@@ -234,6 +236,7 @@ class Finished:
     outcome: Any  # how the script (or the API's block) ended, Ctrl-C in a call included
     user_failed: bool
     finished: bool  # ran to its end with no failure: its findings are complete
+    wrong_chip: str | None = None  # the script's SparseCore mesh does not fit --tpu
 
 
 def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, script: str,
@@ -255,11 +258,18 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
     if engine_error is not None:
         engine_error = short_error(engine_error)
     user_failed = not outcome.ok and engine_error is None
+    refused = sparsecore_refusal(outcome, session.config.tpu) if user_failed else None
+    wrong_chip = refused[0] if refused is not None else None
+    if wrong_chip is not None:  # one line, not the traceback of JAX's mesh constructor
+        outcome = ScriptOutcome(ok=False, error=wrong_chip,
+                                traceback=f"pallas-check: error: {wrong_chip}\n")
     calls = sorted(session.calls, key=lambda c: c.index)
     # Suppression is its own stage: after the analysis, before the report.
     kept = suppress.apply(session.findings, calls, policy, cwd=cwd)
     code = exit_code_for(len(kept.active), user_failed, engine_error is not None,
                          calls=len(calls))
+    if refused is not None:
+        code = refused[1]
     report = RunReport(
         script=script, config=config_dict(session.config), findings=kept.active,
         calls=calls, exit_code=int(code),
@@ -270,7 +280,30 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
         passed_through=(session.call_filter.passed_through()
                         if session.call_filter is not None else {}))
     return Finished(report, kept, outcome, user_failed,
-                    finished=outcome.ok and engine_error is None)
+                    finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip)
+
+
+def sparsecore_refusal(outcome: Any, tpu: Any) -> tuple[str, ExitCode] | None:
+    """One line and the exit code for a script that failed on a SparseCore kernel before
+    any call reached us: the simulated chip (`--tpu`, default v5e) has no SparseCores, or
+    fewer than the mesh asks for (JAX's mesh constructors read the chip, often at import:
+    usage, exit 2); or the kernel runs several meshes at once (MPMD: JAX's CPU lowering of
+    mpmd_map refuses it; not simulated yet, exit 4)."""
+    exc = outcome.exception
+    text = str(exc)
+    chip = str(getattr(tpu, "value", tpu)).split(",")[0]
+    if isinstance(exc, RuntimeError) and "does not have SparseCores" in text:
+        return (f"this script builds a SparseCore mesh (plsc.VectorSubcoreMesh /"
+                f" ScalarSubcoreMesh), but --tpu {chip} has no SparseCores:"
+                f" pass --tpu v6e, v7x or v5p", ExitCode.USAGE)
+    if isinstance(exc, ValueError) and "but the current TPU chip has only" in text:
+        return (f"this script's SparseCore mesh does not fit --tpu {chip}"
+                f" ({text.strip().splitlines()[0]}): v5p has 4 SparseCores x 16 subcores,"
+                f" v6e and v7x 2 x 16", ExitCode.USAGE)
+    if isinstance(exc, NotImplementedError) and "multiple mesh/function pairs" in text:
+        return ("a pl.kernel over several meshes at once (MPMD: e.g. vector and scalar"
+                " subcores) is not simulated yet by pallas-check", ExitCode.INTERNAL)
+    return None
 
 
 def _compile_after_run(session: Any, outcome: Any) -> str | None:

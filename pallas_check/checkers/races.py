@@ -202,6 +202,12 @@ class RaceChecker(Checker):
         # DMAs in flight. None: not declared, so records are pruned only by coverage.
         self.live: set[str] | None = None
         self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
+        # parallel_loop iterations (see `fork_iteration`): per iteration slot, the latest
+        # epoch an iteration of that slot reached, so that a later one starts after it.
+        self._iteration_top: dict[str, int] = {}
+        # The parallel_loops in progress, per actor running them (innermost last): the
+        # clock each iteration starts from, and what the loop's end knows.
+        self._loops: dict[str, list[tuple[Clock, Clock]]] = {}
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -307,6 +313,40 @@ class RaceChecker(Checker):
         if released:
             self._join(self.clock(actor), released)
 
+    # -- parallel_loop iterations --------------------------------------------------------
+    def loop_began(self, actor: str) -> Clock:
+        """A `parallel_loop` begins in `actor`: what it did so far happens before every
+        iteration (the returned clock, each iteration's start); the iterations are
+        concurrent with one another (they may overlap or be reordered on the chip)."""
+        base = dict(self.clock(actor))
+        self._tick(actor)
+        return base
+
+    def fork_iteration(self, base: Clock, child: str, slot: str) -> None:
+        """Iteration `child` starts from `base` in clock entry `slot`. The engine may give
+        one slot to several iterations of a long loop (engine/rules/sparsecore.py
+        ITERATION_SLOTS apart): each starts after the epochs of the last, so those are
+        ordered, and every other pair is not; clocks stay as small as the slots."""
+        vc = dict(base)
+        vc[slot] = max(self._iteration_top.get(slot, 0), base.get(slot, 0)) + 1
+        self.clocks[child] = vc
+        self.slot_of[child] = slot
+        if self.live is not None:
+            self.live.add(child)
+
+    def join_iteration(self, into: Clock, child: str) -> None:
+        """Iteration `child` ended: its clock joins `into` (what the loop's end knows)."""
+        vc = self.clocks.pop(child)
+        slot = self.slot_of.pop(child)
+        self._iteration_top[slot] = vc[slot]
+        self._join(into, vc)
+        if self.live is not None:
+            self.live.discard(child)
+
+    def loop_ended(self, actor: str, joined: Clock) -> None:
+        """The loop ended in `actor`: every iteration happens before what it does next."""
+        self._join(self.clock(actor), joined)
+
     # -- accesses ----------------------------------------------------------------------
     def on_access(self, event: events.Access) -> None:
         """An actor touched a box of a buffer: races with the unordered accesses before.
@@ -404,3 +444,27 @@ class RaceChecker(Checker):
 
     def on_copy_waited(self, event: events.CopyWaited) -> None:
         self.join_finished(event.actor, event.name)
+
+    # SparseCore: the subcore barrier, parallel_loop iterations.
+    def on_subcore_barrier(self, event: events.AtBarrier) -> None:
+        """All each subcore did before arriving at a barrier generation happens before all
+        any does after going through it."""
+        key = ("sparsecore barrier", event.device, event.sparsecore, event.generation)
+        if event.passed:
+            self.acquire(event.actor, key)
+        else:
+            self.release(event.actor, key)
+
+    def on_parallel_loop(self, event: events.ParallelLoop) -> None:
+        if event.began:
+            self._loops.setdefault(event.actor, []).append((self.loop_began(event.actor), {}))
+        else:
+            _, joined = self._loops[event.actor].pop()
+            self.loop_ended(event.actor, joined)
+
+    def on_loop_iteration(self, event: events.LoopIteration) -> None:
+        base, joined = self._loops[event.loop][-1]
+        if event.began:
+            self.fork_iteration(base, event.actor, event.slot)
+        else:
+            self.join_iteration(joined, event.actor)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pallas_check.checkers.base import Checker
-from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft
+from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft, SignalNotRemote
 from pallas_check.engine.memory.buffer import MemorySpace
 from pallas_check.findings import Finding, FindingKind, format_range
 
@@ -18,6 +18,9 @@ class SemaphoreChecker(Checker):
 
     def on_dma_not_waited(self, event: DmaNotWaited) -> None:
         self.sink.emit(dma_not_waited_finding(self, event))
+
+    def on_signal_not_remote(self, event: SignalNotRemote) -> None:
+        self.sink.emit(signal_not_remote_finding(self, event))
 
 
 def leak_finding(checker: Checker, end: CallEnded, left: SemaphoreLeft) -> Finding | None:
@@ -38,6 +41,24 @@ def leak_finding(checker: Checker, end: CallEnded, left: SemaphoreLeft) -> Findi
         actor=signaller or end.actor, buffer=left.buffer, memory_space=MemorySpace.SEMAPHORE,
         index_range=tuple((i, i + 1) for i in left.index) or None, frames=frames,
         details={"count": left.count, "semaphore": left.cell},
+    )
+
+
+def signal_not_remote_finding(checker: Checker, event: SignalNotRemote) -> Finding:
+    """A signal meant for another subcore of a SparseCore that goes to the signaller's own
+    semaphore (Mosaic: `tpu.sem_signal` with no core or subcore operand)."""
+    semaphore, where = event.semaphore, event.where
+    return Finding(
+        kind=FindingKind.SIGNAL_NOT_REMOTE,
+        message=(f"pl.semaphore_signal({semaphore}, device_id={event.named}) by {where.actor}"
+                 f" signals its OWN {semaphore}: in a SparseCore vector-subcore kernel Mosaic"
+                 f" drops the core and subcore of device_id for an ordinary semaphore (a"
+                 f" local tpu.sem_signal), so the subcore named is never signalled and a wait"
+                 f" for it there hangs on the chip"),
+        kernel=checker.call.kernel, call_index=checker.call.call_index,
+        grid_point=where.grid_point, actor=where.actor, buffer=semaphore,
+        memory_space=MemorySpace.SEMAPHORE, index_range=None, frames=where.frames,
+        details={"device_id": event.named},
     )
 
 

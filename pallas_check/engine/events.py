@@ -11,8 +11,8 @@ No listener, no call: a listener takes an event kind by overriding its `on_...` 
 event only where that tuple is not empty (the per-access race feed costs nothing with
 races off). Events are NamedTuples: immutable, typed, and cheap to build on a hot path.
 
-A new event kind: a NamedTuple here, an `on_...` method on `Listener`, its name in
-`EVENT_KINDS`, and the engine moment that builds it.
+A new event kind: a NamedTuple here (one of what checkers decide: in engine/verdicts.py,
+imported here), an `on_...` method on `Listener`, and the engine moment that builds it.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple, Protocol
 
-import numpy as np
-
-from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
-
-Frames = tuple[SourceFrame, ...]
-GridPoint = tuple[int, ...] | None
+from pallas_check.engine.verdicts import (  # the events of what checkers decide
+    Frames, GridPoint,
+    Where, OutOfBounds, BlockOutOfBounds, DeviceOutOfBounds, CheckFailed, BlockedWait,
+    AbsentSubcore, StalledBarrier, Deadlocked, SignalNotRemote, SemaphoreLeft, CallEnded,
+    DmaNotWaited, OutputUnwritten, UninitRead, UnboundedDma, FillsCompared,
+    DmaAddressCompared, RevisitLost, CallSkipped)
+from pallas_check.findings import Finding, IndexRange, KernelInfo
 
 
 class FindingSink(Protocol):
@@ -83,9 +84,12 @@ class Access(NamedTuple):
 
 
 class ActorsDeclared(NamedTuple):
-    """Every root actor of the call (its cores, DMAs carried in), before any acts."""
+    """Every root actor of the call (its cores, DMAs carried in), before any acts;
+    `tracks`: each core's name on its device (device, core, `core 0` or a SparseCore's
+    `sparsecore 1 subcore 7`), its track on the timeline."""
 
     actors: frozenset[str]
+    tracks: tuple[tuple[int, int, str], ...] = ()
 
 
 class KernelEntered(NamedTuple):
@@ -183,200 +187,42 @@ class CopyWaited(NamedTuple):
     name: str
 
 
+# SparseCore: the subcore barrier and parallel_loop iterations, as happens-before edges.
+class AtBarrier(NamedTuple):
+    """A subcore arrived at its SparseCore's barrier (`passed` False: what it did so far
+    is released to that barrier's `generation`), or went through it (True: what every
+    subcore of its SparseCore did before arriving happens before what it does next)."""
+
+    actor: str
+    device: int
+    sparsecore: int
+    generation: int
+    passed: bool
+
+
+class ParallelLoop(NamedTuple):
+    """A `parallel_loop` began (`began`) or ended in `actor`: what the actor did before
+    happens before every iteration, every iteration before what it does after."""
+
+    actor: str
+    began: bool
+
+
+class LoopIteration(NamedTuple):
+    """An iteration of `loop`'s innermost parallel_loop began or ended: an actor of its own
+    (`actor`), concurrent with the other iterations, in clock entry `slot` (iterations that
+    share a slot are ordered: engine/rules/sparsecore.py ITERATION_SLOTS)."""
+
+    loop: str
+    actor: str
+    slot: str
+    began: bool
+
+
 class Found(NamedTuple):
     """A finding was emitted during the run (the timeline marks where)."""
 
     finding: Finding
-
-
-# -- what checkers decide ----------------------------------------------------------------
-class Where(NamedTuple):
-    """Who was running, and where, at the moment of an event."""
-
-    actor: str
-    device: int
-    core: int
-    grid_point: GridPoint
-    frames: Frames
-
-
-class OutOfBounds(NamedTuple):
-    """A load, store or DMA slice reaching outside its buffer (`details`: index, dimension
-    and size of each index outside)."""
-
-    where: Where
-    operation: str
-    buffer: str
-    memory_space: str
-    shape: tuple[int, ...]
-    index_range: IndexRange
-    outside: tuple[tuple[str, int, int], ...]  # (index, dimension, size) of each
-
-
-class BlockOutOfBounds(NamedTuple):
-    """A BlockSpec index map selecting a block outside its operand's array."""
-
-    where: Where
-    operand: str
-    described: str  # the block index as the kernel writes it
-    block_index: tuple[int, ...]
-    index_range: IndexRange
-    shape: tuple[int, ...]
-    bad_dims: tuple[int, ...]
-    is_output: bool
-
-
-class DeviceOutOfBounds(NamedTuple):
-    where: Where
-    device: str
-    what: str
-    mesh: tuple[tuple[str, int], ...]
-
-
-class CheckFailed(NamedTuple):
-    """The kernel's own `pl.debug_check` is false (`message` formatted, `check` as written)."""
-
-    where: Where
-    message: str
-    check: str
-
-
-class BlockedWait(NamedTuple):
-    actor: str
-    what: str
-    semaphore: str
-    wanted: int
-    current: int
-    buffer: str  # the semaphore buffer, or the semaphore's name when no cell is known
-    index_range: IndexRange | None
-    frames: Frames
-
-
-class Deadlocked(NamedTuple):
-    blocked: tuple[BlockedWait, ...]
-    grid_point: GridPoint
-
-
-class SemaphoreLeft(NamedTuple):
-    """A semaphore cell with a count at kernel end; `unwaited`: what DMAs never waited on it
-    explain of that count."""
-
-    buffer: str
-    cell: str
-    index: tuple[int, ...]
-    device: int | None
-    count: int
-    unwaited: int
-    last_signal: Frames
-    last_signaller: str
-
-
-class CallEnded(NamedTuple):
-    """The kernel finished (not deadlocked)."""
-
-    actor: str
-    num_devices: int
-    semaphores: tuple[SemaphoreLeft, ...]
-
-
-class DmaNotWaited(NamedTuple):
-    id: int
-    src: str
-    src_range: IndexRange
-    dst: str
-    dst_range: IndexRange
-    dst_space: str
-    nbytes: int
-    waited_bytes: int
-    semaphore: str
-    semaphore_count: int
-    origin: tuple[int, str] | None  # (call index, kernel name) of a DMA carried in
-    actor: str
-    grid_point: GridPoint
-    frames: Frames
-
-
-class OutputUnwritten(NamedTuple):
-    buffer: str
-    unwritten: np.ndarray  # of the output's shape
-
-
-class UninitRead(NamedTuple):
-    """A read of never-written elements (whether they reached an output is decided after
-    the call, by the checkers); `note`: why the memory is never written where the engine
-    knows more than the buffer's name says (an output block a revisit re-fetched)."""
-
-    buffer: str
-    memory_space: str
-    index_range: IndexRange
-    frames: Frames
-    grid_point: GridPoint
-    actor: str
-    count: int
-    note: str = ""
-
-
-class UnboundedDma(NamedTuple):
-    """A DMA the call stopped at: a slice size no part of its ref holds. `reads`: how many
-    reads of never-written memory came before it; `ranges`: (source, destination)."""
-
-    id: int
-    frames: Frames
-    ranges: tuple[IndexRange, IndexRange]
-    names: tuple[str, str]
-    reads: int
-    grid_point: GridPoint
-    actor: str
-
-
-class FillsCompared(NamedTuple):
-    """The call re-run with the other fill: every device's outputs (`names` each), both
-    runs', what the kernel wrote of each (None: not checked), and the reads of
-    never-written memory of the first run."""
-
-    names: tuple[str, ...]
-    outputs: tuple[np.ndarray, ...]
-    other: tuple[np.ndarray, ...]
-    written: tuple[np.ndarray | None, ...]
-    reads: tuple[UninitRead, ...]
-
-
-class DmaAddressCompared(NamedTuple):
-    """The re-run with the other fill up to the DMA the call stopped at: `other` its ranges
-    there (None: not reached); `reads`: the reads of never-written memory before it."""
-
-    dma: UnboundedDma
-    other: tuple[IndexRange, IndexRange] | None
-    reads: tuple[UninitRead, ...]
-
-
-class RevisitLost(NamedTuple):
-    """An output block visited again after other blocks loses what an earlier visit did
-    (engine/call/revisit.py decides it)."""
-
-    output: str
-    block: tuple[int, ...]
-    first_point: tuple[int, ...]
-    last_point: tuple[int, ...]
-    earlier_point: tuple[int, ...]
-    inputs: tuple[tuple[str, tuple[int, ...]], ...]
-    restored: bool
-    by_flow: bool
-    elements: int
-    index_range: IndexRange
-    actor: str
-    frames: Frames
-
-
-class CallSkipped(NamedTuple):
-    """Mosaic does not lower the kernel (engine/jaxpr/mosaic_limits.py): never run."""
-
-    message: str
-    buffer: str
-    memory_space: str
-    operation: str
-    mosaic: str
-    frames: Frames
 
 
 class KernelPrint(NamedTuple):
@@ -412,12 +258,16 @@ class Listener:
     def on_copy_started(self, event: CopyStarted) -> None: ...
     def on_copy_moved(self, event: CopyMoved) -> None: ...
     def on_copy_waited(self, event: CopyWaited) -> None: ...
+    def on_subcore_barrier(self, event: AtBarrier) -> None: ...
+    def on_parallel_loop(self, event: ParallelLoop) -> None: ...
+    def on_loop_iteration(self, event: LoopIteration) -> None: ...
     def on_found(self, event: Found) -> None: ...
     def on_out_of_bounds(self, event: OutOfBounds) -> None: ...
     def on_block_out_of_bounds(self, event: BlockOutOfBounds) -> None: ...
     def on_device_out_of_bounds(self, event: DeviceOutOfBounds) -> None: ...
     def on_check_failed(self, event: CheckFailed) -> None: ...
     def on_deadlocked(self, event: Deadlocked) -> None: ...
+    def on_signal_not_remote(self, event: SignalNotRemote) -> None: ...
     def on_call_ended(self, event: CallEnded) -> None: ...
     def on_dma_not_waited(self, event: DmaNotWaited) -> None: ...
     def on_output_unwritten(self, event: OutputUnwritten) -> None: ...
@@ -433,8 +283,9 @@ EVENT_KINDS: tuple[str, ...] = tuple(name[3:] for name in vars(Listener)
 KIND_OF: dict[type, str] = {globals()[getattr(Listener, "on_" + kind).__annotations__["event"]]:
                             kind for kind in EVENT_KINDS}
 Event = (Access | ActorsDeclared | KernelEntered | DmaStarted | DmaMoved | Signalled | Waited
-         | GridStep | CoreDone | CopyStarted | CopyMoved | CopyWaited | Found | OutOfBounds
-         | BlockOutOfBounds | DeviceOutOfBounds | CheckFailed | Deadlocked | CallEnded
+         | GridStep | CoreDone | CopyStarted | CopyMoved | CopyWaited | AtBarrier
+         | ParallelLoop | LoopIteration | Found | OutOfBounds | BlockOutOfBounds
+         | DeviceOutOfBounds | CheckFailed | Deadlocked | SignalNotRemote | CallEnded
          | DmaNotWaited | OutputUnwritten | FillsCompared | DmaAddressCompared | RevisitLost
          | CallSkipped)
 

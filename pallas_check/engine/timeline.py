@@ -17,9 +17,9 @@ import dataclasses
 import itertools
 from typing import Any
 
-from pallas_check.engine.events import (Cell, CopyMoved, CopyStarted, CopyWaited, CoreDone,
-                                        DmaMoved, DmaStarted, Found, GridStep, Listener,
-                                        Signalled, Waited)
+from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
+                                        CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
+                                        GridStep, Listener, Signalled, Waited)
 from pallas_check.findings import Finding
 
 
@@ -62,6 +62,7 @@ class Timeline(Listener):
         self._clock = 0
         self._open: dict[tuple[int, str], list[str]] = {}  # track -> names of open spans
         self._actors: dict[str, tuple[int, str]] = {}  # actor name -> (device, track)
+        self._tracks: dict[tuple[int, int], str] = {}  # (device, core) -> its core's track
         self._signals: dict[tuple, list[_Signal]] = {}  # semaphore cell -> not yet waited
         # DMA id -> its receive semaphore, its actor, and its start (time, step, track)
         self._dmas: dict[int, tuple[tuple, str, int, int, tuple[int, str]]] = {}
@@ -124,8 +125,17 @@ class Timeline(Listener):
                      "at": f"{frame.file}:{frame.line}" if frame else ""})
 
     # -- the engine's events (engine/events.py) -----------------------------------------
+    def on_actors_declared(self, event: ActorsDeclared) -> None:
+        self._tracks = {(device, core): name for device, core, name in event.tracks}
+
     def _core(self, actor: str, device: int, core: int) -> tuple[int, str]:
-        return self._actors.setdefault(actor, (device, f"core {core}"))
+        """The track of a core (a SparseCore subcore's: `sparsecore 1 subcore 7`), where
+        a parallel_loop iteration of it acts too."""
+        where = self._actors.get(actor)
+        if where is None:
+            where = self._actors[actor] = (device, self._tracks.get((device, core))
+                                           or f"core {core}")
+        return where
 
     def on_grid_step(self, event: GridStep) -> None:
         where = self._core(event.actor, event.device, event.core)

@@ -47,8 +47,12 @@ from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
 # SparseCore primitives (plsc): vector ops, barrier, parallel_loop (engine/rules/sparsecore.py).
 from jax._src.pallas.mosaic import sc_primitives
 # SparseCore: `Indices` (a gather/scatter DMA's filtered index vector; engine/dma/indirect.py,
-# engine/jaxpr/mosaic_limits.py).
+# engine/jaxpr/mosaic_limits.py); the meshes (VectorSubcoreMesh / ScalarSubcoreMesh) read by
+# engine/call/describe.py.
 from jax._src.pallas.mosaic import sc_core
+# The mpmd_map primitive `pl.kernel` over a SparseCore mesh traces to: tpu_compile/compiler.py
+# binds it to compile through the SparseCore lowering.
+from jax._src.pallas import mpmd
 # Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
 # primitives, and discharge of index maps that read scalar-prefetch refs.
 from jax._src.state import discharge as state_discharge
@@ -113,7 +117,7 @@ __all__ = [
     "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
     "jax_core", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
-    "mosaic_primitives", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
-    "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
+    "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
+    "sc_core", "sc_primitives", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
     "tpu_interpret_params", "tpu_interpreter", "xla_client",
 ]

@@ -72,8 +72,8 @@ def _track(mark_device: int, track: str, pids: dict[int, int],
 
 
 def _track_order(track: str) -> int:
-    """Cores first, then DMAs, then the call's own track."""
-    return 1 if track.startswith("core") else 2 if track.startswith("DMA") else 3
+    """Cores (TensorCores, SparseCore subcores) first, then DMAs, then the call's own track."""
+    return 1 if track.startswith(("core", "sparsecore")) else 2 if track.startswith("DMA") else 3
 
 
 def _event(mark: Any, offset: int, pids: dict[int, int], tracks: dict[tuple[int, str], int],

@@ -19,17 +19,20 @@ import time
 from typing import Any
 
 from pallas_check.config import TpuGeneration
+from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
 # One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
 from pallas_check.engine.call.footprint import (
     MIB,
     SCOPED_VMEM_LIMIT,
+    SPARSECORE_VMEM_CAPACITY,
     VMEM_CAPACITY,
     Allocation,
     allocations,
     scoped_limit,
     scratch_bytes,
+    sparsecore_allocations,
 )
 
 _USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
@@ -108,9 +111,32 @@ def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
 def _bound(params: dict) -> Any:
     from pallas_check.jaxbridge import pallas_call_module
 
+    if sparsecore_mesh(params) is not None:
+        return _bound_mpmd(params)
     prim = pallas_call_module.pallas_call_p
     bound = {k: v for k, v in params.items() if k != "interpret"}
     return lambda *args: prim.bind(*args, interpret=False, **bound)
+
+
+def _bound_mpmd(params: dict) -> Any:
+    """A SparseCore kernel as `pl.kernel` made it: an `mpmd_map` of its one (mesh, body),
+    whose TPU lowering picks the SparseCore kernel type (pallas_call's TPU lowering would
+    compile it as a TensorCore kernel). The params are those JAX's CPU fallback of
+    mpmd_map passed on (jax/_src/pallas/mpmd.py), turned back; the fallback set the
+    mesh's dimension_semantics in the compiler params, which mpmd_map itself refuses."""
+    from pallas_check.jaxbridge import mpmd
+
+    compiler_params = params.get("compiler_params")
+    if getattr(compiler_params, "dimension_semantics", None) is not None:
+        compiler_params = compiler_params.replace(dimension_semantics=None)
+    bound = dict(meshes=(params["mesh"],), jaxprs=(params["jaxpr"],), external_meshes=(),
+                 out_avals=tuple(params["out_avals"]),
+                 input_output_aliases=mpmd.FrozenDict(
+                     dict(params.get("input_output_aliases") or ())),
+                 compiler_params=compiler_params, interpret=False, debug=params["debug"],
+                 cost_estimate=params.get("cost_estimate"), metadata=params.get("metadata"),
+                 name=params.get("name"))
+    return lambda *args: mpmd.mpmd_map_p.bind(*args, **bound)
 
 
 def _placed(params: dict, avals: tuple, mesh_axes: tuple,
@@ -143,10 +169,12 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
              generation: TpuGeneration) -> CompileOutcome:
     import jax
 
-    outcome = CompileOutcome(generation, 0.0, scoped_limit=scoped_limit(params, generation),
-                             scratch_bytes=scratch_bytes(params),
-                             capacity=VMEM_CAPACITY[generation],
-                             allocations=tuple(allocations(params)))
+    outcome = (_sparsecore_outcome(params, generation) if sparsecore_mesh(params) is not None
+               else CompileOutcome(generation, 0.0,
+                                   scoped_limit=scoped_limit(params, generation),
+                                   scratch_bytes=scratch_bytes(params),
+                                   capacity=VMEM_CAPACITY[generation],
+                                   allocations=tuple(allocations(params))))
     # Where the call is placed is ours to get right: a failure there is pallas-check's
     # (raised, exit 4), not a finding about the user's kernel.
     fn, args, device = _placed(params, avals, mesh_axes, generation)
@@ -165,6 +193,16 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
     outcome.lowered_ir = None  # kept only to place a failure
     outcome.scoped_bytes = _scoped_use(compiled.as_text())
     return outcome
+
+
+def _sparsecore_outcome(params: dict, generation: TpuGeneration) -> CompileOutcome:
+    """A SparseCore kernel's footprint is one vector subcore's VMEM, against its capacity
+    (no scoped limit of its own is known: the capacity stands for it)."""
+    capacity = SPARSECORE_VMEM_CAPACITY.get(generation, 0)
+    found = tuple(sparsecore_allocations(params))
+    return CompileOutcome(generation, 0.0, scoped_limit=capacity, capacity=capacity,
+                          scratch_bytes=sum(a.nbytes for a in found if a.what == "scratch"),
+                          allocations=found)
 
 
 def _scoped_use(hlo_text: str) -> int:

@@ -27,6 +27,13 @@ _PRIMITIVE = re.compile(r"Unimplemented primitive in Pallas TPU lowering(?: for 
                         r" ([\w-]+)")
 _BLOCKED = re.compile(r"Blocked\(block_size=(\d+)\)")
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+# Mosaic SparseCore (libtpu 0.0.42, v6e: 16 subcores x a 300 KiB VMEM scratch): "E3000:
+# CompileTimeSparseCoreAllocationFailure: current allocation offset upper bound (1228799
+# words) exceeds the legitimate user allocatable offset upper bound (1048575 words) in memory
+# space spmem when allocating 1228800 words".
+_SC_ALLOCATION = re.compile(r"SparseCoreAllocationFailure: current allocation offset upper"
+                            r" bound \((\d+) words\) exceeds the legitimate user allocatable"
+                            r" offset upper bound \((\d+) words\) in memory space (\w+)")
 _URL = re.compile(r"\s*See https?://\S+ for more details\.?")
 
 
@@ -43,6 +50,8 @@ class Diagnosis:
     array_index: bool = False  # a ref indexed by an array (a gather or scatter)
     used_bytes: int | None = None
     available_bytes: int | None = None
+    # The bytes are a whole SparseCore's (every subcore's VMEM), not one kernel's scoped VMEM.
+    whole_sparsecore: bool = False
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -70,6 +79,12 @@ def diagnose(message: str) -> Diagnosis:
         used, capacity = int(exceed.group(1)), int(exceed.group(2))
         return Diagnosis("vmem-exceeded", "over the chip's VMEM", code, used_bytes=used,
                          available_bytes=capacity)
+    allocation = _SC_ALLOCATION.search(message)
+    if allocation:  # offsets are of 4-byte words, the last one allocatable
+        used, capacity = (4 * (int(allocation.group(i)) + 1) for i in (1, 2))
+        return Diagnosis("vmem-exceeded", f"over the SparseCore's {allocation.group(3)}"
+                         " memory, where the compiler places every subcore's VMEM", code,
+                         used_bytes=used, available_bytes=capacity, whole_sparsecore=True)
     spec = _SPEC.search(_BLOCKED.sub(r"\1", message))
     if spec:
         return Diagnosis("compile-error", _first_sentence(message).replace(
@@ -95,5 +110,9 @@ def diagnose(message: str) -> Diagnosis:
             text = f"{parts[-1]} ({parts[1]})"
         return Diagnosis("compile-error", f"Mosaic: {text}", code,
                          mosaic="The MLIR operation involved:" in message)
+    if "The MLIR operation involved:" in message:  # Mosaic's SparseCore compiler
+        first = _first_sentence(message.strip().split("\n\n")[0])
+        text = first.split(": ", 1)[1] if first.split(": ", 1)[0].isupper() else first
+        return Diagnosis("compile-error", f"Mosaic: {text}", code, mosaic=True)
     return Diagnosis("compile-error", _first_sentence(message.strip().split("\n\n")[0]),
                      code)

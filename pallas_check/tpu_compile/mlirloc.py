@@ -38,7 +38,8 @@ def failing_operation(message: str) -> tuple[str, frozenset[str]] | None:
     marker = message.find("The MLIR operation involved:")
     if marker < 0:
         return None
-    quoted = message[marker:].split("\n", 2)[1] if "\n" in message[marker:] else ""
+    # The operation's first line (the SparseCore compiler leaves a blank line before it).
+    quoted = next((line for line in message[marker:].split("\n")[1:] if line.strip()), "")
     match = _OP.search(quoted)
     if match is None:
         return None

@@ -97,7 +97,8 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
                    f" ({diagnosis.sentence}){_code(diagnosis.code)}; largest allocations:"
                    f" {names}"
                    + (f"; the compiler's own scratch (intermediate values): about"
-                      f" {format_bytes(rest)}" if rest > MIB_FOR_REST else ""))
+                      f" {format_bytes(rest)}" if rest > MIB_FOR_REST
+                      and not diagnosis.whole_sparsecore else ""))
         kind = FindingKind.VMEM_EXCEEDED
     else:
         message = f"{generation}: {diagnosis.sentence}{_code(diagnosis.code)}"

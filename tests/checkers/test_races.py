@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from pallas_check.checkers.races import RaceChecker
-from pallas_check.engine.events import Access, CallFacts
+from pallas_check.engine.events import Access, CallFacts, LoopIteration, ParallelLoop
 from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
 
 FRAMES = (SourceFrame("kernel.py", 7, "kernel"),)
@@ -430,3 +430,71 @@ def test_the_bucket_index_finds_every_overlapping_record():
     read(races, "core1", X, ((50, 150), (0, 128)))
     assert [f.index_range for f in found[:1]] == [((199, 200), (0, 1))]
     assert sorted(f.index_range[0] for f in found[1:]) == [(i, i + 1) for i in range(50, 150)]
+
+
+# -- atomic adds (scatter-add DMAs, fetch_and_add): add vs add never races ----------------------
+
+def add(races: RaceChecker, actor: str, buffer: StubBuffer, rng, operation: str = "atomic add"):
+    races.on_access(Access(actor, buffer.id, buffer.name, buffer.space, rng, True, operation,
+                           FRAMES, None, atomic_add=True))
+
+
+def test_two_atomic_adds_never_race():
+    races, found = checker()
+    add(races, "core 0", X, ROWS)
+    add(races, "core 1", X, ROWS)
+    assert found == []
+
+
+def test_an_atomic_add_races_with_a_plain_read_or_write_either_way():
+    for first, second in ((add, read), (read, add), (add, write), (write, add)):
+        races, found = checker()
+        first(races, "core 0", X, ROWS)
+        second(races, "core 1", X, ROWS)
+        [race] = found
+        assert race.kind == FindingKind.RACE and race.index_range == ROWS
+
+
+def test_an_atomic_add_does_not_prune_the_plain_write_before_it():
+    """core 0 writes, then (ordered after it) adds; core 1's unordered add races with the
+    write even though it does not race with the add that covers it."""
+    races, found = checker()
+    write(races, "core 0", X, ROWS, "write")
+    add(races, "core 0", X, ROWS)
+    add(races, "core 1", X, ROWS)
+    [race] = found
+    assert {a.operation for a in race.accesses} == {"atomic add", "write"}
+
+
+# -- parallel_loop iterations: concurrent with one another, joined at the loop's end ------------
+
+def test_iterations_of_a_parallel_loop_race_and_the_loop_end_orders_them():
+    races, found = checker()
+    write(races, "core 0", X, ROWS)  # before the loop: ordered before every iteration
+    races.on_parallel_loop(ParallelLoop("core 0", True))
+    races.on_loop_iteration(LoopIteration("core 0", "it 0", "slot 0", True))
+    write(races, "it 0", Y, ((0, 8), (0, 128)))
+    read(races, "it 0", X, ROWS)
+    races.on_loop_iteration(LoopIteration("core 0", "it 0", "", False))
+    races.on_loop_iteration(LoopIteration("core 0", "it 1", "slot 1", True))
+    read(races, "it 1", Y, ((0, 8), (0, 128)))  # iteration 0's write: a race
+    races.on_loop_iteration(LoopIteration("core 0", "it 1", "", False))
+    races.on_parallel_loop(ParallelLoop("core 0", False))
+    write(races, "core 0", Y, ((0, 8), (0, 128)))  # after the loop: ordered after both
+    [race] = found
+    assert {a.actor for a in race.accesses} == {"it 0", "it 1"}
+    assert race.buffer == "y"
+
+
+def test_an_iteration_slot_served_again_starts_after_the_last_one():
+    """A slot shared by iterations of a later loop (or ITERATION_SLOTS apart) gives the later
+    iteration a larger epoch: no access of it is taken as ordered before the other side."""
+    races, found = checker()
+    for loop in range(2):
+        races.on_parallel_loop(ParallelLoop("core 0", True))
+        races.on_loop_iteration(LoopIteration("core 0", f"loop {loop} it 0", "slot 0", True))
+        write(races, f"loop {loop} it 0", X, ROWS)
+        races.on_loop_iteration(LoopIteration("core 0", f"loop {loop} it 0", "", False))
+        races.on_parallel_loop(ParallelLoop("core 0", False))
+    assert found == []  # the second loop's write is after the first loop's end
+    assert races.clocks["core 0"]["slot 0"] == 2

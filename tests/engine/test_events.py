@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -19,11 +20,13 @@ from pallas_check.engine.call import state as state_module
 from pallas_check.session import Session
 
 EVENTS = Path(events.__file__)
+VERDICTS = EVENTS.with_name("verdicts.py")  # the events of what checkers decide
 
 
-def test_the_event_protocol_has_no_any():
-    """Every event field and listener method is typed: no `Any` anywhere in the module."""
-    tree = ast.parse(EVENTS.read_text())
+@pytest.mark.parametrize("module", [EVENTS, VERDICTS], ids=lambda p: p.name)
+def test_the_event_protocol_has_no_any(module):
+    """Every event field and listener method is typed: no `Any` anywhere in the modules."""
+    tree = ast.parse(module.read_text())
     names = [node for node in ast.walk(tree)
              if isinstance(node, ast.Name) and node.id == "Any"
              or isinstance(node, ast.Attribute) and node.attr == "Any"

@@ -21,6 +21,7 @@ import numpy as np
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import footprint
+from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
@@ -44,6 +45,8 @@ class Overflow:
 
 def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
     """What the call does not fit on `generation` (empty: it fits)."""
+    if sparsecore_mesh(params) is not None:
+        return _sparsecore_overflows(params, generation)
     found = []
     vmem = footprint.allocations(params)
     needed = sum(a.nbytes for a in vmem)
@@ -66,6 +69,18 @@ def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
                               footprint.SMEM_CAPACITY[generation], "over the chip's SMEM",
                               tuple(smem)))
     return found
+
+
+def _sparsecore_overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
+    """A SparseCore kernel against one vector subcore's VMEM of `generation` (a chip without
+    SparseCores is refused when the script builds the mesh, not here)."""
+    capacity = footprint.SPARSECORE_VMEM_CAPACITY.get(generation)
+    vmem = footprint.sparsecore_allocations(params)
+    needed = sum(a.nbytes for a in vmem)
+    if capacity is None or needed <= capacity:
+        return []
+    return [Overflow(generation, "VMEM", needed, capacity,
+                     "over a SparseCore vector subcore's VMEM", tuple(vmem))]
 
 
 @dataclasses.dataclass

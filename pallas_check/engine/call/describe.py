@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import pallas_core
+from pallas_check.jaxbridge import sc_core
 from pallas_check.jaxbridge import state_discharge
 from pallas_check.jaxbridge import state_indexing
 
@@ -176,6 +177,38 @@ def core_mesh_axes(params: dict) -> tuple[str, ...]:
         return ()
     names = getattr(mesh, "axis_names", None) or tuple(getattr(mesh, "shape", {}) or ())
     return tuple(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseCoreMesh:
+    """The SparseCore mesh a `pl.kernel` runs over: `num_cores` SparseCores of the chip,
+    each with `num_subcores` vector subcores (a ScalarSubcoreMesh: one scalar subcore per
+    SparseCore, `subcore_axis` None). Its points are the kernel's actors."""
+
+    scalar: bool
+    core_axis: str
+    subcore_axis: str | None
+    num_cores: int
+    num_subcores: int
+
+    def actor_name(self, core: int, subcore: int = 0) -> str:
+        """An actor's name on its device: `sparsecore 1 subcore 7` (a scalar subcore:
+        `sparsecore 1 scalar subcore`)."""
+        if self.scalar:
+            return f"sparsecore {core} scalar subcore"
+        return f"sparsecore {core} subcore {subcore}"
+
+
+def sparsecore_mesh(params: dict) -> SparseCoreMesh | None:
+    """The call's SparseCore mesh (`plsc.VectorSubcoreMesh` / `ScalarSubcoreMesh`), or None
+    for a TensorCore call. Read from the mesh's own fields: the core type tells the kind."""
+    mesh = params.get("mesh")
+    if isinstance(mesh, sc_core.VectorSubcoreMesh):
+        return SparseCoreMesh(False, mesh.core_axis_name, mesh.subcore_axis_name,
+                              mesh.num_cores, mesh.num_subcores)
+    if isinstance(mesh, sc_core.ScalarSubcoreMesh):
+        return SparseCoreMesh(True, mesh.axis_name, None, mesh.num_cores, 1)
+    return None
 
 
 def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int, ...]:

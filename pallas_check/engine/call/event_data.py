@@ -10,16 +10,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from pallas_check.engine.events import (Access, BlockedWait, Cell, DmaMoved, DmaNotWaited,
-                                        DmaStarted, SemaphoreLeft, Where)
+from pallas_check.engine.events import (AbsentSubcore, Access, BlockedWait, Cell, Deadlocked,
+                                        DmaMoved, DmaNotWaited, DmaStarted, SemaphoreLeft,
+                                        StalledBarrier, Where)
 from pallas_check.engine.dma.engine import sem_name, sem_value
 from pallas_check.engine.memory.region import Region
+from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings import SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.dma.engine import Dma, SyncState
     from pallas_check.engine.memory.buffer import Buffer
-    from pallas_check.engine.runtime.scheduler import Wait
+    from pallas_check.engine.runtime.scheduler import Deadlock, Scheduler, Wait
 
 
 class Core(Protocol):
@@ -83,8 +85,37 @@ def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
     else:
         buf, idx = wait.cell
         buffer, rng = buf.name, tuple((int(i), int(i) + 1) for i in idx) or None
+    if isinstance(current, SubcoreBarrier):  # a SparseCore's subcore barrier
+        return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, current.waiting(),
+                           buffer, rng, tuple(wait.frames), current.where)
     return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, int(current), buffer,
                        rng, tuple(wait.frames))
+
+
+def deadlocked(deadlock: Deadlock, scheduler: Scheduler,
+               grid_point: tuple[int, ...] | None) -> Deadlocked:
+    """Every blocked actor, and each subcore barrier some wait at with who never arrives
+    there (and what it does instead)."""
+    barriers: dict[int, tuple[SubcoreBarrier, list[str]]] = {}
+    for actor, wait in deadlock.blocked:
+        current = wait.current() if callable(wait.current) else wait.current
+        if isinstance(current, SubcoreBarrier):
+            barriers.setdefault(id(current), (current, []))[1].append(actor)
+    actors = {a.name: a for a in scheduler.actors}
+    stalled = []
+    for barrier, waiting in barriers.values():
+        absent = []
+        for subcore, name in barrier.missing():
+            runner = actors.get(name)
+            finished = runner is not None and runner.done
+            waits = runner.waiting if runner is not None and not finished else None
+            absent.append(AbsentSubcore(subcore, name, finished, "" if waits is None
+                                        else f"{waits.what} ({waits.semaphore})"))
+        frames = next(iter(barrier.arrived.values()), ())
+        stalled.append(StalledBarrier(barrier.where, len(barrier.members), tuple(waiting),
+                                      frames[0].line if frames else None, tuple(absent)))
+    return Deadlocked(tuple(blocked_wait(actor, wait) for actor, wait in deadlock.blocked),
+                      grid_point, tuple(stalled))
 
 
 def semaphores_left(sync: SyncState, semaphores: list[Buffer]) -> tuple[SemaphoreLeft, ...]:

@@ -32,6 +32,11 @@ MIB = 1024 * 1024
 VMEM_CAPACITY = {TpuGeneration.V5E: 128 * MIB, TpuGeneration.V5P: 64 * MIB,
                  TpuGeneration.V6E: 128 * MIB, TpuGeneration.V7X: 64 * MIB}
 SMEM_CAPACITY = {generation: MIB for generation in TpuGeneration}
+# Per SparseCore vector subcore (its private VMEM, "TileSPMEM"), as JAX's table has them
+# (tpu_info.py, SparseCoreInfo.vmem_capacity_bytes); v5e has no SparseCore. The capacities
+# of VMEM_SHARED and of a subcore's SMEM are not in JAX's table: not checked.
+SPARSECORE_VMEM_CAPACITY = {TpuGeneration.V5P: 512 * 1024, TpuGeneration.V6E: 256 * 1024,
+                            TpuGeneration.V7X: 512 * 1024}
 # The default limit of a kernel's scoped VMEM, as libtpu 0.0.42 applies it (E1001 "limit
 # 16.00M" on v5e); pltpu.CompilerParams(vmem_limit_bytes=...) sets another (JAX passes it
 # to Mosaic as is, default None: jax/_src/pallas/mosaic/core.py, CompilerParams).
@@ -156,6 +161,24 @@ def allocations(params: dict) -> list[Allocation]:
     """The call's VMEM allocations we can name, largest first."""
     found = list(_operand_allocations(params, _in_vmem, tiled_bytes))
     found += _scoped_peak(params["jaxpr"], _in_vmem, tiled_bytes)
+    return sorted(found, key=lambda a: -a.nbytes)
+
+
+def _in_subcore_vmem(aval: Any) -> bool:
+    return _memory_space(aval) == "vmem"
+
+
+def _unpadded_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def sparsecore_allocations(params: dict) -> list[Allocation]:
+    """A SparseCore kernel's allocations in ONE vector subcore's private VMEM (every
+    subcore has its own copy of each), largest first. SparseCore VMEM is not laid out in
+    TensorCore (8, 128) tiles: counted unpadded, a lower bound. VMEM_SHARED is not
+    counted (its capacity is unknown)."""
+    found = list(_operand_allocations(params, _in_subcore_vmem, _unpadded_bytes))
+    found += _scoped_peak(params["jaxpr"], _in_subcore_vmem, _unpadded_bytes)
     return sorted(found, key=lambda a: -a.nbytes)
 
 

@@ -21,10 +21,10 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                _grid_points, _operand, _program_axes, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
-                                               split_grid)
+                                               sparsecore_mesh, split_grid, SparseCoreMesh)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.call import event_data
-from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking, Deadlocked,
+from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking,
                                         KernelEntered, OutputUnwritten, default_checking)
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
@@ -62,6 +62,8 @@ class _Layout:
     sem_out: frozenset[int] = frozenset()
     # Outputs whose array itself lives in VMEM or SMEM (an out_shape of `pltpu.VMEM(...)`).
     resident_out: frozenset[int] = frozenset()
+    # The SparseCore mesh of a SparseCore kernel (None: TensorCores).
+    sparsecore: SparseCoreMesh | None = None
 
     @property
     def n_in(self) -> int:
@@ -96,7 +98,8 @@ def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
                    frozenset(j for j, aval in enumerate(params["out_avals"])
                              if memory_space_name(getattr(aval, "memory_space", None),
                                                   MemorySpace.HBM)
-                             in (MemorySpace.VMEM, MemorySpace.SMEM)))
+                             in (MemorySpace.VMEM, MemorySpace.SMEM)),
+                   sparsecore_mesh(params))
 
 
 def _is_semaphore_ref(aval: Any) -> bool:
@@ -126,6 +129,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     state.perturb = perturb
     state.first_output = gm.num_index_operands + gm.num_inputs
     state.mesh = mesh
+    state.core_mesh = params.get("mesh")
     state.carried = carried if carried is not None else {}
     state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
     # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.
@@ -155,7 +159,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                                    if buf.space != MemorySpace.SEMAPHORE}
                                   if addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
-        shared_scratch: dict[int, Buffer] = {}
+        shared_scratch: dict[tuple, Buffer] = {}
         for core_id, my_steps in enumerate(layout.core_steps):
             ctx, actor = _core(state, layout, device, core_id, my_steps, scalars, templates,
                                shared_scratch, fill)
@@ -239,15 +243,18 @@ def _operand_templates(layout: _Layout, hbm_inputs: list[Buffer], hbm_outputs: l
 
 def _core(state: CallState, layout: _Layout, device: int, core_id: int,
           my_steps: np.ndarray, scalars: list[np.ndarray], templates: list[Operand],
-          shared_scratch: dict[int, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
+          shared_scratch: dict[tuple, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
     """One core: its context, its kernel arguments, and the actor walking its grid steps.
     Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
-    scratch; VMEM_SHARED scratch is one buffer for all cores of a device."""
+    scratch; VMEM_SHARED scratch is one buffer for all cores of a device (of a SparseCore
+    for its subcores)."""
+    coords = [int(c) for c in layout.points[core_id]] if layout.core_axes else []
+    sc = layout.sparsecore
     ctx = CoreContext(state, layout.grid, layout.program_axes, device_id=device,
-                      core_id=core_id, num_devices=state.mesh.num_devices)
+                      core_id=core_id, num_devices=state.mesh.num_devices,
+                      local_name=sc.actor_name(*coords) if sc is not None else None)
     if layout.core_axes:
-        ctx.core_coords = dict(zip(layout.core_axes,
-                                   (int(c) for c in layout.points[core_id])))
+        ctx.core_coords = dict(zip(layout.core_axes, coords))
     kernel_args: list[Any] = [
         RefView(state.register(
             Buffer(layout.arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
@@ -279,10 +286,12 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
     for position, (var, name) in enumerate(zip(layout.scratch_vars, scratch_names)):
         space = memory_space_name(getattr(var.aval, "memory_space", None))
         if space == MemorySpace.VMEM_SHARED:
-            if position not in shared_scratch:
-                shared_scratch[position] = state.register(
-                    state.allocate(var.aval, name), device, None, ("scratch", position))
-            kernel_args.append(RefView(shared_scratch[position]))
+            # One per device; on SparseCores one per SparseCore, shared by its subcores.
+            key = ("scratch", position) if sc is None else ("scratch", position, coords[0])
+            if key not in shared_scratch:
+                shared_scratch[key] = state.register(
+                    state.allocate(var.aval, name), device, None, key)
+            kernel_args.append(RefView(shared_scratch[key]))
         else:
             buf = state.allocate(var.aval, name, owner=ctx.actor)
             kernel_args.append(RefView(state.register(buf, device, core_id,
@@ -324,7 +333,9 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         # DMAs carried in from an earlier call run alongside every core from the start.
         state.tell(ActorsDeclared(frozenset({*(actor.name for actor in actors),
                                              *(dma.actor_name for dma in state.carried_dmas
-                                               if not dma.copied)})))
+                                               if not dma.copied)}),
+                                  tuple((c.device_id, c.core_id, c.local_name)
+                                        for c in contexts)))
     if state.feeds.dma_moved:
         for dma in state.carried_landed:  # landed in an earlier call, waited in this one
             state.tell(event_data.dma_moved(dma, landed=True)._replace(replayed=True))
@@ -338,8 +349,7 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         with np.errstate(over="ignore"):
             state.scheduler.run(actors)
     except Deadlock as deadlock:
-        state.tell(Deadlocked(tuple(event_data.blocked_wait(actor, wait)
-                                    for actor, wait in deadlock.blocked), ctx.grid_point))
+        state.tell(event_data.deadlocked(deadlock, state.scheduler, ctx.grid_point))
         state.unfinished = True
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True

@@ -9,22 +9,24 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from pallas_check.config import Config
-from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
+from pallas_check.engine.call.describe import MeshInfo
 from pallas_check.engine.dma.engine import Dma, SyncState
 from pallas_check.engine.call import event_data
+from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
-    KIND_OF, Access, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
+    KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
     CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
-    KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead, Waited)
+    KernelPrint, Listener, OutOfBounds, SignalNotRemote, Signalled, UnboundedDma, UninitRead,
+    Waited)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
-from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
-                                               memory_space_name)
+from pallas_check.engine.memory.buffer import Buffer, fill_value
 from pallas_check.engine.memory.region import Region, masked_out_of_bounds
 from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
@@ -33,7 +35,7 @@ if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand
 
 
-class CallState:
+class CallState(CallBuffers):
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
     def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
@@ -77,6 +79,11 @@ class CallState:
         self.semaphore_handles: dict[int, np.ndarray] = {}
         self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
         self.collective_id: Any = None
+        # SparseCore: the call's core mesh (params["mesh"] of a core_map / pl.kernel call),
+        # every core context (a barrier's members), each SparseCore's subcore barrier.
+        self.core_mesh: Any = None
+        self.contexts: list[CoreContext] = []
+        self.subcore_barriers: dict[tuple[int, int], SubcoreBarrier] = {}
         self._fill_cache: dict[Any, Any] = {}
         # The regions `ref[indices]` accesses resolve to (AccessCache).
         self.accesses = AccessCache()
@@ -149,9 +156,11 @@ class CallState:
 
     # -- the engine's moments, as events -------------------------------------------------
     def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
-               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None) -> None:
+               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,
+               atomic_add: bool = False) -> None:
         """An actor touched a region (only the race checker listens; the callers skip
-        this when `races` is None)."""
+        this when `races` is None). `atomic_add`: an atomic read-modify-write add, which
+        never races with another."""
         takers = self.feeds.access
         if not takers:
             return
@@ -160,7 +169,7 @@ class CallState:
         buf, actor, point = region.buffer, actor or ctx.actor, ctx.grid_point
         for box in region.boxes():  # one box unless seen through a reshape / bitcast
             event = Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
-                           point)
+                           point, atomic_add)
             for take in takers:
                 take(event)
 
@@ -352,100 +361,30 @@ class CallState:
         for take in getattr(self.feeds, KIND_OF[type(event)]):
             take(event)
 
-    def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
-                 owner: str = "") -> Buffer:
-        space = memory_space_name(getattr(aval, "memory_space", None), default_space)
-        if is_semaphore_aval(aval) or space == MemorySpace.SEMAPHORE:
-            buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True,
-                         owner=owner)
-            self.semaphores.append(buf)
-            return buf
-        return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
+    def on_subcore_barrier(self, ctx: "CoreContext", sparsecore: int, generation: int,
+                           passed: bool) -> None:
+        """A subcore arrived at its SparseCore's barrier (`passed` False), or went through
+        it (True): happens-before edges for the race checker (only it listens)."""
+        if self.feeds.subcore_barrier:
+            event = AtBarrier(ctx.actor, ctx.device_id, sparsecore, generation, passed)
+            for take in self.feeds.subcore_barrier:
+                take(event)
 
-    def allocate_scoped(self, ctx: "CoreContext", aval: Any, name: str,
-                        site: tuple) -> RefView:
-        """A `pl.run_scoped` allocation. The same program allocates in the same order on
-        every device and core, so an allocation is at one address for the whole kernel:
-        `site` (the run_scoped equation and the position in it) names it everywhere, and
-        what another device sent there before this core entered the scope (a semaphore
-        count, a DMA's data) is kept."""
-        key = ("scoped",) + site
-        self.scoped_avals.setdefault(key, (aval, name))
-        buf = self.registry.get((ctx.device_id, ctx.core_id, key))
-        if buf is None:
-            buf = self.register(self.allocate(aval, name, owner=ctx.actor), ctx.device_id,
-                                ctx.core_id, key)
-        return RefView(buf)
-
-    def release_scoped(self, ctx: "CoreContext", refs: list[RefView]) -> None:
-        """The scope ends: its memory holds nothing defined any more (semaphore counts stay,
-        as on the chip, and are checked at kernel end)."""
-        for ref in refs:
-            buf = ref.buffer
-            if buf.space != MemorySpace.SEMAPHORE:
-                if self.ever_written is not None:
-                    self.ever_written.before_reset(buf)
-                buf.writable()[...] = self.fill(buf.data.dtype)
-                buf.mark_written(Ellipsis, False)
-
-    def register(self, buf: Buffer, device: int, core: int | None, key: tuple) -> Buffer:
-        """Name a buffer by its place in the kernel, so that another device's DMA or
-        signal aimed at "the same" ref finds this device's copy."""
-        buf.key, buf.device, buf.core = key, device, core
-        self.registry[(device, core, key)] = buf
-        return buf
-
-    def remote(self, buf: Buffer, device: int, frames: tuple = (),
-               core: int | None = None) -> Buffer:
-        """The buffer on `device` (and `core`, when the id names a core of a TensorCore
-        mesh) that corresponds to `buf` (a ref of this core)."""
-        target_core = buf.core if core is None or buf.core is None else core
-        if device == buf.device and target_core == buf.core:
-            return buf
-        if not 0 <= device < self.mesh.num_devices:
-            raise KernelError(f"device id {device} is outside the mesh of"
-                              f" {self.mesh.num_devices} devices", frames)
-        other = self.registry.get((device, target_core, buf.key))
-        if other is None and buf.key == ("barrier",):
-            other = self._barrier(device)
-        if other is None and buf.key[:1] == ("scoped",) and buf.key in self.scoped_avals:
-            # The other core has not entered the scope yet: its allocation is there all
-            # the same (same address), and keeps what lands in it.
-            aval, name = self.scoped_avals[buf.key]
-            owner = (f"device {device} core {target_core}" if self.mesh.num_devices > 1
-                     else f"core {target_core}")
-            other = self.register(self.allocate(aval, name, owner=owner), device,
-                                  target_core, buf.key)
-        if other is None:
-            where = f"device {device}" + (f" core {target_core}" if core is not None else "")
-            raise KernelError(f"{buf.name} has no counterpart on {where}", frames)
-        return other
-
-    def barrier_semaphore(self, ctx: "CoreContext") -> RefView:
-        return RefView(self._barrier(ctx.device_id))
-
-    def _barrier(self, device: int) -> Buffer:
-        """A device's barrier semaphore; its count carries over to the next call."""
-        buf = self.registry.get((device, None, ("barrier",)))
-        if buf is None:
-            count = self.carried.get(("barrier", self.collective_id, device), 0)
-            buf = Buffer("barrier_semaphore", MemorySpace.SEMAPHORE,
-                         np.array(count, np.int64), True)
-            self.register(buf, device, None, ("barrier",))
-            self.semaphores.append(buf)
-        return buf
-
-    def save_carried(self) -> None:
-        for (device, _, key), buf in self.registry.items():
-            if key == ("barrier",):
-                self.carried[("barrier", self.collective_id, device)] = int(buf.data)
+    def signal_not_remote(self, ctx: "CoreContext", semaphore: str, named: str,
+                          signaller: str) -> None:
+        """A SparseCore signal naming another subcore goes to the signaller's own
+        semaphore (engine/rules/sparsecore.py `signal_device_id`)."""
+        if self.feeds.signal_not_remote:
+            where = event_data.where(ctx, current_frames(ctx))._replace(actor=signaller)
+            self.tell(SignalNotRemote(where, semaphore, named))
 
 
 class CoreContext:
     """What the rules see of the actor running kernel code: one core of one device."""
 
     def __init__(self, call: CallState, grid: tuple[int, ...], program_axes: list[int],
-                 device_id: int = 0, core_id: int = 0, num_devices: int = 1) -> None:
+                 device_id: int = 0, core_id: int = 0, num_devices: int = 1,
+                 local_name: str | None = None) -> None:
         self.call = call
         self.config = call.config
         self.grid = grid
@@ -453,7 +392,11 @@ class CoreContext:
         self.device_id = device_id
         self.core_id = core_id
         self.num_devices = num_devices
-        self.actor = f"device {device_id} core {core_id}" if num_devices > 1 else f"core {core_id}"
+        # Its name on its device (`core 0`; a SparseCore subcore: `sparsecore 1 subcore 7`):
+        # the timeline's track; the actor's name adds the device when there are several.
+        self.local_name = local_name or f"core {core_id}"
+        self.actor = (f"device {device_id} {self.local_name}" if num_devices > 1
+                      else self.local_name)
         self.grid_point: tuple[int, ...] | None = None
         self.eqn: Any = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
@@ -463,6 +406,9 @@ class CoreContext:
         self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch
         # Source frames of the enclosing equations being evaluated (see current_frames).
         self.frame_stack: list[tuple[SourceFrame, ...]] = []
+        # SparseCore parallel_loops in progress, innermost last (rules/sparsecore.py).
+        self.parallel_loops: list[list[Any]] = []
+        call.contexts.append(self)
 
     def fill(self, dtype: Any) -> Any:
         return self.call.fill(dtype)

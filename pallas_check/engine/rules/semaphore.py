@@ -12,6 +12,7 @@ from pallas_check.engine.dma.devices import _with_core, on_device, target_device
 from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.rules import sparsecore
 from pallas_check.engine.rules.dma import _account_wait, _wait_ready
 from pallas_check.engine.runtime.scheduler import Wait
 
@@ -19,6 +20,8 @@ from pallas_check.engine.runtime.scheduler import Wait
 @rule(pallas_primitives.semaphore_signal_p)
 def _semaphore_signal(ctx, eqn, invals):
     sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
+    if device_id is not None and ctx.call.core_mesh is not None:
+        device_id = sparsecore.signal_device_id(ctx, device_id, sem)
     target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
     if core_index is not None:
         target = _with_core(ctx, target, core_index)

@@ -11,17 +11,127 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
+from pallas_check.jaxbridge import sc_core
 from pallas_check.jaxbridge import sc_primitives
 from pallas_check.jaxbridge import state_indexing
 
+from pallas_check.engine.dma.devices import _core_index
+from pallas_check.engine.events import LoopIteration, ParallelLoop
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames, eval_jaxpr
 from pallas_check.engine.jaxpr.registry import rule
 from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.memory.region import index_region
 from pallas_check.engine.rules import access, sc_values
+from pallas_check.engine.runtime.barrier import SubcoreBarrier
+from pallas_check.engine.runtime.scheduler import Wait
 
 
 # -- barrier / sync (SC-C)
+
+def _sparsecore_place(ctx: Any, what: str) -> tuple[int, int, str]:
+    """(core, subcore, subcore axis name) of a vector subcore: a VectorSubcoreMesh's axes
+    are (core axis, subcore axis), in that order (`mesh.shape`)."""
+    axes = list(ctx.core_coords)
+    if len(axes) != 2:
+        raise KernelError(f"{what} needs a kernel over a plsc.VectorSubcoreMesh (core and"
+                          f" subcore axes)", current_frames(ctx))
+    return ctx.core_coords[axes[0]], ctx.core_coords[axes[1]], axes[1]
+
+
+def _barrier_of(ctx: Any, core: int) -> SubcoreBarrier:
+    """The barrier of this subcore's SparseCore (one per device and core), its members
+    every subcore of that core in this call."""
+    state = ctx.call
+    barrier = state.subcore_barriers.get((ctx.device_id, core))
+    if barrier is None:
+        members = {}
+        for other in state.contexts:
+            if other.device_id == ctx.device_id and len(other.core_coords) == 2:
+                c, s = other.core_coords.values()
+                if c == core:
+                    members[s] = _root_actor(other.actor)
+        where = f"device {ctx.device_id} sparsecore {core}"
+        barrier = state.subcore_barriers[(ctx.device_id, core)] = SubcoreBarrier(where, members)
+    return barrier
+
+
+@rule(sc_primitives.barrier_p, generator=True)
+def _subcore_barrier(ctx, eqn, invals):
+    """`plsc.subcore_barrier()`: waits for every subcore of this SparseCore; for the race
+    checker, all each of them did before arriving happens before all any does after."""
+    core, subcore, _ = _sparsecore_place(ctx, "plsc.subcore_barrier()")
+    barrier = _barrier_of(ctx, core)
+    frames = current_frames(ctx)
+    generation = barrier.arrive(subcore, frames)
+    ctx.call.on_subcore_barrier(ctx, core, generation, False)
+    if not barrier.opened(generation):
+        yield Wait(lambda: barrier.opened(generation), "subcore barrier", frames,
+                   semaphore=f"the subcore barrier of {barrier.where}",
+                   wanted=len(barrier.members), current=barrier)
+    ctx.call.on_subcore_barrier(ctx, core, generation, True)
+    return []
+
+
+def signal_device_id(ctx: Any, device_id: Any, sem: Any) -> Any:
+    """The device id a `pl.semaphore_signal` really goes to. In a VectorSubcoreMesh kernel
+    Mosaic drops the core and subcore axes of a `device_id` dict when the semaphore is an
+    ordinary one (lowering.py `_device_id_to_logical`: same core type, no core-typed memory
+    space: "short circuit for same core semaphores"): `tpu.sem_signal` gets no core or
+    subcore operand and signals the signaller's OWN semaphore. Simulated as the chip does
+    it, with a finding at the signal when it names another subcore than the signaller's."""
+    if not isinstance(device_id, dict) or not isinstance(ctx.call.core_mesh,
+                                                         sc_core.VectorSubcoreMesh):
+        return device_id
+    named = {k: int(np.asarray(v)) for k, v in device_id.items() if k in ctx.core_coords}
+    if not named:
+        return device_id
+    if any(ctx.core_coords[k] != v for k, v in named.items()):
+        view = sem if isinstance(sem, RefView) else None
+        shown = ", ".join(f"{k!r}: {v}" for k, v in named.items())
+        ctx.call.signal_not_remote(ctx, view.buffer.name if view is not None else "semaphore",
+                                   "{" + shown + "}", _root_actor(ctx.actor))
+    rest = {k: v for k, v in device_id.items() if k not in named}
+    return rest or None
+
+
+def _root_actor(name: str) -> str:
+    """The subcore an actor name belongs to (an iteration of a parallel_loop is named
+    after its subcore, see `_parallel_loop`)."""
+    return name.split(" (parallel_loop", 1)[0]
+
+
+@rule(sc_primitives.fetch_and_add_p)
+def _fetch_and_add(ctx, eqn, invals):
+    """`plsc.fetch_and_add(x_smem.at[i], v, subcore_id=s)`: adds v to subcore s's copy of
+    the SMEM cell (same SparseCore), atomically, and returns the old value. For the race
+    checker an atomic add: concurrent fetch_and_adds of the cell never race; the owner's
+    plain reads and writes do, unless a barrier orders them."""
+    ref, value, *indices, subcore_id = invals
+    _, _, subcore_axis = _sparsecore_place(ctx, "plsc.fetch_and_add")
+    target = int(np.asarray(subcore_id))
+    size = ctx.core_mesh_sizes()[subcore_axis]
+    if not 0 <= target < size:
+        raise KernelError(f"fetch_and_add: subcore_id={target} is outside the {size}"
+                          f" subcores of the SparseCore", current_frames(ctx))
+    assert isinstance(ref, RefView)
+    buf = ref.buffer
+    core = _core_index(ctx, {subcore_axis: target})
+    other = ctx.call.remote(buf, ctx.device_id, current_frames(ctx), core)
+    region = index_region(other, [tuple(int(np.asarray(i)) for i in indices)])
+    if region.oob:
+        ctx.call.out_of_bounds(ctx, region, "fetch_and_add", None)
+        return np.int32(0)
+    if not other.fully_written:
+        unwritten = ~region.read_written()
+        if unwritten.any():
+            ctx.call.uninitialized_read(ctx, region, int(unwritten.sum()), unwritten)
+    fill = ctx.fill(other.data.dtype)
+    old = np.asarray(region.read(fill)).astype(np.int32)
+    region.write(old + np.int32(np.asarray(value)), fill)
+    ctx.call.access(ctx, region, True, "fetch_and_add", atomic_add=True)
+    return old.reshape(())
+
 
 
 # -- vector ops (SC-B)
@@ -292,3 +402,62 @@ def _parallel_loop(ctx, eqn, invals):
 
 
 # -- parallel_loop (SC-C)
+
+# One race-clock slot per iteration, up to this many per loop: iterations this far apart
+# share a slot and are taken as ordered (a loop's clocks stay bounded); any closer two
+# iterations are concurrent, as the chip may overlap or reorder them.
+ITERATION_SLOTS = 64
+
+
+class IterationClocks:
+    """The race checker's side of `parallel_loop` (a hook of the loop rule): each iteration
+    is an actor of its own, forked from the subcore when the loop begins and joined when it
+    ends, so a read of another iteration's write (or two iterations writing one element) is
+    a race, as the chip may overlap or reorder iterations (JAX's parallel_loop docstring:
+    iterations depend on one another only through the carry). While an iteration runs,
+    the context's actor is the iteration (`core 3 (parallel_loop iteration i=16)`): its
+    accesses, DMAs, signals and waits are the iteration's. The moments go to the call's
+    listeners as ParallelLoop / LoopIteration events (engine/events.py); where none takes
+    iterations (races off), the actor stays the subcore and nothing is built."""
+
+    def loop_started(self, ctx: Any, eqn: Any) -> None:
+        if ctx.call.feeds.loop_iteration:  # (the race checker's, with races on)
+            ctx.parallel_loops.append([ctx.actor, 0])  # (the loop's actor, iterations)
+        if ctx.call.feeds.parallel_loop:
+            event = ParallelLoop(ctx.actor, True)
+            for take in ctx.call.feeds.parallel_loop:
+                take(event)
+
+    def iteration_started(self, ctx: Any, eqn: Any, index: int) -> None:
+        takers = ctx.call.feeds.loop_iteration
+        if not takers:
+            return
+        loop = ctx.parallel_loops[-1]
+        parent, count = loop
+        ctx.actor = f"{parent} (parallel_loop iteration i={index})"
+        event = LoopIteration(parent, ctx.actor,
+                              f"{parent} parallel_loop slot {count % ITERATION_SLOTS}", True)
+        loop[1] = count + 1
+        for take in takers:
+            take(event)
+
+    def iteration_ended(self, ctx: Any, eqn: Any, index: int) -> None:
+        takers = ctx.call.feeds.loop_iteration
+        if not takers:
+            return
+        parent = ctx.parallel_loops[-1][0]
+        event = LoopIteration(parent, ctx.actor, "", False)
+        for take in takers:
+            take(event)
+        ctx.actor = parent
+
+    def loop_ended(self, ctx: Any, eqn: Any) -> None:
+        if ctx.call.feeds.loop_iteration:
+            ctx.parallel_loops.pop()  # (its iterations ended: the actor is the loop's again)
+        if ctx.call.feeds.parallel_loop:
+            event = ParallelLoop(ctx.actor, False)
+            for take in ctx.call.feeds.parallel_loop:
+                take(event)
+
+
+PARALLEL_LOOP_HOOKS.append(IterationClocks())
