@@ -1,8 +1,8 @@
 """Two SparseCore subcores scatter-write one HBM row without add: subcores 0 and 1 each
 scatter their L rows into out (HBM) through an index vector, and both index vectors name
 row 5. A plain scatter is a store: which subcore's row lands is up to the DMA engines
-(sc_hbm_scatter_race_ok.py keeps the index sets disjoint; a scatter-add, `add=True`, to
-one row from both would be fine too: atomic adds do not race).
+(sc_hbm_scatter_race_ok.py keeps the index sets disjoint; Mosaic takes no scatter-add into
+HBM, but atomic adds into one VMEM_SHARED row do not race: sc_scatter_add_one_row_ok.py).
 
 Run: pallas-check run samples/sc_hbm_scatter_race_bug.py --tpu v6e --races
 Expected finding: kind=race buffer=o_hbm range=[5, 0:128] line=35 args=--tpu v6e --races

@@ -1,5 +1,5 @@
-"""A running sum over chunks in a `plsc.parallel_loop` (a SparseCore kernel), carried
-through a ref instead of the loop's carry.
+"""A running sum over chunks in a `plsc.parallel_loop` (a SparseCore kernel), computed
+in place: each chunk reads the chunk before it, which another iteration writes.
 
 Each of 16 vector subcores copies its CHUNKS vectors of L lanes into VMEM and replaces
 chunk c by the sum of chunks 0..c. BUG: iteration i adds the chunk iteration i - L wrote:

@@ -112,3 +112,12 @@ def test_no_function_is_longer_than_80_lines():
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
                                 f" {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_no_module_is_longer_than_500_lines():
+    """A module that outgrows 500 lines holds more than one thing: cut it along what it
+    holds (issue 27; the engine's wings keep each concern in a file of its own)."""
+    long = [f"{path.relative_to(PACKAGE.parent)}: {count} lines"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if (count := len(path.read_text().splitlines())) > 500]
+    assert long == []

@@ -99,6 +99,13 @@ def _print_compile_end(console: Console, report: CompileReport) -> None:
                                     " answers every pallas_call with zeros; checks of its"
                                     " results may fail; calls after that point were not"
                                     " compiled)", style="yellow"))
+    traced_for = report.generations[0] if report.generations else None
+    if any(f.details.get("generation") not in (None, traced_for) for f in report.findings):
+        print_wrapped(console, Text(
+            f"note: the script ran once, with get_tpu_info() answering for {traced_for}: a"
+            " call whose shapes depend on the generation (a SparseCore kernel's lanes, say)"
+            f" was compiled as {traced_for} traced it; compile it with `--tpu GEN` alone"
+            " to see that generation's own shapes", style="yellow"))
     if report.internal_error:
         print_wrapped(console, Text(f"pallas-check error: {report.internal_error}",
                                     style="red"))
