@@ -168,6 +168,11 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                       " not lower: Mosaic takes a gather from HBM or VMEM_SHARED into VMEM"
                       " (the source indexed) or a scatter from VMEM into HBM or VMEM_SHARED"
                       " (the destination indexed)")
+    if eqn.params.get("add") and dst_found is not None and dst_space == MemorySpace.HBM:
+        return refuse(side, "a scatter DMA with add=True into HBM does not lower: Mosaic's"
+                      " SparseCore scatter-add goes from VMEM into VMEM_SHARED only (libtpu:"
+                      " \"IndirectStreamAddStartOp doesn't support transfer from source"
+                      " memory space TileSpmem to destination memory space HBM\")")
     if device_id is not None:
         return refuse(side, "a gather or scatter DMA to or from a remote device does not"
                       " lower (Mosaic: \"not supported\")")

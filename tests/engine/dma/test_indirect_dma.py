@@ -160,24 +160,35 @@ def test_semaphore_counts_the_bytes_moved(check):
 
 
 def _scatter_fn(nsub, add, init=False):
-    """Each subcore scatters (or scatter-adds) its L rows of x into the output by its
-    slice of idx; `init`: subcore 0 (the only one) first zeroes the output."""
+    """Each subcore scatters its L rows of x into the output by its slice of idx. With
+    `add`, into a VMEM_SHARED table (Mosaic SparseCore takes `add=True` scatters into
+    VMEM_SHARED, not HBM): each subcore zeroes its own rows, a barrier, the adds, a barrier,
+    then each copies its rows of the table out (`init` is then implied)."""
     def fn(x, idx):
         lanes = _lanes()
+        rows = nsub * lanes
 
-        @pl.kernel(out_type=jax.ShapeDtypeStruct((nsub * lanes, D), jnp.float32),
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((rows, D), jnp.float32),
                    mesh=_mesh(nsub),
                    scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
                                   pltpu.VMEM((lanes, D), jnp.float32),
+                                  pltpu.VMEM_SHARED((rows, D), jnp.float32),
                                   pltpu.SemaphoreType.DMA])
-        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, sem):
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, table_sh, sem):
             s = jax.lax.axis_index("subcore")
-            if init:
+            mine = pl.ds(s * lanes, lanes)
+            if add:
                 rows_v[...] = jnp.zeros((lanes, D), jnp.float32)
-                pltpu.sync_copy(rows_v, o_hbm)
-            pltpu.sync_copy(idx_hbm.at[pl.ds(s * lanes, lanes)], idx_v)
-            pltpu.sync_copy(x_hbm.at[pl.ds(s * lanes, lanes)], rows_v)
-            pltpu.async_copy(rows_v, o_hbm.at[idx_v], sem, add=add).wait()
+                pltpu.sync_copy(rows_v, table_sh.at[mine])
+                plsc.subcore_barrier()
+            pltpu.sync_copy(idx_hbm.at[mine], idx_v)
+            pltpu.sync_copy(x_hbm.at[mine], rows_v)
+            target = table_sh if add else o_hbm
+            pltpu.async_copy(rows_v, target.at[idx_v], sem, add=add).wait()
+            if add:
+                plsc.subcore_barrier()
+                pltpu.sync_copy(table_sh.at[mine], rows_v)
+                pltpu.sync_copy(rows_v, o_hbm.at[mine])
 
         return kernel(x, idx)
     return jax.jit(fn)
@@ -372,3 +383,29 @@ def test_out_of_bounds_index_in_a_slice_of_the_index_ref(check):
     assert f"index -2 (element 1 of index vector idx_v[{lanes}:{2 * lanes}])" in \
         oob[0].message, oob[0].message
     assert format_range(oob[0].index_range) == "[-2, 0:128]"
+
+
+def test_scatter_add_into_hbm_does_not_lower(check):
+    """Mosaic's SparseCore scatter-add goes from VMEM into VMEM_SHARED only: `add=True`
+    into an HBM ref indexed by a vector is a compile-error finding at the DMA (libtpu
+    refuses it), and the call is skipped."""
+    def run():
+        lanes = _lanes()
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes, D), jnp.float32), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
+                                  pltpu.VMEM((lanes, D), jnp.float32),
+                                  pltpu.SemaphoreType.DMA])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, sem):
+            pltpu.sync_copy(idx_hbm, idx_v)
+            pltpu.sync_copy(x_hbm, rows_v)
+            pltpu.async_copy(rows_v, o_hbm.at[idx_v], sem, add=True).wait()
+
+        x = jnp.ones((lanes, D), jnp.float32)
+        return jax.jit(kernel)(x, jnp.arange(lanes, dtype=jnp.int32))
+
+    r = check(run, config=_config())
+    assert [f.kind for f in r.findings] == [FindingKind.COMPILE_ERROR], r.findings
+    (f,) = r.findings
+    assert f.buffer == "o_hbm" and "add=True into HBM" in f.message, f.message
+    assert f.frames[0].code.strip().startswith("pltpu.async_copy(rows_v, o_hbm.at[idx_v]")
