@@ -257,7 +257,10 @@ class Timeline(Listener):
 
     def finding(self, finding: Finding) -> None:
         """An instant where the finding was found, on its actor's track."""
-        actors = [finding.actor, *(a.actor for a in finding.accesses)]
+        # A parallel_loop iteration (`sparsecore 0 subcore 3 (parallel_loop iteration i=2)`)
+        # acts on its subcore's track.
+        actors = [a.split(" (parallel_loop iteration")[0]
+                  for a in (finding.actor, *(a.actor for a in finding.accesses)) if a]
         where = next((self._actors[a] for a in actors if a in self._actors), (0, CALL_TRACK))
         self.findings.append(finding)
         self._mark("instant", where, f"{finding.kind.value}: {finding.buffer}", "finding",

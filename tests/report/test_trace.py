@@ -135,6 +135,11 @@ def _check_dmas(body: list[dict], spans: dict, names: dict) -> None:
         assert waited != bool(end["args"].get("unfinished")), name
 
 
+# The tracks of actors running kernel code: TensorCores (`core 0`) and SparseCore subcores
+# (`sparsecore 0 subcore 3`, `sparsecore 0 scalar subcore`); the others are DMAs and copies.
+KERNEL_TRACKS = ("core", "sparsecore")
+
+
 def _check_findings(body: list[dict], spans: dict, names: dict, report: dict,
                     processes: dict) -> None:
     instants = [e for e in body if e["ph"] == "i" and e["cat"] == "finding"]
@@ -153,7 +158,7 @@ def _check_findings(body: list[dict], spans: dict, names: dict, report: dict,
             last_step = max(e["ts"] for t, pairs in spans.items() if t[0] == track[0]
                             for b, e in pairs if b["cat"] == "grid-step")
             assert not around and instant["ts"] > last_step, finding["kind"]
-        elif names[track].startswith("core"):
+        elif names[track].startswith(KERNEL_TRACKS):
             steps = [b["args"]["grid_point"] for b in around if b["cat"] == "grid-step"]
             if finding["kind"] == "deadlock":
                 # Where the first blocked actor stopped (the finding's own grid_point is
@@ -190,7 +195,7 @@ def test_every_concurrency_sample_has_a_valid_trace(case, tmp_path):
     check_trace(trace, report)
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     tracks = [e["args"]["name"] for e in meta if e["name"] == "thread_name"]
-    assert any(t.startswith("core") for t in tracks)
+    assert any(t.startswith(KERNEL_TRACKS) for t in tracks)
     processes = [e for e in meta if e["name"] == "process_name"]
     devices = re.search(r"--devices (\d+)", args)
     calls = {e["args"]["name"].split(" - ")[0] for e in processes}
