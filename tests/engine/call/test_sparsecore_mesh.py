@@ -107,14 +107,6 @@ def test_scalar_subcore_sample(tmp_path, tpu):
     assert "output matches" in output and report["findings"] == []
 
 
-def test_two_sparsecores_sample_is_clean_under_random_dma(tmp_path):
-    code, output, report = _run(tmp_path, str(SAMPLES / "sc_two_sparsecores_ok.py"),
-                                "--tpu", "v6e", "--races", "--dma", "random",
-                                "--schedules", "20")
-    assert code == ExitCode.CLEAN, output
-    assert report["findings"] == []
-
-
 def test_a_chip_without_sparsecores_is_one_line(tmp_path):
     """The default --tpu v5e has no SparseCore: JAX's mesh constructor raises in the
     user's script; pallas-check says so in one line and exits 2 (usage)."""
@@ -176,15 +168,6 @@ def test_a_sparsecore_compile_error_is_at_its_line(tmp_path):
         assert f["kind"] == "compile-error"
         assert f["message"].endswith("Mosaic: Loop with vector carry not supported")
         assert f["frames"][0]["line"] == line
-
-
-@pytest.mark.parametrize("sample", ["sc_two_sparsecores_ok.py", "sc_scalar_subcore_ok.py"])
-def test_samples_compile_for_v6e_and_v7x(tmp_path, sample):
-    code, output, report = _run(tmp_path, str(SAMPLES / sample), "--tpu", "v6e,v7x",
-                                command="compile")
-    assert code == ExitCode.CLEAN, output
-    (call,) = report["calls"]
-    assert {g: e["status"] for g, e in call["compiled"].items()} == {"v6e": "ok", "v7x": "ok"}
 
 
 def test_compiled_sparsecore_vmem_overflow_is_the_compilers_verdict(tmp_path):
