@@ -93,26 +93,18 @@ def _plain_grid(params: dict, gm: Any) -> bool:
 def _pure(jaxpr: Any, top: bool) -> bool:
     """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
     where `_evaluate` answers them."""
+    from pallas_check.jaxbridge import jax_core
+
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if any(word in name for word in _ENGINE_ONLY):
             return False
         if name in _GRID_PRIMITIVES and not top:
             return False
-        for sub in _subjaxprs(eqn.params):
+        for sub in jax_core.jaxprs_in_params(eqn.params):
             if not _pure(sub, top=False):
                 return False
     return True
-
-
-def _subjaxprs(params: dict) -> list[Any]:
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            inner = getattr(item, "jaxpr", item)
-            if hasattr(inner, "eqns"):
-                found.append(inner)
-    return found
 
 
 def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
