@@ -356,12 +356,12 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
+        if _empty(index_range):
+            return
         vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer,
                               memory_space, frames, grid_point, slot, atomic_add)
-        if _empty(index_range):
-            return
         if actor in self._parent:
             self._last_epoch[actor] = vc[slot]
         history = self.history.get(buffer_id)
