@@ -65,13 +65,22 @@ def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
 
 
 def _covers(outer: IndexRange, inner: IndexRange) -> bool:
-    return len(outer) == len(inner) and all(
-        olo <= ilo and ihi <= ohi for (olo, ohi), (ilo, ihi) in zip(outer, inner))
+    # (plain loops, not all()/any() over a generator: these run for every pair of
+    # accesses the race checker compares)
+    if len(outer) != len(inner):
+        return False
+    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
+        if ilo < olo or ohi < ihi:
+            return False
+    return True
 
 
 def _empty(rng: IndexRange) -> bool:
     """No element: such an access overlaps nothing, so it can neither race nor prune."""
-    return any(hi <= lo for lo, hi in rng)
+    for lo, hi in rng:
+        if hi <= lo:
+            return True
+    return False
 
 
 class _History:

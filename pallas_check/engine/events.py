@@ -165,14 +165,16 @@ class CoreDone(NamedTuple):
 
 
 class CopyStarted(NamedTuple):
-    """A BlockSpec pipeline copy began (an actor forked by the core; `track`: its VMEM
-    buffer). Transitional: pipeline copies are to report as DMAs."""
+    """A BlockSpec pipeline copy began (an actor forked by the core; `operand`, `buffer`:
+    the VMEM buffer it fills or drains). Transitional: pipeline copies are to report as
+    DMAs."""
 
     actor: str
     device: int
     core: int
     name: str
-    track: str
+    operand: str
+    buffer: int
 
 
 class CopyMoved(NamedTuple):

@@ -200,8 +200,8 @@ class Timeline(Listener):
         """A BlockSpec pipeline copy started: a lifetime slice on the track of the VMEM
         buffer it fills or drains (`pipeline x_ref buffer 1`, one per double buffer)."""
         here = self._core(event.actor, event.device, event.core)
-        track = (event.device, f"pipeline {event.track}" + (f" (core {event.core})"
-                                                            if event.core else ""))
+        track = (event.device, f"pipeline {event.operand} buffer {event.buffer}"
+                 + (f" (core {event.core})" if event.core else ""))
         name = event.name
         self._actors[name] = track
         start = self._mark("instant", here, f"start {name}", "dma")

@@ -15,7 +15,7 @@ from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
 from pallas_check.engine.call.state import CoreContext
 from pallas_check.engine.dma.engine import Transfer
-from pallas_check.engine.jaxpr.program import eval_jaxpr
+from pallas_check.engine.jaxpr.program import runner_for
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
@@ -34,6 +34,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
     fresh = [plan for plan in outputs if id(plan.op.vmem) not in inputs_blocks]
     num_steps = len(points)
     walked = ctx.call.steps  # a progress line reads it (engine/runtime/progress.py): one add a step
+    body = runner_for(jaxpr, ctx.config.skip_floats)  # the kernel's program, found once
     for step in range(num_steps):
         point = pipe.grid_points[step]
         ctx.grid_point = point
@@ -55,7 +56,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
         saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs])  # type: ignore[misc]
                  if perturb is not None and (ctx.device_id, point) in perturb.points
                  else None)
-        yield from eval_jaxpr(ctx, jaxpr, (), kernel_args)
+        yield from body(ctx, (), kernel_args)
         ctx.eqn = None
         if perturb is not None:
             if saved:
@@ -173,7 +174,7 @@ class BlockCopy(Transfer):
     # The copy as an actor, `pipeline copy-in of x_ref block (3, 0)` (only when races are
     # checked, a timeline is drawn or DMAs are actors; else "").
     actor_name: str
-    slices: tuple  # (HBM index, VMEM index, empty) of the block's valid part
+    slices: tuple  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
     staged: Any = None
     copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
 
@@ -266,7 +267,7 @@ class Pipeline:
                 for step in range(start, stop):
                     for other in self.inputs:
                         inputs[(other.op.name, other.blocks[step])] = None
-                hbm_index, _, _ = _block_slices(plan.op, block)
+                hbm_index, _, _, _ = _block_slices(plan.op, block)
                 self.ctx.call.revisits.append(RevisitRecord(
                     self.ctx.device_id, self.ctx.actor, plan.op.name, plan.op.position,
                     block, hbm_index, plan.frames, plan.restores, visits,
@@ -281,7 +282,7 @@ class Pipeline:
                 if self.named else "")
         copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
                          _block_slices(plan.op, block))
-        ctx.call.on_copy_start(ctx, name, f"{plan.op.name} buffer {plan.copies % plan.depth}")
+        ctx.call.on_copy_start(ctx, name, plan.op.name, plan.copies % plan.depth)
         plan.copies += 1
         if writes_back:
             _stage_write_back(ctx, copy)
@@ -330,7 +331,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
     read is its own: a view of a read-only input's array (which never changes), else a
     copy (HBM may change before the copy is waited)."""
     op = copy.plan.op
-    hbm_index, _, empty = copy.slices
+    hbm_index, _, empty, hbm_range = copy.slices
     copy.copied = True
     if not empty and copy.writes_back:
         values, written = copy.staged
@@ -345,7 +346,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
         if isinstance(written, np.ndarray):
             written = np.array(written)
         copy.staged = (values, written)
-    touched = None if empty or ctx.call.races is None else _hbm_range(hbm_index)
+    touched = None if empty or ctx.call.races is None else hbm_range
     ctx.call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
                            copy.grid_point)
 
@@ -355,7 +356,7 @@ def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:
     buffer, so the block's array is handed to the copy and the core gets a fresh one."""
     vmem = copy.plan.op.vmem
     assert vmem is not None
-    _, vmem_index, empty = copy.slices
+    _, vmem_index, empty, _ = copy.slices
     if empty:
         return
     written = vmem.written_at(vmem_index)
@@ -379,7 +380,7 @@ def _land_in_vmem(ctx: CoreContext, copy: BlockCopy) -> None:
     vmem.mark_written(Ellipsis, False)
     if staged is None:
         return
-    _, vmem_index, _ = copy.slices
+    _, vmem_index, _, _ = copy.slices
     values, written = staged
     data[vmem_index] = values
     vmem.mark_written(vmem_index, written)
@@ -394,9 +395,10 @@ def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:
 
 
 def _block_slices(op: Operand, block_index: tuple[int, ...]
-                  ) -> tuple[tuple, tuple, bool]:
-    """Slices of the HBM array and of the VMEM block for the valid part of a block."""
-    hbm_index, vmem_index = [], []
+                  ) -> tuple[tuple, tuple, bool, IndexRange]:
+    """Slices of the HBM array and of the VMEM block for the valid part of a block, and
+    that part's HBM index range (what a copy of it touches, for the race checker)."""
+    hbm_index, vmem_index, hbm_range = [], [], []
     empty = False
     for (start, size), n, sq, most in zip(op.block_window(block_index), op.hbm.shape,
                                           op.squeezed, op.block_sizes):
@@ -407,10 +409,12 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
             lo = hi = 0
         if sq:
             hbm_index.append(lo)
+            hbm_range.append((lo, lo + 1))
         else:
             hbm_index.append(slice(lo, hi))
+            hbm_range.append((lo, hi))
             vmem_index.append(slice(lo - start, hi - start) if not empty else slice(0, 0))
-    return tuple(hbm_index), tuple(vmem_index), empty
+    return tuple(hbm_index), tuple(vmem_index), empty, tuple(hbm_range)
 
 
 def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> bool:
@@ -426,10 +430,6 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
         return True
     ctx.call.block_out_of_bounds(ctx, op, block_index, bad, _index_map_frames(op))
     return False
-
-
-def _hbm_range(index: tuple) -> IndexRange:
-    return tuple((i, i + 1) if isinstance(i, int) else (i.start, i.stop) for i in index)
 
 
 def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:

@@ -280,11 +280,11 @@ class CallState(CallBuffers):
                 take(event)
 
     # Pipeline block copies (transitional: they are to report as DMAs, engine/call/pipeline.py).
-    def on_copy_start(self, ctx: "CoreContext", name: str, track: str) -> None:
+    def on_copy_start(self, ctx: "CoreContext", name: str, operand: str, buffer: int) -> None:
         """A BlockSpec pipeline copy began: an actor of its own, forked by the core, as a
-        DMA is (`track`: the VMEM buffer it fills or drains, for the timeline)."""
+        DMA is (`operand`'s VMEM buffer `buffer` it fills or drains, for the timeline)."""
         if self.feeds.copy_started:
-            event = CopyStarted(ctx.actor, ctx.device_id, ctx.core_id, name, track)
+            event = CopyStarted(ctx.actor, ctx.device_id, ctx.core_id, name, operand, buffer)
             for take in self.feeds.copy_started:
                 take(event)
 

@@ -38,7 +38,8 @@ class Region:
     index arrays with validity masks, so reads give the fill value there and writes drop.
     """
 
-    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "zero_stride", "_map")
+    __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "zero_stride", "_map",
+                 "_boxes")
 
     def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds]):
         self.buffer = buffer
@@ -64,6 +65,7 @@ class Region:
         self.index = tuple(index) if not oob and not zero_stride else None
         self.out_shape = tuple(out_shape)
         self._map: ElementMap | None = None
+        self._boxes: tuple[IndexRange, ...] | None = None
 
     @classmethod
     def in_bounds(cls, buffer: Buffer, dims: list, index: tuple,
@@ -79,6 +81,7 @@ class Region:
         region.index = index
         region.out_shape = out_shape
         region._map = None
+        region._boxes = None
         return region
 
     # -- description -------------------------------------------------------------------
@@ -109,10 +112,14 @@ class Region:
         """Disjoint index ranges of the buffer that together hold exactly the elements the
         access touches: just `index_range()` without post transforms; through a reshape
         or bitcast view, as few boxes as cover its elements and nothing else (so that
-        accesses to disjoint parts of a view never overlap)."""
-        if not self.post:
-            return (self.index_range(),)
-        return self.element_map().boxes()
+        accesses to disjoint parts of a view never overlap). Made once per region: a
+        region is kept for the same equation and index values (access_cache.py), and the
+        race checker asks at every access."""
+        boxes = self._boxes
+        if boxes is None:
+            boxes = self._boxes = ((self.index_range(),) if not self.post
+                                   else self.element_map().boxes())
+        return boxes
 
     def selected_range(self, selected: np.ndarray) -> IndexRange:
         """Per base dimension [start, stop) of the elements `selected` (a boolean array in
