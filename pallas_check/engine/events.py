@@ -11,14 +11,19 @@ No listener, no call: a listener takes an event kind by overriding its `on_...` 
 event only where that tuple is not empty (the per-access race feed costs nothing with
 races off). Events are NamedTuples: immutable, typed, and cheap to build on a hot path.
 
-A new event kind: a NamedTuple here (one of what checkers decide: in engine/verdicts.py,
-imported here), an `on_...` method on `Listener`, and the engine moment that builds it.
+One registry of event kinds (`CLASS_OF`, `KIND_OF`): the core events below are declared
+by `Listener`'s `on_...` methods; any other is declared where the engine builds it. A new
+event kind is then one engine module: a NamedTuple there under `@event_kind` (its kind
+from its name, `DmaMisaligned` -> `dma_misaligned`), built where `call.feeds.takes(...)`
+says a listener wants it, handed over with `CallState.tell(event)`; the listener that
+wants it defines `on_dma_misaligned`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Protocol
+import re
+from typing import Callable, NamedTuple, Protocol, TypeVar, overload
 
 from pallas_check.engine.verdicts import (  # the events of what checkers decide
     Frames, GridPoint,
@@ -246,7 +251,8 @@ class KernelPrint(NamedTuple):
 
 
 class Listener:
-    """Takes the events it overrides a method for; the others are never called for it."""
+    """Takes the events it overrides a method for (or defines `on_<kind>` for, a kind
+    registered by an engine module); the others are never called for it."""
 
     def on_access(self, event: Access) -> None: ...
     def on_actors_declared(self, event: ActorsDeclared) -> None: ...
@@ -279,24 +285,78 @@ class Listener:
     def on_call_skipped(self, event: CallSkipped) -> None: ...
 
 
-EVENT_KINDS: tuple[str, ...] = tuple(name[3:] for name in vars(Listener)
-                                     if name.startswith("on_"))
-# Each event class -> its kind (from `Listener`'s annotations: one `on_...` per class).
-KIND_OF: dict[type, str] = {globals()[getattr(Listener, "on_" + kind).__annotations__["event"]]:
-                            kind for kind in EVENT_KINDS}
 Event = (Access | ActorsDeclared | KernelEntered | DmaStarted | DmaMoved | Signalled | Waited
          | GridStep | CoreDone | CopyStarted | CopyMoved | CopyWaited | AtBarrier
          | ParallelLoop | LoopIteration | Found | OutOfBounds | BlockOutOfBounds
          | DeviceOutOfBounds | CheckFailed | Deadlocked | SignalNotRemote | CallEnded
          | DmaNotWaited | OutputUnwritten | FillsCompared | DmaAddressCompared | RevisitLost
-         | CallSkipped)
+         | CallSkipped)  # the core events (those `Listener` declares)
+
+# -- the registry of event kinds ---------------------------------------------------------
+# One registry: each kind and its event class, both ways, in registration order (the core
+# events of `Listener` first, at the end of this module; then each engine module's, as it
+# is imported). Filled only by `event_kind`.
+CLASS_OF: dict[str, type] = {}
+KIND_OF: dict[type, str] = {}
+EVENT_KINDS = CLASS_OF.keys()  # every kind registered so far (a live view)
+
+_EventClass = TypeVar("_EventClass", bound=type)
+
+
+@overload
+def event_kind(cls: _EventClass, /) -> _EventClass: ...
+@overload
+def event_kind(*, kind: str) -> Callable[[_EventClass], _EventClass]: ...
+
+
+def event_kind(cls: _EventClass | None = None, /, *,
+               kind: str | None = None) -> _EventClass | Callable[[_EventClass], _EventClass]:
+    """Registers an event class (a NamedTuple) declared where the engine builds it:
+    `@event_kind` (its kind is its name in snake case, `DmaMisaligned` ->
+    `dma_misaligned`) or `@event_kind(kind="...")`. A listener takes it by defining
+    `on_<kind>`. Refuses, at import, a kind or a class already registered: two events of
+    one kind would feed each other's listeners."""
+    if cls is None:
+        return lambda declared: _register(declared, kind)
+    return _register(cls, kind)
+
+
+def snake_case(name: str) -> str:
+    """`DmaMisaligned` -> `dma_misaligned`, `DMAMisaligned` -> `dma_misaligned`."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+
+
+def _register(cls: _EventClass, kind: str | None) -> _EventClass:
+    kind = kind if kind is not None else snake_case(cls.__name__)
+    if not issubclass(cls, tuple):
+        raise TypeError(f"event {cls.__qualname__}: events are NamedTuples (plain data)")
+    if not kind.isidentifier():
+        raise ValueError(f"event {cls.__qualname__}: kind {kind!r} is no identifier")
+    if kind in CLASS_OF:
+        raise ValueError(f"event {cls.__module__}.{cls.__qualname__}: kind {kind!r} is "
+                         f"already {CLASS_OF[kind].__module__}.{CLASS_OF[kind].__qualname__}'s")
+    if cls in KIND_OF:
+        raise ValueError(f"event {cls.__qualname__}: already registered as {KIND_OF[cls]!r}")
+    if kind == "listeners" or hasattr(Feeds, kind):
+        raise ValueError(f"event {cls.__qualname__}: kind {kind!r} is a name `Feeds` uses")
+    CLASS_OF[kind] = cls
+    KIND_OF[cls] = kind
+    kinds_taken.cache_clear()  # a listener class seen before may take the new kind
+    return cls
+
+
+def _takes(listener: type[Listener], kind: str) -> bool:
+    """Whether a listener class takes `kind`: it overrides `Listener`'s `on_<kind>`, or
+    defines one for a kind `Listener` does not declare."""
+    method = "on_" + kind
+    return getattr(listener, method, None) is not getattr(Listener, method, None)
 
 
 @functools.cache
 def kinds_taken(listener: type[Listener]) -> tuple[str, ...]:
-    """The event kinds a listener class takes: those whose `on_...` method it overrides."""
-    return tuple(kind for kind in EVENT_KINDS
-                 if getattr(listener, "on_" + kind) is not getattr(Listener, "on_" + kind))
+    """The event kinds a listener class takes (registering a kind clears this cache)."""
+    return tuple(kind for kind in EVENT_KINDS if _takes(listener, kind))
 
 
 class Feeds:
@@ -310,6 +370,23 @@ class Feeds:
         for listener in listeners:
             for kind in kinds_taken(type(listener)):
                 setattr(self, kind, getattr(self, kind) + (getattr(listener, "on_" + kind),))
+
+    def __getattr__(self, kind: str) -> tuple[Callable[..., None], ...]:
+        """A kind registered after these feeds were made (its engine module imported
+        during the call): its takers, found once and kept. Python calls this only for an
+        attribute not set, so the kinds set above cost nothing more."""
+        if kind not in CLASS_OF:
+            raise AttributeError(f"{type(self).__name__!r} has no event kind {kind!r}")
+        takers = tuple(getattr(listener, "on_" + kind) for listener in self.listeners
+                       if _takes(type(listener), kind))
+        setattr(self, kind, takers)
+        return takers
+
+    def takes(self, event: type) -> bool:
+        """Whether some listener takes this event class: an engine moment asks before it
+        builds an event (`if call.feeds.takes(DmaMisaligned): call.tell(...)`); a hot
+        path reads the kind's tuple, `call.feeds.dma_misaligned`, once."""
+        return bool(getattr(self, KIND_OF[event]))
 
     def without(self, kind: str) -> None:
         """Stop feeding `kind` (after the run, findings no longer mark the timeline)."""
@@ -337,3 +414,8 @@ def default_checking() -> Checking:
         raise RuntimeError("no checkers: import pallas_check.checkers (or pass checkers=)")
     return _default
 
+
+# The core events: each `Listener.on_<kind>` names its class (one `on_...` per class).
+for _kind in [name[3:] for name in vars(Listener) if name.startswith("on_")]:
+    _register(globals()[getattr(Listener, "on_" + _kind).__annotations__["event"]], _kind)
+del _kind
