@@ -362,6 +362,10 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         failure = _outside_equations(state, contexts, exc)
         failure.prints = state.prints  # type: ignore[attr-defined]
         raise failure from exc
+    finally:
+        # Each core's context holds the call: no longer listed by it once every actor is
+        # done, so that the call is freed by reference counting, not a cyclic collection.
+        state.contexts.clear()
     # Semaphores the call returns carry their DMAs in flight to the call that takes them.
     carried = _depart(state, ctx, device_hbm_outputs or [])
     # After a deadlock the kernel never finished: leaks and unwritten outputs would be

@@ -4,6 +4,7 @@ one core running kernel code (`CoreContext`)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -108,8 +109,11 @@ class CallState(CallBuffers):
         # What was written before a reset made it undefined again, for the note of memory
         # never touched (engine/memory/usage.py); the reporting run only.
         self.ever_written: EverWritten | None = EverWritten() if report else None
+        # (the listeners' sink is a weak proxy: a listener held by the call holding the
+        # call would make every call a reference cycle, garbage only the cyclic collector
+        # frees: a collection after each call)
         listeners: tuple[Listener, ...] = checking.listeners(
-            CallFacts(kernel, call_index, config.seed, bool(config.races)), self)
+            CallFacts(kernel, call_index, config.seed, bool(config.races)), weakref.proxy(self))
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
         self.feeds = Feeds(listeners)
