@@ -37,6 +37,9 @@ class InFlight:
                       done: int) -> None:
         self.findings, self.seen = tuple(findings), frozenset(seen)
         self.schedules_done = done
+        # Its findings are in `findings` now; the state is let go with the schedule (held
+        # to the call's end, its objects would be scanned by the collector after it).
+        self.state = None
 
     def findings_so_far(self) -> list[Finding]:
         """The finished schedules' findings, then those of the running one not seen in
