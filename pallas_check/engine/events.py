@@ -343,6 +343,7 @@ def _register(cls: _EventClass, kind: str | None) -> _EventClass:
     CLASS_OF[kind] = cls
     KIND_OF[cls] = kind
     kinds_taken.cache_clear()  # a listener class seen before may take the new kind
+    _feed_plan.cache_clear()
     return cls
 
 
@@ -359,17 +360,29 @@ def kinds_taken(listener: type[Listener]) -> tuple[str, ...]:
     return tuple(kind for kind in EVENT_KINDS if _takes(listener, kind))
 
 
+@functools.cache
+def _feed_plan(listeners: tuple[type[Listener], ...]
+               ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Per kind some of these listener classes take, which of them (by position), in
+    order (registering a kind clears this cache)."""
+    takers: dict[str, list[int]] = {}
+    for i, listener in enumerate(listeners):
+        for kind in kinds_taken(listener):
+            takers.setdefault(kind, []).append(i)
+    return tuple((kind, tuple(who)) for kind, who in takers.items())
+
+
 class Feeds:
     """Per event kind, the bound `on_...` methods of the listeners that take it (an
     attribute per kind, e.g. `feeds.access`), computed once per call."""
 
     def __init__(self, listeners: tuple[Listener, ...]) -> None:
+        # Only the kinds some listener takes are set here (a core kind none takes reads
+        # the class's empty tuple): a call makes its feeds once, and small calls are many.
         self.listeners = listeners
-        for kind in EVENT_KINDS:
-            setattr(self, kind, ())
-        for listener in listeners:
-            for kind in kinds_taken(type(listener)):
-                setattr(self, kind, getattr(self, kind) + (getattr(listener, "on_" + kind),))
+        feeds = self.__dict__
+        for kind, takers in _feed_plan(tuple(type(listener) for listener in listeners)):
+            feeds[kind] = tuple(getattr(listeners[i], "on_" + kind) for i in takers)
 
     def __getattr__(self, kind: str) -> tuple[Callable[..., None], ...]:
         """A kind registered after these feeds were made (its engine module imported
@@ -416,6 +429,10 @@ def default_checking() -> Checking:
 
 
 # The core events: each `Listener.on_<kind>` names its class (one `on_...` per class).
+# Their feeds default to no listener (a kind registered later is found by
+# `Feeds.__getattr__`).
 for _kind in [name[3:] for name in vars(Listener) if name.startswith("on_")]:
     _register(globals()[getattr(Listener, "on_" + _kind).__annotations__["event"]], _kind)
+for _kind in EVENT_KINDS:
+    setattr(Feeds, _kind, ())
 del _kind

@@ -104,8 +104,10 @@ class _Plan:
         self._bad = _out_of_bounds_steps(op, indices)
         # Blocks visited in more than one run of steps (an output's write-back of an
         # earlier visit is overwritten by a later one's: what it wrote may be lost).
-        runs = collections.Counter(self.blocks[i] for i, c in enumerate(self.changed) if c)
-        self.revisited = {b for b, n in runs.items() if n > 1} if op.is_output else set()
+        self.revisited: set[tuple[int, ...]] = set()
+        if op.is_output:
+            runs = collections.Counter(self.blocks[i] for i, c in enumerate(self.changed) if c)
+            self.revisited = {b for b, n in runs.items() if n > 1}
         # pl.Buffered(1, revisit=pl.RevisitMode.ANY): a revisit reads the block back.
         self.restores = op.is_output and _revisit_any(op)
         self.first_run: dict[tuple[int, ...], tuple[int, int]] = {}  # block -> its steps
@@ -142,6 +144,10 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
         return set()
     ndim = len(op.block_sizes)
     block_sizes = np.array(op.block_sizes)
+    if not op.bounded and not any(op.element):  # plain blocks: a start outside the array
+        starts = indices[:, :ndim] * block_sizes
+        bad = (starts < 0) | (starts >= np.array(op.hbm.shape))
+        return set(np.nonzero(bad.any(axis=1))[0].tolist())
     sizes = np.broadcast_to(block_sizes, (len(indices), ndim))
     if op.bounded:  # a BoundedSlice dim's size is its slice's, at most the block's
         sizes = sizes.copy()
