@@ -171,8 +171,10 @@ class CoreDone(NamedTuple):
 
 class CopyStarted(NamedTuple):
     """A BlockSpec pipeline copy began (an actor forked by the core; `operand`, `buffer`:
-    the VMEM buffer it fills or drains). Transitional: pipeline copies are to report as
-    DMAs."""
+    the VMEM buffer it fills or drains). A copy is a transfer the DMA mode drives as it
+    drives the kernel's DMAs (engine/dma/policy.py), with events of its own: it has no
+    semaphore a kernel could name and no DMA number, the core waits for it alone (a join,
+    not a semaphore acquire), and the timeline draws it on its VMEM buffer's track."""
 
     actor: str
     device: int

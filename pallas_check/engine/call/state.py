@@ -283,7 +283,7 @@ class CallState(CallBuffers):
             for take in self.feeds.core_done:
                 take(event)
 
-    # Pipeline block copies (transitional: they are to report as DMAs, engine/call/pipeline.py).
+    # Pipeline block copies (engine/call/pipeline.py; why events of their own: CopyStarted).
     def on_copy_start(self, ctx: "CoreContext", name: str, operand: str, buffer: int) -> None:
         """A BlockSpec pipeline copy began: an actor of its own, forked by the core, as a
         DMA is (`operand`'s VMEM buffer `buffer` it fills or drains, for the timeline)."""
