@@ -109,9 +109,7 @@ class CallState(CallBuffers):
         # What was written before a reset made it undefined again, for the note of memory
         # never touched (engine/memory/usage.py); the reporting run only.
         self.ever_written: EverWritten | None = EverWritten() if report else None
-        # (the listeners' sink is a weak proxy: a listener held by the call holding the
-        # call would make every call a reference cycle, garbage only the cyclic collector
-        # frees: a collection after each call)
+        # (their sink, a weak proxy: held, the call would be a reference cycle to collect)
         listeners: tuple[Listener, ...] = checking.listeners(
             CallFacts(kernel, call_index, config.seed, bool(config.races)), weakref.proxy(self))
         if self.timeline is not None:  # first: it sees each moment before its findings
