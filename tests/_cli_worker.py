@@ -31,6 +31,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -150,6 +151,7 @@ class _Worker:
 
 
 _WORKERS: dict[int, _Worker] = {}
+_LOCK = threading.Lock()  # one request at a time per pipe (a test may run from threads)
 
 
 def run_cli(argv: list[str], cwd: str | Path | None = None,
@@ -157,13 +159,19 @@ def run_cli(argv: list[str], cwd: str | Path | None = None,
     """`pallas-check *argv` in a worker with the argv's device count; cwd as given (else
     this process's), `env` set for the run only. Fails the test if it takes over
     `timeout` seconds or the worker dies (the worker is then replaced)."""
+    with _LOCK:
+        return _run_locked([str(a) for a in argv], cwd, env, timeout)
+
+
+def _run_locked(argv: list[str], cwd: str | Path | None, env: dict[str, str] | None,
+                timeout: float) -> CliRun:
     devices = device_count(argv)
     worker = _WORKERS.get(devices)
     if worker is None or not worker.alive():
         if worker is not None:
             worker.close()
         worker = _WORKERS[devices] = _Worker(devices)
-    payload = {"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()),
+    payload = {"argv": argv, "cwd": str(cwd or os.getcwd()),
                "env": env or {}}
     try:
         answer = worker.request(payload, timeout)
@@ -172,7 +180,7 @@ def run_cli(argv: list[str], cwd: str | Path | None = None,
         worker.close()
         del _WORKERS[devices]
         raise
-    return CliRun(list(argv), answer["returncode"], answer["stdout"], answer["stderr"])
+    return CliRun(argv, answer["returncode"], answer["stdout"], answer["stderr"])
 
 
 @atexit.register
