@@ -12,7 +12,9 @@ The device count is why there are several workers: `--devices N` works by puttin
 once with N devices; later runs with the same `--devices N` pass the CLI's check that the
 running JAX has N devices.
 
-Protocol: one JSON line per request on the worker's stdin ({"argv", "cwd", "env"}), one
+Protocol: one JSON line per request on the worker's stdin ({"argv", "cwd", "env"}: the
+whole environment the run sees, as `subprocess.run(env=...)` takes it, or this process's
+at the time of the request, as a subprocess inherits it), one
 JSON line back ({"returncode", "stdout", "stderr"}) on a private copy of the worker's
 original stdout (fd 1 itself is pointed at stderr, so stray prints can't corrupt it). A
 request that takes longer than its timeout, or a worker that dies, fails the test with a
@@ -157,7 +159,8 @@ _LOCK = threading.Lock()  # one request at a time per pipe (a test may run from 
 def run_cli(argv: list[str], cwd: str | Path | None = None,
             env: dict[str, str] | None = None, timeout: float = 300) -> CliRun:
     """`pallas-check *argv` in a worker with the argv's device count; cwd as given (else
-    this process's), `env` set for the run only. Fails the test if it takes over
+    this process's), the environment `env` (else this process's) for the run only, but
+    XLA_FLAGS stays the worker's (its JAX has started with it). Fails the test if it takes over
     `timeout` seconds or the worker dies (the worker is then replaced)."""
     with _LOCK:
         return _run_locked([str(a) for a in argv], cwd, env, timeout)
@@ -172,7 +175,7 @@ def _run_locked(argv: list[str], cwd: str | Path | None, env: dict[str, str] | N
             worker.close()
         worker = _WORKERS[devices] = _Worker(devices)
     payload = {"argv": argv, "cwd": str(cwd or os.getcwd()),
-               "env": env or {}}
+               "env": dict(os.environ if env is None else env)}
     try:
         answer = worker.request(payload, timeout)
     except BaseException:
@@ -200,7 +203,9 @@ def _serve_one(request: dict[str, Any]) -> dict[str, Any]:
     from pallas_check.cli import app
 
     saved_cwd, saved_env = os.getcwd(), dict(os.environ)
+    os.environ.clear()
     os.environ.update(request["env"])
+    os.environ["XLA_FLAGS"] = saved_env.get("XLA_FLAGS", "")
     try:
         os.chdir(request["cwd"])
         result = CliRunner().invoke(app, request["argv"], catch_exceptions=True)
