@@ -12,13 +12,12 @@ import importlib.resources
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from _cli_worker import run_cli
 from pallas_check.exitcodes import ExitCode
 from pallas_check.findings import Access, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import RunReport
@@ -116,13 +115,14 @@ def expected_line(sample: Path) -> int:
 
 
 def run_sarif(out: Path, sample: str, *args: str, cwd: Path = ROOT) -> tuple[int, dict]:
-    """`pallas-check run SAMPLE --format sarif -o OUT` in a subprocess, from `cwd`."""
+    """`pallas-check run SAMPLE --format sarif -o OUT` in a worker process (tests/
+    _cli_worker.py), from `cwd`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PALLAS_CHECK_")}
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pallas_check", "run", sample, "--format", "sarif",
+        proc = run_cli(
+            ["run", sample, "--format", "sarif",
              "--output", str(out), *args],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+            cwd=cwd, env=env, timeout=120)
         assert out.exists(), proc.stderr
         return proc.returncode, json.loads(out.read_text())
     finally:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from _cli_worker import run_cli
 from scenarios.test_samples import BUGS, OKS, expectations, run_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,10 +45,10 @@ CASES = _concurrency_samples()
 
 def _run(path: Path, args: str, tmp_path: Path) -> tuple[int, dict, dict, str]:
     trace, report = tmp_path / "run.trace.json", tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pallas_check", "run", *args.split(), "--trace", str(trace),
+    proc = run_cli(
+        ["run", *args.split(), "--trace", str(trace),
          "--format", "json", "--output", str(report), str(path)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+        timeout=300, cwd=ROOT)
     assert trace.exists(), proc.stderr
     return (proc.returncode, json.loads(trace.read_text()), json.loads(report.read_text()),
             proc.stderr)

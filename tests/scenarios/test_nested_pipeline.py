@@ -5,11 +5,11 @@ backward of the same kernel) runs clean under pallas-check with the values of ja
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _cli_worker import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "nested_pipeline_ok.py"
@@ -17,10 +17,10 @@ SAMPLE = ROOT / "samples" / "nested_pipeline_ok.py"
 
 @pytest.mark.parametrize("dma", ["on_wait", "eager"])
 def test_forward_and_gradient_are_clean_and_right(dma):
-    result = subprocess.run(
-        [sys.executable, "-m", "pallas_check", "run", "--races", "--dma", dma,
+    result = run_cli(
+        ["run", "--races", "--dma", dma,
          "--format", "json", str(SAMPLE)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600)
+        cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["findings"] == []

@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from _cli_worker import CliRun, run_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 MODES = (["--dma", "on_wait"], ["--dma", "eager"],
          ["--dma", "random", "--schedules", "50", "--keep-going"])
 
 
-def check(sample: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pallas_check", "run", *args, "--races",
-                           "--format", "json", str(SAMPLES / sample)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+def check(sample: str, *args: str) -> CliRun:
+    return run_cli(["run", *args, "--races",
+                    "--format", "json", str(SAMPLES / sample)],
+                   cwd=ROOT, timeout=600)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: " ".join(m))
@@ -45,8 +47,7 @@ def test_a_device_id_naming_no_axis_is_a_one_line_error(tmp_path):
     script = tmp_path / "bad_axis.py"
     script.write_text((SAMPLES / "core_swap_ok.py").read_text().replace(
         'device_id={"core": other}', 'device_id={"cores": other}'))
-    result = subprocess.run([sys.executable, "-m", "pallas_check", "run", str(script)],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = run_cli(["run", str(script)], cwd=tmp_path, timeout=300)
     assert result.returncode == 4
     assert result.stderr.strip().splitlines()[-1].startswith(
         "pallas-check: error: swap_kernel: device id names the axis 'cores', which is not an"
@@ -62,8 +63,7 @@ def test_a_stride_0_store_is_refused_as_on_tpu(tmp_path):
         "    o_ref[pl.ds(0, 8, stride=0), :] = x_ref[...]\n"
         "pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(\n"
         "    jnp.zeros((8, 128)))\n")
-    result = subprocess.run([sys.executable, "-m", "pallas_check", "run", str(script)],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = run_cli(["run", str(script)], cwd=tmp_path, timeout=300)
     assert result.returncode == 4
     assert "with a stride of 0" in result.stderr and "store.py:4 in k" in result.stderr
 

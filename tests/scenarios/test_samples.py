@@ -66,19 +66,20 @@ def _run(cli, path: Path, args: str = ""):
 
 
 def _run_subprocess(path: Path, args: str):
-    """Several CPU devices need a fresh process: XLA_FLAGS is read when JAX starts."""
+    """Several CPU devices need another process: XLA_FLAGS is read when JAX starts (a
+    worker kept per device count, tests/_cli_worker.py)."""
     import json
-    import subprocess
-    import sys
     import tempfile
     from types import SimpleNamespace
 
+    from _cli_worker import run_cli
+
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "report.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "pallas_check", "run", "--format", "json", "--output",
+        proc = run_cli(
+            ["run", "--format", "json", "--output",
              str(report_path), *args.split(), str(path)],
-            capture_output=True, text=True, timeout=600)
+            timeout=600)
         report = json.loads(report_path.read_text()) if report_path.exists() else None
     return SimpleNamespace(exit_code=proc.returncode, report=report,
                            output=proc.stdout + proc.stderr,

@@ -5,11 +5,11 @@ its outputs and prints "OK <name>"; see tests/shipped_kernels/)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _cli_worker import CliRun, run_cli
 
 CASES = Path(__file__).parent.parent / "shipped_kernels"
 
@@ -39,12 +39,12 @@ def test_shipped_kernel_is_clean_and_correct(cli, case, options):
     assert result.report["calls"], "no pallas_call was intercepted"
 
 
-def _run_all_gather(tmp_path, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _run_all_gather(tmp_path, *options: str) -> tuple[CliRun, dict]:
     report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pallas_check", "run", "--devices", "4", "--races", *options,
+    proc = run_cli(
+        ["run", "--devices", "4", "--races", *options,
          "--format", "json", "--output", str(report), str(CASES / "case_all_gather.py")],
-        capture_output=True, text=True, timeout=600)
+        timeout=600)
     return proc, json.loads(report.read_text())
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -22,6 +20,8 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from _cli_worker import run_cli
 
 from pallas_check.config import Config, DmaMode
 from pallas_check.findings import FindingKind
@@ -334,12 +334,13 @@ REMOTE = Path(__file__).resolve().parents[2] / "scripts" / "remote_cross_call.py
 
 
 def _run_two_devices(tmp_path, variant: str, mode: DmaMode) -> tuple[int, str, list]:
-    """The CLI in a process of its own (XLA_FLAGS for 2 CPU devices is read at start)."""
+    """The CLI in a worker process of its own (XLA_FLAGS for 2 CPU devices is read at
+    start; tests/_cli_worker.py)."""
     report = tmp_path / f"{variant}-{mode.value}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pallas_check", "run", "--devices", "2", "--races", "--dma",
+    proc = run_cli(
+        ["run", "--devices", "2", "--races", "--dma",
          mode.value, "--format", "json", "--output", str(report), str(REMOTE), variant],
-        capture_output=True, text=True, timeout=600)
+        timeout=600)
     findings = json.loads(report.read_text())["findings"] if report.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, findings
 

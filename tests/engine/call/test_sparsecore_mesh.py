@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli_worker import run_cli
 from pallas_check.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,9 +28,9 @@ KIB = 1024
 
 def _run(tmp_path: Path, *args: str, command: str = "run") -> tuple[int, str, dict | None]:
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pallas_check", command, "--format", "json", "--output",
-         str(report), *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = run_cli(
+        [command, "--format", "json", "--output",
+         str(report), *args], timeout=600, cwd=ROOT)
     data = json.loads(report.read_text()) if report.exists() else None
     return proc.returncode, proc.stdout + proc.stderr, data
 
