@@ -144,22 +144,20 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
         return set()
     ndim = len(op.block_sizes)
     block_sizes = np.array(op.block_sizes)
-    if not op.bounded and not any(op.element):  # plain blocks: a start outside the array
-        starts = indices[:, :ndim] * block_sizes
-        bad = (starts < 0) | (starts >= np.array(op.hbm.shape))
-        return set(np.nonzero(bad.any(axis=1))[0].tolist())
-    sizes = np.broadcast_to(block_sizes, (len(indices), ndim))
-    if op.bounded:  # a BoundedSlice dim's size is its slice's, at most the block's
-        sizes = sizes.copy()
-        sizes[:, np.array(op.bounded)] = indices[:, ndim:]
-    indices = indices[:, :ndim]
-    element = np.array(op.element)
-    low, high = np.array(op.element_bounds()).T  # an Element block may reach its padding
-    starts = np.where(element, indices + low, indices * block_sizes)  # Element: array coords
-    extent = np.array(op.hbm.shape)
-    blocked_bad = (starts < 0) | (starts >= extent)
-    element_bad = (starts < low) | (starts + sizes > high) | (sizes < 0) | (sizes > block_sizes)
-    bad = np.where(element, element_bad, blocked_bad)
+    blocks = indices[:, :ndim]
+    starts = blocks * block_sizes
+    bad = (starts < 0) | (starts >= np.array(op.hbm.shape))  # a block starting outside
+    element = np.array(op.element, bool)
+    if element.any():  # an Element dim: its window, in array coordinates, may reach padding
+        sizes = np.broadcast_to(block_sizes, (len(indices), ndim))
+        if op.bounded:  # a BoundedSlice dim's size is its slice's, at most the block's
+            sizes = sizes.copy()
+            sizes[:, np.array(op.bounded)] = indices[:, ndim:]
+        low, high = np.array(op.element_bounds()).T
+        element_starts = blocks + low
+        element_bad = ((element_starts < low) | (element_starts + sizes > high)
+                       | (sizes < 0) | (sizes > block_sizes))
+        bad = np.where(element, element_bad, bad)
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
