@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick         # smoke run: small sizes, one repeat
     python benchmarks/run.py --only add,dma  # kernel families or exact keys (add-1024)
     python benchmarks/run.py --json out.json # also write every number
+    python benchmarks/run.py --against 0b00ffe   # this tree and a commit, side by side
 
 Not part of the test suite. See benchmarks/README.md for what is measured and how.
 
@@ -687,6 +688,28 @@ def targets(results: dict) -> list[dict]:
 # Main.
 
 
+def compare_against(args: argparse.Namespace) -> int:
+    """`--against REV`: this tree and REV measured side by side (benchmarks/against.py)."""
+    import against
+
+    if args.quick:
+        raise SystemExit("--against measures the full sizes: leave --quick out")
+    modes = tuple(m.strip() for m in (args.modes or f"{PC_OFF},{PC_ON}").split(","))
+    bad = set(modes) - set(MODES)
+    if bad:
+        raise SystemExit(f"--modes: unknown {', '.join(sorted(bad))}")
+    if args.rounds < 1:
+        raise SystemExit("--rounds: at least 1")
+    benches = select(all_benches(False), args.only)
+    configs = [(b.key, m) for b in benches for m in modes if m in b.modes]
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    try:
+        return against.run_against(args.against, configs, args.rounds, args.repeats or 5,
+                                   args.limit, args.json, say)
+    except against.AgainstError as exc:
+        raise SystemExit(f"--against: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", help="comma-separated kernel families (add, dma, flash, nested, paged,"
@@ -704,11 +727,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the fresh-process pass (no peak memory, no time caps)")
     ap.add_argument("--json", metavar="FILE", help="write all numbers to FILE")
+    ap.add_argument("--against", metavar="REV",
+                    help="measure this tree and git revision REV side by side in the same"
+                         " run, paired, several rounds (benchmarks/against.py); modes"
+                         " default to pc-off,pc-on")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --against: paired rounds per kernel family (default 3)")
+    ap.add_argument("--limit", type=float, default=1.10,
+                    help="with --against: a row slower than this ratio is marked and the"
+                         " exit code is 1 (default 1.10)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child_main(args.child[0], args.child[1], args.quick)
         return 0
+    if args.against:
+        return compare_against(args)
 
     repeats = args.repeats or (1 if args.quick else 5)
     cap = args.cap or (60.0 if args.quick else 120.0)
