@@ -198,7 +198,8 @@ def _pair(children: list[Child], key: str, mode: str, cpus: tuple[int, int] | No
 def measure(base: Side, this: Side, configs: Sequence[tuple[str, str]], rounds: int,
             repeats: int, say) -> None:
     """Fresh processes each round; in a round, every configuration `repeats` times, the
-    sides paired sample by sample and the CPUs (or the order) swapped every sample."""
+    sides paired sample by sample and, for each configuration, the CPUs (or the order)
+    swapped from one pair to the next."""
     cpus = two_cpus()
     with tempfile.TemporaryDirectory(prefix="pallas-check-against-") as tmp:
         for r in range(rounds):
@@ -207,11 +208,14 @@ def measure(base: Side, this: Side, configs: Sequence[tuple[str, str]], rounds: 
             try:
                 for side in (base, this):
                     children.append(Child(side, Path(tmp) / f"{r}-{len(children)}.log"))
-                n = 0
-                for _ in range(repeats):
+                for repeat in range(repeats):
+                    # Each configuration's pairs alternate CPUs (or order) from one pair to
+                    # the next, so neither side keeps a CPU for a row (counting pairs over
+                    # all configurations would pin a row to one CPU whenever their number
+                    # is even).
+                    pair = r * repeats + repeat
+                    lineup = children if pair % 2 == 0 else children[::-1]
                     for key, mode in configs:
-                        lineup = children if n % 2 == 0 else children[::-1]
-                        n += 1
                         for child, got in zip(lineup, _pair(lineup, key, mode, cpus)):
                             child.side.record(key, mode, got)
             finally:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import against  # noqa: E402
 
 FAKE_RUN = '''
-import types, time
+import os, types, time
 # Kernels.
 KERNELS = "{kernels}"
 def select(benches, only):
@@ -28,6 +28,7 @@ def all_benches(quick):
 def one_sample(bench, mode, on_warm=None):
     on_warm(0.5)
     seconds = {seconds} * (10 if bench.key == "big" else 1)
+    seconds += {per_cpu} * sorted(os.sched_getaffinity(0))[0]  # which CPU timed it
     out = {{"seconds": seconds, "warmup_seconds": 0.5, "note": "not a number"}}
     if mode == "pc-on":
         out["accesses_checked"] = 40
@@ -36,10 +37,11 @@ def one_sample(bench, mode, on_warm=None):
 '''
 
 
-def fake_tree(where: Path, seconds: float, kernels: str = "same") -> Path:
+def fake_tree(where: Path, seconds: float, kernels: str = "same", per_cpu: float = 0.0
+              ) -> Path:
     (where / "benchmarks").mkdir(parents=True)
-    (where / "benchmarks" / "run.py").write_text(FAKE_RUN.format(seconds=seconds,
-                                                                 kernels=kernels))
+    (where / "benchmarks" / "run.py").write_text(FAKE_RUN.format(
+        seconds=seconds, kernels=kernels, per_cpu=per_cpu))
     return where
 
 
@@ -94,6 +96,22 @@ def test_both_sides_are_paired_sample_by_sample_and_the_ratio_decides(tmp_path, 
     assert "2 row(s) more than 10 % slower" in out
     # The race-cost row: this side's median over the accesses it checked.
     assert "3000.0 µs" in out  # 0.12 s / 40 accesses
+
+
+@pytest.mark.skipif(against.two_cpus() is None, reason="needs two CPUs to pin the sides to")
+def test_each_configuration_swaps_cpus_from_one_pair_to_the_next(tmp_path):
+    """With an even number of configurations, counting pairs over all of them once left
+    every row on the same CPU for a side in every pair; a slow CPU then read as a slow
+    commit. The fake's time says which CPU timed it (+1 s on the second CPU)."""
+    first, second = against.two_cpus()
+    base = against.Side("base", fake_tree(tmp_path / "base", 0.0, per_cpu=1.0))
+    this = against.Side("this", fake_tree(tmp_path / "this", 0.0, per_cpu=1.0))
+    configs = [("small", "pc-off"), ("small", "pc-on")]
+    against.measure(base, this, configs, rounds=2, repeats=3, say=lambda _: None)
+    for side, starts_on in ((base, first), (this, second)):
+        for key, mode in configs:
+            cpus = side.samples[key][mode]
+            assert cpus == [starts_on, first + second - starts_on] * 3, (side.label, mode)
 
 
 def test_sides_with_different_kernels_are_not_compared(tmp_path):
