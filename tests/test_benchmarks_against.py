@@ -98,6 +98,19 @@ def test_both_sides_are_paired_sample_by_sample_and_the_ratio_decides(tmp_path, 
     assert "3000.0 µs" in out  # 0.12 s / 40 accesses
 
 
+def test_the_fastest_samples_decide_a_row(capsys):
+    """The host's noise only adds time: a row whose fastest call is 20 % slower is slower,
+    even where most pairs tie."""
+    row = against.Row("k", "pc-off", base=[0.010, 0.020, 0.030], this=[0.012, 0.020, 0.030])
+    assert row.ratio == pytest.approx(1.2)
+    assert row.pair_quartiles()[1] == pytest.approx(1.0)
+    side = against.Side("s", Path("."))
+    assert against.report([row], side, side, limit=1.10, rounds=1, repeats=3,
+                          paired=True) == 1
+    out = capsys.readouterr().out
+    assert "1.20×" in out and "SLOWER than 1.10×" in out
+
+
 @pytest.mark.skipif(against.two_cpus() is None, reason="needs two CPUs to pin the sides to")
 def test_each_configuration_swaps_cpus_from_one_pair_to_the_next(tmp_path):
     """With an even number of configurations, counting pairs over all of them once left
