@@ -688,16 +688,22 @@ def targets(results: dict) -> list[dict]:
 # Main.
 
 
+def parse_modes(given: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """--modes as a tuple of known configurations (the default when not given)."""
+    modes = default if not given else tuple(m.strip() for m in given.split(","))
+    bad = set(modes) - set(MODES)
+    if bad:
+        raise SystemExit(f"--modes: unknown {', '.join(sorted(bad))}")
+    return modes
+
+
 def compare_against(args: argparse.Namespace) -> int:
     """`--against REV`: this tree and REV measured side by side (benchmarks/against.py)."""
     import against
 
     if args.quick:
         raise SystemExit("--against measures the full sizes: leave --quick out")
-    modes = tuple(m.strip() for m in (args.modes or f"{PC_OFF},{PC_ON}").split(","))
-    bad = set(modes) - set(MODES)
-    if bad:
-        raise SystemExit(f"--modes: unknown {', '.join(sorted(bad))}")
+    modes = parse_modes(args.modes, default=(PC_OFF, PC_ON))
     if args.rounds < 1:
         raise SystemExit("--rounds: at least 1")
     benches = select(all_benches(False), args.only)
@@ -747,10 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 5)
     cap = args.cap or (60.0 if args.quick else 120.0)
     benches = select(all_benches(args.quick), args.only)
-    modes = MODES if not args.modes else tuple(m.strip() for m in args.modes.split(","))
-    bad = set(modes) - set(MODES)
-    if bad:
-        raise SystemExit(f"--modes: unknown {', '.join(sorted(bad))}")
+    modes = parse_modes(args.modes, default=MODES)
     configs = [(b, m) for b in benches for m in MODES if m in b.modes and m in modes]
     require_public_api()
     info = machine()
