@@ -1,4 +1,4 @@
-"""Exit codes of the `pallas-check` command, named once here and documented in README."""
+"""Exit codes of the `pallas-check` command, named once here (documented in docs/output.md)."""
 
 from collections.abc import Iterable
 from enum import IntEnum

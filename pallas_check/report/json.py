@@ -1,4 +1,4 @@
-"""JSON report with a versioned schema (documented in README.md, "JSON report")."""
+"""JSON report with a versioned schema (documented in docs/output.md, "JSON report")."""
 
 from __future__ import annotations
 
