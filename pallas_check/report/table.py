@@ -27,6 +27,7 @@ from pallas_check.report.console import Display
 from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
                                        suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
+from pallas_check.units import findings_in_calls, plural
 
 LOCATION = "cyan"
 KIND = "bold red"
@@ -295,10 +296,8 @@ def summary_line(report: RunReport) -> str:
     did not finish."""
     calls = sum(1 for c in report.calls if not getattr(c, "failed", False))
     if report.internal_error:
-        summary = (f"stopped by an error of pallas-check after {calls}"
-                   f" pallas_call{'s' if calls != 1 else ''};"
-                   f" {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
-                   " until then")
+        summary = (f"stopped by an error of pallas-check after {plural(calls, 'pallas_call')};"
+                   f" {plural(len(report.findings), 'finding')} until then")
     elif calls == 0 and report.partial:
         summary = "no pallas_call was checked before the run stopped"
     elif calls == 0 and report.passed_through:
@@ -308,8 +307,7 @@ def summary_line(report: RunReport) -> str:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
     else:
-        summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
-                   f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+        summary = findings_in_calls(len(report.findings), calls)
     if report.passed_through and calls:
         summary += f"; {passed_through_text(report)}"
     if report.suppressed:
