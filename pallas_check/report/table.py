@@ -5,7 +5,8 @@ No cell is ever squeezed below its content: file:line, a buffer's range, a grid 
 the headers are never folded, and a message is wrapped only between words. The width a
 table needs is measured (rich's `Measurement` of each column's narrowest content); when it
 does not fit, each finding is a block whose headline is `path:line: kind: message`, then
-its kernel, source line, caller, the accesses involved and a `note: replay:` line.
+its kernel, source line, caller, the accesses involved, a `note: replay:` line and, where
+the fix is known, a `help:` line.
 """
 
 from __future__ import annotations
@@ -232,6 +233,9 @@ def _print_details(console: Console, shown: _Shown, f: Finding) -> None:
                             report.script_args)
     print_wrapped(console, Text.styled("note: ", "bold") + Text("replay: " + replay),
                   indent=INDENT)
+    if f.help:  # how to fix this one defect, where its checker knows (rustc's `help:`)
+        print_wrapped(console, Text.styled("help: ", "bold cyan")
+                      + Text(shown.text(" ".join(f.help.split()))), indent=INDENT)
     if report.trace and f.kind.info.on_timeline:
         print_wrapped(console, Text.styled("note: ", "bold")
                       + Text(f"timeline: open {report.trace} in ui.perfetto.dev"),
