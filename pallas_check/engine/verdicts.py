@@ -42,7 +42,10 @@ class OutOfBounds(NamedTuple):
 
 
 class BlockOutOfBounds(NamedTuple):
-    """A BlockSpec index map selecting a block outside its operand's array."""
+    """A BlockSpec index map selecting a block outside its operand's array: `where` is
+    the grid point whose index map chose it (and its index map's line); `prefetched_at`
+    the grid point during which the pipeline fetched it ahead (None: fetched at its own
+    step), which is when the copy reads outside the array on a TPU."""
 
     where: Where
     operand: str
@@ -52,6 +55,7 @@ class BlockOutOfBounds(NamedTuple):
     shape: tuple[int, ...]
     bad_dims: tuple[int, ...]
     is_output: bool
+    prefetched_at: GridPoint = None
 
 
 class DeviceOutOfBounds(NamedTuple):

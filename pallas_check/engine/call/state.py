@@ -188,12 +188,16 @@ class CallState(CallBuffers):
 
     def block_out_of_bounds(self, ctx: "CoreContext", op: Operand,
                             block_index: tuple[int, ...], bad_dims: Sequence[int],
-                            frames: tuple[SourceFrame, ...]) -> None:
-        """A BlockSpec index map selects a block outside its operand's array."""
+                            frames: tuple[SourceFrame, ...], point: tuple[int, ...],
+                            prefetched_at: tuple[int, ...] | None = None) -> None:
+        """A BlockSpec index map selects a block outside its operand's array: the index
+        map of grid point `point`, fetched ahead during `prefetched_at` (None: at its
+        own step)."""
         rng = tuple((start, start + size) for start, size in op.block_window(block_index))
-        event = BlockOutOfBounds(event_data.where(ctx, frames), op.name,
-                                 op.describe(block_index), tuple(block_index), rng,
-                                 tuple(op.hbm.shape), tuple(bad_dims), op.is_output)
+        where = event_data.where(ctx, frames)._replace(grid_point=point)
+        event = BlockOutOfBounds(where, op.name, op.describe(block_index),
+                                 tuple(block_index), rng, tuple(op.hbm.shape),
+                                 tuple(bad_dims), op.is_output, prefetched_at)
         for take in self.feeds.block_out_of_bounds:
             take(event)
 
