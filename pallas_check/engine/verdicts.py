@@ -161,8 +161,25 @@ class DmaNotWaited(NamedTuple):
 
 
 class OutputUnwritten(NamedTuple):
+    """Output elements never written. For a blocked output, `block_shape` and the blocks
+    no grid point's index map selects (`unvisited`: the first few, `unvisited_count`: how
+    many); `block_shape` None: not a blocked output (or blocks not counted)."""
+
     buffer: str
     unwritten: np.ndarray  # of the output's shape
+    block_shape: tuple[int, ...] | None = None
+    unvisited: tuple[tuple[int, ...], ...] = ()
+    unvisited_count: int = 0
+
+
+class UnlandedDma(NamedTuple):
+    """The DMA filling the memory a read of never-written elements touched, started but
+    not landed when the read came (read before its wait): `frames` where it was started,
+    `wait` where the wait that took its bytes is (empty: never waited)."""
+
+    id: int
+    frames: Frames
+    wait: Frames = ()
 
 
 class UninitRead(NamedTuple):
@@ -178,6 +195,7 @@ class UninitRead(NamedTuple):
     actor: str
     count: int
     note: str = ""
+    dma: UnlandedDma | None = None  # a DMA into that memory, started and not yet landed
 
 
 class UnboundedDma(NamedTuple):
