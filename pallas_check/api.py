@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 from pallas_check.config.options import RUN_OPTIONS
 from pallas_check.errors import FindingsError
+from pallas_check.units import findings_in_calls
 
 # Options of `run` that mean nothing around a block of code in a running process: its
 # report format and file (the Run object is the report), --native (another command),
@@ -153,8 +154,8 @@ class Run:
         lines = self.render("text").splitlines()
         if lines and lines[-1].startswith("pallas-check: "):
             lines.pop()  # the text format's summary: the head says it first
-        head = (f"pallas-check: {len(report.findings)} finding(s) in {len(report.calls)}"
-                f" pallas_call(s)" if report.findings
+        head = (f"pallas-check: {findings_in_calls(len(report.findings), len(report.calls))}"
+                if report.findings
                 else "pallas-check could not check the block")
         message = "\n".join([f"{head}:", *lines])
         raise FindingsError(message, list(report.findings), report)
@@ -178,8 +179,8 @@ class Run:
         if self.report is None:
             return "<pallas_check.Run: running>"
         r = self.report
-        return (f"<pallas_check.Run: {len(r.findings)} finding(s) in {len(r.calls)}"
-                f" pallas_call(s), exit code {r.exit_code}>")
+        return (f"<pallas_check.Run: {findings_in_calls(len(r.findings), len(r.calls))},"
+                f" exit code {r.exit_code}>")
 
     def _repr_html_(self) -> str:
         """Jupyter: the report table as a terminal shows it, colours included (rich turns

@@ -22,6 +22,7 @@ from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTI
                                          config_from, with_options)
 from pallas_check.errors import InternalError, PallasCheckError, UsageError
 from pallas_check.report.formats import NATIVE, Format
+from pallas_check.units import plural
 from pallas_check.exitcodes import ExitCode
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -202,7 +203,7 @@ def _set_device_count(devices: int) -> None:
 
         if devices != 1 and len(jax.devices()) != devices:
             raise fail(f"--devices {devices}: JAX is already initialised with"
-                       f" {len(jax.devices())} device(s) in this process")
+                       f" {plural(len(jax.devices()), 'device')} in this process")
         return
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]

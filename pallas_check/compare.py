@@ -33,6 +33,7 @@ from pallas_check.errors import UsageError
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.config.options import BY_PARAM
 from pallas_check.output_diff import OutputDiff, compare
+from pallas_check.units import plural
 
 
 # ---------------------------------------------------------------- the other side
@@ -300,7 +301,8 @@ class DiffSession:
                 record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j])
                                   for j, (o, t) in enumerate(zip(ours, theirs))]
                 if len(theirs) != len(ours):
-                    record.error = (f"{self.side.label} returned {len(theirs)} output(s),"
+                    record.error = (f"{self.side.label} returned"
+                                    f" {plural(len(theirs), 'output')},"
                                     f" ours {len(ours)}")
             with self._lock:
                 self.calls.append(record)
@@ -376,6 +378,7 @@ class DiffCommand:
         import sys
 
         from pallas_check.report.console import display_for
+        from pallas_check.report.diff import summary_text
         from pallas_check.report.formats import DIFF, render
         from pallas_check.runner import Verdict, config_dict, script_traceback, short_error
 
@@ -394,7 +397,5 @@ class DiffCommand:
             user_traceback=outcome.traceback if user_failed else None,
             internal_error=error, partial=outcome.interrupted)
         text = render(report, fmt, DIFF, display_for(sys.stdout if to_stdout else None))
-        return Verdict(text, code,
-                       f"{report.mismatching_outputs} mismatching output(s) in"
-                       f" {len(calls)} call(s)", error,
+        return Verdict(text, code, summary_text(report), error,
                        script_traceback(outcome) if user_failed else None)

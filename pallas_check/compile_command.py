@@ -23,7 +23,7 @@ import numpy as np
 
 from pallas_check.config import TpuGeneration
 from pallas_check.exitcodes import exit_code_for
-from pallas_check.report.compile import CompileReport
+from pallas_check.report.compile import CompileReport, summary_text
 from pallas_check.report.formats import COMPILE, render
 
 
@@ -92,8 +92,7 @@ class CompileOnlyCommand:
             [_call_row(c, result.by_call.get(c.index, {}) if result else {}) for c in calls],
             findings, int(code), outcome.error if not outcome.ok else None, internal)
         text = render(report, fmt, COMPILE, display_for(sys.stdout if to_stdout else None))
-        summary = (f"{len(findings)} failure(s) in {len(calls)} pallas_call(s) x"
-                   f" {len(self.generations)} generation(s)")
+        summary = summary_text(len(calls), len(self.generations), len(findings))
         return Verdict(text, code, summary, internal,
                        script_traceback(outcome) if user_failed else None)
 

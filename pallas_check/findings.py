@@ -89,6 +89,11 @@ class Finding:
     details: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
     count: int = 1
+    # How to fix this one defect, where its checker knows (the DMA whose wait is missing,
+    # the index map and grid point that chose a block, the blocks no grid point visits):
+    # the reports' `help:` line. None: only the kind's general help (kinds.py) applies.
+    # Not part of the finding's identity (like `message`).
+    help: str | None = None
 
     # -- identity: when two findings are one defect ------------------------------------
     def identity(self, where: Callable[[tuple[SourceFrame, ...]], Any]) -> tuple:

@@ -26,6 +26,7 @@ from pallas_check.config.layers import Settings, load_settings
 from pallas_check.config.options import RUN_OPTIONS
 from pallas_check.errors import PallasCheckError, SettingsError
 from pallas_check.exitcodes import ExitCode
+from pallas_check.units import plural
 
 _WHAT = {ExitCode.CLEAN: "clean", ExitCode.FINDINGS: "findings",
          ExitCode.USAGE: "usage or configuration error",
@@ -142,7 +143,7 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> Exit
         print(f"pallas-check: error: cannot write the hook's report to {output}: {exc}",
               file=sys.stderr)
         return ExitCode.USAGE
-    print(f"pallas-check hook: report of {len(texts)} script(s) written to {output}")
+    print(f"pallas-check hook: report of {plural(len(texts), 'script')} written to {output}")
     return ExitCode.CLEAN
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report.formats import NATIVE, render
 from pallas_check.report.native import NativeReport
+from pallas_check.units import plural
 
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
 REPEATS = 5
@@ -209,5 +210,5 @@ class NativeCommand:
                               outcome.traceback if user_failed else None, internal,
                               outcome.interrupted, repeats=REPEATS)
         text = render(report, fmt, NATIVE)
-        return Verdict(text, code, f"{len(timings)} pallas_call(s)", internal,
+        return Verdict(text, code, f"{plural(len(timings), 'pallas_call')} timed", internal,
                        script_traceback(outcome) if user_failed else None)

@@ -26,6 +26,7 @@ import pytest
 
 from pallas_check.config.options import RUN_OPTIONS  # plain data: no JAX imported
 from pallas_check.exitcodes import ExitCode
+from pallas_check.units import plural
 
 PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 
@@ -128,7 +129,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if failure is not None:
         item.add_report_section("call", SECTION, verdict.text)
         raise failure
-    pytest.fail(f"pallas-check: {len(report.findings)} finding(s) in {item.nodeid}\n"
+    pytest.fail(f"pallas-check: {plural(len(report.findings), 'finding')} in {item.nodeid}\n"
                 f"{verdict.text}", pytrace=False)
 
 

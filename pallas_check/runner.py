@@ -19,6 +19,7 @@ from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
+from pallas_check.units import findings_in_calls, plural
 
 
 def config_dict(config: Config) -> dict:
@@ -34,7 +35,7 @@ class Verdict:
 
     text: str
     code: ExitCode
-    summary: str  # the stderr line when the report went to a file ("3 finding(s) ...")
+    summary: str  # the stderr line when the report went to a file ("3 findings ...")
     error: str | None = None  # pallas-check's own failure, one line
     traceback: str | None = None  # the script's traceback, shown on stderr unless in a table
 
@@ -169,7 +170,7 @@ class CheckCommand:
             print(f"pallas-check: error: cannot write the trace {self.trace}: {exc}",
                   file=sys.stderr)
             return False
-        print(f"pallas-check: trace of {len(self.session.timelines)} call(s) written to"
+        print(f"pallas-check: trace of {plural(len(self.session.timelines), 'call')} written to"
               f" {self.trace_shown} (open it in ui.perfetto.dev)", file=sys.stderr)
         return True
 
@@ -191,7 +192,8 @@ class CheckCommand:
             print(f"pallas-check: error: cannot write the baseline {target}: {exc}",
                   file=sys.stderr)
             return False
-        print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
+        print(f"pallas-check: baseline of {plural(len(baselined), 'finding')} written to"
+              f" {target}",
               file=sys.stderr)
         return True
 
@@ -207,10 +209,11 @@ def rendered(report: RunReport, fmt: str, to_stdout: bool = False) -> str:
 
 
 def findings_summary(report: RunReport) -> str:
-    """`3 finding(s) in 2 pallas_call(s); 1 suppressed (...)`."""
+    """`3 findings in 2 pallas_calls; 1 suppressed (...)`: the wording of the report's own
+    summary line (report/table.py `summary_line`)."""
     suppressed = f"; {suppressed_text(report)}" if report.suppressed else ""
-    return (f"{len(report.findings)} finding(s) in {len(report.calls)}"
-            f" pallas_call(s){suppressed}")
+    calls = sum(1 for c in report.calls if not getattr(c, "failed", False))  # as the report does
+    return findings_in_calls(len(report.findings), calls) + suppressed
 
 
 def checks_verdict(report: RunReport, fmt: str = "table") -> Verdict:

@@ -29,7 +29,8 @@ def deadlock_finding(checker: Checker, deadlock: Deadlocked) -> Finding:
     first = deadlock.blocked[0] if deadlock.blocked else None
     return Finding(
         kind=FindingKind.DEADLOCK,
-        message="deadlock: " + "; ".join(parts) + signal,
+        # (no "deadlock: " in front: every report already heads it with its kind)
+        message="; ".join(parts) + signal,
         kernel=checker.call.kernel, call_index=checker.call.call_index,
         grid_point=deadlock.grid_point, actor=first.actor if first else "",
         buffer=first.buffer if first else "", memory_space=MemorySpace.SEMAPHORE,

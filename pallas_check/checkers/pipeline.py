@@ -9,6 +9,7 @@ from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import RevisitLost
 from pallas_check.engine.memory.buffer import MemorySpace
 from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.units import plural
 
 
 class RevisitChecker(Checker):
@@ -31,12 +32,14 @@ def lost_values_finding(checker: Checker, lost: RevisitLost) -> Finding:
                    f" {r.first_point}, is visited again at {r.last_point} after other"
                    f" blocks, and nothing the first visit consumed ({inputs}{more}) reaches"
                    f" the block's final value (a re-run with those input blocks perturbed"
-                   f" gives the same block): {why}, so the {lost.elements} element(s) in"
-                   f" {where} the first visit produced are lost")
+                   f" gives the same block): {why}, so the {plural(lost.elements, 'element')}"
+                   f" in {where} the first visit produced"
+                   f" {'is' if lost.elements == 1 else 'are'} lost")
     else:
         message = (f"output block {r.block} of {r.output} is visited again at grid point"
-                   f" {r.last_point} after other blocks; {lost.elements} element(s) in"
-                   f" {where} written at grid point {lost.earlier_point} are not written"
+                   f" {r.last_point} after other blocks; {plural(lost.elements, 'element')}"
+                   f" in {where} written at grid point {lost.earlier_point}"
+                   f" {'is' if lost.elements == 1 else 'are'} not written"
                    f" again by the last visit: on a TPU the pipeline does not read the block"
                    f" back, and the last write-back overwrites them")
     return Finding(

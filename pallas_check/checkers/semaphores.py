@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft, SignalNotRemote
 from pallas_check.engine.memory.buffer import MemorySpace
@@ -41,7 +43,25 @@ def leak_finding(checker: Checker, end: CallEnded, left: SemaphoreLeft) -> Findi
         actor=signaller or end.actor, buffer=left.buffer, memory_space=MemorySpace.SEMAPHORE,
         index_range=tuple((i, i + 1) for i in left.index) or None, frames=frames,
         details={"count": left.count, "semaphore": left.cell},
+        help=leak_help(left.cell, left.count - left.unwaited, frames),
     )
+
+
+def leak_help(cell: str, count: int, frames: tuple) -> str | None:
+    """The signal without a matching wait, and the wait that would match it (the
+    signal's own ref where the signal names nothing else, else the cell)."""
+    if not frames:
+        return None
+    code = frames[0].code.strip()
+    simple = re.fullmatch(r"(.*?)semaphore_signal\(([\w.\[\]]+)\)", code)
+    amount = f", {count}" if count != 1 else ""
+    wait = (f"{simple.group(1)}semaphore_wait({simple.group(2)}{amount})" if simple
+            else f"pl.semaphore_wait({cell}{amount})")
+    shown = f" (`{code}`)" if code else ""
+    left = f" ({count} counts left)" if count != 1 else ""
+    return (f"the signal at {frames[0].file}:{frames[0].line}{shown} has no matching"
+            f" wait{left}: add `{wait}` before the kernel returns, on the core and device"
+            f" that own {cell}, or drop the signal")
 
 
 def signal_not_remote_finding(checker: Checker, event: SignalNotRemote) -> Finding:
@@ -62,8 +82,20 @@ def signal_not_remote_finding(checker: Checker, event: SignalNotRemote) -> Findi
     )
 
 
+def not_waited_help(dma: DmaNotWaited) -> str | None:
+    """The wait a DMA never waited on needs: its descriptor's, before the kernel returns."""
+    if not dma.frames:
+        return None
+    started = dma.frames[0].code.strip()
+    wait = (f"`{started[:-len('.start()')]}.wait()`" if started.endswith(".start()")
+            else "`.wait()` on its descriptor")
+    return (f"call {wait} for the DMA started at {dma.frames[0].file}:{dma.frames[0].line}"
+            f" before {dma.dst} is used and before the kernel returns")
+
+
 def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
     """A DMA whose bytes were never (fully) taken off its semaphore by a wait."""
+    help = None
     sem, count = dma.semaphore, dma.semaphore_count
     what = (f"DMA #{dma.id} {dma.src}{format_range(dma.src_range)}"
             f" -> {dma.dst}{format_range(dma.dst_range)}")
@@ -80,6 +112,7 @@ def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
     else:
         message = (f"{what} was started but never waited on (semaphore {sem}, which"
                    f" ends the kernel with count {count})")
+        help = not_waited_help(dma)
     return Finding(
         kind=FindingKind.DMA_NOT_WAITED,
         message=message,
@@ -88,6 +121,7 @@ def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
         memory_space=dma.dst_space, index_range=dma.dst_range, frames=dma.frames,
         details={"semaphore": sem, "bytes": dma.nbytes,
                  "waited_bytes": dma.waited_bytes, "semaphore_count": count},
+        help=help,
     )
 
 

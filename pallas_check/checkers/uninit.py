@@ -15,6 +15,7 @@ from pallas_check.engine.memory.buffer import MemorySpace
 from pallas_check.findings import (
     Access, Finding, FindingKind, IndexRange, SourceFrame, format_range)
 from pallas_check.sourceinfo import code_line
+from pallas_check.units import plural
 
 
 class UninitChecker(Checker):
@@ -48,7 +49,8 @@ def unwritten_finding(checker: Checker, event: OutputUnwritten) -> Finding:
     rng = bbox(missing)
     return Finding(
         kind=FindingKind.UNWRITTEN_OUTPUT,
-        message=f"{count} of {total} elements of output {name} are never written"
+        message=f"{count} of {plural(total, 'element')} of output {name}"
+                f" {'is' if count == 1 else 'are'} never written"
                 f" (within {name}{format_range(rng)})",
         kernel=kernel, call_index=checker.call.call_index, grid_point=None, actor="",
         buffer=name, memory_space=MemorySpace.HBM, index_range=rng,
@@ -56,7 +58,27 @@ def unwritten_finding(checker: Checker, event: OutputUnwritten) -> Finding:
                             code_line(kernel.file, kernel.line)),)
         if kernel.file else (),
         details={"elements": count, "total": total},
+        help=unwritten_help(event),
     )
+
+
+def unwritten_help(event: OutputUnwritten) -> str | None:
+    """The blocks of a blocked output no grid point visits; or, every block visited,
+    that the kernel leaves part of them unwritten. None: not a blocked output."""
+    name, shape = event.buffer, event.block_shape
+    if shape is None:
+        return None
+    if not event.unvisited_count:
+        return (f"every block of {name} is visited by some grid point, but the kernel does"
+                f" not write all of it: write the whole {list(shape)} block at every grid"
+                f" step that visits it (or alias {name} to an input whose values it keeps)")
+    n = event.unvisited_count
+    shown = ", ".join(str(b) for b in event.unvisited)
+    more = f" and {n - len(event.unvisited)} more" if n > len(event.unvisited) else ""
+    blocks = "block" if n == 1 else "blocks"
+    return (f"no grid point visits {blocks} {shown}{more} of {name} (blocks of"
+            f" {list(shape)}): make the grid and the out_specs index map cover every block"
+            f" of {name}")
 
 
 def uninit_findings(checker: Checker, event: FillsCompared) -> list[Finding]:
@@ -86,19 +108,62 @@ def uninit_findings(checker: Checker, event: FillsCompared) -> list[Finding]:
             + (f" at {r.frames[0].file}:{r.frames[0].line}" if r.frames else "")
             for r in reads[:3])
         notes = list(dict.fromkeys(r.note for r in reads[:3] if r.note))
+        early = next((r for r in reads if r.dma is not None), None)
+        if early is not None:  # the memory is a DMA's destination, read before its wait
+            notes.append(unlanded_note(early))
         if notes:
             read_lines += " (" + "; ".join(notes) + ")"
         findings.append(Finding(
             kind=FindingKind.UNINITIALIZED,
-            message=f"{count} elements of output {name}{format_range(rng)} depend on memory that"
-                    f" was never written: read of {read_lines}",
+            message=f"{plural(count, 'element')} of output {name}{format_range(rng)}"
+                    f" {'depends' if count == 1 else 'depend'} on memory that was never"
+                    f" written: read of {read_lines}",
             kernel=kernel, call_index=call_index, grid_point=first.grid_point,
             actor=first.actor, buffer=first.buffer, memory_space=first.memory_space,
             index_range=first.index_range, frames=first.frames, accesses=accesses,
             details={"output": name, "output_range": [list(r) for r in rng],
                      "elements": count},
+            help=None if early is None else unlanded_help(early),
         ))
     return findings
+
+
+def _at(frames: tuple[SourceFrame, ...], near: tuple[SourceFrame, ...] = ()) -> str:
+    """`file:line`, or `line N` in the file of `near`'s first frame."""
+    if not frames:
+        return "its kernel"
+    if near and near[0].file == frames[0].file:
+        return f"line {frames[0].line}"
+    return f"{frames[0].file}:{frames[0].line}"
+
+
+def unlanded_note(read: UninitRead) -> str:
+    """The message's word on a read that came before the DMA filling its memory landed:
+    that DMA, and its wait that came too late (or never)."""
+    dma = read.dma
+    assert dma is not None
+    waited = (f"waited at {_at(dma.wait, dma.frames)}, after the read" if dma.wait
+              else "never waited")
+    return (f"the read comes before the wait of DMA #{dma.id}, which fills {read.buffer}:"
+            f" started at {_at(dma.frames)} and {waited}")
+
+
+def unlanded_help(read: UninitRead) -> str:
+    """How to fix a read before a DMA's wait: the wait to move (or add), the read."""
+    dma = read.dma
+    assert dma is not None
+    started = dma.frames[0].code.strip() if dma.frames and dma.frames[0].code else ""
+    descriptor = started[:-len(".start()")] if started.endswith(".start()") else ""
+    if dma.wait:
+        code = dma.wait[0].code.strip() if dma.wait[0].code else ""
+        wait = (f"move its wait ({f'`{code}`, ' if code else ''}{_at(dma.wait, dma.frames)})"
+                " before")
+    else:
+        wait = (f"call `{descriptor}.wait()`" if descriptor
+                else "wait for it (`.wait()` on its descriptor)") + " before"
+    return (f"DMA #{dma.id} (started at {_at(dma.frames)}) fills {read.buffer}: {wait} the"
+            f" read of {read.buffer} at {_at(read.frames, dma.frames)}, or read the other slot"
+            f" (a buffer no DMA in flight is filling)")
 
 
 def address_findings(checker: Checker, event: DmaAddressCompared) -> list[Finding]:

@@ -29,7 +29,7 @@ from pallas_check.engine.verdicts import (  # the events of what checkers decide
     Frames, GridPoint,
     Where, OutOfBounds, BlockOutOfBounds, DeviceOutOfBounds, CheckFailed, BlockedWait,
     AbsentSubcore, StalledBarrier, Deadlocked, SignalNotRemote, SemaphoreLeft, CallEnded,
-    DmaNotWaited, OutputUnwritten, UninitRead, UnboundedDma, FillsCompared,
+    DmaNotWaited, OutputUnwritten, UninitRead, UnlandedDma, UnboundedDma, FillsCompared,
     DmaAddressCompared, RevisitLost, CallSkipped)
 from pallas_check.findings import Finding, IndexRange, KernelInfo
 

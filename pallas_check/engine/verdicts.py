@@ -42,7 +42,10 @@ class OutOfBounds(NamedTuple):
 
 
 class BlockOutOfBounds(NamedTuple):
-    """A BlockSpec index map selecting a block outside its operand's array."""
+    """A BlockSpec index map selecting a block outside its operand's array: `where` is
+    the grid point whose index map chose it (and its index map's line); `prefetched_at`
+    the grid point during which the pipeline fetched it ahead (None: fetched at its own
+    step), which is when the copy reads outside the array on a TPU."""
 
     where: Where
     operand: str
@@ -52,6 +55,7 @@ class BlockOutOfBounds(NamedTuple):
     shape: tuple[int, ...]
     bad_dims: tuple[int, ...]
     is_output: bool
+    prefetched_at: GridPoint = None
 
 
 class DeviceOutOfBounds(NamedTuple):
@@ -157,8 +161,25 @@ class DmaNotWaited(NamedTuple):
 
 
 class OutputUnwritten(NamedTuple):
+    """Output elements never written. For a blocked output, `block_shape` and the blocks
+    no grid point's index map selects (`unvisited`: the first few, `unvisited_count`: how
+    many); `block_shape` None: not a blocked output (or blocks not counted)."""
+
     buffer: str
     unwritten: np.ndarray  # of the output's shape
+    block_shape: tuple[int, ...] | None = None
+    unvisited: tuple[tuple[int, ...], ...] = ()
+    unvisited_count: int = 0
+
+
+class UnlandedDma(NamedTuple):
+    """The DMA filling the memory a read of never-written elements touched, started but
+    not landed when the read came (read before its wait): `frames` where it was started,
+    `wait` where the wait that took its bytes is (empty: never waited)."""
+
+    id: int
+    frames: Frames
+    wait: Frames = ()
 
 
 class UninitRead(NamedTuple):
@@ -174,6 +195,7 @@ class UninitRead(NamedTuple):
     actor: str
     count: int
     note: str = ""
+    dma: UnlandedDma | None = None  # a DMA into that memory, started and not yet landed
 
 
 class UnboundedDma(NamedTuple):

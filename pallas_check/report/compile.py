@@ -14,7 +14,7 @@ from pallas_check.report.console import Display
 from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
 from pallas_check.report.table import fits, print_wrapped, unbroken_column
-from pallas_check.units import format_bytes
+from pallas_check.units import format_bytes, plural
 
 SCHEMA = "pallas-check/compile-report"
 SCHEMA_VERSION = 1
@@ -110,9 +110,16 @@ def _print_compile_end(console: Console, report: CompileReport) -> None:
         print_wrapped(console, Text(f"pallas-check error: {report.internal_error}",
                                     style="red"))
     failures = len(report.findings)
-    print_wrapped(console, Text(f"pallas-check: {len(report.calls)} pallas_call(s) compiled"
-                                f" for {len(report.generations)} generation(s): {failures}"
-                                " failure(s)", style="bold red" if failures else "bold green"))
+    print_wrapped(console, Text("pallas-check: " + summary_text(
+        len(report.calls), len(report.generations), failures),
+        style="bold red" if failures else "bold green"))
+
+
+def summary_text(calls: int, generations: int, failures: int) -> str:
+    """`2 pallas_calls compiled for 1 generation: 0 failures`: the report's summary line,
+    and the stderr line when the report went to a file."""
+    return (f"{plural(calls, 'pallas_call')} compiled for {plural(generations, 'generation')}:"
+            f" {plural(failures, 'failure')}")
 
 
 class CompileTableReporter:

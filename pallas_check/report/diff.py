@@ -14,6 +14,7 @@ from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
 from pallas_check.report.table import (INDENT, MIN_MESSAGE_WIDTH, fits, print_failures,
                                        print_wrapped, unbroken_column)
+from pallas_check.units import plural
 
 SCHEMA = "pallas-check/diff"
 SCHEMA_VERSION = 1
@@ -166,16 +167,14 @@ def render_table(report: Any, stream: TextIO, display: Display | None = None) ->
         else:
             _print_blocks(console, rows, root, title)
     if hidden:
-        console.print(Text(f"{hidden} matching output(s) not shown.", style="dim"))
+        console.print(Text(f"{plural(hidden, 'matching output')} not shown.", style="dim"))
     if report.findings:
-        print_wrapped(console, Text(f"Our run also reported {report.findings} finding(s);"
+        print_wrapped(console, Text(f"Our run also reported {plural(report.findings, 'finding')};"
                                     f" `pallas-check run` shows them.", style="yellow"))
     print_failures(console, report.user_error, report.user_traceback,
                    report.internal_error)
-    outputs = sum(len(c.outputs) for c in report.calls)
     bad = report.mismatching_outputs
-    summary = (f"{bad} of {outputs} output(s) differ in {len(report.calls)} pallas_call(s)"
-               f" (ours vs {report.against})")
+    summary = f"{summary_text(report)} (ours vs {report.against})"
     if report.partial:
         summary += " (partial: the run did not finish)"
     print_wrapped(console, Text("pallas-check: ", style="bold")
@@ -199,3 +198,12 @@ class DiffJsonReporter:
 
 
 __all__ = ["DiffJsonReporter", "DiffTableReporter", "diff_dict"]
+
+
+def summary_text(report: Any) -> str:
+    """`1 of 3 outputs differs in 2 pallas_calls`: the report's summary line, and the
+    stderr line when the report went to a file."""
+    outputs = sum(len(c.outputs) for c in report.calls)
+    bad = report.mismatching_outputs
+    return (f"{bad} of {plural(outputs, 'output')} {'differs' if bad == 1 else 'differ'}"
+            f" in {plural(len(report.calls), 'pallas_call')}")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from pallas_check.report.json import dump, header
 from pallas_check.report.table import print_failures
+from pallas_check.units import plural
 
 SCHEMA = "pallas-check/native-timing"
 SCHEMA_VERSION = 1
@@ -70,7 +71,7 @@ def render_table(report: NativeReport, stream: TextIO) -> None:
     print_failures(console, report.user_error, report.user_traceback,
                    report.internal_error)
     timed = sum(1 for c in report.calls if c.best_s is not None)
-    summary = (f"{timed} of {len(report.calls)} pallas_call(s) timed; the script ran"
+    summary = (f"{timed} of {plural(len(report.calls), 'pallas_call')} timed; the script ran"
                f" {report.script_seconds:.3f} s")
     console.print(Text("pallas-check: ", style="bold") + Text(summary, style="bold"))
 

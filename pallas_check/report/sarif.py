@@ -120,7 +120,10 @@ def _result(finding: Finding, index: dict[FindingKind, int], script: str,
         "ruleId": finding.kind.value,
         "ruleIndex": index[finding.kind],
         "level": finding.kind.info.severity,
-        "message": {"text": finding.message},
+        # How to fix this one defect, where known: after the message, as a `help:` line
+        # (a result has no help of its own, and `fixes` must carry edits).
+        "message": {"text": finding.message + (f"\nhelp: {finding.help}" if finding.help
+                                               else "")},
         "locations": [_primary(finding, script, root)],
         "partialFingerprints": {FINGERPRINT: fp},
         "occurrenceCount": max(1, int(finding.count)),
@@ -141,6 +144,8 @@ def _result(finding: Finding, index: dict[FindingKind, int], script: str,
         props["actor"] = finding.actor
     if finding.seed is not None:
         props["seed"] = finding.seed
+    if finding.help:
+        props["help"] = finding.help
     result["properties"] = props
     return result
 

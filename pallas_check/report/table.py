@@ -5,7 +5,8 @@ No cell is ever squeezed below its content: file:line, a buffer's range, a grid 
 the headers are never folded, and a message is wrapped only between words. The width a
 table needs is measured (rich's `Measurement` of each column's narrowest content); when it
 does not fit, each finding is a block whose headline is `path:line: kind: message`, then
-its kernel, source line, caller, the accesses involved and a `note: replay:` line.
+its kernel, source line, caller, the accesses involved, a `note: replay:` line and, where
+the fix is known, a `help:` line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pallas_check.report.console import Display
 from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
                                        suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
+from pallas_check.units import findings_in_calls, plural
 
 LOCATION = "cyan"
 KIND = "bold red"
@@ -231,6 +233,9 @@ def _print_details(console: Console, shown: _Shown, f: Finding) -> None:
                             report.script_args)
     print_wrapped(console, Text.styled("note: ", "bold") + Text("replay: " + replay),
                   indent=INDENT)
+    if f.help:  # how to fix this one defect, where its checker knows (rustc's `help:`)
+        print_wrapped(console, Text.styled("help: ", "bold cyan")
+                      + Text(shown.text(" ".join(f.help.split()))), indent=INDENT)
     if report.trace and f.kind.info.on_timeline:
         print_wrapped(console, Text.styled("note: ", "bold")
                       + Text(f"timeline: open {report.trace} in ui.perfetto.dev"),
@@ -295,10 +300,8 @@ def summary_line(report: RunReport) -> str:
     did not finish."""
     calls = sum(1 for c in report.calls if not getattr(c, "failed", False))
     if report.internal_error:
-        summary = (f"stopped by an error of pallas-check after {calls}"
-                   f" pallas_call{'s' if calls != 1 else ''};"
-                   f" {len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
-                   " until then")
+        summary = (f"stopped by an error of pallas-check after {plural(calls, 'pallas_call')};"
+                   f" {plural(len(report.findings), 'finding')} until then")
     elif calls == 0 and report.partial:
         summary = "no pallas_call was checked before the run stopped"
     elif calls == 0 and report.passed_through:
@@ -308,8 +311,7 @@ def summary_line(report: RunReport) -> str:
         summary = ("no pallas_call was checked: the script made none"
                    " (or its calls never ran)")
     else:
-        summary = (f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}"
-                   f" in {calls} pallas_call{'s' if calls != 1 else ''}")
+        summary = findings_in_calls(len(report.findings), calls)
     if report.passed_through and calls:
         summary += f"; {passed_through_text(report)}"
     if report.suppressed:

@@ -1,6 +1,6 @@
 """One line per finding, `path:line[:column]: kind: message`, for editors, grep and quickfix lists,
-each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes), and a
-last `pallas-check: N findings in M pallas_calls` line (the only line of a clean run)."""
+each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes) and,
+where the fix is known, a `path:line: help: HOW` line, and a last `pallas-check: N findings in M pallas_calls` line (the only line of a clean run)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ class TextReporter:
             replay = replay_command(report.script, report.config, f.seed, report.rerun,
                                     report.script_args)
             stream.write(f"{where}: note: replay: {replay}\n")
+            if f.help:  # how to fix it, as compilers add a help line after their notes
+                stream.write(f"{where}: help: {display_text(' '.join(f.help.split()), root)}\n")
         if report.suppressed:  # "k.py: suppressed: 3 findings (inline 2, baseline 1)"
             count, _, parts = suppressed_text(report).partition(" suppressed ")
             noun = "finding" if count == "1" else "findings"

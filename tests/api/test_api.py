@@ -55,7 +55,7 @@ def test_races_option_finds_the_race_and_raise_for_findings_lists_them():
     with pytest.raises(pallas_check.FindingsError) as raised:
         run.raise_for_findings()
     message = str(raised.value)
-    assert message.startswith("pallas-check: 2 finding(s) in 1 pallas_call(s):\n")
+    assert message.startswith("pallas-check: 2 findings in 1 pallas_call:\n")
     assert "dma_read_before_wait_bug.py:23:5: race: load_kernel [buf[0:8, 0:128]]" in message
     assert "dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel" in message
     # A finding's replay is the block's options with its seed, as a checking() call.
@@ -87,7 +87,7 @@ def test_the_report_is_the_one_the_cli_renders():
     assert '<span style="' in html  # the table's colours and bold, as on a terminal
     assert "\x1b" not in html and "\x1b" not in run.render("table")
     assert "\x1b[" in run.render("table", color=True)
-    assert repr(run) == "<pallas_check.Run: 1 finding(s) in 1 pallas_call(s), exit code 1>"
+    assert repr(run) == "<pallas_check.Run: 1 finding in 1 pallas_call, exit code 1>"
 
 
 def test_the_report_is_made_when_the_block_ends():

@@ -93,7 +93,7 @@ def test_findings_fail_tests_with_the_table(suite):
     # The finding alone fails the test; the report is the table, not a traceback.
     result.stdout.fnmatch_lines([
         "*_ test_buggy_kernel _*",
-        "pallas-check: 1 finding(s) in test_kernels.py::test_buggy_kernel",
+        "pallas-check: 1 finding in test_kernels.py::test_buggy_kernel",
         "DMAs never waited (1)*",
     ])
     assert "bug.py:21" in out and "copy.start()" in out

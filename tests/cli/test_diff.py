@@ -100,7 +100,7 @@ def test_table_report(tmp_path):
     assert result.exit_code == 1
     assert "2048 of 2048" in result.output
     assert "[0, 1]: nan vs 2.0" in result.output
-    assert "1 of 1 output(s) differ" in result.output
+    assert "1 of 1 output differs in 1 pallas_call" in result.output
 
 
 @pytest.mark.parametrize("against", ["tpu", "--uninit nan", "--devices 2", "--dma sideways"])

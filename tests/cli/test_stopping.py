@@ -93,7 +93,7 @@ def test_a_signal_in_a_long_racy_call_reports_the_call_and_its_races(tmp_path, s
     # One line on stderr: how and where the run stopped, and where the report is.
     assert stderr.splitlines() == [
         f"pallas-check: interrupted ({name}) in call 0 (racy_kernel) after {done} of 50000"
-        f" grid steps; 1 finding(s) in 1 pallas_call(s); report written to {report}"]
+        f" grid steps; 1 finding in 1 pallas_call; report written to {report}"]
     # Nothing left beside the report (no temporary file of an interrupted write).
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
@@ -154,7 +154,7 @@ def test_ctrl_c_while_a_kernel_callback_blocks_is_the_users_interrupt(tmp_path):
     # flattened traceback of our frames as an internal error.
     assert stderr.splitlines() == [
         "pallas-check: interrupted (Ctrl-C) in call 0 (kernel) after 0 of 2 grid steps;"
-        f" 0 finding(s) in 1 pallas_call(s); report written to {report}"]
+        f" 0 findings in 1 pallas_call; report written to {report}"]
     data = json.loads(report.read_text())
     assert data["partial"] is True and data["internal_error"] is None
     assert data["user_error"] == "interrupted (Ctrl-C)"
@@ -232,7 +232,7 @@ def test_ctrl_c_while_jax_starts_stops_the_run_before_the_script(tmp_path):
     assert code == ExitCode.USER_ERROR, stderr
     assert "the script ran" not in stdout
     assert stderr.splitlines() == [
-        f"pallas-check: interrupted (Ctrl-C); 0 finding(s) in 0 pallas_call(s);"
+        f"pallas-check: interrupted (Ctrl-C); 0 findings in 0 pallas_calls;"
         f" report written to {report}"]
     data = json.loads(report.read_text())
     assert data["partial"] is True and data["calls"] == []

@@ -128,9 +128,16 @@ def test_text_format_gives_a_replay_note_per_finding_and_a_summary():
         "samples/dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel"
         " [buf[0:8, 0:128]]: 1024 elements of output o_ref[0:8, 0:128] depend on memory"
         " that was never written: read of buf[0:8, 0:128] at"
-        " samples/dma_read_before_wait_bug.py:25",
+        " samples/dma_read_before_wait_bug.py:25 (the read comes before the wait of DMA #1,"
+        " which fills buf: started at samples/dma_read_before_wait_bug.py:23 and waited at"
+        " line 26, after the read)",
         "samples/dma_read_before_wait_bug.py:25:9: note: replay: pallas-check run"
         " samples/dma_read_before_wait_bug.py --seed 0",
+        # How to fix it, after the note (issue 36): the DMA, its wait, the read.
+        "samples/dma_read_before_wait_bug.py:25:9: help: DMA #1 (started at"
+        " samples/dma_read_before_wait_bug.py:23) fills buf: move its wait (`copy.wait()`,"
+        " line 26) before the read of buf at line 25, or read the other slot (a buffer no"
+        " DMA in flight is filling)",
         "pallas-check: 1 finding in 1 pallas_call"]
 
 

@@ -277,7 +277,7 @@ def test_the_hook_honours_the_baseline_and_config(tmp_path):
                            "--update-baseline"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr
-    assert "baseline of 1 finding(s) written" in proc.stderr
+    assert "baseline of 1 finding written" in proc.stderr
     result = hook(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 suppressed (baseline 1)" in result.stdout

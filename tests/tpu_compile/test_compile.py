@@ -83,7 +83,8 @@ def test_compile_subcommand_table_and_json(tmp_path, cli):
     assert "compile_alignment_bug.py:21: compile-error" in table.output
     clean = cli("compile", str(SAMPLES / "compile_alignment_ok.py"), "--tpu", "v6e")
     assert clean.exit_code == ExitCode.CLEAN, clean.output
-    assert "ok" in clean.output and "0 failure(s)" in clean.output
+    assert "ok" in clean.output and "1 pallas_call compiled for 1 generation: 0 failures" in (
+        clean.output)
 
 
 def test_bad_tpu_and_missing_libtpu_are_one_line_exit_2(cli, monkeypatch):

@@ -89,6 +89,23 @@ class Operand:
         return [(-lo, n + hi) for (lo, hi), n in zip(pads, self.hbm.shape)]
 
 
+def unvisited_blocks(op: Operand, limit: int = 4
+                     ) -> tuple[tuple[tuple[int, ...], ...], int] | None:
+    """The blocks of a blocked operand that no grid point's index map selects: the first
+    `limit` (in row-major order) and how many. None where its blocks are no plain tiling
+    of the array (Element or BoundedSlice dims) or it has no block indices."""
+    indices = op.block_indices
+    if indices is None or any(op.element) or any(op.bounded):
+        return None
+    counts = tuple(-(-n // b) for n, b in zip(op.hbm.shape, op.block_sizes))
+    seen = np.zeros(counts, bool)
+    blocks = indices[:, :len(counts)].astype(np.int64)
+    inside = np.all((blocks >= 0) & (blocks < np.array(counts, np.int64)), axis=1)
+    seen[tuple(blocks[inside].T)] = True
+    missing = np.argwhere(~seen)
+    return tuple(tuple(int(i) for i in b) for b in missing[:limit]), len(missing)
+
+
 def _program_axes(grid_mapping: Any) -> list[int]:
     vmapped = set(grid_mapping.vmapped_dims)
     return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]

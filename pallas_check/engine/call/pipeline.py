@@ -74,7 +74,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
 def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
     """An output block's VMEM at a visit that does not read it back: fresh memory (the
     fill, never written), after its block index is checked against the array."""
-    plan.check_bounds(ctx, step)
+    plan.check_bounds(ctx, step, ctx.grid_point)
     vmem = plan.op.vmem
     assert vmem is not None
     if ctx.call.ever_written is not None:  # the note of memory never touched
@@ -133,9 +133,13 @@ class _Plan:
             self._frames = _index_map_frames(self.op)
         return self._frames
 
-    def check_bounds(self, ctx: CoreContext, step: int) -> None:
+    def check_bounds(self, ctx: CoreContext, step: int, point: tuple[int, ...],
+                     during: tuple[int, ...] | None = None) -> None:
+        """Report step `step`'s block if it is outside the array: chosen by the index map
+        at grid point `point`, fetched ahead during grid point `during` (None: at its own
+        step), so that the finding names the grid point whose index map is wrong."""
         if step in self._bad:
-            _check_block_bounds(ctx, self.op, self.blocks[step])
+            _check_block_bounds(ctx, self.op, self.blocks[step], point, during)
 
 
 def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
@@ -222,7 +226,8 @@ class Pipeline:
         for plan in self.inputs:
             for ahead in range(step + 1, min(step + plan.depth, last)):
                 if plan.changed[ahead] and (id(plan), ahead) not in self.fetching:
-                    self.fetching[(id(plan), ahead)] = self._start(plan, ahead, False)
+                    self.fetching[(id(plan), ahead)] = self._start(plan, ahead, False,
+                                                                   during=step)
 
     def outputs_done(self, step: int):
         """After body `step`: write back the output blocks it finished; wait for those
@@ -277,11 +282,15 @@ class Pipeline:
                     block, hbm_index, plan.frames, plan.restores, visits,
                     tuple(self.grid_points[start:stop]), tuple(inputs)))
 
-    def _start(self, plan: _Plan, step: int, writes_back: bool) -> BlockCopy:
+    def _start(self, plan: _Plan, step: int, writes_back: bool,
+               during: int | None = None) -> BlockCopy:
+        """Start the copy of step `step`'s block (`during`: the step running while a
+        copy-in is fetched ahead)."""
         ctx = self.ctx
         block = plan.blocks[step]
         if not writes_back:
-            plan.check_bounds(ctx, step)
+            plan.check_bounds(ctx, step, self.grid_points[step],
+                              None if during is None else self.grid_points[during])
         name = (ctx.call.pipeline_copy_name(ctx, plan.op.name, writes_back, block)
                 if self.named else "")
         copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
@@ -421,7 +430,8 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
     return tuple(hbm_index), tuple(vmem_index), empty, tuple(hbm_range)
 
 
-def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...]) -> bool:
+def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, ...],
+                        point: tuple[int, ...], during: tuple[int, ...] | None) -> bool:
     bad = []
     for d, ((start, size), n, elem, (low, high), most) in enumerate(
             zip(op.block_window(block_index), op.hbm.shape, op.element, op.element_bounds(),
@@ -432,7 +442,8 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
             bad.append(d)
     if not bad:
         return True
-    ctx.call.block_out_of_bounds(ctx, op, block_index, bad, _index_map_frames(op))
+    ctx.call.block_out_of_bounds(ctx, op, block_index, bad, _index_map_frames(op), point,
+                                 during)
     return False
 
 

@@ -21,7 +21,8 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                _grid_points, _operand, _program_axes, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
-                                               sparsecore_mesh, split_grid, SparseCoreMesh)
+                                               sparsecore_mesh, split_grid, SparseCoreMesh,
+                                               unvisited_blocks)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.call import event_data
 from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking,
@@ -144,6 +145,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
+    blocked_outputs: dict[int, Operand] = {}  # by HBM buffer id: blocks never visited
     # Per device: its HBM inputs by operand address (one CPU device), and all of them.
     by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
@@ -159,6 +161,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                                    if buf.space != MemorySpace.SEMAPHORE}
                                   if addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
+        blocked_outputs.update((op.hbm.id, op) for op in templates if op.is_output)
         shared_scratch: dict[tuple, Buffer] = {}
         for core_id, my_steps in enumerate(layout.core_steps):
             ctx, actor = _core(state, layout, device, core_id, my_steps, scalars, templates,
@@ -177,7 +180,7 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                     actors.append(actor)
     state.output_addresses = addresses
     _run(state, contexts, actors, device_hbm_outputs)
-    return _outputs(state, device_hbm_outputs, layout.out_to_in)
+    return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs)
 
 
 def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
@@ -453,9 +456,10 @@ def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
 
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
-             out_to_in: dict[int, int]
+             out_to_in: dict[int, int], blocked: dict[int, Operand]
              ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
-    """Per device, the outputs and their written-shadows; never-written outputs reported."""
+    """Per device, the outputs and their written-shadows; never-written outputs reported
+    (with the blocks of a `blocked` output, by its buffer id, that no grid point visits)."""
     outputs, written = [], []
     for hbm_outputs in device_hbm_outputs:
         device_written: list[np.ndarray | None] = []
@@ -465,7 +469,10 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
                 continue
             device_written.append(buf.shadow)
             if not buf.fully_written and not state.unfinished:
-                state.tell(OutputUnwritten(buf.name, ~buf.written))
+                op = blocked.get(buf.id)
+                blocks = unvisited_blocks(op) if op is not None else None
+                state.tell(OutputUnwritten(buf.name, ~buf.written) if blocks is None else
+                           OutputUnwritten(buf.name, ~buf.written, op.block_sizes, *blocks))
         # The call's buffers die with it: hand their arrays over rather than copy them.
         # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if

@@ -18,7 +18,7 @@ from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
     CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
     KernelPrint, Listener, OutOfBounds, SignalNotRemote, Signalled, UnboundedDma, UninitRead,
-    Waited)
+    UnlandedDma, Waited)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
@@ -49,6 +49,7 @@ class CallState(CallBuffers):
         self.report = report
         self.findings: list[Finding] = []
         self.uninit_reads: list[UninitRead] = []
+        self._unlanded: list[tuple[int, Dma]] = []  # (read's index, its DMA): run_ended
         # What the kernel printed (pl.debug_print), in simulated order; kept by the run
         # that reports only (not by re-runs), and not at all with --quiet-prints.
         self.prints: list[KernelPrint] = []
@@ -153,8 +154,14 @@ class CallState(CallBuffers):
 
     def run_ended(self) -> None:
         """The schedule is over: what is decided after it (the second fill, revisits) is
-        no moment of this schedule's timeline."""
+        no moment of this schedule's timeline. Each read that came before a DMA into its
+        memory landed now names that DMA's wait, if one came later."""
         self.feeds.without("found")
+        for i, dma in self._unlanded:
+            read = self.uninit_reads[i]
+            if dma.waited_at and read.dma is not None:
+                self.uninit_reads[i] = read._replace(dma=read.dma._replace(wait=dma.waited_at))
+        self._unlanded.clear()
 
     # -- the engine's moments, as events -------------------------------------------------
     def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
@@ -188,12 +195,16 @@ class CallState(CallBuffers):
 
     def block_out_of_bounds(self, ctx: "CoreContext", op: Operand,
                             block_index: tuple[int, ...], bad_dims: Sequence[int],
-                            frames: tuple[SourceFrame, ...]) -> None:
-        """A BlockSpec index map selects a block outside its operand's array."""
+                            frames: tuple[SourceFrame, ...], point: tuple[int, ...],
+                            prefetched_at: tuple[int, ...] | None = None) -> None:
+        """A BlockSpec index map selects a block outside its operand's array: the index
+        map of grid point `point`, fetched ahead during `prefetched_at` (None: at its
+        own step)."""
         rng = tuple((start, start + size) for start, size in op.block_window(block_index))
-        event = BlockOutOfBounds(event_data.where(ctx, frames), op.name,
-                                 op.describe(block_index), tuple(block_index), rng,
-                                 tuple(op.hbm.shape), tuple(bad_dims), op.is_output)
+        where = event_data.where(ctx, frames)._replace(grid_point=point)
+        event = BlockOutOfBounds(where, op.name, op.describe(block_index),
+                                 tuple(block_index), rng, tuple(op.hbm.shape),
+                                 tuple(bad_dims), op.is_output, prefetched_at)
         for take in self.feeds.block_out_of_bounds:
             take(event)
 
@@ -212,9 +223,12 @@ class CallState(CallBuffers):
         frames = current_frames(ctx)
         rng = region.index_range() if unwritten is None else region.selected_range(unwritten)
         note = self.fresh_revisits.get(region.buffer.id, "") if self.fresh_revisits else ""
+        dma = self.sync.landing_into(region.buffer.id, rng)
+        if dma is not None:  # read before the DMA filling it landed: its wait comes later
+            self._unlanded.append((len(self.uninit_reads), dma))
         self.uninit_reads.append(UninitRead(
-            region.buffer.name, region.buffer.space, rng, frames,
-            ctx.grid_point, ctx.actor, count, note))
+            region.buffer.name, region.buffer.space, rng, frames, ctx.grid_point, ctx.actor,
+            count, note, None if dma is None else UnlandedDma(dma.id, dma.frames)))
 
     def undefined_lanes(self, ctx: "CoreContext", what: str, count: int, note: str,
                         region: Region | None = None) -> None:

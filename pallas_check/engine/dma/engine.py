@@ -23,7 +23,7 @@ from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
-from pallas_check.findings import SourceFrame, format_range
+from pallas_check.findings import IndexRange, SourceFrame, format_range
 
 
 class Transfer:
@@ -70,6 +70,9 @@ class Dma(Transfer):
     # Its write adds to the destination atomically (a SparseCore scatter-add or gather-add,
     # engine/dma/indirect.py): two such writes never race with each other.
     atomic_add: bool = False
+    # Where the wait that took its last bytes is (empty until then): a read of its
+    # destination before it landed names it (the help of an uninitialized finding).
+    waited_at: tuple[SourceFrame, ...] = ()
 
     @property
     def actor_name(self) -> str:
@@ -98,9 +101,18 @@ class SyncState:
         self._receiving: dict[tuple, list[Dma]] = {}
         self._sending: dict[tuple, list[Dma]] = {}
         self._unwaited: dict[tuple, collections.deque[Dma]] = {}
+        # Per destination buffer id: the DMAs into it that may not have landed yet, for a
+        # read of never-written memory to name the DMA it came before (`landing_into`).
+        self._landing: dict[int, list[Dma]] = {}
 
     def start(self, dma: Dma) -> None:
         self.dmas.append(dma)
+        if dma.dst is not None:  # (a contract test's DMA may have no destination)
+            landing = self._landing.setdefault(dma.dst.buffer.id, [])
+            landing.append(dma)
+            n = len(landing)
+            if n >= 8 and not n & (n - 1):  # at 8, 16, 32, ...: linear in all, not per start
+                landing[:] = [d for d in landing if not d.copied]
         dst = (dma.dst_sem[0].id, dma.dst_sem[1])
         self._receiving.setdefault(dst, []).append(dma)
         if dma.src_sem is not None:
@@ -109,6 +121,14 @@ class SyncState:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def landing_into(self, buffer_id: int, index_range: IndexRange) -> Dma | None:
+        """The newest DMA started into buffer `buffer_id` over elements of `index_range`
+        that has not landed yet (a read there came before its wait), or None."""
+        for dma in reversed(self._landing.get(buffer_id, ())):
+            if not dma.copied and _overlap(dma.dst.index_range(), index_range):
+                return dma
+        return None
 
     def landing_only(self, sem: tuple[Buffer, tuple]) -> list[Dma] | None:
         """The DMAs that may still land on `sem`, in start order (the list itself: a
@@ -138,6 +158,11 @@ class SyncState:
         else:
             pending.reverse()  # each list is in start order
         return pending
+
+
+def _overlap(a: IndexRange, b: IndexRange) -> bool:
+    """Whether two index ranges of one buffer share an element (by their bounding boxes)."""
+    return len(a) == len(b) and all(lo < hi2 and lo2 < hi for (lo, hi), (lo2, hi2) in zip(a, b))
 
 
 def as_view(x: Any) -> RefView:

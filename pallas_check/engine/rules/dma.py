@@ -350,7 +350,7 @@ def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
 
 def _end_wait(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> None:
     sem_add(cell, -nbytes)
-    _account_wait(ctx.call.sync, cell, nbytes)
+    _account_wait(ctx.call.sync, cell, nbytes, frames)
     ctx.call.on_dma_wait(ctx, cell, frames)
 
 
@@ -477,8 +477,9 @@ def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
     _end_wait(ctx, cell, nbytes, frames)
 
 
-def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
-    """Attribute waited bytes to the DMAs on this semaphore, oldest first."""
+def _account_wait(sync: SyncState, cell: tuple, nbytes: int, frames: tuple = ()) -> None:
+    """Attribute waited bytes to the DMAs on this semaphore, oldest first (`frames`: the
+    wait's line, kept by each DMA it finishes)."""
     queue = sync._unwaited.get((cell[0].id, cell[1]))
     while queue and nbytes > 0:
         dma = queue[0]
@@ -487,6 +488,7 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
             dma.waited_bytes += take
             nbytes -= take
         if dma.waited_bytes >= dma.signal:
+            dma.waited_at = dma.waited_at or frames
             queue.popleft()  # fully waited: only ever the oldest ones
 
 

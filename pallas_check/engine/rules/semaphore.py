@@ -48,7 +48,7 @@ def _semaphore_wait(ctx, eqn, invals):
                    current=lambda: sem_value(cell), cell=cell)
     if decrement is None or bool(np.asarray(decrement)):
         sem_add(cell, -wanted)
-        _account_wait(ctx.call.sync, cell, wanted)
+        _account_wait(ctx.call.sync, cell, wanted, current_frames(ctx))
     ctx.call.on_semaphore_wait(ctx, cell)
     return []
 

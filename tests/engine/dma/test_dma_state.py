@@ -204,3 +204,29 @@ def test_a_semaphore_access_must_pick_one_semaphore():
     assert sem_name(cell(sems, 2)) == "sems[2]"
     with pytest.raises(KernelError, match="must pick one semaphore"):
         cell_of(StubContext(), index_region(sems, [((0, 2, 1),)]))
+
+
+def test_the_dma_a_read_came_before_is_the_newest_not_landed_over_its_elements():
+    """`landing_into`: what a read of never-written memory names as the DMA whose wait it
+    came before (issue 36): only a DMA into that buffer, over the elements read, that has
+    not landed; the newest of several."""
+    ctx, sems = StubContext(), semaphores()
+    buf, other = block("buf", MemorySpace.VMEM), block("other", MemorySpace.VMEM)
+    first = make_dma(ctx, block("x", MemorySpace.HBM, 1.0), buf, cell(sems, 0))
+    sync = ctx.call.sync
+    rows = ((0, 8), (0, 128))
+    assert sync.landing_into(buf.id, rows) is first
+    assert sync.landing_into(other.id, rows) is None  # another buffer
+    second = make_dma(ctx, block("y", MemorySpace.HBM, 2.0), buf, cell(sems, 1))
+    assert sync.landing_into(buf.id, ((4, 5), (0, 1))) is second  # the newest in flight
+    complete(ctx, second)
+    assert sync.landing_into(buf.id, rows) is first  # landed: no longer in flight
+    complete(ctx, first)
+    assert sync.landing_into(buf.id, rows) is None
+    # A DMA into a part of the buffer does not explain a read of another part.
+    part = Dma(sync.next_id(), whole(block("z", MemorySpace.HBM, 3.0)),
+               index_region(buf, [((0, 4, 1), (0, 128, 1))]), cell(sems, 0), None, NBYTES // 2,
+               "core 0", (), None, NBYTES // 2)
+    sync.start(part)
+    assert sync.landing_into(buf.id, ((4, 8), (0, 128))) is None
+    assert sync.landing_into(buf.id, ((3, 8), (0, 128))) is part
