@@ -4,8 +4,8 @@ report with the plain table as its text/plain fallback.
 
 rich's Console takes over output inside an IPython kernel (each `print` becomes its own
 `display_data`), which a fake IPython cannot show: only a kernel run by nbclient, as
-`jupyter nbconvert --execute` runs one, does. One kernel for the whole file: its start and
-JAX's import are the cost (a few seconds).
+`jupyter nbconvert --execute` runs one, does. One kernel: its start and JAX's import are
+the cost (a few seconds).
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ CELLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory) -> list:
+def _executed(folder: Path) -> list:
     """The notebook's cells after nbclient ran them in a fresh ipykernel."""
-    folder = tmp_path_factory.mktemp("notebook")
     (folder / "kern.py").write_text(KERNEL)
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(source) for source in CELLS])
@@ -81,14 +79,18 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> list:
     return notebook.cells
 
 
-def test_the_block_shows_only_the_kernels_own_prints(executed):
+def test_a_notebook_shows_the_kernels_prints_then_the_run_as_one_html_output(tmp_path):
+    """One test (one kernel, started once whatever pytest-xdist does): the block's cell,
+    then the cell that shows the Run."""
+    executed = _executed(tmp_path)
+    assert executed[0].outputs == []  # the imports: not a word
+    # The block: nothing of ours, only what the kernel printed.
     outputs = executed[1].outputs
     assert [o.output_type for o in outputs] == ["stream"], outputs
     assert outputs[0].name == "stdout"
     assert outputs[0].text == "[dev 0 core 0 (0,)] step 0\n[dev 0 core 0 (1,)] step 1\n"
 
-
-def test_the_run_is_one_html_output_with_the_finding_table_and_a_plain_fallback(executed):
+    # The Run: one result, the HTML table with the plain table as its fallback.
     outputs = executed[2].outputs
     # One result: no display_data per line of the report, no stream.
     assert [o.output_type for o in outputs] == ["execute_result"], outputs
