@@ -182,6 +182,11 @@ class Run:
         return (f"<pallas_check.Run: {findings_in_calls(len(r.findings), len(r.calls))},"
                 f" exit code {r.exit_code}>")
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        """Jupyter and IPython: ONE output, the HTML table, with the plain table as its
+        text/plain fallback (a front end without HTML, `nbconvert --to markdown`)."""
+        return {"text/html": self._repr_html_(), "text/plain": str(self)}
+
     def _repr_html_(self) -> str:
         """Jupyter: the report table as a terminal shows it, colours included (rich turns
         the table reporter's output into HTML with inline styles)."""
@@ -191,8 +196,11 @@ class Run:
         from rich.text import Text
 
         width = 120
+        # Not rich's Jupyter mode, which inside a kernel would send each printed line to
+        # the notebook as its own output and leave the recording empty.
         console = Console(record=True, file=io.StringIO(), width=width,
-                          color_system="truecolor", highlight=False, markup=False)
+                          color_system="truecolor", highlight=False, markup=False,
+                          force_jupyter=False)
         console.print(Text.from_ansi(self.render("table", width=width, color=True)), end="")
         return console.export_html(inline_styles=True, code_format=_HTML)
 

@@ -33,11 +33,14 @@ STALL_S = 300.0
 
 class Watchdog:
     def __init__(self, emergency: Callable[[str], bool], calls_in_flight: Callable[[], int],
-                 grace_s: float = GRACE_S, stall_s: float | None = None) -> None:
+                 grace_s: float | None = None, stall_s: float | None = None) -> None:
         self._emergency = emergency
         self._calls_in_flight = calls_in_flight
-        self.grace_s = grace_s
-        self.stall_s = STALL_S if stall_s is None else stall_s  # read now: tests lower it
+        # Both read now, not when the module loads: a test of a stopped run raises the
+        # grace (its report must be the main thread's, however loaded the machine) and
+        # lowers the stall.
+        self.grace_s = GRACE_S if grace_s is None else grace_s
+        self.stall_s = STALL_S if stall_s is None else stall_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reader: socket.socket | None = None

@@ -6,11 +6,15 @@ import os
 import select
 import subprocess
 import time
+from typing import Callable
 
 
-def read_until_closed(master: int, proc: subprocess.Popen, timeout: float = 300) -> bytes:
+def read_until_closed(master: int, proc: subprocess.Popen, timeout: float = 300,
+                      on_output: Callable[[bytes], None] | None = None) -> bytes:
     """Everything the child wrote to the terminal whose master end is `master`, until it
-    closes the terminal or exits (at most `timeout` seconds); `master` is closed after."""
+    closes the terminal or exits (at most `timeout` seconds); `master` is closed after.
+    `on_output(seen)` is called with everything so far after each read: a test answers
+    what the child showed (it waits on that, not on a time)."""
     seen = bytearray()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -23,6 +27,8 @@ def read_until_closed(master: int, proc: subprocess.Popen, timeout: float = 300)
             if not chunk:
                 break
             seen += chunk
+            if on_output is not None:
+                on_output(bytes(seen))
         elif proc.poll() is not None:
             break
     os.close(master)

@@ -34,10 +34,13 @@ class Display:
     ascii_only: bool = False  # the destination cannot encode box-drawing characters
 
     def console(self, file: TextIO) -> Console:
-        """A Console writing to `file` (usually a string buffer) as to the destination."""
+        """A Console writing to `file` (usually a string buffer) as to the destination.
+        Never rich's Jupyter mode: inside an IPython kernel rich would send each line to
+        the notebook as its own display_data instead of writing it to `file`."""
         return Console(file=file, width=self.width, color_system=self.color_system,
                        no_color=self.no_color, highlight=False, soft_wrap=False,
-                       emoji=False, legacy_windows=False, markup=False)
+                       emoji=False, legacy_windows=False, markup=False,
+                       force_jupyter=False)
 
 
 def display_for(stream: TextIO | None) -> Display:

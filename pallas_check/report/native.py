@@ -55,7 +55,8 @@ def _ms(seconds: float | None) -> str:
 
 
 def render_table(report: NativeReport, stream: TextIO) -> None:
-    console = Console(file=stream, width=140, highlight=False, soft_wrap=False)
+    console = Console(file=stream, width=140, highlight=False, soft_wrap=False,
+                      force_jupyter=False)  # into `stream`, also inside a Jupyter kernel
     table = Table(title=f"pallas_call wall times on {report.backend} (native lowering)",
                   title_justify="left", expand=True)
     for col in ("call", "kernel", "where", "grid", "compile ms", "best ms", "median ms",

@@ -90,6 +90,29 @@ def test_the_report_is_the_one_the_cli_renders():
     assert repr(run) == "<pallas_check.Run: 1 finding in 1 pallas_call, exit code 1>"
 
 
+def test_inside_a_jupyter_kernel_the_report_is_written_and_shown_once(monkeypatch):
+    """rich's Jupyter mode (any Console made inside an IPython kernel) sends each printed
+    line to the notebook as its own display_data; the report's Consoles never use it.
+    tests/api/test_notebook.py shows it in a real kernel."""
+    import rich.console
+    import rich.jupyter
+
+    with pallas_check.checking(dma="on_wait", races=False, project=False) as run:
+        jax.block_until_ready(jax.jit(BUG.load_double)(X))
+    displayed: list = []
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)
+    monkeypatch.setattr(rich.jupyter, "display", lambda *args: displayed.append(args))
+    html = run._repr_html_()
+    assert "buf[0:8, 0:128]" in html and '<span style="' in html
+    assert displayed == []
+    bundle = run._repr_mimebundle_()  # what IPython shows: the HTML, the plain table
+    assert bundle["text/html"] == html and sorted(bundle) == ["text/html", "text/plain"]
+    assert bundle["text/plain"] == run.render("table")
+    assert "buf[0:8, 0:128]" in bundle["text/plain"]
+    assert bundle["text/plain"].endswith("pallas-check: 1 finding in 1 pallas_call\n")
+    assert displayed == []
+
+
 def test_the_report_is_made_when_the_block_ends():
     with pallas_check.checking(project=False) as run:
         assert repr(run) == "<pallas_check.Run: running>"

@@ -28,7 +28,15 @@ from pallas_check.engine.runtime import progress
 from pallas_check.progress_line import describe, wanted
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 60_000  # 1.5 s of simulation or more (25 us a step at best): a long-ish call
+# Where no line must show: a call long enough for one to (1.5 s or more at 25 us a step,
+# three times SHOW_AFTER_S).
+STEPS = 60_000
+# Where the line must show, the call is held at grid step 1 (`--hold`: a debug callback
+# waits for a line on stdin) until the terminal shows the line: the test waits for the
+# line, not for a time, and a short call does. (A kernel with a callback is simulated step
+# by step, far slower a step than the plain one: short.)
+HELD_STEPS = 2_000
+LINE = b"grid steps"
 
 LONG_CALL = textwrap.dedent("""\
     import sys
@@ -41,18 +49,33 @@ LONG_CALL = textwrap.dedent("""\
     STEPS = int(sys.argv[1])
 
 
+    def hold():  # until the test, having seen the progress line, sends a line
+        sys.stdin.readline()
+
+
     def double_kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0
 
 
-    def double(x):
-        return pl.pallas_call(
-            double_kernel, grid=(STEPS,),
-            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+    def held_double_kernel(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 1)
+        def _():
+            jax.debug.callback(hold)
+
+        double_kernel(x_ref, o_ref)
 
 
+    def doubling(kernel, steps):
+        def double(x):
+            return pl.pallas_call(
+                kernel, grid=(steps,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+        return double
+
+
+    double = doubling(held_double_kernel if "--hold" in sys.argv else double_kernel, STEPS)
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
     out = jax.jit(double)(x)
     np.testing.assert_allclose(np.asarray(out), 2.0 * np.asarray(x))
@@ -67,15 +90,24 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, bytes, bytes]:
+def _on_a_terminal(args: list[str], cwd: Path,
+                   release: bytes | None = None) -> tuple[int, bytes, bytes]:
     """Run with stderr on a pseudo-terminal (200 columns) and stdout on a pipe: (exit code,
-    stdout, everything the terminal received)."""
+    stdout, everything the terminal received). `release`: once the terminal shows it, a
+    line goes to the child's stdin (a held call goes on)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(args, cwd=cwd, env=_env(),
+                            stdin=subprocess.PIPE if release else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
-    seen = read_until_closed(master, proc)
+
+    def answer(seen: bytes) -> None:
+        if release and release in seen and not proc.stdin.closed:
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+
+    seen = read_until_closed(master, proc, on_output=answer)
     stdout = proc.stdout.read()
     proc.stdout.close()
     return proc.wait(timeout=60), stdout, seen
@@ -90,11 +122,12 @@ def _script(tmp_path: Path) -> Path:
 def test_a_long_call_shows_its_grid_steps_on_a_terminal(tmp_path):
     script = _script(tmp_path)
     code, stdout, terminal = _on_a_terminal(
-        [sys.executable, "-m", "pallas_check", "run", str(script), "--", str(STEPS)], tmp_path)
+        [sys.executable, "-m", "pallas_check", "run", str(script), "--", str(HELD_STEPS),
+         "--hold"], tmp_path, release=LINE)
     assert code == 0, terminal.decode(errors="replace")
     text = terminal.decode(errors="replace")
-    assert f"/{STEPS:,} grid steps" in text, text
-    assert "pallas-check: call 0 double_kernel: " in text
+    assert f"/{HELD_STEPS:,} grid steps" in text, text
+    assert "pallas-check: call 0 held_double_kernel: " in text
     assert "steps/s" in text
     assert b"output matches" in stdout and b"0 findings in 1 pallas_call" in stdout
 
@@ -121,18 +154,19 @@ def test_no_progress_with_json_to_stdout_even_on_a_terminal(tmp_path):
 
 def test_the_python_api_shows_progress_only_when_asked(tmp_path):
     script = tmp_path / "api_progress.py"
-    script.write_text(LONG_CALL.replace("out = jax.jit(double)(x)", textwrap.dedent("""\
+    script.write_text(LONG_CALL.replace("out = jax.jit(double)(x)", textwrap.dedent(f"""\
         import pallas_check
         with pallas_check.checking(project=False):
             jax.block_until_ready(jax.jit(double)(x))
         print("MARK", file=sys.stderr, flush=True)
         with pallas_check.checking(project=False, progress=True):
-            out = jax.jit(double)(x + 0)""")))
-    code, _, terminal = _on_a_terminal([sys.executable, str(script), str(STEPS)], tmp_path)
+            out = jax.jit(doubling(held_double_kernel, {HELD_STEPS}))(x)""")))
+    code, _, terminal = _on_a_terminal([sys.executable, str(script), str(STEPS)], tmp_path,
+                                       release=LINE)
     assert code == 0, terminal
     before, mark, after = terminal.partition(b"MARK")
     assert mark and b"grid steps" not in before
-    assert f"/{STEPS:,} grid steps".encode() in after
+    assert f"/{HELD_STEPS:,} grid steps".encode() in after
 
 
 def test_wanted_only_on_a_terminal_and_not_for_machine_formats_on_stdout():

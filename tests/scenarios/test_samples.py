@@ -199,15 +199,16 @@ def test_deadlock_sample_ends_instead_of_hanging(tmp_path):
     import json
     import subprocess
     import sys
-    import time
 
     report = tmp_path / "deadlock.json"
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pallas_check", "run", "--format", "json", "--output",
          str(report), str(SAMPLES / "deadlock_bug.py")],
         capture_output=True, text=True, timeout=120)
-    assert time.monotonic() - started < 60, "the deadlock took too long to be found"
     assert proc.returncode == 1, proc.stderr
-    kinds = [f["kind"] for f in json.loads(report.read_text())["findings"]]
+    data = json.loads(report.read_text())
+    # Found by the scheduler, not by a clock: the run finished (the watchdog would have
+    # stopped a stuck one part way, with a partial report).
+    assert data["partial"] is False and data["user_error"] is None
+    kinds = [f["kind"] for f in data["findings"]]
     assert "deadlock" in kinds

@@ -1,8 +1,8 @@
 """A long racy call, to stop in the middle (tests/cli/test_stopping.py).
 
 Every grid step starts a DMA into a VMEM scratch buffer and reads the buffer before
-waiting for the DMA: a race at every step (`--races`). At grid step 1 a debug callback
-prints "running", so that a test knows the call is being simulated before it stops it.
+waiting for the DMA: a race at every step (`--races`). At grid step 2 (steps 0 and 1 done)
+a debug callback prints "running": a test waits for it, not for a time, before stopping.
 
 Usage: long_race.py [STEPS]  (default 50 000: about half a minute of simulation)
 """
@@ -27,7 +27,7 @@ def racy_kernel(x_hbm, o_ref, buf, sem):
     o_ref[...] = buf[...] * 2.0  # BUG: read before the wait
     copy.wait()
 
-    @pl.when(pl.program_id(0) == 1)
+    @pl.when(pl.program_id(0) == 2)
     def _():
         jax.debug.callback(say_running)
 

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -80,6 +80,7 @@ print("checked", float(add(x, x)[0, 0]), flush=True)
 
 
 def never_returns(v):
+    print("stuck", flush=True)
     threading.Event().wait()
     return v
 
@@ -105,7 +106,8 @@ def test_ctrl_c_ends_a_run_blocked_inside_jax_with_a_partial_report(tmp_path):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert process.stdout.readline().startswith("checked 2.0")
-        time.sleep(2)  # into the stuck computation
+        # Inside the stuck computation (each device's callback says so; the first will do).
+        assert process.stdout.readline().startswith("stuck")
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -118,24 +120,37 @@ def test_ctrl_c_ends_a_run_blocked_inside_jax_with_a_partial_report(tmp_path):
 
 def test_the_watchdog_stops_a_call_that_makes_no_progress():
     reasons: list[str] = []
+    fired = threading.Event()
 
     def emergency(reason: str) -> bool:
         reasons.append(reason)
+        fired.set()
         return False  # do not end the test process
 
     progress.beat()
     with Watchdog(emergency, calls_in_flight=lambda: 1, stall_s=0.5):
-        deadline = time.monotonic() + 10
-        while not reasons and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert reasons and "no progress for" in reasons[0]
+        assert fired.wait(timeout=120), "the watchdog never fired"
+    assert len(reasons) == 1 and "no progress for" in reasons[0]
 
 
 def test_the_watchdog_leaves_a_run_without_calls_in_flight_alone():
+    """Not a second of sleep hoping the watchdog looked: it has looked twice at a run with
+    no progress for longer than its stall limit, and let it be."""
     reasons: list[str] = []
-    with Watchdog(lambda r: reasons.append(r) or False, calls_in_flight=lambda: 0,
+    looked_stalled: list[float] = []
+    looked_twice = threading.Event()
+
+    def calls_in_flight() -> int:
+        if progress.seconds_since_beat() >= 0.2:
+            looked_stalled.append(progress.seconds_since_beat())
+            if len(looked_stalled) >= 2:  # the first look's decision is made by now
+                looked_twice.set()
+        return 0
+
+    progress.beat()
+    with Watchdog(lambda r: reasons.append(r) or False, calls_in_flight=calls_in_flight,
                   stall_s=0.2):
-        time.sleep(1.0)
+        assert looked_twice.wait(timeout=120), "the watchdog never looked"
     assert reasons == []
 
 

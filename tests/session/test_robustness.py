@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import jax
@@ -363,14 +362,22 @@ print("all threads checked their outputs")
 def test_calls_from_four_threads_are_checked_without_crosstalk(cli, tmp_path, monkeypatch):
     original = explore.run_call_devices
     lock = threading.Lock()
-    in_flight, most, per_call = [0], [0], {}
+    in_flight, most, per_call, arrived = [0], [0], {}, [0]
+    # The first two calls to arrive (from two threads: a thread's next call waits for its
+    # last) wait for each other inside the engine: the calls overlap, by construction, not
+    # by luck of timing. The timeout only turns a regression that serialises calls into a
+    # failure instead of a hang.
+    first_two = threading.Barrier(2, timeout=120)
 
     def observed(params, device_operands, config, call_index, *args, **kwargs):
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
+            arrived[0] += 1
+            meets = arrived[0] <= 2
         try:
-            time.sleep(0.02)  # give the other threads a chance to be inside too
+            if meets:
+                first_two.wait()
             result = original(params, device_operands, config, call_index, *args, **kwargs)
         finally:
             with lock:
@@ -517,7 +524,9 @@ def test_a_device_arriving_after_another_gave_up_does_not_use_its_operands():
     with pytest.raises(RendezvousTimeout, match="device 1 arrived after"):
         meeting_point.meet(1, 2, ["device 1's operands"], ran.append)
     assert ran == []
-    # The next call of both devices meets normally.
+    # The next call of both devices meets normally, however late the second device comes
+    # (the short limit above was for the device that was to wait in vain).
+    meeting_point.timeout_s = 120
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault(
         0, meeting_point.meet(0, 2, ["a0"], lambda ops: [o[0] * 2 for o in ops])))

@@ -12,7 +12,6 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -130,9 +129,10 @@ ONE_SIDED_DEADLOCK = textwrap.dedent('''
 
 
 def _deadlock_run(args: str, report: Path) -> dict:
-    started = time.monotonic()
     code, data, output = _run(args, report)
-    assert time.monotonic() - started < 45, "the deadlock took too long to be found"
+    # Found by the scheduler (no actor can move), not by a clock: the run finished with
+    # its report, where the watchdog would have stopped a stuck run part way.
+    assert data["partial"] is False and data["user_error"] is None, output
     assert code == 1, output
     (deadlock,) = [f for f in data["findings"] if f["kind"] == "deadlock"]
     return deadlock
@@ -144,7 +144,7 @@ def _deadlock_run(args: str, report: Path) -> dict:
      32),
     ("{one_sided} --devices 2", {"device 0 core 0"}, 16),
 ], ids=["deadlock_bug", "remote_deadlock_2dev", "one_sided_2dev"])
-def test_deadlock_ends_quickly_naming_every_blocked_actor(tmp_path, args, blocked, line):
+def test_a_deadlock_is_found_naming_every_blocked_actor(tmp_path, args, blocked, line):
     script = tmp_path / "one_sided_deadlock.py"
     script.write_text(ONE_SIDED_DEADLOCK)
     deadlock = _deadlock_run(args.format(one_sided=script), tmp_path / "report.json")
