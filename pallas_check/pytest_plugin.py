@@ -65,6 +65,21 @@ def pytest_configure(config: pytest.Config) -> None:
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
+        _simulate_the_tpu(config, options.config)
+
+
+def _simulate_the_tpu(config: pytest.Config, check: Any) -> None:
+    """The simulated TPU (tpu_info.py) for the whole session, from before collection to
+    the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
+    its wrappers ask which chip they run on before any test's pallas_call, and are told
+    `tpu` (the first generation) as each test's own checking is."""
+    import contextlib
+
+    from pallas_check.tpu_info import simulated_tpu
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(simulated_tpu(check.tpu, check.cores))
+    config.add_cleanup(stack.close)
 
 
 def _options(config: pytest.Config) -> Any:
