@@ -243,7 +243,7 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None,
-                    results=results, checkers=checkers, live=live)
+                    results=results, checkers=checkers, live=live, call_site=call_site)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
