@@ -231,9 +231,12 @@ def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
 
 @contextlib.contextmanager
 def checked(options: Options, label: str, rerun: str | None = None,
-            cwd: str | None = None, progress: bool = False) -> Iterator[Run]:
+            cwd: str | None = None, progress: bool = False,
+            retrace: Any = None) -> Iterator[Run]:
     """`checking` with options already resolved (the pytest plugin's way in): the run path
-    of `pallas-check run` (runner.py) around a block instead of a script."""
+    of `pallas-check run` (runner.py) around a block instead of a script. `retrace(gen)`:
+    how the block is run again as a further `tpu` generation (generations.py; the plugin
+    runs the test again), None: its one trace is compiled for every generation."""
     from pallas_check.execfile import ScriptOutcome
     from pallas_check.intercept import installed
     from pallas_check.progress_line import is_terminal
@@ -251,6 +254,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     start_backends_quietly(compiling=options.config.compile)
     run = Run(options, label)
     session = Session(options.config)  # not kept by the Run: the report is all it keeps
+    session.retrace = retrace
     outcome = ScriptOutcome(ok=True)
     ours: list[str] = []
     try:

@@ -75,12 +75,29 @@ def answer_for(generation: TpuGeneration | str, cores: int = 1) -> Answer:
 _lock = threading.Lock()
 _answers: list[Answer] = []  # the active simulations, innermost last
 _restore: list[Callable[[], None]] = []  # undoes the patches, while any is active
+_questions = [0]  # how many times a simulation answered (`questions`)
 
 
 def current() -> Answer | None:
     """The innermost active simulation's answer, or None."""
     answers = _answers
     return answers[-1] if answers else None
+
+
+def _answering() -> Answer | None:
+    """`current()`, counted as a question answered when there is one."""
+    answer = current()
+    if answer is not None:
+        _questions[0] += 1
+    return answer
+
+
+def questions() -> int:
+    """How many times, so far in this process, something was told the simulated chip (a
+    device's kind or cores, JAX's TPU info, a mesh's abstract device). A run during which
+    this did not change traced nothing that depends on the chip: another generation's run
+    of it would trace the same calls (generations.py)."""
+    return _questions[0]
 
 
 @contextlib.contextmanager
@@ -142,14 +159,12 @@ def _patch_device() -> Callable[[], None]:
     saved_cores = device_type.__dict__.get("num_cores")
 
     def device_kind(self: Any) -> str:
-        answer = current()
-        if answer is not None and _is_cpu(self):
+        if _is_cpu(self) and (answer := _answering()) is not None:
             return answer.device_kind
         return kind.__get__(self, device_type)
 
     def num_cores(self: Any) -> int:
-        answer = current()
-        if answer is not None and _is_cpu(self):
+        if _is_cpu(self) and (answer := _answering()) is not None:
             return answer.num_cores
         return lookup(self, "num_cores")
 
@@ -178,13 +193,13 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
 
     def get_device_kind() -> str:
         found = kind_of()
-        answer = current()
-        return answer.device_kind if answer is not None and found == "cpu" else found
+        answer = _answering() if found == "cpu" else None
+        return answer.device_kind if answer is not None else found
 
     def get_num_device_cores() -> int:
         found = cores_of()
-        answer = current()
-        return answer.num_cores if answer is not None and found is None else found
+        answer = _answering() if found is None else None
+        return answer.num_cores if answer is not None else found
 
     jax_tpu_info.get_device_kind = get_device_kind
     jax_tpu_info.get_num_device_cores = get_num_device_cores
@@ -216,7 +231,7 @@ def _patch_abstract_mesh() -> Callable[[], None]:
             platform=device.platform))
 
     def abstract_mesh(self: Any) -> Any:
-        answer = current()
+        answer = _answering()
         per_answer = self.__dict__.setdefault("_pallas_check_abstract_meshes", {})
         if answer not in per_answer:
             per_answer[answer] = made(self, answer)
