@@ -218,9 +218,12 @@ def checking(*, project: bool | str | Path = True, progress: bool = False,
 
 @contextlib.contextmanager
 def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
-    """While the block runs, kernels that ask which TPU they run on (`pltpu.get_tpu_info()`,
-    `pltpu.emit_pipeline`'s tiling) are told `generation` (v5e, v5p, v6e, v7x) with `cores`
-    TensorCores, not the CPU they run on. `checking()` does this itself (its `tpu` and
+    """While the block runs, whatever asks which TPU it runs on is told `generation` (v5e,
+    v5p, v6e, v7x), not the CPU it runs on: `jax.devices()[0].device_kind` and `.num_cores`
+    as libtpu reports them ("TPU v6 lite", 1; v5p: "TPU v5", 2), `pltpu.get_tpu_info()`,
+    `plsc.get_sparse_core_info()`, `pltpu.create_tensorcore_mesh` without `num_cores`,
+    `pltpu.emit_pipeline`'s tiling; `cores` > 1: that many TensorCores per device. The
+    devices stay CPU devices (tpu_info.py). `checking()` does this itself (its `tpu` and
     `cores` options); this is for running such kernels under JAX's own interpreters
     (`interpret=True`, `pltpu.InterpretParams`) on a CPU, as benchmarks/run.py does."""
     from pallas_check.tpu_info import simulated_tpu as simulate
