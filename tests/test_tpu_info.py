@@ -86,6 +86,19 @@ def test_cores_override_and_nesting_answer_as_the_innermost():
     assert jax_tpu_info.get_device_kind.__module__ != "pallas_check.tpu_info"
 
 
+def test_the_api_answers_inside_its_block():
+    """`pallas_check.checking(tpu=...)`: the block asks as a script does."""
+    import pallas_check
+
+    with pallas_check.checking(tpu="v5p", project=False):
+        device = jax.devices()[0]
+        asked = (device.device_kind, device.num_cores,
+                 pltpu.create_tensorcore_mesh("core").shape["core"],
+                 plsc.get_sparse_core_info().num_cores)
+    assert asked == ("TPU v5", 2, 2, 4)
+    assert jax.devices()[0].device_kind == "cpu"
+
+
 def test_a_tensorcore_mesh_inside_shard_map_has_the_chips_cores():
     """Inside a shard_map the device is the abstract mesh's, which JAX makes with no core
     count for a CPU device; the same Mesh object under two generations answers each."""
