@@ -10,8 +10,11 @@ of its own (`retrace_in_child`: fresh imports, so the module constants and cache
 script's own modules answer as that chip too), told that chip, its calls compiled for it
 alone. In `run` the further runs simulate their calls (the script gets real outputs, as in
 the run itself) and, with `--tpu-all`, their findings count too; in `compile` they answer
-with zeros as `compile` does. The pytest plugin re-runs a test in its own process instead
-(`rerun_in_process`): the test's module was imported once.
+with zeros as `compile` does (retrace.py is that process). The pytest plugin runs a test's
+body again in its own process instead (retrace.rerun_in_process): what the test's module
+computed when it was imported stays as the first chip made it. Nothing runs again when the
+first run never asked which chip it runs on (tpu_info.questions()): its trace is every
+generation's.
 
 What each further run did is kept per generation (`GenerationRun`) and merged into the
 first run's session (`merge`): its compiled calls' outcomes under that generation, its
