@@ -227,9 +227,12 @@ def checking(*, project: bool | str | Path = True, progress: bool = False,
 
 @contextlib.contextmanager
 def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
-    """While the block runs, kernels that ask which TPU they run on (`pltpu.get_tpu_info()`,
-    `pltpu.emit_pipeline`'s tiling) are told `generation` (v5e, v5p, v6e, v7x) with `cores`
-    TensorCores, not the CPU they run on. `checking()` does this itself (its `tpu` and
+    """While the block runs, whatever asks which TPU it runs on is told `generation` (v5e,
+    v5p, v6e, v7x), not the CPU it runs on: `jax.devices()[0].device_kind` and `.num_cores`
+    as libtpu reports them ("TPU v6 lite", 1; v5p: "TPU v5", 2), `pltpu.get_tpu_info()`,
+    `plsc.get_sparse_core_info()`, `pltpu.create_tensorcore_mesh` without `num_cores`,
+    `pltpu.emit_pipeline`'s tiling; `cores` > 1: that many TensorCores per device. The
+    devices stay CPU devices (tpu_info.py). `checking()` does this itself (its `tpu` and
     `cores` options); this is for running such kernels under JAX's own interpreters
     (`interpret=True`, `pltpu.InterpretParams`) on a CPU, as benchmarks/run.py does."""
     from pallas_check.tpu_info import simulated_tpu as simulate
@@ -240,9 +243,12 @@ def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
 
 @contextlib.contextmanager
 def checked(options: Options, label: str, rerun: str | None = None,
-            cwd: str | None = None, progress: bool = False) -> Iterator[Run]:
+            cwd: str | None = None, progress: bool = False,
+            retrace: Any = None) -> Iterator[Run]:
     """`checking` with options already resolved (the pytest plugin's way in): the run path
-    of `pallas-check run` (runner.py) around a block instead of a script."""
+    of `pallas-check run` (runner.py) around a block instead of a script. `retrace(gen)`:
+    how the block is run again as a further `tpu` generation (generations.py; the plugin
+    runs the test again), None: its one trace is compiled for every generation."""
     from pallas_check.execfile import ScriptOutcome
     from pallas_check.intercept import installed
     from pallas_check.progress_line import is_terminal
@@ -260,6 +266,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
     start_backends_quietly(compiling=options.config.compile)
     run = Run(options, label)
     session = Session(options.config)  # not kept by the Run: the report is all it keeps
+    session.retrace = retrace
     outcome = ScriptOutcome(ok=True)
     ours: list[str] = []
     try:

@@ -318,9 +318,10 @@ def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: 
     from pallas_check.compile_command import CompileOnlyCommand
     from pallas_check.runner import run_command
 
-    raise _guarded(lambda: run_command(CompileOnlyCommand(str(script), generations),
-                                       str(script), _script_args(script_args), fmt_name,
-                                       output))
+    args = _script_args(script_args)
+    raise _guarded(lambda: run_command(CompileOnlyCommand(str(script), generations, args,
+                                                          devices),
+                                       str(script), args, fmt_name, output))
 
 
 def _script_args(script_args: Optional[List[str]]) -> list[str]:

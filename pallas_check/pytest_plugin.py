@@ -8,9 +8,16 @@ the test, with the table report as the failure text; a test that failed on its o
 its failure and gets the table as an extra report section.
 `@pytest.mark.pallas_check_skip` runs a test without interception.
 
+The simulated TPU (`--pallas-check-tpu GEN`, default v5e) answers for the whole session,
+from before collection: a TPU-only suite's module-level `skipif` on the device kind, its
+fixtures and its wrappers all see that chip (tpu_info.py), while XLA runs on the CPU.
+
 Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait|random`,
-`--pallas-check-uninit nan|zero`, `--pallas-check-compile` (each call also compiled for the
-TPU generations of `tpu`, after the test), `--pallas-check-kernel GLOB` (repeatable) and
+`--pallas-check-uninit nan|zero`, `--pallas-check-tpu v5e|v5p|v6e|v7x[,...]`,
+`--pallas-check-compile` (each call also compiled for the TPU generations of `tpu`, after
+the test; with several, a test that asked which chip it runs on is run again in-process as
+each further one and that run compiled: generations.py), `--pallas-check-tpu-all` (those
+runs checked too), `--pallas-check-kernel GLOB` (repeatable) and
 `--pallas-check-calls N` (check only those kernels, and the first N calls of each call
 structure; the rest pass through unchecked); the other settings of `[tool.pallas-check]` in the
 pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
@@ -66,6 +73,21 @@ def pytest_configure(config: pytest.Config) -> None:
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
+        _simulate_the_tpu(config, options.config)
+
+
+def _simulate_the_tpu(config: pytest.Config, check: Any) -> None:
+    """The simulated TPU (tpu_info.py) for the whole session, from before collection to
+    the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
+    its wrappers ask which chip they run on before any test's pallas_call, and are told
+    `tpu` (the first generation) as each test's own checking is."""
+    import contextlib
+
+    from pallas_check.tpu_info import simulated_tpu
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(simulated_tpu(check.tpu, check.cores))
+    config.add_cleanup(stack.close)
 
 
 def _options(config: pytest.Config) -> Any:
@@ -107,7 +129,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = run = None
     try:
         with checked(options, item.nodeid, rerun=f"pytest {item.nodeid} --pallas-check",
-                     cwd=str(item.config.rootpath)) as run:
+                     cwd=str(item.config.rootpath), retrace=_retrace(item, options)) as run:
             result = yield
     except BaseException as exc:  # the test's own failure; re-raised below
         failure = exc
@@ -131,6 +153,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         raise failure
     pytest.fail(f"pallas-check: {plural(len(report.findings), 'finding')} in {item.nodeid}\n"
                 f"{verdict.text}", pytrace=False)
+
+
+def _retrace(item: pytest.Item, options: Any) -> Any:
+    """How the test runs again as a further generation of `tpu` (generations.py: with
+    --pallas-check-compile or --pallas-check-tpu-all, when the test asked which chip it
+    runs on): its body once more in this process, told that chip."""
+    from pallas_check.retrace import rerun_in_process
+
+    return lambda generation: rerun_in_process(item.runtest, options.config, generation)
 
 
 class _CallCounter:

@@ -115,6 +115,10 @@ class CheckCommand:
         self.trace = trace
         self.progress = progress  # a progress line on stderr (progress_line.py)
         self.session = Session(config)
+        from pallas_check.generations import retrace_in_child
+
+        self.session.retrace = lambda generation: retrace_in_child(
+            script, args, config, generation, config.devices)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -281,7 +285,8 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
         internal_error=engine_error, partial=outcome.interrupted, rerun=rerun,
         script_args=tuple(args), suppressed=kept.suppressed,
         passed_through=(session.call_filter.passed_through()
-                        if session.call_filter is not None else {}))
+                        if session.call_filter is not None else {}),
+        traces=dict(session.traces))
     return Finished(report, kept, outcome, user_failed,
                     finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip)
 
@@ -311,13 +316,14 @@ def sparsecore_refusal(outcome: Any, tpu: Any) -> tuple[str, ExitCode] | None:
 
 def _compile_after_run(session: Any, outcome: Any) -> str | None:
     """`--compile`: the calls the script made, compiled for the real TPUs now that no
-    interception is installed; None, or our failure as one line."""
-    if session.compile_recorder is None or outcome.interrupted or session.engine_error:
+    interception is installed, each further generation from its own run (generations.py;
+    also for --tpu-all); None, or our failure as one line."""
+    if outcome.interrupted or session.engine_error:
         return None
-    from pallas_check.tpu_compile.stage import compile_session
+    from pallas_check.generations import after_run
 
     try:
-        compile_session(session)
+        after_run(session)
     except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
         return f"internal error while compiling for TPU: {type(exc).__name__}: {exc}"
     return None

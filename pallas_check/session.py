@@ -147,6 +147,14 @@ class Session:
             timeline=False, compile=False)
         self._xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
         self.compile_recorder: Any = None
+        # Several --tpu generations with --compile or --tpu-all: how a further generation
+        # is traced (generations.py; None: the first run's trace is compiled for each), and
+        # what each further generation's run did (its note in the report).
+        self.retrace: Callable[[Any], Any] | None = None
+        self.traces: dict[str, dict] = {}
+        # tpu_info.questions() when the run began: none asked since, no trace depends on
+        # the chip, and the first generation's trace is every generation's.
+        self.questions_from: int | None = None
         if config.compile:
             from pallas_check.tpu_compile.stage import CompileRecorder
 
@@ -243,7 +251,7 @@ class Session:
                     progress=(lambda done, total: self.progress(index, kernel.name, done,
                                                                 total))
                     if self.progress is not None else None,
-                    results=results, checkers=checkers, live=live)
+                    results=results, checkers=checkers, live=live, call_site=call_site)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -418,8 +426,9 @@ class Session:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
         from pallas_check.intercept import intercepted
-        from pallas_check.tpu_info import simulated_tpu
+        from pallas_check.tpu_info import questions, simulated_tpu
 
         with (intercepted(self.handle_call, fills_results=True, call_sites=True),
               simulated_tpu(self.config.tpu, self.config.cores)):
+            self.questions_from = questions()
             yield

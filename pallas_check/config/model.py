@@ -64,6 +64,9 @@ class Config:
     schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     compile: bool = False  # also compile every call for the real TPUs named by `tpu`
+    # Several generations in `tpu`: each further one's own trace (the script run again as
+    # that chip) simulated and checked too, not only compiled.
+    tpu_all: bool = False
     quiet_prints: bool = False  # drop the kernels' own prints (pl.debug_print)
     # Filters (call_filter.py): check only kernels whose name matches one of these globs
     # (none: every kernel), and only the first `calls` calls of each kernel, shapes and

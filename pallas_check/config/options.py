@@ -92,7 +92,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
            "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
            " is the one kernels are told they run on; --compile compiles for each.",
-           config_field="tpu", replayed=True, check=parse_generations, metavar="LIST"),
+           config_field="tpu", replayed=True, check=parse_generations, metavar="LIST",
+           pytest=True),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
            minimum=1, config_field="devices", replayed=True, metavar="N"),
     Option("cores", ("--cores",), int, 1,
@@ -141,6 +142,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Also compile every call for the real TPU generation(s) of --tpu with libtpu"
            " (no TPU needed): compile errors and VMEM overflows become findings.",
            config_field="compile", replayed=True, pytest=True),
+    Option("tpu_all", ("--tpu-all",), bool, False,
+           "With several --tpu generations: the script runs once more per further"
+           " generation, traced as that chip, and each run's calls are simulated and"
+           " checked too (without it only the first generation's are; --compile compiles"
+           " each generation's own trace either way).",
+           config_field="tpu_all", replayed=True, pytest=True),
 )
 
 BY_PARAM = {option.param: option for option in RUN_OPTIONS}

@@ -44,6 +44,12 @@ from jax._src.pallas import primitives as pallas_primitives
 # which chip a kernel is told it runs on (tpu_info.py).
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+# JAX's device-mesh orderings per TPU device kind, kept off the CPU devices a simulated TPU
+# names (tpu_info.py).
+from jax._src import mesh_utils as jax_mesh_utils
+# shard_map's cache of a mesh's manual abstract mesh (which holds the chip a kernel is told
+# about): cleared when the simulated TPU changes (tpu_info.py).
+from jax._src import shard_map as jax_shard_map
 # SparseCore primitives (plsc): vector ops, barrier, parallel_loop (engine/rules/sparsecore.py).
 from jax._src.pallas.mosaic import sc_primitives
 # SparseCore: `Indices` (a gather/scatter DMA's filtered index vector; engine/dma/indirect.py,
@@ -115,7 +121,7 @@ def mosaic_dialect() -> ModuleType:
 
 __all__ = [
     "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
-    "jax_core", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
+    "jax_core", "jax_mesh_utils", "jax_shard_map", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
     "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
     "sc_core", "sc_primitives", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",

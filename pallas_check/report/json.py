@@ -68,6 +68,10 @@ def report_dict(report: RunReport) -> dict[str, Any]:
             for f, why in [*((f, None) for f in report.findings), *report.suppressed]
         ],
         "trace": report.trace,
+        # Several --tpu generations: how each further one was traced (no times: the
+        # report stays the same run to run).
+        "traces": {g: {k: v for k, v in t.items() if k not in ("seconds", "process_seconds")}
+                   for g, t in getattr(report, "traces", {}).items()},
     }
 
 

@@ -46,6 +46,10 @@ class RunReport:
     trace: str | None = None  # the --trace file written, if any
     # --kernel / --calls: the calls run unchecked, per kernel name (call_filter.py).
     passed_through: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Several --tpu generations with --compile or --tpu-all: per further generation, how
+    # its calls were traced (generations.py): by a run of the script of its own (calls,
+    # findings, the script's error, seconds), or from the first generation's trace.
+    traces: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 def kernel_counts(report: RunReport) -> list[tuple[str, int, int]]:

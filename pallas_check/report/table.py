@@ -139,6 +139,7 @@ class TableReporter:
             else:
                 _print_blocks(console, shown, kind, items)
         _print_compiled(console, report)
+        _print_traces(console, report)
         _print_unused_memory(console, report)
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
@@ -277,6 +278,29 @@ def _print_compiled(console: Console, report: RunReport) -> None:
             parts.append(text)
         print_wrapped(console, Text(f"call {call.index} {call.kernel}: " + "; ".join(parts)),
                       indent=2)
+
+
+def _print_traces(console: Console, report: RunReport) -> None:
+    """Several --tpu generations: how each further one's calls were traced -- by a run of
+    the script of its own (generations.py), and how long it took -- or from the first's."""
+    for generation, trace in getattr(report, "traces", {}).items():
+        if "traced_as" in trace:
+            text = (f"note: {generation} compiled from the {trace['traced_as']} trace (the"
+                    " code ran once; a call whose shapes follow the chip is not"
+                    f" {generation}'s own)")
+        else:
+            stopped = (f"; it stopped: {trace['script_error']}"
+                       if trace.get("script_error") else "")
+            seconds = f"{trace.get('seconds', 0.0):.2f} s"
+            if trace.get("own_process"):
+                how = "a run of the script of its own as that chip"
+                seconds += (f", {trace.get('process_seconds', 0.0):.2f} s with its"
+                            " process's start and compiles")
+            else:
+                how = "running the code again as that chip in this process"
+            text = (f"note: {generation} traced by {how}: {trace.get('calls', 0)} call(s),"
+                    f" {trace.get('findings', 0)} finding(s) kept; {seconds}{stopped}")
+        print_wrapped(console, Text(text, style="yellow"))
 
 
 def _print_unused_memory(console: Console, report: RunReport) -> None:

@@ -187,12 +187,23 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
     except Exception as exc:  # noqa: BLE001 - the compiler's verdict on the user's kernel
         outcome.seconds = time.perf_counter() - started
         outcome.error_text = f"{type(exc).__name__}: {exc}"
-        outcome.diagnosis = diagnose(str(exc))
+        outcome.diagnosis = diagnose(str(exc) or _unsaid(params, exc))
         return outcome
     outcome.seconds = time.perf_counter() - started
     outcome.lowered_ir = None  # kept only to place a failure
     outcome.scoped_bytes = _scoped_use(compiled.as_text())
     return outcome
+
+
+def _unsaid(params: dict, exc: Exception) -> str:
+    """What a failure without a message means: the TPU lowering's assertion on compiler
+    params of another backend (engine/jaxpr/mosaic_limits.py says which), or its type."""
+    from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
+
+    refused = foreign_compiler_params(params)
+    if refused is not None:
+        return refused.message
+    return f"{type(exc).__name__} in the Pallas TPU lowering (no message)"
 
 
 def _sparsecore_outcome(params: dict, generation: TpuGeneration) -> CompileOutcome:

@@ -112,16 +112,19 @@ def _code(code: str | None) -> str:
     return f" [{code}]" if code else ""
 
 
-def compile_session(session: Any) -> None:
-    """`--compile` after a checked run: every call the session recorded compiled for each
-    generation of `--tpu`; the failures join its findings, each call's summary gets its
+def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = None
+                    ) -> None:
+    """`--compile` after a checked run: every call the session recorded compiled for
+    `generations` (default: each of `--tpu`; generations.py compiles each further one
+    from its own trace); the failures join its findings, each call's summary gets its
     footprint per generation."""
     from pallas_check.config import parse_generations
 
     recorder = getattr(session, "compile_recorder", None)
     if recorder is None:
         return
-    result = compile_recorded(recorder.calls, parse_generations(session.config.tpu))
+    result = compile_recorded(recorder.calls, generations if generations is not None
+                              else parse_generations(session.config.tpu))
     # What the simulation already found Mosaic refuses (engine/jaxpr/mosaic_limits.py), at the
     # same line of the same call, is one defect: its finding stays, the compiler's joins it.
     known = {(f.call_index, f.frames[:1]) for f in session.findings

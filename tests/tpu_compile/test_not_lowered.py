@@ -6,6 +6,7 @@ input), and the run goes on (exit 1, never exit 4)."""
 from __future__ import annotations
 
 import inspect
+import json
 import textwrap
 from pathlib import Path
 
@@ -212,3 +213,33 @@ def test_the_gather_samples_under_every_dma_mode(cli, mode):
     assert bug.exit_code == ExitCode.FINDINGS
     assert [(f["kind"], f["buffer"], f["frames"][0]["line"]) for f in bug.findings] == [
         ("compile-error", "table_ref", 23)]
+
+
+def test_another_backends_compiler_params_are_a_compile_error(cli, tmp_path):
+    """Triton's CompilerParams on a TPU call: refused by the TPU lowering (an assertion
+    without words), reported before the call runs at the line that made it, with and
+    without --compile (one finding: libtpu's joins it), and by `pallas-check compile` in
+    words; the twin with pltpu.CompilerParams compiles and runs clean."""
+    from pallas_check.engine.jaxpr.mosaic_limits import MOSAIC_FOREIGN_PARAMS
+
+    path = SAMPLES / "compile_params_bug.py"
+    for extra in ((), ("--compile", "--tpu", "v5e,v7x")):
+        result = cli("run", str(path), *extra)
+        assert result.exit_code == ExitCode.FINDINGS, result.output
+        [finding] = result.findings
+        assert (finding["kind"], finding["buffer"], finding["frames"][0]["line"]) == (
+            "compile-error", "", 25)
+        assert finding["message"].startswith(
+            "compiler_params are Triton's CompilerParams on a TPU pallas_call")
+        assert finding["details"] == {"operation": "compiler_params",
+                                      "mosaic": MOSAIC_FOREIGN_PARAMS, "skipped": True}
+        assert "never written" in finding["message"]
+    assert {g: e["status"] for g, e in result.report["calls"][0]["compiled"].items()} == {
+        "v5e": "compile-error", "v7x": "compile-error"}
+    report = tmp_path / "compile.json"
+    cli("compile", str(path), "--tpu", "v5e", "--format", "json", "--output", str(report))
+    [finding] = json.loads(report.read_text())["findings"]
+    assert finding["message"].startswith("v5e: compiler_params are Triton's CompilerParams")
+    fixed = cli("run", str(SAMPLES / "compile_params_ok.py"), "--compile", "--tpu", "v5e")
+    assert fixed.exit_code == 0 and fixed.findings == [], fixed.output
+    assert fixed.report["calls"][0]["compiled"]["v5e"]["status"] == "ok"

@@ -23,13 +23,13 @@ from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAdd
                                         Feeds, FillsCompared, FindingList, RevisitLost,
                                         default_checking)
 from pallas_check.engine.jaxpr.errors import KernelError
-from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, kernel_not_lowered,
-                                                     sparsecore_kernel)
+from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, foreign_compiler_params,
+                                                     kernel_not_lowered, sparsecore_kernel)
 from pallas_check.engine.memory import usage
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
 from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
-from pallas_check.findings import Finding
+from pallas_check.findings import Finding, SourceFrame
 
 
 @dataclasses.dataclass
@@ -64,10 +64,13 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      progress: Callable[[int, int], None] | None = None,
                      results: Sequence[np.ndarray] | None = None,
                      checkers: Checking | None = None,
-                     live: InFlight | None = None) -> DevicesResult:
+                     live: InFlight | None = None,
+                     call_site: SourceFrame | None = None) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
-    is kept up to date with what the call has found so far (engine/runtime/inflight.py).
+    is kept up to date with what the call has found so far (engine/runtime/inflight.py);
+    `call_site`: the script's line that made the call (where a refusal of the call's own
+    parameters points).
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -80,7 +83,8 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
     carried = carried if carried is not None else {}
     checkers = checkers if checkers is not None else default_checking()
-    refused = _not_lowered(params)
+    refused = (foreign_compiler_params(params, (call_site,) if call_site else ())
+               or _not_lowered(params))
     if refused is None:
         try:
             return _explore(params, device_operands, config, call_index, mesh, carried,

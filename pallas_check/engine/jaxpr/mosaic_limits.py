@@ -17,6 +17,11 @@ the source, a scatter from VMEM into HBM or VMEM_SHARED indexing only the destin
 The whole kernel is looked at, every branch and loop body, as the lowering does: a gather
 in a branch no grid step takes fails to compile all the same. `NotLowered` is also what
 the engine raises if it meets such an access at run time.
+
+A call's `compiler_params` of another backend (Triton's or Mosaic GPU's `CompilerParams`,
+e.g. a GPU kernel's `plgpu.CompilerParams(num_warps=4)` left on a TPU call) is refused by
+the TPU lowering before any of the kernel is looked at (`foreign_compiler_params`): JAX's
+interpreters ignore them, a TPU never runs the call.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import mosaic_primitives
+from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_primitives
@@ -59,6 +65,40 @@ class NotLowered(Exception):
         self.memory_space = memory_space
         self.operation = operation
         self.mosaic = mosaic  # the lowering's own error message
+
+
+# Where the TPU lowering refuses another backend's compiler params (jax 0.10.2): params of a
+# class registered for another platform are a ValueError of `pallas_core.get_lowering_rule`;
+# any other class fails `pallas_call_tpu_lowering_rule`'s assertion (an AssertionError with
+# no message).
+MOSAIC_FOREIGN_PARAMS = "assert isinstance(compiler_params, tpu_core.CompilerParams)"
+
+
+def foreign_compiler_params(params: dict, frames: tuple[SourceFrame, ...] = ()
+                            ) -> NotLowered | None:
+    """The call's `compiler_params`, when they are not the TPU's (`pltpu.CompilerParams`,
+    or a class with a TPU lowering rule of its own): refused by the TPU lowering, at
+    `frames` (the line that made the pallas_call, where they are written)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    given = params.get("compiler_params")
+    if given is None or isinstance(given, pltpu.CompilerParams):
+        return None
+    try:
+        if pallas_core.get_lowering_rule(type(given), "tpu") is not None:
+            return None  # a TPU lowering of its own
+        mosaic = MOSAIC_FOREIGN_PARAMS
+    except ValueError as exc:  # "Compiler params for platform gpu cannot be used for tpu"
+        mosaic = str(exc)
+    module = type(given).__module__
+    backend = ("Triton's" if "triton" in module else
+               "Mosaic GPU's" if "mosaic_gpu" in module else module)
+    return NotLowered(
+        f"compiler_params are {backend} {type(given).__name__} on a TPU pallas_call: the"
+        f" TPU lowering takes only pltpu.CompilerParams (\"{mosaic}\"); JAX's interpreters"
+        f" ignore them, a TPU never runs the call: pass pltpu.CompilerParams(...)"
+        f" (dimension_semantics, vmem_limit_bytes, ...) instead",
+        frames, operation="compiler_params", mosaic=mosaic)
 
 
 def gather_or_scatter(buffer: str, memory_space: str, operation: str,

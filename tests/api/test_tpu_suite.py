@@ -1,0 +1,93 @@
+"""A kernel repository's TPU-only test suite, green on a CPU: tests/kernel_repo (its wrappers
+ask the chip before any kernel runs: the device kind, a TensorCore mesh without num_cores,
+get_tpu_info; the module skips itself without a TPU device) run by `pytest --pallas-check
+--pallas-check-tpu v6e` in a process of its own, as a user runs it. Every test runs (none
+skipped), passes its numpy checks, and has its calls checked."""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+# pytester's in-process runs drop the modules a run imported; imported here first, JAX's
+# Pallas TPU modules (which register primitives once per process) and ours are kept.
+import jax.experimental.pallas.tpu  # noqa: F401
+import jax.experimental.pallas.tpu_sc  # noqa: F401
+import pallas_check.generations  # noqa: F401
+import pallas_check.runner  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1] / "kernel_repo"
+PER_CHIP = Path(__file__).resolve().parents[1] / "scripts" / "per_chip.py"
+TESTS = ["test_scale_rows", "test_scale_rows_jitted", "test_double_per_core",
+         "test_add_tiled"]
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    for name in ("kernels.py", "tpu_suite.py"):
+        shutil.copy(REPO / name, pytester.path / name)
+    return pytester
+
+
+def test_the_suite_skips_itself_without_a_tpu(repo):
+    """The suite is a TPU-only one: without pallas-check every test is skipped."""
+    result = repo.runpytest("-p", "no:cacheprovider", "tpu_suite.py")
+    result.assert_outcomes(skipped=len(TESTS))
+
+
+def test_the_suite_runs_green_as_a_v6e(repo):
+    junit = repo.path / "junit.xml"
+    result = repo.runpytest_subprocess(
+        "--pallas-check", "--pallas-check-tpu", "v6e", "-p", "no:cacheprovider",
+        f"--junitxml={junit}", "tpu_suite.py")
+    result.assert_outcomes(passed=len(TESTS))
+    assert result.ret == pytest.ExitCode.OK
+    calls = {case.get("name"): {p.get("name"): int(p.get("value"))
+                                for p in case.iter("property")}
+             for case in ElementTree.parse(junit).getroot().iter("testcase")}
+    assert sorted(calls) == sorted(TESTS)
+    for name, properties in calls.items():
+        assert properties["pallas_check_calls"] == 1, name
+        assert properties["pallas_check_findings"] == 0, name
+
+
+SPILL = """\
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import tpu_sc as plsc
+
+import per_chip
+
+
+def test_spill():
+    lanes = plsc.get_sparse_core_info().num_lanes
+    ids = np.arange(per_chip.SUBCORES * lanes, dtype=np.int32)
+    out = np.asarray(per_chip.add_one(jnp.asarray(ids), out_lanes=8))
+    np.testing.assert_array_equal(out, ids[:out.shape[0]] + 1)
+"""
+
+
+def test_tpu_all_runs_each_test_again_as_each_generation(pytester):
+    """The plugin's --tpu-all: a test that asked which chip it runs on is run again in its
+    process as each further generation, and that run checked: the spill only v7x's lanes
+    make (tests/scripts/per_chip.py) fails the test; without it, v6e's run passes."""
+    shutil.copy(PER_CHIP, pytester.path / "per_chip.py")
+    pytester.makepyfile(test_spill=SPILL)
+    both = pytester.runpytest("--pallas-check", "--pallas-check-tpu", "v6e,v7x",
+                              "--pallas-check-tpu-all", "-p", "no:cacheprovider")
+    both.assert_outcomes(failed=1)
+    both.stdout.fnmatch_lines([
+        "pallas-check: 1 finding(s) in test_spill.py::test_spill",
+        "Out-of-bounds accesses (1)*",
+        "note: v7x traced by running the code again as that chip in this process: 1 call(s),"
+        " 1 finding(s) kept*"])
+    assert "traced as v7x: DMA destination of o_hbm[32:48]" in " ".join(
+        both.stdout.str().split())
+    first = pytester.runpytest("--pallas-check", "--pallas-check-tpu", "v6e,v7x",
+                               "-p", "no:cacheprovider")
+    first.assert_outcomes(passed=1)

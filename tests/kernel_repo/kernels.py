@@ -1,0 +1,86 @@
+"""A small TPU kernel library, written the way kernel repositories write their wrappers:
+each asks which chip it runs on before its kernel runs (pallas-check's proof that a TPU-only
+suite runs green on a CPU under `pytest --pallas-check --pallas-check-tpu v6e`; see
+tests/api/test_tpu_suite.py).
+
+- `scale_rows` picks its block rows from `jax.devices()[0].device_kind`, as JAX's own
+  ragged paged attention picks its tuned block sizes (`get_tpu_version`);
+- `double_per_core` builds `pltpu.create_tensorcore_mesh("core")` without `num_cores` (the
+  device's `num_cores`) and splits the rows over the chip's TensorCores;
+- `add_tiled` sizes its blocks from `pltpu.get_tpu_info()`: lanes and sublanes, and as many
+  rows as a quarter of the chip's VMEM holds for its double-buffered blocks.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def tpu_version() -> int:
+    """The TPU generation from the device kind as libtpu spells it ("TPU v5 lite",
+    "TPU v5", "TPU v6 lite", "TPU7x"); a device that is no TPU is refused."""
+    kind = jax.devices()[0].device_kind
+    if "TPU" not in kind:
+        raise RuntimeError(f"these kernels need a TPU, not {kind!r}")
+    if kind.startswith("TPU7"):
+        return 7
+    return int(kind.removeprefix("TPU v").split()[0].rstrip("ep"))
+
+
+def block_rows() -> int:
+    """Tuned per generation: v6 and later take 16 rows a step, older chips 8."""
+    return 16 if tpu_version() >= 6 else 8
+
+
+def scale_rows(x: jax.Array, factor: float) -> jax.Array:
+    rows = block_rows()
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * factor
+
+    spec = pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))
+    return pl.pallas_call(kernel, grid=(x.shape[0] // rows,), in_specs=[spec],
+                          out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def double_per_core(x: jax.Array) -> jax.Array:
+    """2 * x, each TensorCore of the chip doubling its own share of the rows through VMEM."""
+    mesh = pltpu.create_tensorcore_mesh("core")
+    share = x.shape[0] // mesh.shape["core"]
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh,
+               scratch_types=[pltpu.VMEM((share, x.shape[1]), x.dtype)])
+    def kernel(x_hbm, o_hbm, buf):
+        rows = pl.ds(jax.lax.axis_index("core") * share, share)
+        pltpu.sync_copy(x_hbm.at[rows], buf)
+        buf[...] = buf[...] * 2
+        pltpu.sync_copy(buf, o_hbm.at[rows])
+
+    return kernel(x)
+
+
+def add_tiles(rows: int, itemsize: int) -> int:
+    """Block rows for `add_tiled`: a multiple of the sublanes, at most `rows`, with three
+    double-buffered (rows, lanes) blocks in a quarter of the chip's VMEM."""
+    info = pltpu.get_tpu_info()
+    fit = info.vmem_capacity_bytes // 4 // (3 * 2 * info.num_lanes * itemsize)
+    tile = min(rows, fit, 64)
+    return max(info.num_sublanes, tile - tile % info.num_sublanes)
+
+
+def add_tiled(x: jax.Array, y: jax.Array) -> jax.Array:
+    info = pltpu.get_tpu_info()
+    tile = add_tiles(x.shape[0], x.dtype.itemsize)
+
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    spec = pl.BlockSpec((tile, info.num_lanes), lambda i, j: (i, j))
+    return pl.pallas_call(
+        kernel, grid=(x.shape[0] // tile, x.shape[1] // info.num_lanes),
+        in_specs=[spec, spec], out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel")))(x, y)
