@@ -43,7 +43,9 @@ class _OneLineErrors(typer.core.TyperGroup):
             if not standalone_mode:
                 raise
             message, exit_code = _one_line(exc)
-            typer.echo(message, err=True)
+            from pallas_check.delivery import note
+
+            note(message)  # (nothing when stderr is closed or its reader has gone)
             sys.exit(int(exit_code))
         if not standalone_mode:
             return code

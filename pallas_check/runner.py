@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
+from pallas_check.delivery import note
 from pallas_check.config import Config
 from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
@@ -65,7 +66,7 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
     with interrupts.handled():  # Ctrl-C and SIGTERM alike (interrupts.py)
         with (callback_failures() as ours, command.installed(),
               Watchdog(finisher.emergency, command.calls_in_flight),
-              _reporting_os_exit(finisher), _script_stdout(fmt, output)):
+              _reporting_os_exit(finisher), _script_streams(fmt, output)):
             finisher.ours = ours
             outcome = _run_unless_stopped(script, args)
             _settle_computations()
@@ -166,11 +167,10 @@ class CheckCommand:
         try:
             write_report(self.trace, text)
         except (OSError, OutputError) as exc:
-            print(f"pallas-check: error: cannot write the trace {self.trace}: {exc}",
-                  file=sys.stderr)
+            note(f"pallas-check: error: cannot write the trace {self.trace}: {exc}")
             return False
-        print(f"pallas-check: trace of {len(self.session.timelines)} call(s) written to"
-              f" {self.trace_shown} (open it in ui.perfetto.dev)", file=sys.stderr)
+        note(f"pallas-check: trace of {len(self.session.timelines)} call(s) written to"
+             f" {self.trace_shown} (open it in ui.perfetto.dev)")
         return True
 
     def _update_baseline(self, kept: Any, finished: bool) -> bool:
@@ -181,18 +181,16 @@ class CheckCommand:
 
         target = self.policy.baseline
         if not finished:
-            print(f"pallas-check: the baseline {target} was not updated: the run did not"
-                  " finish", file=sys.stderr)
+            note(f"pallas-check: the baseline {target} was not updated: the run did not"
+                 " finish")
             return True
         baselined = [f for f, why in kept.suppressed if why.by == "baseline"]
         try:
             write_report(target, suppress.baseline_text(self.policy, baselined, self.script))
         except (OSError, OutputError) as exc:
-            print(f"pallas-check: error: cannot write the baseline {target}: {exc}",
-                  file=sys.stderr)
+            note(f"pallas-check: error: cannot write the baseline {target}: {exc}")
             return False
-        print(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}",
-              file=sys.stderr)
+        note(f"pallas-check: baseline of {len(baselined)} finding(s) written to {target}")
         return True
 
 
@@ -410,8 +408,9 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
         code = finisher.finish(ScriptOutcome(
             ok=ok, exit_code=status,
             error=None if ok else f"the script called os._exit({status})"))
-        sys.stdout.flush()
-        sys.stderr.flush()
+        from pallas_check.delivery import flush_streams
+
+        flush_streams()
         real_exit(int(code))
 
     os._exit = exit_after_report  # type: ignore[assignment]
@@ -422,13 +421,17 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _script_stdout(fmt: str, output: Path | None) -> Iterator[None]:
-    """When a machine-readable report owns stdout, the script's prints go to stderr, so
-    that stdout parses."""
-    if fmt == "table" or (output is not None and str(output) != "-"):
-        yield
-        return
-    with contextlib.redirect_stdout(sys.stderr):
+def _script_streams(fmt: str, output: Path | None) -> Iterator[None]:
+    """The script's stdout and stderr while it runs. When a machine-readable report owns
+    stdout, the script's prints go to stderr, so that stdout parses. A stream whose reader
+    has gone (`| head -1`) takes the script's writes quietly (delivery.QuietStream): a
+    closed pipe is no crash of the script's."""
+    from pallas_check.delivery import quiet
+
+    owns_stdout = fmt != "table" and (output is None or str(output) == "-")
+    prints = sys.stderr if owns_stdout else sys.stdout
+    with contextlib.redirect_stdout(quiet(prints)), contextlib.redirect_stderr(
+            quiet(sys.stderr)):
         yield
 
 

@@ -94,8 +94,11 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
 
 
 def _write_print(line: str) -> None:
-    """A kernel's print, written where the script's own prints go now."""
-    sys.stdout.write(line + "\n")
+    """A kernel's print, written where the script's own prints go now (nowhere when that
+    stdout is closed or its reader has gone: no failure of the call)."""
+    from pallas_check.delivery import write_stdout
+
+    write_stdout(line + "\n")
 
 
 @dataclasses.dataclass

@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from pallas_check import interrupts
+from pallas_check.delivery import flush_streams, note
 from pallas_check.engine.runtime import progress
 from pallas_check.exitcodes import ExitCode
 
@@ -117,8 +118,7 @@ class Watchdog:
             end = self._emergency(reason)
         finally:
             if end:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                flush_streams()
                 _real_exit(int(ExitCode.USER_ERROR))
 
 
@@ -132,10 +132,9 @@ def guard_exit(code: int, grace_s: float = EXIT_GRACE_S) -> None:
 
     def end_later() -> None:
         time.sleep(grace_s)
-        sys.stderr.write("pallas-check: the script's JAX computations did not finish at"
-                         " exit; ending the process\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
+        note("pallas-check: the script's JAX computations did not finish at exit; ending"
+             " the process")
+        flush_streams()
         _real_exit(int(code))
 
     threading.Thread(target=end_later, name="pallas-check-exit-guard", daemon=True).start()
