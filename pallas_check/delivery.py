@@ -12,10 +12,11 @@ tools do, the rest of the text is dropped quietly and the run ends with its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from pallas_check.outfile import OutputError, is_stdout, stream_descriptor, write_report
 
@@ -86,6 +87,23 @@ class QuietStream:
 def quiet(stream: TextIO | None) -> Any:
     """`stream` as a QuietStream (None, a closed stream, stays None)."""
     return None if stream is None else QuietStream(stream)
+
+
+def report_owns_stdout(fmt: str, output: Path | None) -> bool:
+    """Whether a machine-readable report goes to stdout (then nothing else may)."""
+    return fmt != "table" and (output is None or str(output) == "-")
+
+
+@contextlib.contextmanager
+def script_streams(fmt: str, output: Path | None) -> Iterator[None]:
+    """The script's stdout and stderr while it runs. When a machine-readable report owns
+    stdout, the script's prints go to stderr, so that stdout parses. A stream whose reader
+    has gone (`| head -1`) takes the script's writes quietly (delivery.QuietStream): a
+    closed pipe is no crash of the script's."""
+    prints = sys.stderr if report_owns_stdout(fmt, output) else sys.stdout
+    with contextlib.redirect_stdout(quiet(prints)), contextlib.redirect_stderr(
+            quiet(sys.stderr)):
+        yield
 
 
 def note(text: str) -> None:

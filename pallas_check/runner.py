@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
-from pallas_check.delivery import note
+from pallas_check.delivery import note, report_owns_stdout, script_streams
 from pallas_check.config import Config
 from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode, exit_code_for
@@ -59,18 +59,30 @@ class Command(Protocol):
 def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
                 output: Path | None) -> ExitCode:
     """The one run path: run the script with `command` installed, under the watchdog, and
-    deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit)."""
+    deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit). Only
+    this process reports: a process the script forks or spawns never does (children.py)."""
+    from pallas_check import children
     from pallas_check.watchdog import Watchdog
 
+    from pallas_check.spawned import start_spawned_child
+
     finisher = _Finisher(command, fmt, output)
-    with interrupts.handled():  # Ctrl-C and SIGTERM alike (interrupts.py)
-        with (callback_failures() as ours, command.installed(),
+    child_config = getattr(command, "child_config", lambda: None)()  # (`run`'s only)
+    with (interrupts.handled(),  # Ctrl-C and SIGTERM alike (interrupts.py)
+          children.owned(child_config, start_spawned_child,
+                         prints_to_stderr=report_owns_stdout(fmt, output))):
+        with (children.undone_in_child(interrupts.forget_in_child),
+              callback_failures() as ours, command.installed(),
               Watchdog(finisher.emergency, command.calls_in_flight),
-              _reporting_os_exit(finisher), _script_streams(fmt, output)):
+              _reporting_os_exit(finisher), script_streams(fmt, output)):
             finisher.ours = ours
             outcome = _run_unless_stopped(script, args)
+            children.end_if_child(outcome)  # a forked child ends here, reporting nothing
             _settle_computations()
-        return finisher.finish(outcome)
+        code = finisher.finish(outcome)
+        if interrupts.requested():  # stopped: nothing the script started outlives the run
+            children.end_children()
+        return code
 
 
 def _run_unless_stopped(script: str, args: Sequence[str]) -> Any:
@@ -121,6 +133,11 @@ class CheckCommand:
         with self.session.install(), showing_progress(self.session, self.progress):
             yield
 
+    def child_config(self) -> Config:
+        """What a process the script spawns checks its calls with (children.py): this
+        run's checks; the timeline and --compile stay the owner's."""
+        return dataclasses.replace(self.config, timeline=False, compile=False)
+
     def calls_in_flight(self) -> int:
         return self.session.calls_in_flight
 
@@ -128,6 +145,9 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
+        from pallas_check.children import adopt_children, run_folder
+
+        adopt_children(self.session, run_folder())  # what the script's processes found
         done = finished_report(self.session, outcome, ours, self.policy, self.script,
                                self.args)
         report, kept = done.report, done.kept
@@ -396,7 +416,9 @@ class _Finisher:
 @contextlib.contextmanager
 def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
     """A script that ends with `os._exit(n)` skips every `finally`: report first, then exit
-    with the ranked code (a finding is not hidden by `os._exit(0)`)."""
+    with the ranked code (a finding is not hidden by `os._exit(0)`). A process the script
+    forks gets the real os._exit back (children.py): a pool worker ends with it."""
+    from pallas_check import children
     from pallas_check.execfile import ScriptOutcome
 
     real_exit: Callable[[int], Any] = os._exit
@@ -413,26 +435,15 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
         flush_streams()
         real_exit(int(code))
 
-    os._exit = exit_after_report  # type: ignore[assignment]
-    try:
-        yield
-    finally:
+    def real_exit_in_child() -> None:
         os._exit = real_exit
 
-
-@contextlib.contextmanager
-def _script_streams(fmt: str, output: Path | None) -> Iterator[None]:
-    """The script's stdout and stderr while it runs. When a machine-readable report owns
-    stdout, the script's prints go to stderr, so that stdout parses. A stream whose reader
-    has gone (`| head -1`) takes the script's writes quietly (delivery.QuietStream): a
-    closed pipe is no crash of the script's."""
-    from pallas_check.delivery import quiet
-
-    owns_stdout = fmt != "table" and (output is None or str(output) == "-")
-    prints = sys.stderr if owns_stdout else sys.stdout
-    with contextlib.redirect_stdout(quiet(prints)), contextlib.redirect_stderr(
-            quiet(sys.stderr)):
-        yield
+    os._exit = exit_after_report  # type: ignore[assignment]
+    try:
+        with children.undone_in_child(real_exit_in_child):
+            yield
+    finally:
+        os._exit = real_exit
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

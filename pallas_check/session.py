@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import gc
 import itertools
-import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -149,6 +148,11 @@ class Session:
             config, races=False, schedules=1, keep_going=False, check_uninit_outputs=False,
             timeline=False, compile=False)
         self._xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
+        # In a process the script started during a run (children.py): where each call's
+        # findings go for the run's owner to report; or, in one forked after JAX started,
+        # why no call can run there.
+        self.findings_for_owner: Any = None
+        self.refused: str | None = None
         self.compile_recorder: Any = None
         if config.compile:
             from pallas_check.tpu_compile.stage import CompileRecorder
@@ -164,6 +168,10 @@ class Session:
         from pallas_check.engine.runtime import progress
         from pallas_check.engine.call.describe import MeshInfo
 
+        if self.refused is not None:  # forked after JAX started: the engine would hang
+            from pallas_check.children import ForkedProcessError
+
+            raise ForkedProcessError(self.refused)
         with self._lock:
             self.calls_in_flight += 1
         progress.beat()
@@ -176,6 +184,8 @@ class Session:
             with self._lock:
                 self.calls_in_flight -= 1
             progress.beat()
+            if self.findings_for_owner is not None:
+                self.findings_for_owner.write(list(self.calls), self.findings)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any, call_site: Any = None) -> list[np.ndarray]:
@@ -416,13 +426,43 @@ class Session:
     def findings(self) -> list[Finding]:
         return self.store.all()
 
+    def adopt(self, calls: Sequence[CallSummary], findings: Sequence[Finding]) -> None:
+        """Calls another process of the run checked (children.py), and their findings:
+        listed in this session's report, numbered after its own calls."""
+        renumbered = {}
+        for call in sorted(calls, key=lambda c: c.index):
+            with self._lock:
+                renumbered[call.index] = next(self._counter)
+                self.calls.append(dataclasses.replace(call, index=renumbered[call.index]))
+        self.store.extend(dataclasses.replace(f, call_index=renumbered.get(f.call_index,
+                                                                           f.call_index))
+                          for f in findings)
+
+    def _forked(self) -> None:
+        """First thing in a process the script forked during a run (children.py): the
+        owner's calls and findings are the owner's to report; this process's own calls
+        go to the owner -- or, forked after JAX started, are refused (JAX would hang)."""
+        from pallas_check import children  # (imported already: a fork imports nothing)
+
+        self._lock = threading.Lock()  # (another thread of the parent may have held it)
+        self.store = FindingStore()
+        self.calls, self.timelines, self._in_flight = [], [], {}
+        self.calls_in_flight, self.engine_error, self.progress = 0, None, None
+        self._meeting_point = type(self._meeting_point)()
+        if children.jax_refused():
+            self.refused = children.FORKED_JAX
+        elif children.run_folder() is not None:
+            self.findings_for_owner = children.ChildFindings(children.run_folder())
+
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
+        from pallas_check.children import undone_in_child
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import simulated_tpu
 
         with (intercepted(self.handle_call, fills_results=True, call_sites=True),
-              simulated_tpu(self.config.tpu, self.config.cores)):
+              simulated_tpu(self.config.tpu, self.config.cores),
+              undone_in_child(self._forked)):
             yield
