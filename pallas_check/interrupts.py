@@ -15,7 +15,9 @@ it lands mid-write). Here both signals are the user's request to stop, kept in o
   ends a run that goes on regardless;
 - while the report is written, a stop is recorded and the report finished: it is
   complete, and an interrupted write would lose it;
-- a second stop while stops are held raises at once (the user insists).
+- a second stop while stops are held raises at once (the user insists);
+- a process the script forks gets the handlers it had before ours (`forget_in_child`):
+  only the process that started the run handles stops (children.py).
 
 The first stop's signal is remembered for the report (`reason()`).
 """
