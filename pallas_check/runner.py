@@ -62,9 +62,8 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
     deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit). Only
     this process reports: a process the script forks or spawns never does (children.py)."""
     from pallas_check import children
-    from pallas_check.watchdog import Watchdog
-
     from pallas_check.spawned import start_spawned_child
+    from pallas_check.watchdog import Watchdog
 
     finisher = _Finisher(command, fmt, output)
     child_config = getattr(command, "child_config", lambda: None)()  # (`run`'s only)

@@ -116,3 +116,27 @@ def test_a_stopped_run_ends_the_children_the_script_left(tmp_path):
     assert data["partial"] is True and data["user_error"] == "interrupted (SIGTERM)"
     _quiet(stderr)
     assert _running(_children(stderr)) == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed():
+    """`end_children`: SIGTERM, then SIGKILL for a child still running after the grace
+    (a plain Python process: no JAX, no run)."""
+    program = """if True:
+        import os, signal, sys
+        from pallas_check.children import end_children
+        ready_r, ready_w = os.pipe()
+        never_r, never_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.write(ready_w, b"x")
+            os.read(never_r, 1)
+            os._exit(0)
+        os.read(ready_r, 1)  # the child ignores SIGTERM now
+        end_children(grace_s=0.2)
+        _, status = os.waitpid(child, 0)
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL)
+    """
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.stdout == "True\n", proc.stderr
