@@ -44,7 +44,9 @@ class _OneLineErrors(typer.core.TyperGroup):
             if not standalone_mode:
                 raise
             message, exit_code = _one_line(exc)
-            typer.echo(message, err=True)
+            from pallas_check.delivery import note
+
+            note(message)  # (nothing when stderr is closed or its reader has gone)
             sys.exit(int(exit_code))
         if not standalone_mode:
             return code
@@ -137,6 +139,9 @@ def _main(
                                  help="Print the version and exit."),
 ) -> None:
     """Run a script's Pallas kernels under pallas-check's TPU interpreter."""
+    from pallas_check.config.layers import check_other_variables
+
+    check_other_variables()  # PALLAS_CHECK_DEBUG=maybe: one line, exit 2, every command
     if ctx.invoked_subcommand == "run":
         # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win
         # (a bad table or variable is a SettingsError: one line, exit 2).

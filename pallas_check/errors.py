@@ -22,8 +22,11 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
+from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode
 
 
@@ -91,3 +94,24 @@ class FindingsError(PallasCheckError):
         self.findings = findings
         self.report = report
         self.exit_code = ExitCode(report.exit_code)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+MAX_ERROR_CHARS = 400
+
+
+def one_line(message: str) -> str:
+    """An error message as one line, without object addresses (reports are reproducible)."""
+    return " ".join(_ADDRESS.sub("", message).split())
+
+
+def short_error(message: str) -> str:
+    """One line, at most MAX_ERROR_CHARS long unless PALLAS_CHECK_DEBUG is set (an MLIR
+    dump inside a JAX error can be kilobytes)."""
+    line = one_line(message)
+    if len(line) <= MAX_ERROR_CHARS or debug_requested():
+        return line
+    more = f" ... ({DEBUG_VARIABLE}=1 shows the rest)"
+    short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
+    # (a first word longer than the limit leaves only the placeholder: cut inside it)
+    return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more

@@ -15,7 +15,9 @@ it lands mid-write). Here both signals are the user's request to stop, kept in o
   ends a run that goes on regardless;
 - while the report is written, a stop is recorded and the report finished: it is
   complete, and an interrupted write would lose it;
-- a second stop while stops are held raises at once (the user insists).
+- a second stop while stops are held raises at once (the user insists);
+- a process the script forks gets the handlers it had before ours (`forget_in_child`):
+  only the process that started the run handles stops (children.py).
 
 The first stop's signal is remembered for the report (`reason()`).
 """
@@ -33,6 +35,7 @@ _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 _received: list[int] = []  # the stop signals of this run, in order
 _holding = [False]  # a stop is recorded, not raised (set-up and reporting)
+_originals: dict[int, Any] = {}  # each signal's handler before we first took it
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -110,8 +113,25 @@ def _take(signals: tuple[int, ...]) -> None:
     """Our handler for `signals`, but not for one the parent process told us to ignore
     (a shell starting a job in the background ignores Ctrl-C for it: so do we)."""
     for s in signals:
-        if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, _on_signal)
+        current = signal.getsignal(s)
+        if current is signal.SIG_IGN:
+            continue
+        if current is not _on_signal:
+            _originals[s] = current
+        signal.signal(s, _on_signal)
+
+
+def forget_in_child() -> None:
+    """In a process the script forked during the run (children.py): the handlers the
+    process had before ours (Python's KeyboardInterrupt for Ctrl-C, SIGTERM's default:
+    a pool worker `Pool.terminate` stops ends quietly), and no stop recorded. Only the
+    process that started the run handles stops."""
+    for s in SIGNALS:
+        if signal.getsignal(s) is _on_signal:
+            original = _originals.get(s)
+            signal.signal(s, original if original is not None else signal.SIG_DFL)
+    _received.clear()
+    _holding[0] = False
 
 
 @contextlib.contextmanager

@@ -6,16 +6,15 @@ import contextlib
 import dataclasses
 import io
 import os
-import re
 import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
+from pallas_check.delivery import note, report_owns_stdout, script_streams
 from pallas_check.config import Config
-from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
+from pallas_check.errors import MAX_ERROR_CHARS, one_line, short_error  # noqa: F401 (their old home)
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.report import reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
@@ -59,18 +58,29 @@ class Command(Protocol):
 def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
                 output: Path | None) -> ExitCode:
     """The one run path: run the script with `command` installed, under the watchdog, and
-    deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit)."""
+    deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit). Only
+    this process reports: a process the script forks or spawns never does (children.py)."""
+    from pallas_check import children
+    from pallas_check.spawned import start_spawned_child
     from pallas_check.watchdog import Watchdog
 
     finisher = _Finisher(command, fmt, output)
-    with interrupts.handled():  # Ctrl-C and SIGTERM alike (interrupts.py)
-        with (callback_failures() as ours, command.installed(),
+    child_config = getattr(command, "child_config", lambda: None)()  # (`run`'s only)
+    with (interrupts.handled(),  # Ctrl-C and SIGTERM alike (interrupts.py)
+          children.owned(child_config, start_spawned_child,
+                         prints_to_stderr=report_owns_stdout(fmt, output))):
+        with (children.undone_in_child(interrupts.forget_in_child),
+              callback_failures() as ours, command.installed(),
               Watchdog(finisher.emergency, command.calls_in_flight),
-              _reporting_os_exit(finisher), _script_stdout(fmt, output)):
+              _reporting_os_exit(finisher), script_streams(fmt, output)):
             finisher.ours = ours
             outcome = _run_unless_stopped(script, args)
+            children.end_if_child(outcome)  # a forked child ends here, reporting nothing
             _settle_computations()
-        return finisher.finish(outcome)
+        code = finisher.finish(outcome)
+        if interrupts.requested():  # stopped: nothing the script started outlives the run
+            children.end_children()
+        return code
 
 
 def _run_unless_stopped(script: str, args: Sequence[str]) -> Any:
@@ -125,6 +135,11 @@ class CheckCommand:
         with self.session.install(), showing_progress(self.session, self.progress):
             yield
 
+    def child_config(self) -> Config:
+        """What a process the script spawns checks its calls with (children.py): this
+        run's checks; the timeline and --compile stay the owner's."""
+        return dataclasses.replace(self.config, timeline=False, compile=False)
+
     def calls_in_flight(self) -> int:
         return self.session.calls_in_flight
 
@@ -132,6 +147,9 @@ class CheckCommand:
         return self.session.engine_error is not None
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
+        from pallas_check.children import adopt_children, run_folder
+
+        adopt_children(self.session, run_folder())  # what the script's processes found
         done = finished_report(self.session, outcome, ours, self.policy, self.script,
                                self.args)
         report, kept = done.report, done.kept
@@ -171,11 +189,10 @@ class CheckCommand:
         try:
             write_report(self.trace, text)
         except (OSError, OutputError) as exc:
-            print(f"pallas-check: error: cannot write the trace {self.trace}: {exc}",
-                  file=sys.stderr)
+            note(f"pallas-check: error: cannot write the trace {self.trace}: {exc}")
             return False
-        print(f"pallas-check: trace of {plural(len(self.session.timelines), 'call')} written to"
-              f" {self.trace_shown} (open it in ui.perfetto.dev)", file=sys.stderr)
+        note(f"pallas-check: trace of {plural(len(self.session.timelines), 'call')} written to"
+             f" {self.trace_shown} (open it in ui.perfetto.dev)")
         return True
 
     def _update_baseline(self, kept: Any, finished: bool) -> bool:
@@ -186,19 +203,16 @@ class CheckCommand:
 
         target = self.policy.baseline
         if not finished:
-            print(f"pallas-check: the baseline {target} was not updated: the run did not"
-                  " finish", file=sys.stderr)
+            note(f"pallas-check: the baseline {target} was not updated: the run did not"
+                 " finish")
             return True
         baselined = [f for f, why in kept.suppressed if why.by == "baseline"]
         try:
             write_report(target, suppress.baseline_text(self.policy, baselined, self.script))
         except (OSError, OutputError) as exc:
-            print(f"pallas-check: error: cannot write the baseline {target}: {exc}",
-                  file=sys.stderr)
+            note(f"pallas-check: error: cannot write the baseline {target}: {exc}")
             return False
-        print(f"pallas-check: baseline of {plural(len(baselined), 'finding')} written to"
-              f" {target}",
-              file=sys.stderr)
+        note(f"pallas-check: baseline of {plural(len(baselined), 'finding')} written to {target}")
         return True
 
 
@@ -407,7 +421,9 @@ class _Finisher:
 @contextlib.contextmanager
 def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
     """A script that ends with `os._exit(n)` skips every `finally`: report first, then exit
-    with the ranked code (a finding is not hidden by `os._exit(0)`)."""
+    with the ranked code (a finding is not hidden by `os._exit(0)`). A process the script
+    forks gets the real os._exit back (children.py): a pool worker ends with it."""
+    from pallas_check import children
     from pallas_check.execfile import ScriptOutcome
 
     real_exit: Callable[[int], Any] = os._exit
@@ -419,47 +435,20 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
         code = finisher.finish(ScriptOutcome(
             ok=ok, exit_code=status,
             error=None if ok else f"the script called os._exit({status})"))
-        sys.stdout.flush()
-        sys.stderr.flush()
+        from pallas_check.delivery import flush_streams
+
+        flush_streams()
         real_exit(int(code))
+
+    def real_exit_in_child() -> None:
+        os._exit = real_exit
 
     os._exit = exit_after_report  # type: ignore[assignment]
     try:
-        yield
+        with children.undone_in_child(real_exit_in_child):
+            yield
     finally:
         os._exit = real_exit
-
-
-@contextlib.contextmanager
-def _script_stdout(fmt: str, output: Path | None) -> Iterator[None]:
-    """When a machine-readable report owns stdout, the script's prints go to stderr, so
-    that stdout parses."""
-    if fmt == "table" or (output is not None and str(output) != "-"):
-        yield
-        return
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-MAX_ERROR_CHARS = 400
-
-
-def one_line(message: str) -> str:
-    """An error message as one line, without object addresses (reports are reproducible)."""
-    return " ".join(_ADDRESS.sub("", message).split())
-
-
-def short_error(message: str) -> str:
-    """One line, at most MAX_ERROR_CHARS long unless PALLAS_CHECK_DEBUG is set (an MLIR
-    dump inside a JAX error can be kilobytes)."""
-    line = one_line(message)
-    if len(line) <= MAX_ERROR_CHARS or debug_requested():
-        return line
-    more = f" ... ({DEBUG_VARIABLE}=1 shows the rest)"
-    short = textwrap.shorten(line, MAX_ERROR_CHARS + len(more), placeholder=more)
-    # (a first word longer than the limit leaves only the placeholder: cut inside it)
-    return short if short != more.lstrip() else line[:MAX_ERROR_CHARS] + more
 
 
 @contextlib.contextmanager

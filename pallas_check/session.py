@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import gc
 import itertools
-import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -94,8 +93,11 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
 
 
 def _write_print(line: str) -> None:
-    """A kernel's print, written where the script's own prints go now."""
-    sys.stdout.write(line + "\n")
+    """A kernel's print, written where the script's own prints go now (nowhere when that
+    stdout is closed or its reader has gone: no failure of the call)."""
+    from pallas_check.delivery import write_stdout
+
+    write_stdout(line + "\n")
 
 
 @dataclasses.dataclass
@@ -146,6 +148,11 @@ class Session:
             config, races=False, schedules=1, keep_going=False, check_uninit_outputs=False,
             timeline=False, compile=False)
         self._xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
+        # In a process the script started during a run (children.py): where each call's
+        # findings go for the run's owner to report; or, in one forked after JAX started,
+        # why no call can run there.
+        self.findings_for_owner: Any = None
+        self.refused: str | None = None
         self.compile_recorder: Any = None
         # Several --tpu generations with --compile or --tpu-all: how a further generation
         # is traced (generations.py; None: the first run's trace is compiled for each), and
@@ -169,6 +176,10 @@ class Session:
         from pallas_check.engine.runtime import progress
         from pallas_check.engine.call.describe import MeshInfo
 
+        if self.refused is not None:  # forked after JAX started: the engine would hang
+            from pallas_check.children import ForkedProcessError
+
+            raise ForkedProcessError(self.refused)
         with self._lock:
             self.calls_in_flight += 1
         progress.beat()
@@ -181,6 +192,8 @@ class Session:
             with self._lock:
                 self.calls_in_flight -= 1
             progress.beat()
+            if self.findings_for_owner is not None:
+                self.findings_for_owner.write(list(self.calls), self.findings)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any, call_site: Any = None) -> list[np.ndarray]:
@@ -421,14 +434,44 @@ class Session:
     def findings(self) -> list[Finding]:
         return self.store.all()
 
+    def adopt(self, calls: Sequence[CallSummary], findings: Sequence[Finding]) -> None:
+        """Calls another process of the run checked (children.py), and their findings:
+        listed in this session's report, numbered after its own calls."""
+        renumbered = {}
+        for call in sorted(calls, key=lambda c: c.index):
+            with self._lock:
+                renumbered[call.index] = next(self._counter)
+                self.calls.append(dataclasses.replace(call, index=renumbered[call.index]))
+        self.store.extend(dataclasses.replace(f, call_index=renumbered.get(f.call_index,
+                                                                           f.call_index))
+                          for f in findings)
+
+    def _forked(self) -> None:
+        """First thing in a process the script forked during a run (children.py): the
+        owner's calls and findings are the owner's to report; this process's own calls
+        go to the owner -- or, forked after JAX started, are refused (JAX would hang)."""
+        from pallas_check import children  # (imported already: a fork imports nothing)
+
+        self._lock = threading.Lock()  # (another thread of the parent may have held it)
+        self.store = FindingStore()
+        self.calls, self.timelines, self._in_flight = [], [], {}
+        self.calls_in_flight, self.engine_error, self.progress = 0, None, None
+        self._meeting_point = type(self._meeting_point)()
+        if children.jax_refused():
+            self.refused = children.FORKED_JAX
+        elif children.run_folder() is not None:
+            self.findings_for_owner = children.ChildFindings(children.run_folder())
+
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
+        from pallas_check.children import undone_in_child
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import questions, simulated_tpu
 
         with (intercepted(self.handle_call, fills_results=True, call_sites=True),
-              simulated_tpu(self.config.tpu, self.config.cores)):
+              simulated_tpu(self.config.tpu, self.config.cores),
+              undone_in_child(self._forked)):
             self.questions_from = questions()
             yield

@@ -17,12 +17,12 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import Callable
 
-from pallas_check import interrupts
+from pallas_check import children, interrupts
+from pallas_check.delivery import flush_streams, note
 from pallas_check.engine.runtime import progress
 from pallas_check.exitcodes import ExitCode
 
@@ -46,8 +46,10 @@ class Watchdog:
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
         self._saved_fd: int | None = None
+        self._in_child = children.undone_in_child(self._forget_in_child)
 
     def __enter__(self) -> "Watchdog":
+        self._in_child.__enter__()
         if threading.current_thread() is threading.main_thread():
             self._reader, self._writer = socket.socketpair()
             self._reader.setblocking(False)
@@ -62,7 +64,18 @@ class Watchdog:
         self._thread.start()
         return self
 
+    def _forget_in_child(self) -> None:
+        """In a process forked during the run: its signals are its own, not this
+        watchdog's (the parent's watchdog read a child's as a second Ctrl-C, exit 3)."""
+        if self._writer is not None:
+            signal.set_wakeup_fd(-1)
+        for end in (self._reader, self._writer):
+            if end is not None:
+                end.close()
+        self._reader = self._writer = None
+
     def __exit__(self, *exc: object) -> None:
+        self._in_child.__exit__(None, None, None)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
@@ -120,8 +133,8 @@ class Watchdog:
             end = self._emergency(reason)
         finally:
             if end:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                children.end_children()  # none left running, holding the run's stdout
+                flush_streams()
                 _real_exit(int(ExitCode.USER_ERROR))
 
 
@@ -135,10 +148,10 @@ def guard_exit(code: int, grace_s: float = EXIT_GRACE_S) -> None:
 
     def end_later() -> None:
         time.sleep(grace_s)
-        sys.stderr.write("pallas-check: the script's JAX computations did not finish at"
-                         " exit; ending the process\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
+        note("pallas-check: the script's JAX computations did not finish at exit; ending"
+             " the process")
+        children.end_children()
+        flush_streams()
         _real_exit(int(code))
 
     threading.Thread(target=end_later, name="pallas-check-exit-guard", daemon=True).start()

@@ -22,6 +22,27 @@ def env_variable(key: str) -> str:
     return ENV_PREFIX + key.upper().replace("-", "_")
 
 
+# How every yes-or-no variable of ours is read (case and surrounding blanks aside): an
+# empty value is off, as if unset. Any other value is an error naming the variable.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+def parse_flag(text: str) -> bool:
+    """A yes-or-no variable's value as a bool; ValueError (one line, the value quoted) for
+    a value that is neither: `PALLAS_CHECK_DEBUG=0` is off, never on because it is set."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ValueError(f"expected {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS[:-1])},"
+                     f" got {text!r}")
+
+
 def debug_requested() -> bool:
-    """Whether PALLAS_CHECK_DEBUG is set (to anything but the empty string)."""
-    return bool(os.environ.get(DEBUG_VARIABLE))
+    """Whether PALLAS_CHECK_DEBUG is on. A value that is not a yes-or-no word reads as off
+    here (this is asked while an error is being reported, where raising would hide it);
+    the command line refuses such a value at its start (layers.check_other_variables)."""
+    try:
+        return parse_flag(os.environ.get(DEBUG_VARIABLE, ""))
+    except ValueError:
+        return False

@@ -22,7 +22,8 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from pallas_check.config.environment import DEBUG_VARIABLE, ENV_PREFIX, env_variable
+from pallas_check.config.environment import (DEBUG_VARIABLE, ENV_PREFIX, env_variable,
+                                              parse_flag)
 from pallas_check.config.options import Option
 from pallas_check.errors import SettingsError
 
@@ -101,10 +102,6 @@ def normalize_key(key: str) -> str:
     return key.strip().replace("_", "-")
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
 def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> Any:
     """A checked value, in the form a command-line default takes (raises ValueError):
     `from_env`, a variable's text; `base`, the folder a relative path is relative to."""
@@ -112,8 +109,8 @@ def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | Non
     if kind is bool:
         if isinstance(value, bool):
             return value
-        if from_env and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
+        if from_env:  # 1/true/yes/on or 0/false/no/off (environment.parse_flag)
+            return parse_flag(value)
         raise ValueError("expected true or false")
     if kind in (int, float):
         if isinstance(value, bool):
@@ -203,6 +200,7 @@ def load_settings(command: Any, cwd: Path | None = None,
             hint = f"; did you mean {close[0]}?" if close else ""
             raise SettingsError(f"unknown environment variable {variable}{hint} (known:"
                                 f" {', '.join(sorted(known))})")
+    check_other_variables(environ)
     for spec in specs.values():
         if spec.env in environ:
             try:
@@ -211,6 +209,17 @@ def load_settings(command: Any, cwd: Path | None = None,
                 raise SettingsError(f"environment variable {spec.env}: {exc}") from None
             settings.origins[spec.name] = spec.env
     return settings
+
+
+def check_other_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Our variables that are no option, checked like an option's: PALLAS_CHECK_DEBUG is
+    yes or no (`0` is off); any other value is a SettingsError naming it (exit 2)."""
+    environ = os.environ if environ is None else environ
+    if DEBUG_VARIABLE in environ:
+        try:
+            parse_flag(environ[DEBUG_VARIABLE])
+        except ValueError as exc:
+            raise SettingsError(f"environment variable {DEBUG_VARIABLE}: {exc}") from None
 
 
 def _apply_table(settings: Settings, specs: dict[str, OptionSpec],

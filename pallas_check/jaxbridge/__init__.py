@@ -68,6 +68,10 @@ from jax._src.state import types as state_types
 # `pl.debug_check`'s primitive (`check_p`) and the error pytree its operands flatten
 # (engine/rules/debug.py evaluates the kernel's own assertions).
 from jax._src import checkify
+# Whether JAX's backends have started, and where every compilation goes: a process forked
+# after they started cannot compile (it hangs), so there it is refused (children.py).
+from jax._src import xla_bridge
+from jax._src import compiler
 # `pl.debug_print`'s primitive (`debug_print_p`), whose params carry the format string
 # (engine/rules/debug.py formats each print with the core that printed it).
 from jax._src import debugging
@@ -87,6 +91,12 @@ def custom_derivatives() -> ModuleType | None:
     except ImportError:  # pragma: no cover - layout of another JAX version
         return None
     return module
+
+
+def backends_started() -> bool:
+    """Whether JAX's backends have started, read without JAX's lock: children.py asks in
+    a process just forked, where another thread of the parent may have held that lock."""
+    return bool(xla_bridge._backends)
 
 
 def hlo_interpreter() -> ModuleType:
@@ -120,10 +130,10 @@ def mosaic_dialect() -> ModuleType:
 
 
 __all__ = [
-    "callback_module", "checkify", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
+    "backends_started", "callback_module", "checkify", "compiler", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
     "jax_core", "jax_mesh_utils", "jax_shard_map", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
     "mosaic_dialect",
     "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
     "sc_core", "sc_primitives", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
-    "tpu_interpret_params", "tpu_interpreter", "xla_client",
+    "tpu_interpret_params", "tpu_interpreter", "xla_bridge", "xla_client",
 ]

@@ -213,3 +213,40 @@ def test_dma_mode_from_table_reaches_the_engine(project):
     write_pyproject(project, f'dma = "{DmaMode.EAGER.value}"\n')
     code, output = invoke("run", "k.py")
     assert code == ExitCode.CLEAN, output
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("false", False), ("No", False),
+                                       (" off ", False), ("", False), ("1", True),
+                                       ("true", True), ("YES", True), ("on", True)])
+def test_debug_variable_reads_yes_and_no_words(monkeypatch, value, on):
+    """PALLAS_CHECK_DEBUG=0 is off (it was on: any non-empty value was): errors are cut
+    to one short line, as with the variable unset."""
+    from pallas_check.config.environment import debug_requested
+    from pallas_check.runner import short_error
+
+    monkeypatch.setenv("PALLAS_CHECK_DEBUG", value)
+    assert debug_requested() is on
+    long_error = "JAX failed: " + "module @x { ... } " * 500
+    assert short_error(long_error).endswith("(PALLAS_CHECK_DEBUG=1 shows the rest)") != on
+
+
+@pytest.mark.parametrize("command", ["run", "diff", "compile"])
+def test_a_debug_value_that_is_neither_is_one_line_naming_it(project, monkeypatch,
+                                                              command):
+    monkeypatch.setenv("PALLAS_CHECK_DEBUG", "maybe")
+    code, output = invoke(command, "s.py")
+    assert code == ExitCode.USAGE, output
+    # (the runner's output holds stderr twice: mixed in, and on its own)
+    assert set(output.strip().splitlines()) == {
+        "pallas-check: error: environment variable PALLAS_CHECK_DEBUG: expected"
+        " 1/true/yes/on or 0/false/no/off, got 'maybe'"}
+
+
+def test_boolean_option_variables_read_the_same_words(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("")
+    for value, expected in [("off", False), ("No", False), ("0", False), ("on", True)]:
+        settings = load_settings(run, cwd=tmp_path, environ={"PALLAS_CHECK_RACES": value})
+        assert settings.values["races"] is expected
+    with pytest.raises(SettingsError, match=r"^environment variable PALLAS_CHECK_RACES:"
+                                            r" expected .* got 'maybe'$"):
+        load_settings(run, cwd=tmp_path, environ={"PALLAS_CHECK_RACES": "maybe"})

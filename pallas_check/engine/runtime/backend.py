@@ -29,3 +29,9 @@ def engine_device() -> Any:
     """The device of the engine's private CPU client (created on first use)."""
     with _lock:
         return _client().devices()[0]
+
+
+def started() -> bool:
+    """Whether the private client exists in this process (then so do its threads: a
+    process forked from this one cannot use XLA; children.py)."""
+    return _client.cache_info().currsize > 0
