@@ -212,8 +212,10 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     # (Mosaic's verifier has made sure they are one element type: int32 and uint32 both
     # i32), so a uint32 DMA into a bitcast view of an f32 buffer lands bit for bit.
     value = same_bits(value, dma.dst.view_dtype())
-    # A source written everywhere (an input, say) needs no per-element shadow copied along.
-    written = True if dma.src.buffer.fully_written else dma.src.read_written()
+    # A source written everywhere (an input, say) needs no per-element shadow copied along
+    # (unless it reaches into tile padding, which is never written).
+    written = (True if dma.src.buffer.fully_written and not dma.src.padded
+               else dma.src.read_written())
     dma.staged = (value, written)
     if dma.src_sem is not None:
         sem_add(dma.src_sem, dma.signal)

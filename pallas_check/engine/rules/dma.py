@@ -481,7 +481,7 @@ def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
     nbytes = None
     queue = ctx.call.sync._unwaited.get((cell[0].id, cell[1]), ())
     for dma in queue:
-        if isinstance(dma.src, indirect.RowsRegion):
+        if isinstance(dma.src, (indirect.RowsRegion, indirect.ViewRowsRegion)):
             nbytes = dma.signal - dma.waited_bytes
             if nbytes <= 0:  # it moved nothing (every index ignored): waited now
                 queue.remove(dma)
