@@ -1,7 +1,8 @@
 """What a semaphore counts and whose it is: DMAs that signal a REGULAR semaphore (one count
-per DMA, TPU v6+ in JAX's tests; none for a DMA of no bytes), `pl.select_ref` (a DMA's ref chosen by a traced index),
-and `pl.semaphore_signal(..., core_index=i)` (another core's semaphore). Expectations come
-from Mosaic's lowering and JAX's TPU tests, each checked against a numpy reference."""
+per DMA, TPU v6+ in JAX's tests; none for a DMA of no bytes), `pl.select_ref` (a DMA's ref
+chosen by a traced index), and `pl.semaphore_signal(..., core_index=i)` (another core's
+semaphore). Expectations come from Mosaic's lowering and JAX's TPU tests, each checked
+against a numpy reference."""
 
 from __future__ import annotations
 
