@@ -212,6 +212,8 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
     what it adds to its semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its
     write is an atomic add (a SparseCore scatter-add)."""
     call = ctx.call
+    if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
+        src, dst = _tile_padded(ctx, src), _tile_padded(ctx, dst)
     if src.oob:
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
