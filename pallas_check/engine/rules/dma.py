@@ -30,13 +30,14 @@ from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
                                             sem_value)
-from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
-from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer, sparsecore_kernel
+from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
-from pallas_check.engine.memory.region import Region, in_tile_padding, resolve, view_shape
+from pallas_check.engine.memory.region import Region, resolve, view_shape
 from pallas_check.engine.rules import index_plan
+from pallas_check.engine.rules.dma_bounds import halt_unbounded, tile_padded, unbounded
 from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
@@ -142,15 +143,15 @@ def _dma_start(ctx, eqn, invals):
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
               else target_device(ctx, device_id, eqn.params.get("device_id_type")))
-    src_region = _tile_padded(ctx, _arg_region(ctx, src_at, invals))
-    dst_region = _tile_padded(ctx, _arg_region(ctx, dst_at, invals, target))
+    src_region = tile_padded(ctx, _arg_region(ctx, src_at, invals))
+    dst_region = tile_padded(ctx, _arg_region(ctx, dst_at, invals, target))
     frames = current_frames(ctx)
     if src_region.zero_stride or dst_region.zero_stride:
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
                           " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
                           " in loads", frames)
-    if _unbounded(src_region) or _unbounded(dst_region):
-        _halt_unbounded(ctx, src_region, dst_region, frames)
+    if unbounded(src_region) or unbounded(dst_region):
+        halt_unbounded(ctx, src_region, dst_region, frames)
     src_shape, _ = _view_layout(src_region)
     dst_shape, dst_dtype = _view_layout(dst_region)
     if math.prod(src_shape) != math.prod(dst_shape):
@@ -167,43 +168,6 @@ def _dma_start(ctx, eqn, invals):
     return []
 
 
-def _tile_padded(ctx: Any, region: Region) -> Region:
-    """A DMA's side reaching past its ref's shape only into the tile padding of a
-    TensorCore kernel's array (`emit_pipeline`'s ragged last block, rounded up to the
-    tile: engine/memory/tiling.py) is no out-of-bounds access; the padding reads as
-    never written and a write there is dropped. Anything past the padding, and any
-    overhang in a SparseCore kernel, stays out of bounds."""
-    if not region.oob or sparsecore_kernel(ctx.call.core_mesh):
-        return region
-    return in_tile_padding(region) or region
-
-
-def _unbounded(region: Region) -> bool:
-    """Whether some slice of the region is larger than its dimension (or of a negative
-    size): only a traced size (`pl.ds(start, n)`, n computed by the kernel) can be, and
-    such a slice has no part that its ref holds. Nothing may be allocated with its size:
-    a size read from never-written SMEM is the int32 maximum, 2**31 elements."""
-    if region.padded:  # every slice stays inside the padded extent
-        return False
-    for dim, extent in zip(region.dims, region.buffer.data.shape):
-        if dim.__class__ is not int and (dim[1] < 0 or dim[1] > extent):
-            return True
-    return False
-
-
-def _halt_unbounded(ctx: Any, src: Region, dst: Region,
-                    frames: tuple[SourceFrame, ...]) -> None:
-    """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
-    stops there (what would such a DMA have moved?); whether its size came from
-    never-written memory is decided by a re-run with the other fill (engine/call/explore.py)."""
-    call = ctx.call
-    for region, what in ((src, "DMA source"), (dst, "DMA destination")):
-        if region.oob:
-            call.out_of_bounds(ctx, region, what, None)
-    call.dma_unbounded(ctx, call.sync.next_id(), src, dst, frames)
-    raise CallHalted()
-
-
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
                nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1,
                atomic_add: bool = False) -> bool:
@@ -213,7 +177,7 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
     write is an atomic add (a SparseCore scatter-add)."""
     call = ctx.call
     if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
-        src, dst = _tile_padded(ctx, src), _tile_padded(ctx, dst)
+        src, dst = tile_padded(ctx, src), tile_padded(ctx, dst)
     if src.oob:
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
