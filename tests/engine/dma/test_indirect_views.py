@@ -95,6 +95,28 @@ def _gather_add_into_bitcast(x, idx):
     return _kernel((L, D), jnp.float32, body, pltpu.VMEM((L, D), jnp.float32))(x, idx)
 
 
+def _scatter_add_into_reshape(x, idx):
+    """`add=True` scatter into a (2, 8, 128) VMEM_SHARED table seen as (16, 128), zeroed
+    first: rows named twice add twice."""
+    def body(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, table_sh, sem):
+        rows_v[...] = jnp.zeros((L, D), jnp.int32)
+        pltpu.sync_copy(rows_v, table_sh.at[0])
+        pltpu.sync_copy(rows_v, table_sh.at[1])
+        pltpu.sync_copy(idx_hbm, idx_v)
+        pltpu.sync_copy(x_hbm.at[pl.ds(0, L)], rows_v)
+        pltpu.async_copy(rows_v, table_sh.reshape(16, D).at[idx_v], sem, add=True).wait()
+        pltpu.sync_copy(table_sh.at[0], o_hbm.at[pl.ds(0, L)])
+        pltpu.sync_copy(table_sh.at[1], o_hbm.at[pl.ds(L, L)])
+    return _kernel((16, D), jnp.int32, body, pltpu.VMEM((L, D), jnp.int32),
+                   pltpu.VMEM_SHARED((2, L, D), jnp.int32))(x, idx)
+
+
+def _added(bits):
+    want = np.zeros((16, D), np.int64)
+    np.add.at(want, IDX, (bits[:L] % 1000).astype(np.int64))
+    return want.astype(np.uint32)
+
+
 def _scattered(bits):
     want = np.zeros((16, D), np.uint32)
     want[SCATTER_IDX] = bits[:L]
@@ -108,6 +130,8 @@ CASES = {
     "scatter_into_bitcast": (_scatter_into_bitcast, lambda b: b, SCATTER_IDX, _scattered),
     "gather_from_reshape": (_gather_from_reshape, lambda b: b.reshape(2, 8, D), IDX,
                             lambda b: b[IDX]),
+    "scatter_add_into_reshape": (_scatter_add_into_reshape,
+                                 lambda b: (b % 1000).view(np.int32), IDX, _added),
     "gather_add_into_bitcast": (_gather_add_into_bitcast,
                                 lambda b: (b % 1000).view(np.int32), IDX,
                                 lambda b: (b % 1000)[IDX] + 1),
