@@ -17,7 +17,6 @@ from jax.experimental.pallas import tpu_sc as plsc
 
 from pallas_check.config import Config, DmaMode
 from pallas_check.findings import FindingKind, format_range
-from scenarios.test_samples import SAMPLES, _describe, _run
 
 
 def _describe_all(r):
@@ -140,9 +139,3 @@ def test_a_sparsecore_kernel_has_no_padding(check):
     oob = [f for f in r.findings if f.kind is FindingKind.OUT_OF_BOUNDS]
     assert [(f.buffer, format_range(f.index_range)) for f in oob] == [
         ("x_hbm", "[0:8, 0:128]")], _describe_all(r)
-
-
-def test_ragged_pipeline_ok_is_clean_whenever_dmas_land(cli):
-    result = _run(cli, SAMPLES / "ragged_pipeline_ok.py", "--dma random --schedules 20 --races")
-    assert result.findings == [], _describe(result.findings)
-    assert result.exit_code == 0 and "output matches" in result.output

@@ -136,11 +136,15 @@ def _zero_then_real_dma(n_ref, x_hbm, o_hbm, buf, sem):
     pltpu.sync_copy(buf, o_hbm)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
-@pytest.mark.parametrize("n", [0, 3])
-@pytest.mark.parametrize("kernel, semaphore", [
-    (_zero_then_real_regular, pltpu.SemaphoreType.REGULAR),
-    (_zero_then_real_dma, pltpu.SemaphoreType.DMA)], ids=["regular", "dma"])
+_REGULAR = (_zero_then_real_regular, pltpu.SemaphoreType.REGULAR)
+_DMA = (_zero_then_real_dma, pltpu.SemaphoreType.DMA)
+
+
+@pytest.mark.parametrize("kernel, semaphore, n, mode", [
+    *((*_REGULAR, 0, mode) for mode in MODES), (*_REGULAR, 3, DmaMode.ON_WAIT),
+    (*_DMA, 0, DmaMode.ON_WAIT), (*_DMA, 0, DmaMode.RANDOM), (*_DMA, 3, DmaMode.EAGER)],
+    ids=["regular-0-on_wait", "regular-0-eager", "regular-0-random", "regular-3",
+         "dma-0-on_wait", "dma-0-random", "dma-3"])
 def test_a_dma_of_no_bytes_signals_nothing(check, kernel, semaphore, n, mode):
     """A DMA that moves no bytes signals nothing on either semaphore type (JAX's
     interpreter signals a DMA's bytes, 0; a kernel like this runs clean on a v6e): no
