@@ -385,7 +385,11 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
     plain = _arg_region(ctx, plain_at, invals)
     view = as_view(indexed_at[2].unflatten(invals[indexed_at[0]:indexed_at[1]]))
     indexer, at = indirect_indexer(view.transforms)
-    base = resolve(indirect.split_view(view, indexer, at))
+    # The indexed view, kept for the call (by its ref and indices, as `_arg_region` does):
+    # through a bitcast or reshape its element map is made once, not at every DMA.
+    base = ctx.call.accesses.get_or_make(
+        indexed_at, invals[indexed_at[0]:indexed_at[1]],
+        lambda: resolve(indirect.split_view(view, indexer, at)))
     vector = _index_vector(ctx, indexer.indices[0], frames)
     # Rows of the views (a bitcast or reshape before the indexer, or on the plain side,
     # is the view Mosaic gathers or scatters through).
