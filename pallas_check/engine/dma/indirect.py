@@ -40,7 +40,7 @@ from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import OutOfBounds, Region
-from pallas_check.engine.memory.views import ElementMap
+from pallas_check.engine.memory.views import ElementMap, flat_boxes
 from pallas_check.findings import IndexRange, format_range
 
 
@@ -196,7 +196,7 @@ class ViewRowsRegion:
     a `Dma` asks of its sides, as `RowsRegion` does."""
 
     __slots__ = ("buffer", "rows", "add", "post", "oob", "zero_stride", "dims", "out_shape",
-                 "_map", "_dtype", "_unit_bytes")
+                 "_map", "_dtype", "_unit_bytes", "_boxes")
     padded = False  # never past its buffer's shape
 
     def __init__(self, base: Region, rows: np.ndarray, add: bool = False):
@@ -217,6 +217,7 @@ class ViewRowsRegion:
         self._map = ElementMap(view.units[self.rows], view.per, view.shape)
         self._dtype = base.view_dtype()
         self._unit_bytes = self.buffer.data.dtype.itemsize // view.per
+        self._boxes: tuple[IndexRange, ...] | None = None
 
     def view_dtype(self) -> np.dtype:
         return self._dtype
@@ -279,11 +280,33 @@ class ViewRowsRegion:
         return box if box is not None else tuple((0, 0) for _ in self._map.shape)
 
     def boxes(self) -> tuple[IndexRange, ...]:
-        return self._map.boxes() if len(self.rows) else ()
+        """Boxes holding exactly the elements of the rows, made row by row (each row's
+        elements lie close together; the rows may be far apart in a large table) and
+        joined where consecutive buffer rows share the same other ranges."""
+        if self._boxes is None:
+            units = self._map.units.reshape(len(self.rows), -1)
+            found: set[IndexRange] = set()
+            for first in np.unique(self.rows, return_index=True)[1]:
+                elements = np.unique(units[first] // self._map.per)
+                found.update(flat_boxes(elements, self._map.shape))
+            self._boxes = _joined(found)
+        return self._boxes
 
     def selected_range(self, selected: np.ndarray) -> IndexRange:
         box = self._map.bbox(np.asarray(selected, bool))
         return box if box is not None else self.index_range()
+
+
+def _joined(boxes: set[IndexRange]) -> tuple[IndexRange, ...]:
+    """Boxes (disjoint or equal) with those that continue each other along the first
+    dimension (the same ranges in every other) joined into one."""
+    out: list[list] = []
+    for box in sorted(boxes, key=lambda b: (b[1:], b[0])):
+        if out and out[-1][1:] == list(box[1:]) and out[-1][0][1] >= box[0][0]:
+            out[-1][0] = (out[-1][0][0], max(out[-1][0][1], box[0][1]))
+        else:
+            out.append([box[0], *box[1:]])
+    return tuple(tuple(b) for b in out)
 
 
 def rows_region(base: Region, rows: np.ndarray, add: bool = False

@@ -16,7 +16,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
 from pallas_check.config import Config, DmaMode
+from pallas_check.engine.dma.indirect import ViewRowsRegion
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
+from pallas_check.engine.memory.region import resolve
 from pallas_check.findings import FindingKind, format_range
+from pallas_check.jaxbridge import state_types
 
 D, L = 128, 8  # row width; rows per DMA (v6e's lanes)
 IDX = np.array([3, 1, 7, 7, 0, 15, 2, 9], np.int32)  # row 7 twice
@@ -223,3 +227,28 @@ def test_scatters_through_a_view_race_where_their_rows_meet(check, overlap):
     assert len(races) == 1, [f.message for f in races]
     assert races[0].buffer == "o_hbm"
     assert format_range(races[0].index_range) == format_range(((5, 6), (0, D)))
+
+
+def test_a_packed_views_rows_are_boxes_of_buffer_rows_and_move_as_bytes():
+    """The engine object on its own: rows 3, 4, 10, 10 of the uint32 view of a (32, 128)
+    bf16 table are bf16 rows 6..10 and 20..22 (one box each: consecutive rows joined, the
+    row named twice once); a row written through the view lands as its two bf16 rows."""
+    table = Buffer("t", MemorySpace.HBM, np.zeros((32, D), jnp.bfloat16), written=False)
+    view = RefView(table, (state_types.BitcastTransform(np.dtype(np.uint32)),))
+    rows = ViewRowsRegion(resolve(view), np.array([3, 4, 10, 10]))
+    assert rows.out_shape == (4, D) and rows.view_dtype() == np.uint32
+    assert rows.boxes() == (((6, 10), (0, D)), ((20, 22), (0, D)))
+    assert rows.index_range() == ((6, 22), (0, D))
+    bits = _bits(4)
+    rows.write(bits, 0)
+    got = table.data.view(np.uint16)
+    np.testing.assert_array_equal(got[20:22], _unpack(bits[3:4]))  # the later row 10 wins
+    np.testing.assert_array_equal(got[6:10], _unpack(bits[:2]))
+    assert table.written[6:10].all() and table.written[20:22].all()
+    assert not table.written[:6].any() and table.written.sum() == 6 * D
+    np.testing.assert_array_equal(rows.read(0)[:2], bits[:2])
+
+
+def _unpack(bits):
+    """uint32 rows -> their bf16 rows as uint16 bits (low half first)."""
+    return bits.view(np.uint16).reshape(len(bits), D, 2).transpose(0, 2, 1).reshape(-1, D)
