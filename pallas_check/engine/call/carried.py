@@ -273,7 +273,8 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
 def _followed(dma: Dma, addresses: dict[int, int | None]) -> tuple[int | None] | None:
     """Whether a later call may find where `dma` lands: in an output the call returns,
     plainly indexed; then (the address of that output's XLA buffer, or None), else None."""
-    if dma.dst.buffer.id not in addresses or dma.dst.post or dma.dst.oob:
+    if (dma.dst.buffer.id not in addresses or dma.dst.post or dma.dst.oob
+            or dma.dst.padded):  # past the shape: not plainly indexed
         return None
     return (addresses[dma.dst.buffer.id],)
 
@@ -284,7 +285,7 @@ def _mirror(dma: Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
     that `landed` already did so before the write-back if the output holds it written
     (the block's array went to the write-back then; the block holds nothing since)."""
     mirror = mirrors.get(dma.dst.buffer.id)
-    if mirror is None or dma.dst.post:
+    if mirror is None or dma.dst.post or dma.dst.padded:
         return
     region = Region(mirror, list(dma.dst.dims), [], list(dma.dst.oob))
     if landed and np.all(region.written_base()):

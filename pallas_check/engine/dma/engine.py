@@ -23,6 +23,7 @@ from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.memory.views import same_bits
 from pallas_check.findings import IndexRange, SourceFrame, format_range
 
 
@@ -232,11 +233,14 @@ def dma_read(ctx: Any, dma: Dma) -> None:
         return
     dma.read_done = True
     value = dma.src.read(ctx.fill(dma.src.buffer.data.dtype))
-    target_dtype = dma.dst.buffer.data.dtype
-    if value.dtype != target_dtype:
-        value = value.astype(target_dtype)
-    # A source written everywhere (an input, say) needs no per-element shadow copied along.
-    written = True if dma.src.buffer.fully_written else dma.src.read_written()
+    # Bytes, never a conversion: the source's elements seen as the destination view's
+    # (Mosaic's verifier has made sure they are one element type: int32 and uint32 both
+    # i32), so a uint32 DMA into a bitcast view of an f32 buffer lands bit for bit.
+    value = same_bits(value, dma.dst.view_dtype())
+    # A source written everywhere (an input, say) needs no per-element shadow copied along
+    # (unless it reaches into tile padding, which is never written).
+    written = (True if dma.src.buffer.fully_written and not dma.src.padded
+               else dma.src.read_written())
     dma.staged = (value, written)
     if dma.src_sem is not None:
         sem_add(dma.src_sem, dma.signal)
@@ -253,6 +257,8 @@ def dma_write(ctx: Any, dma: Dma) -> None:
     value, written = dma.staged
     dma.staged = None
     dma.copied = True
+    if dma.dst.padded and not all_written(written):  # what lands in tile padding is dropped
+        written = np.asarray(written, bool) | ~dma.dst.inside()
     if dma.dst.buffer.is_output and not all_written(written):
         # Never-written elements copied into an output: the DMA is where they come from,
         # so its read is the uninitialized read that reaches the output (not "elements

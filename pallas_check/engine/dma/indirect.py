@@ -40,6 +40,7 @@ from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import OutOfBounds, Region
+from pallas_check.engine.memory.views import ElementMap, flat_boxes
 from pallas_check.findings import IndexRange, format_range
 
 
@@ -74,12 +75,12 @@ class RowsRegion:
 
     __slots__ = ("base", "buffer", "rows", "add", "post", "oob", "zero_stride", "dims",
                  "out_shape", "_row_dim", "_index", "_buffer_rows", "_boxes")
+    padded = False  # never past its buffer's shape
 
     def __init__(self, base: Region, rows: np.ndarray, add: bool = False):
         if base.post or base.oob or base.zero_stride or not base.out_shape:
             raise KernelError(f"an indirect DMA through a view of {base.buffer.name} that"
-                              " pallas-check does not model (a reshape, bitcast or"
-                              " out-of-bounds slice)")
+                              " pallas-check does not model (an out-of-bounds slice)")
         self.base = base
         self.buffer = base.buffer
         self.rows = np.asarray(rows, np.int64)
@@ -103,6 +104,9 @@ class RowsRegion:
                 index.append(slice(lo, lo + size * step, step) if size > 0 else slice(0, 0))
         self._index = tuple(index)
         self._boxes: tuple[IndexRange, ...] | None = None
+
+    def view_dtype(self) -> np.dtype:
+        return self.buffer.data.dtype
 
     # -- values ----------------------------------------------------------------------------
     def _to_rows(self, values: np.ndarray) -> np.ndarray:
@@ -182,16 +186,148 @@ class RowsRegion:
         return self._range_with_rows(int(rows.min()), int(rows.max()) + 1)
 
 
+class ViewRowsRegion:
+    """Some rows (the major dimension of the VIEW) of a reshaped or bitcast view, in a
+    given order: the side of an indirect DMA through `ref.bitcast(...)` or
+    `ref.reshape(...)` (Mosaic bitcasts or reshapes the memref, then gathers or scatters
+    its rows). Where each element of those rows lies in the buffer is the view's element
+    map (engine/memory/views.py), taken row by row; values move as bytes through it, so
+    a row of uint32 bits gathered out of an f32 table lands bit for bit. It answers what
+    a `Dma` asks of its sides, as `RowsRegion` does."""
+
+    __slots__ = ("buffer", "rows", "add", "post", "oob", "zero_stride", "dims", "out_shape",
+                 "_map", "_dtype", "_unit_bytes", "_boxes")
+    padded = False  # never past its buffer's shape
+
+    def __init__(self, base: Region, rows: np.ndarray, add: bool = False):
+        if base.oob or base.zero_stride:
+            raise KernelError(f"an indirect DMA through a view of {base.buffer.name} that"
+                              " pallas-check does not model (an out-of-bounds slice)")
+        view = base.element_map()
+        if not view.units.ndim > 1:
+            raise KernelError(f"an indirect DMA through a 0-d view of {base.buffer.name}")
+        self.buffer = base.buffer
+        self.rows = np.asarray(rows, np.int64)
+        self.add = add
+        self.post = base.post  # a view: never taken for a plain region (carried.py)
+        self.oob: list = []
+        self.zero_stride = False
+        self.dims = base.dims
+        self.out_shape = (len(self.rows), *view.units.shape[1:-1])
+        self._map = ElementMap(view.units[self.rows], view.per, view.shape)
+        self._dtype = base.view_dtype()
+        self._unit_bytes = self.buffer.data.dtype.itemsize // view.per
+        self._boxes: tuple[IndexRange, ...] | None = None
+
+    def view_dtype(self) -> np.dtype:
+        return self._dtype
+
+    # -- values: bytes through the element map -----------------------------------------
+    def _units_of(self, data: np.ndarray) -> np.ndarray:
+        """The buffer's bytes, one row per unit of the map (a view of `data` when it is
+        C-contiguous, as buffers are)."""
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(
+            -1, self._unit_bytes)
+
+    def read_base(self, fill: Any) -> np.ndarray:
+        units = self._map.units
+        raw = self._units_of(self.buffer.data)[units]  # (*out_shape, parts, unit bytes)
+        raw = np.ascontiguousarray(raw.reshape(*units.shape[:-1], -1))
+        return raw.view(self._dtype).reshape(self.out_shape)
+
+    read = read_base
+
+    def written_base(self) -> np.ndarray:
+        if self.buffer.fully_written:
+            return np.ones(self.out_shape, bool)
+        elements = self._map.units // self._map.per
+        return self.buffer.written.reshape(-1)[elements].all(axis=-1)
+
+    read_written = written_base
+
+    def write_base(self, value: np.ndarray, written: Any = True) -> None:
+        """Store (or add, in the view's element type) the rows as bytes; `written`: their
+        shadow (None: left alone); an element stored in part keeps its state only where
+        the part stored is initialized (`ElementMap.mark`)."""
+        value = np.broadcast_to(np.asarray(value, self._dtype), self.out_shape)
+        units = self._map.units
+        if written is not None:
+            written = np.broadcast_to(np.asarray(written, bool), self.out_shape)
+        if self.add:  # each row once, every element naming it added (np.add.at)
+            _, first, inverse = np.unique(self.rows, return_index=True, return_inverse=True)
+            total = self.read_base(0)[first]
+            np.add.at(total, inverse, value)
+            if written is not None:  # a sum with a never-written term is never-written
+                sums = np.ones(total.shape, bool)
+                np.logical_and.at(sums, inverse, written)
+                written = sums & self.written_base()[first]
+            value, units = total, units[first]
+        data = self.buffer.writable()
+        flat = self._units_of(data)
+        flat[units] = np.ascontiguousarray(value).view(np.uint8).reshape(*units.shape, -1)
+        if not np.shares_memory(flat, data):
+            data[...] = flat.reshape(-1).view(data.dtype).reshape(data.shape)
+        if written is not None:
+            ElementMap(units, self._map.per, self._map.shape).mark(self.buffer, written)
+
+    def write(self, value: np.ndarray, fill: Any, written: Any = True,
+              touched: Any = None) -> None:
+        self.write_base(value, written)
+
+    # -- where ----------------------------------------------------------------------------
+    def index_range(self) -> IndexRange:
+        box = self._map.bbox(np.ones(self.out_shape, bool))
+        return box if box is not None else tuple((0, 0) for _ in self._map.shape)
+
+    def boxes(self) -> tuple[IndexRange, ...]:
+        """Boxes holding exactly the elements of the rows, made row by row (each row's
+        elements lie close together; the rows may be far apart in a large table) and
+        joined where consecutive buffer rows share the same other ranges."""
+        if self._boxes is None:
+            units = self._map.units.reshape(len(self.rows), -1)
+            found: set[IndexRange] = set()
+            for first in np.unique(self.rows, return_index=True)[1]:
+                elements = np.unique(units[first] // self._map.per)
+                found.update(flat_boxes(elements, self._map.shape))
+            self._boxes = _joined(found)
+        return self._boxes
+
+    def selected_range(self, selected: np.ndarray) -> IndexRange:
+        box = self._map.bbox(np.asarray(selected, bool))
+        return box if box is not None else self.index_range()
+
+
+def _joined(boxes: set[IndexRange]) -> tuple[IndexRange, ...]:
+    """Boxes (disjoint or equal) with those that continue each other along the first
+    dimension (the same ranges in every other) joined into one."""
+    out: list[list] = []
+    for box in sorted(boxes, key=lambda b: (b[1:], b[0])):
+        if out and out[-1][1:] == list(box[1:]) and out[-1][0][1] >= box[0][0]:
+            out[-1][0] = (out[-1][0][0], max(out[-1][0][1], box[0][1]))
+        else:
+            out.append([box[0], *box[1:]])
+    return tuple(tuple(b) for b in out)
+
+
+def rows_region(base: Region, rows: np.ndarray, add: bool = False
+                ) -> "RowsRegion | ViewRowsRegion":
+    """The side of an indirect DMA that moves `rows` of `base` (its view's rows when it
+    is seen through a reshape or bitcast)."""
+    return ViewRowsRegion(base, rows, add) if base.post else RowsRegion(base, rows, add)
+
+
 def bad_row_region(base: Region, value: int, element: int, vector: IndexVector) -> Region:
     """The row an out-of-bounds index names, as a region whose one out-of-bounds entry
     says which element of which index vector holds it (how the finding reads)."""
     dims = list(base.dims)
+    what = f"{value} (element {element} of index vector {vector.name})"
+    if base.post:  # a row of a view: the finding spans the view, in its dimension 0
+        size = base.element_map().units.shape[0]
+        return Region(base.buffer, dims, [], [OutOfBounds(0, what, size)])
     row_dim = next(i for i, d in enumerate(dims) if d.__class__ is not int)
     start, size, stride = dims[row_dim]
     dims[row_dim] = start + value * stride
-    oob = OutOfBounds(row_dim, f"{value} (element {element} of index vector {vector.name})",
-                      size)
-    return Region(base.buffer, dims, [], [oob])
+    return Region(base.buffer, dims, [], [OutOfBounds(row_dim, what, size)])
 
 
 def vector_name(view: RefView, region: Region) -> str:

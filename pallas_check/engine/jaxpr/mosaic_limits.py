@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import pallas_core
@@ -39,6 +40,7 @@ from pallas_check.jaxbridge import state_types
 from pallas_check.jaxbridge import sc_core
 
 from pallas_check.engine.memory.buffer import MemorySpace, RefView
+from pallas_check.engine.memory.views import mosaic_element
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -234,6 +236,40 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     return None
 
 
+def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
+                         frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
+    """A DMA between refs of two element types (as their views see them: a bitcast
+    changes it) does not lower: Mosaic's verifier wants one ("DMA source and target
+    element type mismatch", seen with jax 0.10.2 and libtpu for f32 -> int32 and
+    f32 -> int8); integers are signless there, so int32 and uint32 agree. A DMA moves
+    bytes and never converts them."""
+    sides = []
+    for ref in eqn.params["tree"].unflatten(eqn.invars)[:2]:
+        transforms: list = []
+        while isinstance(ref, state_types.TransformedRef):
+            transforms[:0] = ref.transforms
+            ref = ref.ref
+        dtype = getattr(getattr(ref, "aval", None), "dtype", None)
+        for transform in transforms:
+            if isinstance(transform, state_types.BitcastTransform):
+                dtype = transform.dtype
+        if dtype is None:
+            return None
+        sides.append((ref, dtype))
+    (src, src_dtype), (dst, dst_dtype) = sides
+    if mosaic_element(src_dtype) == mosaic_element(dst_dtype):
+        return None
+    name = names.get(dst, "") if isinstance(dst, jax_core.Var) else ""
+    source = names.get(src, "") if isinstance(src, jax_core.Var) else ""
+    space = space_of(getattr(dst, "aval", None))
+    mosaic = "'tpu.enqueue_dma' op DMA source and target element type mismatch"
+    return NotLowered(
+        f"a DMA from {source or 'a ref'} ({np.dtype(src_dtype).name}) to {name or 'a ref'}"
+        f" ({np.dtype(dst_dtype).name}) does not lower: a DMA moves bytes between refs of"
+        f" one element type (\"{mosaic}\"); see one ref as the other's type with"
+        f" ref.bitcast", frames(), name, space, "DMA destination", mosaic)
+
+
 # The equations that index refs (a load, a store, a DMA start).
 _INDEXING = frozenset((state_primitives.get_p, state_primitives.swap_p,
                        pallas_primitives.load_p, pallas_primitives.swap_p,
@@ -309,6 +345,11 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
     Pallas clipped its own); `sparsecore`: a SparseCore kernel (its DMAs may gather and
     scatter)."""
     for eqn in jaxpr.eqns:
+        if eqn.primitive is mosaic_primitives.dma_start_p:
+            found = _dma_element_refusal(eqn, names, space_of,
+                                         lambda: _frames((*outer, eqn)))
+            if found is not None:
+                return found
         if sparsecore and eqn.primitive is mosaic_primitives.dma_start_p:
             found = _sc_dma_refusal(eqn, names, space_of, lambda: _frames((*outer, eqn)))
             if found is not None:

@@ -12,10 +12,11 @@ import numpy as np
 from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.engine.memory.buffer import Buffer, RefView, _SMALL_BYTES, aligned_copy
+from pallas_check.engine.memory.tiling import padded_shape
 from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, _apply_post,
                                               _as_int, _build_map, _maps,
                                               _post_key, _undo_post, has_array_index,
-                                              view_transform)
+                                              view_dtype, view_transform)
 from pallas_check.findings import IndexRange
 
 
@@ -39,13 +40,18 @@ class Region:
     """
 
     __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "zero_stride", "_map",
-                 "_boxes")
+                 "_boxes", "padded")
 
-    def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds]):
+    def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds],
+                 padded: bool = False):
         self.buffer = buffer
         self.dims = dims  # per base dim: int or (start, size, stride)
         self.post = post
         self.oob = oob
+        # Past the buffer's shape only into its tile padding (a DMA of a ragged block,
+        # engine/memory/tiling.py): read through index arrays as an out-of-bounds region
+        # is, the padding never written, but no out-of-bounds finding.
+        self.padded = padded
         # A stride of 0 (a broadcast load) has no numpy slice: such a region is read through
         # index arrays, like an out-of-bounds one. (One pass: this runs at every access.)
         index: list = []
@@ -62,7 +68,7 @@ class Region:
             index.append(slice(start, start + size * stride, stride) if size > 0
                          else slice(0, 0))
         self.zero_stride = zero_stride
-        self.index = tuple(index) if not oob and not zero_stride else None
+        self.index = tuple(index) if not oob and not zero_stride and not padded else None
         self.out_shape = tuple(out_shape)
         self._map: ElementMap | None = None
         self._boxes: tuple[IndexRange, ...] | None = None
@@ -78,6 +84,7 @@ class Region:
         region.post = []
         region.oob = []
         region.zero_stride = False
+        region.padded = False
         region.index = index
         region.out_shape = out_shape
         region._map = None
@@ -99,7 +106,23 @@ class Region:
                     out.append((start, start + (size - 1) * stride + 1))
                 else:
                     out.append((start + (size - 1) * stride, start + 1))
-        return tuple(out)
+        return self._clipped(tuple(out)) if self.padded else tuple(out)
+
+    def _clipped(self, index_range: IndexRange) -> IndexRange:
+        """A range cut to the buffer's shape: what a region reaching into tile padding
+        touches of the array itself (the padding is no one's data)."""
+        return tuple((min(max(lo, 0), n), min(max(hi, 0), n))
+                     for (lo, hi), n in zip(index_range, self.buffer.shape))
+
+    def inside(self) -> np.ndarray:
+        """Which elements of the access (its own shape) lie inside the buffer."""
+        _, mask = self._masked_index()
+        return np.broadcast_to(self._squeeze_ints(mask), self.out_shape)
+
+    def view_dtype(self) -> np.dtype:
+        """The element type of the access: its buffer's, or its view's (a bitcast)."""
+        dtype = self.buffer.data.dtype
+        return view_dtype(dtype, self.post) if self.post else dtype
 
     def element_map(self) -> "ElementMap":
         """Which buffer elements each element of the access is made of (post transforms
@@ -142,7 +165,7 @@ class Region:
             lo, hi = start + int(hit[0]) * stride, start + int(hit[-1]) * stride
             out.append((lo, hi + 1) if stride >= 0 else (hi, lo + 1))
             axis += 1
-        return tuple(out)
+        return self._clipped(tuple(out)) if self.padded else tuple(out)
 
     # -- masked (out-of-bounds) helpers -------------------------------------------------
     def _masked_index(self) -> tuple[tuple, np.ndarray]:
@@ -203,7 +226,11 @@ class Region:
         return self._squeeze_ints(vals)
 
     def written_base(self) -> np.ndarray:
-        """The written-shadow of the region (out-of-bounds elements count as written)."""
+        """The written-shadow of the region (out-of-bounds elements count as written; tile
+        padding as never written: what it holds is undefined)."""
+        if self.padded:
+            mesh, mask = self._masked_index()
+            return self._squeeze_ints(mask & self.buffer.written_at(mesh))
         if self.buffer.fully_written:
             return np.ones(self.out_shape, bool)
         if self.index is not None:
@@ -321,6 +348,39 @@ def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = Non
             still.append(base_dim)
         live = still
     return Region(buffer, dims, post if post is not None else [], oob)
+
+
+def view_shape(region: Region) -> tuple[int, ...]:
+    """The shape of the access, its view's (post transforms applied: a reshape, a bitcast
+    that packs rows, an index after them), from its element map (cached by view shape)."""
+    if not region.post:
+        return region.out_shape
+    return region.element_map().units.shape[:-1]
+
+
+def in_tile_padding(region: Region) -> Region | None:
+    """The region as one reaching into its buffer's tile padding (engine/memory/
+    tiling.py), when every index past the buffer's shape lies in the padding: a plain
+    region (no view transforms) whose slices stay in the padded extent; else None (it
+    is out of bounds)."""
+    if not region.oob or region.post or region.zero_stride:
+        return None
+    buffer = region.buffer
+    padded = padded_shape(buffer.shape, buffer.data.dtype, buffer.space)
+    if padded == tuple(buffer.shape):
+        return None
+    for d, extent in zip(region.dims, padded):
+        if d.__class__ is int:
+            if not 0 <= d < extent:
+                return None
+            continue
+        start, size, stride = d
+        if size < 0:
+            return None
+        last = start + (size - 1) * stride
+        if size and not (0 <= min(start, last) and max(start, last) < extent):
+            return None
+    return Region(buffer, list(region.dims), [], [], padded=True)
 
 
 def element_map_of(region: Region) -> ElementMap:

@@ -198,6 +198,11 @@ class _ViewTransform:
         """The item size the view changes to (None: unchanged)."""
         return None
 
+    @staticmethod
+    def dtype(t: Any, dtype: np.dtype) -> np.dtype:
+        """The element type seen through the view of elements of `dtype`."""
+        return dtype
+
 
 class _Index(_ViewTransform):
     @staticmethod
@@ -286,6 +291,10 @@ class _Bitcast(_ViewTransform):
     def itemsize(t: Any) -> int | None:
         return np.dtype(t.dtype).itemsize
 
+    @staticmethod
+    def dtype(t: Any, dtype: np.dtype) -> np.dtype:
+        return np.dtype(t.dtype)
+
 
 # The transform kinds a view may have, and what each does (`_ViewTransform`).
 _TRANSFORMS: dict[type, type[_ViewTransform]] = {
@@ -304,6 +313,34 @@ def view_transform(t: Any) -> type[_ViewTransform]:
         if kind is None:
             raise UnsupportedTransform(type(t).__name__)
     return kind
+
+
+def view_dtype(dtype: np.dtype, post: list) -> np.dtype:
+    """The element type of a view of a buffer of `dtype` through the transforms `post`
+    (a bitcast changes it), without evaluating the view."""
+    for t in post:
+        dtype = view_transform(t).dtype(t, dtype)
+    return np.dtype(dtype)
+
+
+def same_bits(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`value` as elements of `dtype`, bit for bit (what a DMA moves is bytes, never a
+    conversion): one element type of the same size seen as the other (a uint32 DMA
+    into an int32 ref). A size that differs is the caller's to have refused."""
+    if value.dtype == dtype:
+        return value
+    if value.dtype.itemsize != np.dtype(dtype).itemsize:
+        raise ValueError(f"{value.dtype} and {dtype} differ in size: no bit-exact view")
+    return value.view(dtype)
+
+
+def mosaic_element(dtype: np.dtype) -> str:
+    """How Mosaic's verifier names an element type: integers are signless (int32 and
+    uint32 are both i32), floats by their name (f32, bf16 and f16 differ)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return f"i{dtype.itemsize * 8}"
+    return dtype.name
 
 
 def _post_key(post: list) -> tuple | None:

@@ -9,7 +9,8 @@ DMA mode's (engine/dma/policy.py): the rules tell the call's policy that a DMA s
 (`started`) and that a wait finds its semaphore short (`land_for`). DMAs never waited
 complete at kernel end.
 A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
-lands DMAs as a DMA wait does (`signal_count`).
+lands DMAs as a DMA wait does (`signal_count`). A DMA that moves no bytes (a traced size
+of 0) signals nothing on either type.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
                                             sem_value)
-from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
+from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
-from pallas_check.engine.memory.region import Region, resolve
+from pallas_check.engine.memory.region import Region, resolve, view_shape
 from pallas_check.engine.rules import index_plan
+from pallas_check.engine.rules.dma_bounds import halt_unbounded, tile_padded, unbounded
 from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
@@ -141,17 +143,17 @@ def _dma_start(ctx, eqn, invals):
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
               else target_device(ctx, device_id, eqn.params.get("device_id_type")))
-    src_region = _arg_region(ctx, src_at, invals)
-    dst_region = _arg_region(ctx, dst_at, invals, target)
+    src_region = tile_padded(ctx, _arg_region(ctx, src_at, invals))
+    dst_region = tile_padded(ctx, _arg_region(ctx, dst_at, invals, target))
     frames = current_frames(ctx)
     if src_region.zero_stride or dst_region.zero_stride:
         raise KernelError("a DMA slice with a stride of 0 (pl.ds(start, n, 0)) is not a"
                           " copy a DMA engine makes: Pallas TPU takes stride-0 slices only"
                           " in loads", frames)
-    if _unbounded(src_region) or _unbounded(dst_region):
-        _halt_unbounded(ctx, src_region, dst_region, frames)
+    if unbounded(src_region) or unbounded(dst_region):
+        halt_unbounded(ctx, src_region, dst_region, frames)
     src_shape, _ = _view_layout(src_region)
-    dst_shape, dst_itemsize = _view_layout(dst_region)
+    dst_shape, dst_dtype = _view_layout(dst_region)
     if math.prod(src_shape) != math.prod(dst_shape):
         raise KernelError(
             f"DMA shapes differ: {src_region.buffer.name}{list(src_shape)} ->"
@@ -161,33 +163,9 @@ def _dma_start(ctx, eqn, invals):
     if _begin_dma(ctx, src_region, dst_region,
                   cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
                   cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
-                  math.prod(dst_shape) * dst_itemsize, frames, signal_count(eqn)):
+                  math.prod(dst_shape) * dst_dtype.itemsize, frames, signal_count(eqn)):
         yield None  # a scheduling point: another actor may run between start and what follows
     return []
-
-
-def _unbounded(region: Region) -> bool:
-    """Whether some slice of the region is larger than its dimension (or of a negative
-    size): only a traced size (`pl.ds(start, n)`, n computed by the kernel) can be, and
-    such a slice has no part that its ref holds. Nothing may be allocated with its size:
-    a size read from never-written SMEM is the int32 maximum, 2**31 elements."""
-    for dim, extent in zip(region.dims, region.buffer.data.shape):
-        if dim.__class__ is not int and (dim[1] < 0 or dim[1] > extent):
-            return True
-    return False
-
-
-def _halt_unbounded(ctx: Any, src: Region, dst: Region,
-                    frames: tuple[SourceFrame, ...]) -> None:
-    """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
-    stops there (what would such a DMA have moved?); whether its size came from
-    never-written memory is decided by a re-run with the other fill (engine/call/explore.py)."""
-    call = ctx.call
-    for region, what in ((src, "DMA source"), (dst, "DMA destination")):
-        if region.oob:
-            call.out_of_bounds(ctx, region, what, None)
-    call.dma_unbounded(ctx, call.sync.next_id(), src, dst, frames)
-    raise CallHalted()
 
 
 def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
@@ -198,12 +176,18 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
     what it adds to its semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its
     write is an atomic add (a SparseCore scatter-add)."""
     call = ctx.call
+    if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
+        src, dst = tile_padded(ctx, src), tile_padded(ctx, dst)
     if src.oob:
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
         call.out_of_bounds(ctx, dst, "DMA destination", None)
+    # A DMA that moves no bytes signals nothing, on any semaphore type: a DMA semaphore
+    # gets its 0 bytes, a regular one no count (JAX's interpreter signals a DMA's bytes
+    # on every semaphore; such a kernel runs clean on a v6e). Nothing is left to wait.
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
-              ctx.grid_point, nbytes if signal < 0 else signal, atomic_add=atomic_add)
+              ctx.grid_point, nbytes if signal < 0 or nbytes == 0 else signal,
+              atomic_add=atomic_add)
     if call.address_probe is not None and dma.id in call.address_probe:
         call.address_probe[dma.id] = (src.index_range(), dst.index_range())
     call.sync.start(dma)
@@ -290,19 +274,18 @@ def _dst_and_semaphores(ctx: Any, eqn: Any, invals: list) -> tuple | None:
                                                invals[dst_sem_at[0]:dst_sem_at[1]])), src_sem)
 
 
-def _view_layout(region: Region) -> tuple[tuple[int, ...], int]:
-    """The shape a DMA of `region` moves and its item size, in the view's own type (post
-    transforms such as reshape and bitcast change both: evaluated once, on a dummy)."""
+def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape a DMA of `region` moves and its element type, the view's own (post
+    transforms such as reshape and bitcast change both)."""
     if not region.post:
-        return region.out_shape, region.buffer.data.dtype.itemsize
-    value = region.read(np.zeros((), region.buffer.data.dtype))
-    return value.shape, value.dtype.itemsize
+        return region.out_shape, region.buffer.data.dtype
+    return view_shape(region), region.view_dtype()
 
 
 def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]:
     """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
-    shape, itemsize = _view_layout(_arg_region(ctx, layout[0], invals))
-    return math.prod(shape) * itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
+    shape, dtype = _view_layout(_arg_region(ctx, layout[0], invals))
+    return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
 
 
 @rule(mosaic_primitives.dma_wait_p, generator=True)
@@ -402,19 +385,25 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
     plain = _arg_region(ctx, plain_at, invals)
     view = as_view(indexed_at[2].unflatten(invals[indexed_at[0]:indexed_at[1]]))
     indexer, at = indirect_indexer(view.transforms)
-    base = resolve(indirect.split_view(view, indexer, at))
+    # The indexed view, kept for the call (by its ref and indices, as `_arg_region` does):
+    # through a bitcast or reshape its element map is made once, not at every DMA.
+    base = ctx.call.accesses.get_or_make(
+        indexed_at, invals[indexed_at[0]:indexed_at[1]],
+        lambda: resolve(indirect.split_view(view, indexer, at)))
     vector = _index_vector(ctx, indexer.indices[0], frames)
-    shape = (len(vector.values), *base.out_shape[1:])
-    if shape != plain.out_shape:
-        src_shape, dst_shape = (shape, plain.out_shape) if side == 0 else (plain.out_shape,
-                                                                           shape)
+    # Rows of the views (a bitcast or reshape before the indexer, or on the plain side,
+    # is the view Mosaic gathers or scatters through).
+    base_shape, plain_shape = view_shape(base), view_shape(plain)
+    shape = (len(vector.values), *base_shape[1:])
+    if shape != plain_shape:
+        src_shape, dst_shape = (shape, plain_shape) if side == 0 else (plain_shape, shape)
         raise KernelError(f"DMA shapes differ: {list(src_shape)} -> {list(dst_shape)} (a"
                           " gather or scatter moves one row per index)", frames)
     operation = "DMA source" if side == 0 else "DMA destination"
     if plain.oob:
         ctx.call.out_of_bounds(ctx, plain, "DMA destination" if side == 0 else "DMA source",
                                None)
-    size = base.out_shape[0]
+    size = base_shape[0]
     bad = vector.active & ((vector.values < 0) | (vector.values >= size))
     for element in np.nonzero(bad)[0]:
         region = indirect.bad_row_region(base, int(vector.values[element]), int(element),
@@ -422,10 +411,10 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
         ctx.call.out_of_bounds(ctx, region, operation, None)
     positions, rows = indirect.active_rows(vector, size)
     add = bool(eqn.params.get("add", False))
-    indexed = indirect.RowsRegion(base, rows, add and side == 1)
-    others = indirect.RowsRegion(plain, positions, add and side == 0)
+    indexed = indirect.rows_region(base, rows, add and side == 1)
+    others = indirect.rows_region(plain, positions, add and side == 0)
     src, dst = (indexed, others) if side == 0 else (others, indexed)
-    nbytes = math.prod(dst.out_shape) * dst.buffer.data.dtype.itemsize
+    nbytes = math.prod(dst.out_shape) * dst.view_dtype().itemsize
     cell = cell_of(ctx, _arg_region(ctx, dst_sem_at, invals))
     return _begin_dma(ctx, src, dst, cell, None, nbytes, frames, signal_count(eqn), add)
 
@@ -462,15 +451,15 @@ def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
     nbytes = None
     queue = ctx.call.sync._unwaited.get((cell[0].id, cell[1]), ())
     for dma in queue:
-        if isinstance(dma.src, indirect.RowsRegion):
+        if isinstance(dma.src, (indirect.RowsRegion, indirect.ViewRowsRegion)):
             nbytes = dma.signal - dma.waited_bytes
             if nbytes <= 0:  # it moved nothing (every index ignored): waited now
                 queue.remove(dma)
                 nbytes = 0
             break
     if nbytes is None:
-        shape, itemsize = _view_layout(_arg_region(ctx, layout[1 - side], invals))
-        nbytes = math.prod(shape) * itemsize
+        shape, dtype = _view_layout(_arg_region(ctx, layout[1 - side], invals))
+        nbytes = math.prod(shape) * dtype.itemsize
     frames = current_frames(ctx)
     if not _wait_ready(ctx, cell, nbytes):
         yield _wait_request(ctx, cell, nbytes, frames)

@@ -1,7 +1,8 @@
 """What a semaphore counts and whose it is: DMAs that signal a REGULAR semaphore (one count
-per DMA, TPU v6+ in JAX's tests), `pl.select_ref` (a DMA's ref chosen by a traced index),
-and `pl.semaphore_signal(..., core_index=i)` (another core's semaphore). Expectations come
-from Mosaic's lowering and JAX's TPU tests, each checked against a numpy reference."""
+per DMA, TPU v6+ in JAX's tests; none for a DMA of no bytes), `pl.select_ref` (a DMA's ref
+chosen by a traced index), and `pl.semaphore_signal(..., core_index=i)` (another core's
+semaphore). Expectations come from Mosaic's lowering and JAX's TPU tests, each checked
+against a numpy reference."""
 
 from __future__ import annotations
 
@@ -90,6 +91,88 @@ def test_a_regular_semaphore_dma_never_waited_is_dma_not_waited(check):
     assert [(f.kind.value, f.buffer, f.index_range) for f in result.findings] == [
         ("dma-not-waited", "buf", ((8, 16), (0, 128)))]
     assert "count 1" in result.findings[0].message
+
+
+def _zero_dma_call(kernel, semaphore):
+    """A call whose first scalar-prefetched int is the size of the kernel's first copy."""
+    def call(n, x):
+        return pl.pallas_call(
+            kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(1,),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32), semaphore]),
+            out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32))(n, x)
+    return call
+
+
+def _zero_then_real_regular(n_ref, x_hbm, o_hbm, buf, sem):
+    """A copy of n rows (n = 0: no bytes) and one of 8, on one REGULAR semaphore; one
+    wait per copy that moves data."""
+    buf[...] = jnp.zeros_like(buf)
+    n = n_ref[0]
+    pltpu.async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+    pltpu.async_copy(x_hbm.at[pl.ds(8, 8)], buf.at[pl.ds(8, 8)], sem)
+    pl.semaphore_wait(sem, 1)
+
+    @pl.when(n > 0)
+    def _():
+        pl.semaphore_wait(sem, 1)
+
+    pltpu.sync_copy(buf, o_hbm)
+
+
+def _zero_then_real_dma(n_ref, x_hbm, o_hbm, buf, sem):
+    """The same on a DMA semaphore, each copy waited by its own descriptor: the empty
+    one's wait takes 0 bytes."""
+    buf[...] = jnp.zeros_like(buf)
+    n = n_ref[0]
+    empty = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+    real = pltpu.make_async_copy(x_hbm.at[pl.ds(8, 8)], buf.at[pl.ds(8, 8)], sem)
+    empty.start()
+    real.start()
+    empty.wait()
+    real.wait()
+    pltpu.sync_copy(buf, o_hbm)
+
+
+_REGULAR = (_zero_then_real_regular, pltpu.SemaphoreType.REGULAR)
+_DMA = (_zero_then_real_dma, pltpu.SemaphoreType.DMA)
+
+
+@pytest.mark.parametrize("kernel, semaphore, n, mode", [
+    *((*_REGULAR, 0, mode) for mode in MODES), (*_REGULAR, 3, DmaMode.ON_WAIT),
+    (*_DMA, 0, DmaMode.ON_WAIT), (*_DMA, 0, DmaMode.RANDOM), (*_DMA, 3, DmaMode.EAGER)],
+    ids=["regular-0-on_wait", "regular-0-eager", "regular-0-random", "regular-3",
+         "dma-0-on_wait", "dma-0-random", "dma-3"])
+def test_a_dma_of_no_bytes_signals_nothing(check, kernel, semaphore, n, mode):
+    """A DMA that moves no bytes signals nothing on either semaphore type (JAX's
+    interpreter signals a DMA's bytes, 0; a kernel like this runs clean on a v6e): no
+    dma-not-waited, no count left over; before, a regular semaphore got +1 and the
+    real copy was reported never waited."""
+    config = Config(tpu="v6e", dma_mode=mode, races=True,
+                    schedules=5 if mode == DmaMode.RANDOM else 1)
+    out = _clean(check(_zero_dma_call(kernel, semaphore), np.array([n], np.int32), X,
+                       config=config))
+    want = np.zeros((16, 128), np.float32)
+    want[:n] = X[:n]
+    want[8:] = X[8:]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_a_wait_for_an_empty_dma_on_a_regular_semaphore_deadlocks(check):
+    """Nothing signals it: a TPU hangs there, and so the wait is a deadlock finding."""
+    def kernel(n_ref, x_hbm, o_hbm, buf, sem):
+        n = n_ref[0]
+        pltpu.async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+        pl.semaphore_wait(sem, 1)
+        pltpu.sync_copy(buf, o_hbm)
+
+    result = check(_zero_dma_call(kernel, pltpu.SemaphoreType.REGULAR),
+                   np.array([0], np.int32), X, config=Config(tpu="v6e"))
+    assert [f.kind.value for f in result.findings] == ["deadlock"], [
+        f.message for f in result.findings]
+    assert "reach 1 (it is 0)" in result.findings[0].message
 
 
 def test_a_remote_copy_signals_regular_send_and_receive_semaphores_once(check):
@@ -292,7 +375,7 @@ def test_a_core_index_the_lowering_rejects_is_an_error(signal, message):
 
 @pytest.mark.parametrize("options", ["--dma random --schedules 20 --races", "--dma eager --races"])
 @pytest.mark.parametrize("name", ["regular_sem_dma_ok.py", "select_ref_ok.py",
-                                  "core_signal_ok.py"])
+                                  "core_signal_ok.py", "zero_dma_regular_ok.py"])
 def test_ok_samples_are_clean_whenever_dmas_land(cli, sample, name, options):
     result = cli("run", *options.split(), sample(name))
     assert result.report is not None, result.output
