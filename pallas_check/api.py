@@ -3,7 +3,7 @@ or a script, with the same session, options, suppressions and report as `pallas-
 
     import pallas_check
 
-    with pallas_check.checking(races=True, dma="on_wait") as run:
+    with pallas_check.checking(dma="on_wait") as run:  # races=False: no race detection
         y = f(x)                      # every pallas_call inside is simulated and checked
     run.findings                      # the findings that count (suppressions applied)
     run.report                        # the RunReport the CLI renders (report/model.py)
@@ -83,8 +83,9 @@ def resolve(options: dict[str, Any], project: bool | str | Path = True,
         except ValueError as exc:
             raise ValueError(f"{name}={value!r}: {exc}") from None
     try:
-        policy = make_policy(values.get("ignore"), values.get("baseline"), False,
-                             bool(values.get("races", False)), report_unused=report_unused)
+        races = bool(values.get("races", OPTIONS["races"].default))
+        policy = make_policy(values.get("ignore"), values.get("baseline"), False, races,
+                             report_unused=report_unused)
     except PallasCheckError as exc:
         raise ValueError(str(exc)) from None
     return Options(_config(values), policy)

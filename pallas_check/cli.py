@@ -380,7 +380,9 @@ def diff(script: Path, script_args: Optional[List[str]] = None, **options: Any) 
     output = _check_output(output, script)
     _set_device_count(options["devices"])
     _start_quietly()
-    config = config_from(options, DIFF_OPTIONS)
+    # diff compares outputs, which race detection does not change: it stays off on our
+    # side (as before races became `run`'s default); `--against "--races"` turns it on.
+    config = config_from(options, DIFF_OPTIONS, races=False)
     from pallas_check.compare import parse_against, run_diff_and_report
 
     side = parse_against(against, config)  # a bad --against: a UsageError, exit 2

@@ -11,22 +11,26 @@ its failure and gets the table as an extra report section.
 The simulated TPU (`--pallas-check-tpu GEN`, default v5e) answers for the whole session,
 from before collection: a TPU-only suite's module-level `skipif` on the device kind, its
 fixtures and its wrappers all see that chip (tpu_info.py), while XLA runs on the CPU.
+With several generations, `--pallas-check-compile` runs a test that asked which chip it runs
+on again in-process as each further one and compiles that run (generations.py);
+`--pallas-check-tpu-all` checks those runs too.
 
-Options: `--pallas-check-races`, `--pallas-check-dma eager|on_wait|random`,
-`--pallas-check-uninit nan|zero`, `--pallas-check-tpu v5e|v5p|v6e|v7x[,...]`,
-`--pallas-check-compile` (each call also compiled for the TPU generations of `tpu`, after
-the test; with several, a test that asked which chip it runs on is run again in-process as
-each further one and that run compiled: generations.py), `--pallas-check-tpu-all` (those
-runs checked too), `--pallas-check-kernel GLOB` (repeatable) and
-`--pallas-check-calls N` (check only those kernels, and the first N calls of each call
-structure; the rest pass through unchecked); the other settings of `[tool.pallas-check]` in the
-pyproject.toml found from pytest's rootdir (and `PALLAS_CHECK_*` variables) apply too, with
-these flags over them. One session per test and per process, so pytest-xdist (`-n N`) needs
-nothing more.
+Options: `--pallas-check-<key>` for each option of `run` that means something in a test
+session (options.py marks them `pytest=True`: dma, uninit, tpu, devices, cores, seed,
+races / `--pallas-check-no-races`, schedules, keep-going, kernel, calls, compile), with
+the help of `run`, flags named as the plugin's; the other settings of
+`[tool.pallas-check]` in the pyproject.toml found from pytest's rootdir (and
+`PALLAS_CHECK_*` variables) apply too, with these flags over them.
+`--pallas-check-devices N` sets the CPU device count before the tests start JAX (a usage
+error if JAX already runs with another). One session per test and per process, so
+pytest-xdist (`-n N`) needs nothing more. The replay line under a finding is a pytest
+command: the test's node id, the plugin's flags, `--pallas-check-seed N`.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, Generator
 
 import pytest
@@ -49,15 +53,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Run each test with every pallas_call simulated and checked by"
                          " pallas-check; findings fail the test.")
     for option in PYTEST_OPTIONS:  # declared in options.py
+        name, dest = plugin_flag(option.flags[0]), f"pallas_check_{option.param}"
+        text = plugin_help(option.help)
         if option.kind is bool:
-            group.addoption(f"--pallas-check-{option.key}", action="store_true", default=None,
-                            help=option.help)
+            group.addoption(name, action="store_true", default=None, dest=dest, help=text)
+            if option.negative is not None:  # --pallas-check-no-races
+                group.addoption(plugin_flag(option.negative), action="store_false",
+                                default=None, dest=dest, help=f"Turn {name} off.")
         elif "List" in str(option.kind):  # repeatable, e.g. --pallas-check-kernel
-            group.addoption(f"--pallas-check-{option.key}", action="append", default=None,
-                            help=option.help)
+            group.addoption(name, action="append", default=None, dest=dest, help=text,
+                            metavar=option.metavar)
         else:
-            group.addoption(f"--pallas-check-{option.key}", choices=option.choices or None,
-                            default=None, help=option.help)
+            group.addoption(name, choices=option.choices or None, default=None, dest=dest,
+                            help=text, metavar=None if option.choices else option.metavar)
+
+
+def plugin_flag(flag: str) -> str:
+    """`--dma` of `run` as the plugin's `--pallas-check-dma`."""
+    return f"--pallas-check-{flag[2:]}"
+
+
+_PLUGIN_FLAGS = {flag for o in PYTEST_OPTIONS for flag in (o.flags[0], o.negative) if flag}
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
+
+
+def plugin_help(text: str) -> str:
+    """An option's help of `run` as the plugin shows it: each flag the plugin has named as
+    the plugin's (`--compile` ... `of --tpu`: `--pallas-check-tpu`), so that the help never
+    sends a user to a flag pytest does not take (tests/api checks none is left)."""
+    return _FLAG.sub(lambda m: plugin_flag(m.group(0)) if m.group(0) in _PLUGIN_FLAGS
+                     else m.group(0), text)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,6 +98,8 @@ def pytest_configure(config: pytest.Config) -> None:
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
+        if config.getoption("pallas_check_devices") is not None:
+            _use_devices(options.config.devices, options.config.compile)
         _simulate_the_tpu(config, options.config)
 
 
@@ -94,17 +121,55 @@ def _options(config: pytest.Config) -> Any:
     """The Python API's options (api.py): defaults < [tool.pallas-check] of the rootdir's
     pyproject < PALLAS_CHECK_* < these flags. `ignore` and `baseline` apply (inline
     comments always do); one test rarely runs every path of a kernel, so unused comments
-    are not reported here. --devices cannot apply: the test process started JAX with its
-    own device count."""
+    are not reported here. The device count is the flag's alone (`devices` of the table
+    is for `run`: a test suite may set up JAX's devices itself)."""
+    import dataclasses
+
     from pallas_check.api import resolve
+    from pallas_check.config.layers import checked_value, option_specs
 
     flags = {option.key.replace("-", "_"): config.getoption(f"pallas_check_{option.param}")
              for option in PYTEST_OPTIONS}
+    devices = flags.pop("devices")
     try:
-        return resolve({k: v for k, v in flags.items() if v is not None},
-                       project=config.rootpath, report_unused=False)
+        options = resolve({k: v for k, v in flags.items() if v is not None},
+                          project=config.rootpath, report_unused=False)
     except ValueError as exc:
         raise pytest.UsageError(f"pallas-check: {exc}") from None
+    if devices is None:
+        return options
+    try:
+        count = checked_value(option_specs(PYTEST_OPTIONS)["devices"], devices, True, None)
+    except ValueError as exc:
+        raise pytest.UsageError(f"pallas-check: --pallas-check-devices {devices}: {exc}"
+                                ) from None
+    return dataclasses.replace(options, config=dataclasses.replace(options.config,
+                                                                   devices=count))
+
+
+def _use_devices(count: int, compiling: bool) -> None:
+    """`--pallas-check-devices N`: N CPU devices, as `pallas-check run --devices N` makes
+    them. XLA reads the count when JAX starts its CPU backend; a test session has usually
+    not started it yet here, and where it has (a conftest that ran JAX) with another
+    count, that is a usage error rather than tests checked on the wrong devices."""
+    import sys
+
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(
+        [*flags, f"--xla_force_host_platform_device_count={count}"])
+    if "jax" not in sys.modules:
+        return  # JAX starts with the flag (xdist workers inherit it too)
+    import jax
+
+    from pallas_check.tpu_compile.toolchain import start_backends_quietly
+
+    start_backends_quietly(compiling)
+    found = len(jax.devices("cpu"))
+    if found != count:
+        raise pytest.UsageError(f"pallas-check: --pallas-check-devices {count}: JAX is"
+                                f" already running with {found} CPU device(s) in this"
+                                " process (something ran JAX before the tests started)")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -112,8 +177,12 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if options is None:
         return None
     check = options.config
+    # The plugin's other options where they are not the default (`tpu=v6e, seed=3`).
+    others = "".join(f", {o.key}={getattr(value, 'value', value)}" for o in PYTEST_OPTIONS
+                     if o.config_field not in (None, "dma_mode", "uninit", "races")
+                     and (value := getattr(check, o.config_field)) != o.default)
     return (f"pallas-check: on (dma={check.dma_mode.value}, uninit={check.uninit.value},"
-            f" races={check.races})")
+            f" races={check.races}{others})")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -128,7 +197,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     failure: BaseException | None = None
     result = run = None
     try:
-        with checked(options, item.nodeid, rerun=f"pytest {item.nodeid} --pallas-check",
+        with checked(options, item.nodeid, rerun=_rerun(item),
                      cwd=str(item.config.rootpath), retrace=_retrace(item, options)) as run:
             result = yield
     except BaseException as exc:  # the test's own failure; re-raised below
@@ -164,15 +233,29 @@ def _retrace(item: pytest.Item, options: Any) -> Any:
     return lambda generation: rerun_in_process(item.runtest, options.config, generation)
 
 
+def _rerun(item: pytest.Item) -> str:
+    """The start of the replay command of a test's findings: pytest on this one test, from
+    where pytest resolves its node id (the rootdir), with the plugin on; the report adds
+    the plugin's flags and the finding's seed (report/model.py)."""
+    import shlex
+
+    here = os.path.abspath(os.curdir)
+    root = str(item.config.rootpath)
+    cd = "" if here == root else f"cd {shlex.quote(root)} && "
+    return f"{cd}pytest {shlex.quote(item.nodeid)} --pallas-check"
+
+
 class _CallCounter:
     """`pytest --pallas-check` that checked no pallas_call at all exits 5, pytest's "no
     tests collected", as `pallas-check run` does: a CI job pointed at tests that make no
     kernel call is not green. Counted where every test's report arrives (on the xdist
     controller too: a test's user_properties travel with its report); an xdist worker,
-    which sees only its own tests, decides nothing."""
+    which sees only its own tests, decides nothing. The line saying so is written with
+    the terminal summary, after pytest ended the progress line (`[100%]`)."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.none_checked = False
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
@@ -185,8 +268,9 @@ class _CallCounter:
                 or session.testscollected == 0 or self.calls):
             return
         session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("pallas-check: no pallas_call was checked: the tests made"
-                                f" none (exit {int(ExitCode.NO_CALLS)})")
+        self.none_checked = True
 
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.none_checked:
+            terminalreporter.write_line("pallas-check: no pallas_call was checked: the tests"
+                                        f" made none (exit {int(ExitCode.NO_CALLS)})")

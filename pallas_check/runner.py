@@ -199,6 +199,7 @@ class CheckCommand:
         """`--update-baseline`: this run's findings become the baseline, written the way
         reports are (atomically; a link stays a link); not after a run that did not finish,
         whose findings are incomplete."""
+        from pallas_check.errors import SuppressionError
         from pallas_check.outfile import OutputError, write_report
 
         target = self.policy.baseline
@@ -207,9 +208,9 @@ class CheckCommand:
                  " finish")
             return True
         baselined = [f for f, why in kept.suppressed if why.by == "baseline"]
-        try:
-            write_report(target, suppress.baseline_text(self.policy, baselined, self.script))
-        except (OSError, OutputError) as exc:
+        try:  # merged with what other runs wrote meanwhile (suppress.py locks the file)
+            suppress.update_baseline(self.policy, baselined, self.script, write_report)
+        except (OSError, OutputError, SuppressionError) as exc:
             note(f"pallas-check: error: cannot write the baseline {target}: {exc}")
             return False
         note(f"pallas-check: baseline of {plural(len(baselined), 'finding')} written to {target}")

@@ -21,6 +21,7 @@ config and baseline can suppress it, comments cannot.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import fnmatch
 import functools
@@ -30,7 +31,7 @@ import os
 import re
 import tokenize
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pallas_check.errors import SuppressionError
 from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
@@ -347,6 +348,50 @@ def _relative_to(file: str, root: Path) -> str:
     relative = os.path.relpath(os.path.abspath(file), root)
     return Path(relative if not relative.startswith(os.pardir)
                 else os.path.abspath(file)).as_posix()
+
+
+def update_baseline(policy: Policy, findings: Sequence[Finding], script: str,
+                    write: Callable[[Path, str], None]) -> None:
+    """`--update-baseline`: write this script's findings into the baseline, keeping every
+    other script's entries as the file holds them NOW, not as this run read them at its
+    start: under an exclusive lock the file is read again, merged and written (`write`,
+    outfile.write_report: atomically), so that scripts (or CI jobs) updating one baseline
+    in parallel each keep their entries. Raises SuppressionError when the file became
+    unreadable meanwhile, OSError when it cannot be written."""
+    assert policy.baseline is not None
+    with _locked(policy.baseline):
+        entries = (tuple(read_baseline(policy.baseline)) if policy.baseline.exists()
+                   else ())
+        merged = dataclasses.replace(policy, entries=entries)
+        write(policy.baseline, baseline_text(merged, findings, script))
+
+
+@contextlib.contextmanager
+def _locked(baseline: Path) -> Iterator[None]:
+    """An exclusive `flock` on the folder the baseline file is replaced in (its link's
+    target's folder, as outfile.py replaces it). Not on the file itself: an atomic write
+    replaces the file, and a lock on the old one would not exclude a writer that opened
+    the new one; not on a lock file beside it, which would be left in the user's tree.
+    Where the folder cannot be locked (no fcntl, a filesystem that refuses), the update
+    runs unlocked, as it did before, rather than failing."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    try:
+        fd = os.open(os.path.dirname(os.path.realpath(baseline)) or ".", os.O_RDONLY)
+    except OSError:
+        yield  # the folder is not there: the write reports that, one line
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # e.g. a network filesystem without flock: unlocked, as before
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def baseline_text(policy: Policy, findings: Iterable[Finding], script: str) -> str:

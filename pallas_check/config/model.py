@@ -60,7 +60,7 @@ class Config:
     devices: int = 1
     cores: int = 1  # TensorCores per device; 'parallel' grid axes are split over them
     seed: int = 0  # scheduler seed: the same seed gives the same interleaving
-    races: bool = False  # happens-before race detection (costs a little per access)
+    races: bool = True  # happens-before race detection (--no-races: off; costs per access)
     schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     compile: bool = False  # also compile every call for the real TPUs named by `tpu`

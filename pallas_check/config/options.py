@@ -45,6 +45,9 @@ class Option:
     check: Callable[[Any], Any] | None = None
     # What to type, shown in --help (`--seed N`); choices show as `[a|b]`, flags as nothing.
     metavar: str | None = None
+    # A flag on by default has its off switch (`--no-races`): typer's `--races/--no-races`,
+    # the pytest plugin's `--pallas-check-no-races`, the replay command when it is off.
+    negative: str | None = None
 
     @property
     def key(self) -> str:
@@ -55,6 +58,19 @@ class Option:
     def env(self) -> str:
         """Its environment variable, e.g. PALLAS_CHECK_SKIP_FLOATS."""
         return env_variable(self.key)
+
+    @property
+    def plain_default(self) -> Any:
+        """The default as a report's config holds it (a choice as its text)."""
+        return self.default.value if isinstance(self.default, enum.Enum) else self.default
+
+    def switch(self, on: bool, prefix: str = "--") -> str:
+        """A bool option's flag that sets it to `on` (`--races`, `--no-races`), written
+        with `prefix` (`--pallas-check-` for the pytest plugin's)."""
+        flag = self.flags[0] if on else self.negative
+        if flag is None:
+            raise ValueError(f"{self.flags[0]} has no flag that turns it off")
+        return prefix + flag[2:]
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -92,22 +108,26 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("tpu", ("--tpu",), str, TpuGeneration.V5E.value,
            "TPU generation(s): v5e, v5p, v6e, v7x, several separated by commas. The first"
            " is the one kernels are told they run on; --compile compiles for each.",
-           config_field="tpu", replayed=True, check=parse_generations, metavar="LIST",
-           pytest=True),
+           config_field="tpu", replayed=True, pytest=True, check=parse_generations,
+           metavar="LIST"),
     Option("devices", ("--devices",), int, 1, "Number of simulated CPU devices.",
-           minimum=1, config_field="devices", replayed=True, metavar="N"),
+           minimum=1, config_field="devices", replayed=True, pytest=True, metavar="N"),
     Option("cores", ("--cores",), int, 1,
            "TensorCores per device; 'parallel' grid axes are split over them (megacore).",
-           minimum=1, config_field="cores", replayed=True, metavar="N"),
+           minimum=1, config_field="cores", replayed=True, pytest=True, metavar="N"),
     Option("seed", ("--seed",), int, 0, "Scheduler seed (replays an interleaving).",
-           config_field="seed", metavar="N"),
-    Option("races", ("--races",), bool, False, "Detect data races (happens-before).",
-           config_field="races", replayed=True, pytest=True),
+           config_field="seed", pytest=True, metavar="N"),
+    # On by default: a read of a DMA's destination before its wait is the most common
+    # Pallas bug, and only the race checker sees it when the buffer already holds data.
+    Option("races", ("--races",), bool, True,
+           "Detect data races (happens-before); on unless --no-races.",
+           config_field="races", replayed=True, pytest=True, negative="--no-races"),
     Option("schedules", ("--schedules",), int, 1,
            "Try N scheduler seeds per call (with --dma random: explore interleavings);"
-           " stop at a finding.", minimum=1, config_field="schedules", metavar="N"),
+           " stop at a finding.", minimum=1, config_field="schedules", pytest=True,
+           metavar="N"),
     Option("keep_going", ("--keep-going",), bool, False,
-           "With --schedules: try every schedule.", config_field="keep_going"),
+           "With --schedules: try every schedule.", config_field="keep_going", pytest=True),
     Option("native", ("--native",), bool, False,
            "No simulation: run the calls on the hardware lowering (TPU or GPU) and report"
            " each call's wall time."),
@@ -189,7 +209,10 @@ def typer_parameters(options: tuple[Option, ...]) -> list[inspect.Parameter]:
 
     params = []
     for option in options:
-        info = typer.Option(option.default, *option.flags, help=option.help,
+        flags = option.flags
+        if option.negative is not None:  # `--races/--no-races`: click's on/off pair
+            flags = (f"{flags[0]}/{option.negative}", *flags[1:])
+        info = typer.Option(option.default, *flags, help=option.help,
                             min=option.minimum, metavar=option.shown_metavar)
         params.append(inspect.Parameter(option.param, inspect.Parameter.KEYWORD_ONLY,
                                         default=info, annotation=option.kind))
@@ -212,11 +235,9 @@ def with_options(options: tuple[Option, ...],
     return decorate
 
 
-def replay_options() -> tuple[tuple[str, str, Any], ...]:
-    """(Config field, flag, default value) of the options a replay command repeats."""
-    return tuple((o.config_field, o.flags[0],
-                  o.default.value if isinstance(o.default, enum.Enum) else o.default)
-                 for o in RUN_OPTIONS if o.replayed and o.config_field)
+def replay_options() -> tuple[Option, ...]:
+    """The options a replay command repeats (when not at their default)."""
+    return tuple(o for o in RUN_OPTIONS if o.replayed and o.config_field)
 
 
 def config_from(values: Mapping[str, Any], options: tuple[Option, ...] = RUN_OPTIONS,

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from pallas_check.findings import CallSummary, Finding
-from pallas_check.config.options import RUN_OPTIONS, replay_options
+from pallas_check.config.options import Option, replay_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,39 +95,34 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
     """The command that reproduces a finding: same options, the finding's seed."""
     seed = seed if seed is not None else config.get("seed", 0)
     if rerun == API_RERUN:  # the Python API (api.py): the block's options, this seed
-        args = [f"{flag[2:].replace('-', '_')}={value!r}"
-                for key, flag, default in _REPLAY_OPTIONS
-                if (value := config.get(key, default)) != default]
+        args = [f"{o.key.replace('-', '_')}={value!r}" for o in _REPLAY_OPTIONS
+                if (value := config.get(o.config_field, o.plain_default)) != o.plain_default]
         return f"{API_RERUN}({', '.join([*args, f'seed={seed}'])})"
     if rerun is not None and not rerun.startswith("pallas-check"):
         # Under pytest the options are the plugin's; name them as such (the others come
-        # from [tool.pallas-check], which the rerun reads again).
-        flags = ""
-        for option in RUN_OPTIONS:
-            if not option.pytest or option.config_field is None:
-                continue
-            default = getattr(option.default, "value", option.default)
-            value = config.get(option.config_field, default)
-            if value != default:
-                flags += _flag_text(f"--pallas-check-{option.key}", value)
-        return f"{rerun}{flags} (seed {seed})"
+        # from [tool.pallas-check], which the rerun reads again), the seed last.
+        flags = "".join(_flag_text(o, value, "--pallas-check-") for o in _REPLAY_OPTIONS
+                        if o.pytest and (value := config.get(o.config_field, o.plain_default))
+                        != o.plain_default)
+        return f"{rerun}{flags} --pallas-check-seed {seed}"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
-    for key, flag, default in _REPLAY_OPTIONS:
-        value = config.get(key, default)
-        if value == default:
-            continue
-        parts.append(_flag_text(flag, value).lstrip())
+    for option in _REPLAY_OPTIONS:
+        value = config.get(option.config_field, option.plain_default)
+        if value != option.plain_default:
+            parts.append(_flag_text(option, value).lstrip())
     parts.append(f"--seed {seed}")
     if script_args:
         parts.append("-- " + " ".join(shlex.quote(a) for a in script_args))
     return " ".join(parts)
 
 
-def _flag_text(flag: str, value: Any) -> str:
-    """` --races`, ` --dma eager`, or a list's flag once per item (` --kernel 'mat*'
-    --kernel sgd`: quoted, so that the shell hands a glob on unexpanded)."""
+def _flag_text(option: Option, value: Any, prefix: str = "--") -> str:
+    """` --races` or ` --no-races`, ` --dma eager`, or a list's flag once per item
+    (` --kernel 'mat*' --kernel sgd`: quoted, so that the shell hands a glob on
+    unexpanded); `prefix`: `--pallas-check-` for the pytest plugin's flags."""
+    flag = prefix + option.flags[0][2:]
     if isinstance(value, bool):
-        return f" {flag}"
+        return f" {option.switch(value, prefix)}"
     if isinstance(value, (list, tuple)):
         return "".join(f" {flag} {shlex.quote(str(item))}" for item in value)
     return f" {flag} {value}"

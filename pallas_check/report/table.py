@@ -340,6 +340,8 @@ def summary_line(report: RunReport) -> str:
         summary += f"; {passed_through_text(report)}"
     if report.suppressed:
         summary += f"; {suppressed_text(report)}"
+    if calls and report.config.get("races") is False:  # --no-races: a clean run says less
+        summary += "; races not checked"
     if report.partial:
         stopped = "".join(
             f"; call {c.index} ({c.kernel}) stopped {c.stopped_text()}" for c in report.calls if getattr(c, "interrupted", False))

@@ -34,7 +34,7 @@ OK = _sample("dma_read_before_wait_ok")
 
 
 def test_a_buggy_kernel_has_its_findings_with_kind_buffer_range_and_line():
-    with pallas_check.checking(dma="on_wait", project=False) as run:
+    with pallas_check.checking(dma="on_wait", races=False, project=False) as run:
         jax.block_until_ready(jax.jit(BUG.load_double)(X))
     assert isinstance(run.report, RunReport)
     [finding] = run.findings
@@ -47,8 +47,8 @@ def test_a_buggy_kernel_has_its_findings_with_kind_buffer_range_and_line():
     assert [c.kernel for c in run.calls] == ["load_kernel"]
 
 
-def test_races_option_finds_the_race_and_raise_for_findings_lists_them():
-    with pallas_check.checking(races=True, dma="on_wait", project=False) as run:
+def test_races_are_found_by_default_and_raise_for_findings_lists_them():
+    with pallas_check.checking(dma="on_wait", project=False) as run:
         jax.block_until_ready(jax.jit(BUG.load_double)(X))
     kinds = {(f.kind, f.buffer, f.location.line) for f in run.findings}
     assert kinds == {(FindingKind.RACE, "buf", 23), (FindingKind.UNINITIALIZED, "buf", 25)}
@@ -59,7 +59,7 @@ def test_races_option_finds_the_race_and_raise_for_findings_lists_them():
     assert "dma_read_before_wait_bug.py:23:5: race: load_kernel [buf[0:8, 0:128]]" in message
     assert "dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel" in message
     # A finding's replay is the block's options with its seed, as a checking() call.
-    assert "note: replay: pallas_check.checking(races=True, seed=0)" in message
+    assert "note: replay: pallas_check.checking(seed=0)" in message
     assert raised.value.findings == run.findings
     assert raised.value.report is run.report
 
@@ -77,7 +77,7 @@ def test_the_report_is_the_one_the_cli_renders():
     with pallas_check.checking(project=False) as run:
         jax.block_until_ready(jax.jit(BUG.load_double)(X))
     data = json.loads(run.render("json"))
-    assert [f["kind"] for f in data["findings"]] == ["uninitialized"]
+    assert [f["kind"] for f in data["findings"]] == ["race", "uninitialized"]
     table = run.render("table", width=140)
     assert "load_kernel" in table and "buf[0:8, 0:128]" in table
     assert str(run) == run.render("table")
@@ -87,7 +87,7 @@ def test_the_report_is_the_one_the_cli_renders():
     assert '<span style="' in html  # the table's colours and bold, as on a terminal
     assert "\x1b" not in html and "\x1b" not in run.render("table")
     assert "\x1b[" in run.render("table", color=True)
-    assert repr(run) == "<pallas_check.Run: 1 finding in 1 pallas_call, exit code 1>"
+    assert repr(run) == "<pallas_check.Run: 2 findings in 1 pallas_call, exit code 1>"
 
 
 def test_inside_a_jupyter_kernel_the_report_is_written_and_shown_once(monkeypatch):
@@ -165,12 +165,15 @@ def test_options_take_config_names_enums_and_paths(tmp_path):
 
 def test_project_settings_apply_below_the_keyword_arguments(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.pallas-check]\nraces = true\nseed = 7\nignore = ["race:load_kernel"]\n')
+        '[tool.pallas-check]\nraces = false\nseed = 7\nignore = ["race:load_kernel"]\n')
     monkeypatch.chdir(tmp_path)
-    resolved = resolve({"seed": 3})
+    resolved = resolve({"seed": 3, "races": True})
     assert resolved.config.races is True and resolved.config.seed == 3
+    assert resolve({}).config.races is False  # the table's `races = false`
     assert [r.text for r in resolved.policy.rules] == ["race:load_kernel"]
-    assert resolve({}, project=False).config.races is False
+    assert resolve({}, project=False).config.races is True  # the default
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pallas-check]\nignore = ["race:load_kernel"]\n')
     with pallas_check.checking() as run:  # the table's `ignore` suppresses the race
         jax.block_until_ready(jax.jit(BUG.load_double)(X))
     assert [f.kind for f in run.findings] == [FindingKind.UNINITIALIZED]
@@ -194,4 +197,4 @@ def test_calls_the_block_did_not_wait_for_are_in_the_report():
     with pallas_check.checking(project=False) as run:
         jax.jit(BUG.load_double)(X)  # dispatched, never waited for in the block
     assert [(f.kind, f.location.line) for f in run.findings] == [
-        (FindingKind.UNINITIALIZED, 25)]
+        (FindingKind.RACE, 23), (FindingKind.UNINITIALIZED, 25)]

@@ -8,6 +8,7 @@ The suite under test imports two samples as modules: `bug` (a DMA never waited) 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -114,14 +115,19 @@ def test_without_the_flag_the_plugin_does_nothing(pytester):
     assert "pallas-check: on" not in result.stdout.str()
 
 
+NO_CALL_LINE = "pallas-check: no pallas_call was checked: the tests made none (exit 5)"
+
+
 def test_tests_that_check_no_pallas_call_exit_5(pytester):
     """As `pallas-check run` on a script without a kernel call: nothing checked is not
-    green (pytest's "no tests collected"); one test with a call makes it 0 again."""
+    green (pytest's "no tests collected"); the line saying so is a line of its own, also
+    after `-q`'s progress (`..  [100%]`), not glued to it."""
     pytester.makepyfile(test_no_kernel="def test_arithmetic():\n    assert 1 + 1 == 2\n")
-    result = pytester.runpytest("--pallas-check", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED == 5
-    result.stdout.fnmatch_lines(["pallas-check: no pallas_call was checked*"])
+    for quiet in ((), ("-q",)):
+        result = pytester.runpytest("--pallas-check", "-p", "no:cacheprovider", *quiet)
+        result.assert_outcomes(passed=1)
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED == 5
+        assert NO_CALL_LINE in result.stdout.lines, result.stdout.str()
 
 
 def test_options_reach_the_engine(suite):
@@ -130,21 +136,22 @@ def test_options_reach_the_engine(suite):
     on_wait.assert_outcomes(failed=1)
     on_wait.stdout.fnmatch_lines(["*Uninitialized memory reaching outputs (1)*"])
     eager = suite.runpytest("--pallas-check", "--pallas-check-dma", "eager",
-                            "--pallas-check-uninit", "zero", "-p", "no:cacheprovider",
-                            "test_rbw.py")
+                            "--pallas-check-uninit", "zero", "--pallas-check-no-races",
+                            "-p", "no:cacheprovider", "test_rbw.py")
     eager.assert_outcomes(passed=1)
     assert eager.ret == pytest.ExitCode.OK  # a test that checked a call: not exit 5
     assert "pallas-check: on (dma=eager, uninit=zero, races=False)" in eager.stdout.str()
-    # Under eager DMAs the read still races with the DMA's write: --pallas-check-races.
+    # Under eager DMAs the read still races with the DMA's write: races are on by default.
     races = suite.runpytest("--pallas-check", "--pallas-check-dma", "eager",
-                            "--pallas-check-races", "-p", "no:cacheprovider", "test_rbw.py")
+                            "-p", "no:cacheprovider", "test_rbw.py")
     races.assert_outcomes(failed=1)
     races.stdout.fnmatch_lines(["*Data races (1)*"])
 
 
 def test_pyproject_settings_apply(suite):
     suite.makepyfile(test_rbw=RBW)
-    (suite.path / "pyproject.toml").write_text('[tool.pallas-check]\ndma = "eager"\n')
+    (suite.path / "pyproject.toml").write_text(
+        '[tool.pallas-check]\ndma = "eager"\nraces = false\n')
     result = suite.runpytest("--pallas-check", "-p", "no:cacheprovider", "test_rbw.py")
     result.assert_outcomes(passed=1)
     (suite.path / "pyproject.toml").write_text('[tool.pallas-check]\nwhatever = 1\n')
@@ -161,3 +168,85 @@ def test_with_xdist(suite):
     out = result.stdout.str()
     assert "DMAs never waited (1)" in out and "bug.py:21" in out
     result.stdout.fnmatch_lines(["*2 workers*"])
+
+
+DEVICES = """\
+import jax
+
+
+def test_devices():
+    assert jax.device_count() == 2  # --pallas-check-devices reached the worker's JAX
+"""
+
+
+def test_under_xdist_no_call_is_exit_5_and_devices_reach_the_workers(pytester):
+    """`-n 2`: the controller, which runs no test, still says that none checked a call
+    (exit 5, a line of its own); `--pallas-check-devices 2` is each worker's device
+    count, as `run --devices 2` is a script's."""
+    if importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed (it is in the test extra)")
+    pytester.makepyfile(test_devices=DEVICES)
+    result = pytester.runpytest_subprocess("--pallas-check", "--pallas-check-devices", "2",
+                                           "-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert NO_CALL_LINE in result.stdout.lines, result.stdout.str()
+
+
+def test_devices_once_jax_runs_is_a_usage_error(pytester):
+    """In this process JAX already runs with one CPU device: --pallas-check-devices 2
+    cannot apply, and says so instead of checking on one device."""
+    pytester.makepyfile(test_plain="def test_a():\n    pass\n")
+    result = pytester.runpytest("--pallas-check", "--pallas-check-devices", "2",
+                                "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert ("--pallas-check-devices 2: JAX is already running with 1 CPU device(s)"
+            in result.stderr.str())
+
+
+def test_the_replay_line_reproduces_the_finding(suite):
+    """A finding's replay line is a pytest command: the test, the plugin's flags that
+    differ from the defaults, the finding's seed (`--pallas-check-seed`); run as printed,
+    it finds the same finding with that seed."""
+    import shlex
+
+    first = suite.runpytest("--pallas-check", "--pallas-check-dma", "random",
+                            "--pallas-check-seed", "3", "--pallas-check-tpu", "v6e",
+                            "-p", "no:cacheprovider", "test_kernels.py::test_buggy_kernel")
+    first.assert_outcomes(failed=1)
+    assert "pallas-check: on (dma=random, uninit=nan, races=True, tpu=v6e, seed=3)" \
+        in first.stdout.lines
+    replay = ("pytest test_kernels.py::test_buggy_kernel --pallas-check"
+              " --pallas-check-dma random --pallas-check-tpu v6e --pallas-check-seed 3")
+    # (The table wraps the line at its width.)
+    assert f"note: replay: {replay} " in " ".join(first.stdout.str().split())
+    argv = shlex.split(replay)
+    again = suite.runpytest(*argv[1:], "-p", "no:cacheprovider")
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["DMAs never waited (1)*"])
+    assert "--pallas-check-seed 3" in again.stdout.str()
+
+
+def test_the_help_names_only_the_plugins_flags():
+    """Each option's help is `run`'s, with the flags the plugin has named as the
+    plugin's (`--compile`'s "of --tpu": `--pallas-check-tpu`); none it lacks."""
+    from pallas_check import pytest_plugin
+
+    registered: dict[str, str] = {}
+
+    class Group:
+        def addoption(self, name, **kwargs):
+            registered[name] = kwargs.get("help", "")
+
+    class Parser:
+        def getgroup(self, *args):
+            return Group()
+
+    pytest_plugin.pytest_addoption(Parser())
+    for name, text in registered.items():
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", text):
+            assert flag in registered, (name, flag, text)
+    assert "--pallas-check-tpu" in registered["--pallas-check-compile"]
+    assert {"--pallas-check-tpu", "--pallas-check-cores", "--pallas-check-devices",
+            "--pallas-check-dma", "--pallas-check-races", "--pallas-check-no-races",
+            "--pallas-check-schedules", "--pallas-check-seed"} <= set(registered)

@@ -47,7 +47,7 @@ def test_run_help_says_what_to_type():
                      "--uninit [nan|zero]", "--format [table|json|sarif|text]",
                      "-o, --output PATH", "--tpu LIST", "--devices N", "--cores N",
                      "--seed N", "--schedules N", "--trace PATH", "--ignore KIND:TARGET",
-                     "--baseline PATH", "--races", "--update-baseline"):
+                     "--baseline PATH", "--races / --no-races", "--update-baseline"):
         assert expected in lines, (expected, text)
 
 

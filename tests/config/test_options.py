@@ -23,8 +23,8 @@ IDS = [o.key for o in RUN_OPTIONS]
 
 def sample(option: Option) -> tuple[object, str]:
     """A non-default value of the option: as TOML text and as the converted value."""
-    if option.kind is bool:
-        return True, "true"
+    if option.kind is bool:  # the value that is not the default (races: off)
+        return (False, "false") if option.default else (True, "true")
     if isinstance(option.kind, type) and issubclass(option.kind, enum.Enum):
         member = [m for m in option.kind if m != option.default][-1]
         return member.value, f'"{member.value}"'
@@ -51,6 +51,10 @@ def test_the_run_command_takes_it(option):
     command = typer.main.get_command(app).commands["run"]
     flags = {flag for param in command.params for flag in param.opts}
     assert set(option.flags) <= flags
+    off = {flag for param in command.params for flag in param.secondary_opts}
+    assert (option.negative in off) if option.negative else not off & set(option.flags)
+    # A flag on by default can be turned off: otherwise `--races` could never be undone.
+    assert option.kind is not bool or not option.default or option.negative
 
 
 @pytest.mark.parametrize("option", RUN_OPTIONS, ids=IDS)
@@ -76,7 +80,7 @@ def test_the_config_and_the_replay_command_follow_it(option):
     value, _ = sample(option)
     config = {option.config_field: value}
     replay = replay_command("k.py", config, seed=3)
-    shown = (option.flags[0] if option.kind is bool
+    shown = (option.switch(value) if option.kind is bool
              else " ".join(f"{option.flags[0]} {v}" for v in value) if _is_list(option)
              else f"{option.flags[0]} {value}")
     assert (shown in replay) == option.replayed, replay
@@ -96,11 +100,15 @@ def test_the_pytest_plugin_offers_what_is_declared_for_it(option):
 
     pytest_plugin.pytest_addoption(Parser())
     assert (f"--pallas-check-{option.key}" in registered) == option.pytest
-    if option.pytest:
+    if option.negative is not None:
+        assert (option.switch(False, "--pallas-check-") in registered) == option.pytest
+    if option.pytest and option.replayed:
         value, _ = sample(option)
         replay = replay_command("k.py", {option.config_field: value}, seed=0,
                                 rerun="pytest t.py::test --pallas-check")
-        assert f"--pallas-check-{option.key}" in replay
+        flag = (option.switch(value, "--pallas-check-") if option.kind is bool
+                else f"--pallas-check-{option.key}")
+        assert f" {flag}" in replay, replay
 
 
 def test_every_config_field_a_user_sets_has_an_option():

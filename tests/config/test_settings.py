@@ -204,15 +204,22 @@ def test_cli_errors_exit_2_naming_key_and_file(project, monkeypatch):
 
 
 def test_dma_mode_from_table_reaches_the_engine(project):
-    """dma = "eager" in the table hides the read-before-wait finding, as --dma eager does."""
+    """dma = "eager" in the table hides the read-before-wait's never-written read, as
+    --dma eager does; the race stays (races are on by default) until `races = false`."""
     root = Path(__file__).resolve().parents[2]
     sample = root / "samples" / "dma_read_before_wait_bug.py"
     (project / "k.py").write_text(sample.read_text())
-    code, output = invoke("run", "k.py")
+    code, output = invoke("run", "k.py", "--format", "text")
     assert code == ExitCode.FINDINGS, output
+    assert ": uninitialized: " in output and ": race: " in output, output
     write_pyproject(project, f'dma = "{DmaMode.EAGER.value}"\n')
-    code, output = invoke("run", "k.py")
+    code, output = invoke("run", "k.py", "--format", "text")
+    assert code == ExitCode.FINDINGS, output
+    assert ": uninitialized: " not in output and ": race: " in output, output
+    write_pyproject(project, f'dma = "{DmaMode.EAGER.value}"\nraces = false\n')
+    code, output = invoke("run", "k.py", "--format", "text")
     assert code == ExitCode.CLEAN, output
+    assert "pallas-check: 0 findings in 1 pallas_call; races not checked" in output
 
 
 @pytest.mark.parametrize("value, on", [("0", False), ("false", False), ("No", False),

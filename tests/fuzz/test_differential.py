@@ -31,8 +31,9 @@ from .kernels import (
 
 # 'parallel' axes form a prefix of the grid and carry no state from step to step, so
 # every kernel is also a valid megacore kernel: two cores must give the same outputs.
-NO_DMA_CONFIGS = (Config(), Config(races=True, cores=2))
-DMA_CONFIGS = (Config(), Config(races=True, dma_mode=DmaMode.EAGER, cores=2),
+# The first of each: races off (no longer the default), so that its path stays fuzzed.
+NO_DMA_CONFIGS = (Config(races=False), Config(races=True, cores=2))
+DMA_CONFIGS = (Config(races=False), Config(races=True, dma_mode=DmaMode.EAGER, cores=2),
                Config(races=True, dma_mode=DmaMode.ON_WAIT),
                Config(races=True, dma_mode=DmaMode.RANDOM, seed=3))
 

@@ -61,7 +61,7 @@ def oob_line(path: Path) -> int:
 
 
 def test_json_report_fields(cli, script):
-    result = cli("run", "--dma", "eager", str(script))
+    result = cli("run", "--dma", "eager", "--no-races", str(script))
     assert result.exit_code == ExitCode.FINDINGS
     report = result.report
     for field in ("schema", "schema_version", "tool", "script", "config", "exit_code",
@@ -88,7 +88,7 @@ def test_json_report_fields(cli, script):
         {"buffer": "o_ref", "memory_space": "VMEM", "bytes": 2048, "of_bytes": 4096,
          "ranges": [[[4, 8], [0, 128]]]}]]
     assert all(c["compiled"] == {} for c in calls)  # no --compile: nothing compiled
-    assert all(c["races"] is None for c in calls)  # no --races: no race checking
+    assert all(c["races"] is None for c in calls)  # --no-races: no race checking
     assert all(not c["interrupted"] and c["progress"] is None for c in calls)  # finished
     assert not any(c["failed"] for c in calls)
     assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)

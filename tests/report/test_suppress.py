@@ -83,15 +83,16 @@ def _copy(tmp_path: Path, name: str, edit=None) -> Path:
 
 
 def test_a_comment_for_another_kind_suppresses_nothing(cli, tmp_path):
-    """`ignore[race]` on the out-of-bounds line: the finding stays; without --races the
-    comment is not called unused (the run did not look for races), with it, it is."""
+    """`ignore[race]` on the out-of-bounds line: the finding stays; with --no-races the
+    comment is not called unused (the run did not look for races), with races (the
+    default), it is."""
     script = _copy(tmp_path, "oob_load_bug.py", lambda t: t.replace(
         "x = x_ref[pl.ds(row, 8), :]", "x = x_ref[pl.ds(row, 8), :]  # pallas-check: ignore[race]"))
-    result = cli("run", str(script))
+    result = cli("run", "--no-races", str(script))
     assert result.exit_code == 1
     assert [(f["kind"], _line(f), f["suppressed"]) for f in result.findings] == [
         ("out-of-bounds", 21, None)]
-    with_races = cli("run", "--races", str(script))
+    with_races = cli("run", str(script))
     kinds = sorted((f["kind"], _line(f)) for f in with_races.findings)
     assert kinds == [("out-of-bounds", 21), ("unused-suppression", 21)]
 

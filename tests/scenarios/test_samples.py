@@ -142,7 +142,9 @@ def test_ok_sample_is_clean(cli, path):
 
 def test_dma_mode_decides_read_before_wait(cli):
     """on_wait: the copy lands at the wait, so the early read sees never-written VMEM;
-    eager: it landed at the start, so the same read sees the data and nothing is found."""
+    eager: it landed at the start, so the same read sees the data: no never-written read,
+    but the race checker (on by default) still finds the read unordered with the DMA's
+    write; with --no-races nothing is found."""
     bug = SAMPLES / "dma_read_before_wait_bug.py"
     (want,) = expectations(bug)
     assert want["args"] == "--dma on_wait"
@@ -151,10 +153,38 @@ def test_dma_mode_decides_read_before_wait(cli):
     assert any(_matches(f, want, bug) for f in on_wait.findings), _describe(on_wait.findings)
     assert "matches reference: False" in on_wait.output
     eager = _run(cli, bug, "--dma eager")
-    assert eager.exit_code == 0, _describe(eager.findings)
-    assert eager.findings == []
+    assert eager.exit_code == 1, _describe(eager.findings)
+    race = {"kind": "race", "buffer": "buf", "range": "[0:8, 0:128]", "line": "25"}
+    findings = eager.report["findings"]
+    assert [f["kind"] for f in findings] == ["race"], _describe(findings)
+    assert _matches(findings[0], race, bug), _describe(findings)
     assert "matches reference: True" in eager.output
     assert eager.report["config"]["dma_mode"] == "eager"
+    off = _run(cli, bug, "--dma eager --no-races")
+    assert off.exit_code == 0 and off.report["findings"] == [], off.output
+    assert off.report["config"]["races"] is False
+
+
+def test_a_stale_read_is_a_race_found_with_no_flag(cli):
+    """The most common Pallas bug: a read of a DMA's destination before its wait, into a
+    buffer that already holds data (zeroed at step 0, then an earlier step's block). No
+    never-written memory is read, so only the race checker sees it: with no flag it runs
+    and the run fails; with --no-races the wrong output passes unnoticed, and the summary
+    says races were not checked."""
+    bug = SAMPLES / "stale_prefetch_bug.py"
+    (want,) = expectations(bug)
+    assert "args" not in want
+    result = cli("run", str(bug))
+    assert result.exit_code == 1, result.output
+    assert "matches reference: False" in result.output
+    findings = result.report["findings"]
+    assert {f["kind"] for f in findings} == {"race"}, _describe(findings)
+    assert any(_matches(f, want, bug) for f in findings), _describe(findings)
+    off = cli("run", "--format", "text", "--no-races", str(bug), json_report=False)
+    assert off.exit_code == 0, off.output
+    assert "matches reference: False" in off.output
+    assert ("pallas-check: 0 findings in 1 pallas_call; races not checked"
+            in off.output.splitlines()), off.output
 
 
 @pytest.mark.parametrize("mode", ["eager", "on_wait"])

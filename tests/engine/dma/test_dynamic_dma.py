@@ -71,9 +71,13 @@ def _loop_wait(lens, x):
 @pytest.mark.parametrize("mode", list(DmaMode))
 @pytest.mark.parametrize("lens", [(6, 2), (2, 6), (0, 3), (0, 0)])
 def test_wait_in_a_loop_takes_each_iterations_size(check, mode, lens):
-    """The issue's case: sizes 6 then 2 deadlocked (the wait kept its first size)."""
+    """The issue's case: sizes 6 then 2 deadlocked (the wait kept its first size). Races
+    off: the two copies overlap in flight (rows 0:min(lens) written by both at once, the
+    same values), a write-write race the race checker rightly reports; sizes are the
+    subject here."""
     x = jnp.arange(8 * 8 * 128, dtype=jnp.float32).reshape(8, 8, 128) + 1
-    result = check(_loop_wait, np.array(lens, np.int32), x, config=Config(dma_mode=mode))
+    result = check(_loop_wait, np.array(lens, np.int32), x,
+                   config=Config(dma_mode=mode, races=False))
     assert result.findings == []
     want = np.zeros((8, 8, 128), np.float32)
     want[:max(lens)] = np.asarray(x)[:max(lens)]
