@@ -141,6 +141,6 @@ def test_the_cli_answers_before_the_first_call(command, tpu, expected):
     assert proc.returncode == ExitCode.CLEAN, proc.stdout + proc.stderr
     assert expected in proc.stdout.splitlines()
     assert "which_chip: outputs match" in proc.stdout
-    summary = ("0 of 1 output(s) differ in 1 pallas_call(s)" if command == "diff"
+    summary = ("0 of 1 output differ in 1 pallas_call" if command == "diff"
                else "0 findings in 3 pallas_calls")
     assert summary in proc.stdout, proc.stdout

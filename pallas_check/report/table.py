@@ -298,8 +298,9 @@ def _print_traces(console: Console, report: RunReport) -> None:
                             " process's start and compiles")
             else:
                 how = "running the code again as that chip in this process"
-            text = (f"note: {generation} traced by {how}: {trace.get('calls', 0)} call(s),"
-                    f" {trace.get('findings', 0)} finding(s) kept; {seconds}{stopped}")
+            text = (f"note: {generation} traced by {how}:"
+                    f" {plural(trace.get('calls', 0), 'call')},"
+                    f" {plural(trace.get('findings', 0), 'finding')} kept; {seconds}{stopped}")
         print_wrapped(console, Text(text, style="yellow"))
 
 

@@ -82,10 +82,10 @@ def test_tpu_all_runs_each_test_again_as_each_generation(pytester):
                               "--pallas-check-tpu-all", "-p", "no:cacheprovider")
     both.assert_outcomes(failed=1)
     both.stdout.fnmatch_lines([
-        "pallas-check: 1 finding(s) in test_spill.py::test_spill",
+        "pallas-check: 1 finding in test_spill.py::test_spill",
         "Out-of-bounds accesses (1)*",
-        "note: v7x traced by running the code again as that chip in this process: 1 call(s),"
-        " 1 finding(s) kept*"])
+        "note: v7x traced by running the code again as that chip in this process: 1 call,"
+        " 1 finding kept*"])
     assert "traced as v7x: DMA destination of o_hbm[32:48]" in " ".join(
         both.stdout.str().split())
     first = pytester.runpytest("--pallas-check", "--pallas-check-tpu", "v6e,v7x",
