@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Hashable, Iterable, NamedTuple
 
 from pallas_check.checkers.base import Checker
+from pallas_check.checkers.race_help import race_help
 from pallas_check.engine import events
 from pallas_check.findings import (Access, Finding, FindingKind, IndexRange, SourceFrame,
                                    format_range)
@@ -401,12 +402,13 @@ class RaceChecker(Checker):
         message = (f"{current.operation} of {current.buffer}{where} by {current.actor} races"
                    f" with {previous.operation} by {previous.actor}: no semaphore, DMA wait or"
                    f" barrier orders them")
+        accesses = (current.as_access(overlap), previous.as_access(overlap))
         self.sink.emit(Finding(
             kind=FindingKind.RACE, message=message, buffer=current.buffer,
             memory_space=current.memory_space, index_range=overlap, frames=current.frames,
-            actor=current.actor, grid_point=current.grid_point,
-            accesses=(current.as_access(overlap), previous.as_access(overlap)),
+            actor=current.actor, grid_point=current.grid_point, accesses=accesses,
             kernel=self.call.kernel, call_index=self.call.call_index, seed=self.call.seed,
+            help=race_help(*accesses),
         ))
 
     # -- the engine's other events, as happens-before edges -------------------------------

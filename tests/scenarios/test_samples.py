@@ -180,6 +180,11 @@ def test_a_stale_read_is_a_race_found_with_no_flag(cli):
     findings = result.report["findings"]
     assert {f["kind"] for f in findings} == {"race"}, _describe(findings)
     assert any(_matches(f, want, bug) for f in findings), _describe(findings)
+    # ... and says how to fix it: the DMA's wait before the read (issue 36, item 2)
+    first = next(f for f in findings if _matches(f, want, bug))
+    assert first["help"] == ("wait for DMA #1 (`.wait()` on its descriptor) before the read"
+                             " of buf at line 46, or read the other slot (a buffer no DMA in"
+                             " flight is filling)"), first["help"]
     off = cli("run", "--format", "text", "--no-races", str(bug), json_report=False)
     assert off.exit_code == 0, off.output
     assert "matches reference: False" in off.output
