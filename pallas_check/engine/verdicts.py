@@ -159,6 +159,9 @@ class DmaNotWaited(NamedTuple):
 class OutputUnwritten(NamedTuple):
     buffer: str
     unwritten: np.ndarray  # of the output's shape
+    # An output aliased to an input: the elements whose input values were overwritten
+    # with memory the kernel never wrote (a visited block written back whole).
+    clobbered: bool = False
 
 
 class UninitRead(NamedTuple):
