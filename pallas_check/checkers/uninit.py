@@ -20,6 +20,9 @@ from pallas_check.units import plural
 
 class UninitChecker(Checker):
     def on_output_unwritten(self, event: OutputUnwritten) -> None:
+        if event.clobbered:
+            self.sink.emit(clobbered_finding(self, event))
+            return
         self.sink.emit(unwritten_finding(self, event))
 
     def on_fills_compared(self, event: FillsCompared) -> None:
@@ -79,6 +82,23 @@ def unwritten_help(event: OutputUnwritten) -> str | None:
     return (f"no grid point visits {blocks} {shown}{more} of {name} (blocks of"
             f" {list(shape)}): make the grid and the out_specs index map cover every block"
             f" of {name}")
+
+
+def clobbered_finding(checker: Checker, event: OutputUnwritten) -> Finding:
+    """Elements of an output aliased to an input that a write-back overwrote with memory
+    the kernel never wrote: on a TPU an output block is never read in from HBM, so a block
+    the grid visits is written back whole, and what the kernel left unwritten replaces
+    the input's values there (the kernel relied on the alias to keep them)."""
+    finding = unwritten_finding(checker, event)
+    name, rng = event.buffer, finding.index_range
+    finding.message = (
+        f"{finding.details['elements']} of {finding.details['total']} elements of output"
+        f" {name}, aliased to an input, are overwritten with memory the kernel never wrote"
+        f" (within {name}{format_range(rng)}): an output block is not read in, so a block"
+        " visited without writing these elements is written back whole over the input's"
+        " values")
+    finding.details["clobbered"] = True
+    return finding
 
 
 def uninit_findings(checker: Checker, event: FillsCompared) -> list[Finding]:

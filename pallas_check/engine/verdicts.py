@@ -170,6 +170,9 @@ class OutputUnwritten(NamedTuple):
     block_shape: tuple[int, ...] | None = None
     unvisited: tuple[tuple[int, ...], ...] = ()
     unvisited_count: int = 0
+    # An output aliased to an input: the elements whose input values were overwritten
+    # with memory the kernel never wrote (a visited block written back whole).
+    clobbered: bool = False
 
 
 class UnlandedDma(NamedTuple):

@@ -131,7 +131,7 @@ def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = 
              if f.kind == FindingKind.COMPILE_ERROR and f.details.get("skipped")}
     result.findings[:] = [f for f in result.findings
                           if (f.call_index, f.frames[:1]) not in known]
-    per_call = _replace_reckoned(session.store, result.findings)
+    per_call = _replace_reckoned(session.store, result.findings, result.by_call)
     session.store.extend(result.findings)
     for finding in result.findings:
         per_call[finding.call_index] = per_call.get(finding.call_index, 0) + 1
@@ -144,20 +144,28 @@ def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = 
             summary.findings += per_call.get(summary.index, 0)
 
 
-def _replace_reckoned(store: Any, findings: list[Finding]) -> dict[int, int]:
-    """The compiler's vmem-exceeded verdicts replace the engine's own reckoning of the
-    same call and generation (engine/call/capacity.py): their numbers are the compiler's. A
-    call the engine did not simulate says so in the compiler's finding too. Per call, how
-    many findings were removed (negative counts)."""
+def _replace_reckoned(store: Any, findings: list[Finding],
+                      by_call: dict[int, dict[str, CompileOutcome]]) -> dict[int, int]:
+    """The compiler's verdicts replace the engine's own reckoning of the same call and
+    generation (engine/call/capacity.py): a vmem-exceeded with the compiler's numbers, or
+    a compile that succeeded, which withdraws the reckoned finding (the reckoning is only
+    an estimate of what the compiler allocates). A call the engine did not simulate says
+    so in the compiler's finding too. Per call, how many findings were removed (negative
+    counts)."""
     verdicts = {(f.call_index, f.details.get("generation")): f for f in findings
                 if f.kind == FindingKind.VMEM_EXCEEDED}
+    compiled = {(index, generation) for index, outcomes in by_call.items()
+                for generation, outcome in outcomes.items() if outcome.ok}
     replaced = [f for f in store.all() if f.details.get("reckoned")
-                and (f.call_index, f.details.get("generation")) in verdicts]
+                and ((f.call_index, f.details.get("generation")) in verdicts
+                     or (f.call_index, f.details.get("generation")) in compiled)]
     store.discard(lambda f: any(f is r for r in replaced))
     per_call: dict[int, int] = {}
     for finding in replaced:
         per_call[finding.call_index] = per_call.get(finding.call_index, 0) - 1
-        verdict = verdicts[(finding.call_index, finding.details.get("generation"))]
+        verdict = verdicts.get((finding.call_index, finding.details.get("generation")))
+        if verdict is None:
+            continue
         if finding.details.get("simulated") is False and "simulated" not in verdict.details:
             verdict.details["simulated"] = False
             verdict.message += "; " + finding.message.rsplit("; ", 1)[-1]

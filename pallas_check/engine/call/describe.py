@@ -133,9 +133,37 @@ def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scal
             return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
 
         in_axes = (0,) * num_grid + (None,) * num_scalars
-        return jax.jit(jax.vmap(one, in_axes=in_axes))
+        return _Vectorised(jax.jit(jax.vmap(one, in_axes=in_axes)), _looped(one, num_grid))
 
     return _index_maps_seen.for_object(index_map_jaxpr, (num_grid, num_scalars), by_structure)
+
+
+def _looped(one: Any, num_grid: int) -> Any:
+    """The index map over all grid points as a compiled loop: a scan needs no batching
+    rule, so a primitive that JAX allows in an index map but cannot vmap
+    (`pl.multiple_of`) still evaluates."""
+
+    def over_points(*args):
+        cols, scalars = args[:num_grid], args[num_grid:]
+        return jax.lax.map(lambda point: tuple(one(*point, *scalars)), tuple(cols))
+
+    return jax.jit(over_points)
+
+
+class _Vectorised:
+    """The vmapped index map, or, once vmap has refused one of its primitives (no
+    batching rule), the looped one from then on."""
+
+    def __init__(self, vmapped: Any, looped: Any) -> None:
+        self.fn, self.looped = vmapped, looped
+
+    def __call__(self, *args: Any) -> Any:
+        if self.fn is not self.looped:
+            try:
+                return self.fn(*args)
+            except NotImplementedError:
+                self.fn = self.looped
+        return self.fn(*args)
 
 
 def _consts_key(consts: Sequence[Any]) -> tuple:

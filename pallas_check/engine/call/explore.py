@@ -266,6 +266,12 @@ def _untouched(state: CallState) -> usage.Untouched | None:
                             for r in state.uninit_reads))
 
 
+# Candidates decided one at a time (ROUNDS re-runs each): perturbing one first visit can
+# change another revisited block through state the kernel carries (a cursor in scratch),
+# which would hide the other's loss. Beyond this many, one joint run per round.
+SEPARATE_AT_MOST = 8
+
+
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
                    rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
     """Output blocks revisited after other blocks whose first visit's work is lost.
@@ -273,15 +279,32 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
     Decided as uninitialized memory is, by running the call again (only calls where such
     a revisit happened): the input blocks the first visit consumed are perturbed for its
     steps, and a block whose final value does not change under any perturbation
-    (revisit.ROUNDS) keeps nothing of that visit. Where no run can tell (the first visit
-    consumed no input block, a re-run did not finish, or floats are skipped), what the
-    last visit wrote decides."""
+    (revisit.ROUNDS) keeps nothing of that visit. Each candidate alone (up to
+    SEPARATE_AT_MOST), so that one's perturbation does not mask another's loss. Where no
+    run can tell (the first visit consumed no input block, a re-run did not finish, or
+    floats are skipped), what the last visit wrote decides."""
     config = state.config
     records = state.revisits
     undecided = [r for r in records if not r.perturbable]
     candidates = [r for r in records if r.perturbable]
     if config.skip_floats or not config.check_uninit_outputs:
         undecided, candidates = list(records), []
+    groups = ([[r] for r in candidates] if len(candidates) <= SEPARATE_AT_MOST
+              else [candidates])
+    lost: list[revisit.Lost] = []
+    for group in groups:
+        kept, unfinished = _perturbed_rounds(state, outputs, rerun, carried, group)
+        lost += kept
+        undecided += unfinished
+    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
+    return lost
+
+
+def _perturbed_rounds(state: CallState, outputs: list[list[np.ndarray]],
+                      rerun: Callable[..., Any], carried: dict,
+                      candidates: list[revisit.RevisitRecord]
+                      ) -> tuple[list[revisit.Lost], list[revisit.RevisitRecord]]:
+    """The revisit rounds for candidates perturbed together: (lost, undecided)."""
     first_output = state.first_output
     prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
     for round_ in range(revisit.ROUNDS):
@@ -295,15 +318,12 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
         except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
             other_state = None
         if other_state is None or other_state.unfinished:
-            undecided += candidates
-            candidates = []
-            break
+            return [], candidates
         candidates = [r for r in candidates
                       if not revisit.block_changed(r, outputs, other, first_output)]
         for key in capture or ():
             prints.setdefault(key, set()).add(perturb.fingerprints.get(key))
     # A first visit whose result did not depend on its inputs lost nothing (a step that
     # skips its tile): only one whose result did, and that the final block forgets, is lost.
-    lost = [revisit.lost_by_flow(r) for r in candidates if len(prints.get(r.first_end, ())) > 1]
-    lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
-    return lost
+    return [revisit.lost_by_flow(r) for r in candidates
+            if len(prints.get(r.first_end, ())) > 1], []

@@ -16,7 +16,7 @@ from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
 from pallas_check.engine.call.state import CoreContext
 from pallas_check.engine.dma.engine import Transfer
 from pallas_check.engine.jaxpr.program import runner_for
-from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.memory.buffer import MemorySpace, RefView
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
@@ -53,7 +53,8 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 if ctx.call.fresh_revisits:
                     ctx.call.fresh_revisits.pop(vmem.id, None)
         perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
-        saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs])  # type: ignore[misc]
+        saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs  # type: ignore[misc]
+                                if plan.op.kernel_space != MemorySpace.SMEM])
                  if perturb is not None and (ctx.device_id, point) in perturb.points
                  else None)
         yield from body(ctx, (), kernel_args)
@@ -274,8 +275,9 @@ class Pipeline:
                 start, stop = plan.first_run[block]
                 inputs: dict[tuple[str, tuple[int, ...]], None] = {}
                 for step in range(start, stop):
-                    for other in self.inputs:
-                        inputs[(other.op.name, other.blocks[step])] = None
+                    for other in self.inputs:  # (SMEM: sizes and indices, not data)
+                        if other.op.kernel_space != MemorySpace.SMEM:
+                            inputs[(other.op.name, other.blocks[step])] = None
                 hbm_index, _, _, _ = _block_slices(plan.op, block)
                 self.ctx.call.revisits.append(RevisitRecord(
                     self.ctx.device_id, self.ctx.actor, plan.op.name, plan.op.position,

@@ -180,7 +180,8 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                     actors.append(actor)
     state.output_addresses = addresses
     _run(state, contexts, actors, device_hbm_outputs)
-    return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs)
+    return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs,
+                    layout.arg_names[layout.first + layout.n_in:])
 
 
 def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
@@ -456,7 +457,8 @@ def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
 
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
-             out_to_in: dict[int, int], blocked: dict[int, Operand]
+             out_to_in: dict[int, int], blocked: dict[int, Operand],
+             out_names: Sequence[str] = ()
              ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     """Per device, the outputs and their written-shadows; never-written outputs reported
     (with the blocks of a `blocked` output, by its buffer id, that no grid point visits)."""
@@ -466,6 +468,11 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
         for j, buf in enumerate(hbm_outputs):
             if j in out_to_in or buf.space == MemorySpace.SEMAPHORE:
                 device_written.append(None)
+                # An aliased output starts as its input, all written: what is not now was
+                # overwritten with never-written memory (a block written back whole).
+                if j in out_to_in and not buf.fully_written and not state.unfinished:
+                    name = out_names[j] if j < len(out_names) else buf.name
+                    state.tell(OutputUnwritten(name, ~buf.written, clobbered=True))
                 continue
             device_written.append(buf.shadow)
             if not buf.fully_written and not state.unfinished:

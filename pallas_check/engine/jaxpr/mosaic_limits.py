@@ -224,10 +224,12 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                       " transforms following the indexer (Mosaic)")
     index = indexer.indices[0]
     index = index.values if isinstance(index, sc_core.Indices) else index
+    index_transforms: list = []
     while isinstance(index, state_types.TransformedRef):
+        index_transforms[:0] = index.transforms
         index = index.ref
     aval = getattr(index, "aval", None)
-    if len(getattr(aval, "shape", ())) != 1:
+    if len(_viewed_shape(aval, index_transforms)) != 1:
         return refuse(side, "only 1-D index vectors are supported by a gather or scatter"
                       " DMA (Mosaic)")
     if hasattr(aval, "memory_space") and space_of(aval) != MemorySpace.VMEM:
@@ -268,6 +270,19 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
         f" ({np.dtype(dst_dtype).name}) does not lower: a DMA moves bytes between refs of"
         f" one element type (\"{mosaic}\"); see one ref as the other's type with"
         f" ref.bitcast", frames(), name, space, "DMA destination", mosaic)
+
+
+def _viewed_shape(aval: Any, transforms: Sequence[Any]) -> tuple:
+    """The shape of a ref seen through its transforms (`idx_v.at[i]` of an (n, L) index
+    ref is one row of L: a 1-D index vector, as Mosaic takes it; libtpu 0.0.42 compiles
+    such a gather)."""
+    shape = tuple(getattr(aval, "shape", ()))
+    if not transforms:
+        return shape
+    try:
+        return tuple(state_types.transform_type(transforms, aval).shape)
+    except Exception:  # noqa: BLE001 - a transform without a static type: the ref's own
+        return shape
 
 
 # The equations that index refs (a load, a store, a DMA start).

@@ -84,6 +84,31 @@ def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | 
     ctx.call.on_write(ctx, region)
 
 
+def access_atomic_add(ctx: Any, view: RefView | None, value: Any, operation: str,
+                      region: Region | None = None) -> None:
+    """ref += value as ONE atomic read-modify-write (SparseCore `addupdate`,
+    `addupdate_scatter`: "an atomic add", jax/_src/pallas/mosaic/sc_primitives.py): bounds
+    and never-written elements checked as a read and a write are, but the race checker
+    sees a single atomic-add access, which never races with another atomic add (parallel
+    loop iterations or subcores adding into one histogram), only with plain reads and
+    writes it is not ordered with."""
+    if region is None:
+        assert view is not None
+        region = _resolve(ctx, view, "store")
+    buffer = region.buffer
+    fill = ctx.fill(buffer.data.dtype)
+    if region.oob:
+        ctx.call.out_of_bounds(ctx, region, operation, None)
+    old = np.asarray(region.read(fill))
+    if not buffer.fully_written:
+        unwritten = ~region.read_written()
+        if unwritten.any():
+            ctx.call.uninitialized_read(ctx, region, int(unwritten.sum()), unwritten)
+    region.write(old + np.asarray(value).astype(old.dtype), fill)
+    if ctx.call.races is not None:
+        ctx.call.access(ctx, region, True, operation, atomic_add=True)
+
+
 def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
     try:
         region = resolve(view)

@@ -216,9 +216,8 @@ def _store_scatter(ctx, eqn, invals):
         region = _lane_region(ctx, view, shape, lane, f"{name} lane {j}")
         if region is None:
             continue
-        if add:
-            old = np.asarray(access.access_read(ctx, None, region=region))
-            access.access_write(ctx, None, old + x[j].astype(old.dtype), region=region)
+        if add:  # atomic: lanes, loop iterations and subcores adding never race
+            access.access_atomic_add(ctx, None, x[j], name, region=region)
             continue
         value = x[j]
         if lane in stores and stores[lane].tobytes() != value.tobytes():
@@ -292,9 +291,9 @@ def _sc_store(ctx, eqn, invals):
         if mask.ndim != 1:
             raise KernelError("a compressed store into a ref of rank > 1 is not simulated",
                               current_frames(ctx))
-    if eqn.params["add"]:
-        old = access.access_read(ctx, view)
-        value = old + value.astype(old.dtype)
+    if eqn.params["add"]:  # `addupdate`: an atomic add
+        access.access_atomic_add(ctx, view, value, "addupdate")
+        return x
     access.access_write(ctx, view, value)
     return x
 

@@ -244,3 +244,29 @@ def test_input_output_aliases(check, how):
     # and under jit, where the aliased input may be donated
     run_checked(check, jax.jit(fn, static_argnames="interpret"), x, reference=want,
                 oracle=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Index maps with primitives that vmap cannot batch (`pl.multiple_of`: no batching rule).
+
+def test_index_map_with_multiple_of(check):
+    """A scalar-prefetched Element offset and a grid-derived block index, both hinted with
+    `pl.multiple_of`: the blocks are the ones the offsets name (no crash, no finding)."""
+    x = arange((32, 256))
+    starts = jnp.array([16, 0, 24, 8], I32)
+
+    def fn(starts, x, interpret=False):
+        def kernel(s_ref, x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1.0
+
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(4, 2),
+            in_specs=[pl.BlockSpec((pl.Element(8), 128),
+                                   lambda i, j, s: (pl.multiple_of(s[i], 8),
+                                                    pl.multiple_of(j * 1, 1)))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j, s: (i, j)))
+        return pl.pallas_call(kernel, grid_spec=grid_spec, interpret=interpret,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(starts, x)
+
+    rows = np.concatenate([np.arange(s, s + 8) for s in np.asarray(starts)])
+    run_checked(check, fn, starts, x, reference=np.asarray(x)[rows] + 1.0)

@@ -211,6 +211,40 @@ def test_revisit_any_reads_the_block_back_as_a_dma():
     np.testing.assert_allclose(out, _sums(UNSORTED))
 
 
+def reinit_with_carry_kernel(g_ref, f_ref, l_ref, x_ref, o_ref, acc_ref):
+    """reinit_kernel plus half the previous tile, carried in scratch: perturbing group
+    1's first tile changes what group 0's last visit adds, though nothing of group 0's
+    own first tile reaches its block."""
+    i = pl.program_id(0)
+
+    @pl.when(jnp.logical_or(i == 0, g_ref[i] != g_ref[jnp.maximum(i - 1, 0)]))
+    def _():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    @pl.when(i == 0)
+    def _():
+        acc_ref[0] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
+
+    o_ref[...] += x_ref[...] + acc_ref[0]
+    acc_ref[0] = x_ref[...] * 0.5
+
+
+def test_one_revisits_perturbation_does_not_hide_anothers_loss(monkeypatch):
+    """Both groups lose their first tile; perturbed together, each first visit changes
+    the other group's block through the carry and both losses hid. Decided one block at
+    a time (a re-run each per round), group 0's loss is reported."""
+    runs = _count_runs(monkeypatch)
+    out, findings = simulate(combine(reinit_with_carry_kernel, UNSORTED), _x(UNSORTED))
+    tiles = np.asarray(_x(UNSORTED)).reshape(4, 8, 128)
+    np.testing.assert_allclose(out, np.concatenate([tiles[2] + tiles[1] / 2,
+                                                    tiles[3] + tiles[2] / 2]))
+    (f,) = findings
+    assert (f.kind.value, f.buffer, f.index_range, f.grid_point) == (
+        "output-revisited", "o_ref", ((0, 8), (0, 128)), (2,))
+    assert f.details["decided_by"] == "perturbation"
+    assert len(runs) == 1 + 2 * 3  # each block: all three rounds, unchanged in each
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_a_first_visit_that_skips_its_tile_loses_nothing(mode):
     flags = (np.array([0, 1, 1, 0], np.int32), np.array([0, 1, 1, 1], np.int32))
@@ -242,9 +276,12 @@ def test_no_rerun_without_a_non_consecutive_revisit(monkeypatch):
 
 
 def test_a_revisit_costs_one_rerun_when_the_first_visit_reaches_the_result(monkeypatch):
+    """Each revisited block (two here) is decided by re-runs of its own, so that one
+    block's perturbation cannot hide another's loss: one re-run each when the first
+    perturbation already changes the block."""
     runs = _count_runs(monkeypatch)
     simulate(combine(scratch_every_visit_kernel, UNSORTED), _x(UNSORTED))
-    assert len(runs) == 2
+    assert len(runs) == 1 + 2
 
 
 def halves_from_scalars_kernel(s_ref, o_ref):

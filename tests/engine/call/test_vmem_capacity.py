@@ -282,3 +282,97 @@ def test_blocks_double_buffered_run_scoped_and_aliased_outputs(cli, tmp_path):
     assert "aliased outputs keep their inputs" in result.findings[2]["message"]
     assert "one 2.0 two nan" in result.output
     assert "scoped nan" in result.output and "aliased 5.0" in result.output
+
+
+# -- what the compiler allocates: one buffer for a block fetched once, headroom at the limit
+
+def _matmul_params(rows: int, w_map, grid: int = 2, k: int = 2048, n: int = 1024) -> dict:
+    """The pallas_call params of x (grid*rows, k) @ w (k, n) in row blocks, w's block
+    under `w_map` (no simulation: the reckoning reads the params only)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    def call(x, w):
+        return pl.pallas_call(
+            kernel, grid=(grid,),
+            in_specs=[pl.BlockSpec((rows, k), lambda i: (i, 0)), pl.BlockSpec((k, n), w_map)],
+            out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((grid * rows, n), jnp.float32))(x, w)
+
+    x = jax.ShapeDtypeStruct((grid * rows, k), jnp.float32)
+    w = jax.ShapeDtypeStruct((2 * k, n), jnp.float32)
+    (eqn,) = jax.make_jaxpr(call)(x, w).eqns
+    return eqn.params
+
+
+@pytest.mark.parametrize("w_map,copies", [
+    (lambda i: (0, 0), 1), (lambda i: (1, 0), 1), (lambda i: (i * 0, 0), 1),
+    (lambda i: (i - i, 0), 1), (lambda i: (i % 2, 0), 2), (lambda i: (i, 0), 2)])
+def test_a_block_with_a_constant_index_map_is_counted_once(w_map, copies):
+    """libtpu 0.0.42 (v6e) allocates one buffer for a block whose index map is constant
+    over the grid (4 MiB more scoped VMEM for a 4 MiB block under (0, 0), (1, 0),
+    (i * 0, 0) or (i - i, 0); 8 MiB under (i % 2, 0)): reckoned the same, to the byte."""
+    from pallas_check.engine.call import footprint
+
+    got = {(a.name, a.what, a.nbytes) for a in
+           footprint.allocations(_matmul_params(512, w_map, k=1024))}
+    assert got == {("x_ref", "block (double-buffered)", 2 * 2 * MIB),
+                   ("w_ref", "block" if copies == 1 else "block (double-buffered)",
+                    copies * 4 * MIB),
+                   ("o_ref", "block (double-buffered)", 2 * 2 * MIB)}
+
+
+def test_a_matmul_at_the_limit_is_reported_and_still_simulated():
+    """Blocks of exactly v6e's 32 MiB around a 4 MiB matmul result: the compiler's own
+    scratch does not fit (libtpu 0.0.42: E1001); reckoned at the limit, with 0.8 MiB of
+    headroom named, and the call still simulated. 26 MiB of blocks leave room (it
+    compiles at 26.6 MiB): nothing. v7x (it compiled the 32 MiB kernel) is not judged."""
+    from pallas_check.config import TpuGeneration
+    from pallas_check.engine.call import capacity
+
+    at_limit = _matmul_params(1024, lambda i: (0, 0))
+    (over,) = capacity.overflows(at_limit, TpuGeneration.V6E)
+    assert (over.at_limit, over.needed, over.available, over.space) == (
+        True, 32 * MIB, 32 * MIB, "VMEM")
+    assert "about 819.2 KiB for a matmul result" in over.reason, over.reason
+    assert capacity.overflows(at_limit, TpuGeneration.V7X) == []
+    assert capacity.overflows(_matmul_params(768, lambda i: (0, 0)), TpuGeneration.V6E) == []
+
+
+_UNUSED_SCRATCH = textwrap.dedent('''\
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+
+    def kernel(x_ref, o_ref, unused_ref):
+        o_ref[...] = x_ref[...] + 1
+
+
+    x = jnp.ones((8, 128), jnp.float32)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                         scratch_shapes=[pltpu.VMEM((81920, 128), jnp.float32)])(x)
+    print("out", float(np.asarray(out)[0, 0]))
+''')
+
+
+def test_with_compile_a_successful_compile_withdraws_the_reckoning(cli, tmp_path):
+    """40 MiB of scratch the kernel never reads: reckoned over v6e's 32 MiB (and not
+    simulated), but Mosaic drops it and the call compiles: with --compile no finding is
+    left (the README: the compiler's verdict replaces the reckoning)."""
+    path = tmp_path / "unused.py"
+    path.write_text(_UNUSED_SCRATCH)
+    plain = cli("run", "--tpu", "v6e", str(path))
+    assert [(f["kind"], f["buffer"], f["details"]["used_bytes"]) for f in plain.findings] == [
+        ("vmem-exceeded", "unused_ref", 40 * MIB + 2 * 4096)], plain.output
+    compiled = cli("run", "--tpu", "v6e", "--compile", str(path))
+    assert compiled.exit_code == ExitCode.CLEAN, compiled.output
+    assert compiled.findings == []
+    (call,) = compiled.report["calls"]
+    assert call["compiled"]["v6e"]["status"] == "ok" and call["findings"] == 0

@@ -409,3 +409,36 @@ def test_scatter_add_into_hbm_does_not_lower(check):
     (f,) = r.findings
     assert f.buffer == "o_hbm" and "add=True into HBM" in f.message, f.message
     assert f.frames[0].code.strip().startswith("pltpu.async_copy(rows_v, o_hbm.at[idx_v]")
+
+
+@pytest.mark.parametrize("row", [True, False], ids=["one-row", "whole-table"])
+def test_a_row_of_a_2d_index_table_is_a_1d_index_vector(check, row):
+    """`x_hbm.at[idx_v.at[1]]` of a (2, L) index table gathers by one row, a 1-D vector,
+    which libtpu 0.0.42 compiles (v6e, v7x): simulated, the rows it names. The whole
+    table as the index (2-D) is still Mosaic's refusal."""
+    used = {}
+
+    def run(x):
+        lanes = _lanes()  # (asked inside the session: the checked generation's)
+        rows = lanes if row else 2 * lanes
+        idx = used["idx"] = (np.arange(2 * lanes, dtype=np.int32) * 3) % 40
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((rows, D), jnp.float32), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((2, lanes), jnp.int32),
+                                  pltpu.VMEM((rows, D), jnp.float32)])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v):
+            pltpu.sync_copy(idx_hbm, idx_v)
+            pltpu.sync_copy(x_hbm.at[idx_v.at[1] if row else idx_v], rows_v)
+            pltpu.sync_copy(rows_v, o_hbm)
+
+        return jax.jit(kernel)(x, jnp.asarray(idx.reshape(2, lanes)))
+
+    x = jnp.arange(40 * D, dtype=jnp.float32).reshape(40, D)
+    r = check(run, x, config=_config())
+    if row:
+        _clean(r)
+        idx = used["idx"]
+        np.testing.assert_array_equal(np.asarray(r.value), np.asarray(x)[idx[len(idx) // 2:]])
+    else:
+        assert [f.kind for f in r.findings] == [FindingKind.COMPILE_ERROR], r.findings
+        assert "only 1-D index vectors" in r.findings[0].message
