@@ -89,23 +89,46 @@ class SyncState:
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self.dmas: list[Dma] = []
+        # The DMAs the call is not done with, by id in start order: in flight, or landed
+        # and not yet fully waited. One that has landed and been waited in full is let go
+        # (`settled`): what the call's end asks of DMAs (drain, leaks, the DMAs not
+        # waited, those carried into the next call) is never about it, and a long grid's
+        # DMAs cost no memory once done.
+        self._live: dict[int, Dma] = {}
         self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
         self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
         # signal it (as receive or send semaphore), and those not yet fully waited on it
         # (so that a wait does not rescan every DMA of the call).
-        self._receiving: dict[tuple, list[Dma]] = {}
-        self._sending: dict[tuple, list[Dma]] = {}
+        self._receiving: dict[tuple, _Signalling] = {}
+        self._sending: dict[tuple, _Signalling] = {}
         self._unwaited: dict[tuple, collections.deque[Dma]] = {}
 
+    @property
+    def dmas(self) -> list[Dma]:
+        """The DMAs not done with (see `_live`), in start order: a copy, which a caller
+        may walk while DMAs complete and settle."""
+        return list(self._live.values())
+
+    def keep_only(self, dmas: list[Dma]) -> None:
+        """The call's end handed the others on (engine/call/carried.py)."""
+        self._live = {dma.id: dma for dma in dmas}
+
     def start(self, dma: Dma) -> None:
-        self.dmas.append(dma)
+        self._live[dma.id] = dma
         dst = (dma.dst_sem[0].id, dma.dst_sem[1])
-        self._receiving.setdefault(dst, []).append(dma)
+        _append_pruned(self._receiving.setdefault(dst, _Signalling()), dma, "copied")
         if dma.src_sem is not None:
-            self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
+            _append_pruned(self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]),
+                                                    _Signalling()), dma, "read_done")
         self._unwaited.setdefault(dst, collections.deque()).append(dma)
+        self.settled(dma)  # (carried in landed and waited: nothing left to do)
+
+    def settled(self, dma: Dma) -> None:
+        """Let `dma` go if it has landed and been waited in full (its landing and the
+        wait that accounts for it come in either order)."""
+        if dma.copied and dma.waited_bytes >= dma.signal:
+            self._live.pop(dma.id, None)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -138,6 +161,27 @@ class SyncState:
         else:
             pending.reverse()  # each list is in start order
         return pending
+
+
+class _Signalling(list):
+    """A semaphore's DMAs that may still signal it, in start order (some may have by
+    now: readers skip those). `kept`: how many the last pruning kept."""
+
+    kept = 0
+
+
+_PRUNE_AFTER = 8
+
+
+def _append_pruned(dmas: _Signalling, dma: Dma, done: str) -> None:
+    """Append `dma`, first dropping the DMAs whose event came (`done`: `copied` or
+    `read_done`) once the list is twice as long as the last pruning left it (and at least
+    _PRUNE_AFTER): in eager mode, say, nothing else takes them out, and every DMA of a
+    long grid would stay. Amortized, a constant per DMA."""
+    if len(dmas) >= max(_PRUNE_AFTER, 2 * dmas.kept):
+        dmas[:] = [d for d in dmas if not getattr(d, done)]
+        dmas.kept = len(dmas)
+    dmas.append(dma)
 
 
 def as_view(x: Any) -> RefView:
@@ -240,6 +284,7 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.signal)
+    ctx.call.sync.settled(dma)
 
 
 def complete(ctx: Any, dma: Dma) -> None:

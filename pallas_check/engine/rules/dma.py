@@ -488,5 +488,6 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int) -> None:
             nbytes -= take
         if dma.waited_bytes >= dma.signal:
             queue.popleft()  # fully waited: only ever the oldest ones
+            sync.settled(dma)
 
 
