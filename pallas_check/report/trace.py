@@ -123,7 +123,7 @@ class TraceWriter:
             handle.seek(start)
             handle.truncate()
             raise
-        self._empty = self._empty and spool.events == 0
+        self._empty = self._empty and handle.tell() == start
         for other in self._pending.pop(call_index):
             other.discard()
         self._offsets.pop(call_index, None)
@@ -186,7 +186,13 @@ def _track_order(track: str) -> int:
 class _Spool:
     """One schedule's timeline as trace events, one line each as its marks come (see the
     module docstring). It keeps the tracks it named (a DMA's only while the DMA is in
-    flight) and how many spans are open on each."""
+    flight) and how many spans are open on each.
+
+    A stop (Ctrl-C, SIGTERM) raises wherever the engine is, in `add` too: a mark's lines
+    are written by one `write`, what the spool knows after it is applied after it (by
+    assignments: applying twice is applying once), and what was being added is kept
+    until then, so that `finish` can tell whether the lines went out and apply their
+    effect if they did: the file and what the spool knows of it agree."""
 
     def __init__(self, writer: TraceWriter, kernel: str, call_index: int, seed: int,
                  offset: int) -> None:
@@ -199,23 +205,35 @@ class _Spool:
         self.marked: set[int] = set()  # the findings marked (or seen), by `finding` id
         self.last = offset  # the latest tick written
         self.step = 0  # the latest scheduler step
-        self.events = 0
         self.entry: dict[str, Any] | None = None  # otherData.calls', once finished
         self.capped_note = ""
         self._done = False
         self._tids = itertools.count(1)
+        self._adding: tuple[int, tuple] | None = None  # (file position before, effect)
 
     def add(self, mark: Any) -> None:
         with self.writer.lock:
-            if not self._done:
-                self._add(mark)
+            if self._done:
+                return
+            if mark.finding is not None:
+                self.marked.add(self.writer._serial(mark.finding))
+            if mark.kind == "seen":
+                return
+            lines, effect = self._render(mark)
+            self._adding = (self.file.tell(), effect)
+            self.file.write(lines)
+            self._apply(effect)
+            self._adding = None
 
-    def _add(self, mark: Any) -> None:
-        if mark.finding is not None:
-            self.marked.add(self.writer._serial(mark.finding))
-        if mark.kind == "seen":
-            return
-        pid, tid = self._track(mark.device, mark.track)
+    def _render(self, mark: Any) -> tuple[bytes, tuple]:
+        """A mark's lines (a new track's names first) and its effect on the spool."""
+        key = (mark.device, mark.track)
+        pid = self.writer._pid(self.call_index, mark.device)
+        tid = self.tracks.get(key)
+        lines = []
+        if tid is None:
+            tid = next(self._tids)
+            lines = self._names(mark.device, mark.track, pid, tid)
         ts = self.offset + mark.time
         event: dict[str, Any] = {"ph": _PHASE[mark.kind], "ts": ts, "pid": pid, "tid": tid}
         if mark.kind != "end":
@@ -232,56 +250,60 @@ class _Spool:
             if mark.finding is not None:
                 args["finding"] = self.writer._serial(mark.finding)
             event["args"] = args
-        self.last, self.step = max(self.last, ts), mark.step
-        self._write(event)
-        if mark.kind == "begin":
-            self.depth[(pid, tid)] = self.depth.get((pid, tid), 0) + 1
-        elif mark.kind == "end":
-            self._ended(mark.device, mark.track, pid, tid)
+        lines.append(event)
+        depth = self.depth.get((pid, tid), 0) + {"begin": 1, "end": -1}.get(mark.kind, 0)
+        # A DMA's track ends with its lifetime: nothing more is drawn on it.
+        track_done = depth <= 0 and mark.kind == "end" and mark.track.startswith("DMA #")
+        return _lines(lines), (key, tid, (pid, tid), depth, track_done, max(self.last, ts),
+                               mark.step)
 
-    def _ended(self, device: int, track: str, pid: int, tid: int) -> None:
-        left = self.depth.get((pid, tid), 0) - 1
-        if left > 0:
-            self.depth[(pid, tid)] = left
-            return
-        self.depth.pop((pid, tid), None)
-        if track.startswith("DMA #"):  # its lifetime ended: nothing more on its track
-            del self.tracks[(device, track)]
-
-    def _track(self, device: int, track: str) -> tuple[int, int]:
-        """The (pid, tid) of a track, named (a metadata event) when first used."""
-        pid = self.writer._pid(self.call_index, device)
-        tid = self.tracks.get((device, track))
-        if tid is not None:
-            return pid, tid
+    def _names(self, device: int, track: str, pid: int, tid: int) -> list[dict[str, Any]]:
+        """The metadata naming a new track (and its process, when it is the first)."""
+        names = []
         if device not in self.devices:
-            self.devices.add(device)
             name = f"call {self.call_index}: {self.kernel} - device {device}"
-            self._write({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
-                         "args": {"name": name}})
-            self._write({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                         "ts": 0, "args": {"sort_index": pid}})
-        tid = self.tracks[(device, track)] = next(self._tids)
-        self._write({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
-                     "args": {"name": track}})
-        self._write({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                     "ts": 0, "args": {"sort_index": _track_order(track) * 10 ** 7 + tid}})
-        return pid, tid
+            names += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
+                       "args": {"name": name}},
+                      {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                       "ts": 0, "args": {"sort_index": pid}}]
+        return names + [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
+                         "args": {"name": track}},
+                        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                         "ts": 0, "args": {"sort_index": _track_order(track) * 10 ** 7
+                                           + tid}}]
 
-    def _write(self, event: dict[str, Any]) -> None:
-        self.file.write(b",\n" + json.dumps(event, separators=(",", ":")).encode())
-        self.events += 1
+    def _apply(self, effect: tuple) -> None:
+        key, tid, span_key, depth, track_done, last, step = effect
+        self.devices.add(key[0])
+        if track_done:
+            self.tracks.pop(key, None)
+        else:
+            self.tracks[key] = tid
+        if depth > 0:
+            self.depth[span_key] = depth
+        else:
+            self.depth.pop(span_key, None)
+        self.last, self.step = last, step
+
+    def _recover(self) -> None:
+        """The effect of a mark a stop cut short: applied if its lines went out."""
+        if self._adding is not None:
+            before, effect = self._adding
+            if self.file.tell() > before:
+                self._apply(effect)
+            self._adding = None
 
     def finish(self, timeline: Any, late: Sequence[Finding]) -> None:
         """No more marks: spans still open end (`unfinished`: a call stopped inside, its
         `timeline` None), then the `late` findings; the call's line of otherData."""
         self._done = True
+        self._recover()
         for (pid, tid), depth in sorted(self.depth.items()):
-            for _ in range(depth):
-                self.last += 1
-                self._write({"ph": "E", "ts": self.last, "pid": pid, "tid": tid,
-                             "args": {"unfinished": True, "step": self.step}})
-        self.depth.clear()
+            self.file.write(_lines([{"ph": "E", "ts": self.last + n, "pid": pid, "tid": tid,
+                                     "args": {"unfinished": True, "step": self.step}}
+                                    for n in range(1, depth + 1)]))
+            self.last += depth
+            del self.depth[(pid, tid)]
         for finding in late:
             self.last += 1
             self._late(finding)
@@ -304,16 +326,31 @@ class _Spool:
 
     def _late(self, finding: Finding) -> None:
         """A finding made after the simulation (comparing two fills) or under another seed."""
-        pid, tid = self._track(0, "call")
-        self._write({"ph": "i", "s": "t", "ts": self.last, "pid": pid, "tid": tid,
+        pid, tid = self._call_track()
+        self.file.write(_lines([{"ph": "i", "s": "t", "ts": self.last, "pid": pid, "tid": tid,
                      "name": f"{finding.kind.value}: {finding.buffer}", "cat": "finding",
                      "args": {"kind": finding.kind.value, "message": finding.message,
                               "grid_point": (None if finding.grid_point is None
                                              else list(finding.grid_point)),
                               "actor": finding.actor, "after_simulation": True,
                               "seed": finding.seed, "step": self.step,
-                              "finding": self.writer._serial(finding)}})
+                              "finding": self.writer._serial(finding)}}]))
+
+    def _call_track(self) -> tuple[int, int]:
+        """The call's own track (device 0's), named if new."""
+        pid = self.writer._pid(self.call_index, 0)
+        tid = self.tracks.get((0, "call"))
+        if tid is None:
+            tid = next(self._tids)
+            self.file.write(_lines(self._names(0, "call", pid, tid)))
+            self._apply(((0, "call"), tid, (pid, tid), 0, False, self.last, self.step))
+        return pid, tid
 
     def discard(self) -> None:
         self._done = True
         self.file.close()
+
+
+def _lines(events: list[dict[str, Any]]) -> bytes:
+    """Trace events as the file has them: each on a line of its own after a comma."""
+    return b"".join(b",\n" + json.dumps(e, separators=(",", ":")).encode() for e in events)

@@ -100,8 +100,8 @@ class SyncState:
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
         # signal it (as receive or send semaphore), and those not yet fully waited on it
         # (so that a wait does not rescan every DMA of the call).
-        self._receiving: dict[tuple, _Signalling] = {}
-        self._sending: dict[tuple, _Signalling] = {}
+        self._receiving: dict[tuple, list[Dma]] = {}
+        self._sending: dict[tuple, list[Dma]] = {}
         self._unwaited: dict[tuple, collections.deque[Dma]] = {}
 
     @property
@@ -117,10 +117,9 @@ class SyncState:
     def start(self, dma: Dma) -> None:
         self._live[dma.id] = dma
         dst = (dma.dst_sem[0].id, dma.dst_sem[1])
-        _append_pruned(self._receiving.setdefault(dst, _Signalling()), dma, "copied")
+        self._receiving.setdefault(dst, []).append(dma)
         if dma.src_sem is not None:
-            _append_pruned(self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]),
-                                                    _Signalling()), dma, "read_done")
+            self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
         self._unwaited.setdefault(dst, collections.deque()).append(dma)
         self.settled(dma)  # (carried in landed and waited: nothing left to do)
 
@@ -128,7 +127,11 @@ class SyncState:
         """Let `dma` go if it has landed and been waited in full (its landing and the
         wait that accounts for it come in either order)."""
         if dma.copied and dma.waited_bytes >= dma.signal:
-            self._live.pop(dma.id, None)
+            if self._live.pop(dma.id, None) is None:
+                return
+            _drop(self._receiving.get((dma.dst_sem[0].id, dma.dst_sem[1])), dma)
+            if dma.src_sem is not None:
+                _drop(self._sending.get((dma.src_sem[0].id, dma.src_sem[1])), dma)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -163,25 +166,13 @@ class SyncState:
         return pending
 
 
-class _Signalling(list):
-    """A semaphore's DMAs that may still signal it, in start order (some may have by
-    now: readers skip those). `kept`: how many the last pruning kept."""
-
-    kept = 0
-
-
-_PRUNE_AFTER = 8
-
-
-def _append_pruned(dmas: _Signalling, dma: Dma, done: str) -> None:
-    """Append `dma`, first dropping the DMAs whose event came (`done`: `copied` or
-    `read_done`) once the list is twice as long as the last pruning left it (and at least
-    _PRUNE_AFTER): in eager mode, say, nothing else takes them out, and every DMA of a
-    long grid would stay. Amortized, a constant per DMA."""
-    if len(dmas) >= max(_PRUNE_AFTER, 2 * dmas.kept):
-        dmas[:] = [d for d in dmas if not getattr(d, done)]
-        dmas.kept = len(dmas)
-    dmas.append(dma)
+def _drop(dmas: list[Dma] | None, dma: Dma) -> None:
+    """Take `dma` out of a semaphore's list, by identity (a DMA done with is nearly always
+    among the oldest; one a wait popped already is simply not there)."""
+    for i, other in enumerate(dmas or ()):
+        if other is dma:
+            del dmas[i]  # type: ignore[union-attr]
+            return
 
 
 def as_view(x: Any) -> RefView:
