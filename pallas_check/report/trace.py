@@ -68,7 +68,8 @@ class TraceWriter:
         self._pending: dict[int, list[_Spool]] = {}  # calls in flight -> their spools
         self._offsets: dict[int, int] = {}  # calls in flight -> their first tick
         self._end = 0  # the tick after every call kept so far
-        self._pids: dict[tuple[int, int], int] = {}  # (call, device) -> process id
+        self._pids: dict[tuple[int, int], int] = {}  # (call in flight, device) -> pid
+        self._next_pid = itertools.count(1)
         self._serials: dict[tuple, int] = {}  # a finding's merge key -> its `finding` id
         self._calls: list[dict[str, Any]] = []  # otherData.calls
         self._empty = True  # no event in the file yet
@@ -105,7 +106,10 @@ class TraceWriter:
         return self._serials.setdefault(finding.merge_key(), len(self._serials) + 1)
 
     def _pid(self, call_index: int, device: int) -> int:
-        return self._pids.setdefault((call_index, device), len(self._pids) + 1)
+        pid = self._pids.get((call_index, device))
+        if pid is None:
+            pid = self._pids[(call_index, device)] = next(self._next_pid)
+        return pid
 
     def _append(self, call_index: int) -> None:
         """The call's finished spool (else its latest, as far as it got) into the file."""
@@ -126,6 +130,8 @@ class TraceWriter:
         self._empty = self._empty and handle.tell() == start
         for other in self._pending.pop(call_index):
             other.discard()
+        for key in [k for k in self._pids if k[0] == call_index]:
+            del self._pids[key]
         self._offsets.pop(call_index, None)
         self._calls.append(spool.entry)
         self._end = max(self._end, spool.last + _GAP)

@@ -2,13 +2,14 @@
 
 From a debug callback at grid steps STEPS // 4 and STEPS - 1 it prints how much memory
 allocated by the trace recorder (engine/timeline.py, report/trace.py) is still alive
-(`retained STEP BYTES`, measured with tracemalloc, which this script starts and stops): with
+(`retained STEP BYTES BLOCKS`, measured with tracemalloc, which this script starts and stops): with
 `--trace`, that must not grow with the steps run (tests/report/test_trace_stream.py). It
 prints "running" at grid step 1, so that a test knows the call is being simulated.
 
 Usage: long_dma.py [STEPS]  (default 400)
 """
 
+import gc
 import sys
 import tracemalloc
 
@@ -22,9 +23,11 @@ RECORDER = ("*/pallas_check/engine/timeline.py", "*/pallas_check/report/trace.py
 
 
 def measure(i):
+    gc.collect()  # (it also empties the free lists, whose blocks tracemalloc counts as alive)
     snapshot = tracemalloc.take_snapshot().filter_traces(
         [tracemalloc.Filter(True, pattern) for pattern in RECORDER])
-    print("retained", int(i), sum(s.size for s in snapshot.statistics("filename")),
+    stats = snapshot.statistics("filename")
+    print("retained", int(i), sum(s.size for s in stats), sum(s.count for s in stats),
           flush=True)
 
 

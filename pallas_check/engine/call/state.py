@@ -40,8 +40,7 @@ class CallState(CallBuffers):
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
     def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
-                 report: bool, checking: Checking, timeline_sink: MarkSink | None = None
-                 ) -> None:
+                 report: bool, checking: Checking, sink: MarkSink | None = None) -> None:
         self.config = config
         self.checking = checking  # what makes the listeners of a re-run too
         self.fill_mode = fill
@@ -103,10 +102,10 @@ class CallState(CallBuffers):
         self.steps = progress.GridSteps(call_index, kernel.name)
         # The listeners of this call (the checkers', and with --trace and a run that
         # reports, a timeline of this schedule: engine/timeline.py, its marks handed to
-        # `timeline_sink` as they happen), and per event kind those that take it: where
-        # none does, the event is never built.
+        # `sink` as they happen), and per event kind those that take it: where none
+        # does, the event is never built.
         self.timeline: Timeline | None = (
-            Timeline(kernel.name, call_index, config.seed, timeline_sink, config.trace_limit)
+            Timeline(kernel.name, call_index, config.seed, sink, config.trace_limit)
             if config.timeline and report else None)
         # What was written before a reset made it undefined again, for the note of memory
         # never touched (engine/memory/usage.py); the reporting run only.
