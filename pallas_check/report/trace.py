@@ -46,6 +46,7 @@ TIME_UNIT = ("logical: one tick per scheduler step and per recorded event (shown
              " not wall time. Calls are laid one after another.")
 _GAP = 10  # ticks between two calls
 _PHASE = {"begin": "B", "end": "E", "instant": "i", "flow-start": "s", "flow-end": "f"}
+_DEPTH = {"begin": 1, "end": -1}  # what a mark does to the spans open on its track
 _FLOWS_PER_CALL = 10 ** 9  # a flow's id: call index * this + its number in the call
 _HEAD = b'{"traceEvents": ['
 
@@ -215,7 +216,8 @@ class _Spool:
         self.capped_note = ""
         self._done = False
         self._tids = itertools.count(1)
-        self._adding: tuple[int, tuple] | None = None  # (file position before, effect)
+        self._adding: tuple[int, tuple] | None = None  # (file size before, effect)
+        self.size = 0  # bytes written
 
     def add(self, mark: Any) -> None:
         with self.writer.lock:
@@ -226,8 +228,8 @@ class _Spool:
             if mark.kind == "seen":
                 return
             lines, effect = self._render(mark)
-            self._adding = (self.file.tell(), effect)
-            self.file.write(lines)
+            self._adding = (self.size, effect)
+            self.size += self.file.write(lines)
             self._apply(effect)
             self._adding = None
 
@@ -257,7 +259,7 @@ class _Spool:
                 args["finding"] = self.writer._serial(mark.finding)
             event["args"] = args
         lines.append(event)
-        depth = self.depth.get((pid, tid), 0) + {"begin": 1, "end": -1}.get(mark.kind, 0)
+        depth = self.depth.get((pid, tid), 0) + _DEPTH.get(mark.kind, 0)
         # A DMA's track ends with its lifetime: nothing more is drawn on it.
         track_done = depth <= 0 and mark.kind == "end" and mark.track.startswith("DMA #")
         return _lines(lines), (key, tid, (pid, tid), depth, track_done, max(self.last, ts),
@@ -295,7 +297,7 @@ class _Spool:
         """The effect of a mark a stop cut short: applied if its lines went out."""
         if self._adding is not None:
             before, effect = self._adding
-            if self.file.tell() > before:
+            if self.file.tell() > before:  # (the write went out, `size` not yet counted)
                 self._apply(effect)
             self._adding = None
 
@@ -357,6 +359,9 @@ class _Spool:
         self.file.close()
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # (made once: dumps makes one a call)
+
+
 def _lines(events: list[dict[str, Any]]) -> bytes:
     """Trace events as the file has them: each on a line of its own after a comma."""
-    return b"".join(b",\n" + json.dumps(e, separators=(",", ":")).encode() for e in events)
+    return "".join([",\n" + _ENCODE(e) for e in events]).encode()
