@@ -213,6 +213,7 @@ class _Spool:
         self.last = offset  # the latest tick written
         self.step = 0  # the latest scheduler step
         self.entry: dict[str, Any] | None = None  # otherData.calls', once finished
+        self.capped: dict[str, int] | None = None  # where --trace-limit stopped it
         self.capped_note = ""
         self._done = False
         self._tids = itertools.count(1)
@@ -227,6 +228,9 @@ class _Spool:
                 self.marked.add(self.writer._serial(mark.finding))
             if mark.kind == "seen":
                 return
+            if mark.category == "capped":  # (engine/timeline.py's instant at the cap)
+                self.capped = {"limit": mark.args["limit"],
+                               "grid_steps": mark.args["grid_steps"], "step": mark.step}
             lines, effect = self._render(mark)
             self._adding = (self.size, effect)
             self.size += self.file.write(lines)
@@ -318,17 +322,15 @@ class _Spool:
         entry: dict[str, Any] = {"call": self.call_index, "kernel": self.kernel,
                                  "seed": self.seed, "steps": self.step}
         if timeline is None:
-            entry["unfinished"] = True  # the run stopped inside it
+            entry["unfinished"] = True  # the run stopped inside it (steps: those recorded)
         else:
             entry["steps"] = timeline.steps
-            if timeline.capped is not None:
-                grid_steps, step = timeline.capped
-                entry["capped"] = {"limit": timeline.limit, "grid_steps": grid_steps,
-                                   "step": step}
-                self.capped_note = (
-                    f"the trace of call {self.call_index} ({self.kernel}) stops after"
-                    f" {grid_steps} grid step(s), at --trace-limit {timeline.limit} events;"
-                    " later, only its findings are marked")
+        if self.capped is not None:
+            entry["capped"] = self.capped
+            self.capped_note = (
+                f"the trace of call {self.call_index} ({self.kernel}) stops after"
+                f" {self.capped['grid_steps']} grid step(s), at --trace-limit"
+                f" {self.capped['limit']} events; later, only its findings are marked")
         self.entry = entry
         self.file.flush()
 
