@@ -98,3 +98,27 @@ def test_trace_limit_caps_a_call_and_says_so(tmp_path):
     assert (f"note: the trace of call 0 (racy_kernel) stops after {capped['grid_steps']}"
             " grid step(s), at --trace-limit 300 events; later, only its findings are"
             " marked") in table
+
+
+def test_past_the_finding_marks_a_finding_is_seen_not_drawn(tmp_path, monkeypatch):
+    """A call's findings past MAX_FINDING_MARKS get no instant, and are not taken for
+    findings the timeline never saw (those are drawn after the call's end)."""
+    from pallas_check.engine import timeline as timeline_module
+    from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
+    from pallas_check.report.trace import TraceWriter
+
+    monkeypatch.setattr(timeline_module, "MAX_FINDING_MARKS", 3)
+    writer = TraceWriter(tmp_path / "t.json", "k.py")
+    timeline = timeline_module.Timeline("k", 0, seed=0, sink=writer.sink("k", 0, 0))
+    found = [Finding(FindingKind.OUT_OF_BOUNDS, f"at line {line}", KernelInfo("k"), 0,
+                     frames=(SourceFrame("k.py", line, "kernel", ""),), seed=0)
+             for line in range(1, 6)]
+    for finding in found:
+        timeline.finding(finding)
+    timeline.finish()
+    writer.keep(timeline, found)
+    writer.close(found, [])
+    trace = json.loads((tmp_path / "t.json").read_text())
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "finding"]
+    assert [m["args"]["message"] for m in marks] == ["at line 1", "at line 2", "at line 3"]
+    assert len({f["finding"] for f in trace["otherData"]["findings"]}) == 5
