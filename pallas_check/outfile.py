@@ -193,22 +193,91 @@ def _remove_stale_temps(path: Path) -> None:
 def _replace_atomically(path: Path, text: str, mode: int | None) -> None:
     """A temporary file in `path`'s folder, then a rename over `path`. At most that
     folder is created, never its parents (check_target refused a longer chain)."""
-    path.parent.mkdir(exist_ok=True)
-    _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX,
-                               dir=str(path.parent))
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is None:  # a new file: what `open` would give (mkstemp's is 0600)
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        _rename_over(tmp, path, mode)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    path.parent.mkdir(exist_ok=True)
+    _remove_stale_temps(path)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=str(path.parent))
+
+
+def _rename_over(tmp: str, path: Path, mode: int | None) -> None:
+    if mode is None:  # a new file: what `open` would give (mkstemp's is 0600)
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class StagedFile:
+    """A file written piece by piece as the run goes (`--trace`), that appears at its path
+    only whole: the pieces go to `handle` (binary), a temporary file beside the target
+    (TEMP_SUFFIX, as `write_report`'s), renamed over it by `commit`; so a reader sees the
+    old file or the whole new one, whenever the run is stopped. A target that is not
+    replaced (a stream descriptor, a device or FIFO, a file in a folder we may not write)
+    is staged in an unnamed temporary file and copied in by `commit`. `folder`: where
+    the staging is, for more temporary files of the same run (None: the system's)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = stream_descriptor(path)
+        self._real = Path(os.path.realpath(path))
+        self._tmp: str | None = None
+        self._mode: int | None = None
+        self.folder: Path | None = None
+        try:
+            info: os.stat_result | None = os.stat(self._real)
+        except FileNotFoundError:
+            info = None
+        replaced = self._fd is None and (info is None or (
+            stat.S_ISREG(info.st_mode) and os.access(self._real.parent, os.W_OK | os.X_OK)))
+        if replaced:
+            fd, self._tmp = _temp_beside(self._real)
+            self._mode = None if info is None else stat.S_IMODE(info.st_mode)
+            self.handle = os.fdopen(fd, "w+b")
+            self.folder = self._real.parent
+        else:
+            self.handle = tempfile.TemporaryFile()
+
+    def commit(self) -> None:
+        """The staged bytes become the file (or are written into the stream)."""
+        self.handle.flush()
+        if self._tmp is not None:
+            try:
+                os.fsync(self.handle.fileno())
+                self.handle.close()
+                _rename_over(self._tmp, self._real, self._mode)
+            except BaseException:
+                self.discard()
+                raise
+            return
+        self.handle.seek(0)
+        if self._fd is not None:
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:
+                    stream.flush()
+            while chunk := self.handle.read(1 << 20):
+                while chunk:
+                    chunk = chunk[os.write(self._fd, chunk):]
+        else:
+            with open(self._real, "wb") as target:
+                while chunk := self.handle.read(1 << 20):
+                    target.write(chunk)
+        self.handle.close()
+
+    def discard(self) -> None:
+        """No file after all: the staging is removed."""
+        self.handle.close()
+        if self._tmp is not None and os.path.exists(self._tmp):
+            os.unlink(self._tmp)

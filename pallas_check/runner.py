@@ -129,6 +129,10 @@ class CheckCommand:
 
         self.session.retrace = lambda generation: retrace_in_child(
             script, args, config, generation, config.devices)
+        if trace is not None:  # written as the run goes (report/trace.py)
+            from pallas_check.report.trace import TraceWriter
+
+            self.session.trace = TraceWriter(trace, script)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -161,6 +165,7 @@ class CheckCommand:
             code = ExitCode.USAGE  # a file asked for is not where it was asked for
         report.exit_code = int(code)
         report.trace = str(self.trace_shown) if trace_written else None
+        report.trace_notes = self.session.trace.notes if trace_written else []
         text = rendered(report, fmt, to_stdout)
         summary = findings_summary(report)
         failure = script_traceback(done.outcome) if done.user_failed else None
@@ -180,19 +185,18 @@ class CheckCommand:
         return str(self.trace) if relative.startswith(os.pardir) else relative
 
     def _write_trace(self, kept: Any) -> bool:
-        """`--trace`: the recorded timelines as Chrome trace JSON, written like a report."""
-        from pallas_check.outfile import OutputError, write_report
-        from pallas_check.report.trace import trace_text
+        """`--trace`: the Chrome trace JSON written as the run went, put in place (as a
+        report is: atomically), the calls a stop cut short as far as they got."""
+        from pallas_check.outfile import OutputError
 
         assert self.trace is not None
-        text = trace_text(self.session.timelines, kept.active, kept.suppressed, self.script)
         try:
-            write_report(self.trace, text)
+            self.session.trace.close(kept.active, kept.suppressed)
         except (OSError, OutputError) as exc:
             note(f"pallas-check: error: cannot write the trace {self.trace}: {exc}")
             return False
-        note(f"pallas-check: trace of {plural(len(self.session.timelines), 'call')} written to"
-             f" {self.trace_shown} (open it in ui.perfetto.dev)")
+        note(f"pallas-check: trace of {plural(self.session.trace.calls_written, 'call')}"
+             f" written to {self.trace_shown} (open it in ui.perfetto.dev)")
         return True
 
     def _update_baseline(self, kept: Any, finished: bool) -> bool:

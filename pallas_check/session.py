@@ -130,7 +130,9 @@ class Session:
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
         # Calls being simulated, by index: what a report made while they run lists.
         self._in_flight: dict[int, _CallInFlight] = {}
-        self.timelines: list = []  # with Config.timeline: each call's engine/timeline.py data
+        # With --trace: report/trace.py's TraceWriter (the runner's), which each call's
+        # timeline (engine/timeline.py) is written to as it is recorded.
+        self.trace: Any = None
         # Where the kernels' own prints go, a line at a time (engine/events.KernelPrint's
         # `line()`): the script's stdout as it is when the call returns, which the runner
         # sends to stderr when a JSON or SARIF report owns stdout.
@@ -233,6 +235,8 @@ class Session:
         checkers = RaceCounting() if self.config.races else CHECKERS
         try:
             kernel = kernel_info(params)
+            if self.trace is not None and self.config.timeline:
+                live.trace = functools.partial(self.trace.sink, kernel.name, index)
             with self._lock:  # listed, with what it found, if the run stops inside it
                 self._in_flight[index] = _CallInFlight(
                     (index, kernel, params, device_operands, started, 0, mesh, call_site),
@@ -278,9 +282,8 @@ class Session:
                 return result.outputs  # the run's report already listed it, interrupted
         self.store.extend(result.findings)
         self._write_prints(result.prints)
-        if result.timeline is not None:
-            with self._lock:
-                self.timelines.append(result.timeline)
+        if result.timeline is not None and self.trace is not None:
+            self.trace.keep(result.timeline, [*fits.findings, *result.findings])
         _return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site,

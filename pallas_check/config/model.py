@@ -77,3 +77,5 @@ class Config:
     # to tell which outputs that memory reached.
     check_uninit_outputs: bool = True
     timeline: bool = False  # record each call's timeline (--trace FILE; engine/timeline.py)
+    # With a timeline: the marks a call records before only its findings are (0: all).
+    trace_limit: int = 1_000_000

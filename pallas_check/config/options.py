@@ -134,6 +134,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("trace", ("--trace",), Optional[Path], None,
            "Write the simulated run's timeline to this file as Chrome trace-event JSON"
            " (open it in ui.perfetto.dev).", metavar="PATH"),
+    Option("trace_limit", ("--trace-limit",), int, 1_000_000,
+           "With --trace: events recorded per call (about 100 bytes each in the file);"
+           " a longer call's trace stops there and marks only its findings (0: no limit).",
+           minimum=0, config_field="trace_limit", metavar="N"),
     Option("quiet_prints", ("--quiet-prints",), bool, False,
            "Drop the kernels' own prints (pl.debug_print); without it each line is"
            " prefixed with the device, core and grid point that printed it.",

@@ -1,21 +1,30 @@
-"""A timeline of one simulated call, recorded as plain data (`--trace`).
+"""A timeline of one simulated call, recorded as it happens (`--trace`).
 
 A listener of the engine's events (engine/events.py) and the scheduler's observer; it
 never changes what the simulation does, and it prints nothing. Its clock is logical: one
 tick per scheduler step and per recorded moment, so every moment has its own time and the
-order is exactly the simulation's. The Chrome trace-event file is written from this data
-by `report/trace.py`.
+order is exactly the simulation's. Each moment is handed, as a `Mark`, to the timeline's
+sink as it happens, in time order (a flow arrow starts where its source is and ends where
+its target is: an arrow whose end never comes, a signal no wait consumed, has its start
+only); `report/trace.py`'s sink writes it to the Chrome trace-event file at once. The
+timeline itself keeps only what is open now (spans, DMAs and copies in flight, signals not
+yet waited), so that its memory is bounded by what is in flight, not by the length of
+the call.
 
 Tracks are the cores (`core 0`, per device) and the DMAs (`DMA #3`). Spans nest per track:
 a core's grid steps hold its blocked waits; a DMA's lifetime holds its phases (queued ->
 sending -> landed), from its start to the wait that accounts for it.
+
+A very long call is capped: after `limit` marks (`--trace-limit`) every open span ends
+(args `capped`), an instant on the call's track says so, and from then on only findings
+are marked (at most MAX_FINDING_MARKS of them per call; the rest are only `seen`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
 from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
                                         CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
@@ -24,13 +33,17 @@ from pallas_check.findings import Finding
 
 
 CALL_TRACK = "call"  # where a finding with no known actor is marked
+MAX_FINDING_MARKS = 10_000  # finding instants per call (a finding at every step of 10**6)
+MAX_PENDING_SIGNALS = 64  # per semaphore cell: the arrows a wait may still end
+_OTHER_TRACKS = ("DMA #", "pipeline ")  # the tracks of DMAs and copies, not of cores
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Mark:
-    """One moment on one track: a span's begin or end, an instant, or a flow's end."""
+    """One moment on one track: a span's begin or end, an instant, a flow's start or end,
+    or a finding `seen` but not marked (past MAX_FINDING_MARKS: drawn nowhere)."""
 
-    kind: str  # "begin", "end", "instant", "flow-start", "flow-end"
+    kind: str  # "begin", "end", "instant", "flow-start", "flow-end", "seen"
     time: int
     step: int  # the scheduler step it happened in
     device: int
@@ -39,34 +52,46 @@ class Mark:
     category: str = ""
     args: dict = dataclasses.field(default_factory=dict)
     flow: int = 0  # a flow's id (flow-start and flow-end share it)
+    finding: Finding | None = None  # a finding's instant (or `seen`): the finding
 
 
-@dataclasses.dataclass
-class _Signal:
-    time: int
-    step: int
-    device: int
-    track: str
-    what: str
+class MarkSink(Protocol):
+    """Where a timeline's marks go as they happen (report/trace.py's writer)."""
+
+    def add(self, mark: Mark) -> None: ...
+
+
+class Marks(list):
+    """A sink that keeps every mark in memory: a timeline no file is written for (tests,
+    a `Session` with `Config.timeline` and no trace writer)."""
+
+    def add(self, mark: Mark) -> None:
+        self.append(mark)
 
 
 class Timeline(Listener):
     """Records one schedule of one call (see the module docstring): a listener of the
     engine's events, and the scheduler's observer."""
 
-    def __init__(self, kernel: str, call_index: int, seed: int) -> None:
+    def __init__(self, kernel: str, call_index: int, seed: int,
+                 sink: MarkSink | None = None, limit: int = 0) -> None:
         self.kernel, self.call_index, self.seed = kernel, call_index, seed
-        self.marks: list[Mark] = []
-        self.findings: list[Finding] = []  # those marked, in order
+        self.sink: MarkSink = sink if sink is not None else Marks()
+        self.limit = limit  # marks before the cap (0: none)
+        self.recorded = 0  # marks handed to the sink
         self.steps = 0
+        self.grid_steps = 0  # grid steps begun (on every core)
+        # Where the cap came: (grid steps, scheduler step); None while it has not.
+        self.capped: tuple[int, int] | None = None
+        self.findings_marked = 0
         self._clock = 0
         self._open: dict[tuple[int, str], list[str]] = {}  # track -> names of open spans
         self._actors: dict[str, tuple[int, str]] = {}  # actor name -> (device, track)
         self._tracks: dict[tuple[int, int], str] = {}  # (device, core) -> its core's track
-        self._signals: dict[tuple, list[_Signal]] = {}  # semaphore cell -> not yet waited
-        # DMA id -> its receive semaphore, its actor, and its start (time, step, track)
-        self._dmas: dict[int, tuple[tuple, str, int, int, tuple[int, str]]] = {}
-        self._copies: dict[str, tuple[int, int, tuple[int, str]]] = {}  # pipeline copies
+        self._signals: dict[tuple, list[int]] = {}  # cell -> arrows a wait will end
+        # DMA id -> its receive semaphore's key, its actor, its arrow start -> landing
+        self._dmas: dict[int, tuple[tuple, str, int]] = {}
+        self._copies: dict[str, int] = {}  # pipeline copy in flight -> its arrow
         self._flows = itertools.count(1)
 
     # -- the clock and the primitive marks ------------------------------------------------
@@ -75,12 +100,12 @@ class Timeline(Listener):
         return self._clock
 
     def _mark(self, kind: str, where: tuple[int, str], name: str = "", category: str = "",
-              args: dict | None = None, time: int | None = None, step: int | None = None,
-              flow: int = 0) -> Mark:
-        mark = Mark(kind, self._tick() if time is None else time,
-                    self.steps if step is None else step, where[0], where[1], name, category,
-                    args or {}, flow)
-        self.marks.append(mark)
+              args: dict | None = None, time: int | None = None, flow: int = 0,
+              finding: Finding | None = None) -> Mark:
+        mark = Mark(kind, self._tick() if time is None else time, self.steps, where[0],
+                    where[1], name, category, args or {}, flow, finding)
+        self.sink.add(mark)
+        self.recorded += 1
         return mark
 
     def _begin(self, where: tuple[int, str], name: str, category: str,
@@ -92,23 +117,56 @@ class Timeline(Listener):
         stack = self._open.get(where)
         if stack:
             self._mark("end", where, stack.pop(), args=args)
+            if not stack:
+                del self._open[where]
 
     def _top(self, where: tuple[int, str]) -> str | None:
         stack = self._open.get(where)
         return stack[-1] if stack else None
 
-    def _flow(self, name: str, source: tuple[int, int, tuple[int, str]],
-              target: tuple[int, str]) -> None:
-        """An arrow from a past moment (time, step, track) to now on `target`."""
+    def _flow_start(self, where: tuple[int, str], name: str) -> int:
+        """An arrow from now on `where` (it shares the time of the moment just marked);
+        its end comes with `_flow_end`, or never."""
         flow = next(self._flows)
-        time, step, where = source
-        self._mark("flow-start", where, name, "flow", time=time, step=step, flow=flow)
+        self._mark("flow-start", where, name, "flow", time=self._clock, flow=flow)
+        return flow
+
+    def _flow_end(self, flow: int, target: tuple[int, str], name: str) -> None:
         self._mark("flow-end", target, name, "flow", flow=flow)
+
+    # -- the cap --------------------------------------------------------------------------
+    def _stopped(self) -> bool:
+        """Whether this moment goes unrecorded: the call has reached its cap (capping it
+        now, between two moments, when it just did)."""
+        if self.capped is not None:
+            return True
+        if not self.limit or self.recorded < self.limit:
+            return False
+        self._end_open({"capped": True})
+        self._mark("instant", (0, CALL_TRACK), "trace capped", "capped",
+                   {"limit": self.limit, "grid_steps": self.grid_steps,
+                    "note": "nothing more of this call is recorded but its findings"})
+        self.capped = (self.grid_steps, self.steps)
+        self._signals.clear()
+        self._dmas.clear()
+        self._copies.clear()
+        self._actors = {a: w for a, w in self._actors.items()
+                        if not w[1].startswith(_OTHER_TRACKS)}
+        return True
+
+    def _end_open(self, args: dict) -> None:
+        """End every open span now, innermost first, track by track."""
+        for where, stack in sorted(self._open.items()):
+            for name in reversed(stack):
+                self._mark("end", where, name, args=args)
+        self._open.clear()
 
     # -- the scheduler --------------------------------------------------------------------
     def scheduled(self, actor: str) -> None:
         """The scheduler picked `actor` (one logical step)."""
         self.steps += 1
+        if self._stopped():
+            return
         self._tick()
         where = self._actors.get(actor)
         if where is not None and (self._top(where) or "").startswith("blocked"):
@@ -117,7 +175,7 @@ class Timeline(Listener):
     def blocked(self, actor: str, wait: Any) -> None:
         """`actor` cannot go on until `wait` holds."""
         where = self._actors.get(actor)
-        if where is None:
+        if where is None or self._stopped():
             return
         frame = wait.frames[0] if getattr(wait, "frames", None) else None
         self._begin(where, f"blocked: {wait.what} on {wait.semaphore}", "blocked",
@@ -138,6 +196,9 @@ class Timeline(Listener):
         return where
 
     def on_grid_step(self, event: GridStep) -> None:
+        self.grid_steps += 1
+        if self._stopped():
+            return
         where = self._core(event.actor, event.device, event.core)
         if self._top(where) is not None:
             self._end(where)  # the previous grid step
@@ -146,16 +207,19 @@ class Timeline(Listener):
 
     def on_core_done(self, event: CoreDone) -> None:
         where = self._actors.get(event.actor)
-        if where is not None:
+        if where is not None and not self._stopped():
             self._end(where)
 
     def on_dma_started(self, event: DmaStarted) -> None:
+        if self._stopped():
+            return
         here = self._core(event.starter, event.device, event.core)
         track = (event.device, f"DMA #{event.id}")
         self._actors[event.actor] = track
-        start = self._mark("instant", here, f"start DMA #{event.id}", "dma",
-                           {"src": event.src, "dst": event.dst})
-        self._dmas[event.id] = (event.dst_cell.key, event.actor, start.time, start.step, here)
+        self._mark("instant", here, f"start DMA #{event.id}", "dma",
+                   {"src": event.src, "dst": event.dst})
+        flow = self._flow_start(here, "DMA start -> landing")
+        self._dmas[event.id] = (event.dst_cell.key, event.actor, flow)
         frame = event.frames[0] if event.frames else None
         self._begin(track, f"DMA #{event.id} {event.src} -> {event.dst}",
                     "dma", {"bytes": event.nbytes, "started_by": event.starter,
@@ -166,7 +230,7 @@ class Timeline(Listener):
             self._dma_read(event.id, event.actor, ())
 
     def on_dma_moved(self, event: DmaMoved) -> None:
-        if event.replayed:  # (landed in an earlier call: its track says so already)
+        if event.replayed or self._stopped():  # (replayed: landed in an earlier call)
             return
         cells = (event.signalled,) if event.signalled is not None else ()
         if event.landed:
@@ -181,7 +245,7 @@ class Timeline(Listener):
         if track is not None and self._top(track) == "queued":
             self._end(track)
             for cell in cells:
-                self._signalled(cell, track, f"DMA #{dma_id} sent")
+                self._signalled(cell, track)
             self._begin(track, "sending", "dma-phase")
 
     def _dma_landed(self, dma_id: int, actor: str, cells: tuple[Cell, ...]) -> None:
@@ -191,92 +255,104 @@ class Timeline(Listener):
         if track is None or started is None:
             return
         self._end(track)  # sending
-        self._flow("DMA start -> landing", (started[2], started[3], started[4]), track)
+        self._flow_end(started[2], track, "DMA start -> landing")
         for cell in cells:
-            self._signalled(cell, track, f"DMA #{dma_id} landed")
+            self._signalled(cell, track)
         self._begin(track, "landed, not yet waited", "dma-phase")
 
     def on_copy_started(self, event: CopyStarted) -> None:
         """A BlockSpec pipeline copy started: a lifetime slice on the track of the VMEM
         buffer it fills or drains (`pipeline x_ref buffer 1`, one per double buffer)."""
+        if self._stopped():
+            return
         here = self._core(event.actor, event.device, event.core)
         track = (event.device, f"pipeline {event.operand} buffer {event.buffer}"
                  + (f" (core {event.core})" if event.core else ""))
         name = event.name
         self._actors[name] = track
-        start = self._mark("instant", here, f"start {name}", "dma")
-        self._copies[name] = (start.time, start.step, here)
+        self._mark("instant", here, f"start {name}", "dma")
+        self._copies[name] = self._flow_start(here, "DMA start -> landing")
         self._begin(track, name, "dma", {"started_by": event.actor})
         self._begin(track, "queued", "dma-phase")
 
     def on_copy_moved(self, event: CopyMoved) -> None:
         """The copy read HBM (a copy-in) or wrote it (a write-back)."""
+        if self._stopped():
+            return
         track = self._actors.get(event.name)
-        started = self._copies.get(event.name)
-        if track is None or started is None or self._top(track) != "queued":
+        flow = self._copies.get(event.name)
+        if track is None or flow is None or self._top(track) != "queued":
             return
         self._end(track)
-        self._flow("DMA start -> landing", started, track)
+        self._flow_end(flow, track, "DMA start -> landing")
         self._begin(track, "landed, not yet waited", "dma-phase")
 
     def on_copy_waited(self, event: CopyWaited) -> None:
-        track = self._actors.get(event.name)
+        if self._stopped():
+            return
+        track = self._actors.pop(event.name, None)  # a later copy may take its name
         if track is None or self._copies.pop(event.name, None) is None:
             return
         self._end(track)
         self._end(track, {"waited_by": event.actor})
 
     def on_signalled(self, event: Signalled) -> None:
+        if self._stopped():
+            return
         where = self._core(event.actor, event.device, event.core)
         self._mark("instant", where, f"signal {event.cell.name}", "semaphore")
-        self._signalled(event.cell, where, f"signal by {event.actor}")
+        self._signalled(event.cell, where)
 
-    def _signalled(self, cell: Cell, where: tuple[int, str], what: str) -> None:
-        self._signals.setdefault(cell.key, []).append(
-            _Signal(self._clock, self.steps, where[0], where[1], what))
+    def _signalled(self, cell: Cell, where: tuple[int, str]) -> None:
+        """An arrow from this signal to the wait that will consume it (the oldest ones
+        of a cell never waited are let go: their arrows have no end)."""
+        pending = self._signals.setdefault(cell.key, [])
+        pending.append(self._flow_start(where, "signal -> wait"))
+        if len(pending) > MAX_PENDING_SIGNALS:
+            del pending[0]
 
     def on_waited(self, event: Waited) -> None:
         """A wait completed: arrows from the signals it consumed; the DMAs it accounted for
-        in full end."""
+        in full end (and their tracks with them)."""
+        if self._stopped():
+            return
         where = self._core(event.actor, event.device, event.core)
         key = event.cell.key
         self._mark("instant", where, f"{event.what} {event.cell.name} done", "semaphore")
-        for signal in self._signals.pop(key, []):
-            self._flow("signal -> wait", (signal.time, signal.step,
-                                          (signal.device, signal.track)), where)
-        for dma_id, (dst_key, actor, *_rest) in list(self._dmas.items()):
+        for flow in self._signals.pop(key, []):
+            self._flow_end(flow, where, "signal -> wait")
+        for dma_id, (dst_key, actor, _flow) in list(self._dmas.items()):
             if dst_key == key and dma_id not in event.owed:
                 track = self._actors[actor]
                 if self._top(track) == "landed, not yet waited":
                     self._end(track)
                     self._end(track, {"waited_by": event.actor})
                     del self._dmas[dma_id]
+                    del self._actors[actor]
 
     def on_found(self, event: Found) -> None:
         self.finding(event.finding)
 
     def finding(self, finding: Finding) -> None:
-        """An instant where the finding was found, on its actor's track."""
+        """An instant where the finding was found, on its actor's track (past
+        MAX_FINDING_MARKS, only `seen`: the sink knows it was found during the run)."""
         # A parallel_loop iteration (`sparsecore 0 subcore 3 (parallel_loop iteration i=2)`)
         # acts on its subcore's track.
         actors = [a.split(" (parallel_loop iteration")[0]
                   for a in (finding.actor, *(a.actor for a in finding.accesses)) if a]
         where = next((self._actors[a] for a in actors if a in self._actors), (0, CALL_TRACK))
-        self.findings.append(finding)
+        if self.findings_marked >= MAX_FINDING_MARKS:
+            self._mark("seen", where, time=self._clock, finding=finding)
+            return
+        self.findings_marked += 1
         self._mark("instant", where, f"{finding.kind.value}: {finding.buffer}", "finding",
                    {"kind": finding.kind.value, "message": finding.message,
                     "grid_point": (None if finding.grid_point is None
                                    else list(finding.grid_point)),
-                    "actor": finding.actor, "finding": id(finding)})
+                    "actor": finding.actor}, finding=finding)
 
-    # -- the result -----------------------------------------------------------------------
-    def snapshot(self) -> list[Mark]:
-        """Every mark in time order, spans still open (a deadlock's blocked actors, DMAs
-        never waited) ended after the last moment, innermost first."""
-        closing = Timeline(self.kernel, self.call_index, self.seed)
-        closing._clock, closing.steps = self._clock, self.steps
-        for where, stack in sorted(self._open.items()):
-            for name in reversed(stack):
-                closing._mark("end", where, name, args={"unfinished": True})
-        return sorted(self.marks + closing.marks, key=lambda m: m.time)
-
+    # -- the end --------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The schedule is over: the spans still open (a deadlock's blocked actors, DMAs
+        never waited) end after the last moment, innermost first."""
+        self._end_open({"unfinished": True})

@@ -44,6 +44,7 @@ class RunReport:
     # Findings suppressed (suppress.py), with what suppressed each; `findings` are the rest.
     suppressed: list[tuple[Finding, Suppression]] = dataclasses.field(default_factory=list)
     trace: str | None = None  # the --trace file written, if any
+    trace_notes: list[str] = dataclasses.field(default_factory=list)  # capped calls
     # --kernel / --calls: the calls run unchecked, per kernel name (call_filter.py).
     passed_through: dict[str, int] = dataclasses.field(default_factory=dict)
     # Several --tpu generations with --compile or --tpu-all: per further generation, how

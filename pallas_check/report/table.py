@@ -141,6 +141,8 @@ class TableReporter:
         _print_compiled(console, report)
         _print_traces(console, report)
         _print_unused_memory(console, report)
+        for note in report.trace_notes:  # --trace-limit cut a call's timeline short
+            print_wrapped(console, Text.styled("note: ", "bold") + Text(note))
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         style = "bold green" if not report.findings else "bold red"

@@ -2,9 +2,11 @@
 
 `check_trace` checks what README's "Timeline" section documents: the schema, events in time
 order, every span (grid step, blocked wait, DMA lifetime and phase) begun and ended on its
-track, every flow arrow with one start and one end, every DMA's events paired, an instant
-per finding (carrying its message) inside the grid step, or the DMA's lifetime, where it was
-found, and, for a deadlock, every blocked actor still blocked at the end.
+track, each process and track named before its first event, every flow arrow with one
+start and at most one end after it, every DMA's events paired, an instant per finding
+(carrying its message, found through otherData.findings) inside the grid step, or the DMA's
+lifetime, where it was found, and, for a deadlock, every blocked actor still blocked at the
+end.
 """
 
 from __future__ import annotations
@@ -71,12 +73,10 @@ def _spans(events: list[dict]) -> dict[tuple[int, int], list[tuple[dict, dict]]]
 
 def check_trace(trace: dict, report: dict) -> None:
     assert trace["otherData"]["schema"] == "pallas-check/trace"
-    assert trace["otherData"]["schema_version"] == 1
+    assert trace["otherData"]["schema_version"] == 2
     assert trace["otherData"]["time"].startswith("logical")
     events = trace["traceEvents"]
-    meta = [e for e in events if e["ph"] == "M"]
     body = [e for e in events if e["ph"] != "M"]
-    assert events[:len(meta)] == meta, "metadata first"
     assert {e["ph"] for e in body} <= {"B", "E", "i", "s", "f"}
     for e in body:
         assert isinstance(e["ts"], int) and e["ts"] >= 0
@@ -84,30 +84,36 @@ def check_trace(trace: dict, report: dict) -> None:
         if e["ph"] != "E":
             assert isinstance(e["name"], str) and e["name"] and isinstance(e["cat"], str)
     assert [e["ts"] for e in body] == sorted(e["ts"] for e in body), "events out of order"
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta
-             if e["name"] == "thread_name"}
-    assert all((e["pid"], e["tid"]) in names for e in body), "a track without a name"
+    names: dict[tuple[int, int], str] = {}
     processes = {}
-    for e in meta:
-        if e["name"] == "process_name":
+    for e in events:  # a process and a track are named before their first event
+        if e["ph"] != "M":
+            assert e["pid"] in processes and (e["pid"], e["tid"]) in names, e
+        elif e["name"] == "thread_name":
+            assert (e["pid"], e["tid"]) not in names, "a track named twice"
+            names[(e["pid"], e["tid"])] = e["args"]["name"]
+        elif e["name"] == "process_name":
             match = re.fullmatch(r"call (\d+): \S+ - device (\d+)", e["args"]["name"])
             assert match, e["args"]["name"]
             processes[e["pid"]] = (int(match.group(1)), int(match.group(2)))
     spans = _spans(body)
     _check_flows(body)
     _check_dmas(body, spans, names)
-    _check_findings(body, spans, names, report, processes)
+    _check_findings(body, spans, names, report, processes, trace["otherData"]["findings"])
 
 
 def _check_flows(body: list[dict]) -> None:
+    """Each arrow starts once, where its source is; it ends once, later, or never (a
+    signal no wait consumed, a DMA that never landed)."""
     flows: dict[int, list[dict]] = defaultdict(list)
     for e in body:
         if e["ph"] in "sf":
             flows[e["id"]].append(e)
     for flow_id, pair in flows.items():
-        assert [e["ph"] for e in pair] == ["s", "f"], f"flow {flow_id} is not paired"
-        assert pair[0]["ts"] <= pair[1]["ts"]
-        assert pair[0]["name"] == pair[1]["name"] in ("signal -> wait", "DMA start -> landing")
+        assert [e["ph"] for e in pair] in (["s", "f"], ["s"]), f"flow {flow_id}: {pair}"
+        assert pair[0]["ts"] <= pair[-1]["ts"]
+        assert pair[0]["name"] == pair[-1]["name"] in ("signal -> wait",
+                                                       "DMA start -> landing")
 
 
 def _check_dmas(body: list[dict], spans: dict, names: dict) -> None:
@@ -140,13 +146,18 @@ KERNEL_TRACKS = ("core", "sparsecore")
 
 
 def _check_findings(body: list[dict], spans: dict, names: dict, report: dict,
-                    processes: dict) -> None:
+                    processes: dict, index: list[dict]) -> None:
+    """Every finding of the report has an instant (its first sighting, where it was found)
+    by its `finding` id, which otherData.findings gives."""
+    assert [i["finding_index"] for i in index] == list(range(len(index)))
+    assert len(index) == len(report["findings"])  # (suppressed ones too, last)
     instants = [e for e in body if e["ph"] == "i" and e["cat"] == "finding"]
-    for index, finding in enumerate(report["findings"]):
-        mine = [e for e in instants if e["args"]["finding_index"] == index]
-        assert len(mine) == 1, (index, finding["kind"])
+    for position, finding in enumerate(report["findings"]):
+        assert index[position]["suppressed"] == (finding["suppressed"] or {}).get("by")
+        mine = [e for e in instants if e["args"]["finding"] == index[position]["finding"]]
+        assert mine, (position, finding["kind"])
+        assert all(e["args"]["kind"] == finding["kind"] for e in mine)
         instant = mine[0]
-        assert instant["args"]["kind"] == finding["kind"]
         assert instant["args"]["message"] == finding["message"]
         if instant["args"].get("after_simulation"):
             assert names[(instant["pid"], instant["tid"])] == "call"
@@ -244,21 +255,27 @@ def test_trace_needs_a_file_and_keeps_the_script(cli):
     assert script.read_text().startswith('"""A correct')
 
 
-def test_a_finding_the_timeline_did_not_see_is_marked_after_the_simulation():
+def test_a_finding_the_timeline_did_not_see_is_marked_after_the_simulation(tmp_path):
     """Uninitialized values reaching an output (two fills compared) or, with --keep-going,
     a finding seen only under another seed: an instant on the call's track, after the end."""
     from pallas_check.engine.timeline import Timeline
     from pallas_check.findings import Finding, FindingKind, KernelInfo
-    from pallas_check.report.trace import trace_dict
+    from pallas_check.report.trace import TraceWriter
 
-    timeline = Timeline("k", 0, seed=0)
+    writer = TraceWriter(tmp_path / "t.json", "k.py")
+    timeline = Timeline("k", 0, seed=0, sink=writer.sink("k", 0, 0))
     seen = Finding(FindingKind.OUT_OF_BOUNDS, "seen", KernelInfo("k"), 0, seed=0)
     timeline.finding(seen)
+    timeline.finish()
     later = Finding(FindingKind.RACE, "under seed 4", KernelInfo("k"), 0, seed=4)
-    events = trace_dict([timeline], [seen, later], [], "k.py")["traceEvents"]
-    marks = [e for e in events if e.get("cat") == "finding"]
+    writer.keep(timeline, [seen, later])
+    writer.close([seen, later], [])
+    trace = json.loads((tmp_path / "t.json").read_text())
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "finding"]
     assert [(m["args"]["message"], m["args"].get("after_simulation"), m["args"]["seed"]
              if "seed" in m["args"] else None) for m in marks] == [
         ("seen", None, None), ("under seed 4", True, 4)]
     assert marks[1]["ts"] > marks[0]["ts"]
-    assert [m["args"]["finding_index"] for m in marks] == [0, 1]
+    assert [(f["finding"], f["finding_index"]) for f in trace["otherData"]["findings"]] == [
+        (marks[0]["args"]["finding"], 0), (marks[1]["args"]["finding"], 1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no temporary file

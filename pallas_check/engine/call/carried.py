@@ -266,7 +266,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
             sem_add(dma.src_sem, -dma.signal)
             carried.setdefault(_cell_key(dma.src_sem), []).append(
                 _carried(state, dma, False, None))
-    state.sync.dmas[:] = kept
+    state.sync.keep_only(kept)
     return carried
 
 

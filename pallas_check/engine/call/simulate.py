@@ -122,8 +122,11 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
     where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state)."""
     gm = params["grid_mapping"]
+    # With --trace, the reporting run's timeline goes where the session says, as it runs.
+    sink = (live.trace(config.seed) if live is not None and live.trace is not None
+            and report and config.timeline else None)
     state = CallState(config, fill, kernel, call_index, report,
-                      checkers if checkers is not None else default_checking())
+                      checkers if checkers is not None else default_checking(), sink)
     if live is not None:
         live.simulating(state)
     state.address_probe = address_probe

@@ -29,7 +29,7 @@ from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.engine.timeline import Timeline
+from pallas_check.engine.timeline import MarkSink, Timeline
 from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
@@ -40,7 +40,7 @@ class CallState(CallBuffers):
     """Everything one simulation of one pallas_call owns; discarded when it ends."""
 
     def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
-                 report: bool, checking: Checking) -> None:
+                 report: bool, checking: Checking, sink: MarkSink | None = None) -> None:
         self.config = config
         self.checking = checking  # what makes the listeners of a re-run too
         self.fill_mode = fill
@@ -102,10 +102,11 @@ class CallState(CallBuffers):
         # call's live counter once `_simulate` registers it.
         self.steps = progress.GridSteps(call_index, kernel.name)
         # The listeners of this call (the checkers', and with --trace and a run that
-        # reports, a timeline of this schedule: engine/timeline.py), and per event kind
-        # those that take it: where none does, the event is never built.
+        # reports, a timeline of this schedule: engine/timeline.py, its marks handed to
+        # `sink` as they happen), and per event kind those that take it: where none
+        # does, the event is never built.
         self.timeline: Timeline | None = (
-            Timeline(kernel.name, call_index, config.seed)
+            Timeline(kernel.name, call_index, config.seed, sink, config.trace_limit)
             if config.timeline and report else None)
         # What was written before a reset made it undefined again, for the note of memory
         # never touched (engine/memory/usage.py); the reporting run only.
@@ -154,9 +155,12 @@ class CallState(CallBuffers):
 
     def run_ended(self) -> None:
         """The schedule is over: what is decided after it (the second fill, revisits) is
-        no moment of this schedule's timeline. Each read that came before a DMA into its
-        memory landed now names that DMA's wait, if one came later."""
+        no moment of this schedule's timeline, whose open spans end here. Each read that
+        came before a DMA into its memory landed now names that DMA's wait, if one came
+        later."""
         self.feeds.without("found")
+        if self.timeline is not None:
+            self.timeline.finish()
         for i, dma in self._unlanded:
             read = self.uninit_reads[i]
             if dma.waited_at and read.dma is not None:

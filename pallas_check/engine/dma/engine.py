@@ -93,7 +93,12 @@ class SyncState:
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self.dmas: list[Dma] = []
+        # The DMAs the call is not done with, by id in start order: in flight, or landed
+        # and not yet fully waited. One that has landed and been waited in full is let go
+        # (`settled`): what the call's end asks of DMAs (drain, leaks, the DMAs not
+        # waited, those carried into the next call) is never about it, and a long grid's
+        # DMAs cost no memory once done.
+        self._live: dict[int, Dma] = {}
         self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
         self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
@@ -106,8 +111,18 @@ class SyncState:
         # read of never-written memory to name the DMA it came before (`landing_into`).
         self._landing: dict[int, list[Dma]] = {}
 
+    @property
+    def dmas(self) -> list[Dma]:
+        """The DMAs not done with (see `_live`), in start order: a copy, which a caller
+        may walk while DMAs complete and settle."""
+        return list(self._live.values())
+
+    def keep_only(self, dmas: list[Dma]) -> None:
+        """The call's end handed the others on (engine/call/carried.py)."""
+        self._live = {dma.id: dma for dma in dmas}
+
     def start(self, dma: Dma) -> None:
-        self.dmas.append(dma)
+        self._live[dma.id] = dma
         if dma.dst is not None:  # (a contract test's DMA may have no destination)
             landing = self._landing.setdefault(dma.dst.buffer.id, [])
             landing.append(dma)
@@ -119,6 +134,19 @@ class SyncState:
         if dma.src_sem is not None:
             self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
         self._unwaited.setdefault(dst, collections.deque()).append(dma)
+        self.settled(dma)  # (carried in landed and waited: nothing left to do)
+
+    def settled(self, dma: Dma) -> None:
+        """Let `dma` go if it has landed and been waited in full (its landing and the
+        wait that accounts for it come in either order)."""
+        if dma.copied and dma.waited_bytes >= dma.signal:
+            if self._live.pop(dma.id, None) is None:
+                return
+            _drop(self._receiving.get((dma.dst_sem[0].id, dma.dst_sem[1])), dma)
+            if dma.src_sem is not None:
+                _drop(self._sending.get((dma.src_sem[0].id, dma.src_sem[1])), dma)
+            if dma.dst is not None:  # (landed: no read can come before it any more)
+                _drop(self._landing.get(dma.dst.buffer.id), dma)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -164,6 +192,15 @@ class SyncState:
 def _overlap(a: IndexRange, b: IndexRange) -> bool:
     """Whether two index ranges of one buffer share an element (by their bounding boxes)."""
     return len(a) == len(b) and all(lo < hi2 and lo2 < hi for (lo, hi), (lo2, hi2) in zip(a, b))
+
+
+def _drop(dmas: list[Dma] | None, dma: Dma) -> None:
+    """Take `dma` out of a semaphore's list, by identity (a DMA done with is nearly always
+    among the oldest; one a wait popped already is simply not there)."""
+    for i, other in enumerate(dmas or ()):
+        if other is dma:
+            del dmas[i]  # type: ignore[union-attr]
+            return
 
 
 def as_view(x: Any) -> RefView:
@@ -271,6 +308,7 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.signal)
+    ctx.call.sync.settled(dma)
 
 
 def complete(ctx: Any, dma: Dma) -> None:

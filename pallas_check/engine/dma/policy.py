@@ -116,7 +116,8 @@ class RandomDmas(DmaPolicy):
     actors = True
 
     def started(self, ctx: Any, transfer: Transfer) -> None:
-        ctx.call.scheduler.spawn(Actor(transfer.actor_name, transfer.events(ctx)))
+        ctx.call.scheduler.spawn(Actor(transfer.actor_name, transfer.events(ctx),
+                                       transient=True))
 
     def await_transfer(self, ctx: Any, transfer: Transfer, what: str,
                        frames: tuple) -> Wait | None:

@@ -479,5 +479,6 @@ def _account_wait(sync: SyncState, cell: tuple, nbytes: int, frames: tuple = ())
         if dma.waited_bytes >= dma.signal:
             dma.waited_at = dma.waited_at or frames
             queue.popleft()  # fully waited: only ever the oldest ones
+            sync.settled(dma)
 
 

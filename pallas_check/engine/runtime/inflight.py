@@ -13,7 +13,7 @@ consistent enough picture without a lock on the engine's path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pallas_check.findings import Finding
 
@@ -28,6 +28,9 @@ class InFlight:
         self.findings: tuple[Finding, ...] = ()
         self.seen: frozenset[tuple] = frozenset()
         self.state: Any = None  # the CallState of the schedule running (its reported pass)
+        # With --trace: seed -> where that schedule's timeline goes as it is recorded
+        # (report/trace.py's writer, whose file a stopped run still closes whole).
+        self.trace: Callable[[int], Any] | None = None
 
     def simulating(self, state: Any) -> None:
         """A schedule's reported simulation began (not the re-runs that only compare)."""

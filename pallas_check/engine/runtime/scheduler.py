@@ -44,6 +44,10 @@ class Actor:
     done: bool = False
     result: Any = None
     priority: float = 0.0
+    # A DMA's actor (`--dma random`): forgotten once finished, so that a long grid's DMAs
+    # cost no memory and no time at each step (a core's stays: a deadlock report asks
+    # whether it finished).
+    transient: bool = False
 
 
 @dataclasses.dataclass
@@ -111,6 +115,8 @@ class Scheduler:
             except StopIteration as stop:
                 actor.done = True
                 actor.result = stop.value
+                if actor.transient:
+                    self.actors = [a for a in self.actors if a is not actor]
                 continue
             if isinstance(request, Wait):
                 actor.waiting = request
