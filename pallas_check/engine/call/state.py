@@ -50,8 +50,7 @@ class CallState(CallBuffers):
         self.findings: list[Finding] = []
         self.uninit_reads: list[UninitRead] = []
         self._unlanded: list[tuple[int, Dma]] = []  # (read's index, its DMA): run_ended
-        # What the kernel printed (pl.debug_print), in simulated order; kept by the run
-        # that reports only (not by re-runs), and not at all with --quiet-prints.
+        # pl.debug_print lines in simulated order (the reporting run's; none if quiet)
         self.prints: list[KernelPrint] = []
         # A DMA the call stopped at because no part of its ref can hold its slice's size
         # (dma/engine.py); and, in the re-run with the other fill, that DMA's id -> its ranges
