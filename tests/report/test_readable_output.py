@@ -128,7 +128,8 @@ def test_text_format_gives_a_replay_note_per_finding_and_a_summary():
         "samples/dma_read_before_wait_bug.py:25:9: uninitialized: load_kernel"
         " [buf[0:8, 0:128]]: 1024 elements of output o_ref[0:8, 0:128] depend on memory"
         " that was never written: read of buf[0:8, 0:128] at"
-        " samples/dma_read_before_wait_bug.py:25",
+        " samples/dma_read_before_wait_bug.py:25 (kept by the program: result 0 of"
+        " jax.jit(load_double)[0:8, 0:128], 1024 elements)",
         "samples/dma_read_before_wait_bug.py:25:9: note: replay: pallas-check run"
         " samples/dma_read_before_wait_bug.py --seed 0",
         "pallas-check: 1 finding in 1 pallas_call"]

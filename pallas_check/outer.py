@@ -1,0 +1,170 @@
+"""The jitted call around the kernels: a hook on JAX's dispatch of a top-level call.
+
+A `pallas_call` inside `jax.jit` runs as one host callback of the jitted computation
+(intercept.py): the callback alone cannot tell what the program keeps of a call's outputs.
+Every top-level dispatch of a jitted computation -- `jax.jit(f)(x)` from Python, and an
+eager primitive such as an eager `pallas_call`, which JAX runs as a jitted computation of
+its own -- goes through one function of JAX's (`_pjit_call_impl_python`: lower, compile,
+run). While installed, a computation that holds a pallas_call is run there between
+`Listener.opened` and `Listener.closed`: closed gets its results and a way to run the
+same executable on the same arguments again (pallas_check/judge.py uses it to decide
+whether never-written memory reaches what the program keeps). Computations without a
+pallas_call (the engine's own, the script's plain ones) pass through untouched.
+
+JAX's C++ dispatch would run such a computation again without Python (its fast path);
+it is refused for computations that hold a pallas_call, so that each run is seen here.
+A call compiled ahead of time (`jax.jit(f).lower(x).compile()`) runs without this
+function: its kernels are judged at their own boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from pallas_check.jaxbridge import jax_core, pjit
+
+# Primitives that run a kernel through the patched pallas_call lowering (`pl.kernel` on a
+# SparseCore mesh binds mpmd_map), matched by name in nested jaxprs too.
+_KERNEL_PRIMITIVES = frozenset({"pallas_call", "mpmd_map"})
+_EAGER_NAMES = frozenset({"wrapped", "pallas_call", "mpmd_map", "prim_fun"})
+
+
+@dataclasses.dataclass(frozen=True)
+class OuterCall:
+    """A top-level jitted computation that holds a pallas_call: its name (the jitted
+    function's), the names of its side effects, whether it donates an argument, and
+    whether it is an eager pallas_call (its one equation is the kernel, whose outputs
+    are its results, in order)."""
+
+    name: str
+    effects: tuple[str, ...] = ()
+    donates: bool = False
+    eager: bool = False
+
+    def cannot_rerun(self) -> str | None:
+        """Why running it again would change what the script sees (None: it would not)."""
+        if self.donates:
+            return f"{self.describe()} donates its arguments, so it cannot be re-run"
+        if self.effects:
+            return (f"{self.describe()} has side effects ({', '.join(self.effects)}),"
+                    " so it is not re-run")
+        return None
+
+    def describe(self) -> str:
+        return "the eager pallas_call" if self.eager else f"jax.jit({self.name})"
+
+
+class Listener(Protocol):
+    def opened(self, call: OuterCall) -> Any:
+        """The computation starts (the value returned is passed to `closed`)."""
+
+    def closed(self, token: Any, outputs: Sequence[Any] | None,
+               rerun: Callable[[], list[np.ndarray]] | None,
+               error: BaseException | None) -> None:
+        """It ended: its results (None if it raised `error`) and `rerun`, which runs it
+        again on the same arguments and returns its results as numpy arrays."""
+
+
+_lock = threading.Lock()
+_saved: dict[str, Any] | None = None
+_listener: Listener | None = None
+# Whether the computation this thread just ran through the hook held a pallas_call: JAX
+# asks for its fast-path data right after running it, on the same thread.
+_last = threading.local()
+_holds_kernel: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _contains_kernel(closed: Any) -> bool:
+    """Whether a closed jaxpr runs a pallas_call anywhere (remembered per jaxpr)."""
+    try:
+        return _holds_kernel[closed]
+    except (KeyError, TypeError):
+        pass
+    found = _walk(closed.jaxpr)
+    try:
+        _holds_kernel[closed] = found
+    except TypeError:  # not weakly referenceable: asked again next time
+        pass
+    return found
+
+
+def _walk(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _KERNEL_PRIMITIVES:
+            return True
+        if any(_walk(sub) for sub in jax_core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def _describe(params: dict) -> OuterCall:
+    closed = params["jaxpr"]
+    effects = tuple(sorted({type(e).__name__ for e in closed.effects}))
+    eqns = closed.jaxpr.eqns
+    name = str(params.get("name", ""))
+    # An eager pallas_call runs as JAX's jit of the call alone (pallas_call's own
+    # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
+    eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
+             and name in _EAGER_NAMES
+             and list(closed.jaxpr.outvars) == list(eqns[0].outvars))
+    return OuterCall(name, effects, any(params.get("donated_invars", ())), eager)
+
+
+def _call_impl_python(*args: Any, **params: Any) -> Any:
+    original = _saved["impl"] if _saved is not None else None
+    listener = _listener
+    if original is None or listener is None or not _contains_kernel(params["jaxpr"]):
+        _last.kernel = False
+        return (original or pjit._pjit_call_impl_python)(*args, **params)
+    _last.kernel = True
+    import jax
+
+    token = listener.opened(_describe(params))
+    try:
+        out_flat, compiled, profiler, const_args = original(*args, **params)
+        jax.block_until_ready(out_flat)  # every callback of the computation has run
+    except BaseException as exc:
+        listener.closed(token, None, None, exc)
+        raise
+
+    def rerun() -> list[np.ndarray]:
+        return [np.asarray(o) for o in compiled.unsafe_call(*const_args, *args)]
+
+    listener.closed(token, out_flat, rerun, None)
+    return out_flat, compiled, profiler, const_args
+
+
+def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
+    if getattr(_last, "kernel", False):
+        _last.kernel = False
+        return None  # run through Python each time: the hook sees every run
+    saved = _saved
+    original = saved["fastpath"] if saved is not None else pjit._get_fastpath_data
+    return original(*args, **kwargs)
+
+
+def install(listener: Listener) -> None:
+    """Tell `listener` of every top-level computation that holds a pallas_call."""
+    global _saved, _listener
+    with _lock:
+        if _saved is not None:
+            raise RuntimeError("pallas-check's jit hook is already installed")
+        _saved = {"impl": pjit._pjit_call_impl_python, "fastpath": pjit._get_fastpath_data}
+        _listener = listener
+        pjit._pjit_call_impl_python = _call_impl_python
+        pjit._get_fastpath_data = _fastpath_data
+
+
+def uninstall() -> None:
+    global _saved, _listener
+    with _lock:
+        if _saved is None:
+            return
+        pjit._pjit_call_impl_python = _saved["impl"]
+        pjit._get_fastpath_data = _saved["fastpath"]
+        _saved, _listener = None, None
