@@ -168,8 +168,9 @@ class Judge:
     def _judge(self, program: Program, outputs: Sequence[Any] | None,
                rerun: Callable[[], list[np.ndarray]] | None,
                error: BaseException | None) -> None:
-        if not program.suspects:
-            return
+        with self._lock:
+            if not program.suspects:
+                return
         reason = program.call.cannot_rerun()
         if error is not None or outputs is None or rerun is None:
             reason = f"{program.call.describe()} failed"
@@ -193,22 +194,21 @@ class Judge:
         if len(suspects) == 1:
             self._keep(program, suspects, together)
             return
-        alone: dict[int, list] = {}
+        alone: dict[int, list | str] = {}
         for n, suspect in enumerate(suspects[:ALONE_TRIES]):
-            changes = self._rerun(program, [suspect], rerun, base)
-            if changes and not isinstance(changes, str):
-                alone[n] = changes
-        if not alone:  # only together (or the tries ran out): all stand, judged together
+            alone[n] = self._rerun(program, [suspect], rerun, base)
+        if not any(isinstance(c, list) and c for c in alone.values()):
+            # Only together (or no try could tell): all stand, judged together.
             self._keep(program, suspects, together, together=True)
             return
         for n, suspect in enumerate(suspects):
-            if n in alone:
-                self._keep(program, [suspect], alone[n])
-            elif n < ALONE_TRIES:
-                self._drop(program, [suspect])
-            else:
+            changes = alone.get(n, "not tried alone")
+            if isinstance(changes, str):  # untold: it stands with the joint change
                 self._keep(program, [suspect], together, together=True)
-        program.suspects.clear()
+            elif changes:
+                self._keep(program, [suspect], changes)
+            else:
+                self._drop(program, [suspect])
 
     def _rerun(self, program: Program, suspects: list[_Suspect],
                rerun: Callable[[], list[np.ndarray]], base: list[np.ndarray]
@@ -267,12 +267,19 @@ class Judge:
         kept = [dataclasses.replace(f, message=f"{f.message} (kept by the program: {shown})",
                                     details={**f.details, "reaches": reaches})
                 for s in suspects for f in s.findings]
+        self._decided(program, suspects)
         self._session.store.extend(kept)
 
     def _drop(self, program: Program, suspects: list[_Suspect]) -> None:
+        self._decided(program, suspects)
         for suspect in suspects:
             for finding in suspect.findings:
                 self._session.findings_dropped(finding.call_index, 1)
+
+    def _decided(self, program: Program, suspects: list[_Suspect]) -> None:
+        with self._lock:
+            program.suspects = [s for s in program.suspects
+                                if not any(s is d for d in suspects)]
 
     def _settle(self, program: Program, reason: str) -> None:
         """Keep the program's waiting findings as they are, judged at the boundary."""
@@ -321,7 +328,7 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
     try:
         if session.call_filter is not None and not session.checks(params, device_operands[0]):
             outputs, _ = session.unchecked_outputs(params, device_operands, mesh, results,
-                                                   index)
+                                                   index, program.replay_carried)
         elif not capacity.check(params, config, kernel_info(params), index, None).simulated:
             outputs = capacity.unsimulated_outputs(params, device_operands,
                                                    config.uninit.value, results)

@@ -119,9 +119,9 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
     original = _saved["impl"] if _saved is not None else None
     listener = _listener
     if original is None or listener is None or not _contains_kernel(params["jaxpr"]):
+        result = (original or pjit._pjit_call_impl_python)(*args, **params)
         _last.kernel = False
-        return (original or pjit._pjit_call_impl_python)(*args, **params)
-    _last.kernel = True
+        return result
     import jax
 
     token = listener.opened(_describe(params))
@@ -136,6 +136,9 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
         return [np.asarray(o) for o in compiled.unsafe_call(*const_args, *args)]
 
     listener.closed(token, out_flat, rerun, None)
+    # Set last: the engine's own computations may have run on this thread meanwhile
+    # (XLA runs a small computation inline), each through this hook.
+    _last.kernel = True
     return out_flat, compiled, profiler, const_args
 
 
