@@ -118,10 +118,16 @@ class Judge:
 
     # -- what the session asks -----------------------------------------------------------
     def program(self) -> tuple[Program | None, str]:
-        """The program a call now starting belongs to, or None and why none is known."""
+        """The program a call now starting belongs to, or None and why none is known
+        ("" where no program is ever known: the session is installed without outer.py's
+        hook, as `pallas-check diff` installs it, and findings stay as they are)."""
+        from pallas_check import outer
+
         with self._lock:
             if len(self._open) == 1:
                 return self._open[0], ""
+            if not outer.listening(self):
+                return None, ""
             if not self._open:
                 return None, "it ran outside any jitted call pallas-check can re-run"
             return None, "another jitted call ran at the same time on another thread"
@@ -138,7 +144,7 @@ class Judge:
         if not judged:
             return now
         if program is None or key is None:
-            return now + [_at_boundary(f, why) for f in judged]
+            return now + [_at_boundary(f, why) if why else f for f in judged]
         groups: dict[tuple, _Suspect] = {}
         for finding in judged:
             which = (finding.kind, _output_of(finding))
@@ -263,9 +269,7 @@ class Judge:
             shown += f"; {len(reaches) - _SHOWN_RESULTS} more results"
         if together:
             shown += "; judged together with the other calls' undecided elements"
-        # In parentheses: the message's last word (often a `file:line`) stays whole.
-        kept = [dataclasses.replace(f, message=f"{f.message} (kept by the program: {shown})",
-                                    details={**f.details, "reaches": reaches})
+        kept = [_noted(f, f"kept by the program: {shown}", reaches=reaches)
                 for s in suspects for f in s.findings]
         self._decided(program, suspects)
         self._session.store.extend(kept)
@@ -302,9 +306,17 @@ def _exposed(finding: Finding, exposures: list[Any]) -> bool:
 
 
 def _at_boundary(finding: Finding, reason: str) -> Finding:
-    return dataclasses.replace(
-        finding, message=f"{finding.message} (judged at the kernel's boundary: {reason})",
-        details={**finding.details, "judged_at": "kernel boundary", "why": reason})
+    return _noted(finding, f"judged at the kernel's boundary: {reason}",
+                  judged_at="kernel boundary", why=reason)
+
+
+def _noted(finding: Finding, note: str, **details: Any) -> Finding:
+    """`finding` with `note` after its message (in parentheses: the message's last word,
+    often a `file:line`, stays whole) and `details` added. Changed in place: the call's
+    timeline (--trace) marked this very finding."""
+    finding.message = f"{finding.message} ({note})"
+    finding.details = {**finding.details, **details}
+    return finding
 
 
 def replay_call(session: Session, program: Program, key: tuple, params: dict,

@@ -163,6 +163,11 @@ def install(listener: Listener) -> None:
         pjit._get_fastpath_data = _fastpath_data
 
 
+def listening(listener: Listener) -> bool:
+    """Whether `listener` is the one told of top-level computations now."""
+    return _listener is listener
+
+
 def uninstall() -> None:
     global _saved, _listener
     with _lock:

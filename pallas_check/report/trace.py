@@ -31,6 +31,8 @@ def trace_dict(timelines: Sequence[Any], findings: Sequence[Finding],
     ordered = [*findings, *(f for f, _ in suppressed)]
     index = {id(f): i for i, f in enumerate(ordered)}
     why = {id(f): w.by for f, w in suppressed}
+    # A finding's message as reported (pallas_check/judge.py adds to it after the call).
+    messages = {id(f): f.message for f in ordered}
     events: list[dict[str, Any]] = []
     metadata: list[dict[str, Any]] = []
     offset, pid, flow_base = 0, 0, 0
@@ -41,7 +43,8 @@ def trace_dict(timelines: Sequence[Any], findings: Sequence[Finding],
         for device in sorted({m.device for m in marks}) or [0]:
             pid += 1
             pids[device] = pid
-        body = [_event(m, offset, pids, tracks, flow_base, index, why) for m in marks]
+        body = [_event(m, offset, pids, tracks, flow_base, index, why, messages)
+                for m in marks]
         last = max((m.time for m in marks), default=0)
         late = [f for f in ordered if f.call_index == timeline.call_index
                 and id(f) not in {id(g) for g in timeline.findings}]
@@ -77,7 +80,8 @@ def _track_order(track: str) -> int:
 
 
 def _event(mark: Any, offset: int, pids: dict[int, int], tracks: dict[tuple[int, str], int],
-           flow_base: int, index: dict[int, int], why: dict[int, str]) -> dict[str, Any]:
+           flow_base: int, index: dict[int, int], why: dict[int, str],
+           messages: dict[int, str] | None = None) -> dict[str, Any]:
     pid, tid = _track(mark.device, mark.track, pids, tracks)
     event: dict[str, Any] = {"ph": _PHASE[mark.kind], "ts": offset + mark.time, "pid": pid,
                              "tid": tid}
@@ -89,6 +93,8 @@ def _event(mark: Any, offset: int, pids: dict[int, int], tracks: dict[tuple[int,
         key = args.pop("finding")
         args["finding_index"] = index.get(key)
         args["suppressed"] = why.get(key)
+        if messages and key in messages:
+            args["message"] = messages[key]
     if mark.kind == "instant":
         event["s"] = "t"
     if mark.kind.startswith("flow"):
