@@ -65,6 +65,7 @@ class Program:
     runs: dict[int, int] = dataclasses.field(default_factory=dict)  # a site -> its runs
     seeds: dict[tuple, tuple[int, int]] = dataclasses.field(default_factory=dict)
     sites: list = dataclasses.field(default_factory=list)  # keeps the keyed params alive
+    kernels: dict[int, int] = dataclasses.field(default_factory=dict)  # site -> its jaxpr
     suspects: list[_Suspect] = dataclasses.field(default_factory=list)
     # While re-run: the exposures to apply, per call key; what failed in it.
     replay: dict[tuple, list[Any]] | None = None
@@ -79,6 +80,7 @@ class Program:
         self.runs[site] = count + 1
         if count == 0 and self.replay is None:
             self.sites.append(params)
+            self.kernels[site] = id(params.get("jaxpr"))
         return site, count
 
 
@@ -183,11 +185,14 @@ class Judge:
         if reason is not None:
             self._settle(program, reason)
             return
-        suspects = list(program.suspects)
-        if program.call.eager and all(e.device == 0 for s in suspects for e in s.exposures):
-            # The call's outputs are the program's results: every element reaches them.
-            for suspect in suspects:
-                self._keep(program, [suspect], [(e.output, e.mask) for e in suspect.exposures])
+        suspects = []
+        for suspect in list(program.suspects):
+            direct = _direct(program, suspect)
+            if direct is None:
+                suspects.append(suspect)
+            else:  # its outputs are the program's results: no re-run needed
+                self._keep(program, [suspect], direct)
+        if not suspects:
             return
         base = [np.asarray(o) for o in outputs]
         together = self._rerun(program, suspects, rerun, base)
@@ -291,6 +296,22 @@ class Judge:
             suspects, program.suspects = list(program.suspects), []
         self._session.store.extend([_at_boundary(f, reason)
                                     for s in suspects for f in s.findings])
+
+
+def _direct(program: Program, suspect: _Suspect) -> list[tuple[int, np.ndarray]] | None:
+    """The results a suspect's elements are, when its call's outputs are results as they
+    are (outer.OuterCall.direct; a call that ran once, on one device); else None."""
+    site, count = suspect.key
+    mapping = program.call.direct.get(program.kernels.get(site))
+    if mapping is None or count != 0 or program.runs.get(site) != 1:
+        return None
+    changes = []
+    for exposure in suspect.exposures:
+        results = mapping[exposure.output] if exposure.output < len(mapping) else ()
+        if exposure.device != 0 or not results:
+            return None
+        changes += [(k, exposure.mask) for k in results]
+    return changes
 
 
 def _output_of(finding: Finding) -> str:

@@ -34,17 +34,21 @@ _KERNEL_PRIMITIVES = frozenset({"pallas_call", "mpmd_map"})
 _EAGER_NAMES = frozenset({"wrapped", "pallas_call", "mpmd_map", "prim_fun"})
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class OuterCall:
     """A top-level jitted computation that holds a pallas_call: its name (the jitted
-    function's), the names of its side effects, whether it donates an argument, and
-    whether it is an eager pallas_call (its one equation is the kernel, whose outputs
-    are its results, in order)."""
+    function's), the names of its side effects, whether it donates an argument, whether
+    it is an eager pallas_call (its one equation is the kernel), and which kernels'
+    outputs are its results."""
 
     name: str
     effects: tuple[str, ...] = ()
     donates: bool = False
     eager: bool = False
+    # Kernels whose outputs are results as they are: a kernel's jaxpr (by id) that one
+    # equation of the whole computation runs, at its top level -> per output, the
+    # indices of the results that are that output.
+    direct: dict = dataclasses.field(default_factory=dict)
 
     def cannot_rerun(self) -> str | None:
         """Why running it again would change what the script sees (None: it would not)."""
@@ -76,30 +80,40 @@ _listener: Listener | None = None
 # Whether the computation this thread just ran through the hook held a pallas_call: JAX
 # asks for its fast-path data right after running it, on the same thread.
 _last = threading.local()
-_holds_kernel: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_facts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _contains_kernel(closed: Any) -> bool:
-    """Whether a closed jaxpr runs a pallas_call anywhere (remembered per jaxpr)."""
+def _kernel_facts(closed: Any) -> tuple[bool, dict]:
+    """Whether a closed jaxpr runs a kernel anywhere, and `direct` (see OuterCall);
+    worked out once per jaxpr."""
     try:
-        return _holds_kernel[closed]
+        return _facts[closed]
     except (KeyError, TypeError):
         pass
-    found = _walk(closed.jaxpr)
+    seen: dict[int, int] = {}  # a kernel jaxpr's id -> its equations anywhere
+    _count(closed.jaxpr, seen)
+    outvars = list(closed.jaxpr.outvars)
+    direct = {}
+    for eqn in closed.jaxpr.eqns:
+        kernel = eqn.params.get("jaxpr")
+        if eqn.primitive.name in _KERNEL_PRIMITIVES and seen.get(id(kernel)) == 1:
+            direct[id(kernel)] = tuple(tuple(k for k, v in enumerate(outvars) if v is out)
+                                       for out in eqn.outvars)
+    facts = (bool(seen), direct)
     try:
-        _holds_kernel[closed] = found
-    except TypeError:  # not weakly referenceable: asked again next time
+        _facts[closed] = facts
+    except TypeError:  # not weakly referenceable: worked out again next time
         pass
-    return found
+    return facts
 
 
-def _walk(jaxpr: Any) -> bool:
+def _count(jaxpr: Any, seen: dict[int, int]) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _KERNEL_PRIMITIVES:
-            return True
-        if any(_walk(sub) for sub in jax_core.jaxprs_in_params(eqn.params)):
-            return True
-    return False
+            key = id(eqn.params.get("jaxpr"))
+            seen[key] = seen.get(key, 0) + 1
+        for sub in jax_core.jaxprs_in_params(eqn.params):
+            _count(sub, seen)
 
 
 def _describe(params: dict) -> OuterCall:
@@ -110,15 +124,15 @@ def _describe(params: dict) -> OuterCall:
     # An eager pallas_call runs as JAX's jit of the call alone (pallas_call's own
     # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
     eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
-             and name in _EAGER_NAMES
-             and list(closed.jaxpr.outvars) == list(eqns[0].outvars))
-    return OuterCall(name, effects, any(params.get("donated_invars", ())), eager)
+             and name in _EAGER_NAMES)
+    return OuterCall(name, effects, any(params.get("donated_invars", ())), eager,
+                     _kernel_facts(closed)[1])
 
 
 def _call_impl_python(*args: Any, **params: Any) -> Any:
     original = _saved["impl"] if _saved is not None else None
     listener = _listener
-    if original is None or listener is None or not _contains_kernel(params["jaxpr"]):
+    if original is None or listener is None or not _kernel_facts(params["jaxpr"])[0]:
         result = (original or pjit._pjit_call_impl_python)(*args, **params)
         _last.kernel = False
         return result

@@ -80,6 +80,16 @@ def test_rows_the_caller_keeps_are_reported_with_the_results_they_reach(check):
     assert [c.findings for c in checked.session.calls] == [1]
 
 
+def test_an_output_the_program_returns_as_it_is_needs_no_rerun(check, monkeypatch):
+    runs = _counting(monkeypatch)
+    checked = check(jax.jit(lambda x: (x.sum(), _top_half(x), _full(x))), X)
+    assert [(f.kind, f.details["reaches"]) for f in checked.findings] == [
+        (FindingKind.UNWRITTEN_OUTPUT,
+         [{"function": "jax.jit(<lambda>)", "result": 1, "range": [[4, 8], [0, 128]],
+           "elements": 512}])]
+    assert runs == [True, True]  # the two calls checked, the program not re-run
+
+
 def test_where_keeping_the_fully_written_output_is_not_reported(check):
     @jax.jit
     def step(flag, x):
