@@ -354,6 +354,7 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
     from pallas_check.engine.call import capacity
     from pallas_check.engine.call.describe import kernel_info
     from pallas_check.engine.call.explore import run_call_devices
+    from pallas_check.engine.runtime import progress
     from pallas_check.engine.runtime.backend import engine_device
 
     config = session.config
@@ -366,9 +367,10 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
             outputs = capacity.unsimulated_outputs(params, device_operands,
                                                    config.uninit.value, results)
         else:
+            # Checks off (races watch, they never change a value or an interleaving).
             same = dataclasses.replace(config, schedules=1, seed=seed, keep_going=False,
                                        check_uninit_outputs=False, timeline=False,
-                                       compile=False)
+                                       compile=False, races=False)
             never = (empties.never_written_inputs(params, device_operands[0])
                      if len(device_operands) == 1 else frozenset())
             with jax.default_device(engine_device()):
@@ -382,4 +384,6 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
         program.replay_error = f"{type(exc).__name__}: {exc}"
         outputs = capacity.unsimulated_outputs(params, device_operands, config.uninit.value,
                                                results)
+    finally:
+        progress.call_ended(index)  # shown on the progress line while it runs, then gone
     return session.judge.patch(program, key, outputs)
