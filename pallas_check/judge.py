@@ -44,6 +44,10 @@ Session = Any
 
 JUDGED_KINDS = (FindingKind.UNWRITTEN_OUTPUT, FindingKind.UNINITIALIZED)
 ALONE_TRIES = 8  # re-runs that attribute a change to one suspect among several
+# What a program may hold of its calls' undecided elements (masks and values) while it
+# runs; beyond it (a long loop of calls each leaving different elements), the rest are
+# judged at the kernel's boundary. Equal masks of one site's runs are held once.
+HELD_BYTES = 512 * 2**20
 _SHOWN_RESULTS = 3
 
 
@@ -66,6 +70,8 @@ class Program:
     seeds: dict[tuple, tuple[int, int]] = dataclasses.field(default_factory=dict)
     sites: list = dataclasses.field(default_factory=list)  # keeps the keyed params alive
     kernels: dict[int, int] = dataclasses.field(default_factory=dict)  # site -> its jaxpr
+    held: dict[tuple, Any] = dataclasses.field(default_factory=dict)  # the last exposures
+    held_bytes: int = 0
     suspects: list[_Suspect] = dataclasses.field(default_factory=list)
     # While re-run: the exposures to apply, per call key; what failed in it.
     replay: dict[tuple, list[Any]] | None = None
@@ -147,6 +153,11 @@ class Judge:
             return now
         if program is None or key is None:
             return now + [_at_boundary(f, why) if why else f for f in judged]
+        exposures = [_shared(program, key[0], e) for e in exposures]
+        if program.held_bytes > HELD_BYTES:
+            return now + [_at_boundary(f, f"{program.call.describe()} left more undecided"
+                                          " elements than pallas-check holds to re-run it")
+                          for f in judged]
         groups: dict[tuple, _Suspect] = {}
         for finding in judged:
             which = (finding.kind, _output_of(finding))
@@ -274,21 +285,23 @@ class Judge:
             shown += f"; {len(reaches) - _SHOWN_RESULTS} more results"
         if together:
             shown += "; judged together with the other calls' undecided elements"
-        kept = [_noted(f, f"kept by the program: {shown}", reaches=reaches)
-                for s in suspects for f in s.findings]
-        self._decided(program, suspects)
-        self._session.store.extend(kept)
+        self._session.store.extend(
+            [_noted(f, f"kept by the program: {shown}", reaches=reaches)
+             for s in self._decided(program, suspects) for f in s.findings])
 
     def _drop(self, program: Program, suspects: list[_Suspect]) -> None:
-        self._decided(program, suspects)
-        for suspect in suspects:
+        for suspect in self._decided(program, suspects):
             for finding in suspect.findings:
                 self._session.findings_dropped(finding.call_index, 1)
 
-    def _decided(self, program: Program, suspects: list[_Suspect]) -> None:
+    def _decided(self, program: Program, suspects: list[_Suspect]) -> list[_Suspect]:
+        """`suspects` taken off the program: those still waiting (not settled meanwhile
+        by a run that stopped)."""
         with self._lock:
-            program.suspects = [s for s in program.suspects
-                                if not any(s is d for d in suspects)]
+            waiting = [s for s in suspects if any(s is p for p in program.suspects)]
+            program.suspects = [p for p in program.suspects
+                                if not any(p is s for s in suspects)]
+        return waiting
 
     def _settle(self, program: Program, reason: str) -> None:
         """Keep the program's waiting findings as they are, judged at the boundary."""
@@ -296,6 +309,24 @@ class Judge:
             suspects, program.suspects = list(program.suspects), []
         self._session.store.extend([_at_boundary(f, reason)
                                     for s in suspects for f in s.findings])
+
+
+def _shared(program: Program, site: int, exposure: Any) -> Any:
+    """`exposure`, holding the arrays of the site's previous run's one where they are
+    equal (a loop's iterations leave the same elements undecided), counted once."""
+    key = (site, exposure.kind, exposure.name, exposure.device, exposure.output)
+    last = program.held.get(key)
+    try:
+        same = (last is not None and last.mask.shape == exposure.mask.shape
+                and np.array_equal(last.mask, exposure.mask)
+                and np.array_equal(last.values, exposure.values, equal_nan=True))
+    except TypeError:  # values numpy cannot compare so: held apart
+        same = False
+    if same:
+        return last
+    program.held[key] = exposure
+    program.held_bytes += exposure.mask.nbytes + np.asarray(exposure.values).nbytes
+    return exposure
 
 
 def _direct(program: Program, suspect: _Suspect) -> list[tuple[int, np.ndarray]] | None:

@@ -267,3 +267,19 @@ def test_an_empty_array_computed_on_is_not_tracked(check):
         return _accumulate(x, acc)
 
     assert check(run, X).findings == []
+
+
+def test_a_loop_leaving_the_same_rows_holds_them_once(check, monkeypatch):
+    from pallas_check import judge
+
+    def body(carry, _):
+        return carry + _top_half(carry)[:4].sum(), None
+
+    program = jax.jit(lambda x: jax.lax.scan(body, x, None, length=3)[0])
+    one = 8 * 128 + 4  # one run's mask (a bool per element) and its value (one f32)
+    monkeypatch.setattr(judge, "HELD_BYTES", one)
+    assert check(program, X).findings == []  # three runs, one mask held
+    monkeypatch.setattr(judge, "HELD_BYTES", 0)
+    (finding, *_) = check(program, X).findings
+    assert finding.details["why"] == (
+        "jax.jit(<lambda>) left more undecided elements than pallas-check holds to re-run it")
