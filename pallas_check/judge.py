@@ -19,7 +19,8 @@ naming the results it reaches. Changed, with several: each is tried alone (one r
 each, at most `ALONE_TRIES`); one that changes the results alone stands, one that does not
 is dropped; if none does alone, all stand, judged together. A call is keyed by its site in
 the computation and how many times that site ran before it, so a loop's iterations are
-told apart.
+told apart. A kernel whose outputs the program returns as they are (an eager pallas_call,
+`jax.jit(f)` returning the call's output) needs no re-run: its elements are results.
 
 Where the program cannot be re-run -- it donates an argument, has side effects
 (`io_callback`, `jax.debug.print`), failed, ran alongside another jitted call on another
