@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import itertools
 import threading
 import time
@@ -21,61 +20,7 @@ import numpy as np
 from pallas_check.config import Config
 from pallas_check.errors import EngineFailure
 from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo
-
-
-# At most one trim per this many seconds: a trim walks the whole heap (about 0.7 ms on a
-# JAX process), as much as a quarter of a small call's simulation; a call that ran longer
-# than this is always followed by one.
-TRIM_INTERVAL_S = 0.25
-_last_trim = [float("-inf")]
-
-
-def _return_freed_memory() -> None:
-    """Hand the memory calls freed back to the OS (glibc keeps freed blocks of up to its
-    adaptive mmap threshold, which a call's large arrays raise, in the heap: without this
-    a long script's resident memory grows by the size of its largest calls)."""
-    now = time.monotonic()
-    if now - _last_trim[0] < TRIM_INTERVAL_S:
-        return
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-    _last_trim[0] = time.monotonic()
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return None
-
-
-_gc_lock = threading.Lock()
-_gc_holders = [0, False]  # calls in flight that paused the collector; whether we paused it
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Any:
-    """Python's cyclic collector off while a call is simulated (never turned on if the
-    script had it off). A call allocates short-lived objects by the hundred thousand, and
-    each full collection it set off walked the whole process heap: JAX's included, 15-120
-    ms a time in a benchmark process, a third of a slow call's time. Refcounting still frees
-    what a call drops; cyclic garbage waits for the next collection after the call."""
-    with _gc_lock:
-        if _gc_holders[0] == 0:
-            _gc_holders[1] = gc.isenabled()
-            gc.disable()
-        _gc_holders[0] += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holders[0] -= 1
-            if _gc_holders[0] == 0 and _gc_holders[1]:
-                gc.enable()
+from pallas_check.host_memory import collector_paused, return_freed_memory
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -164,6 +109,11 @@ class Session:
         # tpu_info.questions() when the run began: none asked since, no trace depends on
         # the chip, and the first generation's trace is every generation's.
         self.questions_from: int | None = None
+        # What a call leaves undecided in its outputs is judged by what the program keeps
+        # of it (judge.py): those findings wait there for the jitted call around the call.
+        from pallas_check.judge import Judge
+
+        self.judge = Judge(self)
         if config.compile:
             from pallas_check.tpu_compile.stage import CompileRecorder
 
@@ -221,8 +171,14 @@ class Session:
         from pallas_check.engine.runtime import progress
         from pallas_check.engine.runtime.inflight import InFlight
         from pallas_check.engine.call.describe import kernel_info
-        from pallas_check.engine.call.explore import run_call_devices
 
+        program, outside = self.judge.program()
+        key = program.key(params) if program is not None else None
+        if program is not None and program.replay is not None:  # a re-run of the program
+            from pallas_check.judge import replay_call
+
+            assert key is not None
+            return replay_call(self, program, key, params, device_operands, mesh, results)
         with self._lock:
             index = next(self._counter)
         if self.call_filter is not None and not self._checked(params, device_operands[0]):
@@ -256,19 +212,8 @@ class Session:
                 self._record(index, kernel, params, device_operands, started,
                              len(fits.findings), mesh, call_site)
                 return outputs
-            import jax  # not at module level: --devices must reach XLA_FLAGS first
-
-            from pallas_check.engine.runtime.backend import engine_device
-
-            # The engine's own compiled pieces run on a CPU client of its own, whatever
-            # the script's backend is, and never queue behind the script's work.
-            with jax.default_device(engine_device()), _collector_paused():
-                result = run_call_devices(
-                    params, device_operands, self.config, index, mesh, self.carried,
-                    progress=(lambda done, total: self.progress(index, kernel.name, done,
-                                                                total))
-                    if self.progress is not None else None,
-                    results=results, checkers=checkers, live=live, call_site=call_site)
+            result = self._run_engine(params, device_operands, mesh, index, kernel.name,
+                                      results, checkers, live, call_site=call_site)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -280,16 +225,53 @@ class Session:
         with self._lock:
             if self._in_flight.pop(index, None) is None:
                 return result.outputs  # the run's report already listed it, interrupted
-        self.store.extend(result.findings)
+        self.store.extend(self.judge.received(program, outside, key, index, result.seed,
+                                              result.findings, result.exposures))
         self._write_prints(result.prints)
         if result.timeline is not None and self.trace is not None:
             self.trace.keep(result.timeline, [*fits.findings, *result.findings])
-        _return_freed_memory()
+        return_freed_memory()
         self._record(index, kernel, params, device_operands, started,
                      len(result.findings) + len(fits.findings), mesh, call_site,
                      races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
                      unused_memory=result.unused_memory)
         return result.outputs
+
+    def _run_engine(self, params: dict, device_operands: list, mesh: Any, index: int,
+                    name: str, results: Sequence[np.ndarray] | None, checkers: Any,
+                    live: Any, *, call_site: Any = None) -> Any:
+        """The checked call simulated by the engine (explore.DevicesResult)."""
+        import jax  # not at module level: --devices must reach XLA_FLAGS first
+
+        from pallas_check import empties
+        from pallas_check.engine.call.explore import run_call_devices
+        from pallas_check.engine.runtime.backend import engine_device
+
+        # Inputs the script made with jnp.empty: never-written memory (empties.py).
+        never = (empties.never_written_inputs(params, device_operands[0])
+                 if mesh.num_devices == 1 else frozenset())
+        progress = self.progress
+        # The engine's own compiled pieces run on a CPU client of its own, whatever the
+        # script's backend is, and never queue behind the script's work.
+        with jax.default_device(engine_device()), collector_paused():
+            return run_call_devices(
+                params, device_operands, self.config, index, mesh, self.carried,
+                progress=(lambda done, total: progress(index, name, done, total))
+                if progress is not None else None,
+                results=results, checkers=checkers, live=live, never_written=never,
+                call_site=call_site)
+
+    def checks(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
+        """Whether --kernel and --calls have this call checked (True without filters)."""
+        return self.call_filter is None or self._checked(params, operands)
+
+    def findings_dropped(self, index: int, count: int) -> None:
+        """`count` findings of call `index` turned out not to be defects (judge.py)."""
+        with self._lock:
+            for summary in reversed(self.calls):
+                if summary.index == index:
+                    summary.findings = max(0, summary.findings - count)
+                    return
 
     def _checked(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
         """Whether --kernel and --calls have this call checked (call_filter.py)."""
@@ -303,30 +285,38 @@ class Session:
         race detection, no second fill, no capacity check, one schedule), its findings
         dropped; its outputs and the kernel's prints are the script's as in a checked
         run, and a kernel that fails still fails the run."""
+        started = time.perf_counter()
+        try:
+            outputs, prints = self.unchecked_outputs(params, device_operands, mesh, results,
+                                                     index, self.carried)
+        except Exception as exc:
+            raise self._failed(exc, index, _kernel_or_unnamed(params), params,
+                               device_operands, started, mesh, call_site) from exc
+        self._write_prints(prints)
+        return outputs
+
+    def unchecked_outputs(self, params: dict, device_operands: list, mesh: Any,
+                          results: Sequence[np.ndarray] | None, index: int,
+                          carried: dict | None = None) -> tuple[list[list[np.ndarray]], list]:
+        """A call's outputs and prints with every check off (see `_pass_through`)."""
         import jax
 
         from pallas_check.checkers import CHECKERS
         from pallas_check.engine.runtime.backend import engine_device
         from pallas_check.engine.call.explore import run_call_devices
 
-        started = time.perf_counter()
         # XLA computes what the engine does, save --skip-floats' inf (and several devices
         # meet in the engine's rendezvous).
-        try:
-            with jax.default_device(engine_device()):
-                fast = (self._xla_path(params)
-                        if mesh.num_devices == 1 and not self.config.skip_floats else None)
-                if fast is not None:
-                    return [[np.asarray(o) for o in fast(*device_operands[0])]]
-            with jax.default_device(engine_device()), _collector_paused():
-                result = run_call_devices(params, device_operands, self._unchecked, index,
-                                          mesh, self.carried, results=results,
-                                          checkers=CHECKERS)
-        except Exception as exc:
-            raise self._failed(exc, index, _kernel_or_unnamed(params), params,
-                               device_operands, started, mesh, call_site) from exc
-        self._write_prints(result.prints)
-        return result.outputs
+        with jax.default_device(engine_device()):
+            fast = (self._xla_path(params)
+                    if mesh.num_devices == 1 and not self.config.skip_floats else None)
+            if fast is not None:
+                return [[np.asarray(o) for o in fast(*device_operands[0])]], []
+        with jax.default_device(engine_device()), collector_paused():
+            result = run_call_devices(params, device_operands, self._unchecked, index,
+                                      mesh, carried if carried is not None else {},
+                                      results=results, checkers=CHECKERS)
+        return result.outputs, result.prints
 
     def _xla_path(self, params: dict) -> Any:
         """The call compiled by XLA (xla_path.py) when its kernel needs nothing of the
@@ -385,6 +375,8 @@ class Session:
                 self._in_flight.clear()
             else:
                 stopped = [c for c in (self._in_flight.pop(index, None),) if c is not None]
+        if index is None:
+            self.judge.abandon("the run stopped before the jitted call returned")
         for call in stopped:
             findings = call.live.findings_so_far()
             self.store.extend(findings)
@@ -428,6 +420,7 @@ class Session:
         from pallas_check.checkers import CHECKERS
         from pallas_check.engine.call.carried import forget, never_taken
 
+        self.judge.abandon("the run ended before the jitted call returned")
         with self._lock:
             values = never_taken(self.carried)
             forget(self.carried)
@@ -469,6 +462,7 @@ class Session:
     def install(self) -> Iterator[None]:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
+        from pallas_check import empties, outer
         from pallas_check.children import undone_in_child
         from pallas_check.intercept import intercepted
         from pallas_check.tpu_info import questions, simulated_tpu
@@ -477,4 +471,10 @@ class Session:
               simulated_tpu(self.config.tpu, self.config.cores),
               undone_in_child(self._forked)):
             self.questions_from = questions()
-            yield
+            outer.install(self.judge)
+            empties.install()
+            try:
+                yield
+            finally:
+                empties.uninstall()
+                outer.uninstall()

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from pallas_check.checkers.base import Checker
+from pallas_check.engine.call.exposures import differs
 from pallas_check.engine.events import (DmaAddressCompared, FillsCompared, OutputUnwritten,
                                         UninitRead)
 from pallas_check.engine.memory.buffer import MemorySpace
@@ -231,11 +232,3 @@ def distinct_reads(reads: Sequence[UninitRead]) -> list[UninitRead]:
         if key not in seen:
             seen[key] = r
     return list(seen.values())
-
-
-def differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "fc" or "float" in a.dtype.name:
-        af, bf = a.astype(np.float64), b.astype(np.float64)
-        both_nan = np.isnan(af) & np.isnan(bf)
-        return ~((af == bf) | both_nan)
-    return a != b

@@ -26,7 +26,9 @@ from jax._src import dispatch
 from jax._src import ffi
 # The sharding context of a lowering: one device or several (intercept.py).
 from jax._src import sharding_impls
-# The nested-jit primitive (`pjit_p`) inside kernels (engine/rules/control.py).
+# The nested-jit primitive (`pjit_p`) inside kernels (engine/rules/control.py); the
+# dispatch of a top-level jitted call (`_pjit_call_impl_python`, `_get_fastpath_data`),
+# hooked by outer.py to know the jitted call around a kernel.
 from jax._src import pjit
 # MLIR lowering registry: where the pallas_call lowering is patched (intercept.py), and
 # whether a primitive has a CPU lowering (engine/jaxpr/program.py).

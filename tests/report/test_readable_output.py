@@ -130,7 +130,8 @@ def test_text_format_gives_a_replay_note_per_finding_and_a_summary():
         " that was never written: read of buf[0:8, 0:128] at"
         " samples/dma_read_before_wait_bug.py:25 (the read comes before the wait of DMA #1,"
         " which fills buf: started at samples/dma_read_before_wait_bug.py:23 and waited at"
-        " line 26, after the read)",
+        " line 26, after the read) (kept by the program: result 0 of jax.jit(load_double)[0:8, 0:128], 1024"
+        " elements)",
         "samples/dma_read_before_wait_bug.py:25:9: note: replay: pallas-check run"
         " samples/dma_read_before_wait_bug.py --no-races --seed 0",
         # How to fix it, after the note (issue 36): the DMA, its wait, the read.

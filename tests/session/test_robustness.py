@@ -284,7 +284,8 @@ def test_ctrl_c_during_a_simulation_is_a_partial_report(cli, tmp_path, monkeypat
     count = []
 
     def interrupted_on_call_2(*args, **kwargs):
-        count.append(1)
+        if kwargs.get("live") is not None:  # a checked call (not judge.py's re-run of one)
+            count.append(1)
         if len(count) == 2:
             raise KeyboardInterrupt
         return original(*args, **kwargs)

@@ -14,6 +14,7 @@ import numpy as np
 
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
+from pallas_check.engine.call import exposures
 from pallas_check.engine.call import revisit
 from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
                                                kernel_info)
@@ -49,6 +50,11 @@ class DevicesResult:
     # `untouched`: one schedule's, before it becomes the note (engine/memory/usage.py).
     unused_memory: list = dataclasses.field(default_factory=list)
     untouched: Any = None
+    # The output elements the kernel did not decide in the outputs returned (exposures.py),
+    # and the seed of the schedule those outputs come from (a re-run of the program
+    # replays that schedule: pallas_check/judge.py).
+    exposures: list = dataclasses.field(default_factory=list)
+    seed: int = 0
 
 
 def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
@@ -65,12 +71,15 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
                      results: Sequence[np.ndarray] | None = None,
                      checkers: Checking | None = None,
                      live: InFlight | None = None,
-                     call_site: SourceFrame | None = None) -> DevicesResult:
+                     call_site: SourceFrame | None = None,
+                     never_written: frozenset[int] = frozenset()) -> DevicesResult:
     """Simulate one pallas_call on every device of `mesh` together (one operand list per
     device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
     is kept up to date with what the call has found so far (engine/runtime/inflight.py);
     `call_site`: the script's line that made the call (where a refusal of the call's own
-    parameters points).
+    parameters points); `never_written`: the inputs (by position among the call's inputs)
+    whose every element is memory nobody wrote (an array made by `jnp.empty`), held as the
+    fill.
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -88,7 +97,7 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
     if refused is None:
         try:
             return _explore(params, device_operands, config, call_index, mesh, carried,
-                            progress, results, checkers, live)
+                            progress, results, checkers, live, never_written)
         except NotLowered as exc:  # met while running: a spelling the static look missed
             refused = exc
     return _skipped(params, device_operands, config, call_index, results, checkers, refused)
@@ -98,7 +107,8 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
              call_index: int, mesh: MeshInfo, carried: dict,
              progress: Callable[[int, int], None] | None,
              results: Sequence[np.ndarray] | None, checkers: Checking,
-             live: InFlight | None = None) -> DevicesResult:
+             live: InFlight | None = None,
+             never_written: frozenset[int] = frozenset()) -> DevicesResult:
     """The call's schedules (see `run_call_devices`)."""
     schedules = max(1, config.schedules)
     findings: list[Finding] = []
@@ -116,7 +126,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
         trial = _one_schedule(params, device_operands,
                               dataclasses.replace(config, seed=config.seed + i), call_index,
                               mesh, trial_carried, results if i == 0 else None, checkers,
-                              addresses, live)
+                              addresses, live, never_written)
         tried += 1
         if trial.untouched is None or i == 0 or untouched is None:
             # a schedule that did not finish leaves what is never touched unknown
@@ -151,7 +161,8 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     carried.update(chosen_carried)
     carried_semaphores.drop_taken(carried)
     return DevicesResult(result.outputs, findings, result.timeline, result.prints,
-                         usage.notes(untouched) if untouched is not None else [])
+                         usage.notes(untouched) if untouched is not None else [],
+                         exposures=result.exposures, seed=result.seed)
 
 
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
@@ -207,12 +218,15 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                   config: Config, call_index: int, mesh: MeshInfo,
                   carried: dict, results: Sequence[np.ndarray] | None,
                   checkers: Checking, addresses: list[int] | None = None,
-                  live: InFlight | None = None) -> DevicesResult:
+                  live: InFlight | None = None,
+                  never_written: frozenset[int] = frozenset()) -> DevicesResult:
     kernel = kernel_info(params)
     main_fill = config.uninit.value
-    outputs, state, written = simulate_schedule(params, device_operands, config, main_fill, kernel,
-                                        call_index, True, mesh, carried, results, checkers,
-                                        addresses=addresses, live=live)
+    simulate = functools.partial(simulate_schedule, params, device_operands, config,
+                                 kernel=kernel, call_index=call_index, mesh=mesh,
+                                 addresses=addresses, never_written=never_written)
+    outputs, state, written = simulate(fill=main_fill, report=True, carried=carried,
+                                       results=results, checkers=checkers, live=live)
     state.run_ended()
     # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
     # never-written memory: the re-run with the other fill says whether its address
@@ -222,11 +236,14 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
              and config.check_uninit_outputs else None)
     compare_outputs = (state.uninit_reads and config.check_uninit_outputs
                        and not config.skip_floats and not state.unfinished)
+    other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
+    names = _output_names(params)
+    found = ([] if state.unfinished else
+             exposures.unwritten(names, outputs, written, other_fill))
     if compare_outputs or probe is not None:
-        other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
-        other_outputs, _, _ = simulate_schedule(params, device_operands, config, other_fill, kernel,
-                                        call_index, False, mesh, dict(carried or {}), None,
-                                        checkers, probe, addresses=addresses)
+        other_outputs, _, _ = simulate(fill=other_fill, report=False,
+                                       carried=dict(carried or {}), results=None,
+                                       checkers=checkers, address_probe=probe)
         if probe is not None:
             state.tell(DmaAddressCompared(unbounded, probe[unbounded.id],
                                           tuple(state.uninit_reads)))
@@ -234,19 +251,25 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
         flat = [o for dev in outputs for o in dev]
         flat_other = [o for dev in other_outputs for o in dev]
         flat_written = [w for dev in written for w in dev]
-        gm = params["grid_mapping"]
-        first_output = gm.num_index_operands + gm.num_inputs
-        names = kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
         flat_names = [name for _ in outputs for name in names]
         state.tell(FillsCompared(tuple(flat_names), tuple(flat), tuple(flat_other),
                                  tuple(flat_written), tuple(state.uninit_reads)))
+        found += exposures.dependent(names, outputs, other_outputs, written)
     if state.revisits and not state.unfinished:
         rerun = functools.partial(simulate_schedule, params, device_operands, config, main_fill,
-                                  kernel, call_index, False, mesh, addresses=addresses)
+                                  kernel, call_index, False, mesh, addresses=addresses,
+                                  never_written=never_written)
         for lost in _lost_revisits(state, outputs, rerun, carried):
             state.tell(_revisit_lost(lost))
     return DevicesResult(outputs, list(state.findings), state.timeline, state.prints,
-                         untouched=_untouched(state))
+                         untouched=_untouched(state), exposures=found, seed=config.seed)
+
+
+def _output_names(params: dict) -> list[str]:
+    """The kernel's names of the call's outputs."""
+    gm = params["grid_mapping"]
+    first_output = gm.num_index_operands + gm.num_inputs
+    return kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
 
 
 def _revisit_lost(lost: revisit.Lost) -> RevisitLost:

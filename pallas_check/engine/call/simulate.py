@@ -115,12 +115,13 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
               results: Sequence[np.ndarray] | None = None,
               checkers: Checking | None = None, address_probe: dict | None = None,
               perturb: revisit.Perturbation | None = None, addresses: list[int] | None = None,
-              live: InFlight | None = None,
+              live: InFlight | None = None, never_written: frozenset[int] = frozenset(),
               ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
     """One schedule of the call on every device: buffers, one actor per core, the run
     (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
     input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
-    where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state)."""
+    where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state;
+    `never_written`: inputs, by position, that hold memory nobody wrote: explore.py)."""
     gm = params["grid_mapping"]
     # With --trace, the reporting run's timeline goes where the session says, as it runs.
     sink = (live.trace(config.seed) if live is not None and live.trace is not None
@@ -155,7 +156,8 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
         operands = [np.asarray(x) for x in list(device_operands[device])[num_bounds:]]
         scalars = operands[: layout.first]
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
-                                              operands[layout.first:], fill, results)
+                                              operands[layout.first:], fill, results,
+                                              never_written)
         device_hbm_outputs.append(hbm_outputs)
         if layout.sem_in:  # where DMAs carried in may land (engine/call/carried.py)
             data = [b for b in hbm_inputs if b.space != MemorySpace.SEMAPHORE]
@@ -189,8 +191,11 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
 
 def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
                 arrays: list[np.ndarray], fill: str,
-                results: Sequence[np.ndarray] | None) -> tuple[list[Buffer], list[Buffer]]:
-    """A device's HBM arrays for the inputs and outputs, shared by its cores."""
+                results: Sequence[np.ndarray] | None,
+                never_written: frozenset[int] = frozenset()
+                ) -> tuple[list[Buffer], list[Buffer]]:
+    """A device's HBM arrays for the inputs and outputs, shared by its cores (an input
+    in `never_written` is never-written memory: the fill, no element written)."""
     names, first, n_in = layout.arg_names, layout.first, layout.n_in
     hbm_inputs = []
     for i, a in enumerate(arrays[:n_in]):
@@ -202,7 +207,9 @@ def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
             continue
         # Shared with the operand until written (copy on write): most kernels never write
         # their inputs, and an input may be as large as the device's memory.
-        buf = Buffer(names[first + i], MemorySpace.HBM, _read_only(a), True)
+        buf = (Buffer.filled(names[first + i], MemorySpace.HBM, a.shape, a.dtype, fill)
+               if i in never_written else
+               Buffer(names[first + i], MemorySpace.HBM, _read_only(a), True))
         hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
     hbm_outputs: list[Buffer] = []
     for j in range(layout.gm.num_outputs):

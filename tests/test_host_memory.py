@@ -1,4 +1,4 @@
-"""session: the heap is handed back to the OS after calls, at most once per
+"""host_memory (what session.py does around each call): the heap is handed back to the OS after calls, at most once per
 TRIM_INTERVAL_S (a trim walks the whole heap, and the pages it returns fault back in at the
 next call: back-to-back small calls share one), and always after a call that ran longer;
 Python's cyclic collector is paused while a call is simulated and left as it was found."""
@@ -9,7 +9,7 @@ import types
 
 import jax
 
-from pallas_check import session
+from pallas_check import host_memory as session
 
 
 def test_freed_memory_is_returned_at_most_once_per_interval(monkeypatch):
@@ -19,14 +19,14 @@ def test_freed_memory_is_returned_at_most_once_per_interval(monkeypatch):
     monkeypatch.setattr(session, "_last_trim", [float("-inf")])
     monkeypatch.setattr(session, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
 
-    session._return_freed_memory()  # the first call of a run
+    session.return_freed_memory()  # the first call of a run
     assert trims == [0]
     for _ in range(5):  # small calls, 20 ms each
         clock[0] += 0.02
-        session._return_freed_memory()
+        session.return_freed_memory()
     assert trims == [0]
     clock[0] += session.TRIM_INTERVAL_S  # a call as long as the interval
-    session._return_freed_memory()
+    session.return_freed_memory()
     assert trims == [0, 0]
 
 
@@ -34,15 +34,15 @@ def test_the_collector_is_paused_during_a_call_and_restored_after():
     import gc
 
     assert gc.isenabled()
-    with session._collector_paused():
+    with session.collector_paused():
         assert not gc.isenabled()
-        with session._collector_paused():  # a second call in flight (another thread)
+        with session.collector_paused():  # a second call in flight (another thread)
             assert not gc.isenabled()
         assert not gc.isenabled()  # still one call in flight
     assert gc.isenabled()
     gc.disable()  # a script that runs without the collector keeps it off
     try:
-        with session._collector_paused():
+        with session.collector_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
