@@ -158,7 +158,9 @@ def _check_findings(body: list[dict], spans: dict, names: dict, report: dict,
         assert mine, (position, finding["kind"])
         assert all(e["args"]["kind"] == finding["kind"] for e in mine)
         instant = mine[0]
-        assert instant["args"]["message"] == finding["message"]
+        # (the instant is written as the finding is made; judging it by what the program
+        # keeps, after the jitted call around the kernel, may add to the report's message)
+        assert finding["message"].startswith(instant["args"]["message"])
         if instant["args"].get("after_simulation"):
             assert names[(instant["pid"], instant["tid"])] == "call"
             continue
