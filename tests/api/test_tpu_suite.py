@@ -1,6 +1,7 @@
 """A kernel repository's TPU-only test suite, green on a CPU: tests/kernel_repo (its wrappers
 ask the chip before any kernel runs: the device kind, a TensorCore mesh without num_cores,
-get_tpu_info; the module skips itself without a TPU device) run by `pytest --pallas-check
+get_tpu_info; one slices off the padding rows its kernel never wrote; the module skips
+itself without a TPU device) run by `pytest --pallas-check
 --pallas-check-tpu v6e` in a process of its own, as a user runs it. Every test runs (none
 skipped), passes its numpy checks, and has its calls checked."""
 
@@ -24,7 +25,7 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1] / "kernel_repo"
 PER_CHIP = Path(__file__).resolve().parents[1] / "scripts" / "per_chip.py"
 TESTS = ["test_scale_rows", "test_scale_rows_jitted", "test_double_per_core",
-         "test_add_tiled"]
+         "test_add_tiled", "test_scale_tokens_drops_the_padding"]
 
 
 @pytest.fixture

@@ -8,8 +8,13 @@ tests/api/test_tpu_suite.py).
 - `double_per_core` builds `pltpu.create_tensorcore_mesh("core")` without `num_cores` (the
   device's `num_cores`) and splits the rows over the chip's TensorCores;
 - `add_tiled` sizes its blocks from `pltpu.get_tpu_info()`: lanes and sublanes, and as many
-  rows as a quarter of the chip's VMEM holds for its double-buffered blocks.
+  rows as a quarter of the chip's VMEM holds for its double-buffered blocks;
+- `scale_tokens` runs over a token buffer padded to whole blocks, writes only the blocks
+  that hold tokens, and hands its caller `out[:num_tokens]` (the padding rows it never
+  wrote are dropped inside the jitted wrapper: no defect).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -84,3 +89,21 @@ def add_tiled(x: jax.Array, y: jax.Array) -> jax.Array:
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel")))(x, y)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def scale_tokens(tokens: jax.Array, num_tokens: int, factor: float) -> jax.Array:
+    """`factor * tokens[:num_tokens]`, through a kernel over the padded buffer that skips
+    the blocks past the last token (their output rows are never written)."""
+    rows = block_rows()
+    padded = -(-tokens.shape[0] // rows) * rows
+    x = jnp.pad(tokens, ((0, padded - tokens.shape[0]), (0, 0)))
+    used = -(-num_tokens // rows)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * factor
+
+    spec = pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))
+    out = pl.pallas_call(kernel, grid=(used,), in_specs=[spec], out_specs=spec,
+                         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return out[:num_tokens]

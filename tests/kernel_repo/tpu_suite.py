@@ -36,3 +36,8 @@ def test_add_tiled():
     y = np.flip(X, axis=0).copy()
     np.testing.assert_allclose(np.asarray(kernels.add_tiled(jnp.asarray(X), jnp.asarray(y))),
                                X + y, rtol=1e-6)
+
+
+def test_scale_tokens_drops_the_padding():
+    out = kernels.scale_tokens(jnp.asarray(X), 20, 2.0)
+    np.testing.assert_allclose(np.asarray(out), X[:20] * 2.0, rtol=1e-6)
