@@ -289,6 +289,7 @@ class Judge:
         self._session.store.extend(
             [_noted(f, f"kept by the program: {shown}", reaches=reaches)
              for s in self._decided(program, suspects) for f in s.findings])
+        self._session.tell_owner()
 
     def _drop(self, program: Program, suspects: list[_Suspect]) -> None:
         for suspect in self._decided(program, suspects):
@@ -310,6 +311,7 @@ class Judge:
             suspects, program.suspects = list(program.suspects), []
         self._session.store.extend([_at_boundary(f, reason)
                                     for s in suspects for f in s.findings])
+        self._session.tell_owner()
 
 
 def _shared(program: Program, site: int, exposure: Any) -> Any:

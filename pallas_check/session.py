@@ -144,8 +144,13 @@ class Session:
             with self._lock:
                 self.calls_in_flight -= 1
             progress.beat()
-            if self.findings_for_owner is not None:
-                self.findings_for_owner.write(list(self.calls), self.findings)
+            self.tell_owner()
+
+    def tell_owner(self) -> None:
+        """In a process the script started (children.py): what this process has found so
+        far, for the run's owner (after each call, and when judge.py keeps a finding)."""
+        if self.findings_for_owner is not None:
+            self.findings_for_owner.write(list(self.calls), self.findings)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
                     mesh: Any, call_site: Any = None) -> list[np.ndarray]:

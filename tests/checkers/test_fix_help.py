@@ -41,7 +41,8 @@ def test_a_read_before_a_dma_wait_names_the_dma_and_its_wait(cli):
         f"1024 elements of output o_ref[0:8, 0:128] depend on memory that was never written:"
         f" read of buf[0:8, 0:128] at {path}:{read} (the read comes before the wait of DMA #1,"
         f" which fills buf: started at {path}:{start} and waited at line {wait}, after the"
-        f" read)")
+        f" read) (kept by the program: result 0 of jax.jit(load_double)[0:8, 0:128], 1024"
+        f" elements)")
     # ... and the help says which wait to move before which read.
     assert uninit["help"] == (
         f"DMA #1 (started at {path}:{start}) fills buf: move its wait (`copy.wait()`, line"
@@ -73,7 +74,9 @@ def test_a_dma_never_waited_is_named_with_the_wait_to_call(check):
         f"DMA #1 (started at {here}:{start}) fills buf: call `copy.wait()` before the read of"
         f" buf at line {read}, or read the other slot (a buffer no DMA in flight is filling)")
     assert uninit.message.endswith(f"(the read comes before the wait of DMA #1, which fills"
-                                   f" buf: started at {here}:{start} and never waited)")
+                                   f" buf: started at {here}:{start} and never waited) (kept"
+                                   f" by the program: result 0 of the eager pallas_call"
+                                   f"[0:8, 0:128], 1024 elements)")
     [not_waited] = [f for f in checked.findings if f.kind == FindingKind.DMA_NOT_WAITED]
     assert not_waited.help == (f"call `copy.wait()` for the DMA started at {here}:{start}"
                                " before buf is used and before the kernel returns")
@@ -128,7 +131,9 @@ def test_an_unwritten_output_names_the_blocks_no_grid_point_visits(cli):
     result = cli("run", str(SAMPLES / "unwritten_grid_bug.py"))
     [unwritten] = result.report["findings"]
     assert unwritten["message"] == ("1024 of 4096 elements of output o_ref are never written"
-                                    " (within o_ref[24:32, 0:128])")
+                                    " (within o_ref[24:32, 0:128]) (kept by the program:"
+                                    " result 0 of jax.jit(double)[24:32, 0:128], 1024"
+                                    " elements)")
     assert unwritten["help"] == (
         "no grid point visits block (3, 0) of o_ref (blocks of [8, 128]): make the grid and"
         " the out_specs index map cover every block of o_ref")
