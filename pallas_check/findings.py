@@ -198,6 +198,12 @@ class FindingStore:
         for finding in findings:
             self.add(finding)
 
+    def holds(self, finding: Finding) -> bool:
+        """Whether a sighting of the same defect (the same merge key) is already held."""
+        key = finding.merge_key()
+        with self._lock:
+            return key in self._by_key
+
     def discard(self, drop: Any) -> int:
         """Remove the findings `drop(finding)` is true of; how many were removed."""
         with self._lock:

@@ -20,7 +20,11 @@ each, at most `ALONE_TRIES`); one that changes the results alone stands, one tha
 is dropped; if none does alone, all stand, judged together. A call is keyed by its site in
 the computation and how many times that site ran before it, so a loop's iterations are
 told apart. A kernel whose outputs the program returns as they are (an eager pallas_call,
-`jax.jit(f)` returning the call's output) needs no re-run: its elements are results.
+`jax.jit(f)` returning the call's output) needs no re-run: its elements are results. Nor
+does a finding the report already holds (an earlier run kept the same defect): a re-run
+could only add to its count, so it is counted, and a program called in a loop costs one
+run a call, not two. One an earlier run dropped is judged again: what the program keeps
+may depend on its arguments.
 
 Where the program cannot be re-run -- it donates an argument, has side effects
 (`io_callback`, `jax.debug.print`), failed, ran alongside another jitted call on another
@@ -197,13 +201,19 @@ class Judge:
         if reason is not None:
             self._settle(program, reason)
             return
-        suspects = []
+        suspects, reported = [], []
         for suspect in list(program.suspects):
             direct = _direct(program, suspect)
-            if direct is None:
-                suspects.append(suspect)
-            else:  # its outputs are the program's results: no re-run needed
+            if direct is not None:  # its outputs are the program's results: no re-run
                 self._keep(program, [suspect], direct)
+            elif all(self._session.store.holds(f) for f in suspect.findings):
+                reported.append(suspect)
+            else:
+                suspects.append(suspect)
+        if reported:  # seen again: counted, not re-judged (a re-run would only count)
+            self._session.store.extend(
+                [f for s in self._decided(program, reported) for f in s.findings])
+            self._session.tell_owner()
         if not suspects:
             return
         base = [np.asarray(o) for o in outputs]

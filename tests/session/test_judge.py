@@ -103,6 +103,32 @@ def test_where_keeping_the_fully_written_output_is_not_reported(check):
         (FindingKind.UNWRITTEN_OUTPUT, [[4, 8], [0, 128]])]
 
 
+def test_a_finding_already_kept_is_counted_again_without_a_rerun(check, monkeypatch):
+    runs = _counting(monkeypatch)
+    keep_six = jax.jit(lambda x: _top_half(x)[:6] + 0.0)
+
+    checked = check(lambda x: [keep_six(x + i) for i in range(3)], X)
+    (finding,) = checked.findings
+    assert (finding.kind, finding.count, finding.details["reaches"][0]["range"]) == (
+        FindingKind.UNWRITTEN_OUTPUT, 3, [[4, 6], [0, 128]])
+    # The first run judged by a re-run; the next two only add to the count.
+    assert runs == [True, False, True, True]
+
+
+def test_a_finding_dropped_once_is_judged_again_on_the_next_run(check, monkeypatch):
+    runs = _counting(monkeypatch)
+
+    @jax.jit
+    def step(flag, x):
+        return jnp.where(flag, _full(x), _top_half(x))
+
+    checked = check(lambda x: [step(True, x), step(False, x)], X)
+    (finding,) = checked.findings  # the second run keeps the rows the first dropped
+    assert (finding.kind, finding.count, finding.details["reaches"][0]["range"]) == (
+        FindingKind.UNWRITTEN_OUTPUT, 1, [[4, 8], [0, 128]])
+    assert runs == [True, True, False, False] * 2  # each run judged by a re-run of both
+
+
 def test_of_two_calls_only_the_one_whose_rows_reach_a_result_is_reported(check):
     # Both calls leave rows 4..8 unwritten; the program keeps them of the second only.
     checked = check(jax.jit(lambda x: (_top_half(x)[:4], _top_half(x * 3.0))), X)
