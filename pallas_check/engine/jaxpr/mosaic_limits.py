@@ -11,7 +11,8 @@ scatter form, `plsc.Indices`) is legal where Mosaic's SparseCore lowering takes 
 (`sc_lowering._prepare_dma_refs`): a gather from HBM or VMEM_SHARED into VMEM indexing only
 the source, a scatter from VMEM into HBM or VMEM_SHARED indexing only the destination, a
 1-D index vector (a VMEM ref or a value), the indexer the last transform, no device id;
-`add=True` only on such a DMA. Anything else is the `compile-error` here, as on TensorCores
+`add=True` only on such a DMA; 32-bit elements, and rows of at most 128 of them between VMEM
+and VMEM_SHARED (libtpu's own refusals, `_sc_stream_refusal`). Anything else is the `compile-error` here, as on TensorCores
 (where every array-indexed DMA is).
 
 The whole kernel is looked at, every branch and loop body, as the lowering does: a gather
@@ -235,7 +236,44 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     if hasattr(aval, "memory_space") and space_of(aval) != MemorySpace.VMEM:
         return refuse(side, f"the indices of a gather or scatter DMA must be in VMEM, got"
                       f" {space_of(aval)} (Mosaic)")
-    return None
+    return _sc_stream_refusal(sides, side, refuse)
+
+
+# The widest row (in 32-bit elements) an indirect DMA moves between VMEM and VMEM_SHARED:
+# libtpu 0.0.42 lowers wider ones to an indirect vector stream, which it refuses there
+# (v6e and v7x; a row of 128 compiles, 192 and 256 do not).
+SHARED_ROW_ELEMENTS = 128
+
+
+def _sc_stream_refusal(sides: list, side: tuple, refuse: Callable[..., NotLowered]
+                       ) -> NotLowered | None:
+    """What libtpu refuses in a legal-looking gather or scatter (seen with libtpu 0.0.42 for
+    v6e and v7x, both ways): elements other than 32 bits ("'tpu.enqueue_indirect_dma' op Not
+    implemented: only 32-bit elements are supported"; see a bf16 table as uint32 pairs with
+    ref.bitcast), and rows wider than SHARED_ROW_ELEMENTS between VMEM and VMEM_SHARED."""
+    ref, transforms, found, _, _ = side  # found: (the indexer, its place in transforms)
+    dtype = getattr(getattr(ref, "aval", None), "dtype", None)
+    for transform in transforms:
+        if isinstance(transform, state_types.BitcastTransform):
+            dtype = transform.dtype
+    if dtype is not None and np.dtype(dtype).itemsize != 4:
+        return refuse(side, f"a gather or scatter DMA of {np.dtype(dtype).name} elements does"
+                      " not lower: libtpu moves 32-bit elements only (\"'tpu.enqueue_indirect"
+                      "_dma' op Not implemented: only 32-bit elements are supported\"); see"
+                      " the data as uint32 with ref.bitcast")
+    if MemorySpace.VMEM_SHARED not in (sides[0][4], sides[1][4]):
+        return None
+    # The row is the indexed ref's, as seen where the indexer applies: a column window
+    # taken in the same indexer still strides over whole rows (libtpu refuses it too).
+    shape = _viewed_shape(getattr(ref, "aval", None), transforms[:found[1]])
+    row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    if row <= SHARED_ROW_ELEMENTS:
+        return None
+    return refuse(side, f"a gather or scatter DMA of rows of {row} elements between VMEM and"
+                  f" VMEM_SHARED does not lower: libtpu takes rows of at most"
+                  f" {SHARED_ROW_ELEMENTS} there (\"IndirectVectorStreamStartOp doesn't support"
+                  " transfer\" between Spmem and TileSpmem, a column window too); keep the"
+                  f" table there as blocks of {SHARED_ROW_ELEMENTS} columns, or gather from HBM")
 
 
 def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
@@ -316,7 +354,8 @@ def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
 def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
     """Each sub-jaxpr of an equation with the names of the refs it receives: its invars are
     the equation's last ones (cond branches, jit, loop bodies); a while's condition takes
-    its own consts and the carry; run_scoped's are the refs it allocates."""
+    its own consts and the carry; run_scoped's are the refs it allocates (and its constvars
+the outer refs it uses)."""
     params = eqn.params
     for key, value in params.items():
         for sub in value if isinstance(value, tuple) else (value,):
@@ -328,7 +367,12 @@ def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
                 continue
             n = len(inner.invars)
             if eqn.primitive is pallas_primitives.run_scoped_p:
-                yield inner, dict(zip(inner.invars, scoped_names(inner)))
+                # Its refs, and the outer refs it closes over (`pltpu.sync_copy` is a
+                # run_scoped semaphore around a DMA of them): its constvars.
+                scoped = dict(zip(inner.invars, scoped_names(inner)))
+                scoped.update({v: names[o] for v, o in zip(inner.constvars, eqn.invars)
+                               if isinstance(o, jax_core.Var) and o in names})
+                yield inner, scoped
                 continue
             if key == "cond_jaxpr" and "body_nconsts" in params:
                 first = params.get("cond_nconsts", 0)

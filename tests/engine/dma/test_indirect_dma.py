@@ -442,3 +442,74 @@ def test_a_row_of_a_2d_index_table_is_a_1d_index_vector(check, row):
     else:
         assert [f.kind for f in r.findings] == [FindingKind.COMPILE_ERROR], r.findings
         assert "only 1-D index vectors" in r.findings[0].message
+
+
+@pytest.mark.parametrize("dtype, sees, refused", [
+    (jnp.bfloat16, None, True), (jnp.int8, None, True), (jnp.bfloat16, jnp.uint32, False),
+    (jnp.int32, None, False)], ids=["bf16", "int8", "bf16-seen-as-uint32", "int32"])
+def test_an_indirect_dma_moves_32_bit_elements_only(check, dtype, sees, refused):
+    """libtpu 0.0.42 (v6e, v7x) refuses a gather of 8- or 16-bit elements ("only 32-bit
+    elements are supported"); the same table seen through a uint32 view gathers."""
+
+    def run(x):
+        lanes = _lanes()
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes, D), sees or dtype), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
+                                  pltpu.VMEM((lanes, D), sees or dtype)])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v):
+            pltpu.sync_copy(idx_hbm, idx_v)
+            table = x_hbm.bitcast(sees) if sees is not None else x_hbm
+            pltpu.sync_copy(table.at[idx_v], rows_v)
+            pltpu.sync_copy(rows_v, o_hbm)
+
+        return jax.jit(kernel)(x, jnp.arange(lanes, dtype=jnp.int32) * 2)
+
+    x = jnp.arange(64 * D).astype(dtype).reshape(64, D)
+    r = check(run, x, config=_config())
+    if refused:
+        (f,) = r.findings
+        assert (f.kind, f.buffer) == (FindingKind.COMPILE_ERROR, "x_hbm"), r.findings
+        assert "only 32-bit elements are supported" in f.message
+        assert f.frames[0].code.strip() == "pltpu.sync_copy(table.at[idx_v], rows_v)"
+    else:
+        _clean(r)
+
+
+@pytest.mark.parametrize("columns, window, refused", [
+    (128, False, False), (256, False, True), (256, True, True)],
+    ids=["rows-of-128", "rows-of-256", "a-128-column-window-of-256"])
+def test_rows_between_vmem_and_vmem_shared_are_128_elements_at_most(
+        check, columns, window, refused):
+    """libtpu 0.0.42 (v6e, v7x) moves rows of at most 128 32-bit elements between
+    VMEM_SHARED and VMEM by index ("IndirectVectorStreamStartOp doesn't support transfer
+    from ... Spmem to ... TileSpmem"), a column window of wider rows neither."""
+
+    def run(x):
+        lanes = _lanes()
+        width = 128 if window else columns
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes, width), jnp.float32), mesh=_mesh(1),
+                   scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
+                                  pltpu.VMEM((lanes, width), jnp.float32),
+                                  pltpu.VMEM_SHARED((64, columns), jnp.float32)])
+        def kernel(x_hbm, idx_hbm, o_hbm, idx_v, rows_v, x_sh):
+            pltpu.sync_copy(x_hbm, x_sh)
+            pltpu.sync_copy(idx_hbm, idx_v)
+            pltpu.sync_copy(x_sh.at[idx_v, pl.ds(0, 128)] if window else x_sh.at[idx_v],
+                            rows_v)
+            pltpu.sync_copy(rows_v, o_hbm)
+
+        return jax.jit(kernel)(x, jnp.arange(lanes, dtype=jnp.int32) * 3)
+
+    x = jnp.arange(64 * columns, dtype=jnp.float32).reshape(64, columns)
+    r = check(run, x, config=_config())
+    if refused:
+        (f,) = r.findings
+        assert (f.kind, f.buffer, f.memory_space) == (
+            FindingKind.COMPILE_ERROR, "x_sh", "VMEM_SHARED"), r.findings
+        assert f"rows of {columns} elements between VMEM and VMEM_SHARED" in f.message
+    else:
+        _clean(r)
+        lanes = len(np.asarray(r.value))
+        np.testing.assert_array_equal(np.asarray(r.value), np.asarray(x)[np.arange(lanes) * 3])
