@@ -94,6 +94,14 @@ class Finding:
     # the reports' `help:` line. None: only the kind's general help (kinds.py) applies.
     # Not part of the finding's identity (like `message`).
     help: str | None = None
+    # Facts code decides on, typed (not keys of `details`); the JSON and SARIF reports show
+    # each one that is set among the details, under its name, as they always have.
+    merge: str = ""  # the emitter's own part of the identity: sightings equal in it merge
+    generation: str | None = None  # the TPU generation a compiled or reckoned verdict is for
+    reckoned: bool = False  # a vmem-exceeded reckoned by pallas-check, not the compiler's
+    simulated: bool | None = None  # a vmem-exceeded call: simulated all the same, or not
+    skipped: bool = False  # a compile-error the simulation found: the call was skipped
+    schedules: tuple[int, int] | None = None  # explored: (schedules showing it, tried)
 
     # -- identity: when two findings are one defect ------------------------------------
     def identity(self, where: Callable[[tuple[SourceFrame, ...]], Any]) -> tuple:
@@ -105,7 +113,7 @@ class Finding:
         return (self.kind.value, self.kernel.name, self.buffer, self.memory_space,
                 where(self.frames),
                 tuple((a.operation, a.buffer, where(a.frames)) for a in self.accesses),
-                str(self.details.get("merge", "")))
+                self.merge)
 
     def merge_key(self) -> tuple:
         """Findings with this key equal are the same defect seen again (e.g. each grid step)."""
@@ -141,8 +149,19 @@ class Finding:
                 return access.frames[0]
         return None
 
+    def reported_details(self) -> dict[str, Any]:
+        """`details` with the typed facts that are set, as the reports show them."""
+        typed = {"merge": self.merge or None, "generation": self.generation,
+                 "reckoned": self.reckoned or None, "simulated": self.simulated,
+                 "skipped": self.skipped or None,
+                 "schedules": list(self.schedules) if self.schedules else None}
+        return {**self.details, **{k: v for k, v in typed.items() if v is not None}}
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        for name in _TYPED_FACTS:
+            del data[name]
+        data["details"] = self.reported_details()
         data["kind"] = self.kind.value
         data["index_range"] = _range_list(self.index_range)
         data["grid_point"] = list(self.grid_point) if self.grid_point is not None else None
@@ -151,6 +170,9 @@ class Finding:
             if access["grid_point"] is not None:
                 access["grid_point"] = list(access["grid_point"])
         return data
+
+
+_TYPED_FACTS = ("merge", "generation", "reckoned", "simulated", "skipped", "schedules")
 
 
 def _first_frame(frames: tuple[SourceFrame, ...]) -> tuple[SourceFrame, ...]:

@@ -107,15 +107,14 @@ def merge(session: Any, run: GenerationRun) -> None:
     if run.internal_error is not None:
         raise RuntimeError(f"the script's run as {run.generation}: {run.internal_error}")
     by_index = {c.index: c for c in session.calls}
-    stale = [f for f in session.findings if f.details.get("reckoned")
-             and f.details.get("generation") == run.generation]
+    stale = [f for f in session.findings if f.reckoned and f.generation == run.generation]
     session.store.discard(lambda f: any(f is s for s in stale))
     for finding in stale:
         if finding.call_index in by_index:
             by_index[finding.call_index].findings -= 1
     seen = {f.merge_key() for f in session.findings}
     known = {(f.call_index, f.frames[:1]) for f in session.findings
-             if f.kind == FindingKind.COMPILE_ERROR and f.details.get("skipped")}
+             if f.kind == FindingKind.COMPILE_ERROR and f.skipped}
     fresh = []
     for finding in run.findings:
         if finding.merge_key() in seen or (
@@ -151,8 +150,7 @@ def from_session(session: Any, outcome: Any, ours: Sequence[str], generation: Tp
         compile_session(session, (generation,))
     keep_all = session.config.tpu_all
     findings = [f for f in session.findings if keep_all or (
-        f.kind in COMPILER_KINDS and f.details.get("generation") == generation.value
-        and not f.details.get("skipped"))]
+        f.kind in COMPILER_KINDS and f.generation == generation.value and not f.skipped)]
     compiled = {c.index: (c.kernel, c.compiled[generation.value]) for c in session.calls
                 if generation.value in c.compiled}
     return GenerationRun(generation.value, seconds, own_process, findings, compiled,

@@ -244,7 +244,7 @@ def _unused(calls: Sequence[CallSummary], comments: "_Comments",
             code = comments.line_text(call.file, line)
             out.append(Finding(FindingKind.UNUSED_SUPPRESSION, message, kernel, call.index,
                                frames=(SourceFrame(call.file, line, call.kernel, code),),
-                               details={"merge": comment.text}))
+                               merge=comment.text))
     return out
 
 

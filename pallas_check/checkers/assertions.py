@@ -24,5 +24,5 @@ def check_failed_finding(checker: Checker, e: CheckFailed) -> Finding:
         message=f"pl.debug_check failed: {e.message} ({on})",
         kernel=checker.call.kernel, call_index=checker.call.call_index,
         grid_point=w.grid_point, actor=w.actor, frames=w.frames,
-        details={"merge": e.check, "check": e.message, "device": w.device, "core": w.core},
+        merge=e.check, details={"check": e.message, "device": w.device, "core": w.core},
     )

@@ -18,5 +18,5 @@ class LoweringChecker(Checker):
                     f" written (the fill), an output aliased to an input keeps the input",
             kernel=self.call.kernel, call_index=self.call.call_index, buffer=event.buffer,
             memory_space=event.memory_space, frames=event.frames,
-            details={"operation": event.operation, "mosaic": event.mosaic, "skipped": True},
+            details={"operation": event.operation, "mosaic": event.mosaic}, skipped=True,
         ))

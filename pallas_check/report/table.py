@@ -98,7 +98,7 @@ class _Shown:
     def message(self, f: Finding) -> str:
         """The finding's message, with in how many explored schedules it appeared."""
         message = self.text(" ".join(f.message.split()))
-        schedules = f.details.get("schedules")
+        schedules = f.schedules
         if schedules:
             message += f" (in {schedules[0]} of {schedules[1]} schedules tried)"
         return message

@@ -80,8 +80,7 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
     assert diagnosis is not None
     generation = outcome.generation.value
     frame, buffer = place(call, outcome)
-    details: dict[str, Any] = {"generation": generation, "merge": generation,
-                               "error_code": diagnosis.code}
+    details: dict[str, Any] = {"error_code": diagnosis.code}
     if diagnosis.kind == "vmem-exceeded":
         largest = list(outcome.allocations[:LARGEST])
         buffer = largest[0].name if largest else buffer
@@ -105,7 +104,8 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
         kind = FindingKind.COMPILE_ERROR
     return Finding(kind=kind, message=message, kernel=call.kernel, call_index=call.index,
                    buffer=buffer, memory_space="VMEM" if buffer else "",
-                   frames=(frame,) if frame is not None else (), details=details)
+                   frames=(frame,) if frame is not None else (), details=details,
+                   merge=generation, generation=generation)
 
 
 def _code(code: str | None) -> str:
@@ -128,7 +128,7 @@ def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = 
     # What the simulation already found Mosaic refuses (engine/jaxpr/mosaic_limits.py), at the
     # same line of the same call, is one defect: its finding stays, the compiler's joins it.
     known = {(f.call_index, f.frames[:1]) for f in session.findings
-             if f.kind == FindingKind.COMPILE_ERROR and f.details.get("skipped")}
+             if f.kind == FindingKind.COMPILE_ERROR and f.skipped}
     result.findings[:] = [f for f in result.findings
                           if (f.call_index, f.frames[:1]) not in known]
     per_call = _replace_reckoned(session.store, result.findings, result.by_call)
@@ -152,21 +152,21 @@ def _replace_reckoned(store: Any, findings: list[Finding],
     an estimate of what the compiler allocates). A call the engine did not simulate says
     so in the compiler's finding too. Per call, how many findings were removed (negative
     counts)."""
-    verdicts = {(f.call_index, f.details.get("generation")): f for f in findings
+    verdicts = {(f.call_index, f.generation): f for f in findings
                 if f.kind == FindingKind.VMEM_EXCEEDED}
     compiled = {(index, generation) for index, outcomes in by_call.items()
                 for generation, outcome in outcomes.items() if outcome.ok}
-    replaced = [f for f in store.all() if f.details.get("reckoned")
-                and ((f.call_index, f.details.get("generation")) in verdicts
-                     or (f.call_index, f.details.get("generation")) in compiled)]
+    replaced = [f for f in store.all() if f.reckoned
+                and ((f.call_index, f.generation) in verdicts
+                     or (f.call_index, f.generation) in compiled)]
     store.discard(lambda f: any(f is r for r in replaced))
     per_call: dict[int, int] = {}
     for finding in replaced:
         per_call[finding.call_index] = per_call.get(finding.call_index, 0) - 1
-        verdict = verdicts.get((finding.call_index, finding.details.get("generation")))
+        verdict = verdicts.get((finding.call_index, finding.generation))
         if verdict is None:
             continue
-        if finding.details.get("simulated") is False and "simulated" not in verdict.details:
-            verdict.details["simulated"] = False
+        if finding.simulated is False and verdict.simulated is None:
+            verdict.simulated = False
             verdict.message += "; " + finding.message.rsplit("; ", 1)[-1]
     return per_call

@@ -179,15 +179,15 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
     # is another fact, with its own numbers.
     merge = f"{generation} {over.space} {over.needed}"
     details: dict[str, Any] = {
-        "generation": generation, "merge": merge, "used_bytes": over.needed,
-        "available_bytes": over.available, "simulated": simulated_on is not None,
-        "reckoned": True,  # by pallas-check, not by the compiler (--compile)
+        "used_bytes": over.needed, "available_bytes": over.available,
         "at_limit": over.at_limit,
         "allocations": [dataclasses.asdict(a) for a in over.allocations]}
     return Finding(kind=FindingKind.VMEM_EXCEEDED, message=message, kernel=kernel,
                    call_index=call_index, buffer=largest[0].name if largest else "",
                    memory_space=over.space, frames=(frame,) if frame is not None else (),
-                   details=details)
+                   details=details, merge=merge, generation=generation,
+                   simulated=simulated_on is not None,
+                   reckoned=True)  # by pallas-check, not by the compiler (--compile)
 
 
 def unsimulated_outputs(params: dict, device_operands: Sequence[Sequence[Any]], fill: str,

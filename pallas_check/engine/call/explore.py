@@ -156,7 +156,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     assert result is not None
     if schedules > 1:
         for finding in findings:
-            finding.details["schedules"] = [seen[finding.merge_key()], tried]
+            finding.schedules = (seen[finding.merge_key()], tried)
     carried.clear()
     carried.update(chosen_carried)
     carried_semaphores.drop_taken(carried)
