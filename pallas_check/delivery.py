@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from pallas_check.outfile import OutputError, is_stdout, stream_descriptor, write_report
+from pallas_check.report.formats import Format
 
 
 def write_stdout(text: str, stream: TextIO | None = None) -> None:
@@ -91,7 +92,7 @@ def quiet(stream: TextIO | None) -> Any:
 
 def report_owns_stdout(fmt: str, output: Path | None) -> bool:
     """Whether a machine-readable report goes to stdout (then nothing else may)."""
-    return fmt != "table" and (output is None or str(output) == "-")
+    return not Format(fmt).for_people and (output is None or str(output) == "-")
 
 
 @contextlib.contextmanager

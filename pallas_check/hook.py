@@ -14,18 +14,18 @@ configured script is checked whenever the hook runs.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from pallas_check import exitcodes
 from pallas_check.config.layers import Settings, load_settings
 from pallas_check.config.options import RUN_OPTIONS
 from pallas_check.errors import PallasCheckError, SettingsError
 from pallas_check.exitcodes import ExitCode
+from pallas_check.report.formats import Format
 from pallas_check.units import plural
 
 _WHAT = {ExitCode.CLEAN: "clean", ExitCode.FINDINGS: "findings",
@@ -114,28 +114,19 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
 
 
 def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> ExitCode:
-    """One report for every script: SARIF with one run per script, JSON with every
-    script's report under `reports`, table and text one after the other."""
+    """One report for every script, merged as the format merges them (report/formats.py
+    `Format.merged`: SARIF with one run per script, JSON with every script's report under
+    `reports`, table and text one after the other)."""
     from pallas_check.outfile import OutputError, check_target, write_report
 
     texts = [(shown, part.read_text(encoding="utf-8")) for shown, part in parts
              if part.exists()]
     try:
-        _check_parts(fmt, texts)
+        text = Format(fmt).merged(texts)
     except ValueError as exc:  # a report of another pallas-check (or not one at all)
         print(f"pallas-check: error: cannot merge the scripts' reports: {exc}",
               file=sys.stderr)
         return ExitCode.USAGE
-    if fmt == "sarif":
-        logs = [json.loads(text) for _, text in texts]
-        merged: Any = dict(logs[0]) if logs else {"version": "2.1.0", "runs": []}
-        merged["runs"] = [run for log in logs for run in log.get("runs", [])]
-        text = json.dumps(merged, indent=2) + "\n"
-    elif fmt == "json":
-        text = json.dumps({"schema": "pallas-check/hook-report", "schema_version": 1,
-                           "reports": [json.loads(t) for _, t in texts]}, indent=2) + "\n"
-    else:
-        text = "".join(f"== {shown}\n{t}" if fmt == "table" else t for shown, t in texts)
     try:
         check_target(output)
         write_report(output, text)
@@ -145,18 +136,3 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> Exit
         return ExitCode.USAGE
     print(f"pallas-check hook: report of {plural(len(texts), 'script')} written to {output}")
     return ExitCode.CLEAN
-
-
-def _check_parts(fmt: str, texts: list[tuple[str, str]]) -> None:
-    """Each script's report is read back before it is merged: it must be the report this
-    pallas-check writes (its schema and version; SARIF 2.1.0), else ValueError, one line."""
-    from pallas_check.report import json as json_report
-    from pallas_check.report.sarif import SARIF_VERSION
-    from pallas_check.report.schema import check_schema
-
-    for shown, text in texts:
-        if fmt == "json":
-            check_schema(json.loads(text), f"the report of {shown}", json_report.SCHEMA,
-                         (json_report.SCHEMA_VERSION,), "JSON report")
-        elif fmt == "sarif" and json.loads(text).get("version") != SARIF_VERSION:
-            raise ValueError(f"the report of {shown} is not SARIF {SARIF_VERSION}")

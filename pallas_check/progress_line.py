@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from pallas_check.report.formats import Format
+
 # A call shows its line once it has run this long (short calls never flicker one), and the
 # line is redrawn this often.
 SHOW_AFTER_S = 0.5
@@ -26,9 +28,10 @@ REFRESH_S = 0.25
 
 def wanted(fmt: str, output: Any, stream: TextIO | None = None) -> bool:
     """Whether `pallas-check run` shows progress: stderr is a terminal, and no JSON or
-    SARIF report is being written to stdout (those are for machines, even on a terminal)."""
+    SARIF report is being written to stdout (those are for machines, even on a terminal:
+    `Format.progress_beside`)."""
     to_stdout = output is None or str(output) == "-"
-    if to_stdout and fmt not in ("table", "text"):
+    if to_stdout and not Format(fmt).progress_beside:
         return False
     return is_terminal(stream if stream is not None else sys.stderr)
 

@@ -16,7 +16,7 @@ from pallas_check.delivery import note, report_owns_stdout, script_streams
 from pallas_check.config import Config
 from pallas_check.errors import MAX_ERROR_CHARS, one_line, short_error  # noqa: F401 (their old home)
 from pallas_check.exitcodes import ExitCode, exit_code_for
-from pallas_check.report import reporter_for
+from pallas_check.report import Format, reporter_for
 from pallas_check.report.model import RunReport, suppressed_text
 from pallas_check.units import findings_in_calls, plural
 
@@ -173,7 +173,8 @@ class CheckCommand:
             stopped = stopped_text(done.outcome.error, report.calls)
             summary = f"{stopped}; {summary}"
             failure = f"pallas-check: {stopped}\n" if to_stdout else None
-        if done.wrong_chip is not None and not report.calls and fmt == "table" and to_stdout:
+        if (done.wrong_chip is not None and not report.calls and Format(fmt).for_people
+                and to_stdout):
             return Verdict("", code, summary, done.wrong_chip)  # one line: nothing else ran
         return Verdict(text, code, summary, report.internal_error, failure)
 
@@ -414,7 +415,7 @@ class _Finisher:
         to_stdout = self.output is None or str(self.output) == "-"
         verdict = self.command.verdict(outcome, self.ours, self.fmt, to_stdout)
         delivered = deliver(verdict.text, self.output, summary=verdict.summary,
-                            shows_traceback=self.fmt == "table",
+                            shows_traceback=Format(self.fmt).for_people,
                             traceback_text=verdict.traceback, error=verdict.error,
                             stdout=self.stdout)
         code = verdict.code

@@ -121,3 +121,96 @@ def test_no_module_is_longer_than_500_lines():
             for path in sorted(PACKAGE.rglob("*.py"))
             if (count := len(path.read_text().splitlines())) > 500]
     assert long == []
+
+
+# A format's name: what `--format` takes (report/formats.py `Format`, its values and members).
+_FORMAT_NAMES = {"table", "json", "sarif", "text"}
+_FORMAT_MEMBERS = {"TABLE", "JSON", "SARIF", "TEXT"}
+
+
+def _is_a_format_name(node: ast.expr) -> bool:
+    """`"table"`, `Format.TABLE`, or a tuple/list/set holding one (`in ("table", "text")`)."""
+    if isinstance(node, ast.Constant):
+        return node.value in _FORMAT_NAMES
+    if isinstance(node, ast.Attribute):
+        return (node.attr in _FORMAT_MEMBERS and isinstance(node.value, ast.Name)
+                and node.value.id == "Format")
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_a_format_name(element) for element in node.elts)
+    return False
+
+
+def _is_a_format(node: ast.expr) -> bool:
+    """An expression that holds a format: it reads a name, attribute or key spelled with
+    `fmt` or `format` (`fmt`, `self.fmt`, `Format(fmt).value`, `options["fmt"]`)."""
+    spelled = [n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
+               else n.value for n in ast.walk(node)
+               if isinstance(n, (ast.Name, ast.Attribute))
+               or (isinstance(n, ast.Constant) and isinstance(n.value, str))]
+    return any("fmt" in word.lower() or "format" in word.lower() for word in spelled)
+
+
+def branches_on_a_format_name(source: str) -> list[int]:
+    """The lines of `source` that compare a format with a format's name (`fmt == "table"`,
+    `self.fmt != "json"`, `fmt not in ("table", "text")`, `fmt is Format.SARIF`, a `match`
+    on a format with a format's name as a case)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any((_is_a_format_name(a) and _is_a_format(b))
+                   or (_is_a_format_name(b) and _is_a_format(a))
+                   for a, b in zip(operands, operands[1:])):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Match) and _is_a_format(node.subject):
+            lines += [case.pattern.lineno for case in node.cases
+                      if isinstance(case.pattern, ast.MatchValue)
+                      and _is_a_format_name(case.pattern.value)]
+    return lines
+
+
+def test_the_scan_sees_a_branch_on_a_format_name_and_nothing_else():
+    flagged = ['fmt == "table"', 'self.fmt != "table"', '"sarif" == fmt',
+               'fmt not in ("table", "text")', 'Format(fmt) is Format.TABLE',
+               'str(options["fmt"]) == "json"', 'output_format in ["json"]']
+    for source in flagged:
+        assert branches_on_a_format_name(source) == [1], source
+    assert branches_on_a_format_name('match fmt:\n    case "sarif":\n        pass') == [2]
+    unrelated = ['fmt == INTERLEAVED', 'region["snippet"] = {"text": code}',
+                 'mode == "text"', 'kind in ("json", "sarif")', 'fmt.for_people',
+                 'Format(fmt) in Format.accepted_by(NATIVE)', 'match mode:\n case "json": pass']
+    for source in unrelated:
+        assert branches_on_a_format_name(source) == [], source
+
+
+def test_no_module_branches_on_a_format_name():
+    """What a format means to a command (the table for people, a progress line beside it,
+    how the hook merges scripts' reports) lives on its `Format` member
+    (report/formats.py), so that a new format is one member and one module (issue 37)."""
+    from pallas_check.report.formats import Format
+
+    assert ({f.value for f in Format}, {f.name for f in Format}) == (_FORMAT_NAMES,
+                                                                     _FORMAT_MEMBERS)
+    formats = PACKAGE / "report" / "formats.py"
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}"
+                 for path in sorted(PACKAGE.rglob("*.py")) if path != formats
+                 for line in branches_on_a_format_name(path.read_text())]
+    assert offenders == []
+
+
+def test_the_command_line_imports_no_jax_rich_or_report_module():
+    """`pallas-check --help` and every usage error answer before JAX, rich or a reporter is
+    imported: the CLI reads the option table and the format registry only (formats.py)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys, pallas_check.cli; print(sorted(m for m in sys.modules"
+             " if m.split('.')[0] in ('jax', 'jaxlib', 'rich')"
+             " or m.startswith('pallas_check.report')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, cwd=PACKAGE.parent, check=True)
+    assert proc.stdout.split("\n")[0] == str(["pallas_check.report",
+                                               "pallas_check.report.formats"])

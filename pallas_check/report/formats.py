@@ -9,9 +9,17 @@ command accepts exactly the formats that have a reporter for its report: `--help
 those as the choices of `--format` (`Format.choices`), with the help text built from the
 same members (`Format.help`).
 
-A new format is a member here and a module under report/ with its reporter class(es);
-every reporter takes `display=` (where a table is shown: report/console.py) and renders
-with `render(report, stream)`.
+A member also carries what the rest of pallas-check needs to know of the format, so that
+no module branches on a format's name: whether it is the table for people (`for_people`:
+the user's traceback under it, the one-line wrong-chip verdict, the script's prints left on
+stdout), whether a progress line may be drawn beside it (`progress_beside`), and how the
+pre-commit hook merges several scripts' `run` reports into one file (`merge`, and
+`part_check`, which refuses a part that is not this pallas-check's report), both named
+"module:function" under pallas_check/report/ like the reporters.
+
+A new format is a member here and a module under report/ with its reporter class(es) and
+its merge; every reporter takes `display=` (where a table is shown: report/console.py) and
+renders with `render(report, stream)`.
 
 Nothing here imports a report module, rich or JAX (options.py imports it).
 """
@@ -22,7 +30,7 @@ import enum
 import functools
 import importlib
 import io
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, TextIO, cast
 
 if TYPE_CHECKING:
     from pallas_check.report.console import Display
@@ -40,27 +48,56 @@ class Reporter(Protocol):
     def render(self, report: Any, stream: TextIO) -> None: ...
 
 
-class Format(str, enum.Enum):
-    """Report formats (the value is the `--format` name), each with its reporters."""
+class _Spec(NamedTuple):
+    """One format's entry (a `Format` member is made from it; see the module's docstring)."""
 
+    name: str  # the `--format` name
     described: str  # how `--help` names it
     reporters: dict[str, str]  # report (RUN, DIFF, ...) -> "module:Class" in report/
+    merge: str  # "module:function" in report/: scripts' `run` reports (the hook's) as one
+    part_check: str | None = None  # "module:function": a part must be our report, or None
+    for_people: bool = False  # the table for people (else a report for programs)
+    progress_beside: bool = False  # a progress line may be drawn while it goes to stdout
 
-    def __new__(cls, name: str, described: str, reporters: dict[str, str]) -> Format:
-        member = str.__new__(cls, name)
-        member._value_ = name
-        member.described = described
-        member.reporters = reporters
+
+class Format(str, enum.Enum):
+    """Report formats (the value is the `--format` name), each with its reporters and what
+    the commands need to know of it (_Spec)."""
+
+    described: str
+    reporters: dict[str, str]
+    merge: str
+    part_check: str | None
+    # A table for people: under it the user's traceback when the script fails, and alone
+    # the one-line verdict of a run on the wrong chip; the script's prints stay on stdout
+    # (every other format is for programs: it owns stdout, the script prints to stderr).
+    for_people: bool
+    # Read by people as it comes (the table, the text's lines), so a terminal's stderr may
+    # show a progress line beside it; JSON and SARIF are for programs, even on a terminal.
+    progress_beside: bool
+
+    def __new__(cls, *fields: Any) -> Format:
+        spec = _Spec(*fields)
+        member = str.__new__(cls, spec.name)
+        member._value_ = spec.name
+        member.described, member.reporters = spec.described, spec.reporters
+        member.merge, member.part_check = spec.merge, spec.part_check
+        member.for_people, member.progress_beside = spec.for_people, spec.progress_beside
         return member
 
-    TABLE = ("table", "a table for people",
-             {RUN: "table:TableReporter", DIFF: "diff:DiffTableReporter",
-              NATIVE: "native:NativeTableReporter", COMPILE: "compile:CompileTableReporter"})
-    JSON = ("json", "json",
-            {RUN: "json:JsonReporter", DIFF: "diff:DiffJsonReporter",
-             NATIVE: "native:NativeJsonReporter", COMPILE: "compile:CompileJsonReporter"})
-    SARIF = ("sarif", "sarif", {RUN: "sarif:SarifReporter"})
-    TEXT = ("text", "text (path:line: kind: message)", {RUN: "text:TextReporter"})
+    TABLE = _Spec("table", "a table for people",
+                  {RUN: "table:TableReporter", DIFF: "diff:DiffTableReporter",
+                   NATIVE: "native:NativeTableReporter",
+                   COMPILE: "compile:CompileTableReporter"},
+                  merge="table:merge_reports", for_people=True, progress_beside=True)
+    JSON = _Spec("json", "json",
+                 {RUN: "json:JsonReporter", DIFF: "diff:DiffJsonReporter",
+                  NATIVE: "native:NativeJsonReporter", COMPILE: "compile:CompileJsonReporter"},
+                 merge="json:merge_reports", part_check="json:check_part")
+    SARIF = _Spec("sarif", "sarif", {RUN: "sarif:SarifReporter"},
+                  merge="sarif:merge_reports", part_check="sarif:check_part")
+    TEXT = _Spec("text", "text (path:line: kind: message)", {RUN: "text:TextReporter"},
+                 merge="text:merge_reports", progress_beside=True)
 
     def reporter(self, report: str = RUN, *, display: Display | None = None) -> Reporter:
         """This format's reporter of a command's report; `display` says where a table is
@@ -68,10 +105,18 @@ class Format(str, enum.Enum):
         where = self.reporters.get(report)
         if where is None:
             raise ValueError(f"the {report} report has no {self.value} format")
-        module, name = where.split(":")
-        reporter_class = getattr(importlib.import_module(f"pallas_check.report.{module}"),
-                                 name)
-        return reporter_class(display=display)  # type: ignore[no-any-return]
+        return _load(where)(display=display)  # type: ignore[no-any-return]
+
+    def merged(self, parts: list[tuple[str, str]]) -> str:
+        """Several scripts' `run` reports in this format as one (`pallas-check hook
+        --output`); `parts` are (the script as shown, the text of its report), in order.
+        Every part is checked before anything is merged: ValueError, one line, for one that
+        is not a report this pallas-check writes in this format."""
+        if self.part_check is not None:
+            check = _load(self.part_check)
+            for shown, text in parts:
+                check(shown, text)
+        return _load(self.merge)(parts)  # type: ignore[no-any-return]
 
     @classmethod
     def accepted_by(cls, report: str) -> tuple[Format, ...]:
@@ -105,6 +150,13 @@ def _choices(formats: type[Format], report: str) -> type[enum.Enum]:
     name = "".join(fmt.value.title() for fmt in accepted) + "Format"  # e.g. TableJsonFormat
     return enum.Enum(name, {fmt.name: fmt.value for fmt in accepted},  # type: ignore[return-value]
                      type=str, module=__name__)
+
+
+def _load(where: str) -> Callable[..., Any]:
+    """The class or function named "module:name" under pallas_check/report/, imported now."""
+    module, name = where.split(":")
+    return cast(Callable[..., Any],
+                getattr(importlib.import_module(f"pallas_check.report.{module}"), name))
 
 
 def render(report: Any, fmt: str, kind: str = RUN, display: Display | None = None) -> str:

@@ -9,10 +9,14 @@ from typing import Any, TextIO
 from pallas_check import __version__
 from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
                                        suppressed_counts)
+from pallas_check.report.schema import check_schema
 
 SCHEMA = "pallas-check/report"
 # 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).
 SCHEMA_VERSION = 2
+# `pallas-check hook --output`: every script's report, in order, under `reports`.
+HOOK_SCHEMA = "pallas-check/hook-report"
+HOOK_SCHEMA_VERSION = 1
 
 
 def header(schema: str, version: int, script: str) -> dict[str, Any]:
@@ -81,3 +85,16 @@ class JsonReporter:
 
     def render(self, report: RunReport, stream: TextIO) -> None:
         dump(report_dict(report), stream)
+
+
+def check_part(shown: str, text: str) -> None:
+    """A script's report the hook is about to merge is this pallas-check's JSON report (its
+    schema and version), else ValueError (SchemaError, or the JSON's own error), one line."""
+    check_schema(json.loads(text), f"the report of {shown}", SCHEMA, (SCHEMA_VERSION,),
+                 "JSON report")
+
+
+def merge_reports(parts: list[tuple[str, str]]) -> str:
+    """The hook's report: every script's report, in order, under `reports`."""
+    return json.dumps({"schema": HOOK_SCHEMA, "schema_version": HOOK_SCHEMA_VERSION,
+                       "reports": [json.loads(text) for _, text in parts]}, indent=2) + "\n"

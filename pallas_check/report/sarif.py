@@ -196,3 +196,19 @@ class SarifReporter:
     def render(self, report: RunReport, stream: TextIO) -> None:
         json.dump(report_sarif(report), stream, indent=2, default=str)
         stream.write("\n")
+
+
+def check_part(shown: str, text: str) -> None:
+    """A script's report the hook is about to merge is SARIF of our version, else
+    ValueError (or the JSON's own error), one line."""
+    if json.loads(text).get("version") != SARIF_VERSION:
+        raise ValueError(f"the report of {shown} is not SARIF {SARIF_VERSION}")
+
+
+def merge_reports(parts: list[tuple[str, str]]) -> str:
+    """The hook's report: one SARIF log whose runs are every script's, in order (the
+    log's other keys are the first script's)."""
+    logs = [json.loads(text) for _, text in parts]
+    merged: Any = dict(logs[0]) if logs else {"version": SARIF_VERSION, "runs": []}
+    merged["runs"] = [run for log in logs for run in log.get("runs", [])]
+    return json.dumps(merged, indent=2) + "\n"

@@ -374,3 +374,8 @@ def print_failures(console: Console, user_error: str | None, user_traceback: str
     if internal_error:
         print_wrapped(console, Text.styled("pallas-check error: ", "bold red")
                       + Text(internal_error))
+
+
+def merge_reports(parts: list[tuple[str, str]]) -> str:
+    """The hook's report: each script's table under a `== <script>` line, in order."""
+    return "".join(f"== {shown}\n{text}" for shown, text in parts)

@@ -52,3 +52,8 @@ def _where(f: Finding, root: object, script: str) -> str:
     if f.kernel.file:
         return f"{display_path(f.kernel.file, root)}:{f.kernel.line}"  # type: ignore[arg-type]
     return script
+
+
+def merge_reports(parts: list[tuple[str, str]]) -> str:
+    """The hook's report: every script's lines, in order (each line names its file)."""
+    return "".join(text for _, text in parts)
