@@ -201,7 +201,8 @@ class SarifReporter:
 def check_part(shown: str, text: str) -> None:
     """A script's report the hook is about to merge is SARIF of our version, else
     ValueError (or the JSON's own error), one line."""
-    if json.loads(text).get("version") != SARIF_VERSION:
+    log = json.loads(text)
+    if not isinstance(log, dict) or log.get("version") != SARIF_VERSION:
         raise ValueError(f"the report of {shown} is not SARIF {SARIF_VERSION}")
 
 

@@ -120,6 +120,8 @@ def test_the_hook_merges_tables_each_under_its_script_and_text_as_it_is():
     (Format.JSON, '{"schema": "pallas-check/hook-report", "schema_version": 1}',
      "the report of k/b.py is not a pallas-check JSON report"),
     (Format.SARIF, '{"version": "2.0.0", "runs": []}', "the report of k/b.py is not SARIF"),
+    (Format.SARIF, '[]', "the report of k/b.py is not SARIF"),  # JSON, not a SARIF log
+    (Format.JSON, '[]', "the report of k/b.py is not a pallas-check JSON report"),
     (Format.JSON, "== a table", "Expecting value"),
 ])
 def test_a_part_that_is_not_our_report_is_refused_before_anything_is_merged(fmt, bad,
