@@ -46,8 +46,22 @@ def _write_print(line: str) -> None:
 
 
 @dataclasses.dataclass
+class _Call:
+    """What a call's line in the report is made of (Session._record), known as it starts
+    (its kernel named as soon as it is known)."""
+
+    index: int
+    kernel: Any  # KernelInfo; _UNNAMED until named
+    params: dict
+    device_operands: list
+    started: float  # time.perf_counter() when it began
+    mesh: Any  # engine/call/describe.MeshInfo
+    call_site: Any
+
+
+@dataclasses.dataclass
 class _CallInFlight:
-    record: tuple  # Session._record's arguments for the call
+    call: _Call
     live: Any  # engine/runtime/inflight.py's InFlight: what the call found so far
 
 
@@ -164,8 +178,8 @@ class Session:
             if self._fail(str(exc)):  # every waiting device times out: list the call once
                 with self._lock:
                     index = next(self._counter)
-                self._record(index, _kernel_or_unnamed(params), params, [operands],
-                             time.perf_counter(), 0, mesh, call_site, failed=True)
+                self._record(_Call(index, _kernel_or_unnamed(params), params, [operands],
+                                   time.perf_counter(), mesh, call_site), 0, failed=True)
             raise EngineFailure(self.engine_error) from exc
 
     def _simulate(self, params: dict, device_operands: list, mesh: Any,
@@ -189,19 +203,18 @@ class Session:
         if self.call_filter is not None and not self._checked(params, device_operands[0]):
             return self._pass_through(params, device_operands, mesh, results, index,
                                       call_site)
-        started = time.perf_counter()
-        kernel = _UNNAMED  # until named: a failure from here on still lists the call
+        # Unnamed until named: a failure from here on still lists the call.
+        call = _Call(index, _UNNAMED, params, device_operands, time.perf_counter(), mesh,
+                     call_site)
         live = InFlight(max(1, self.config.schedules))
         # Races on: what race checking covered goes in the call's summary.
         checkers = RaceCounting() if self.config.races else CHECKERS
         try:
-            kernel = kernel_info(params)
+            kernel = call.kernel = kernel_info(params)
             if self.trace is not None and self.config.timeline:
                 live.trace = functools.partial(self.trace.sink, kernel.name, index)
             with self._lock:  # listed, with what it found, if the run stops inside it
-                self._in_flight[index] = _CallInFlight(
-                    (index, kernel, params, device_operands, started, 0, mesh, call_site),
-                    live)
+                self._in_flight[index] = _CallInFlight(call, live)
             if self.compile_recorder is not None:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
@@ -214,8 +227,7 @@ class Session:
                     self._in_flight.pop(index, None)  # never started: not in flight
                 outputs = capacity.unsimulated_outputs(params, device_operands,
                                                        self.config.uninit.value, results)
-                self._record(index, kernel, params, device_operands, started,
-                             len(fits.findings), mesh, call_site)
+                self._record(call, len(fits.findings))
                 return outputs
             result = self._run_engine(params, device_operands, mesh, index, kernel.name,
                                       results, checkers, live, call_site=call_site)
@@ -223,8 +235,7 @@ class Session:
             self._stopped(index)
             raise
         except Exception as exc:
-            raise self._failed(exc, index, kernel, params, device_operands, started, mesh,
-                               call_site) from exc
+            raise self._failed(exc, call) from exc
         finally:
             progress.call_ended(index)  # off the progress line (engine/runtime/progress.py)
         with self._lock:
@@ -236,8 +247,7 @@ class Session:
         if result.timeline is not None and self.trace is not None:
             self.trace.keep(result.timeline, [*fits.findings, *result.findings])
         return_freed_memory()
-        self._record(index, kernel, params, device_operands, started,
-                     len(result.findings) + len(fits.findings), mesh, call_site,
+        self._record(call, len(result.findings) + len(fits.findings),
                      races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
                      unused_memory=result.unused_memory)
         return result.outputs
@@ -290,13 +300,13 @@ class Session:
         race detection, no second fill, no capacity check, one schedule), its findings
         dropped; its outputs and the kernel's prints are the script's as in a checked
         run, and a kernel that fails still fails the run."""
-        started = time.perf_counter()
+        call = _Call(index, _kernel_or_unnamed(params), params, device_operands,
+                     time.perf_counter(), mesh, call_site)
         try:
             outputs, prints = self.unchecked_outputs(params, device_operands, mesh, results,
                                                      index, self.carried)
         except Exception as exc:
-            raise self._failed(exc, index, _kernel_or_unnamed(params), params,
-                               device_operands, started, mesh, call_site) from exc
+            raise self._failed(exc, call) from exc
         self._write_prints(prints)
         return outputs
 
@@ -339,9 +349,7 @@ class Session:
         for kernel_print in prints:
             self.print_sink(kernel_print.line())
 
-    def _failed(self, exc: Exception, index: int, kernel: Any, params: dict,
-                device_operands: list, started: float, mesh: Any,
-                call_site: Any) -> BaseException:
+    def _failed(self, exc: Exception, call: _Call) -> BaseException:
         """What a call that raised `exc` raises: KeyboardInterrupt when the user stopped
         the run (a Ctrl-C that reached the engine through a callback of the kernel's
         comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
@@ -350,19 +358,18 @@ class Session:
         from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
 
         if interrupts.requested():
-            self._stopped(index)
+            self._stopped(call.index)
             return KeyboardInterrupt()
         with self._lock:
-            self._in_flight.pop(index, None)
+            self._in_flight.pop(call.index, None)
         self._write_prints(getattr(exc, "prints", []))  # what the kernel printed till then
         if isinstance(exc, KernelError):
-            self._fail(f"{kernel.name}: {exc.located()}")
+            self._fail(f"{call.kernel.name}: {exc.located()}")
         else:  # our bug: keep the message, the runner exits 4
             # An EngineBug says itself what failed and where (the primitive, the line).
             what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
-            self._fail(f"internal error while simulating {kernel.name}: {what}")
-        self._record(index, kernel, params, device_operands, started, 0, mesh, call_site,
-                     failed=True)
+            self._fail(f"internal error while simulating {call.kernel.name}: {what}")
+        self._record(call, 0, failed=True)
         return EngineFailure(self.engine_error)
 
     def _stopped(self, index: int) -> None:
@@ -382,31 +389,29 @@ class Session:
                 stopped = [c for c in (self._in_flight.pop(index, None),) if c is not None]
         if index is None:
             self.judge.abandon("the run stopped before the jitted call returned")
-        for call in stopped:
-            findings = call.live.findings_so_far()
+        for stopped_call in stopped:
+            findings = stopped_call.live.findings_so_far()
             self.store.extend(findings)
-            record = list(call.record)
-            record[5] = len(findings)
-            self._record(*record, progress=call.live.progress())
+            self._record(stopped_call.call, len(findings),
+                         progress=stopped_call.live.progress())
 
-    def _record(self, index: int, kernel: Any, params: dict, device_operands: list,
-                started: float, findings: int, mesh: Any, call_site: Any,
-                failed: bool = False, progress: dict[str, int] | None = None,
-                races: dict[str, int] | None = None,
+    def _record(self, call: _Call, findings: int, *, failed: bool = False,
+                progress: dict[str, int] | None = None, races: dict[str, int] | None = None,
                 unused_memory: list | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         from pallas_check.engine.call.describe import resolve_grid
 
+        kernel = call.kernel
         try:
-            gm = params["grid_mapping"]
-            grid = resolve_grid(gm.grid, device_operands[0][:gm.num_dynamic_grid_bounds])
+            gm = call.params["grid_mapping"]
+            grid = resolve_grid(gm.grid, call.device_operands[0][:gm.num_dynamic_grid_bounds])
         except Exception:  # noqa: BLE001 - a failed call may not even have a grid
             grid = ()
         with self._lock:
-            self.calls.append(CallSummary(index, kernel.name, kernel.file, kernel.line, grid,
-                                          time.perf_counter() - started, findings,
-                                          mesh.num_devices, call_site, failed,
+            self.calls.append(CallSummary(call.index, kernel.name, kernel.file, kernel.line,
+                                          grid, time.perf_counter() - call.started, findings,
+                                          call.mesh.num_devices, call.call_site, failed,
                                           interrupted=progress is not None,
                                           progress=progress or {}, races=races or {},
                                           unused_memory=unused_memory or []))
