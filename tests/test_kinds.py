@@ -95,6 +95,6 @@ def test_fingerprints_of_earlier_baselines_still_match():
                    accesses=(Access("DMA write", "dma", "x_ref", frames=(helper,)),
                              Access("read", "core 0", "x_ref", frames=(code,))))
     vmem = Finding(FindingKind.VMEM_EXCEEDED, "big", KernelInfo("k2", "/proj/k 2.py", 3), 1,
-                   details={"merge": "v5e VMEM 123"})
+                   merge="v5e VMEM 123")
     assert race.fingerprint("/proj") == "505dd33dc0d1c51e271da514214da8dc"
     assert vmem.fingerprint("/proj") == "574c41bd6f79c6259dd86a186f02b479"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from pallas_check.checkers.base import Checker
-from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft, SignalNotRemote
+from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft
+from pallas_check.engine.rules.sparsecore import SignalNotRemote  # declared where it is built
 from pallas_check.engine.memory.buffer import MemorySpace
 from pallas_check.findings import Finding, FindingKind, format_range
 

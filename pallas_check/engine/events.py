@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple, Protocol, TypeVar, overload
 from pallas_check.engine.verdicts import (  # the events of what checkers decide
     Frames, GridPoint,
     Where, OutOfBounds, BlockOutOfBounds, DeviceOutOfBounds, CheckFailed, BlockedWait,
-    AbsentSubcore, StalledBarrier, Deadlocked, SignalNotRemote, SemaphoreLeft, CallEnded,
+    AbsentSubcore, StalledBarrier, Deadlocked, SemaphoreLeft, CallEnded,
     DmaNotWaited, OutputUnwritten, UninitRead, UnlandedDma, UnboundedDma, FillsCompared,
     DmaAddressCompared, RevisitLost, CallSkipped)
 from pallas_check.findings import Finding, IndexRange, KernelInfo
@@ -277,7 +277,6 @@ class Listener:
     def on_device_out_of_bounds(self, event: DeviceOutOfBounds) -> None: ...
     def on_check_failed(self, event: CheckFailed) -> None: ...
     def on_deadlocked(self, event: Deadlocked) -> None: ...
-    def on_signal_not_remote(self, event: SignalNotRemote) -> None: ...
     def on_call_ended(self, event: CallEnded) -> None: ...
     def on_dma_not_waited(self, event: DmaNotWaited) -> None: ...
     def on_output_unwritten(self, event: OutputUnwritten) -> None: ...
@@ -290,7 +289,7 @@ class Listener:
 Event = (Access | ActorsDeclared | KernelEntered | DmaStarted | DmaMoved | Signalled | Waited
          | GridStep | CoreDone | CopyStarted | CopyMoved | CopyWaited | AtBarrier
          | ParallelLoop | LoopIteration | Found | OutOfBounds | BlockOutOfBounds
-         | DeviceOutOfBounds | CheckFailed | Deadlocked | SignalNotRemote | CallEnded
+         | DeviceOutOfBounds | CheckFailed | Deadlocked | CallEnded
          | DmaNotWaited | OutputUnwritten | FillsCompared | DmaAddressCompared | RevisitLost
          | CallSkipped)  # the core events (those `Listener` declares)
 

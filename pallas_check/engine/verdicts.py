@@ -111,16 +111,6 @@ class Deadlocked(NamedTuple):
     barriers: tuple[StalledBarrier, ...] = ()
 
 
-class SignalNotRemote(NamedTuple):
-    """A `pl.semaphore_signal` in a SparseCore vector-subcore kernel naming another subcore
-    (`named`, as the kernel wrote its device id): Mosaic lowers it to a signal of the
-    signaller's (`where.actor`) own `semaphore`."""
-
-    where: Where
-    semaphore: str
-    named: str
-
-
 class SemaphoreLeft(NamedTuple):
     """A semaphore cell with a count at kernel end; `unwaited`: what DMAs never waited on it
     explain of that count."""

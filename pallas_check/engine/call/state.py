@@ -17,7 +17,7 @@ from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
     CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
-    KernelPrint, Listener, OutOfBounds, SignalNotRemote, Signalled, UnboundedDma, UninitRead,
+    KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead,
     UnlandedDma, Waited)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
@@ -388,14 +388,6 @@ class CallState(CallBuffers):
             event = AtBarrier(ctx.actor, ctx.device_id, sparsecore, generation, passed)
             for take in self.feeds.subcore_barrier:
                 take(event)
-
-    def signal_not_remote(self, ctx: "CoreContext", semaphore: str, named: str,
-                          signaller: str) -> None:
-        """A SparseCore signal naming another subcore goes to the signaller's own
-        semaphore (engine/rules/sparsecore.py `signal_device_id`)."""
-        if self.feeds.signal_not_remote:
-            where = event_data.where(ctx, current_frames(ctx))._replace(actor=signaller)
-            self.tell(SignalNotRemote(where, semaphore, named))
 
 
 class CoreContext:

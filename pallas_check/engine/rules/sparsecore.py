@@ -8,7 +8,7 @@ names with others (`load`, `swap`, `gather`, `scatter`, `bitcast`).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from pallas_check.jaxbridge import sc_core
@@ -16,7 +16,8 @@ from pallas_check.jaxbridge import sc_primitives
 from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.engine.dma.devices import _core_index
-from pallas_check.engine.events import LoopIteration, ParallelLoop
+from pallas_check.engine.events import LoopIteration, ParallelLoop, event_kind
+from pallas_check.engine.verdicts import Where
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames, eval_jaxpr
 from pallas_check.engine.jaxpr.registry import rule
@@ -73,6 +74,17 @@ def _subcore_barrier(ctx, eqn, invals):
     return []
 
 
+@event_kind
+class SignalNotRemote(NamedTuple):
+    """A `pl.semaphore_signal` in a SparseCore vector-subcore kernel naming another subcore
+    (`named`, as the kernel wrote its device id): Mosaic lowers it to a signal of the
+    signaller's (`where.actor`) own `semaphore` (checkers/semaphores.py reports it)."""
+
+    where: Where
+    semaphore: str
+    named: str
+
+
 def signal_device_id(ctx: Any, device_id: Any, sem: Any) -> Any:
     """The device id a `pl.semaphore_signal` really goes to. In a VectorSubcoreMesh kernel
     Mosaic drops the core and subcore axes of a `device_id` dict when the semaphore is an
@@ -89,8 +101,11 @@ def signal_device_id(ctx: Any, device_id: Any, sem: Any) -> Any:
     if any(ctx.core_coords[k] != v for k, v in named.items()):
         view = sem if isinstance(sem, RefView) else None
         shown = ", ".join(f"{k!r}: {v}" for k, v in named.items())
-        ctx.call.signal_not_remote(ctx, view.buffer.name if view is not None else "semaphore",
-                                   "{" + shown + "}", _root_actor(ctx.actor))
+        if ctx.call.feeds.takes(SignalNotRemote):
+            where = Where(_root_actor(ctx.actor), ctx.device_id, ctx.core_id, ctx.grid_point,
+                          current_frames(ctx))
+            ctx.call.tell(SignalNotRemote(where, view.buffer.name if view is not None
+                                          else "semaphore", "{" + shown + "}"))
     rest = {k: v for k, v in device_id.items() if k not in named}
     return rest or None
 
