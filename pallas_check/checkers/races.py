@@ -253,7 +253,7 @@ class RaceChecker(Checker):
                 self.live.add(child)
             else:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-        self._tick(parent)
+        parent_vc.tick(self.slot_of.get(parent, parent))  # (self._tick(parent), inlined)
 
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
@@ -263,7 +263,7 @@ class RaceChecker(Checker):
             return
         slot = self.slot_of.get(actor, actor)
         self._free.setdefault(parent, []).append(
-            (slot, self._last_epoch.pop(actor, 0), vc.get(slot) + 1))
+            (slot, self._last_epoch.pop(actor, 0), vc[slot] + 1))
 
     def declare(self, actors: Iterable[str]) -> None:
         """Every root actor of the call (its cores), before any of them acts. From then on
@@ -288,7 +288,7 @@ class RaceChecker(Checker):
             known = frontier.get(prev.slot)
             if known is None:
                 known = frontier[prev.slot] = min(
-                    (self.clocks[x].get(prev.slot) for x in live), default=float("inf"))
+                    (self.clocks[x].get(prev.slot, 0) for x in live), default=float("inf"))
             if prev.epoch <= known:
                 history.remove(seq)
         self._prune_at[buffer_id] = max(_SWEEP_AFTER, 2 * len(history))
@@ -331,7 +331,7 @@ class RaceChecker(Checker):
         one slot to several iterations of a long loop (engine/rules/sparsecore.py
         ITERATION_SLOTS apart): each starts after the epochs of the last, so those are
         ordered, and every other pair is not; clocks stay as small as the slots."""
-        epoch = max(self._iteration_top.get(slot, 0), base.get(slot)) + 1
+        epoch = max(self._iteration_top.get(slot, 0), base.get(slot, 0)) + 1
         self.clocks[child] = base.forked(slot, epoch)
         self.slot_of[child] = slot
         if self.live is not None:
@@ -341,7 +341,7 @@ class RaceChecker(Checker):
         """Iteration `child` ended: its clock joins `into` (what the loop's end knows)."""
         vc = self.clocks.pop(child)
         slot = self.slot_of.pop(child)
-        self._iteration_top[slot] = vc.get(slot)
+        self._iteration_top[slot] = vc[slot]
         into.join(vc)
         if self.live is not None:
             self.live.discard(child)
@@ -361,9 +361,11 @@ class RaceChecker(Checker):
         self.checked += 1
         if _empty(index_range):
             return
-        vc = self.clock(actor)
+        vc = self.clocks.get(actor)
+        if vc is None:  # (self.clock(actor), inlined: it runs for every access)
+            vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
-        epoch = vc.get(slot)
+        epoch = vc[slot]
         record = AccessRecord(actor, epoch, index_range, is_write, operation, buffer,
                               memory_space, frames, grid_point, slot, atomic_add)
         if actor in self._parent:
@@ -372,7 +374,8 @@ class RaceChecker(Checker):
         if history is None:
             history = self.history[buffer_id] = _History()
         for seq, prev in history.candidates(index_range):
-            ordered = prev.actor == actor or vc.has_seen(prev.slot, prev.epoch)
+            # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
+            ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
             if not ordered and (prev.is_write or is_write) and not (
                     atomic_add and prev.atomic_add):
                 overlap = _overlap(prev.index_range, index_range)

@@ -497,4 +497,4 @@ def test_an_iteration_slot_served_again_starts_after_the_last_one():
         races.on_loop_iteration(LoopIteration("core 0", f"loop {loop} it 0", "", False))
         races.on_parallel_loop(ParallelLoop("core 0", False))
     assert found == []  # the second loop's write is after the first loop's end
-    assert races.clocks["core 0"].get("slot 0") == 2
+    assert races.clocks["core 0"]["slot 0"] == 2
