@@ -1,4 +1,4 @@
-"""Race detection: happens-before with vector clocks, one clock per actor.
+"""Race detection: happens-before with vector clocks (vector_clock.py), one per actor.
 
 Actors are cores and DMAs (each DMA is its own actor, whose clock starts as its starter's
 clock at the start). Edges: program order; DMA start -> the DMA's read and write;
@@ -25,11 +25,10 @@ from typing import Hashable, Iterable, NamedTuple
 
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
+from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
 from pallas_check.findings import (Access, Finding, FindingKind, IndexRange, SourceFrame,
                                    format_range)
-
-Clock = dict[str, int]
 
 
 class AccessRecord(NamedTuple):
@@ -199,8 +198,9 @@ class RaceChecker(Checker):
 
     def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
         super().__init__(call, sink)
-        self.clocks: dict[str, Clock] = {}
-        self.sync_clocks: dict[Hashable, Clock] = {}
+        self.clocks: dict[str, VectorClock] = {}
+        # What each semaphore cell or barrier was released with (joined over releases).
+        self.sync_clocks: dict[Hashable, VectorClock] = {}
         self.history: dict[int, _History] = {}
         self.checked = 0  # accesses checked (CallSummary.races: what race checking covered)
         # Clock slots: an actor's own entry in the clocks (its name, or a reused DMA slot).
@@ -217,7 +217,7 @@ class RaceChecker(Checker):
         self._iteration_top: dict[str, int] = {}
         # The parallel_loops in progress, per actor running them (innermost last): the
         # clock each iteration starts from, and what the loop's end knows.
-        self._loops: dict[str, list[tuple[Clock, Clock]]] = {}
+        self._loops: dict[str, list[tuple[VectorClock, VectorClock]]] = {}
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -225,45 +225,35 @@ class RaceChecker(Checker):
         return max((history.longest for history in self.history.values()), default=0)
 
     # -- clocks ------------------------------------------------------------------------
-    def clock(self, actor: str) -> Clock:
+    def clock(self, actor: str) -> VectorClock:
         vc = self.clocks.get(actor)
         if vc is None:
-            vc = self.clocks[actor] = {self.slot_of.get(actor, actor): 1}
+            vc = self.clocks[actor] = VectorClock.starting(self.slot_of.get(actor, actor))
         return vc
 
     def _tick(self, actor: str) -> None:
-        vc = self.clock(actor)
-        slot = self.slot_of.get(actor, actor)
-        vc[slot] = vc.get(slot, 0) + 1
-
-    @staticmethod
-    def _join(into: Clock, other: Clock) -> None:
-        for actor, t in other.items():
-            if into.get(actor, 0) < t:
-                into[actor] = t
+        self.clock(actor).tick(self.slot_of.get(actor, actor))
 
     def fork(self, parent: str, child: str) -> None:
         """`child` (a DMA) starts now: everything `parent` did so far happens before it."""
         parent_vc = self.clock(parent)
-        vc = dict(parent_vc)
         slot, epoch = child, 1
         free = self._free.get(parent)
         if free:
             for i, (old, needed, start) in enumerate(free[:4]):
-                if parent_vc.get(old, 0) >= needed:  # parent saw all the old DMA did
+                if parent_vc.has_seen(old, needed):  # parent saw all the old DMA did
                     del free[i]
                     slot, epoch = old, start
                     self.slot_of[child] = old
                     break
-        vc[slot] = epoch
-        self.clocks[child] = vc
+        self.clocks[child] = parent_vc.forked(slot, epoch)
         self._parent[child] = parent
         if self.live is not None:
             if parent in self.live:
                 self.live.add(child)
             else:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-        self._tick(parent)
+        parent_vc.tick(self.slot_of.get(parent, parent))  # (self._tick(parent), inlined)
 
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
@@ -309,53 +299,56 @@ class RaceChecker(Checker):
         (its slot already serves later DMAs), so a long grid's copies cost no memory."""
         vc = self.clocks.pop(finished, None)
         self.slot_of.pop(finished, None)
-        if vc:
-            self._join(self.clock(actor), vc)
+        if vc is not None:
+            self.clock(actor).join(vc)
 
     def release(self, actor: str, sync_object: Hashable) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
-        self._join(self.sync_clocks.setdefault(sync_object, {}), self.clock(actor))
+        released = self.sync_clocks.get(sync_object)
+        if released is None:
+            self.sync_clocks[sync_object] = self.clock(actor).copy()
+        else:
+            released.join(self.clock(actor))
         self._tick(actor)
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
         released = self.sync_clocks.get(sync_object)
-        if released:
-            self._join(self.clock(actor), released)
+        if released is not None:
+            self.clock(actor).join(released)
 
     # -- parallel_loop iterations --------------------------------------------------------
-    def loop_began(self, actor: str) -> Clock:
+    def loop_began(self, actor: str) -> VectorClock:
         """A `parallel_loop` begins in `actor`: what it did so far happens before every
         iteration (the returned clock, each iteration's start); the iterations are
         concurrent with one another (they may overlap or be reordered on the chip)."""
-        base = dict(self.clock(actor))
+        base = self.clock(actor).copy()
         self._tick(actor)
         return base
 
-    def fork_iteration(self, base: Clock, child: str, slot: str) -> None:
+    def fork_iteration(self, base: VectorClock, child: str, slot: str) -> None:
         """Iteration `child` starts from `base` in clock entry `slot`. The engine may give
         one slot to several iterations of a long loop (engine/rules/sparsecore.py
         ITERATION_SLOTS apart): each starts after the epochs of the last, so those are
         ordered, and every other pair is not; clocks stay as small as the slots."""
-        vc = dict(base)
-        vc[slot] = max(self._iteration_top.get(slot, 0), base.get(slot, 0)) + 1
-        self.clocks[child] = vc
+        epoch = max(self._iteration_top.get(slot, 0), base.get(slot, 0)) + 1
+        self.clocks[child] = base.forked(slot, epoch)
         self.slot_of[child] = slot
         if self.live is not None:
             self.live.add(child)
 
-    def join_iteration(self, into: Clock, child: str) -> None:
+    def join_iteration(self, into: VectorClock, child: str) -> None:
         """Iteration `child` ended: its clock joins `into` (what the loop's end knows)."""
         vc = self.clocks.pop(child)
         slot = self.slot_of.pop(child)
         self._iteration_top[slot] = vc[slot]
-        self._join(into, vc)
+        into.join(vc)
         if self.live is not None:
             self.live.discard(child)
 
-    def loop_ended(self, actor: str, joined: Clock) -> None:
+    def loop_ended(self, actor: str, joined: VectorClock) -> None:
         """The loop ended in `actor`: every iteration happens before what it does next."""
-        self._join(self.clock(actor), joined)
+        self.clock(actor).join(joined)
 
     # -- accesses ----------------------------------------------------------------------
     def on_access(self, event: events.Access) -> None:
@@ -368,16 +361,20 @@ class RaceChecker(Checker):
         self.checked += 1
         if _empty(index_range):
             return
-        vc = self.clock(actor)
+        vc = self.clocks.get(actor)
+        if vc is None:  # (self.clock(actor), inlined: it runs for every access)
+            vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
-        record = AccessRecord(actor, vc[slot], index_range, is_write, operation, buffer,
+        epoch = vc[slot]
+        record = AccessRecord(actor, epoch, index_range, is_write, operation, buffer,
                               memory_space, frames, grid_point, slot, atomic_add)
         if actor in self._parent:
-            self._last_epoch[actor] = vc[slot]
+            self._last_epoch[actor] = epoch
         history = self.history.get(buffer_id)
         if history is None:
             history = self.history[buffer_id] = _History()
         for seq, prev in history.candidates(index_range):
+            # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
             ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
             if not ordered and (prev.is_write or is_write) and not (
                     atomic_add and prev.atomic_add):
@@ -468,7 +465,8 @@ class RaceChecker(Checker):
 
     def on_parallel_loop(self, event: events.ParallelLoop) -> None:
         if event.began:
-            self._loops.setdefault(event.actor, []).append((self.loop_began(event.actor), {}))
+            self._loops.setdefault(event.actor, []).append(
+                (self.loop_began(event.actor), VectorClock()))
         else:
             _, joined = self._loops[event.actor].pop()
             self.loop_ended(event.actor, joined)
