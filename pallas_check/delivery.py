@@ -85,9 +85,21 @@ class QuietStream:
         return getattr(self._stream, name)
 
 
+# Every QuietStream made, kept for the life of the process. `print` holds the stream it
+# took from `sys.stdout` without a reference of its own (CPython 3.11), and the write can
+# let other threads run: a host callback of a computation the user stopped still prints
+# on an XLA thread while the main thread restores `sys.stdout`; were the QuietStream freed
+# then, the print would go on in freed memory (a SIGSEGV instead of the partial report).
+_made: list["QuietStream"] = []
+
+
 def quiet(stream: TextIO | None) -> Any:
     """`stream` as a QuietStream (None, a closed stream, stays None)."""
-    return None if stream is None else QuietStream(stream)
+    if stream is None:
+        return None
+    made = QuietStream(stream)
+    _made.append(made)
+    return made
 
 
 def report_owns_stdout(fmt: str, output: Path | None) -> bool:

@@ -77,3 +77,20 @@ def test_a_closed_stdout_leaves_the_runs_own_exit_code(tmp_path):
     assert proc.returncode == ExitCode.NO_CALLS, proc.stderr
     _assert_quiet(proc.stderr)
     assert "AttributeError" not in proc.stderr
+
+
+def test_the_scripts_streams_outlive_the_run_for_a_print_still_going_on_another_thread():
+    """A host callback of a computation the user stopped may still be inside `print` on an
+    XLA thread when the run puts `sys.stdout` back; `print` holds that stream without a
+    reference of its own, so the stream must stay alive (it was freed: SIGSEGV, seen in
+    test_never_hang's Ctrl-C test under load)."""
+    import gc
+    import weakref
+
+    from pallas_check.delivery import script_streams
+
+    with script_streams("table", None):
+        made = weakref.ref(sys.stdout), weakref.ref(sys.stderr)
+    gc.collect()
+    assert sys.stdout is not made[0]() and made[0]() is not None
+    assert made[1]() is not None
