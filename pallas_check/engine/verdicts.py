@@ -182,7 +182,7 @@ class UninitRead(NamedTuple):
 
     buffer: str
     memory_space: str
-    index_range: IndexRange
+    index_range: IndexRange | None  # None: lanes no memory holds (`undefined_lanes`)
     frames: Frames
     grid_point: GridPoint
     actor: str
