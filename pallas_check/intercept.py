@@ -279,7 +279,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
     return lowering
 
 
-def native_function(params: dict) -> Callable[..., Any]:
+def native_function(params: dict) -> jax.stages.Wrapped:
     """A jitted function running one pallas_call (its primitive's params, without
     `interpret`) through the hardware lowering; use it with no interception installed."""
     prim = pallas_call_module.pallas_call_p

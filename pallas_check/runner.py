@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
+from typing import Any, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
 from pallas_check.delivery import note, report_owns_stdout, script_streams
