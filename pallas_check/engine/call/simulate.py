@@ -488,9 +488,8 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
             if not buf.fully_written and not state.unfinished:
                 op = blocked.get(buf.id)
                 blocks = unvisited_blocks(op) if op is not None else None
-                state.tell(OutputUnwritten(buf.name, ~buf.written)
-                           if op is None or blocks is None else
-                           OutputUnwritten(buf.name, ~buf.written, op.block_sizes, *blocks))
+                state.tell(OutputUnwritten(buf.name, ~buf.written) if op is None or blocks is None
+                           else OutputUnwritten(buf.name, ~buf.written, op.block_sizes, *blocks))
         # The call's buffers die with it: hand their arrays over rather than copy them.
         # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if
