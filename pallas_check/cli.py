@@ -34,10 +34,12 @@ class _OneLineErrors(typer.core.TyperGroup):
     click that typer ships; `typer.Abort` is its interrupt)."""
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+             standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> Any:
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=False, **extra)
+                                standalone_mode=False,
+                                windows_expand_args=windows_expand_args, **extra)
         except (typer.Exit, SystemExit):
             raise
         except Exception as exc:

@@ -24,7 +24,7 @@ import itertools
 import shlex
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 import numpy as np
 
@@ -154,7 +154,7 @@ AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "uninit", "skip_float
 
 def _option_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> None:  # never print, never exit
+        def error(self, message: str) -> NoReturn:  # never print, never exit
             raise UsageError(message)
 
     p = Parser(prog="--against", add_help=False, allow_abbrev=False)
@@ -164,8 +164,9 @@ def _option_parser() -> argparse.ArgumentParser:
                            default=None)
             p.add_argument(f"--no-{option.key}", dest=option.param, action="store_false")
         else:
-            p.add_argument(option.flags[0], dest=option.param, choices=option.choices or None,
-                           type=None if option.choices else option.kind)
+            typed: dict[str, Any] = ({"choices": option.choices} if option.choices
+                                     else {"type": option.kind})  # (the other: its default)
+            p.add_argument(option.flags[0], dest=option.param, **typed)
     return p
 
 
@@ -203,6 +204,7 @@ def parse_against(text: str | None, config: Config) -> Side:
         if option.minimum is not None and value < option.minimum:
             raise UsageError(f"--against {text!r}: {option.flags[0]} must be at least"
                              f" {option.minimum}")
+        assert option.config_field is not None  # each of AGAINST_OPTIONS sets one
         changes[option.config_field] = option.kind(value)
     other = dataclasses.replace(config, **changes)
     if other == config:

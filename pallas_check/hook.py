@@ -28,7 +28,7 @@ from pallas_check.exitcodes import ExitCode
 from pallas_check.report.formats import Format
 from pallas_check.units import plural
 
-_WHAT = {ExitCode.CLEAN: "clean", ExitCode.FINDINGS: "findings",
+_WHAT: dict[int, str] = {ExitCode.CLEAN: "clean", ExitCode.FINDINGS: "findings",
          ExitCode.USAGE: "usage or configuration error",
          ExitCode.USER_ERROR: "the script failed", ExitCode.INTERNAL: "pallas-check failed",
          ExitCode.NO_CALLS: "no pallas_call was checked"}

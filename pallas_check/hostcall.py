@@ -146,7 +146,7 @@ def _view(buffer: Any, layout: tuple[np.dtype, tuple[int, ...], int],
         array = np.zeros(shape, dtype)
     else:
         raw = (ctypes.c_char * nbytes).from_address(buffer.data)
-        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        array = np.frombuffer(memoryview(raw), dtype=dtype).reshape(shape)  # no copy
     array.flags.writeable = writable
     return array
 

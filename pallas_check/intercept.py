@@ -59,7 +59,9 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
         ctx.module_context.axis_context, None, ctx.avals_out)
     if not _one_cpu_device(ctx):
         results, _, _ = callback_module.emit_python_callback(
-            ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True,
+            # JAX types avals_in as AbstractValue; a kernel's operands are ShapedArrays
+            ctx, host, None, list(args), ctx.avals_in,  # type: ignore[arg-type]
+            ctx.avals_out, has_side_effect=True,
             returns_token=False, sharding=sharding)
         return results
     ticket_aval = jax_core.ShapedArray((), np.int32)
@@ -261,8 +263,8 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
                 return outs
 
             def host(device_id: Any, *arrays: Any, results: Any = None) -> list[np.ndarray]:
-                arrays = list(arrays)
-                res = handler(params, arrays[:n_in], int(device_id), axes, arrays[n_in:])
+                values = list(arrays)
+                res = handler(params, values[:n_in], int(device_id), axes, values[n_in:])
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(res, result_shapes)]
 
@@ -277,7 +279,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
     return lowering
 
 
-def native_function(params: dict) -> Callable[..., Any]:
+def native_function(params: dict) -> jax.stages.Wrapped:
     """A jitted function running one pallas_call (its primitive's params, without
     `interpret`) through the hardware lowering; use it with no interception installed."""
     prim = pallas_call_module.pallas_call_p

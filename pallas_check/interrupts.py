@@ -31,7 +31,7 @@ import threading
 from typing import Any, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 _received: list[int] = []  # the stop signals of this run, in order
 _holding = [False]  # a stop is recorded, not raised (set-up and reporting)

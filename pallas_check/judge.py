@@ -197,7 +197,8 @@ class Judge:
                 return
         reason = program.call.cannot_rerun()
         if error is not None or outputs is None or rerun is None:
-            reason = f"{program.call.describe()} failed"
+            self._settle(program, f"{program.call.describe()} failed")
+            return
         if reason is not None:
             self._settle(program, reason)
             return
@@ -286,9 +287,10 @@ class Judge:
               changes: list[tuple[int, np.ndarray]], together: bool = False) -> None:
         from pallas_check.checkers.uninit import bbox
 
-        reaches = [{"function": program.call.describe(), "result": k,
-                    "range": [list(r) for r in bbox(mask)],
-                    "elements": int(mask.sum())} for k, mask in changes]
+        reaches: list[dict[str, Any]] = [
+            {"function": program.call.describe(), "result": k,
+             "range": [list(r) for r in bbox(mask)], "elements": int(mask.sum())}
+            for k, mask in changes]
         shown = "; ".join(f"result {r['result']} of {r['function']}"
                           f"{format_range(tuple(tuple(x) for x in r['range']))},"
                           f" {r['elements']} elements" for r in reaches[:_SHOWN_RESULTS])

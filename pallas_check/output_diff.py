@@ -74,8 +74,8 @@ def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
     """Element-wise comparison; NaN equals NaN, infinities equal themselves."""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     r, a = tolerances(ours.dtype, rtol, atol)
-    base = dict(output=output, name=name, shape=tuple(ours.shape), dtype=str(ours.dtype),
-                size=int(ours.size))
+    base: dict[str, Any] = dict(output=output, name=name, shape=tuple(ours.shape),
+                                dtype=str(ours.dtype), size=int(ours.size))
     if ours.shape != theirs.shape:
         return OutputDiff(**base, mismatches=int(ours.size), max_abs=float("inf"),
                           max_rel=float("inf"), first=[],

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Generator
+from typing import Any, Generator, cast
 
 import pytest
 
@@ -259,7 +259,8 @@ class _CallCounter:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
-            self.calls += sum(int(value) for name, value in report.user_properties
+            # (the plugin records the count as an int; pytest types a property `object`)
+            self.calls += sum(int(cast(int, value)) for name, value in report.user_properties
                               if name == "pallas_check_calls")
 
     @pytest.hookimpl(trylast=True)

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
+from typing import Any, ContextManager, Iterator, Protocol, Sequence
 
 from pallas_check import interrupts, suppress
 from pallas_check.delivery import note, report_owns_stdout, script_streams
@@ -432,7 +432,7 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
     from pallas_check import children
     from pallas_check.execfile import ScriptOutcome
 
-    real_exit: Callable[[int], Any] = os._exit
+    real_exit = os._exit
 
     def exit_after_report(status: int) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -460,13 +460,13 @@ class Session:
 
         self._lock = threading.Lock()  # (another thread of the parent may have held it)
         self.store = FindingStore()
-        self.calls, self.timelines, self._in_flight = [], [], {}
+        self.calls, self._in_flight = [], {}
         self.calls_in_flight, self.engine_error, self.progress = 0, None, None
         self._meeting_point = type(self._meeting_point)()
         if children.jax_refused():
             self.refused = children.FORKED_JAX
-        elif children.run_folder() is not None:
-            self.findings_for_owner = children.ChildFindings(children.run_folder())
+        elif (folder := children.run_folder()) is not None:
+            self.findings_for_owner = children.ChildFindings(folder)
 
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:

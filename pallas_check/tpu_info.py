@@ -237,10 +237,11 @@ def _patch_abstract_mesh() -> Callable[[], None]:
             per_answer[answer] = made(self, answer)
         return per_answer[answer]
 
-    mesh_type.abstract_mesh = property(abstract_mesh, doc=original.__doc__)
+    # setattr: replacing a JAX class's cached_property, which its stubs type as a method
+    setattr(mesh_type, "abstract_mesh", property(abstract_mesh, doc=original.__doc__))
 
     def restore() -> None:
-        mesh_type.abstract_mesh = original
+        setattr(mesh_type, "abstract_mesh", original)
 
     return restore
 

@@ -225,6 +225,7 @@ def check_other_variables(environ: Mapping[str, str] | None = None) -> None:
 def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
                  table: dict[str, Any]) -> None:
     path = settings.path
+    assert path is not None  # only a file's table is applied (load_settings)
     seen: dict[str, str] = {}
     for raw_key, value in table.items():
         key = normalize_key(raw_key)

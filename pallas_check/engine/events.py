@@ -368,7 +368,8 @@ def _feed_plan(listeners: tuple[type[Listener], ...]
     order (registering a kind clears this cache)."""
     takers: dict[str, list[int]] = {}
     for i, listener in enumerate(listeners):
-        for kind in kinds_taken(listener):
+        # A class is hashable; mypy reads type[Listener]'s __hash__ as the instances'.
+        for kind in kinds_taken(listener):  # type: ignore[arg-type]
             takers.setdefault(kind, []).append(i)
     return tuple((kind, tuple(who)) for kind, who in takers.items())
 

@@ -117,9 +117,9 @@ class SemaphoreLeft(NamedTuple):
 
     buffer: str
     cell: str
-    index: tuple[int, ...]
+    index: tuple[int, ...]  # type: ignore[assignment]  # shadows tuple.index: reports' name
     device: int | None
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count: reports' name
     unwaited: int
     last_signal: Frames
     last_signaller: str
@@ -182,11 +182,11 @@ class UninitRead(NamedTuple):
 
     buffer: str
     memory_space: str
-    index_range: IndexRange
+    index_range: IndexRange | None  # None: lanes no memory holds (`undefined_lanes`)
     frames: Frames
     grid_point: GridPoint
     actor: str
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count: reports' name
     note: str = ""
     dma: UnlandedDma | None = None  # a DMA into that memory, started and not yet landed
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from typing import TextIO
+from typing import Literal, TextIO, cast
 
 from rich.console import Console
 
 FILE_WIDTH = 120  # a file or a pipe: the width of CI logs, pre-commit output and diffs
+ColorSystem = Literal["auto", "standard", "256", "truecolor", "windows"]  # rich's names
 
 
 def terminal_width() -> int:
@@ -29,7 +30,7 @@ class Display:
     """What a report is rendered for. The default is a file: FILE_WIDTH columns, no styles."""
 
     width: int = FILE_WIDTH
-    color_system: str | None = None  # rich's name ("truecolor", "256", ...) or None
+    color_system: ColorSystem | None = None  # rich's name ("truecolor", "256", ...) or None
     no_color: bool = False  # NO_COLOR: styles without colours (bold stays), as rich does
     ascii_only: bool = False  # the destination cannot encode box-drawing characters
 
@@ -49,5 +50,7 @@ def display_for(stream: TextIO | None) -> Display:
         return Display()
     probe = Console(file=stream)  # rich decides: isatty, NO_COLOR, FORCE_COLOR, TERM
     encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
-    return Display(width=terminal_width(), color_system=probe.color_system,
+    # rich's property is typed `str | None`; its values are its ColorSystem enum's names
+    color_system = cast("ColorSystem | None", probe.color_system)
+    return Display(width=terminal_width(), color_system=color_system,
                    no_color=probe.no_color, ascii_only=not encoding.startswith("utf"))

@@ -105,7 +105,7 @@ class Format(str, enum.Enum):
         where = self.reporters.get(report)
         if where is None:
             raise ValueError(f"the {report} report has no {self.value} format")
-        return _load(where)(display=display)  # type: ignore[no-any-return]
+        return _load(where)(display=display)
 
     def merged(self, parts: list[tuple[str, str]]) -> str:
         """Several scripts' `run` reports in this format as one (`pallas-check hook
@@ -116,7 +116,7 @@ class Format(str, enum.Enum):
             check = _load(self.part_check)
             for shown, text in parts:
                 check(shown, text)
-        return _load(self.merge)(parts)  # type: ignore[no-any-return]
+        return _load(self.merge)(parts)
 
     @classmethod
     def accepted_by(cls, report: str) -> tuple[Format, ...]:

@@ -97,24 +97,30 @@ def replay_command(script: str, config: dict[str, Any], seed: int | None,
     seed = seed if seed is not None else config.get("seed", 0)
     if rerun == API_RERUN:  # the Python API (api.py): the block's options, this seed
         args = [f"{o.key.replace('-', '_')}={value!r}" for o in _REPLAY_OPTIONS
-                if (value := config.get(o.config_field, o.plain_default)) != o.plain_default]
+                if (value := _configured(config, o)) != o.plain_default]
         return f"{API_RERUN}({', '.join([*args, f'seed={seed}'])})"
     if rerun is not None and not rerun.startswith("pallas-check"):
         # Under pytest the options are the plugin's; name them as such (the others come
         # from [tool.pallas-check], which the rerun reads again), the seed last.
         flags = "".join(_flag_text(o, value, "--pallas-check-") for o in _REPLAY_OPTIONS
-                        if o.pytest and (value := config.get(o.config_field, o.plain_default))
+                        if o.pytest and (value := _configured(config, o))
                         != o.plain_default)
         return f"{rerun}{flags} --pallas-check-seed {seed}"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for option in _REPLAY_OPTIONS:
-        value = config.get(option.config_field, option.plain_default)
+        value = _configured(config, option)
         if value != option.plain_default:
             parts.append(_flag_text(option, value).lstrip())
     parts.append(f"--seed {seed}")
     if script_args:
         parts.append("-- " + " ".join(shlex.quote(a) for a in script_args))
     return " ".join(parts)
+
+
+def _configured(config: dict[str, Any], option: Option) -> Any:
+    """The option's value in a run's config (a replayed option always has a config field)."""
+    assert option.config_field is not None  # replay_options() keeps only those
+    return config.get(option.config_field, option.plain_default)
 
 
 def _flag_text(option: Option, value: Any, prefix: str = "--") -> str:

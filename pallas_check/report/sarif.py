@@ -42,7 +42,7 @@ def information_uri() -> str:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository"):
                 return url.strip()
-        if meta.get("Home-page"):
+        if "Home-page" in meta and meta["Home-page"]:
             return str(meta["Home-page"])
     except Exception:  # not installed as a distribution: the fallback is fine
         pass

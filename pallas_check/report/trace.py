@@ -118,6 +118,7 @@ class TraceWriter:
         spool = next((s for s in spools if s.entry is not None), spools[-1])
         if spool.entry is None:  # stopped inside the call
             spool.finish(None, [])
+        assert spool.entry is not None  # finish() sets it
         assert self._staged is not None
         handle = self._staged.handle
         start = handle.tell()

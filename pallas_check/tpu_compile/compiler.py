@@ -71,14 +71,15 @@ class CompileOutcome:
 
     def summary(self) -> dict[str, Any]:
         """The call's line in a report for this generation."""
-        return {"status": "ok" if self.ok else self.diagnosis.kind,
+        diagnosis = self.diagnosis  # (None: ok)
+        return {"status": "ok" if diagnosis is None else diagnosis.kind,
                 "vmem_used_bytes": self.used_bytes,
                 "vmem_scoped_bytes": self.scoped_bytes,
                 "vmem_scoped_limit_bytes": self.scoped_limit,
                 "vmem_scratch_bytes": self.scratch_bytes,
                 "vmem_capacity_bytes": self.capacity,
                 "compile_seconds": round(self.seconds, 3),
-                "error_code": None if self.ok else self.diagnosis.code}
+                "error_code": None if diagnosis is None else diagnosis.code}
 
 
 _cache: dict[tuple, CompileOutcome] = {}
@@ -126,7 +127,7 @@ def _bound_mpmd(params: dict) -> Any:
     mesh's dimension_semantics in the compiler params, which mpmd_map itself refuses."""
     from pallas_check.jaxbridge import mpmd
 
-    compiler_params = params.get("compiler_params")
+    compiler_params: Any = params.get("compiler_params")  # JAX's, when given
     if getattr(compiler_params, "dimension_semantics", None) is not None:
         compiler_params = compiler_params.replace(dimension_semantics=None)
     bound = dict(meshes=(params["mesh"],), jaxprs=(params["jaxpr"],), external_meshes=(),
@@ -148,7 +149,7 @@ def _placed(params: dict, avals: tuple, mesh_axes: tuple,
     fn = _bound(params)
     if not mesh_axes:
         device = toolchain.compile_device(generation)
-        sharding = jax.sharding.SingleDeviceSharding(device)
+        sharding: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(device)
         return fn, [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in avals], device
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -191,7 +192,8 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
         return outcome
     outcome.seconds = time.perf_counter() - started
     outcome.lowered_ir = None  # kept only to place a failure
-    outcome.scoped_bytes = _scoped_use(compiled.as_text())
+    text = compiled.as_text()  # None where the backend gives none: use unknown
+    outcome.scoped_bytes = _scoped_use(text) if text is not None else None
     return outcome
 
 

@@ -116,7 +116,7 @@ def _argument(op: Any, leading_scalars: int) -> int | None:
 
     for operand in op.operands:
         try:
-            argument = ir.BlockArgument(operand)
+            argument: ir.BlockArgument = ir.BlockArgument(operand)
         except (ValueError, TypeError):  # not a block argument
             continue
         parent = argument.owner.owner

@@ -169,8 +169,9 @@ class _Elsewhere(Region):
     (findings and race reports give its range there; nothing here can touch it)."""
 
     __slots__ = ("_range",)
+    _range: IndexRange  # its range there (`_describe`: a Region's index_range())
 
-    def index_range(self) -> IndexRange | None:
+    def index_range(self) -> IndexRange:
         return self._range
 
     def boxes(self) -> tuple[IndexRange, ...]:

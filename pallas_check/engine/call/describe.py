@@ -278,16 +278,19 @@ def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
         pad = (0, 0)
         bounded.append(isinstance(dim, pallas_core.BoundedSlice))
         if bounded[-1]:
-            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+            size, squeeze, per_element = int(dim.block_size), False, True
         elif isinstance(dim, pallas_core.Squeezed):
-            block_sizes.append(1), squeezed.append(True), element.append(False)
+            size, squeeze, per_element = 1, True, False
         elif isinstance(dim, pallas_core.Blocked):
-            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(False)
+            size, squeeze, per_element = int(dim.block_size), False, False
         elif isinstance(dim, pallas_core.Element):
             pad = (int(dim.padding[0]), int(dim.padding[1]))
-            block_sizes.append(int(dim.block_size)), squeezed.append(False), element.append(True)
+            size, squeeze, per_element = int(dim.block_size), False, True
         else:
             raise KernelError(f"block dimension {dim!r} of {name} is not supported")
+        block_sizes.append(size)
+        squeezed.append(squeeze)
+        element.append(per_element)
         padding.append(pad)
     return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
                    tuple(squeezed), tuple(element),

@@ -245,6 +245,7 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                        carried=dict(carried or {}), results=None,
                                        checkers=checkers, address_probe=probe)
         if probe is not None:
+            assert unbounded is not None  # the probe is made for it only
             state.tell(DmaAddressCompared(unbounded, probe[unbounded.id],
                                           tuple(state.uninit_reads)))
     if compare_outputs:
@@ -284,9 +285,10 @@ def _untouched(state: CallState) -> usage.Untouched | None:
     finish (a deadlock, a halt): what it would have touched is unknown."""
     if state.unfinished or state.ever_written is None:
         return None
+    # (a read of lanes no memory holds has no range and no buffer: nothing to clear)
     return usage.untouched(state.registry, state.ever_written,
                            ((r.buffer, r.memory_space, r.index_range)
-                            for r in state.uninit_reads))
+                            for r in state.uninit_reads if r.index_range is not None))
 
 
 # Candidates decided one at a time (ROUNDS re-runs each): perturbing one first visit can

@@ -170,7 +170,7 @@ def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
     best: list[Allocation] = []
     for eqn in jaxpr.eqns:
         own: list[Allocation] = []
-        subs = []
+        subs: list[Any] = []  # the jaxprs nested in the equation
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)

@@ -53,7 +53,7 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                 if ctx.call.fresh_revisits:
                     ctx.call.fresh_revisits.pop(vmem.id, None)
         perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
-        saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs  # type: ignore[misc]
+        saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs
                                 if plan.op.kernel_space != MemorySpace.SMEM])
                  if perturb is not None and (ctx.device_id, point) in perturb.points
                  else None)
@@ -253,6 +253,7 @@ class Pipeline:
         ctx = self.ctx
         if plan.restores:
             if ctx.call.ever_written is not None:  # the note of memory never touched
+                assert plan.op.vmem is not None  # a blocked operand's VMEM block (simulate)
                 ctx.call.ever_written.before_reset(plan.op.vmem)
             yield from self._wait(self._start(plan, step, False))
             return
@@ -413,7 +414,9 @@ def _block_slices(op: Operand, block_index: tuple[int, ...]
                   ) -> tuple[tuple, tuple, bool, IndexRange]:
     """Slices of the HBM array and of the VMEM block for the valid part of a block, and
     that part's HBM index range (what a copy of it touches, for the race checker)."""
-    hbm_index, vmem_index, hbm_range = [], [], []
+    hbm_index: list[int | slice] = []
+    vmem_index: list[slice] = []
+    hbm_range: list[tuple[int, int]] = []
     empty = False
     for (start, size), n, sq, most in zip(op.block_window(block_index), op.hbm.shape,
                                           op.squeezed, op.block_sizes):

@@ -275,7 +275,7 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
             device, core_id, ("smem", i)))
         for i, v in enumerate(scalars)
     ]
-    core_operands = []
+    core_operands: list[Operand] = []
     for k, template in enumerate(templates):
         op = dataclasses.replace(template)
         if op.block_indices is not None:
@@ -368,13 +368,13 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.unfinished = True
     except (KernelError, EngineBug) as exc:  # what the kernel printed up to there still shows
-        exc.prints = state.prints  # type: ignore[attr-defined]
+        exc.prints = state.prints
         raise
     except NotLowered:
         raise
     except Exception as exc:  # ours, outside any equation: say which actor, and where
         failure = _outside_equations(state, contexts, exc)
-        failure.prints = state.prints  # type: ignore[attr-defined]
+        failure.prints = state.prints
         raise failure from exc
     finally:
         # Each core's context holds the call: no longer listed by it once every actor is
@@ -488,8 +488,8 @@ def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
             if not buf.fully_written and not state.unfinished:
                 op = blocked.get(buf.id)
                 blocks = unvisited_blocks(op) if op is not None else None
-                state.tell(OutputUnwritten(buf.name, ~buf.written) if blocks is None else
-                           OutputUnwritten(buf.name, ~buf.written, op.block_sizes, *blocks))
+                state.tell(OutputUnwritten(buf.name, ~buf.written) if op is None or blocks is None
+                           else OutputUnwritten(buf.name, ~buf.written, op.block_sizes, *blocks))
         # The call's buffers die with it: hand their arrays over rather than copy them.
         # A semaphore leaves as handles to its value (engine/call/carried.py).
         outputs.append([state.semaphore_handles.get(buf.id, buf.data) if

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
 from pallas_check.jaxbridge import state_types
@@ -34,13 +34,16 @@ class Transfer:
     landed), and its events, all at once (`complete`) or as a scheduler actor (`events`)."""
 
     __slots__ = ()
-    actor_name: str
     copied: bool
+    if TYPE_CHECKING:  # read-only to its users: a Dma's is a property, a BlockCopy's a field
+        # (only declared: a real property here would become a dataclass subclass's default)
+        @property
+        def actor_name(self) -> str: ...
 
     def complete(self, ctx: Any) -> None:
         raise NotImplementedError
 
-    def events(self, ctx: Any) -> Iterator[None]:
+    def events(self, ctx: Any) -> Generator[None, None, None]:
         raise NotImplementedError
 
 
@@ -84,7 +87,7 @@ class Dma(Transfer):
     def complete(self, ctx: Any) -> None:
         complete(ctx, self)
 
-    def events(self, ctx: Any) -> Iterator[None]:
+    def events(self, ctx: Any) -> Generator[None, None, None]:
         return dma_actor(ctx, self)
 
 
@@ -239,6 +242,8 @@ def cell_of(ctx: Any, region: Region) -> tuple[Buffer, tuple]:
             f"semaphore access {region.buffer.name}{_describe(region)} must pick one"
             " semaphore", current_frames(ctx),
         )
+    # In bounds, no stride 0 (that has a shape), never tile padding (DMA data only): plain
+    assert region.index is not None
     return region.buffer, region.index
 
 

@@ -45,6 +45,7 @@ class EngineBug(Exception):
         self.frames = frames
         self.where = where  # outside any equation: what was running
         self.verb = verb  # what was done with the equation
+        self.prints: list = []  # what the kernel printed before (set by the call, as above)
         super().__init__(self.describe())
 
     def describe(self) -> str:

@@ -219,6 +219,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     if device_id is not None:
         return refuse(side, "a gather or scatter DMA to or from a remote device does not"
                       " lower (Mosaic: \"not supported\")")
+    assert side[2] is not None  # the side whose indexer was found (above)
     indexer, at = side[2]
     if at != len(side[1]) - 1:
         return refuse(side, "the indexed ref of a gather or scatter DMA cannot have any"
@@ -318,7 +319,9 @@ def _viewed_shape(aval: Any, transforms: Sequence[Any]) -> tuple:
     if not transforms:
         return shape
     try:
-        return tuple(state_types.transform_type(transforms, aval).shape)
+        # JAX types the result as AbstractValue; a ref's transformed type has a shape
+        viewed = state_types.transform_type(transforms, aval)
+        return tuple(viewed.shape)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - a transform without a static type: the ref's own
         return shape
 
@@ -344,7 +347,7 @@ def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
     elif primitive is mosaic_primitives.dma_start_p:
         src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
         for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
-            transforms: list = []
+            transforms = []
             while isinstance(ref, state_types.TransformedRef):
                 transforms[:0] = ref.transforms
                 ref = ref.ref

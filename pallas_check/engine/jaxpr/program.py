@@ -224,7 +224,8 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 
         for eqn in eqns:
             if skip_floats and eqn.outvars and all(_is_float(v.aval) for v in eqn.outvars):
-                outs = [jnp.full(v.aval.shape, jnp.inf, v.aval.dtype) for v in eqn.outvars]
+                outs = [jnp.full(v.aval.shape, jnp.inf, v.aval.dtype)  # type: ignore[attr-defined]
+                        for v in eqn.outvars]  # (JAX types avals as AbstractValue)
             else:
                 params = eqn.primitive.get_bind_params(eqn.params)
                 with eqn.ctx.manager:

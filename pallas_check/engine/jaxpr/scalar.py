@@ -100,7 +100,9 @@ def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any])
     if name in _UNARY:
         return f"({_UNARY[name]}{args[0]})"
     if name == "convert_element_type":
-        source, target = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.params["new_dtype"])
+        # (JAX types an aval as AbstractValue; a scalar operand's is a ShapedArray)
+        source = np.dtype(eqn.invars[0].aval.dtype)  # type: ignore[attr-defined]
+        target = np.dtype(eqn.params["new_dtype"])
         key = f"_dt{len(consts)}"
         if target == np.bool_:
             return f"({args[0]} != 0)"
@@ -123,7 +125,7 @@ def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
     def atom(v: Any, scope: dict[Any, str]) -> str:
         if isinstance(v, jax_core.Literal):
             key = f"_c{len(consts)}"
-            consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]
+            consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]  # type: ignore[attr-defined]
             return key
         return scope[v]
 

@@ -54,9 +54,9 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
         else:
             k -= 1
             bound = k
-        for v in eqn.invars:
-            if isinstance(v, jax_core.Var):
-                needed[v] = min(needed.get(v, last_gap), bound)
+        for operand in eqn.invars:
+            if isinstance(operand, jax_core.Var):
+                needed[operand] = min(needed.get(operand, last_gap), bound)
     # Fewest gaps that every [earliest, latest] interval contains (greedy by right end),
     # then each equation into the latest chosen gap it may use: a producer's latest is
     # never after its consumer's, so producers still come first.

@@ -316,7 +316,8 @@ def resolve(view: RefView) -> Region:
     return index_region(view.buffer, steps, post)
 
 
-def index_region(buffer: Buffer, steps: Sequence[tuple], post: list | None = None) -> Region:
+def index_region(buffer: Buffer, steps: Sequence[Sequence[Any]], post: list | None = None
+                 ) -> Region:
     """The region that plain indexers select, one after the other, in `buffer`: each step
     gives, per dimension still there, an int or (start, size, stride); `post` holds the
     transforms applied after them."""

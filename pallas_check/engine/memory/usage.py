@@ -140,7 +140,9 @@ def notes(found: Untouched) -> list[UnusedMemory]:
     """The note's entries: each allocation with an untouched part, its bytes and ranges."""
     out = []
     for name, space, itemsize, size, free in found.values():
-        count = 0 if free is None else int(np.count_nonzero(free))
+        if free is None:
+            continue
+        count = int(np.count_nonzero(free))
         if not count:
             continue
         out.append(UnusedMemory(name, space, count * itemsize, size * itemsize,

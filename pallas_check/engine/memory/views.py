@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pallas_check.jaxbridge import state_indexing
@@ -402,7 +402,8 @@ def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.nda
     *lead, m, n = written.shape
     if src_bits < dst_bits:
         packing = dst_bits // src_bits
-        return written.reshape(*lead, m // packing, packing, n).all(axis=-2)
+        # (numpy's stubs type `all` as maybe a scalar; with an axis it is an array)
+        return cast(np.ndarray, written.reshape(*lead, m // packing, packing, n).all(axis=-2))
     return np.repeat(written, src_bits // dst_bits, axis=-2)
 
 
@@ -431,7 +432,7 @@ class UnsupportedTransform(Exception):
 
 
 def _numpy_index(indexer: Any) -> tuple:
-    out = []
+    out: list[slice | np.ndarray] = []
     for idx in indexer.indices:
         if isinstance(idx, state_indexing.Slice):
             start, size, stride = int(idx.start), int(idx.size), int(idx.stride)

@@ -245,8 +245,10 @@ def _planned_dma(eqn: Any) -> tuple | None:
         if plan is None or plan.ref is None:
             return None
         shape = getattr(eqn.invars[lo + plan.ref].aval, "shape", None)
+        if shape is None:
+            return None  # no ref's aval: the general rules explain it
         for step in plan.steps:  # each indexer takes the dims the one before left
-            if shape is None or len(step) != len(shape):
+            if len(step) != len(shape):
                 return None  # ranks the general rule explains as an error
             shape = [size for _, _, size, _ in step if size is not None]
         shapes.append(shape)
@@ -384,7 +386,9 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
     indexed_at, plain_at = (src_at, dst_at) if side == 0 else (dst_at, src_at)
     plain = _arg_region(ctx, plain_at, invals)
     view = as_view(indexed_at[2].unflatten(invals[indexed_at[0]:indexed_at[1]]))
-    indexer, at = indirect_indexer(view.transforms)
+    found = indirect_indexer(view.transforms)
+    assert found is not None  # the equation's vars have it there (`_indirect_side`)
+    indexer, at = found
     # The indexed view, kept for the call (by its ref and indices, as `_arg_region` does):
     # through a bitcast or reshape its element map is made once, not at every DMA.
     base = ctx.call.accesses.get_or_make(
@@ -416,7 +420,9 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
     src, dst = (indexed, others) if side == 0 else (others, indexed)
     nbytes = math.prod(dst.out_shape) * dst.view_dtype().itemsize
     cell = cell_of(ctx, _arg_region(ctx, dst_sem_at, invals))
-    return _begin_dma(ctx, src, dst, cell, None, nbytes, frames, signal_count(eqn), add)
+    # Rows regions answer what a Dma asks of its sides as a Region does (duck-typed)
+    return _begin_dma(ctx, src, dst, cell, None,  # type: ignore[arg-type]
+                      nbytes, frames, signal_count(eqn), add)
 
 
 def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:

@@ -144,7 +144,7 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
               f"def region(leaves, buffer):\n{body}\n"
               f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
               f" ({index_tuple}), ({shape_tuple}))\n")
-    namespace = {"scalar_index": scalar_index, "Region": Region}
+    namespace: dict[str, Any] = {"scalar_index": scalar_index, "Region": Region}
     exec(compile(source, "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
     return namespace["index"], namespace["region"]
 
