@@ -130,9 +130,9 @@ class _History:
                 seqs.update(bucket)
         else:
             for k in range(first, last + 1):
-                bucket = self.buckets.get(k)
-                if bucket:
-                    seqs.update(bucket)
+                found = self.buckets.get(k)
+                if found:
+                    seqs.update(found)
         records = self.records
         return [(s, records[s]) for s in sorted(seqs)]
 
