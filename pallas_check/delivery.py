@@ -85,20 +85,22 @@ class QuietStream:
         return getattr(self._stream, name)
 
 
-# Every QuietStream made, kept for the life of the process. `print` holds the stream it
-# took from `sys.stdout` without a reference of its own (CPython 3.11), and the write can
-# let other threads run: a host callback of a computation the user stopped still prints
-# on an XLA thread while the main thread restores `sys.stdout`; were the QuietStream freed
-# then, the print would go on in freed memory (a SIGSEGV instead of the partial report).
-_made: list["QuietStream"] = []
+# The QuietStream of each stream, made once and kept for the life of the process. `print`
+# holds the stream it took from `sys.stdout` without a reference of its own (CPython 3.11),
+# and the write can let other threads run: a host callback of a computation the user
+# stopped still prints on an XLA thread while the main thread restores `sys.stdout`; were
+# the QuietStream freed then, the print would go on in freed memory (a SIGSEGV instead of
+# the partial report).
+_made: dict[int, "QuietStream"] = {}
 
 
 def quiet(stream: TextIO | None) -> Any:
     """`stream` as a QuietStream (None, a closed stream, stays None)."""
     if stream is None:
         return None
-    made = QuietStream(stream)
-    _made.append(made)
+    made = _made.get(id(stream))
+    if made is None:  # (a QuietStream holds its stream: the id is never another's)
+        made = _made[id(stream)] = QuietStream(stream)
     return made
 
 

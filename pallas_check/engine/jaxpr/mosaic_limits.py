@@ -180,10 +180,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     src, dst, _, _, device_id = eqn.params["tree"].unflatten(eqn.invars)
     sides = []
     for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
-        transforms: list = []
-        while isinstance(ref, state_types.TransformedRef):
-            transforms[:0] = ref.transforms
-            ref = ref.ref
+        ref, transforms = _unwrapped(ref)
         sides.append((ref, transforms, indirect_indexer(transforms), operation,
                       _sc_space(getattr(ref, "aval", None), space_of)))
     (_, _, src_found, _, src_space), (_, _, dst_found, _, dst_space) = sides
@@ -226,10 +223,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                       " transforms following the indexer (Mosaic)")
     index = indexer.indices[0]
     index = index.values if isinstance(index, sc_core.Indices) else index
-    index_transforms: list = []
-    while isinstance(index, state_types.TransformedRef):
-        index_transforms[:0] = index.transforms
-        index = index.ref
+    index, index_transforms = _unwrapped(index)
     aval = getattr(index, "aval", None)
     if len(_viewed_shape(aval, index_transforms)) != 1:
         return refuse(side, "only 1-D index vectors are supported by a gather or scatter"
@@ -253,10 +247,7 @@ def _sc_stream_refusal(sides: list, side: tuple, refuse: Callable[..., NotLowere
     implemented: only 32-bit elements are supported"; see a bf16 table as uint32 pairs with
     ref.bitcast), and rows wider than SHARED_ROW_ELEMENTS between VMEM and VMEM_SHARED."""
     ref, transforms, found, _, _ = side  # found: (the indexer, its place in transforms)
-    dtype = getattr(getattr(ref, "aval", None), "dtype", None)
-    for transform in transforms:
-        if isinstance(transform, state_types.BitcastTransform):
-            dtype = transform.dtype
+    dtype = _viewed_dtype(ref, transforms)
     if dtype is not None and np.dtype(dtype).itemsize != 4:
         return refuse(side, f"a gather or scatter DMA of {np.dtype(dtype).name} elements does"
                       " not lower: libtpu moves 32-bit elements only (\"'tpu.enqueue_indirect"
@@ -286,14 +277,8 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     bytes and never converts them."""
     sides = []
     for ref in eqn.params["tree"].unflatten(eqn.invars)[:2]:
-        transforms: list = []
-        while isinstance(ref, state_types.TransformedRef):
-            transforms[:0] = ref.transforms
-            ref = ref.ref
-        dtype = getattr(getattr(ref, "aval", None), "dtype", None)
-        for transform in transforms:
-            if isinstance(transform, state_types.BitcastTransform):
-                dtype = transform.dtype
+        ref, transforms = _unwrapped(ref)
+        dtype = _viewed_dtype(ref, transforms)
         if dtype is None:
             return None
         sides.append((ref, dtype))
@@ -309,6 +294,25 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
         f" ({np.dtype(dst_dtype).name}) does not lower: a DMA moves bytes between refs of"
         f" one element type (\"{mosaic}\"); see one ref as the other's type with"
         f" ref.bitcast", frames(), name, space, "DMA destination", mosaic)
+
+
+def _unwrapped(ref: Any) -> tuple[Any, list]:
+    """A ref and its transforms, outermost first (`x.at[i].bitcast(t)` -> x, [at, bitcast])."""
+    transforms: list = []
+    while isinstance(ref, state_types.TransformedRef):
+        transforms[:0] = ref.transforms
+        ref = ref.ref
+    return ref, transforms
+
+
+def _viewed_dtype(ref: Any, transforms: Sequence[Any]) -> Any:
+    """The element type a ref is seen as through its transforms (the last bitcast's), None
+    when the ref has none."""
+    dtype = getattr(getattr(ref, "aval", None), "dtype", None)
+    for transform in transforms:
+        if isinstance(transform, state_types.BitcastTransform):
+            dtype = transform.dtype
+    return dtype
 
 
 def _viewed_shape(aval: Any, transforms: Sequence[Any]) -> tuple:
@@ -347,10 +351,7 @@ def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
     elif primitive is mosaic_primitives.dma_start_p:
         src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
         for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
-            transforms = []
-            while isinstance(ref, state_types.TransformedRef):
-                transforms[:0] = ref.transforms
-                ref = ref.ref
+            ref, transforms = _unwrapped(ref)
             yield ref, tuple(transforms), operation
 
 
