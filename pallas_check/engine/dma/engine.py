@@ -47,7 +47,7 @@ class Transfer:
         raise NotImplementedError
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)  # (identity: see SyncState.settled)
 class Dma(Transfer):
     """One DMA from start to wait."""
 
@@ -137,19 +137,27 @@ class SyncState:
         if dma.src_sem is not None:
             self._sending.setdefault((dma.src_sem[0].id, dma.src_sem[1]), []).append(dma)
         self._unwaited.setdefault(dst, collections.deque()).append(dma)
-        self.settled(dma)  # (carried in landed and waited: nothing left to do)
+        if dma.copied:  # (carried in landed and waited: nothing left to do)
+            self.settled(dma)
 
     def settled(self, dma: Dma) -> None:
         """Let `dma` go if it has landed and been waited in full (its landing and the
-        wait that accounts for it come in either order)."""
-        if dma.copied and dma.waited_bytes >= dma.signal:
-            if self._live.pop(dma.id, None) is None:
-                return
-            _drop(self._receiving.get((dma.dst_sem[0].id, dma.dst_sem[1])), dma)
-            if dma.src_sem is not None:
-                _drop(self._sending.get((dma.src_sem[0].id, dma.src_sem[1])), dma)
-            if dma.dst is not None:  # (landed: no read can come before it any more)
-                _drop(self._landing.get(dma.dst.buffer.id), dma)
+        wait that accounts for it come in either order): out of the call's DMAs and out
+        of each list that may still hold it (a wait in on_wait mode popped it from its
+        semaphore's already). `in` and `remove` compare by identity (`Dma` has no
+        field equality), in C: the lists hold what is in flight, a few entries."""
+        if not (dma.copied and dma.waited_bytes >= dma.signal):
+            return
+        if self._live.pop(dma.id, None) is None:
+            return
+        lists = [self._receiving.get((dma.dst_sem[0].id, dma.dst_sem[1]))]
+        if dma.src_sem is not None:
+            lists.append(self._sending.get((dma.src_sem[0].id, dma.src_sem[1])))
+        if dma.dst is not None:  # (landed: no read can come before it any more)
+            lists.append(self._landing.get(dma.dst.buffer.id))
+        for dmas in lists:
+            if dmas and dma in dmas:
+                dmas.remove(dma)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -195,15 +203,6 @@ class SyncState:
 def _overlap(a: IndexRange, b: IndexRange) -> bool:
     """Whether two index ranges of one buffer share an element (by their bounding boxes)."""
     return len(a) == len(b) and all(lo < hi2 and lo2 < hi for (lo, hi), (lo2, hi2) in zip(a, b))
-
-
-def _drop(dmas: list[Dma] | None, dma: Dma) -> None:
-    """Take `dma` out of a semaphore's list, by identity (a DMA done with is nearly always
-    among the oldest; one a wait popped already is simply not there)."""
-    for i, other in enumerate(dmas or ()):
-        if other is dma:
-            del dmas[i]  # type: ignore[union-attr]
-            return
 
 
 def as_view(x: Any) -> RefView:
@@ -278,7 +277,10 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     # Bytes, never a conversion: the source's elements seen as the destination view's
     # (Mosaic's verifier has made sure they are one element type: int32 and uint32 both
     # i32), so a uint32 DMA into a bitcast view of an f32 buffer lands bit for bit.
-    value = same_bits(value, dma.dst.view_dtype())
+    dst = dma.dst
+    dtype = dst.view_dtype() if dst.post else dst.buffer.data.dtype
+    if value.dtype != dtype:
+        value = same_bits(value, dtype)
     # A source written everywhere (an input, say) needs no per-element shadow copied along
     # (unless it reaches into tile padding, which is never written).
     written = (True if dma.src.buffer.fully_written and not dma.src.padded
@@ -313,7 +315,8 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         dma.dst.write_base(value, written)
     ctx.call.on_dma_write(ctx, dma)
     sem_add(dma.dst_sem, dma.signal)
-    ctx.call.sync.settled(dma)
+    if dma.waited_bytes >= dma.signal:  # (in on_wait mode the wait accounts after this)
+        ctx.call.sync.settled(dma)
 
 
 def complete(ctx: Any, dma: Dma) -> None:
