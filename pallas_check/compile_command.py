@@ -16,6 +16,7 @@ failure); a script that fails before any call is the user's error (exit 3).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -25,9 +26,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from pallas_check.config import TpuGeneration
+from pallas_check.engine.call.describe import kernel_info
+from pallas_check.errors import one_line
 from pallas_check.exitcodes import exit_code_for
+from pallas_check.generations import asked_since, retrace_in_child
+from pallas_check.intercept import intercepted
 from pallas_check.report.compile import CompileReport, summary_text
+from pallas_check.report.console import display_for
 from pallas_check.report.formats import COMPILE, render
+from pallas_check.runner import Verdict, script_traceback
+from pallas_check.tpu_compile.stage import CompileRecorder, compile_recorded
+from pallas_check.tpu_info import questions, simulated_tpu
 
 
 class CompileOnlyCommand:
@@ -35,8 +44,6 @@ class CompileOnlyCommand:
 
     def __init__(self, script: str, generations: Sequence[TpuGeneration],
                  args: Sequence[str] = (), devices: int = 1) -> None:
-        from pallas_check.tpu_compile.stage import CompileRecorder
-
         self.script = script
         self.generations = tuple(generations)
         # Each further generation: the script run again as that chip in a process of its
@@ -51,8 +58,6 @@ class CompileOnlyCommand:
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.call.describe import kernel_info
-
         if device == 0:  # one record per call, also under shard_map
             with self._lock:
                 index = next(self._counter)
@@ -61,11 +66,6 @@ class CompileOnlyCommand:
         return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
 
     def installed(self) -> Any:
-        import contextlib
-
-        from pallas_check.intercept import intercepted
-        from pallas_check.tpu_info import questions, simulated_tpu
-
         stack = contextlib.ExitStack()
         stack.enter_context(intercepted(self.handle_call, call_sites=True))
         stack.enter_context(simulated_tpu(self.generations[0]))
@@ -80,9 +80,6 @@ class CompileOnlyCommand:
         return False
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
-        from pallas_check.report.console import display_for
-        from pallas_check.runner import Verdict, one_line, script_traceback
-
         script_seconds = time.perf_counter() - self.started
         internal = one_line(ours[0]) if ours else None
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
@@ -112,9 +109,6 @@ class CompileOnlyCommand:
                   ) -> tuple[list[dict[str, Any]], list[Any], dict[str, dict[str, Any]]]:
         """The report's rows and findings: the calls of this run compiled for the first
         generation, each further generation's from a run of the script as that chip."""
-        from pallas_check.generations import asked_since, retrace_in_child
-        from pallas_check.tpu_compile.stage import compile_recorded
-
         first = self.generations[0].value
         further = self.generations[1:] if asked_since(self.questions_from) else ()
         result = compile_recorded(calls, self.generations[:len(self.generations)
