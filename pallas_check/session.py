@@ -33,7 +33,7 @@ from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
 from pallas_check.errors import EngineFailure
-from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo
+from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo, SourceFrame
 from pallas_check.generations import GenerationRun
 from pallas_check.host_memory import collector_paused, return_freed_memory
 from pallas_check.intercept import intercepted
@@ -67,18 +67,18 @@ class _Call:
     (its kernel named as soon as it is known)."""
 
     index: int
-    kernel: Any  # KernelInfo; _UNNAMED until named
+    kernel: KernelInfo  # _UNNAMED until named
     params: dict
     device_operands: list
     started: float  # time.perf_counter() when it began
-    mesh: Any  # engine/call/describe.MeshInfo
-    call_site: Any
+    mesh: MeshInfo
+    call_site: SourceFrame | None
 
 
 @dataclasses.dataclass
 class _CallInFlight:
     call: _Call
-    live: Any  # engine/runtime/inflight.py's InFlight: what the call found so far
+    live: InFlight  # what the call found so far
 
 
 class Session:
@@ -124,9 +124,9 @@ class Session:
         # In a process the script started during a run (children.py): where each call's
         # findings go for the run's owner to report; or, in one forked after JAX started,
         # why no call can run there.
-        self.findings_for_owner: Any = None
+        self.findings_for_owner: children.ChildFindings | None = None
         self.refused: str | None = None
-        self.compile_recorder: Any = None
+        self.compile_recorder: CompileRecorder | None = None
         # Several --tpu generations with --compile or --tpu-all: how a further generation
         # is traced (generations.py; None: the first run's trace is compiled for each), and
         # what each further generation's run did (its note in the report).
@@ -144,7 +144,7 @@ class Session:
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), results: Sequence[np.ndarray] | None = None,
-                    call_site: Any = None) -> list[np.ndarray]:
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
         if self.refused is not None:  # forked after JAX started: the engine would hang
@@ -170,7 +170,7 @@ class Session:
             self.findings_for_owner.write(list(self.calls), self.findings)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
-                    mesh: Any, call_site: Any = None) -> list[np.ndarray]:
+                    mesh: MeshInfo, call_site: SourceFrame | None = None) -> list[np.ndarray]:
         try:
             return self._meeting_point.meet(
                 device, mesh.num_devices, operands,
@@ -183,9 +183,9 @@ class Session:
                                    time.perf_counter(), mesh, call_site), 0, failed=True)
             raise EngineFailure(self.engine_error) from exc
 
-    def _simulate(self, params: dict, device_operands: list, mesh: Any,
+    def _simulate(self, params: dict, device_operands: list, mesh: MeshInfo,
                   results: Sequence[np.ndarray] | None = None,
-                  call_site: Any = None) -> list[list[np.ndarray]]:
+                  call_site: SourceFrame | None = None) -> list[list[np.ndarray]]:
         program, outside = self.judge.program()
         key = program.key(params) if program is not None else None
         if program is not None and program.replay is not None:  # a re-run of the program
@@ -245,7 +245,7 @@ class Session:
         return result.outputs
 
     def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
-                    checkers: Checkers, live: InFlight) -> Any:
+                    checkers: Checkers, live: InFlight) -> explore.DevicesResult:
         """The checked call, named, simulated by the engine (explore.DevicesResult)."""
         params, device_operands, mesh, index = (call.params, call.device_operands,
                                                 call.mesh, call.index)
@@ -282,9 +282,9 @@ class Session:
         assert self.call_filter is not None
         return self.call_filter.checks(_kernel_or_unnamed(params), params, operands)
 
-    def _pass_through(self, params: dict, device_operands: list, mesh: Any,
+    def _pass_through(self, params: dict, device_operands: list, mesh: MeshInfo,
                       results: Sequence[np.ndarray] | None, index: int,
-                      call_site: Any) -> list[list[np.ndarray]]:
+                      call_site: SourceFrame | None) -> list[list[np.ndarray]]:
         """A call the filters do not check: run by the engine with every check off (no
         race detection, no second fill, no capacity check, one schedule), its findings
         dropped; its outputs and the kernel's prints are the script's as in a checked
@@ -299,7 +299,7 @@ class Session:
         self._write_prints(prints)
         return outputs
 
-    def unchecked_outputs(self, params: dict, device_operands: list, mesh: Any,
+    def unchecked_outputs(self, params: dict, device_operands: list, mesh: MeshInfo,
                           results: Sequence[np.ndarray] | None, index: int,
                           carried: dict | None = None) -> tuple[list[list[np.ndarray]], list]:
         """A call's outputs and prints with every check off (see `_pass_through`)."""
