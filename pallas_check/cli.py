@@ -10,7 +10,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 import typer.core
@@ -121,7 +121,7 @@ class _Command(typer.core.TyperCommand):
                     formatter.write_dl(records)
 
 
-def _operand(param: Any) -> str:
+def _operand(param: typer.core.TyperArgument) -> str:
     return param.metavar or param.name.upper()
 
 
@@ -328,7 +328,7 @@ def _script_args(script_args: Optional[List[str]]) -> list[str]:
     return list(script_args or [])
 
 
-def _guarded(call: Any) -> "typer.Exit":
+def _guarded(call: Callable[[], ExitCode]) -> "typer.Exit":
     """Run `call()` (which returns an ExitCode); our own failure is one line, exit 4 (a
     PallasCheckError goes on to `_one_line` with the code it carries)."""
     try:

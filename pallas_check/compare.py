@@ -25,7 +25,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
+from typing import Any, ContextManager, Iterator, NamedTuple, NoReturn, Sequence
 
 import jax
 import numpy as np
@@ -36,7 +36,9 @@ from pallas_check.config.options import BY_PARAM
 from pallas_check.engine.call.describe import kernel_arg_names, kernel_info
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.errors import UsageError, one_line, short_error
+from pallas_check.execfile import ScriptOutcome
 from pallas_check.exitcodes import ExitCode, exit_code_for
+from pallas_check.findings import SourceFrame
 from pallas_check.intercept import intercepted
 from pallas_check.jaxbridge import hlo_interpreter, tpu_interpret_params, tpu_interpreter
 from pallas_check.output_diff import OutputDiff, compare
@@ -269,7 +271,7 @@ class DiffSession:
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
-                    call_site: Any = None) -> list[np.ndarray]:
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         with _on_cpu():
             ours = self.ours.handle_call(params, operands, device, mesh_axes,
                                          call_site=call_site)
@@ -359,7 +361,7 @@ class DiffCommand:
         self.rtol, self.atol = rtol, atol
         self.session = DiffSession(config, side, rtol, atol)
 
-    def installed(self) -> Any:
+    def installed(self) -> ContextManager[None]:
         return self.session.install()
 
     def calls_in_flight(self) -> int:
@@ -368,7 +370,8 @@ class DiffCommand:
     def failed(self) -> bool:
         return self.session.ours.engine_error is not None or self.session.side_error is not None
 
-    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
         session = self.session
         error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
         error = short_error(error) if error else None
