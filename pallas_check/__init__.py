@@ -19,5 +19,5 @@ def __getattr__(name: str) -> Any:
     JAX). Looked up by name, not imported here: the reporters that read `__version__`
     from this package must not depend on the session and engine behind the API."""
     if name in __all__:
-        return getattr(importlib.import_module("pallas_check.api"), name)
+        return getattr(importlib.import_module("pallas_check.api"), name)  # lazy: api brings JAX
     raise AttributeError(f"module 'pallas_check' has no attribute {name!r}")

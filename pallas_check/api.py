@@ -20,97 +20,34 @@ No progress line unless `progress=True`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import difflib
-import enum
 import html
 import io
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from pallas_check.config.options import RUN_OPTIONS
+from rich.console import Console
+from rich.text import Text
+
+from pallas_check.api_options import OPTIONS, Options, resolve  # noqa: F401 (the API's)
+from pallas_check.config import TpuGeneration
 from pallas_check.errors import FindingsError
+from pallas_check.execfile import ScriptOutcome
+from pallas_check.findings import CallSummary, Finding
+from pallas_check.generations import GenerationRun
+from pallas_check.intercept import installed
+from pallas_check.progress_line import is_terminal
+from pallas_check.report import reporter_for
+from pallas_check.report.console import Display
+from pallas_check.report.model import API_RERUN, RunReport, Suppression
+from pallas_check.runner import (Origin, _settle_computations, callback_failures,
+                                 finished_report, showing_progress)
+from pallas_check.session import Session
+from pallas_check.tpu_compile.toolchain import start_backends_quietly
+from pallas_check.tpu_info import simulated_tpu as simulate
 from pallas_check.units import findings_in_calls
-
-# Options of `run` that mean nothing around a block of code in a running process: its
-# report format and file (the Run object is the report), --native (another command),
-# --trace (a file written by the CLI), and --devices (JAX already chose its device count).
-_NOT_HERE = ("fmt", "output", "native", "trace", "devices", "update_baseline")
-OPTIONS = {o.key.replace("-", "_"): o for o in RUN_OPTIONS if o.param not in _NOT_HERE}
-# The Config field names as aliases of the keys (`dma_mode=` for `dma=`).
-_ALIASES = {o.config_field: name for name, o in OPTIONS.items()
-            if o.config_field and o.config_field != name}
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Checked options: the engine's Config and the suppression policy."""
-
-    config: Any
-    policy: Any
-
-
-def resolve(options: dict[str, Any], project: bool | str | Path = True,
-            report_unused: bool = False) -> Options:
-    """Options as `checking` takes them, checked and merged over the project's settings
-    (raises ValueError, one line; TypeError for a name that is no option)."""
-    from pallas_check.config.layers import checked_value, load_settings, option_specs
-    from pallas_check.errors import PallasCheckError
-    from pallas_check.suppress import make_policy
-
-    values: dict[str, Any] = {}
-    if project is not False:
-        cwd = None if project is True else Path(project)
-        try:
-            values = dict(load_settings(RUN_OPTIONS, cwd=cwd).values)
-        except PallasCheckError as exc:  # a bad table or variable: the API's one line
-            raise ValueError(str(exc)) from None
-    specs = {spec.name: spec for spec in option_specs(RUN_OPTIONS).values()}
-    for name, value in options.items():
-        name = _ALIASES.get(name, name)
-        option = OPTIONS.get(name)
-        if option is None:
-            close = difflib.get_close_matches(name, [*OPTIONS, *_ALIASES], n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise TypeError(f"pallas_check.checking() got an unknown option {name!r}{hint}"
-                            f" (options: {', '.join(OPTIONS)})")
-        try:
-            values[option.param] = checked_value(specs[option.param], _plain(value), False,
-                                                 None)
-        except ValueError as exc:
-            raise ValueError(f"{name}={value!r}: {exc}") from None
-    try:
-        races = bool(values.get("races", OPTIONS["races"].default))
-        policy = make_policy(values.get("ignore"), values.get("baseline"), False, races,
-                             report_unused=report_unused)
-    except PallasCheckError as exc:
-        raise ValueError(str(exc)) from None
-    return Options(_config(values), policy)
-
-
-def _plain(value: Any) -> Any:
-    """An enum member as its value, a Path as a string, a tuple as a list: as a
-    `[tool.pallas-check]` table would hold them."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def _config(values: dict[str, Any]) -> Any:
-    """The Config of the options that mean something here (a `devices` set in the
-    project's table does not: JAX already chose its device count)."""
-    from pallas_check.config.options import config_from
-
-    return config_from({name: value for name, value in values.items()
-                        if name not in _NOT_HERE})
-
 
 # A notebook cell's output: the table in a monospace block ({code}: rich's styled spans).
 _HTML = ('<pre style="font-family: Menlo, \'DejaVu Sans Mono\', Consolas, monospace;'
@@ -123,20 +60,20 @@ class Run:
     def __init__(self, options: Options, label: str) -> None:
         self.options = options
         self.label = label  # where the block is: the report's "script"
-        self.report: Any = None  # report/model.py's RunReport, once the block ended
+        self.report: RunReport | None = None  # once the block ended
 
     @property
-    def findings(self) -> list:
+    def findings(self) -> list[Finding]:
         """The findings that count (not suppressed), as the report lists them."""
         return list(self._finished().findings)
 
     @property
-    def suppressed(self) -> list:
+    def suppressed(self) -> list[tuple[Finding, Suppression]]:
         """(finding, why) for each suppressed finding."""
         return list(self._finished().suppressed)
 
     @property
-    def calls(self) -> list:
+    def calls(self) -> list[CallSummary]:
         """One CallSummary per pallas_call checked (findings.py: kernel, grid, engine
         seconds, with races on what race checking covered, with compile=True each TPU
         generation's compile outcome and time), in call order."""
@@ -165,9 +102,6 @@ class Run:
                color: bool = False) -> str:
         """The report as `pallas-check run --format FMT` prints it (`color`: the table's
         styles as ANSI escapes, as on a terminal)."""
-        from pallas_check.report import reporter_for
-        from pallas_check.report.console import Display
-
         display = Display(color_system="truecolor") if color else Display()
         buffer = io.StringIO()
         reporter_for(fmt, width=width, display=display).render(self._finished(), buffer)
@@ -205,7 +139,7 @@ class Run:
         console.print(Text.from_ansi(self.render("table", width=width, color=True)), end="")
         return console.export_html(inline_styles=True, code_format=_HTML)
 
-    def _finished(self) -> Any:
+    def _finished(self) -> RunReport:
         if self.report is None:
             raise RuntimeError("the report is made when the `with pallas_check.checking()`"
                                " block ends")
@@ -219,8 +153,6 @@ def checking(*, project: bool | str | Path = True, progress: bool = False,
     holds the report once the block ends (also when the block raised: the exception
     goes on). Options: see the module docstring; `progress=True`: a progress line on
     stderr while a long call runs (only where stderr is a terminal)."""
-    from pallas_check.report.model import API_RERUN
-
     resolved = resolve(options, project=project)
     with checked(resolved, _caller(), rerun=API_RERUN, progress=progress) as run:
         yield run
@@ -236,8 +168,6 @@ def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
     devices stay CPU devices (tpu_info.py). `checking()` does this itself (its `tpu` and
     `cores` options); this is for running such kernels under JAX's own interpreters
     (`interpret=True`, `pltpu.InterpretParams`) on a CPU, as benchmarks/run.py does."""
-    from pallas_check.tpu_info import simulated_tpu as simulate
-
     with simulate(generation, cores):
         yield
 
@@ -245,19 +175,12 @@ def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
 @contextlib.contextmanager
 def checked(options: Options, label: str, rerun: str | None = None,
             cwd: str | None = None, progress: bool = False,
-            retrace: Any = None) -> Iterator[Run]:
+            retrace: Callable[[TpuGeneration], GenerationRun] | None = None
+            ) -> Iterator[Run]:
     """`checking` with options already resolved (the pytest plugin's way in): the run path
     of `pallas-check run` (runner.py) around a block instead of a script. `retrace(gen)`:
     how the block is run again as a further `tpu` generation (generations.py; the plugin
     runs the test again), None: its one trace is compiled for every generation."""
-    from pallas_check.execfile import ScriptOutcome
-    from pallas_check.intercept import installed
-    from pallas_check.progress_line import is_terminal
-    from pallas_check.runner import (_settle_computations, callback_failures,
-                                     finished_report, showing_progress)
-    from pallas_check.session import Session
-    from pallas_check.tpu_compile.toolchain import start_backends_quietly
-
     if installed():
         raise RuntimeError("pallas-check is already checking the pallas_calls of this"
                            " process (pallas-check run, pytest --pallas-check, or a"
@@ -283,14 +206,12 @@ def checked(options: Options, label: str, rerun: str | None = None,
                 # calls' findings are in the report), as at the end of a script.
                 _settle_computations()
     finally:
-        run.report = finished_report(session, outcome, ours, options.policy, label,
-                                     rerun=rerun, cwd=cwd).report
+        run.report = finished_report(session, outcome, ours, options.policy,
+                                     Origin(label, rerun=rerun, cwd=cwd)).report
 
 
-def _outcome_of(exc: BaseException) -> Any:
+def _outcome_of(exc: BaseException) -> ScriptOutcome:
     """How the block ended, as a script's outcome (execfile.ScriptOutcome)."""
-    from pallas_check.execfile import ScriptOutcome
-
     if isinstance(exc, KeyboardInterrupt):
         return ScriptOutcome(ok=False, interrupted=True, error="interrupted (Ctrl-C)",
                              exception=exc)

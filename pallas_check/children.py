@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
+from pallas_check.delivery import flush_streams, note
+
 _real_exit = os._exit  # a run wraps os._exit (runner.py); a child ends for real
 _KEY = "pallas_check_child"  # our entry in multiprocessing's preparation data
 
@@ -183,8 +185,6 @@ def end_if_child(outcome: Any) -> None:
     the script's, and a crash is one line on stderr. In the owner, nothing."""
     if not in_child():
         return
-    from pallas_check.delivery import flush_streams, note
-
     if not outcome.ok and outcome.traceback:
         note(f"pallas-check: the script's forked process {os.getpid()} failed:"
              f" {outcome.error}")

@@ -10,20 +10,30 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 import typer.core
 
-from pallas_check import __version__
-from pallas_check.config import TpuGeneration
+import pallas_check
+from pallas_check import __version__, interrupts
+from pallas_check.config import TpuGeneration, parse_generations
 from pallas_check.config.environment import debug_requested
+from pallas_check.config.layers import check_other_variables, default_map, load_settings
 from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS,
                                          config_from, with_options)
+from pallas_check.delivery import note
 from pallas_check.errors import InternalError, PallasCheckError, UsageError
-from pallas_check.report.formats import NATIVE, Format
-from pallas_check.units import plural
 from pallas_check.exitcodes import ExitCode
+from pallas_check.hook import run_hook
+from pallas_check.outfile import STDOUT, check_target, is_stdout, same_target, stream_descriptor
+from pallas_check.report.formats import NATIVE, Format
+from pallas_check.tpu_compile.toolchain import libtpu_missing, start_backends_quietly
+from pallas_check.units import plural
+from pallas_check.watchdog import guard_exit
+
+if TYPE_CHECKING:
+    from pallas_check.suppress import Policy
 
 class _OneLineErrors(typer.core.TyperGroup):
     """Every way the command line can fail as one line on stderr with its documented exit
@@ -46,8 +56,6 @@ class _OneLineErrors(typer.core.TyperGroup):
             if not standalone_mode:
                 raise
             message, exit_code = _one_line(exc)
-            from pallas_check.delivery import note
-
             note(message)  # (nothing when stderr is closed or its reader has gone)
             sys.exit(int(exit_code))
         if not standalone_mode:
@@ -113,7 +121,7 @@ class _Command(typer.core.TyperCommand):
                     formatter.write_dl(records)
 
 
-def _operand(param: Any) -> str:
+def _operand(param: typer.core.TyperArgument) -> str:
     return param.metavar or param.name.upper()
 
 
@@ -141,14 +149,10 @@ def _main(
                                  help="Print the version and exit."),
 ) -> None:
     """Run a script's Pallas kernels under pallas-check's TPU interpreter."""
-    from pallas_check.config.layers import check_other_variables
-
     check_other_variables()  # PALLAS_CHECK_DEBUG=maybe: one line, exit 2, every command
     if ctx.invoked_subcommand == "run":
         # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win
         # (a bad table or variable is a SettingsError: one line, exit 2).
-        from pallas_check.config.layers import default_map, load_settings
-
         ctx.default_map = {"run": default_map(load_settings(run))}
 
 
@@ -158,8 +162,6 @@ def _check_output(output: Optional[Path], script: Path,
     path is made absolute now: a script that changes directory does not move the report."""
     if output is None:
         return None
-    from pallas_check.outfile import check_target, is_stdout
-
     check_target(output, script, flag)
     return output if is_stdout(output) else Path(os.path.abspath(output))
 
@@ -168,8 +170,6 @@ def _refuse_collisions(targets: list[tuple[str, Optional[Path]]]) -> None:
     """Two of the files a run writes (or a baseline it reads, that another would then
     overwrite) named as one place: the second would silently replace the first, or both
     be interleaved in one stream. A usage error before the run. No --output is stdout."""
-    from pallas_check.outfile import STDOUT, is_stdout, same_target, stream_descriptor
-
     named = [(flag, path if path is not None else Path(STDOUT))
              for flag, path in targets if path is not None or flag == "--output"]
     for i, (flag, path) in enumerate(named):
@@ -186,11 +186,10 @@ def _refuse_collisions(targets: list[tuple[str, Optional[Path]]]) -> None:
 
 
 def _suppression_policy(ignore: Optional[List[str]], baseline: Optional[Path],
-                        update_baseline: bool, races: bool, script: Path) -> Any:
+                        update_baseline: bool, races: bool, script: Path) -> Policy:
     """Suppressions (suppress.py) checked before the run: a bad entry or baseline, or a
     baseline that cannot be written, is exit 2 before any work is lost."""
-    from pallas_check.outfile import check_target
-    from pallas_check.suppress import make_policy
+    from pallas_check.suppress import make_policy  # lazy: it brings report.model, no part of --help
 
     if update_baseline and baseline is not None:
         check_target(baseline, script, "--baseline")
@@ -205,8 +204,8 @@ def fail(message: str) -> UsageError:
 def _set_device_count(devices: int) -> None:
     if devices < 1:
         raise fail("--devices must be at least 1")
-    if "jax" in sys.modules:
-        import jax
+    if "jax" in sys.modules:  # (a process that runs several commands: the tests)
+        import jax  # (imported already: this loads nothing)
 
         if devices != 1 and len(jax.devices()) != devices:
             raise fail(f"--devices {devices}: JAX is already initialised with"
@@ -256,15 +255,13 @@ def run(script: Path, script_args: Optional[List[str]] = None, **options: Any) -
                                  options["races"], script)
     trace = _check_output(trace, script, "--trace")
     _set_device_count(options["devices"])
-    _start_quietly(options["compile"])
+    _start_the_run(options["compile"])
     if options["native"]:
         _run_native(script, script_args, fmt_name, output)
     config = config_from(options, RUN_OPTIONS, timeline=trace is not None)
-    from pallas_check.runner import run_and_report
-
     args = _script_args(script_args)
-    raise _guarded(lambda: run_and_report(str(script), args, config, fmt_name, output,
-                                          policy, trace))
+    raise _guarded(lambda: pallas_check.runner.run_and_report(str(script), args, config,
+                                                              fmt_name, output, policy, trace))
 
 
 @app.command(cls=_Command)
@@ -274,35 +271,32 @@ def hook(
         help="Files pre-commit passes; every configured script is checked."),
 ) -> None:
     """Check the scripts [tool.pallas-check] names, each in its own process (pre-commit)."""
-    from pallas_check.hook import run_hook
-
     raise typer.Exit(int(run_hook(files or [])))
 
 
 def _generations(tpu: str, compiling: bool) -> tuple[TpuGeneration, ...]:
     """`--tpu` checked (one line, exit 2); with --compile, libtpu must be installed."""
-    from pallas_check.config import parse_generations
-
     try:
         generations = parse_generations(tpu)
     except ValueError as exc:
         raise fail(str(exc)) from None
     if compiling:
-        from pallas_check.tpu_compile.toolchain import libtpu_missing
-
         missing = libtpu_missing()
         if missing:
             raise fail(missing)
     return generations
 
 
-def _start_quietly(compiling: bool = False) -> None:
-    """JAX's backends started now, libtpu's start-up chatter kept off the terminal; a
-    Ctrl-C meanwhile stops the run before the script (interrupts.py)."""
-    from pallas_check import interrupts
-    from pallas_check.tpu_compile.toolchain import start_backends_quietly
-
+def _start_the_run(compiling: bool = False) -> None:
+    """The one place the command line imports the run (runner.py and the commands, and
+    with them JAX, numpy, rich and the reporters): after the options are read, so that
+    `--help` and every usage error answer without them, and after `--devices` is in
+    XLA_FLAGS. Then JAX's backends are started, libtpu's start-up chatter kept off the
+    terminal. A Ctrl-C meanwhile stops the run before the script (interrupts.py)."""
     with interrupts.handled():
+        # Used as pallas_check.runner, ...: the package holds them once imported.
+        from pallas_check import compare, compile_command, native, runner  # noqa: F401 lazy: JAX after XLA_FLAGS
+
         start_backends_quietly(compiling)
 
 
@@ -321,14 +315,12 @@ def compile_only(script: Path, script_args: Optional[List[str]] = None, *, tpu: 
     generations = _generations(tpu, compiling=True)
     output = _check_output(output, script)
     _set_device_count(devices)
-    _start_quietly(compiling=True)
-    from pallas_check.compile_command import CompileOnlyCommand
-    from pallas_check.runner import run_command
-
+    _start_the_run(compiling=True)
     args = _script_args(script_args)
-    raise _guarded(lambda: run_command(CompileOnlyCommand(str(script), generations, args,
-                                                          devices),
-                                       str(script), args, fmt_name, output))
+    command = pallas_check.compile_command.CompileOnlyCommand(str(script), generations, args,
+                                                              devices)
+    raise _guarded(lambda: pallas_check.runner.run_command(command, str(script), args,
+                                                           fmt_name, output))
 
 
 def _script_args(script_args: Optional[List[str]]) -> list[str]:
@@ -336,7 +328,7 @@ def _script_args(script_args: Optional[List[str]]) -> list[str]:
     return list(script_args or [])
 
 
-def _guarded(call: Any) -> "typer.Exit":
+def _guarded(call: Callable[[], ExitCode]) -> "typer.Exit":
     """Run `call()` (which returns an ExitCode); our own failure is one line, exit 4 (a
     PallasCheckError goes on to `_one_line` with the code it carries)."""
     try:
@@ -353,17 +345,15 @@ def _guarded(call: Any) -> "typer.Exit":
 def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
                 output: Optional[Path]) -> None:
     """`run --native`: no simulation; the calls on the hardware, each one timed."""
-    from pallas_check.native import native_unavailable, run_native_and_report
-
     accepted = Format.accepted_by(NATIVE)
     if Format(fmt) not in accepted:
         raise fail(f"--native reports as {' or '.join(f.value for f in accepted)},"
                    f" not {fmt!r}")
-    reason = native_unavailable()
+    reason = pallas_check.native.native_unavailable()
     if reason:
         raise fail(reason)
-    raise _guarded(lambda: run_native_and_report(str(script), _script_args(script_args),
-                                                 fmt, output))
+    raise _guarded(lambda: pallas_check.native.run_native_and_report(
+        str(script), _script_args(script_args), fmt, output))
 
 
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
@@ -381,35 +371,28 @@ def diff(script: Path, script_args: Optional[List[str]] = None, **options: Any) 
     _generations(options["tpu"], False)
     output = _check_output(output, script)
     _set_device_count(options["devices"])
-    _start_quietly()
+    _start_the_run()
     # diff compares outputs, which race detection does not change: it stays off on our
     # side (as before races became `run`'s default); `--against "--races"` turns it on.
     config = config_from(options, DIFF_OPTIONS, races=False)
-    from pallas_check.compare import parse_against, run_diff_and_report
-
-    side = parse_against(against, config)  # a bad --against: a UsageError, exit 2
+    compare = pallas_check.compare
+    side = compare.parse_against(against, config)  # a bad --against: a UsageError, exit 2
     if side.native:
-        from pallas_check.native import native_unavailable
-
-        reason = native_unavailable()
+        reason = pallas_check.native.native_unavailable()
         if reason:
             raise fail(reason)
-    raise _guarded(lambda: run_diff_and_report(str(script), _script_args(script_args), config,
-                                               side, options["rtol"], options["atol"], fmt,
-                                               output))
+    tolerance = compare.Tolerance(options["rtol"], options["atol"])
+    raise _guarded(lambda: compare.run_diff_and_report(str(script), _script_args(script_args),
+                                                       config, side, tolerance, fmt, output))
 
 
 def main() -> None:
     """Console-script entry point. Once the report is out, the process ends even if the
     script left JAX computations that never finish (JAX's exit handler waits for them)."""
-    from pallas_check import interrupts
-
     interrupts.install()  # SIGTERM (CI, `timeout`) stops a run as Ctrl-C does
     try:
         app(prog_name="pallas-check")  # `python -m pallas_check` is the same program
     except SystemExit as exc:
-        from pallas_check.watchdog import guard_exit
-
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         guard_exit(code)
         raise

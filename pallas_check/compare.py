@@ -22,17 +22,32 @@ import functools
 import inspect
 import itertools
 import shlex
+import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, ContextManager, Iterator, NamedTuple, NoReturn, Sequence
 
+import jax
 import numpy as np
 
+from pallas_check import runner
 from pallas_check.config import Config
-from pallas_check.errors import UsageError
-from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.config.options import BY_PARAM
+from pallas_check.engine.call.describe import kernel_arg_names, kernel_info
+from pallas_check.engine.runtime.backend import engine_device
+from pallas_check.errors import UsageError, one_line, short_error
+from pallas_check.execfile import ScriptOutcome
+from pallas_check.exitcodes import ExitCode, exit_code_for
+from pallas_check.findings import SourceFrame
+from pallas_check.intercept import intercepted
+from pallas_check.jaxbridge import hlo_interpreter, tpu_interpret_params, tpu_interpreter
 from pallas_check.output_diff import OutputDiff, compare
+from pallas_check.report.console import display_for
+from pallas_check.report.diff import summary_text
+from pallas_check.report.formats import DIFF, render
+from pallas_check.runner import Verdict, config_dict, script_traceback
+from pallas_check.session import Session
+from pallas_check.tpu_info import simulated_tpu
 from pallas_check.units import plural
 
 
@@ -71,8 +86,6 @@ class _JaxInterpreterSide(Side):
         raise NotImplementedError
 
     def outputs(self, params, operands, device, mesh_axes, native):
-        import jax
-
         if mesh_axes and int(np.prod([s for _, s in mesh_axes])) > 1:
             raise RuntimeError(f"a call inside shard_map over several devices cannot be"
                                f" compared against {self.label}")
@@ -93,8 +106,6 @@ class HloSide(_JaxInterpreterSide):
     label = "hlo"
 
     def _function(self, params):
-        from pallas_check.jaxbridge import hlo_interpreter
-
         fn = hlo_interpreter().pallas_call_hlo_interpret
         return functools.partial(fn, **_accepted(fn, params))
 
@@ -107,8 +118,6 @@ class JaxInterpretSide(_JaxInterpreterSide):
         self.config = config
 
     def interpret_params(self) -> Any:
-        from pallas_check.jaxbridge import tpu_interpret_params
-
         return tpu_interpret_params()(uninitialized_memory=self.config.uninit.value,
                                dma_execution_mode=self.config.dma_mode.value)
 
@@ -117,8 +126,6 @@ class JaxInterpretSide(_JaxInterpreterSide):
                 if isinstance(v, (int, float, str, bool, type(None)))}
 
     def _function(self, params):
-        from pallas_check.jaxbridge import tpu_interpreter
-
         fn = tpu_interpreter().interpret_pallas_call
         return functools.partial(fn, interpret_params=self.interpret_params(),
                                  **_accepted(fn, params))
@@ -128,8 +135,6 @@ class ConfigSide(Side):
     """Our engine again, with another Config; its findings are not reported."""
 
     def __init__(self, config: Config, text: str) -> None:
-        from pallas_check.session import Session
-
         self.config = config
         self.label = text
         # Not reported, and not heard: the kernels' prints are our own side's to write.
@@ -141,8 +146,6 @@ class ConfigSide(Side):
                 self.session.handle_call(params, operands, device, mesh_axes)]
 
     def config_dict(self):
-        from pallas_check.runner import config_dict
-
         return config_dict(self.config)
 
 
@@ -235,8 +238,6 @@ class CallDiff:
 def _output_names(params: dict) -> list[str]:
     n_out = len(params["out_avals"])
     try:
-        from pallas_check.engine.call.describe import kernel_arg_names
-
         gm = params["grid_mapping"]
         names = kernel_arg_names(params["jaxpr"])
         start = gm.num_index_operands + gm.num_inputs
@@ -250,10 +251,6 @@ def _on_cpu() -> Iterator[None]:
     """Our engine and JAX's interpreters run on the engine's own CPU client (whatever the
     default device is): computations started from inside a callback must not wait for the
     runtime that waits for the callback."""
-    import jax
-
-    from pallas_check.engine.runtime.backend import engine_device
-
     with jax.default_device(engine_device()):
         yield
 
@@ -263,8 +260,6 @@ class DiffSession:
 
     def __init__(self, config: Config, side: Side, rtol: float | None = None,
                  atol: float | None = None) -> None:
-        from pallas_check.session import Session
-
         self.config = config
         self.side = side
         self.rtol, self.atol = rtol, atol
@@ -276,9 +271,7 @@ class DiffSession:
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
-                    call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.call.describe import kernel_info
-
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         with _on_cpu():
             ours = self.ours.handle_call(params, operands, device, mesh_axes,
                                          call_site=call_site)
@@ -291,8 +284,6 @@ class DiffSession:
             try:
                 theirs = self.side.outputs(params, operands, device, mesh_axes, native)
             except Exception as exc:  # noqa: BLE001 - reported; the script goes on
-                from pallas_check.runner import one_line
-
                 record.error = one_line(f"{type(exc).__name__}: {exc}")[:500]
                 with self._lock:
                     if self.side_error is None:
@@ -312,14 +303,12 @@ class DiffSession:
 
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:
-        from pallas_check.intercept import intercepted
-        from pallas_check.tpu_info import simulated_tpu
-
         if self.side.native:  # kernels asking which chip they run on get the real one
             with intercepted(self.handle_call, mode="alongside"):
                 yield
             return
-        with intercepted(self.handle_call, call_sites=True), simulated_tpu(self.config.tpu, self.config.cores):
+        with (intercepted(self.handle_call, call_sites=True),
+              simulated_tpu(self.config.tpu, self.config.cores)):
             yield
 
 
@@ -347,14 +336,19 @@ class DiffReport:
         return sum(1 for c in self.calls for o in c.outputs if o.mismatches)
 
 
-def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
-                        rtol: float | None, atol: float | None, fmt: str,
-                        output: Path | None) -> ExitCode:
-    """`pallas-check diff`: every call run by ours and by `side`, outputs compared."""
-    from pallas_check.runner import run_command
+class Tolerance(NamedTuple):
+    """How far apart two outputs' elements may be and still agree (numpy's `isclose`;
+    None: output_diff.py's default for the dtype)."""
 
-    return run_command(DiffCommand(script, config, side, rtol, atol), script, args, fmt,
-                       output)
+    rtol: float | None = None
+    atol: float | None = None
+
+
+def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
+                        tolerance: Tolerance, fmt: str, output: Path | None) -> ExitCode:
+    """`pallas-check diff`: every call run by ours and by `side`, outputs compared."""
+    return runner.run_command(DiffCommand(script, config, side, *tolerance), script, args,
+                              fmt, output)
 
 
 class DiffCommand:
@@ -367,7 +361,7 @@ class DiffCommand:
         self.rtol, self.atol = rtol, atol
         self.session = DiffSession(config, side, rtol, atol)
 
-    def installed(self) -> Any:
+    def installed(self) -> ContextManager[None]:
         return self.session.install()
 
     def calls_in_flight(self) -> int:
@@ -376,14 +370,8 @@ class DiffCommand:
     def failed(self) -> bool:
         return self.session.ours.engine_error is not None or self.session.side_error is not None
 
-    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
-        import sys
-
-        from pallas_check.report.console import display_for
-        from pallas_check.report.diff import summary_text
-        from pallas_check.report.formats import DIFF, render
-        from pallas_check.runner import Verdict, config_dict, script_traceback, short_error
-
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
         session = self.session
         error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
         error = short_error(error) if error else None

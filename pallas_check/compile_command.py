@@ -16,6 +16,7 @@ failure); a script that fails before any call is the user's error (exit 3).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -25,9 +26,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from pallas_check.config import TpuGeneration
+from pallas_check.engine.call.describe import kernel_info
+from pallas_check.errors import one_line
+from pallas_check.execfile import ScriptOutcome
 from pallas_check.exitcodes import exit_code_for
+from pallas_check.findings import Finding, SourceFrame
+from pallas_check.generations import asked_since, retrace_in_child
+from pallas_check.intercept import intercepted
 from pallas_check.report.compile import CompileReport, summary_text
+from pallas_check.report.console import display_for
 from pallas_check.report.formats import COMPILE, render
+from pallas_check.runner import Verdict, script_traceback
+from pallas_check.tpu_compile.compiler import CompileOutcome
+from pallas_check.tpu_compile.stage import CompileRecorder, RecordedCall, compile_recorded
+from pallas_check.tpu_info import questions, simulated_tpu
 
 
 class CompileOnlyCommand:
@@ -35,8 +47,6 @@ class CompileOnlyCommand:
 
     def __init__(self, script: str, generations: Sequence[TpuGeneration],
                  args: Sequence[str] = (), devices: int = 1) -> None:
-        from pallas_check.tpu_compile.stage import CompileRecorder
-
         self.script = script
         self.generations = tuple(generations)
         # Each further generation: the script run again as that chip in a process of its
@@ -50,9 +60,7 @@ class CompileOnlyCommand:
         self.started = time.perf_counter()
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = (), call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.call.describe import kernel_info
-
+                    mesh_axes: tuple = (), call_site: SourceFrame | None = None) -> list[np.ndarray]:
         if device == 0:  # one record per call, also under shard_map
             with self._lock:
                 index = next(self._counter)
@@ -60,12 +68,7 @@ class CompileOnlyCommand:
                                  call_site)
         return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
 
-    def installed(self) -> Any:
-        import contextlib
-
-        from pallas_check.intercept import intercepted
-        from pallas_check.tpu_info import questions, simulated_tpu
-
+    def installed(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         stack.enter_context(intercepted(self.handle_call, call_sites=True))
         stack.enter_context(simulated_tpu(self.generations[0]))
@@ -79,15 +82,13 @@ class CompileOnlyCommand:
     def failed(self) -> bool:
         return False
 
-    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
-        from pallas_check.report.console import display_for
-        from pallas_check.runner import Verdict, one_line, script_traceback
-
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
         script_seconds = time.perf_counter() - self.started
         internal = one_line(ours[0]) if ours else None
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
         rows: list[dict[str, Any]] = []
-        findings: list[Any] = []
+        findings: list[Finding] = []
         traces: dict[str, dict[str, Any]] = {}
         if internal is None:
             try:
@@ -108,13 +109,11 @@ class CompileOnlyCommand:
         return Verdict(text, code, summary, internal,
                        script_traceback(outcome) if user_failed else None)
 
-    def _compiled(self, calls: list, script_seconds: float, outcome: Any
-                  ) -> tuple[list[dict[str, Any]], list[Any], dict[str, dict[str, Any]]]:
+    def _compiled(self, calls: list[RecordedCall], script_seconds: float,
+                  outcome: ScriptOutcome
+                  ) -> tuple[list[dict[str, Any]], list[Finding], dict[str, dict[str, Any]]]:
         """The report's rows and findings: the calls of this run compiled for the first
         generation, each further generation's from a run of the script as that chip."""
-        from pallas_check.generations import asked_since, retrace_in_child
-        from pallas_check.tpu_compile.stage import compile_recorded
-
         first = self.generations[0].value
         further = self.generations[1:] if asked_since(self.questions_from) else ()
         result = compile_recorded(calls, self.generations[:len(self.generations)
@@ -142,7 +141,7 @@ class CompileOnlyCommand:
         return rows, findings, traces
 
 
-def call_row(call: Any, outcomes: dict[str, Any]) -> dict[str, Any]:
+def call_row(call: RecordedCall, outcomes: dict[str, CompileOutcome]) -> dict[str, Any]:
     site = call.call_site
     return {"index": call.index, "kernel": call.kernel.name,
             "file": site.file if site else call.kernel.file,

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.findings import Finding, FindingKind
+from pallas_check.tpu_compile.stage import compile_session
+from pallas_check.tpu_info import questions
 
 COMPILER_KINDS = (FindingKind.COMPILE_ERROR, FindingKind.VMEM_EXCEEDED)
 _TAIL = 2000  # characters of a failed child's stderr kept in the error
@@ -71,8 +73,6 @@ def asked_since(asked_from: int | None) -> bool:
     """Whether anything asked which chip it runs on since `asked_from`
     (tpu_info.questions(); None: not known, so yes). A run that never asked traced nothing
     that depends on the chip: its trace is every generation's."""
-    from pallas_check.tpu_info import questions
-
     return asked_from is None or questions() > asked_from
 
 
@@ -83,8 +83,6 @@ def after_run(session: Any) -> None:
     --compile or --tpu-all wants what each traces and the run asked which chip it runs on;
     the Python API cannot run a block again (its trace is compiled for each, and the
     report says so)."""
-    from pallas_check.tpu_compile.stage import compile_session
-
     config = session.config
     generations = parse_generations(config.tpu)
     depends = (len(generations) > 1 and (config.compile or config.tpu_all)
@@ -141,8 +139,6 @@ def from_session(session: Any, outcome: Any, ours: Sequence[str], generation: Tp
                  seconds: float, own_process: bool) -> GenerationRun:
     """A further generation's finished session as its GenerationRun: its compiler's
     findings for that generation, and with --tpu-all every finding."""
-    from pallas_check.tpu_compile.stage import compile_session
-
     session.stop_in_flight()
     session.finish()
     error = session.engine_error or (ours[0] if ours else None)

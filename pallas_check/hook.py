@@ -24,6 +24,7 @@ from pallas_check import exitcodes
 from pallas_check.config.layers import Settings, load_settings
 from pallas_check.config.options import RUN_OPTIONS
 from pallas_check.errors import PallasCheckError, SettingsError
+from pallas_check.outfile import OutputError, check_target, write_report
 from pallas_check.exitcodes import ExitCode
 from pallas_check.report.formats import Format
 from pallas_check.units import plural
@@ -76,8 +77,6 @@ def run_hook(files: Sequence[str] = ()) -> ExitCode:
         scripts = configured_scripts(settings)
         output = settings.values.get("output")
         if output is not None:  # a report that cannot be written is refused before any run
-            from pallas_check.outfile import check_target
-
             check_target(Path(output))
     except PallasCheckError as exc:  # a bad table or --output: its line, its exit code
         return _error(str(exc), exc.exit_code)
@@ -117,8 +116,6 @@ def _write_merged(output: Path, fmt: str, parts: list[tuple[str, Path]]) -> Exit
     """One report for every script, merged as the format merges them (report/formats.py
     `Format.merged`: SARIF with one run per script, JSON with every script's report under
     `reports`, table and text one after the other)."""
-    from pallas_check.outfile import OutputError, check_target, write_report
-
     texts = [(shown, part.read_text(encoding="utf-8")) for shown, part in parts
              if part.exists()]
     try:

@@ -23,6 +23,7 @@ from pallas_check.jaxbridge import pallas_call_module
 from pallas_check.jaxbridge import pallas_core
 
 from pallas_check import hostcall
+from pallas_check.sourceinfo import user_frames
 
 # handler(params, operands, device, mesh_axes) -> outputs. Under shard_map every device's
 # callback arrives on its own thread with its logical device id and the named mesh axes
@@ -212,8 +213,6 @@ def _physical(aval: Any) -> Any:
 
 
 def _user_frames_of(traceback: Any) -> tuple:
-    from pallas_check.sourceinfo import user_frames
-
     class _Info:  # user_frames reads a source_info's traceback
         pass
 

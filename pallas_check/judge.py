@@ -38,8 +38,17 @@ import dataclasses
 import threading
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
+from pallas_check import empties, interrupts, outer
+from pallas_check.checkers import CHECKERS
+from pallas_check.checkers.uninit import bbox
+from pallas_check.engine.call import capacity, explore
+from pallas_check.engine.call.describe import MeshInfo, kernel_info
+from pallas_check.engine.call.exposures import Exposure, differs
+from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.findings import Finding, FindingKind, format_range
 from pallas_check.outer import OuterCall
 
@@ -62,7 +71,7 @@ class _Suspect:
 
     findings: list[Finding]
     key: tuple[int, int]
-    exposures: list[Any]  # engine/call/exposures.Exposure
+    exposures: list[Exposure]
 
 
 @dataclasses.dataclass
@@ -79,7 +88,7 @@ class Program:
     held_bytes: int = 0
     suspects: list[_Suspect] = dataclasses.field(default_factory=list)
     # While re-run: the exposures to apply, per call key; what failed in it.
-    replay: dict[tuple, list[Any]] | None = None
+    replay: dict[tuple, list[Exposure]] | None = None
     replay_carried: dict = dataclasses.field(default_factory=dict)
     replay_error: str | None = None
 
@@ -134,8 +143,6 @@ class Judge:
         """The program a call now starting belongs to, or None and why none is known
         ("" where no program is ever known: the session is installed without outer.py's
         hook, as `pallas-check diff` installs it, and findings stay as they are)."""
-        from pallas_check import outer
-
         with self._lock:
             if len(self._open) == 1:
                 return self._open[0], ""
@@ -146,7 +153,7 @@ class Judge:
             return None, "another jitted call ran at the same time on another thread"
 
     def received(self, program: Program | None, why: str, key: tuple | None, index: int,
-                 seed: int, findings: list[Finding], exposures: list[Any]) -> list[Finding]:
+                 seed: int, findings: list[Finding], exposures: list[Exposure]) -> list[Finding]:
         """Call `index`'s findings: those to report now; the ones about undecided output
         elements wait for `program` (judged at the boundary where there is none, `why`).
         `seed`: the schedule whose outputs the program got (a re-run replays it)."""
@@ -249,9 +256,7 @@ class Judge:
                ) -> list[tuple[int, np.ndarray]] | str:
         """The program's results that change when `suspects`' elements hold their other
         values: (result index, which elements), or why the re-run could not tell."""
-        from pallas_check.engine.call.exposures import differs
-
-        replay: dict[tuple, list[Any]] = {}
+        replay: dict[tuple, list[Exposure]] = {}
         for suspect in suspects:
             replay.setdefault(suspect.key, []).extend(suspect.exposures)
         with self._lock:
@@ -263,8 +268,6 @@ class Judge:
         try:
             results = rerun()
         except Exception as exc:  # noqa: BLE001 - the re-run is ours, never the script's
-            from pallas_check import interrupts
-
             if self._session.interrupted or interrupts.requested():
                 raise KeyboardInterrupt from exc  # Ctrl-C landed in a re-run call
             return f"re-running {program.call.describe()} failed ({type(exc).__name__})"
@@ -285,8 +288,6 @@ class Judge:
 
     def _keep(self, program: Program, suspects: list[_Suspect],
               changes: list[tuple[int, np.ndarray]], together: bool = False) -> None:
-        from pallas_check.checkers.uninit import bbox
-
         reaches: list[dict[str, Any]] = [
             {"function": program.call.describe(), "result": k,
              "range": [list(r) for r in bbox(mask)], "elements": int(mask.sum())}
@@ -367,7 +368,7 @@ def _output_of(finding: Finding) -> str:
     return str(finding.details.get("output", ""))
 
 
-def _exposed(finding: Finding, exposures: list[Any]) -> bool:
+def _exposed(finding: Finding, exposures: list[Exposure]) -> bool:
     which = (finding.kind, _output_of(finding))
     return any((e.kind, e.name) == which for e in exposures)
 
@@ -387,22 +388,13 @@ def _noted(finding: Finding, note: str, **details: Any) -> Finding:
 
 
 def replay_call(session: Session, program: Program, key: tuple, params: dict,
-                device_operands: list, mesh: Any, results: Sequence[np.ndarray] | None
+                device_operands: list, mesh: MeshInfo, results: Sequence[np.ndarray] | None
                 ) -> list[list[np.ndarray]]:
     """A call of a program being re-run: simulated again as the first run simulated it
     (the schedule whose outputs the program got, no checks, no prints), the exposures
     under test applied. A failure here fails only the re-run: the call answers with
     never-written memory and the program's findings are judged at the boundary."""
-    import jax
-
-    from pallas_check import empties
-    from pallas_check.checkers import CHECKERS
-    from pallas_check.engine.call import capacity
-    from pallas_check.engine.call.describe import kernel_info
-    from pallas_check.engine.call.explore import run_call_devices
-    from pallas_check.engine.runtime import progress
-    from pallas_check.engine.runtime.backend import engine_device
-
+    run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
     config = session.config
     seed, index = program.seeds.get(key, (config.seed, -1))
     try:

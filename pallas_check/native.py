@@ -28,11 +28,17 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 
+from pallas_check import runner
+from pallas_check.engine.call.describe import kernel_info
+from pallas_check.errors import one_line
 from pallas_check.exitcodes import ExitCode, exit_code_for
+from pallas_check.intercept import intercepted, native_function
 from pallas_check.report.formats import NATIVE, render
 from pallas_check.report.native import NativeReport
+from pallas_check.runner import Verdict, script_traceback
 from pallas_check.units import plural
 
 ACCELERATORS = ("tpu", "gpu", "cuda", "rocm")
@@ -42,8 +48,6 @@ MAX_TIMED_CALLS = 256  # calls beyond these are counted, not kept (their operand
 
 def platforms() -> list[str]:
     """The JAX platforms that have devices in this process (e.g. ['cpu'])."""
-    import jax
-
     found = []
     for name in ("tpu", "gpu", "cpu"):
         try:
@@ -56,8 +60,6 @@ def platforms() -> list[str]:
 
 def native_unavailable() -> str | None:
     """None when the default JAX backend is a TPU or GPU; else the one-line reason."""
-    import jax
-
     try:
         backend = jax.default_backend()
     except RuntimeError as exc:
@@ -114,11 +116,6 @@ class NativeRecorder:
 
 def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[CallTiming]:
     """Re-run each recorded call's hardware kernel alone (no interception installed)."""
-    import jax
-
-    from pallas_check.engine.call.describe import kernel_info
-    from pallas_check.intercept import native_function
-
     compiled: dict[tuple, tuple[Any, float]] = {}
     out = []
     for call in sorted(calls, key=lambda c: c.index):
@@ -151,8 +148,6 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
             timing.best_s, timing.median_s = min(seconds), statistics.median(seconds)
             timing.runs = len(seconds)
         except Exception as exc:  # reported per call; the other calls are still timed
-            from pallas_check.runner import one_line
-
             timing.not_timed = one_line(f"{type(exc).__name__}: {exc}")[:300]
     return out
 
@@ -160,9 +155,7 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
 def run_native_and_report(script: str, args: Sequence[str], fmt: str,
                           output: Path | None) -> ExitCode:
     """`pallas-check run --native`: the script on the hardware lowering, each call timed."""
-    from pallas_check.runner import run_command
-
-    return run_command(NativeCommand(script), script, args, fmt, output)
+    return runner.run_command(NativeCommand(script), script, args, fmt, output)
 
 
 class NativeCommand:
@@ -175,8 +168,6 @@ class NativeCommand:
         self.started = time.perf_counter()
 
     def installed(self) -> Any:
-        from pallas_check.intercept import intercepted
-
         self.started = time.perf_counter()
         # mode "observe" never uses what the handler returns (it returns nothing)
         return intercepted(self.recorder.observe, mode="observe")  # type: ignore[arg-type]
@@ -188,11 +179,6 @@ class NativeCommand:
         return False
 
     def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Any:
-
-        import jax
-
-        from pallas_check.runner import Verdict, one_line, script_traceback
-
         script_seconds = time.perf_counter() - self.started
         internal = None
         timings: list = []

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from pallas_check.engine.runtime import progress
 from pallas_check.report.formats import Format
 
 # A call shows its line once it has run this long (short calls never flicker one), and the
@@ -106,8 +107,6 @@ class ProgressLine:
                 self._hide()
 
     def _polling(self) -> None:
-        from pallas_check.engine.runtime import progress
-
         while not self._stop.wait(REFRESH_S):
             now = time.monotonic()
             calls = [s for s in progress.live_calls()

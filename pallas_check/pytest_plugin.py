@@ -29,22 +29,36 @@ command: the test's node id, the plugin's flags, `--pallas-check-seed N`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
-from typing import Any, Generator, cast
+import shlex
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Generator, cast
 
 import pytest
 
-from pallas_check.config.options import RUN_OPTIONS  # plain data: no JAX imported
+import pallas_check
+from pallas_check.api_options import Options, resolve  # plain data: no JAX imported
+from pallas_check.config import Config, TpuGeneration
+from pallas_check.config.layers import checked_value, option_specs
+from pallas_check.config.options import RUN_OPTIONS
+from pallas_check.errors import one_line
 from pallas_check.exitcodes import ExitCode
+from pallas_check.tpu_compile.toolchain import (libtpu_missing, quiet_environment,
+                                                start_backends_quietly)
 from pallas_check.units import plural
+
+if TYPE_CHECKING:
+    from pallas_check.generations import GenerationRun
 
 PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 
 MARKER = "pallas_check_skip"
 SECTION = "pallas-check"
 
-_OPTIONS_KEY: "pytest.StashKey[Any]" = pytest.StashKey()
+_OPTIONS_KEY: "pytest.StashKey[Options]" = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -92,42 +106,34 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_CallCounter(), "pallas-check-call-counter")
         config.stash[_OPTIONS_KEY] = options = _options(config)
         if options.config.compile:
-            from pallas_check.tpu_compile.toolchain import libtpu_missing, quiet_environment
-
             missing = libtpu_missing()
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
         if config.getoption("pallas_check_devices") is not None:
             _use_devices(options.config.devices, options.config.compile)
+        # Used as pallas_check.api, ...: the package holds them once imported.
+        from pallas_check import api, retrace, runner, tpu_info  # noqa: F401 lazy: JAX after XLA_FLAGS
+
         _simulate_the_tpu(config, options.config)
 
 
-def _simulate_the_tpu(config: pytest.Config, check: Any) -> None:
+def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
     """The simulated TPU (tpu_info.py) for the whole session, from before collection to
     the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
     its wrappers ask which chip they run on before any test's pallas_call, and are told
     `tpu` (the first generation) as each test's own checking is."""
-    import contextlib
-
-    from pallas_check.tpu_info import simulated_tpu
-
     stack = contextlib.ExitStack()
-    stack.enter_context(simulated_tpu(check.tpu, check.cores))
+    stack.enter_context(pallas_check.tpu_info.simulated_tpu(check.tpu, check.cores))
     config.add_cleanup(stack.close)
 
 
-def _options(config: pytest.Config) -> Any:
+def _options(config: pytest.Config) -> Options:
     """The Python API's options (api.py): defaults < [tool.pallas-check] of the rootdir's
     pyproject < PALLAS_CHECK_* < these flags. `ignore` and `baseline` apply (inline
     comments always do); one test rarely runs every path of a kernel, so unused comments
     are not reported here. The device count is the flag's alone (`devices` of the table
     is for `run`: a test suite may set up JAX's devices itself)."""
-    import dataclasses
-
-    from pallas_check.api import resolve
-    from pallas_check.config.layers import checked_value, option_specs
-
     flags = {option.key.replace("-", "_"): config.getoption(f"pallas_check_{option.param}")
              for option in PYTEST_OPTIONS}
     devices = flags.pop("devices")
@@ -152,17 +158,13 @@ def _use_devices(count: int, compiling: bool) -> None:
     them. XLA reads the count when JAX starts its CPU backend; a test session has usually
     not started it yet here, and where it has (a conftest that ran JAX) with another
     count, that is a usage error rather than tests checked on the wrong devices."""
-    import sys
-
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     os.environ["XLA_FLAGS"] = " ".join(
         [*flags, f"--xla_force_host_platform_device_count={count}"])
     if "jax" not in sys.modules:
         return  # JAX starts with the flag (xdist workers inherit it too)
-    import jax
-
-    from pallas_check.tpu_compile.toolchain import start_backends_quietly
+    import jax  # (imported already: this loads nothing)
 
     start_backends_quietly(compiling)
     found = len(jax.devices("cpu"))
@@ -191,13 +193,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     if options is None or item.get_closest_marker(MARKER) is not None:
         return (yield)
 
-    from pallas_check.api import checked
-    from pallas_check.runner import checks_verdict, one_line
-
     failure: BaseException | None = None
     result = run = None
     try:
-        with checked(options, item.nodeid, rerun=_rerun(item),
+        with pallas_check.api.checked(options, item.nodeid, rerun=_rerun(item),
                      cwd=str(item.config.rootpath), retrace=_retrace(item, options)) as run:
             result = yield
     except BaseException as exc:  # the test's own failure; re-raised below
@@ -209,7 +208,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     item.user_properties.append(("pallas_check_findings", len(report.findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))
     # The runner's verdict on what the checking found; the test's own failure is pytest's.
-    verdict = checks_verdict(report)
+    verdict = pallas_check.runner.checks_verdict(report)
     if verdict.code not in (ExitCode.FINDINGS, ExitCode.INTERNAL):
         if failure is not None:
             raise failure
@@ -224,21 +223,19 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
                 f"{verdict.text}", pytrace=False)
 
 
-def _retrace(item: pytest.Item, options: Any) -> Any:
+def _retrace(item: pytest.Item, options: Options
+             ) -> Callable[[TpuGeneration], GenerationRun]:
     """How the test runs again as a further generation of `tpu` (generations.py: with
     --pallas-check-compile or --pallas-check-tpu-all, when the test asked which chip it
     runs on): its body once more in this process, told that chip."""
-    from pallas_check.retrace import rerun_in_process
-
-    return lambda generation: rerun_in_process(item.runtest, options.config, generation)
+    return lambda generation: pallas_check.retrace.rerun_in_process(item.runtest,
+                                                                    options.config, generation)
 
 
 def _rerun(item: pytest.Item) -> str:
     """The start of the replay command of a test's findings: pytest on this one test, from
     where pytest resolves its node id (the rootdir), with the plugin on; the report adds
     the plugin's flags and the finding's seed (report/model.py)."""
-    import shlex
-
     here = os.path.abspath(os.curdir)
     root = str(item.config.rootpath)
     cd = "" if here == root else f"cd {shlex.quote(root)} && "

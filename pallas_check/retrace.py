@@ -15,8 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
+
+from pallas_check.compile_command import CompileOnlyCommand, call_row
 from pallas_check.config import Config, TpuGeneration
+from pallas_check.execfile import ScriptOutcome, run_script
 from pallas_check.generations import GenerationRun, from_session, further_config
+from pallas_check.runner import _settle_computations, callback_failures
+from pallas_check.session import Session
+from pallas_check.tpu_compile.stage import compile_recorded
+from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
 
 def rerun_in_process(block: Callable[[], Any], config: Config,
@@ -25,12 +33,6 @@ def rerun_in_process(block: Callable[[], Any], config: Config,
     compiled for it. JAX's traces are dropped before and after (a jitted function traced
     as the first chip would be reused); what the test's module computed when it was
     imported stays as the first chip made it."""
-    import jax
-
-    from pallas_check.execfile import ScriptOutcome
-    from pallas_check.runner import _settle_computations, callback_failures
-    from pallas_check.session import Session
-
     session = Session(further_config(config, generation))
     outcome = ScriptOutcome(ok=True)
     jax.clear_caches()
@@ -54,15 +56,9 @@ def rerun_in_process(block: Callable[[], Any], config: Config,
 def _trace_here(script: str, args: Sequence[str], config: Config | None,
                 generation: TpuGeneration) -> GenerationRun:
     """In the child: the script's run as `generation` (see `retrace_in_child`)."""
-    from pallas_check.execfile import run_script
-    from pallas_check.runner import _settle_computations, callback_failures
-    from pallas_check.tpu_compile.toolchain import start_backends_quietly
-
     start_backends_quietly(compiling=True)
     if config is None:
         return _compiled_here(script, args, generation)
-    from pallas_check.session import Session
-
     session = Session(further_config(config, generation))
     started = time.perf_counter()
     with callback_failures() as ours, session.install():
@@ -75,11 +71,6 @@ def _trace_here(script: str, args: Sequence[str], config: Config | None,
 def _compiled_here(script: str, args: Sequence[str],
                    generation: TpuGeneration) -> GenerationRun:
     """`pallas-check compile --tpu GEN`'s run, as data."""
-    from pallas_check.compile_command import CompileOnlyCommand, call_row
-    from pallas_check.execfile import run_script
-    from pallas_check.runner import _settle_computations, callback_failures
-    from pallas_check.tpu_compile.stage import compile_recorded
-
     command = CompileOnlyCommand(script, (generation,), args)
     started = time.perf_counter()
     with callback_failures() as ours, command.installed():

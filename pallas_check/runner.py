@@ -9,16 +9,30 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, ContextManager, Iterator, Protocol, Sequence
+from typing import ContextManager, Iterator, Protocol, Sequence
 
-from pallas_check import interrupts, suppress
-from pallas_check.delivery import note, report_owns_stdout, script_streams
-from pallas_check.config import Config
+from pallas_check import children, interrupts, suppress
+from pallas_check.config import Config, TpuGeneration
+from pallas_check.delivery import (deliver, flush_streams, note, report_owns_stdout,
+                                   script_streams)
 from pallas_check.errors import MAX_ERROR_CHARS, one_line, short_error  # noqa: F401 (their old home)
+from pallas_check.errors import EngineFailure, SuppressionError
+from pallas_check.execfile import ScriptOutcome, run_script
 from pallas_check.exitcodes import ExitCode, exit_code_for
+from pallas_check.findings import CallSummary
+from pallas_check.generations import after_run, retrace_in_child
+from pallas_check.intercept import handler_failures
+from pallas_check.jaxbridge import dispatch
+from pallas_check.outfile import OutputError, write_report
+from pallas_check.progress_line import ProgressLine, clear, wanted
 from pallas_check.report import Format, reporter_for
+from pallas_check.report.console import display_for
 from pallas_check.report.model import RunReport, suppressed_text
+from pallas_check.report.trace import TraceWriter
+from pallas_check.session import Session
+from pallas_check.spawned import start_spawned_child
 from pallas_check.units import findings_in_calls, plural
+from pallas_check.watchdog import Watchdog
 
 
 def config_dict(config: Config) -> dict:
@@ -43,7 +57,7 @@ class Command(Protocol):
     """What `run`, `diff` and `run --native` differ in: what is installed while the script
     runs, and how the finished run becomes a report. Everything else is `run_command`'s."""
 
-    def installed(self) -> ContextManager[Any]: ...
+    def installed(self) -> ContextManager[object]: ...
 
     def calls_in_flight(self) -> int: ...
 
@@ -51,7 +65,8 @@ class Command(Protocol):
         """Whether pallas-check's own callback failed (JAX then keeps failed tokens)."""
         ...
 
-    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
         ...
 
 
@@ -60,10 +75,6 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
     """The one run path: run the script with `command` installed, under the watchdog, and
     deliver its verdict (also on Ctrl-C, a stuck call or the script's os._exit). Only
     this process reports: a process the script forks or spawns never does (children.py)."""
-    from pallas_check import children
-    from pallas_check.spawned import start_spawned_child
-    from pallas_check.watchdog import Watchdog
-
     finisher = _Finisher(command, fmt, output)
     child_config = getattr(command, "child_config", lambda: None)()  # (`run`'s only)
     with (interrupts.handled(),  # Ctrl-C and SIGTERM alike (interrupts.py)
@@ -83,12 +94,10 @@ def run_command(command: Command, script: str, args: Sequence[str], fmt: str,
         return code
 
 
-def _run_unless_stopped(script: str, args: Sequence[str]) -> Any:
+def _run_unless_stopped(script: str, args: Sequence[str]) -> ScriptOutcome:
     """The script's outcome; not run when a stop (Ctrl-C, SIGTERM) came while the run was
     set up, and interrupted when one came while it ran, even if the script (or a callback
     that swallows exceptions, as JAX's garbage-collector hook does) caught it."""
-    from pallas_check.execfile import ScriptOutcome, run_script
-
     try:
         if not interrupts.requested():
             with interrupts.delivering():
@@ -101,12 +110,10 @@ def _run_unless_stopped(script: str, args: Sequence[str]) -> Any:
 
 
 def run_and_report(script: str, args: Sequence[str], config: Config, fmt: str,
-                   output: Path | None, policy: Any = None,
+                   output: Path | None, policy: suppress.Policy | None = None,
                    trace: Path | None = None) -> ExitCode:
     """`pallas-check run`: every call simulated and checked (`policy`: suppress.Policy;
     `trace`: where the timeline goes, with config.timeline on)."""
-    from pallas_check.progress_line import wanted
-
     command = CheckCommand(script, args, config, policy, trace, progress=wanted(fmt, output))
     return run_command(command, script, args, fmt, output)
 
@@ -115,23 +122,16 @@ class CheckCommand:
     """`pallas-check run`: a Session checks every call; the report lists its findings."""
 
     def __init__(self, script: str, args: Sequence[str], config: Config,
-                 policy: Any = None, trace: Path | None = None,
+                 policy: suppress.Policy | None = None, trace: Path | None = None,
                  progress: bool = False) -> None:
-        from pallas_check.session import Session
-        from pallas_check.suppress import Policy
-
         self.script, self.args, self.config = script, args, config
-        self.policy = policy if policy is not None else Policy()
+        self.policy = policy if policy is not None else suppress.Policy()
         self.trace = trace
         self.progress = progress  # a progress line on stderr (progress_line.py)
         self.session = Session(config)
-        from pallas_check.generations import retrace_in_child
-
         self.session.retrace = lambda generation: retrace_in_child(
             script, args, config, generation, config.devices)
         if trace is not None:  # written as the run goes (report/trace.py)
-            from pallas_check.report.trace import TraceWriter
-
             self.session.trace = TraceWriter(trace, script)
 
     @contextlib.contextmanager
@@ -150,12 +150,12 @@ class CheckCommand:
     def failed(self) -> bool:
         return self.session.engine_error is not None
 
-    def verdict(self, outcome: Any, ours: list[str], fmt: str, to_stdout: bool) -> Verdict:
-        from pallas_check.children import adopt_children, run_folder
-
-        adopt_children(self.session, run_folder())  # what the script's processes found
-        done = finished_report(self.session, outcome, ours, self.policy, self.script,
-                               self.args)
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
+        # What the script's processes found:
+        children.adopt_children(self.session, children.run_folder())
+        done = finished_report(self.session, outcome, ours, self.policy,
+                               Origin(self.script, tuple(self.args)))
         report, kept = done.report, done.kept
         code = ExitCode(report.exit_code)
         baseline_failed = self.policy.update_baseline and not self._update_baseline(
@@ -185,11 +185,9 @@ class CheckCommand:
         relative = os.path.relpath(self.trace)
         return str(self.trace) if relative.startswith(os.pardir) else relative
 
-    def _write_trace(self, kept: Any) -> bool:
+    def _write_trace(self, kept: suppress.Outcome) -> bool:
         """`--trace`: the Chrome trace JSON written as the run went, put in place (as a
         report is: atomically), the calls a stop cut short as far as they got."""
-        from pallas_check.outfile import OutputError
-
         assert self.trace is not None
         try:
             self.session.trace.close(kept.active, kept.suppressed)
@@ -200,13 +198,10 @@ class CheckCommand:
              f" written to {self.trace_shown} (open it in ui.perfetto.dev)")
         return True
 
-    def _update_baseline(self, kept: Any, finished: bool) -> bool:
+    def _update_baseline(self, kept: suppress.Outcome, finished: bool) -> bool:
         """`--update-baseline`: this run's findings become the baseline, written the way
         reports are (atomically; a link stays a link); not after a run that did not finish,
         whose findings are incomplete."""
-        from pallas_check.errors import SuppressionError
-        from pallas_check.outfile import OutputError, write_report
-
         target = self.policy.baseline
         if not finished:
             note(f"pallas-check: the baseline {target} was not updated: the run did not"
@@ -224,8 +219,6 @@ class CheckCommand:
 
 def rendered(report: RunReport, fmt: str, to_stdout: bool = False) -> str:
     """The report in `fmt`, as shown on stdout (its width and colours) or in a file."""
-    from pallas_check.report.console import display_for
-
     buffer = io.StringIO()
     reporter_for(fmt, display=display_for(sys.stdout if to_stdout else None)).render(
         report, buffer)
@@ -254,26 +247,36 @@ def checks_verdict(report: RunReport, fmt: str = "table") -> Verdict:
     return Verdict(text, code, findings_summary(report), report.internal_error)
 
 
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """What a report says its run was: the script (or, for the Python API and the pytest
+    plugin, the block: a file or a test's node id) and its arguments, the command that
+    runs it again (None: `pallas-check run` with the run's options), and the folder the
+    suppression stage reads paths from (None: the current one)."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    rerun: str | None = None
+    cwd: str | None = None
+
+
 @dataclasses.dataclass
 class Finished:
     """A finished session as a report: what `run` renders and the Python API returns."""
 
     report: RunReport
-    kept: Any  # suppress.Outcome: the findings that count and those suppressed
-    outcome: Any  # how the script (or the API's block) ended, Ctrl-C in a call included
+    kept: suppress.Outcome  # the findings that count and those suppressed
+    outcome: ScriptOutcome  # how the script (or the API's block) ended, Ctrl-C in a call included
     user_failed: bool
     finished: bool  # ran to its end with no failure: its findings are complete
     wrong_chip: str | None = None  # the script's SparseCore mesh does not fit --tpu
 
 
-def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, script: str,
-                    args: Sequence[str] = (), rerun: str | None = None,
-                    cwd: str | None = None) -> Finished:
+def finished_report(session: Session, outcome: ScriptOutcome, ours: list[str],
+                    policy: suppress.Policy, origin: Origin) -> Finished:
     """The one way a finished session becomes a `RunReport` (the CLI's `run`, the Python
     API, the pytest plugin): --compile after the run, Ctrl-C inside a call, our failure
     over the user's, the suppression stage, the ranked exit code."""
-    from pallas_check.execfile import ScriptOutcome
-
     session.stop_in_flight()  # a call the run stopped in is listed, with its findings
     session.finish()
     compile_error = _compile_after_run(session, outcome)
@@ -292,18 +295,18 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
                                 traceback=f"pallas-check: error: {wrong_chip}\n")
     calls = sorted(session.calls, key=lambda c: c.index)
     # Suppression is its own stage: after the analysis, before the report.
-    kept = suppress.apply(session.findings, calls, policy, cwd=cwd)
+    kept = suppress.apply(session.findings, calls, policy, cwd=origin.cwd)
     code = exit_code_for(len(kept.active), user_failed, engine_error is not None,
                          calls=len(calls))
     if refused is not None:
         code = refused[1]
     report = RunReport(
-        script=script, config=config_dict(session.config), findings=kept.active,
+        script=origin.script, config=config_dict(session.config), findings=kept.active,
         calls=calls, exit_code=int(code),
         user_error=outcome.error if user_failed else None,
         user_traceback=outcome.traceback if user_failed else None,
-        internal_error=engine_error, partial=outcome.interrupted, rerun=rerun,
-        script_args=tuple(args), suppressed=kept.suppressed,
+        internal_error=engine_error, partial=outcome.interrupted, rerun=origin.rerun,
+        script_args=origin.args, suppressed=kept.suppressed,
         passed_through=(session.call_filter.passed_through()
                         if session.call_filter is not None else {}),
         traces=dict(session.traces))
@@ -311,7 +314,8 @@ def finished_report(session: Any, outcome: Any, ours: list[str], policy: Any, sc
                     finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip)
 
 
-def sparsecore_refusal(outcome: Any, tpu: Any) -> tuple[str, ExitCode] | None:
+def sparsecore_refusal(outcome: ScriptOutcome, tpu: TpuGeneration | str
+                       ) -> tuple[str, ExitCode] | None:
     """One line and the exit code for a script that failed on a SparseCore kernel before
     any call reached us: the simulated chip (`--tpu`, default v5e) has no SparseCores, or
     fewer than the mesh asks for (JAX's mesh constructors read the chip, often at import:
@@ -334,14 +338,12 @@ def sparsecore_refusal(outcome: Any, tpu: Any) -> tuple[str, ExitCode] | None:
     return None
 
 
-def _compile_after_run(session: Any, outcome: Any) -> str | None:
+def _compile_after_run(session: Session, outcome: ScriptOutcome) -> str | None:
     """`--compile`: the calls the script made, compiled for the real TPUs now that no
     interception is installed, each further generation from its own run (generations.py;
     also for --tpu-all); None, or our failure as one line."""
     if outcome.interrupted or session.engine_error:
         return None
-    from pallas_check.generations import after_run
-
     try:
         after_run(session)
     except Exception as exc:  # noqa: BLE001 - ours; one line, exit 4
@@ -349,14 +351,14 @@ def _compile_after_run(session: Any, outcome: Any) -> str | None:
     return None
 
 
-def stopped_text(reason: str | None, calls: Sequence[Any]) -> str:
+def stopped_text(reason: str | None, calls: Sequence[CallSummary]) -> str:
     """`interrupted (Ctrl-C) in call 0 (my_kernel) after 1234 of 50000 grid steps`."""
     where = [f" in call {c.index} ({c.kernel}) {c.stopped_text()}"
              for c in calls if getattr(c, "interrupted", False)]
     return f"{reason or interrupts.reason()}{','.join(where)}"
 
 
-def script_traceback(outcome: Any) -> str:
+def script_traceback(outcome: ScriptOutcome) -> str:
     """What stderr shows of a failed script: its traceback, or a line saying how it ended."""
     return outcome.traceback or f"pallas-check: the script failed: {outcome.error}\n"
 
@@ -368,10 +370,6 @@ def _settle_computations() -> None:
     devices as on one. After our callback failed, JAX keeps the failed computations'
     tokens and raises their errors again from its exit handlers (stray tracebacks of our
     frames after the report): forget them, the failure is in the report already."""
-    if "jax" not in sys.modules:  # the script never started JAX: nothing can be running
-        return
-    from pallas_check.jaxbridge import dispatch
-
     try:
         dispatch.runtime_tokens.block_until_ready()
     except Exception:  # noqa: BLE001 - the error we already report
@@ -392,24 +390,19 @@ class _Finisher:
 
     def emergency(self, reason: str) -> bool:
         """The watchdog's way out: a partial report; False when the run already reported."""
-        from pallas_check.execfile import ScriptOutcome
-
         with self._lock:
             if self._code is not None:
                 return False
         self.finish(ScriptOutcome(ok=False, interrupted=True, error=reason))
         return True
 
-    def finish(self, outcome: Any) -> ExitCode:
+    def finish(self, outcome: ScriptOutcome) -> ExitCode:
         with self._lock:
             if self._code is None:
                 self._code = self._deliver(outcome)
             return self._code
 
-    def _deliver(self, outcome: Any) -> ExitCode:
-        from pallas_check.delivery import deliver
-        from pallas_check.progress_line import clear
-
+    def _deliver(self, outcome: ScriptOutcome) -> ExitCode:
         clear()  # no progress line left over the report (the watchdog's way out too)
 
         to_stdout = self.output is None or str(self.output) == "-"
@@ -429,9 +422,6 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
     """A script that ends with `os._exit(n)` skips every `finally`: report first, then exit
     with the ranked code (a finding is not hidden by `os._exit(0)`). A process the script
     forks gets the real os._exit back (children.py): a pool worker ends with it."""
-    from pallas_check import children
-    from pallas_check.execfile import ScriptOutcome
-
     real_exit = os._exit
 
     def exit_after_report(status: int) -> None:
@@ -441,8 +431,6 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
         code = finisher.finish(ScriptOutcome(
             ok=ok, exit_code=status,
             error=None if ok else f"the script called os._exit({status})"))
-        from pallas_check.delivery import flush_streams
-
         flush_streams()
         real_exit(int(code))
 
@@ -458,13 +446,11 @@ def _reporting_os_exit(finisher: _Finisher) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def showing_progress(session: Any, shown: bool) -> Iterator[None]:
+def showing_progress(session: Session, shown: bool) -> Iterator[None]:
     """The progress of each call on stderr (progress_line.py), when `shown`."""
     if not shown:
         yield
         return
-    from pallas_check.progress_line import ProgressLine
-
     with ProgressLine(session):
         yield
 
@@ -473,9 +459,6 @@ def showing_progress(session: Any, shown: bool) -> Iterator[None]:
 def callback_failures() -> Iterator[list[str]]:
     """While active, exceptions our host callback raised that are bugs of ours (not an
     `EngineFailure`, whose message the session already holds, nor Ctrl-C) are kept."""
-    from pallas_check.errors import EngineFailure
-    from pallas_check.intercept import handler_failures
-
     errors: list[str] = []
     lock = threading.Lock()
 

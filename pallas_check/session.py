@@ -17,10 +17,30 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config
+import jax
+
+from pallas_check import children, empties, interrupts, outer
+from pallas_check.call_filter import CallFilter
+from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
+from pallas_check.config import Config, TpuGeneration
+from pallas_check.delivery import write_stdout
+from pallas_check.engine.call import capacity, describe, explore
+from pallas_check.engine.call.carried import forget, never_taken
+from pallas_check.engine.call.describe import MeshInfo, resolve_grid
+from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
+from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.backend import engine_device
+from pallas_check.engine.runtime.inflight import InFlight
+from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
 from pallas_check.errors import EngineFailure
-from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo
+from pallas_check.findings import CallSummary, Finding, FindingStore, KernelInfo, SourceFrame
+from pallas_check.generations import GenerationRun
 from pallas_check.host_memory import collector_paused, return_freed_memory
+from pallas_check.intercept import intercepted
+from pallas_check.judge import Judge, replay_call
+from pallas_check.tpu_compile.stage import CompileRecorder
+from pallas_check.tpu_info import questions, simulated_tpu
+from pallas_check.xla_path import compiled_call
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -29,10 +49,8 @@ _UNNAMED = KernelInfo("pallas_call")
 
 def _kernel_or_unnamed(params: dict) -> KernelInfo:
     """The call's kernel, for listing a call that failed outside the engine."""
-    from pallas_check.engine.call.describe import kernel_info
-
     try:
-        return kernel_info(params)
+        return describe.kernel_info(params)
     except Exception:  # noqa: BLE001 - the call is listed whatever its params hold
         return _UNNAMED
 
@@ -40,8 +58,6 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
 def _write_print(line: str) -> None:
     """A kernel's print, written where the script's own prints go now (nowhere when that
     stdout is closed or its reader has gone: no failure of the call)."""
-    from pallas_check.delivery import write_stdout
-
     write_stdout(line + "\n")
 
 
@@ -51,18 +67,18 @@ class _Call:
     (its kernel named as soon as it is known)."""
 
     index: int
-    kernel: Any  # KernelInfo; _UNNAMED until named
+    kernel: KernelInfo  # _UNNAMED until named
     params: dict
     device_operands: list
     started: float  # time.perf_counter() when it began
-    mesh: Any  # engine/call/describe.MeshInfo
-    call_site: Any
+    mesh: MeshInfo
+    call_site: SourceFrame | None
 
 
 @dataclasses.dataclass
 class _CallInFlight:
     call: _Call
-    live: Any  # engine/runtime/inflight.py's InFlight: what the call found so far
+    live: InFlight  # what the call found so far
 
 
 class Session:
@@ -79,8 +95,6 @@ class Session:
         self._counter = itertools.count()
         self._lock = threading.Lock()
         # Multi-device calls: where each device's callback meets the others'.
-        from pallas_check.engine.runtime.rendezvous import Rendezvous
-
         self._meeting_point = Rendezvous()
         # What outlives one call on a TPU (barrier semaphore counts), carried call to call.
         self.carried: dict = {}
@@ -99,8 +113,6 @@ class Session:
         # --compile: each call's params and operand shapes, compiled after the script
         # (tpu_compile.stage.compile_session).
         # --kernel / --calls: which calls are checked (call_filter.py); None: every call.
-        from pallas_check.call_filter import CallFilter
-
         self.call_filter: CallFilter | None = CallFilter(config.kernels, config.calls)
         if not self.call_filter.active:
             self.call_filter = None
@@ -112,40 +124,31 @@ class Session:
         # In a process the script started during a run (children.py): where each call's
         # findings go for the run's owner to report; or, in one forked after JAX started,
         # why no call can run there.
-        self.findings_for_owner: Any = None
+        self.findings_for_owner: children.ChildFindings | None = None
         self.refused: str | None = None
-        self.compile_recorder: Any = None
+        self.compile_recorder: CompileRecorder | None = None
         # Several --tpu generations with --compile or --tpu-all: how a further generation
         # is traced (generations.py; None: the first run's trace is compiled for each), and
         # what each further generation's run did (its note in the report).
-        self.retrace: Callable[[Any], Any] | None = None
+        self.retrace: Callable[[TpuGeneration], GenerationRun] | None = None
         self.traces: dict[str, dict] = {}
         # tpu_info.questions() when the run began: none asked since, no trace depends on
         # the chip, and the first generation's trace is every generation's.
         self.questions_from: int | None = None
         # What a call leaves undecided in its outputs is judged by what the program keeps
         # of it (judge.py): those findings wait there for the jitted call around the call.
-        from pallas_check.judge import Judge
-
         self.judge = Judge(self)
         if config.compile:
-            from pallas_check.tpu_compile.stage import CompileRecorder
-
             self.compile_recorder = CompileRecorder()
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), results: Sequence[np.ndarray] | None = None,
-                    call_site: Any = None) -> list[np.ndarray]:
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         """The call's outputs; `results`, when given, are the buffers they are returned in
         (one device: the engine simulates the outputs in them)."""
-        from pallas_check.engine.runtime import progress
-        from pallas_check.engine.call.describe import MeshInfo
-
         if self.refused is not None:  # forked after JAX started: the engine would hang
-            from pallas_check.children import ForkedProcessError
-
-            raise ForkedProcessError(self.refused)
+            raise children.ForkedProcessError(self.refused)
         with self._lock:
             self.calls_in_flight += 1
         progress.beat()
@@ -167,9 +170,7 @@ class Session:
             self.findings_for_owner.write(list(self.calls), self.findings)
 
     def _rendezvous(self, params: dict, operands: Sequence[np.ndarray], device: int,
-                    mesh: Any, call_site: Any = None) -> list[np.ndarray]:
-        from pallas_check.engine.runtime.rendezvous import RendezvousTimeout
-
+                    mesh: MeshInfo, call_site: SourceFrame | None = None) -> list[np.ndarray]:
         try:
             return self._meeting_point.meet(
                 device, mesh.num_devices, operands,
@@ -182,20 +183,12 @@ class Session:
                                    time.perf_counter(), mesh, call_site), 0, failed=True)
             raise EngineFailure(self.engine_error) from exc
 
-    def _simulate(self, params: dict, device_operands: list, mesh: Any,
+    def _simulate(self, params: dict, device_operands: list, mesh: MeshInfo,
                   results: Sequence[np.ndarray] | None = None,
-                  call_site: Any = None) -> list[list[np.ndarray]]:
-        from pallas_check.checkers import CHECKERS, RaceCounting
-        from pallas_check.engine.call import capacity
-        from pallas_check.engine.runtime import progress
-        from pallas_check.engine.runtime.inflight import InFlight
-        from pallas_check.engine.call.describe import kernel_info
-
+                  call_site: SourceFrame | None = None) -> list[list[np.ndarray]]:
         program, outside = self.judge.program()
         key = program.key(params) if program is not None else None
         if program is not None and program.replay is not None:  # a re-run of the program
-            from pallas_check.judge import replay_call
-
             assert key is not None
             return replay_call(self, program, key, params, device_operands, mesh, results)
         with self._lock:
@@ -210,7 +203,7 @@ class Session:
         # Races on: what race checking covered goes in the call's summary.
         checkers = RaceCounting() if self.config.races else CHECKERS
         try:
-            kernel = call.kernel = kernel_info(params)
+            kernel = call.kernel = describe.kernel_info(params)
             if self.trace is not None and self.config.timeline:
                 live.trace = functools.partial(self.trace.sink, kernel.name, index)
             with self._lock:  # listed, with what it found, if the run stops inside it
@@ -229,8 +222,7 @@ class Session:
                                                        self.config.uninit.value, results)
                 self._record(call, len(fits.findings))
                 return outputs
-            result = self._run_engine(params, device_operands, mesh, index, kernel.name,
-                                      results, checkers, live, call_site=call_site)
+            result = self._run_engine(call, results, checkers, live)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -252,16 +244,13 @@ class Session:
                      unused_memory=result.unused_memory)
         return result.outputs
 
-    def _run_engine(self, params: dict, device_operands: list, mesh: Any, index: int,
-                    name: str, results: Sequence[np.ndarray] | None, checkers: Any,
-                    live: Any, *, call_site: Any = None) -> Any:
-        """The checked call simulated by the engine (explore.DevicesResult)."""
-        import jax  # not at module level: --devices must reach XLA_FLAGS first
-
-        from pallas_check import empties
-        from pallas_check.engine.call.explore import run_call_devices
-        from pallas_check.engine.runtime.backend import engine_device
-
+    def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
+                    checkers: Checkers, live: InFlight) -> explore.DevicesResult:
+        """The checked call, named, simulated by the engine (explore.DevicesResult)."""
+        params, device_operands, mesh, index = (call.params, call.device_operands,
+                                                call.mesh, call.index)
+        name, call_site = call.kernel.name, call.call_site
+        run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
         # Inputs the script made with jnp.empty: never-written memory (empties.py).
         never = (empties.never_written_inputs(params, device_operands[0])
                  if mesh.num_devices == 1 else frozenset())
@@ -293,9 +282,9 @@ class Session:
         assert self.call_filter is not None
         return self.call_filter.checks(_kernel_or_unnamed(params), params, operands)
 
-    def _pass_through(self, params: dict, device_operands: list, mesh: Any,
+    def _pass_through(self, params: dict, device_operands: list, mesh: MeshInfo,
                       results: Sequence[np.ndarray] | None, index: int,
-                      call_site: Any) -> list[list[np.ndarray]]:
+                      call_site: SourceFrame | None) -> list[list[np.ndarray]]:
         """A call the filters do not check: run by the engine with every check off (no
         race detection, no second fill, no capacity check, one schedule), its findings
         dropped; its outputs and the kernel's prints are the script's as in a checked
@@ -310,16 +299,11 @@ class Session:
         self._write_prints(prints)
         return outputs
 
-    def unchecked_outputs(self, params: dict, device_operands: list, mesh: Any,
+    def unchecked_outputs(self, params: dict, device_operands: list, mesh: MeshInfo,
                           results: Sequence[np.ndarray] | None, index: int,
                           carried: dict | None = None) -> tuple[list[list[np.ndarray]], list]:
         """A call's outputs and prints with every check off (see `_pass_through`)."""
-        import jax
-
-        from pallas_check.checkers import CHECKERS
-        from pallas_check.engine.runtime.backend import engine_device
-        from pallas_check.engine.call.explore import run_call_devices
-
+        run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
         # XLA computes what the engine does, save --skip-floats' inf (and several devices
         # meet in the engine's rendezvous).
         with jax.default_device(engine_device()):
@@ -336,8 +320,6 @@ class Session:
     def _xla_path(self, params: dict) -> Any:
         """The call compiled by XLA (xla_path.py) when its kernel needs nothing of the
         engine, else None; made once per call structure."""
-        from pallas_check.xla_path import compiled_call
-
         assert self.call_filter is not None
         key = self.call_filter.structure(params)
         if key not in self._xla_paths:
@@ -354,9 +336,6 @@ class Session:
         the run (a Ctrl-C that reached the engine through a callback of the kernel's
         comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
         the call listed as failed."""
-        from pallas_check import interrupts
-        from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
-
         if interrupts.requested():
             self._stopped(call.index)
             return KeyboardInterrupt()
@@ -400,8 +379,6 @@ class Session:
                 unused_memory: list | None = None) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
-        from pallas_check.engine.call.describe import resolve_grid
-
         kernel = call.kernel
         try:
             gm = call.params["grid_mapping"]
@@ -427,9 +404,6 @@ class Session:
     def finish(self) -> None:
         """The end of the script: a semaphore a call returned and no later call took
         still holds its count and its DMAs (engine/call/carried.py); reported once."""
-        from pallas_check.checkers import CHECKERS
-        from pallas_check.engine.call.carried import forget, never_taken
-
         self.judge.abandon("the run ended before the jitted call returned")
         with self._lock:
             values = never_taken(self.carried)
@@ -456,8 +430,6 @@ class Session:
         """First thing in a process the script forked during a run (children.py): the
         owner's calls and findings are the owner's to report; this process's own calls
         go to the owner -- or, forked after JAX started, are refused (JAX would hang)."""
-        from pallas_check import children  # (imported already: a fork imports nothing)
-
         self._lock = threading.Lock()  # (another thread of the parent may have held it)
         self.store = FindingStore()
         self.calls, self._in_flight = [], {}
@@ -472,14 +444,9 @@ class Session:
     def install(self) -> Iterator[None]:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
-        from pallas_check import empties, outer
-        from pallas_check.children import undone_in_child
-        from pallas_check.intercept import intercepted
-        from pallas_check.tpu_info import questions, simulated_tpu
-
         with (intercepted(self.handle_call, fills_results=True, call_sites=True),
               simulated_tpu(self.config.tpu, self.config.cores),
-              undone_in_child(self._forked)):
+              children.undone_in_child(self._forked)):
             self.questions_from = questions()
             outer.install(self.judge)
             empties.install()

@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pallas_check.children import ChildFindings
+from pallas_check.delivery import note
+from pallas_check.tpu_compile.toolchain import start_backends_quietly
+
 _kept: list[contextlib.ExitStack] = []  # the session stays installed until the child exits
 
 
@@ -29,9 +33,7 @@ def start_spawned_child(config: Any, folder: str, prints_to_stderr: bool,
             sys.stdout = sys.stderr
         if platform is not None and "jax" not in sys.modules:
             os.environ.setdefault("JAX_PLATFORMS", platform)
-        from pallas_check.children import ChildFindings
-        from pallas_check.session import Session
-        from pallas_check.tpu_compile.toolchain import start_backends_quietly
+        from pallas_check.session import Session  # lazy: JAX must see JAX_PLATFORMS first
 
         if platform is None:
             start_backends_quietly()  # libtpu's start-up chatter off the terminal
@@ -41,7 +43,5 @@ def start_spawned_child(config: Any, folder: str, prints_to_stderr: bool,
         stack.enter_context(session.install())
         _kept.append(stack)
     except Exception as exc:  # noqa: BLE001 - the child runs on, its calls unchecked
-        from pallas_check.delivery import note
-
         note(f"pallas-check: the script's process {os.getpid()} runs its pallas_calls"
              f" unchecked: {type(exc).__name__}: {exc}")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from pallas_check.errors import SuppressionError
 from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.model import Suppression
+from pallas_check.report.paths import display_path
 from pallas_check.report.schema import SchemaError, check_schema
 
 COMMENT = re.compile(r"pallas-check:\s*ignore\b(?:\[([^\]]*)\])?")
@@ -216,8 +217,6 @@ def _inline(finding: Finding, comments: "_Comments"
 
 
 def _display(file: str) -> str:
-    from pallas_check.report.paths import display_path
-
     return display_path(file)
 
 

@@ -32,7 +32,10 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
+import jax
+
 from pallas_check.config import TpuGeneration, parse_generations
+from pallas_check.jaxbridge import jax_mesh_utils, jax_shard_map, jax_tpu_info
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +127,6 @@ def _clear_caches() -> None:
     """JAX's caches of what the chip answered, cleared whenever the answer changes:
     `get_tpu_info()` is cached per trace context (not per device), shard_map's manual
     abstract mesh per mesh (the same Mesh object under two generations)."""
-    from pallas_check.jaxbridge import jax_shard_map, jax_tpu_info
-
     for fn in (jax_tpu_info.get_tpu_info, jax_tpu_info.get_tpu_info_for_chip,
                getattr(jax_shard_map, "_as_manual_mesh", None)):
         clear = getattr(fn, "cache_clear", None)
@@ -150,8 +151,6 @@ def _is_cpu(device: Any) -> bool:
 
 def _patch_device() -> Callable[[], None]:
     """`device_kind` and `num_cores` of JAX's CPU devices answer as the chip's."""
-    import jax
-
     device_type = jax.Device  # every platform's (starting no backend to find it)
     kind = device_type.__dict__["device_kind"]
     lookup = device_type.__getattr__  # a TPU device's `num_cores` is one of its attributes
@@ -186,8 +185,6 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
     kind now answers for itself; an abstract mesh of CPU devices made before the simulation
     began still says "cpu", and one made since has no core count (JAX records none for a
     CPU device)."""
-    from pallas_check.jaxbridge import jax_tpu_info
-
     saved = (jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores)
     kind_of, cores_of = saved
 
@@ -215,8 +212,6 @@ def _patch_abstract_mesh() -> Callable[[], None]:
     (`create_tensorcore_mesh` inside a shard_map reads them there; JAX records no core
     count for a CPU device). Made per mesh and answer: JAX keeps one Mesh object per
     devices and axes, and the same mesh may be asked under two generations in a process."""
-    import jax
-
     mesh_type = jax.sharding.Mesh
     original = mesh_type.__dict__["abstract_mesh"]  # a cached_property: restored as is
 
@@ -249,8 +244,6 @@ def _patch_abstract_mesh() -> Callable[[], None]:
 def _patch_mesh_orderings() -> Callable[[], None]:
     """JAX orders the devices of a mesh of TPU kinds by their physical coordinates (which
     CPU devices do not have): not for CPU devices, which keep a CPU's order."""
-    from pallas_check.jaxbridge import jax_mesh_utils
-
     saved = jax_mesh_utils.device_kind_handler_dict
 
     def for_tpus_only(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -29,6 +29,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
+from pallas_check.engine.memory.buffer import fill_value
+from pallas_check.jaxbridge import jax_core, state_discharge
+
 # Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
 # prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
 # name, in nested jaxprs too.
@@ -56,8 +60,6 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
         # primitive with no CPU rule) goes to the engine instead of failing its call.
         # With the engine's compiler options: no algebraic simplification, so that
         # never-written memory's NaN reaches what it reaches in the engine (`0 * x`).
-        from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
-
         return jax.jit(functools.partial(_run_grid, params, body, fill),
                        compiler_options=SEGMENT_COMPILER_OPTIONS).lower(*inputs).compile()
     except Exception:  # noqa: BLE001 - not ours to compile: the engine runs it
@@ -93,8 +95,6 @@ def _plain_grid(params: dict, gm: Any) -> bool:
 def _pure(jaxpr: Any, top: bool) -> bool:
     """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
     where `_evaluate` answers them."""
-    from pallas_check.jaxbridge import jax_core
-
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if any(word in name for word in _ENGINE_ONLY):
@@ -111,8 +111,6 @@ def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
     """The kernel as a pure function: its grid indices first, as scalar arguments in
     place of `program_id` (`num_programs` a literal), then every ref a value in and out
     (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
-    from pallas_check.jaxbridge import jax_core, state_discharge
-
     index_vars = [jax_core.Var(jax_core.ShapedArray((), np.int32)) for _ in grid]
     substitute: dict[Any, Any] = {}
     eqns = []
@@ -134,8 +132,6 @@ def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
 def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     """A pure jaxpr (the discharged kernel, an index map) traced into the caller's
     computation, equation by equation."""
-    from pallas_check.jaxbridge import jax_core
-
     env: dict[Any, Any] = {}
 
     def read(atom: Any) -> Any:
@@ -160,8 +156,6 @@ def _run_grid(params: dict, body: Any, fill: str, *operands: Any) -> list[Any]:
     """The call as one computation: outputs and scratch carried through the grid."""
     import jax
     import jax.numpy as jnp
-
-    from pallas_check.engine.memory.buffer import fill_value
 
     gm = params["grid_mapping"]
     grid = tuple(int(n) for n in gm.grid)

@@ -61,7 +61,7 @@ def test_run_diff_and_native_share_one_run_path(monkeypatch):
     config = Config()
     runner.run_and_report("k.py", [], config, "json", None)
     compare.run_diff_and_report("k.py", [], config, compare.parse_against("hlo", config),
-                                None, None, "json", None)
+                                compare.Tolerance(), "json", None)
     native.run_native_and_report("k.py", [], "json", None)
     assert seen == ["CheckCommand", "DiffCommand", "NativeCommand"]
 

@@ -18,7 +18,7 @@ def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None
     (report.console.Display: width, colours, boxes), ascii_only and width describe where a
     table will be shown; the other formats ignore them."""
     if ascii_only or width is not None:
-        from pallas_check.report.console import Display
+        from pallas_check.report.console import Display  # lazy: rich; the CLI loads this package
 
         display = display if display is not None else Display()
         display = dataclasses.replace(

@@ -9,6 +9,7 @@ from typing import TextIO
 from pallas_check.findings import Finding, format_range
 from pallas_check.report.model import RunReport, replay_command, suppressed_text
 from pallas_check.report.paths import display_path, display_text, project_root
+from pallas_check.report.table import summary_line
 
 
 class TextReporter:
@@ -16,8 +17,6 @@ class TextReporter:
         pass  # one line per finding, whatever the width
 
     def render(self, report: RunReport, stream: TextIO) -> None:
-        from pallas_check.report.table import summary_line
-
         root = project_root(report.script)
         script = display_path(report.script, root)
         for f in report.findings:

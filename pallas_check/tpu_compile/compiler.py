@@ -20,6 +20,8 @@ from typing import Any
 
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import sparsecore_mesh
+from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
+from pallas_check.jaxbridge import mpmd, pallas_call_module
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
 # One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
@@ -110,8 +112,6 @@ def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
 
 
 def _bound(params: dict) -> Any:
-    from pallas_check.jaxbridge import pallas_call_module
-
     if sparsecore_mesh(params) is not None:
         return _bound_mpmd(params)
     prim = pallas_call_module.pallas_call_p
@@ -125,8 +125,6 @@ def _bound_mpmd(params: dict) -> Any:
     compile it as a TensorCore kernel). The params are those JAX's CPU fallback of
     mpmd_map passed on (jax/_src/pallas/mpmd.py), turned back; the fallback set the
     mesh's dimension_semantics in the compiler params, which mpmd_map itself refuses."""
-    from pallas_check.jaxbridge import mpmd
-
     compiler_params: Any = params.get("compiler_params")  # JAX's, when given
     if getattr(compiler_params, "dimension_semantics", None) is not None:
         compiler_params = compiler_params.replace(dimension_semantics=None)
@@ -200,8 +198,6 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
 def _unsaid(params: dict, exc: Exception) -> str:
     """What a failure without a message means: the TPU lowering's assertion on compiler
     params of another backend (engine/jaxpr/mosaic_limits.py says which), or its type."""
-    from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
-
     refused = foreign_compiler_params(params)
     if refused is not None:
         return refused.message

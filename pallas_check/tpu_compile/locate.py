@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from pallas_check.engine.call.describe import kernel_arg_names
+from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
+from pallas_check.engine.memory.buffer import memory_space_name
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import code_line, user_frames
+from pallas_check.tpu_compile.mlirloc import locate
 
 
 def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
@@ -37,8 +40,6 @@ def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
 
 
 def _mosaic_place(call: Any, outcome: Any, names: list[str]) -> tuple[Any, str]:
-    from pallas_check.tpu_compile.mlirloc import locate
-
     grid = call.params["grid_mapping"].grid
     try:
         where = locate(outcome.lowered_ir, outcome.error_text, len(grid))
@@ -75,9 +76,6 @@ def _primitive_frame(jaxpr: Any, primitive: str) -> SourceFrame | None:
 
 
 def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None, str]:
-    from pallas_check.engine.memory.buffer import memory_space_name
-    from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
-
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     found = kernel_not_lowered(inner, names, lambda aval: memory_space_name(
         getattr(aval, "memory_space", None)))

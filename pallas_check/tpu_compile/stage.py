@@ -14,10 +14,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pallas_check.config import TpuGeneration
+from pallas_check.config import TpuGeneration, parse_generations
 from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.tpu_compile.compiler import CompileOutcome, compile_call
 from pallas_check.tpu_compile.footprint import format_bytes
+from pallas_check.tpu_compile.locate import place
 
 LARGEST = 3  # allocations a vmem-exceeded finding names
 MIB_FOR_REST = 1024 * 1024  # beyond the named allocations, worth saying
@@ -74,8 +75,6 @@ def compile_recorded(calls: Sequence[RecordedCall],
 
 def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
     """The finding of a failed compile, at the user's line it is about."""
-    from pallas_check.tpu_compile.locate import place
-
     diagnosis = outcome.diagnosis
     assert diagnosis is not None
     generation = outcome.generation.value
@@ -118,8 +117,6 @@ def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = 
     `generations` (default: each of `--tpu`; generations.py compiles each further one
     from its own trace); the failures join its findings, each call's summary gets its
     footprint per generation."""
-    from pallas_check.config import parse_generations
-
     recorder = getattr(session, "compile_recorder", None)
     if recorder is None:
         return

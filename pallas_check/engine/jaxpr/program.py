@@ -17,6 +17,7 @@ from typing import Any, Callable, Generator, Sequence
 import jax
 import jax.numpy as jnp
 from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import mlir
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.jaxpr import segment_order
@@ -107,8 +108,6 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 
 
 def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:
-    from pallas_check.jaxbridge import mlir
-
     return (primitive in mlir._lowerings
             or primitive in mlir._platform_specific_lowerings.get("cpu", {}))
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import custom_derivatives
 from pallas_check.jaxbridge import lax_control_flow
 from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import mosaic_primitives
@@ -173,8 +174,6 @@ def _arg_names(jaxpr: Any, n: int, prefix: str) -> list[str]:
 
 def _register_custom_calls() -> None:
     """custom_jvp / custom_vjp calls inside a kernel evaluate their primal function."""
-    from pallas_check.jaxbridge import custom_derivatives
-
     cd = custom_derivatives()
     if cd is None:  # pragma: no cover - layout of another JAX version
         return

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import threading
+
+from pallas_check.jaxbridge import xla_client
 from typing import Any
 
 
@@ -20,8 +22,6 @@ _lock = threading.Lock()
 
 @functools.cache
 def _client() -> Any:
-    from pallas_check.jaxbridge import xla_client
-
     return xla_client().make_cpu_client(asynchronous=False)
 
 
