@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pallas_check.errors import OutputError
+from pallas_check.errors import OutputError as OutputError  # raised here, caught by importers
 
 STDOUT = "-"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pallas_check.errors import SchemaError
+from pallas_check.errors import SchemaError as SchemaError  # raised here, caught by importers
 
 
 def check_schema(data: Any, path: object, schema: str, versions: tuple[int, ...],
