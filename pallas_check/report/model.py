@@ -6,7 +6,7 @@ import dataclasses
 import shlex
 from typing import Any
 
-from pallas_check.findings import CallSummary, Finding
+from pallas_check.findings import CallSummary, Finding, JsonObject
 from pallas_check.config.options import Option, replay_options
 
 
@@ -50,7 +50,7 @@ class RunReport:
     # Several --tpu generations with --compile or --tpu-all: per further generation, how
     # its calls were traced (generations.py): by a run of the script of its own (calls,
     # findings, the script's error, seconds), or from the first generation's trace.
-    traces: dict[str, dict] = dataclasses.field(default_factory=dict)
+    traces: dict[str, JsonObject] = dataclasses.field(default_factory=dict)
 
 
 def kernel_counts(report: RunReport) -> list[tuple[str, int, int]]:

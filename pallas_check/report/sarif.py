@@ -38,7 +38,8 @@ def information_uri() -> str:
         from importlib.metadata import metadata
 
         meta = metadata("pallas-check")
-        for entry in meta.get_all("Project-URL") or []:
+        urls: list[str] = meta.get_all("Project-URL") or []
+        for entry in urls:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository"):
                 return url.strip()
