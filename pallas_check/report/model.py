@@ -117,13 +117,13 @@ def replay_command(script: str, config: Mapping[str, JsonValue], seed: int | Non
     return " ".join(parts)
 
 
-def _configured(config: Mapping[str, JsonValue], option: Option) -> JsonValue:
+def _configured(config: Mapping[str, JsonValue], option: Option) -> object:
     """The option's value in a run's config (a replayed option always has a config field)."""
     assert option.config_field is not None  # replay_options() keeps only those
     return config.get(option.config_field, option.plain_default)
 
 
-def _flag_text(option: Option, value: JsonValue, prefix: str = "--") -> str:
+def _flag_text(option: Option, value: object, prefix: str = "--") -> str:
     """` --races` or ` --no-races`, ` --dma eager`, or a list's flag once per item
     (` --kernel 'mat*' --kernel sgd`: quoted, so that the shell hands a glob on
     unexpanded); `prefix`: `--pallas-check-` for the pytest plugin's flags."""
