@@ -129,7 +129,8 @@ class TraceWriter:
         self._end = 0  # the tick after every call kept so far
         self._pids: dict[tuple[int, int], int] = {}  # (call in flight, device) -> pid
         self._next_pid = itertools.count(1)
-        self._serials: dict[tuple[object, ...], int] = {}  # a finding's merge key -> its `finding` id
+        # a finding's merge key -> its `finding` id
+        self._serials: dict[tuple[object, ...], int] = {}
         self._calls: list[_CallEntry] = []  # otherData.calls
         self._empty = True  # no event in the file yet
         self._closed = False

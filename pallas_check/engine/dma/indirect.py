@@ -90,7 +90,7 @@ class RowsRegion:
         self.zero_stride = False
         self.dims = base.dims
         self._row_dim = next(i for i, d in enumerate(base.dims) if d.__class__ is not int)
-        start, _, stride = base.dims[self._row_dim]  # type: ignore[misc]  # a range: `__class__` is not narrowed
+        start, _, stride = base.dims[self._row_dim]  # type: ignore[misc]  # a range
         self._buffer_rows = start + self.rows * stride
         self.out_shape = (len(self.rows), *base.out_shape[1:])
         index: list = []
@@ -100,7 +100,7 @@ class RowsRegion:
             elif d.__class__ is int:
                 index.append(slice(d, d + 1))
             else:
-                lo, size, step = d  # type: ignore[misc]  # a range: `__class__` is not narrowed
+                lo, size, step = d  # type: ignore[misc]  # a range
                 index.append(slice(lo, lo + size * step, step) if size > 0 else slice(0, 0))
         self._index = tuple(index)
         self._boxes: tuple[IndexRange, ...] | None = None
@@ -325,7 +325,7 @@ def bad_row_region(base: Region, value: int, element: int, vector: IndexVector) 
         size = base.element_map().units.shape[0]
         return Region(base.buffer, dims, [], [OutOfBounds(0, what, size)])
     row_dim = next(i for i, d in enumerate(dims) if d.__class__ is not int)
-    start, size, stride = dims[row_dim]  # type: ignore[misc]  # a range: `__class__` is not narrowed
+    start, size, stride = dims[row_dim]  # type: ignore[misc]  # a range
     dims[row_dim] = start + value * stride
     return Region(base.buffer, dims, [], [OutOfBounds(row_dim, what, size)])
 

@@ -136,7 +136,8 @@ class _MapCache:
     """Element maps by view shape, bounded by their total size (least recent out)."""
 
     def __init__(self) -> None:
-        self._items: collections.OrderedDict[tuple[object, ...], ElementMap] = collections.OrderedDict()
+        self._items: collections.OrderedDict[tuple[object, ...], ElementMap] = (
+            collections.OrderedDict())
         self._units = 0
         self._lock = threading.Lock()
 
@@ -192,7 +193,8 @@ class _ViewTransform(Generic[_T]):
         return cls.apply(t, written), dtype
 
     @classmethod
-    def units(cls, t: _T, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: _T, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         """An element map's units (trailing axis: the parts of one element) through the
         view, and the item size there."""
         return cls.apply(t, units), itemsize
@@ -228,7 +230,8 @@ class _Index(_ViewTransform[state_indexing.NDIndexer]):
         return out
 
     @classmethod
-    def units(cls, t: state_indexing.NDIndexer, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_indexing.NDIndexer, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return units[_numpy_index(t) + (slice(None),)], itemsize
 
 
@@ -246,7 +249,8 @@ class _Reshape(_ViewTransform[state_types.ReshapeTransform]):
         return new.reshape(before.shape)
 
     @classmethod
-    def units(cls, t: state_types.ReshapeTransform, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.ReshapeTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return units.reshape(tuple(t.shape) + units.shape[-1:]), itemsize
 
 
@@ -264,7 +268,8 @@ class _Transpose(_ViewTransform[state_types.TransposeTransform]):
         return np.transpose(new, np.argsort(t.permutation))
 
     @classmethod
-    def units(cls, t: state_types.TransposeTransform, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.TransposeTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return np.transpose(units, tuple(t.permutation) + (units.ndim - 1,)), itemsize
 
 
@@ -287,7 +292,8 @@ class _Bitcast(_ViewTransform[state_types.BitcastTransform]):
         return _bitcast_shadow(written, dtype, np.dtype(t.dtype)), np.dtype(t.dtype)
 
     @classmethod
-    def units(cls, t: state_types.BitcastTransform, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.BitcastTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         new_size = np.dtype(t.dtype).itemsize
         return _bitcast_units(units, itemsize, new_size), new_size
 
