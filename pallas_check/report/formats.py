@@ -162,7 +162,7 @@ def _load(where: str) -> object:
     return loaded
 
 
-def render(report: Any, fmt: str, kind: str = RUN, display: Display | None = None) -> str:
+def render(report: object, fmt: str, kind: str = RUN, display: Display | None = None) -> str:
     """A command's report rendered in format `fmt` (a name or a member) as text."""
     buffer = io.StringIO()
     Format(fmt).reporter(kind, display=display).render(report, buffer)
