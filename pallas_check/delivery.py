@@ -16,7 +16,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from pallas_check.outfile import OutputError, is_stdout, stream_descriptor, write_report
 from pallas_check.report.formats import Format
@@ -71,7 +71,7 @@ class QuietStream:
             discard(self._stream)
             return len(text)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 

@@ -13,11 +13,12 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, Mapping, Sequence, Union
 from urllib.parse import quote
 
 # The kinds and what is said about each live in kinds.py; they are imported from here too.
-from pallas_check.kinds import CATALOGUE, FindingKind, KindInfo  # noqa: F401
+from pallas_check.kinds import (  # re-exported
+    CATALOGUE as CATALOGUE, FindingKind as FindingKind, KindInfo as KindInfo)
 
 
 @dataclass(frozen=True, order=True)
@@ -46,6 +47,11 @@ class KernelInfo:
 
 
 IndexRange = tuple[tuple[int, int], ...]  # per dimension [start, stop)
+
+# What a report writes as JSON: a finding's details, a report's dictionaries. Read-only
+# containers (Sequence, Mapping) so that a `list[int]` or a `dict[str, str]` is one.
+JsonValue = Union[None, bool, int, float, str, Sequence["JsonValue"], Mapping[str, "JsonValue"]]
+JsonObject = dict[str, JsonValue]
 
 
 def format_range(index_range: IndexRange | None) -> str:
@@ -86,7 +92,7 @@ class Finding:
     index_range: IndexRange | None = None
     frames: tuple[SourceFrame, ...] = ()
     accesses: tuple[Access, ...] = ()
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     seed: int | None = None
     count: int = 1
     # How to fix this one defect, where its checker knows (the DMA whose wait is missing,
@@ -104,7 +110,8 @@ class Finding:
     schedules: tuple[int, int] | None = None  # explored: (schedules showing it, tried)
 
     # -- identity: when two findings are one defect ------------------------------------
-    def identity(self, where: Callable[[tuple[SourceFrame, ...]], Any]) -> tuple:
+    def identity(self, where: Callable[[tuple[SourceFrame, ...]], tuple[object, ...]]
+                 ) -> tuple[object, ...]:
         """The facts two sightings of one defect share: its kind, kernel, buffer, source
         line, the accesses it names and the emitter's own `merge` detail. `where` names a
         source line: exactly within one run (`merge_key`), portably across runs and
@@ -115,7 +122,7 @@ class Finding:
                 tuple((a.operation, a.buffer, where(a.frames)) for a in self.accesses),
                 self.merge)
 
-    def merge_key(self) -> tuple:
+    def merge_key(self) -> tuple[object, ...]:
         """Findings with this key equal are the same defect seen again (e.g. each grid step)."""
         if self.kind == FindingKind.RACE:
             # A race is one pair of accesses, whichever of the two was seen second.
@@ -149,15 +156,15 @@ class Finding:
                 return access.frames[0]
         return None
 
-    def reported_details(self) -> dict[str, Any]:
+    def reported_details(self) -> JsonObject:
         """`details` with the typed facts that are set, as the reports show them."""
-        typed = {"merge": self.merge or None, "generation": self.generation,
+        typed: JsonObject = {"merge": self.merge or None, "generation": self.generation,
                  "reckoned": self.reckoned or None, "simulated": self.simulated,
                  "skipped": self.skipped or None,
                  "schedules": list(self.schedules) if self.schedules else None}
         return {**self.details, **{k: v for k, v in typed.items() if v is not None}}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = dataclasses.asdict(self)
         for name in _TYPED_FACTS:
             del data[name]
@@ -194,7 +201,7 @@ def project_uri(file: str, root: str | None = None) -> tuple[str, bool]:
     return Path(absolute).as_uri(), False
 
 
-def _range_list(index_range: Any) -> list[list[int]] | None:
+def _range_list(index_range: IndexRange | None) -> list[list[int]] | None:
     if index_range is None:
         return None
     return [[int(a), int(b)] for a, b in index_range]
@@ -205,7 +212,7 @@ class FindingStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_key: dict[tuple, Finding] = {}
+        self._by_key: dict[tuple[object, ...], Finding] = {}
 
     def add(self, finding: Finding) -> None:
         key = finding.merge_key()
@@ -226,7 +233,7 @@ class FindingStore:
         with self._lock:
             return key in self._by_key
 
-    def discard(self, drop: Any) -> int:
+    def discard(self, drop: Callable[[Finding], bool]) -> int:
         """Remove the findings `drop(finding)` is true of; how many were removed."""
         with self._lock:
             keys = [key for key, finding in self._by_key.items() if drop(finding)]
@@ -245,7 +252,7 @@ class FindingStore:
             return len(self._by_key)
 
 
-def _sort_key(f: Finding) -> tuple:
+def _sort_key(f: Finding) -> tuple[int, str, str, str, int, tuple[int, ...]]:
     loc = f.location
     return (
         f.call_index,
@@ -277,7 +284,7 @@ class UnusedMemory:
         return (f"{self.buffer}{where} never touched: {_size(self.bytes)} of"
                 f" {_size(self.of_bytes)} {self.memory_space}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"buffer": self.buffer, "memory_space": self.memory_space,
                 "bytes": self.bytes, "of_bytes": self.of_bytes,
                 "ranges": [_range_list(r) for r in self.ranges]}
@@ -322,7 +329,7 @@ class CallSummary:
         return text
     # --compile: per TPU generation, the compile's status, VMEM footprint and time
     # (tpu_compile.compiler.CompileOutcome.summary()).
-    compiled: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compiled: dict[str, JsonObject] = field(default_factory=dict)
     # Races on: what race checking covered in this call, over all its simulations
     # (schedules, re-runs): `accesses_checked` (memory accesses the race checker checked)
     # and `longest_history` (the most access records one buffer's history held at once;

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pallas_check.errors import OutputError
+from pallas_check.errors import OutputError as OutputError  # raised here, caught by importers
 
 STDOUT = "-"
 
@@ -92,7 +92,7 @@ def same_target(first: Path | str, second: Path | str) -> bool:
     return one is not None and one == other
 
 
-def _identity(path: Path | str) -> tuple | None:
+def _identity(path: Path | str) -> tuple[str | int, ...] | None:
     fd = 1 if is_stdout(path) else stream_descriptor(path)
     if fd is not None:
         try:

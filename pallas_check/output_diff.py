@@ -5,12 +5,15 @@ per-dtype tolerances, NaN equal to NaN, the first mismatches kept as JSON-friend
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TypedDict, Union
 
 import numpy as np
 
 
 FIRST_MISMATCHES = 5
+
+# One element of an output as the report writes it (`_scalar`): JSON-friendly.
+Scalar = Union[bool, int, float, str]
 
 
 # Default tolerances per float dtype (itemsize; bfloat16 is told apart by name).
@@ -21,8 +24,8 @@ _TOLERANCES = {"bfloat16": (1.6e-2, 1e-3), 2: (1e-3, 1e-5), 4: (1e-5, 1e-6),
 @dataclasses.dataclass
 class Mismatch:
     index: tuple[int, ...]
-    ours: Any
-    theirs: Any
+    ours: Scalar
+    theirs: Scalar
 
 
 @dataclasses.dataclass
@@ -41,12 +44,22 @@ class OutputDiff:
     note: str | None = None  # e.g. the other side's shape or dtype, when it differs
 
 
+class _Named(TypedDict):
+    """The fields of an `OutputDiff` that name the output, whatever the comparison found."""
+
+    output: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    size: int
+
+
 def tolerances(dtype: np.dtype, rtol: float | None, atol: float | None
                ) -> tuple[float, float]:
     """(rtol, atol) for a dtype: the user's where given, else the dtype's defaults."""
     if not _is_float(dtype):
         return 0.0, 0.0
-    key: Any = "bfloat16" if dtype.name == "bfloat16" else min(dtype.itemsize, 8)
+    key: str | int = "bfloat16" if dtype.name == "bfloat16" else min(dtype.itemsize, 8)
     if np.issubdtype(dtype, np.complexfloating):
         key = dtype.itemsize // 2
     default_rtol, default_atol = _TOLERANCES.get(key, _TOLERANCES[4])
@@ -57,7 +70,7 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or dtype.name in ("bfloat16",) or "float8" in dtype.name
 
 
-def _scalar(x: Any) -> Any:
+def _scalar(x: np.generic | complex) -> Scalar:
     """A JSON-friendly scalar: ints and bools as such, non-finite floats as strings."""
     if isinstance(x, (np.bool_, bool)):
         return bool(x)
@@ -74,8 +87,8 @@ def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
     """Element-wise comparison; NaN equals NaN, infinities equal themselves."""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     r, a = tolerances(ours.dtype, rtol, atol)
-    base: dict[str, Any] = dict(output=output, name=name, shape=tuple(ours.shape),
-                                dtype=str(ours.dtype), size=int(ours.size))
+    base: _Named = {"output": output, "name": name, "shape": tuple(ours.shape),
+                    "dtype": str(ours.dtype), "size": int(ours.size)}
     if ours.shape != theirs.shape:
         return OutputDiff(**base, mismatches=int(ours.size), max_abs=float("inf"),
                           max_rel=float("inf"), first=[],

@@ -16,10 +16,18 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Callable, Protocol, TextIO
 
 from pallas_check.engine.runtime import progress
 from pallas_check.report.formats import Format
+
+if TYPE_CHECKING:  # annotations only (rich is imported when a line is drawn)
+    from rich.live import Live
+
+    from pallas_check.config import Config
+    from pallas_check.engine.runtime.progress import GridSteps
 
 # A call shows its line once it has run this long (short calls never flicker one), and the
 # line is redrawn this often.
@@ -27,7 +35,15 @@ SHOW_AFTER_S = 0.5
 REFRESH_S = 0.25
 
 
-def wanted(fmt: str, output: Any, stream: TextIO | None = None) -> bool:
+class ShowsProgress(Protocol):
+    """What the line reads of a session (session.py's Session): its configuration, and the
+    callback it calls as each schedule of a call ends (call index, kernel, done, total)."""
+
+    config: Config
+    progress: Callable[[int, str, int, int], None] | None
+
+
+def wanted(fmt: str, output: Path | str | None, stream: TextIO | None = None) -> bool:
     """Whether `pallas-check run` shows progress: stderr is a terminal, and no JSON or
     SARIF report is being written to stdout (those are for machines, even on a terminal:
     `Format.progress_beside`)."""
@@ -37,7 +53,7 @@ def wanted(fmt: str, output: Any, stream: TextIO | None = None) -> bool:
     return is_terminal(stream if stream is not None else sys.stderr)
 
 
-def describe(steps: Any, schedule: tuple[int, int] | None, now: float) -> str:
+def describe(steps: GridSteps, schedule: tuple[int, int] | None, now: float) -> str:
     """The line of one call, e.g. `call 3 flash_kernel: 41,000/1,000,000 grid steps (4%),
     39,800 steps/s` (ASCII only: any terminal encoding can show it)."""
     total = max(steps.total, 1)
@@ -53,7 +69,7 @@ def describe(steps: Any, schedule: tuple[int, int] | None, now: float) -> str:
     return text
 
 
-def is_terminal(stream: Any) -> bool:
+def is_terminal(stream: TextIO) -> bool:
     """Whether `stream` is a terminal (a closed or replaced stream is not)."""
     try:
         return bool(stream.isatty())
@@ -65,13 +81,13 @@ class ProgressLine:
     """While entered: the line of the calls in flight on `stream` (stderr), from a thread
     that polls the engine's counters; the session's schedule callback is also taken."""
 
-    def __init__(self, session: Any, stream: TextIO | None = None) -> None:
+    def __init__(self, session: ShowsProgress, stream: TextIO | None = None) -> None:
         self.session = session
         self.stream = stream if stream is not None else sys.stderr
         self.schedules: dict[int, tuple[int, int]] = {}  # call index -> (done, total)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._live: Any = None
+        self._live: Live | None = None
         self._lock = threading.Lock()  # the poll thread and `stop` both draw
 
     def __enter__(self) -> "ProgressLine":
@@ -82,7 +98,8 @@ class ProgressLine:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.session.progress = None
         self.stop()
 

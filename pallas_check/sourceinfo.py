@@ -6,7 +6,7 @@ import functools
 import itertools
 import linecache
 import os
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import jax
 
@@ -23,6 +23,23 @@ _EXCLUDED_PARTS = (os.sep + "contextlib.py", "<frozen ", os.sep + "runpy.py")
 # The kernels JAX ships are kernel code like the user's own: a finding in one of them points
 # at its lines (JAX's other frames are trimmed).
 _SHIPPED_KERNELS = os.path.join(_JAX_DIR, "experimental", "pallas", "ops") + os.sep
+
+
+class _TracebackFrame(Protocol):
+    @property
+    def file_name(self) -> str: ...
+    @property
+    def line_num(self) -> int: ...
+    @property
+    def function_name(self) -> str: ...
+
+
+class JaxTraceback(Protocol):
+    """What is read of an equation's traceback (jaxlib's `Traceback`): its frames,
+    innermost first (and `raw_frames()`, where this jaxlib has it, for columns)."""
+
+    @property
+    def frames(self) -> Sequence[_TracebackFrame]: ...
 
 
 def _is_user_file(path: str) -> bool:
@@ -50,7 +67,7 @@ def _column(raw: Any, i: int) -> int:
 
 
 @functools.lru_cache(maxsize=65536)
-def _user_frames_cached(traceback: Any, limit: int) -> tuple[SourceFrame, ...]:
+def _user_frames_cached(traceback: JaxTraceback | None, limit: int) -> tuple[SourceFrame, ...]:
     frames: list[SourceFrame] = []
     if traceback is None:
         return ()
@@ -68,7 +85,7 @@ def _user_frames_cached(traceback: Any, limit: int) -> tuple[SourceFrame, ...]:
     return tuple(frames)
 
 
-def user_frames(source_info: Any, limit: int = 4) -> tuple[SourceFrame, ...]:
+def user_frames(source_info: object, limit: int = 4) -> tuple[SourceFrame, ...]:
     """Innermost-first user frames of an equation's source_info (empty when unknown)."""
     traceback = getattr(source_info, "traceback", None)
     if traceback is None:

@@ -31,10 +31,11 @@ import os
 import re
 import tokenize
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from pallas_check.errors import SuppressionError
-from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.findings import (CallSummary, Finding, FindingKind, JsonObject, KernelInfo,
+                                   SourceFrame)
 from pallas_check.report.model import Suppression
 from pallas_check.report.paths import display_path
 from pallas_check.report.schema import SchemaError, check_schema
@@ -105,7 +106,7 @@ class Policy:
     rules: tuple[IgnoreRule, ...] = ()
     baseline: Path | None = None
     known: frozenset[str] = frozenset()  # the baseline's fingerprints
-    entries: tuple[dict, ...] = ()  # the baseline's entries, as read
+    entries: tuple[JsonObject, ...] = ()  # the baseline's entries, as read
     update_baseline: bool = False
     report_unused: bool = True  # the pytest plugin checks one test at a time: off there
     options: frozenset[str] = frozenset()  # options on in this run that find more kinds
@@ -117,17 +118,17 @@ def make_policy(ignore: Iterable[str] | None, baseline: Path | None,
     if update_baseline and baseline is None:
         raise SuppressionError("--update-baseline needs --baseline FILE (where to write it)")
     rules = tuple(parse_rule(text) for text in ignore or ())
-    entries: tuple[dict, ...] = ()
+    entries: tuple[JsonObject, ...] = ()
     if baseline is not None:
         baseline = Path(os.path.abspath(baseline))
         if baseline.exists() or not update_baseline:
             entries = tuple(read_baseline(baseline))
-    return Policy(rules, baseline, frozenset(e["fingerprint"] for e in entries), entries,
+    return Policy(rules, baseline, frozenset(str(e["fingerprint"]) for e in entries), entries,
                   update_baseline, report_unused,
                   frozenset({"races"} if races else set()))
 
 
-def read_baseline(path: Path) -> list[dict]:
+def read_baseline(path: Path) -> list[JsonObject]:
     """The entries of a baseline file (SuppressionError when missing or malformed)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -325,9 +326,10 @@ def function_span(file: str, line: int) -> tuple[int, int] | None:
 
 # -- the baseline file ---------------------------------------------------------------------
 
-def baseline_entries(findings: Iterable[Finding], root: Path, script: str) -> list[dict]:
+def baseline_entries(findings: Iterable[Finding], root: Path, script: str
+                     ) -> list[JsonObject]:
     """One entry per fingerprint, with what a reviewer needs to read the diff."""
-    entries: dict[str, dict] = {}
+    entries: dict[str, JsonObject] = {}
     for finding in findings:
         where = finding.location
         fp = finding.fingerprint(str(root))
@@ -405,6 +407,6 @@ def baseline_text(policy: Policy, findings: Iterable[Finding], script: str) -> s
     ordered = sorted(unique.values(), key=lambda e: (
         str(e.get("file", "")), str(e.get("kind", "")), str(e.get("kernel", "")),
         str(e.get("buffer", "")), e["fingerprint"], str(e.get("script", ""))))
-    data: dict[str, Any] = {"schema": BASELINE_SCHEMA, "schema_version": BASELINE_VERSION,
-                            "findings": ordered}
+    data: JsonObject = {"schema": BASELINE_SCHEMA, "schema_version": BASELINE_VERSION,
+                      "findings": ordered}
     return json.dumps(data, indent=2, sort_keys=False) + "\n"

@@ -21,7 +21,7 @@ buffer's history doubles, so a long grid keeps only a few records per buffer.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, NamedTuple
+from typing import Hashable, Iterable, NamedTuple, ValuesView
 
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
@@ -115,7 +115,7 @@ class _History:
     def __len__(self) -> int:
         return len(self.records)
 
-    def values(self):
+    def values(self) -> ValuesView[AccessRecord]:
         return self.records.values()
 
     def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Sequence
 
 from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft
 from pallas_check.engine.rules.sparsecore import SignalNotRemote  # declared where it is built
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
+
+if TYPE_CHECKING:  # what a call returned; the checkers see it only at the script's end
+    from pallas_check.engine.call.carried import SemaphoreValue
 
 
 class SemaphoreChecker(Checker):
@@ -48,7 +52,7 @@ def leak_finding(checker: Checker, end: CallEnded, left: SemaphoreLeft) -> Findi
     )
 
 
-def leak_help(cell: str, count: int, frames: tuple) -> str | None:
+def leak_help(cell: str, count: int, frames: tuple[SourceFrame, ...]) -> str | None:
     """The signal without a matching wait, and the wait that would match it (the
     signal's own ref where the signal names nothing else, else the cell)."""
     if not frames:
@@ -126,7 +130,7 @@ def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
     )
 
 
-def never_taken_findings(values: list) -> list[Finding]:
+def never_taken_findings(values: Sequence[SemaphoreValue]) -> list[Finding]:
     """Semaphores a call returned that no later call took, at the end of the script
     (engine/call/carried.py's SemaphoreValue): each DMA they carry that was never waited, and
     a count its DMAs do not explain, reported at the call that returned them."""

@@ -226,7 +226,7 @@ def address_findings(checker: Checker, event: DmaAddressCompared) -> list[Findin
 
 
 def distinct_reads(reads: Sequence[UninitRead]) -> list[UninitRead]:
-    seen: dict[tuple, UninitRead] = {}
+    seen: dict[tuple[str, tuple[SourceFrame, ...]], UninitRead] = {}
     for r in reads:
         key = (r.buffer, r.frames[:1])
         if key not in seen:

@@ -20,7 +20,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pallas_check.config.environment import (DEBUG_VARIABLE, ENV_PREFIX, env_variable,
                                               parse_flag)
@@ -39,9 +39,9 @@ class OptionSpec:
 
     key: str  # e.g. "skip-floats"
     name: str  # the command function's parameter, e.g. "skip_floats"
-    kind: Any  # bool, int, float, str, Path, list (of str), an Enum subclass, or None
+    kind: type | None  # bool, int, float, str, Path, list (of str), an Enum subclass
     minimum: int | float | None = None
-    check: Any = None  # a further check of the value (raises ValueError)
+    check: Callable[[str], object] | None = None  # a further check of the value (raises ValueError)
 
     @property
     def env(self) -> str:
@@ -54,7 +54,8 @@ class Settings:
 
     path: Path | None = None  # the pyproject.toml that was read, if any
     has_table: bool = False  # whether it has a [tool.pallas-check] table
-    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # by parameter name
+    # By parameter name, each of its option's type (checked_value): read by name.
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
     origins: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> where from
     scripts: list[str] = dataclasses.field(default_factory=list)
     patterns: list[str] = dataclasses.field(default_factory=list)
@@ -65,17 +66,17 @@ class Settings:
         return self.path.parent if self.path is not None else Path.cwd()
 
 
-def option_specs(command: Any) -> dict[str, OptionSpec]:
+def option_specs(command: object) -> dict[str, OptionSpec]:
     """The settings keys of a command, one per option (not per argument): from its
     options.py declaration, given as the tuple of options (`RUN_OPTIONS`) or as a command
     function that `options.with_options` declared them on (`cli.run`)."""
     declared: tuple[Option, ...] = (command if isinstance(command, tuple)
-                                    else command.__pallas_check_options__)
+                                    else getattr(command, "__pallas_check_options__"))
     return {o.key: OptionSpec(o.key, o.param, _kind(o.kind), o.minimum, o.check)
             for o in declared}
 
 
-def _kind(annotation: Any) -> Any:
+def _kind(annotation: object) -> type | None:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         annotation = args[0]
@@ -102,7 +103,7 @@ def normalize_key(key: str) -> str:
     return key.strip().replace("_", "-")
 
 
-def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> Any:
+def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> object:
     """A checked value, in the form a command-line default takes (raises ValueError):
     `from_env`, a variable's text; `base`, the folder a relative path is relative to."""
     kind = spec.kind
@@ -150,7 +151,7 @@ def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | Non
     return value
 
 
-def _string_list(key: str, value: Any, where: str) -> list[str]:
+def _string_list(key: str, value: object, where: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -159,7 +160,7 @@ def _string_list(key: str, value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def read_table(path: Path) -> dict[str, Any] | None:
+def read_table(path: Path) -> dict[str, object] | None:
     """The `[tool.pallas-check]` table of `path` (None if it has none)."""
     try:
         with open(path, "rb") as handle:
@@ -177,7 +178,7 @@ def read_table(path: Path) -> dict[str, Any] | None:
     return table
 
 
-def load_settings(command: Any, cwd: Path | None = None,
+def load_settings(command: object, cwd: Path | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
     """Settings for `command`: a command function declared by options.py (`cli.run`) or a
     tuple of its declarations (`RUN_OPTIONS`, for the hook, the API and the pytest plugin).
@@ -223,7 +224,7 @@ def check_other_variables(environ: Mapping[str, str] | None = None) -> None:
 
 
 def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
-                 table: dict[str, Any]) -> None:
+                 table: dict[str, object]) -> None:
     path = settings.path
     assert path is not None  # only a file's table is applied (load_settings)
     seen: dict[str, str] = {}
@@ -255,7 +256,7 @@ def _apply_table(settings: Settings, specs: dict[str, OptionSpec],
         settings.origins[spec.name] = str(path)
 
 
-def default_map(settings: Settings) -> dict[str, Any]:
+def default_map(settings: Settings) -> dict[str, object]:
     """The values as a click `default_map` for the command (flags still override them)."""
     return {name: (v.value if isinstance(v, enum.Enum) else v)
             for name, v in settings.values.items()}

@@ -20,12 +20,16 @@ import dataclasses
 import enum
 import inspect
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, TypeVar
 
 from pallas_check.config.environment import env_variable
 from pallas_check.config.model import (Config, DmaMode, TpuGeneration, UninitFill,
                                        parse_generations)
 from pallas_check.report.formats import COMPILE, DIFF, RUN, Format
+
+
+# A command function that `with_options` gives its declared options.
+_Command = TypeVar("_Command", bound=Callable[..., object])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,15 +38,17 @@ class Option:
 
     param: str  # the command function's parameter, e.g. "skip_floats"
     flags: tuple[str, ...]  # e.g. ("--output", "-o"); the first is the long flag
-    kind: Any  # bool, int, Path, str or an Enum class
-    default: Any
+    # Its annotation, as typer reads it (bool, int, Path, str, an Enum class, Optional[...],
+    # list[str]); called to convert a value where it is a plain type (compare.py).
+    kind: Any
+    default: object
     help: str
     minimum: int | None = None
     config_field: str | None = None  # the Config attribute it sets, if the engine reads it
     replayed: bool = False  # the replay command repeats it when it is not the default
     pytest: bool = False  # the pytest plugin offers it as --pallas-check-<key>
     # A further check of a value (raises ValueError), e.g. `--tpu`'s list of generations.
-    check: Callable[[Any], Any] | None = None
+    check: Callable[[str], object] | None = None
     # What to type, shown in --help (`--seed N`); choices show as `[a|b]`, flags as nothing.
     metavar: str | None = None
     # A flag on by default has its off switch (`--no-races`): typer's `--races/--no-races`,
@@ -60,7 +66,7 @@ class Option:
         return env_variable(self.key)
 
     @property
-    def plain_default(self) -> Any:
+    def plain_default(self) -> object:
         """The default as a report's config holds it (a choice as its text)."""
         return self.default.value if isinstance(self.default, enum.Enum) else self.default
 
@@ -224,12 +230,11 @@ def typer_parameters(options: tuple[Option, ...]) -> list[inspect.Parameter]:
 
 
 def with_options(options: tuple[Option, ...],
-                 leading: list[inspect.Parameter]) -> Callable[[Callable[..., Any]],
-                                                                Callable[..., Any]]:
+                 leading: list[inspect.Parameter]) -> Callable[[_Command], _Command]:
     """Give a command function the declared options as its signature (after `leading`,
     its arguments); typer reads the signature, layers.py the declaration."""
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: _Command) -> _Command:
         params = leading + typer_parameters(options)
         fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         fn.__annotations__ = {p.name: p.annotation for p in params}
@@ -244,14 +249,14 @@ def replay_options() -> tuple[Option, ...]:
     return tuple(o for o in RUN_OPTIONS if o.replayed and o.config_field)
 
 
-def config_from(values: Mapping[str, Any], options: tuple[Option, ...] = RUN_OPTIONS,
+def config_from(values: Mapping[str, object], options: tuple[Option, ...] = RUN_OPTIONS,
                 **internal: Any) -> Config:
     """The one way a `Config` is built (`run`, `diff`, the Python API, the pytest plugin):
     from option values by parameter name (the command function's keyword arguments, or a
     settings table's), each declared option with a `config_field` that has a value setting
     that field; a choice given as its text becomes its enum member. `internal`: fields no
     option sets (`timeline`, on when `--trace` names a file)."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # Config's fields by name, each of its own type
     for option in options:
         if option.config_field is None or option.param not in values:
             continue

@@ -25,12 +25,15 @@ import functools
 import re
 from typing import Callable, NamedTuple, Protocol, TypeVar, overload
 
-from pallas_check.engine.verdicts import (  # the events of what checkers decide
-    Frames, GridPoint,
-    Where, OutOfBounds, BlockOutOfBounds, DeviceOutOfBounds, CheckFailed, BlockedWait,
-    AbsentSubcore, StalledBarrier, Deadlocked, SemaphoreLeft, CallEnded,
-    DmaNotWaited, OutputUnwritten, UninitRead, UnlandedDma, UnboundedDma, FillsCompared,
-    DmaAddressCompared, RevisitLost, CallSkipped)
+from pallas_check.engine.verdicts import (  # the events of what checkers decide, re-exported
+    Frames as Frames, GridPoint as GridPoint, Where as Where, OutOfBounds as OutOfBounds,
+    BlockOutOfBounds as BlockOutOfBounds, DeviceOutOfBounds as DeviceOutOfBounds,
+    CheckFailed as CheckFailed, BlockedWait as BlockedWait, AbsentSubcore as AbsentSubcore,
+    StalledBarrier as StalledBarrier, Deadlocked as Deadlocked, SemaphoreLeft as SemaphoreLeft,
+    CallEnded as CallEnded, DmaNotWaited as DmaNotWaited, OutputUnwritten as OutputUnwritten,
+    UninitRead as UninitRead, UnlandedDma as UnlandedDma, UnboundedDma as UnboundedDma,
+    FillsCompared as FillsCompared, DmaAddressCompared as DmaAddressCompared,
+    RevisitLost as RevisitLost, CallSkipped as CallSkipped)
 from pallas_check.findings import Finding, IndexRange, KernelInfo
 
 

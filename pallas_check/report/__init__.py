@@ -5,15 +5,18 @@ is `Format` (report/formats.py)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pallas_check.report.formats import RUN, Format, Reporter, render
+
+if TYPE_CHECKING:
+    from pallas_check.report.console import Display
 
 FORMATS = tuple(fmt.value for fmt in Format.accepted_by(RUN))  # the names `--format` accepts
 
 
 def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None,
-                 display: Any = None) -> Reporter:
+                 display: Display | None = None) -> Reporter:
     """The reporter of the run report in a format name ('table', 'json', ...). `display`
     (report.console.Display: width, colours, boxes), ascii_only and width describe where a
     table will be shown; the other formats ignore them."""

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pallas_check.findings import Finding, JsonObject
 from pallas_check.report.console import Display
 from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
@@ -26,16 +27,16 @@ class CompileReport:
     generations: list[str]
     script_seconds: float
     calls: list[dict[str, Any]]
-    findings: list[Any]
+    findings: list[Finding]
     exit_code: int
     script_error: str | None = None  # how the script ended, when it failed
     internal_error: str | None = None
     # Per generation, its run of the script (generations.py): in this process or one of
     # its own, calls, the script's error, seconds.
-    traces: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    traces: dict[str, JsonObject] = dataclasses.field(default_factory=dict)
 
 
-def compile_dict(report: CompileReport) -> dict[str, Any]:
+def compile_dict(report: CompileReport) -> JsonObject:
     """The report as JSON-ready data; stable key order."""
     return {**header(SCHEMA, SCHEMA_VERSION, report.script),
             "generations": report.generations,
@@ -121,7 +122,7 @@ def summary_text(calls: int, generations: int, failures: int) -> str:
             f" {plural(failures, 'failure')}")
 
 
-def traces_text(traces: dict[str, dict[str, Any]]) -> str:
+def traces_text(traces: dict[str, JsonObject]) -> str:
     """`each generation traced by a run of the script as that chip: v6e in this process
     (script 0.56 s), v7x in a process of its own (script 0.61 s; 5.10 s with its start and
     compiles)`, and where the script stopped."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Mapping, Protocol, Sequence, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pallas_check.findings import JsonObject, JsonValue
+from pallas_check.output_diff import OutputDiff
 from pallas_check.report.console import Display
 from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
@@ -22,17 +24,78 @@ TABLE_FIRST = 3  # mismatching elements shown per output in the table (JSON: all
 MATCHING_ROWS = 40  # beyond this many rows, matching outputs are only counted
 
 
-def _number(x: float | None) -> Any:
+class DiffedCall(Protocol):
+    """One call of a diff report, as rendered (compare.py's CallDiff)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def file(self) -> str: ...
+    @property
+    def line(self) -> int: ...
+    @property
+    def grid(self) -> tuple[int, ...]: ...
+    @property
+    def outputs(self) -> Sequence[OutputDiff]: ...
+    @property
+    def error(self) -> str | None: ...  # the other side could not run this call
+    @property
+    def mismatches(self) -> int: ...
+
+
+class DiffedRun(Protocol):
+    """What `pallas-check diff` reports, as rendered (compare.py's DiffReport; reports
+    import no command)."""
+
+    @property
+    def script(self) -> str: ...
+    @property
+    def against(self) -> str: ...
+    @property
+    def config(self) -> Mapping[str, JsonValue]: ...
+    @property
+    def against_config(self) -> Mapping[str, JsonValue] | None: ...
+    @property
+    def rtol(self) -> float | None: ...
+    @property
+    def atol(self) -> float | None: ...
+    @property
+    def calls(self) -> Sequence[DiffedCall]: ...
+    @property
+    def findings(self) -> int: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def user_error(self) -> str | None: ...
+    @property
+    def user_traceback(self) -> str | None: ...
+    @property
+    def internal_error(self) -> str | None: ...
+    @property
+    def partial(self) -> bool: ...
+    @property
+    def mismatching_outputs(self) -> int: ...
+
+
+# A row of the table: a call and one of its outputs, or None for a call not compared.
+_Row = tuple[DiffedCall, OutputDiff | None]
+
+
+def _number(x: float | None) -> float | str | None:
     if x is None:
         return None
     return x if x == x and abs(x) != float("inf") else str(x)
 
 
-def diff_dict(report: Any) -> dict[str, Any]:
+def diff_dict(report: DiffedRun) -> JsonObject:
     """The report as JSON-ready data; stable key order, no timestamps (reproducible)."""
-    calls = []
+    calls: list[JsonObject] = []
     for c in report.calls:
-        outputs = []
+        outputs: list[JsonObject] = []
         for o in c.outputs:
             outputs.append({
                 "output": o.output, "name": o.name, "shape": list(o.shape), "dtype": o.dtype,
@@ -74,11 +137,11 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _rows(report: Any) -> tuple[list[tuple[Any, Any]], int]:
+def _rows(report: DiffedRun) -> tuple[list[_Row], int]:
     """(call, output or None for a call not compared) in order, and how many matching
     outputs are left out (beyond MATCHING_ROWS rows only mismatches are listed)."""
-    rows = [(c, o) for c in report.calls for o in c.outputs] + \
-           [(c, None) for c in report.calls if c.error]
+    rows: list[_Row] = [(c, o) for c in report.calls for o in c.outputs]
+    rows += [(c, None) for c in report.calls if c.error]
     rows.sort(key=lambda r: (r[0].index, r[0].device, -1 if r[1] is None else r[1].output))
     if len(rows) <= MATCHING_ROWS:
         return rows, 0
@@ -86,7 +149,7 @@ def _rows(report: Any) -> tuple[list[tuple[Any, Any]], int]:
     return kept, len(rows) - len(kept)
 
 
-def _first(o: Any) -> str:
+def _first(o: OutputDiff) -> str:
     """The first mismatching elements (index: ours vs theirs), one a line, and the note."""
     first = "\n".join(f"{list(m.index)}: {m.ours} vs {m.theirs}"
                       for m in o.first[:TABLE_FIRST])
@@ -97,12 +160,12 @@ def _first(o: Any) -> str:
     return first
 
 
-def _count(o: Any) -> Text:
+def _count(o: OutputDiff) -> Text:
     return Text(f"{o.mismatches} of {o.size}" if o.mismatches else "0",
                 style="bold red" if o.mismatches else "green")
 
 
-def _table(console: Console, report: Any, rows: list[tuple[Any, Any]], root: Path,
+def _table(console: Console, report: DiffedRun, rows: list[_Row], root: Path,
            title: str) -> Table:
     """The diff as a table whose cells keep their content whole (see report/table.py)."""
     cells: list[list[Text]] = []
@@ -131,7 +194,7 @@ def _table(console: Console, report: Any, rows: list[tuple[Any, Any]], root: Pat
     return table
 
 
-def _print_blocks(console: Console, rows: list[tuple[Any, Any]], root: Path,
+def _print_blocks(console: Console, rows: list[_Row], root: Path,
                   title: str) -> None:
     """One block per output, `path:line: call N kernel: output ...`, for a narrow terminal."""
     console.print(Text(title, style="bold underline"))
@@ -153,7 +216,7 @@ def _print_blocks(console: Console, rows: list[tuple[Any, Any]], root: Path,
             print_wrapped(console, Text(line), indent=INDENT)
 
 
-def render_table(report: Any, stream: TextIO, display: Display | None = None) -> None:
+def render_table(report: DiffedRun, stream: TextIO, display: Display | None = None) -> None:
     console = (display if display is not None else Display()).console(stream)
     root = project_root(report.script)
     rows, hidden = _rows(report)
@@ -185,7 +248,7 @@ class DiffTableReporter:
     def __init__(self, display: Display | None = None) -> None:
         self.display = display
 
-    def render(self, report: Any, stream: TextIO) -> None:
+    def render(self, report: DiffedRun, stream: TextIO) -> None:
         render_table(report, stream, self.display)
 
 
@@ -193,14 +256,14 @@ class DiffJsonReporter:
     def __init__(self, display: Display | None = None) -> None:
         pass  # a file's bytes do not depend on where they are shown
 
-    def render(self, report: Any, stream: TextIO) -> None:
+    def render(self, report: DiffedRun, stream: TextIO) -> None:
         dump(diff_dict(report), stream)
 
 
 __all__ = ["DiffJsonReporter", "DiffTableReporter", "diff_dict"]
 
 
-def summary_text(report: Any) -> str:
+def summary_text(report: DiffedRun) -> str:
     """`1 of 3 outputs differs in 2 pallas_calls`: the report's summary line, and the
     stderr line when the report went to a file."""
     outputs = sum(len(c.outputs) for c in report.calls)

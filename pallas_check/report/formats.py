@@ -105,7 +105,8 @@ class Format(str, enum.Enum):
         where = self.reporters.get(report)
         if where is None:
             raise ValueError(f"the {report} report has no {self.value} format")
-        return _load(where)(display=display)
+        make = cast("Callable[..., Reporter]", _load(where))  # a reporter class
+        return make(display=display)
 
     def merged(self, parts: list[tuple[str, str]]) -> str:
         """Several scripts' `run` reports in this format as one (`pallas-check hook
@@ -113,10 +114,11 @@ class Format(str, enum.Enum):
         Every part is checked before anything is merged: ValueError, one line, for one that
         is not a report this pallas-check writes in this format."""
         if self.part_check is not None:
-            check = _load(self.part_check)
+            check = cast("Callable[[str, str], None]", _load(self.part_check))
             for shown, text in parts:
                 check(shown, text)
-        return _load(self.merge)(parts)
+        merge_parts = cast("Callable[[list[tuple[str, str]]], str]", _load(self.merge))
+        return merge_parts(parts)
 
     @classmethod
     def accepted_by(cls, report: str) -> tuple[Format, ...]:
@@ -152,14 +154,15 @@ def _choices(formats: type[Format], report: str) -> type[enum.Enum]:
                      type=str, module=__name__)
 
 
-def _load(where: str) -> Callable[..., Any]:
-    """The class or function named "module:name" under pallas_check/report/, imported now."""
+def _load(where: str) -> object:
+    """The class or function named "module:name" under pallas_check/report/, imported now
+    (its caller knows what the spec's field names: a reporter class, a merge function)."""
     module, name = where.split(":")
-    return cast(Callable[..., Any],
-                getattr(importlib.import_module(f"pallas_check.report.{module}"), name))
+    loaded: object = getattr(importlib.import_module(f"pallas_check.report.{module}"), name)
+    return loaded
 
 
-def render(report: Any, fmt: str, kind: str = RUN, display: Display | None = None) -> str:
+def render(report: object, fmt: str, kind: str = RUN, display: Display | None = None) -> str:
     """A command's report rendered in format `fmt` (a name or a member) as text."""
     buffer = io.StringIO()
     Format(fmt).reporter(kind, display=display).render(report, buffer)

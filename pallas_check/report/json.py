@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
 from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
                                        suppressed_counts)
+from pallas_check.findings import JsonObject
 from pallas_check.report.schema import check_schema
+
+if TYPE_CHECKING:  # annotations only: a file's bytes do not depend on a display
+    from pallas_check.report.console import Display
 
 SCHEMA = "pallas-check/report"
 # 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).
@@ -19,20 +23,20 @@ HOOK_SCHEMA = "pallas-check/hook-report"
 HOOK_SCHEMA_VERSION = 1
 
 
-def header(schema: str, version: int, script: str) -> dict[str, Any]:
+def header(schema: str, version: int, script: str) -> JsonObject:
     """The first keys of every JSON report (run, diff, native, compile): which report of
     which schema version, by which pallas-check, of which script."""
     return {"schema": schema, "schema_version": version,
             "tool": {"name": "pallas-check", "version": __version__}, "script": script}
 
 
-def dump(data: dict[str, Any], stream: TextIO) -> None:
+def dump(data: JsonObject, stream: TextIO) -> None:
     """A JSON report as every command writes it: indented, one newline at the end."""
     json.dump(data, stream, indent=2, default=str)
     stream.write("\n")
 
 
-def report_dict(report: RunReport) -> dict[str, Any]:
+def report_dict(report: RunReport) -> JsonObject:
     """The report as JSON-ready data; stable key order, no timestamps (reproducible)."""
     by_kind = Counter(f.kind.value for f in report.findings)
     return {
@@ -80,7 +84,7 @@ def report_dict(report: RunReport) -> dict[str, Any]:
 
 
 class JsonReporter:
-    def __init__(self, display: Any = None) -> None:
+    def __init__(self, display: Display | None = None) -> None:
         pass  # a file's bytes do not depend on where they are shown
 
     def render(self, report: RunReport, stream: TextIO) -> None:

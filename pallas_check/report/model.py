@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from typing import Any
+from typing import Mapping
 
-from pallas_check.findings import CallSummary, Finding
+from pallas_check.findings import CallSummary, Finding, JsonObject, JsonValue
 from pallas_check.config.options import Option, replay_options
 
 
@@ -29,7 +29,7 @@ class Suppression:
 @dataclasses.dataclass
 class RunReport:
     script: str
-    config: dict[str, Any]
+    config: JsonObject  # the run's Config, as its JSON report writes it
     findings: list[Finding]
     calls: list[CallSummary]
     exit_code: int
@@ -50,7 +50,7 @@ class RunReport:
     # Several --tpu generations with --compile or --tpu-all: per further generation, how
     # its calls were traced (generations.py): by a run of the script of its own (calls,
     # findings, the script's error, seconds), or from the first generation's trace.
-    traces: dict[str, dict] = dataclasses.field(default_factory=dict)
+    traces: dict[str, JsonObject] = dataclasses.field(default_factory=dict)
 
 
 def kernel_counts(report: RunReport) -> list[tuple[str, int, int]]:
@@ -91,39 +91,39 @@ API_RERUN = "pallas_check.checking"
 _REPLAY_OPTIONS = replay_options()
 
 
-def replay_command(script: str, config: dict[str, Any], seed: int | None,
+def replay_command(script: str, config: Mapping[str, JsonValue], seed: int | None,
                    rerun: str | None = None, script_args: tuple[str, ...] = ()) -> str:
     """The command that reproduces a finding: same options, the finding's seed."""
-    seed = seed if seed is not None else config.get("seed", 0)
+    shown_seed = seed if seed is not None else config.get("seed", 0)
     if rerun == API_RERUN:  # the Python API (api.py): the block's options, this seed
         args = [f"{o.key.replace('-', '_')}={value!r}" for o in _REPLAY_OPTIONS
                 if (value := _configured(config, o)) != o.plain_default]
-        return f"{API_RERUN}({', '.join([*args, f'seed={seed}'])})"
+        return f"{API_RERUN}({', '.join([*args, f'seed={shown_seed}'])})"
     if rerun is not None and not rerun.startswith("pallas-check"):
         # Under pytest the options are the plugin's; name them as such (the others come
         # from [tool.pallas-check], which the rerun reads again), the seed last.
         flags = "".join(_flag_text(o, value, "--pallas-check-") for o in _REPLAY_OPTIONS
                         if o.pytest and (value := _configured(config, o))
                         != o.plain_default)
-        return f"{rerun}{flags} --pallas-check-seed {seed}"
+        return f"{rerun}{flags} --pallas-check-seed {shown_seed}"
     parts = [rerun or f"pallas-check run {shlex.quote(script)}"]
     for option in _REPLAY_OPTIONS:
         value = _configured(config, option)
         if value != option.plain_default:
             parts.append(_flag_text(option, value).lstrip())
-    parts.append(f"--seed {seed}")
+    parts.append(f"--seed {shown_seed}")
     if script_args:
         parts.append("-- " + " ".join(shlex.quote(a) for a in script_args))
     return " ".join(parts)
 
 
-def _configured(config: dict[str, Any], option: Option) -> Any:
+def _configured(config: Mapping[str, JsonValue], option: Option) -> object:
     """The option's value in a run's config (a replayed option always has a config field)."""
     assert option.config_field is not None  # replay_options() keeps only those
     return config.get(option.config_field, option.plain_default)
 
 
-def _flag_text(option: Option, value: Any, prefix: str = "--") -> str:
+def _flag_text(option: Option, value: object, prefix: str = "--") -> str:
     """` --races` or ` --no-races`, ` --dma eager`, or a list's flag once per item
     (` --kernel 'mat*' --kernel sgd`: quoted, so that the shell hands a glob on
     unexpanded); `prefix`: `--pallas-check-` for the pytest plugin's flags."""

@@ -4,7 +4,7 @@ lowering, as a table or JSON (versioned schema). native.py measures; this render
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -12,7 +12,11 @@ from rich.text import Text
 
 from pallas_check.report.json import dump, header
 from pallas_check.report.table import print_failures
+from pallas_check.findings import JsonObject
 from pallas_check.units import plural
+
+if TYPE_CHECKING:  # annotations only: a file's bytes do not depend on a display
+    from pallas_check.report.console import Display
 
 SCHEMA = "pallas-check/native-timing"
 SCHEMA_VERSION = 1
@@ -32,7 +36,7 @@ class NativeReport:
     repeats: int = 0  # timed runs of each kernel after its warm-up (native.REPEATS)
 
 
-def native_dict(report: NativeReport) -> dict[str, Any]:
+def native_dict(report: NativeReport) -> JsonObject:
     """The report as JSON-ready data; stable key order."""
     return {
         **header(SCHEMA, SCHEMA_VERSION, report.script),
@@ -78,7 +82,7 @@ def render_table(report: NativeReport, stream: TextIO) -> None:
 
 
 class NativeTableReporter:
-    def __init__(self, display: Any = None) -> None:
+    def __init__(self, display: Display | None = None) -> None:
         pass  # the timings' table keeps its own width (140 columns)
 
     def render(self, report: NativeReport, stream: TextIO) -> None:
@@ -86,7 +90,7 @@ class NativeTableReporter:
 
 
 class NativeJsonReporter:
-    def __init__(self, display: Any = None) -> None:
+    def __init__(self, display: Display | None = None) -> None:
         pass  # a file's bytes do not depend on where they are shown
 
     def render(self, report: NativeReport, stream: TextIO) -> None:

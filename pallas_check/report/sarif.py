@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pallas_check import __version__
-from pallas_check.findings import (Access, Finding, FindingKind, SourceFrame, format_range,
-                                   project_uri)
+from pallas_check.findings import (Access, Finding, FindingKind, JsonObject, SourceFrame,
+                                   format_range, project_uri)
 from pallas_check.report.model import RunReport, Suppression
 from pallas_check.report.paths import project_root
+
+if TYPE_CHECKING:  # annotations only: a file's bytes do not depend on a display
+    from pallas_check.report.console import Display
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -38,7 +41,8 @@ def information_uri() -> str:
         from importlib.metadata import metadata
 
         meta = metadata("pallas-check")
-        for entry in meta.get_all("Project-URL") or []:
+        urls: list[str] = meta.get_all("Project-URL") or []
+        for entry in urls:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository"):
                 return url.strip()
@@ -62,8 +66,8 @@ def artifact_location(file: str, cwd: str | None = None) -> dict[str, str]:
     return {"uri": uri, "uriBaseId": SRCROOT} if relative else {"uri": uri}
 
 
-def _physical(frame: SourceFrame, root: str) -> dict[str, Any]:
-    region: dict[str, Any] = {"startLine": max(1, int(frame.line))}
+def _physical(frame: SourceFrame, root: str) -> JsonObject:
+    region: JsonObject = {"startLine": max(1, int(frame.line))}
     if frame.code:
         region["snippet"] = {"text": frame.code}
     return {"artifactLocation": artifact_location(frame.file, root), "region": region}
@@ -75,11 +79,11 @@ def _access_text(access: Access) -> str:
     return f"{access.operation} {access.buffer}{format_range(access.index_range)}{actor}{grid}"
 
 
-def _primary(finding: Finding, script: str, root: str) -> dict[str, Any]:
+def _primary(finding: Finding, script: str, root: str) -> JsonObject:
     frame = finding.location
     if frame is None and finding.kernel.file:
         frame = SourceFrame(finding.kernel.file, finding.kernel.line or 1, finding.kernel.name)
-    location: dict[str, Any]
+    location: JsonObject
     if frame is not None:
         location = {"physicalLocation": _physical(frame, root)}
     else:
@@ -88,7 +92,7 @@ def _primary(finding: Finding, script: str, root: str) -> dict[str, Any]:
     return location
 
 
-def _rule(kind: FindingKind) -> dict[str, Any]:
+def _rule(kind: FindingKind) -> JsonObject:
     info = kind.info  # the catalogue's entry (kinds.py)
     return {
         "id": kind.value,
@@ -102,7 +106,7 @@ def _rule(kind: FindingKind) -> dict[str, Any]:
     }
 
 
-def _suppressions(why: Suppression) -> list[dict[str, Any]]:
+def _suppressions(why: Suppression) -> list[JsonObject]:
     """A suppressed result's `suppressions`: a comment in the code is `inSource`, a config
     entry or baseline file `external`; accepted, with what suppressed it."""
     return [{"kind": "inSource" if why.in_source else "external", "status": "accepted",
@@ -111,12 +115,12 @@ def _suppressions(why: Suppression) -> list[dict[str, Any]]:
 
 
 def _result(finding: Finding, index: dict[FindingKind, int], script: str,
-            seen: dict[str, int], root: str) -> dict[str, Any]:
+            seen: dict[str, int], root: str) -> JsonObject:
     fp = finding.fingerprint(root)
     seen[fp] = seen.get(fp, 0) + 1
     if seen[fp] > 1:  # two findings alike but for their line: keep fingerprints unique
         fp = f"{fp}:{seen[fp]}"
-    result: dict[str, Any] = {
+    result: JsonObject = {
         "ruleId": finding.kind.value,
         "ruleIndex": index[finding.kind],
         "level": finding.kind.info.severity,
@@ -128,12 +132,12 @@ def _result(finding: Finding, index: dict[FindingKind, int], script: str,
         "partialFingerprints": {FINGERPRINT: fp},
         "occurrenceCount": max(1, int(finding.count)),
     }
-    related = [{"id": i, "physicalLocation": _physical(a.frames[0], root),
+    related: list[JsonObject] = [{"id": i, "physicalLocation": _physical(a.frames[0], root),
                 "message": {"text": _access_text(a)}}
                for i, a in enumerate(finding.accesses, start=1) if a.frames]
     if related:
         result["relatedLocations"] = related
-    props: dict[str, Any] = {"kernel": finding.kernel.name, "callIndex": finding.call_index}
+    props: JsonObject = {"kernel": finding.kernel.name, "callIndex": finding.call_index}
     if finding.buffer:
         props["buffer"] = finding.buffer + format_range(finding.index_range)
     if finding.memory_space:
@@ -150,26 +154,26 @@ def _result(finding: Finding, index: dict[FindingKind, int], script: str,
     return result
 
 
-def report_sarif(report: RunReport) -> dict[str, Any]:
+def report_sarif(report: RunReport) -> JsonObject:
     """The report as a SARIF 2.1.0 log (one run)."""
     kinds = list(FindingKind)
     index = {kind: i for i, kind in enumerate(kinds)}
     seen: dict[str, int] = {}
-    notifications = []
+    notifications: list[JsonObject] = []
     if report.user_error:
         notifications.append({"level": "error", "descriptor": {"id": "user-error"},
                                "message": {"text": f"the script failed: {report.user_error}"}})
     if report.internal_error:
         notifications.append({"level": "error", "descriptor": {"id": "internal-error"},
                               "message": {"text": report.internal_error}})
-    invocation: dict[str, Any] = {
+    invocation: JsonObject = {
         "executionSuccessful": not report.internal_error and not report.user_error,
         "exitCode": int(report.exit_code),
     }
     if notifications:
         invocation["toolExecutionNotifications"] = notifications
     root = str(project_root(report.script))  # the root the table and text show paths from
-    run: dict[str, Any] = {
+    run: JsonObject = {
         "tool": {"driver": {
             "name": "pallas-check",
             "version": __version__,
@@ -190,7 +194,7 @@ def report_sarif(report: RunReport) -> dict[str, Any]:
 
 
 class SarifReporter:
-    def __init__(self, display: Any = None) -> None:
+    def __init__(self, display: Display | None = None) -> None:
         pass  # a file's bytes do not depend on where they are shown
 
     def render(self, report: RunReport, stream: TextIO) -> None:
@@ -210,6 +214,7 @@ def merge_reports(parts: list[tuple[str, str]]) -> str:
     """The hook's report: one SARIF log whose runs are every script's, in order (the
     log's other keys are the first script's)."""
     logs = [json.loads(text) for _, text in parts]
+    # JSON read back: any, until dumped again.
     merged: Any = dict(logs[0]) if logs else {"version": SARIF_VERSION, "runs": []}
     merged["runs"] = [run for log in logs for run in log.get("runs", [])]
     return json.dumps(merged, indent=2) + "\n"

@@ -4,12 +4,10 @@ a one-line error naming it, not data silently misread (`"1"` or `true` are not `
 
 from __future__ import annotations
 
-from typing import Any
-
-from pallas_check.errors import SchemaError
+from pallas_check.errors import SchemaError as SchemaError  # raised here, caught by importers
 
 
-def check_schema(data: Any, path: object, schema: str, versions: tuple[int, ...],
+def check_schema(data: object, path: object, schema: str, versions: tuple[int, ...],
                  what: str, unversioned: int | None = None) -> None:
     """Raise SchemaError unless `data` is a JSON object of `schema` at one of `versions`
     (`unversioned`: the version a file without `schema_version` is read as, if any)."""

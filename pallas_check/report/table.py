@@ -23,7 +23,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
+from pallas_check.findings import Finding, JsonValue, SourceFrame, format_range
+from pallas_check.kinds import FindingKind
 from pallas_check.report.console import Display
 from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
                                        suppressed_text)
@@ -318,8 +319,11 @@ def _print_unused_memory(console: Console, report: RunReport) -> None:
         print_wrapped(console, Text(f"call {call.index} {call.kernel}: {parts}"), indent=2)
 
 
-def _mib(nbytes: int | None) -> str:
-    return "?" if nbytes is None else f"{nbytes / (1024 * 1024):.2f} MiB"
+def _mib(nbytes: JsonValue) -> str:
+    """A compile summary's byte count (None: the compiler did not say) in MiB."""
+    if not isinstance(nbytes, (int, float)):
+        return "?"
+    return f"{nbytes / (1024 * 1024):.2f} MiB"
 
 
 def summary_line(report: RunReport) -> str:

@@ -34,11 +34,12 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Protocol, Sequence, TypedDict
 
 from pallas_check import __version__
-from pallas_check.findings import Finding
+from pallas_check.findings import Finding, JsonObject, JsonValue
 from pallas_check.outfile import StagedFile
+from pallas_check.report.model import Suppression
 
 SCHEMA = "pallas-check/trace"
 SCHEMA_VERSION = 2
@@ -49,6 +50,63 @@ _PHASE = {"begin": "B", "end": "E", "instant": "i", "flow-start": "s", "flow-end
 _DEPTH = {"begin": 1, "end": -1}  # what a mark does to the spans open on its track
 _FLOWS_PER_CALL = 10 ** 9  # a flow's id: call index * this + its number in the call
 _HEAD = b'{"traceEvents": ['
+
+
+class TraceMark(Protocol):
+    """What the trace reads of a mark: engine/timeline.py's `Mark` (reports import no
+    engine, so it is described here by what is read)."""
+
+    @property
+    def kind(self) -> str: ...  # "begin", "end", "instant", "flow-start", "flow-end", "seen"
+    @property
+    def time(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def track(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def args(self) -> Mapping[str, JsonValue]: ...
+    @property
+    def flow(self) -> int: ...
+    @property
+    def finding(self) -> Finding | None: ...
+
+
+class TraceSink(Protocol):
+    """Where one schedule of a call writes its marks (engine/timeline.py's MarkSink)."""
+
+    def add(self, mark: TraceMark) -> None: ...
+
+
+class TracedTimeline(Protocol):
+    """What the trace reads of a finished call's timeline (engine/timeline.py's)."""
+
+    @property
+    def sink(self) -> object: ...
+    @property
+    def steps(self) -> int: ...
+
+
+class _CallEntry(TypedDict, total=False):
+    """One call's line of `otherData.calls`."""
+
+    call: int
+    kernel: str
+    seed: int
+    steps: int
+    unfinished: bool  # the run stopped inside it (steps: those recorded)
+    capped: dict[str, JsonValue]  # where --trace-limit stopped it
+
+
+# What adding a mark does to a spool (`_Spool._apply`): the track's key and thread id, the
+# span key and the spans open on it, whether the track is done, the latest tick and step.
+_Effect = tuple[tuple[int, str], int, tuple[int, int], int, bool, int, int]
 
 
 class TraceWriter:
@@ -71,14 +129,15 @@ class TraceWriter:
         self._end = 0  # the tick after every call kept so far
         self._pids: dict[tuple[int, int], int] = {}  # (call in flight, device) -> pid
         self._next_pid = itertools.count(1)
-        self._serials: dict[tuple, int] = {}  # a finding's merge key -> its `finding` id
-        self._calls: list[dict[str, Any]] = []  # otherData.calls
+        # a finding's merge key -> its `finding` id
+        self._serials: dict[tuple[object, ...], int] = {}
+        self._calls: list[_CallEntry] = []  # otherData.calls
         self._empty = True  # no event in the file yet
         self._closed = False
         self.notes: list[str] = []  # for the table: calls whose trace was capped
 
     # -- while the run goes ---------------------------------------------------------------
-    def sink(self, kernel: str, call_index: int, seed: int) -> Any:
+    def sink(self, kernel: str, call_index: int, seed: int) -> TraceSink:
         """Where one schedule of a call writes its marks (engine/timeline.py's sink)."""
         with self.lock:
             if self._error is not None or self._closed:
@@ -88,7 +147,7 @@ class TraceWriter:
             self._pending.setdefault(call_index, []).append(spool)
             return spool
 
-    def keep(self, timeline: Any, findings: Sequence[Finding]) -> None:
+    def keep(self, timeline: TracedTimeline, findings: Sequence[Finding]) -> None:
         """The call of `timeline` ended and keeps it (its other schedules' spools go):
         `findings`, the call's, that it never marked (found after the simulation, or
         under another seed) are instants on its `call` track after its end."""
@@ -146,7 +205,7 @@ class TraceWriter:
         return len(self._calls)
 
     def close(self, findings: Sequence[Finding],
-              suppressed: Sequence[tuple[Finding, Any]]) -> None:
+              suppressed: Sequence[tuple[Finding, Suppression]]) -> None:
         """Write the end of the file and put it in place: the calls still in flight (a
         stopped run) as far as they got; `findings` and `suppressed` are the report's.
         Raises OSError when the file cannot be written."""
@@ -167,7 +226,7 @@ class TraceWriter:
                 raise
 
     def _tail(self, findings: Sequence[Finding],
-              suppressed: Sequence[tuple[Finding, Any]]) -> bytes:
+              suppressed: Sequence[tuple[Finding, Suppression]]) -> bytes:
         ordered = [*((f, None) for f in findings), *((f, w.by) for f, w in suppressed)]
         other = {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
@@ -182,7 +241,7 @@ class TraceWriter:
 class _Nowhere:
     """A sink for a trace that cannot be written (said when the run ends)."""
 
-    def add(self, mark: Any) -> None:
+    def add(self, mark: TraceMark) -> None:
         pass
 
 
@@ -213,15 +272,15 @@ class _Spool:
         self.marked: set[int] = set()  # the findings marked (or seen), by `finding` id
         self.last = offset  # the latest tick written
         self.step = 0  # the latest scheduler step
-        self.entry: dict[str, Any] | None = None  # otherData.calls', once finished
-        self.capped: dict[str, int] | None = None  # where --trace-limit stopped it
+        self.entry: _CallEntry | None = None  # otherData.calls', once finished
+        self.capped: dict[str, JsonValue] | None = None  # where --trace-limit stopped it
         self.capped_note = ""
         self._done = False
         self._tids = itertools.count(1)
-        self._adding: tuple[int, tuple] | None = None  # (file size before, effect)
+        self._adding: tuple[int, _Effect] | None = None  # (file size before, effect)
         self.size = 0  # bytes written
 
-    def add(self, mark: Any) -> None:
+    def add(self, mark: TraceMark) -> None:
         with self.writer.lock:
             if self._done:
                 return
@@ -238,17 +297,17 @@ class _Spool:
             self._apply(effect)
             self._adding = None
 
-    def _render(self, mark: Any) -> tuple[bytes, tuple]:
+    def _render(self, mark: TraceMark) -> tuple[bytes, _Effect]:
         """A mark's lines (a new track's names first) and its effect on the spool."""
         key = (mark.device, mark.track)
         pid = self.writer._pid(self.call_index, mark.device)
         tid = self.tracks.get(key)
-        lines = []
+        lines: list[JsonObject] = []
         if tid is None:
             tid = next(self._tids)
             lines = self._names(mark.device, mark.track, pid, tid)
         ts = self.offset + mark.time
-        event: dict[str, Any] = {"ph": _PHASE[mark.kind], "ts": ts, "pid": pid, "tid": tid}
+        event: JsonObject = {"ph": _PHASE[mark.kind], "ts": ts, "pid": pid, "tid": tid}
         if mark.kind != "end":
             event["name"] = mark.name
             event["cat"] = mark.category
@@ -259,7 +318,7 @@ class _Spool:
         else:
             if mark.kind == "instant":
                 event["s"] = "t"
-            args = {**mark.args, "step": mark.step}
+            args: JsonObject = {**mark.args, "step": mark.step}
             if mark.finding is not None:
                 args["finding"] = self.writer._serial(mark.finding)
             event["args"] = args
@@ -270,9 +329,9 @@ class _Spool:
         return _lines(lines), (key, tid, (pid, tid), depth, track_done, max(self.last, ts),
                                mark.step)
 
-    def _names(self, device: int, track: str, pid: int, tid: int) -> list[dict[str, Any]]:
+    def _names(self, device: int, track: str, pid: int, tid: int) -> list[JsonObject]:
         """The metadata naming a new track (and its process, when it is the first)."""
-        names = []
+        names: list[JsonObject] = []
         if device not in self.devices:
             name = f"call {self.call_index}: {self.kernel} - device {device}"
             names += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
@@ -285,7 +344,7 @@ class _Spool:
                          "ts": 0, "args": {"sort_index": _track_order(track) * 10 ** 7
                                            + tid}}]
 
-    def _apply(self, effect: tuple) -> None:
+    def _apply(self, effect: _Effect) -> None:
         key, tid, span_key, depth, track_done, last, step = effect
         self.devices.add(key[0])
         if track_done:
@@ -306,7 +365,7 @@ class _Spool:
                 self._apply(effect)
             self._adding = None
 
-    def finish(self, timeline: Any, late: Sequence[Finding]) -> None:
+    def finish(self, timeline: TracedTimeline | None, late: Sequence[Finding]) -> None:
         """No more marks: spans still open end (`unfinished`: a call stopped inside, its
         `timeline` None), then the `late` findings; the call's line of otherData."""
         self._done = True
@@ -320,8 +379,8 @@ class _Spool:
         for finding in late:
             self.last += 1
             self._late(finding)
-        entry: dict[str, Any] = {"call": self.call_index, "kernel": self.kernel,
-                                 "seed": self.seed, "steps": self.step}
+        entry: _CallEntry = {"call": self.call_index, "kernel": self.kernel,
+                             "seed": self.seed, "steps": self.step}
         if timeline is None:
             entry["unfinished"] = True  # the run stopped inside it (steps: those recorded)
         else:
@@ -365,6 +424,6 @@ class _Spool:
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # (made once: dumps makes one a call)
 
 
-def _lines(events: list[dict[str, Any]]) -> bytes:
+def _lines(events: list[JsonObject]) -> bytes:
     """Trace events as the file has them: each on a line of its own after a comma."""
     return "".join([",\n" + _ENCODE(e) for e in events]).encode()

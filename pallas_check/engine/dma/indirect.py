@@ -90,7 +90,7 @@ class RowsRegion:
         self.zero_stride = False
         self.dims = base.dims
         self._row_dim = next(i for i, d in enumerate(base.dims) if d.__class__ is not int)
-        start, _, stride = base.dims[self._row_dim]
+        start, _, stride = base.dims[self._row_dim]  # type: ignore[misc]  # a range
         self._buffer_rows = start + self.rows * stride
         self.out_shape = (len(self.rows), *base.out_shape[1:])
         index: list = []
@@ -100,7 +100,7 @@ class RowsRegion:
             elif d.__class__ is int:
                 index.append(slice(d, d + 1))
             else:
-                lo, size, step = d
+                lo, size, step = d  # type: ignore[misc]  # a range
                 index.append(slice(lo, lo + size * step, step) if size > 0 else slice(0, 0))
         self._index = tuple(index)
         self._boxes: tuple[IndexRange, ...] | None = None
@@ -113,7 +113,7 @@ class RowsRegion:
         return np.moveaxis(values, self._row_dim, 0).reshape(self.out_shape)
 
     def _to_buffer(self, values: Any) -> np.ndarray:
-        shape = [len(self.rows)] + [1 if d.__class__ is int else d[1]
+        shape = [len(self.rows)] + [1 if d.__class__ is int else d[1]  # type: ignore[index]
                                     for i, d in enumerate(self.dims) if i != self._row_dim]
         values = np.broadcast_to(np.asarray(values), self.out_shape).reshape(shape)
         return np.moveaxis(values, 0, self._row_dim)
@@ -325,7 +325,7 @@ def bad_row_region(base: Region, value: int, element: int, vector: IndexVector) 
         size = base.element_map().units.shape[0]
         return Region(base.buffer, dims, [], [OutOfBounds(0, what, size)])
     row_dim = next(i for i, d in enumerate(dims) if d.__class__ is not int)
-    start, size, stride = dims[row_dim]
+    start, size, stride = dims[row_dim]  # type: ignore[misc]  # a range
     dims[row_dim] = start + value * stride
     return Region(base.buffer, dims, [], [OutOfBounds(row_dim, what, size)])
 

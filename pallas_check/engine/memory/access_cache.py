@@ -4,7 +4,7 @@ step resolves to the same region, so its resolution is cached per call (see `Acc
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 from pallas_check.jaxbridge import TypedInt
@@ -12,19 +12,21 @@ from pallas_check.jaxbridge import TypedInt
 from pallas_check.engine.memory.buffer import RefView
 
 
+_V = TypeVar("_V")  # what a cached `make` returns
+
 _NUMPY_INTS = frozenset({np.int32, np.int64, np.uint32, np.int16, np.int8, np.uint8,
                          np.uint16, np.uint64, np.bool_})
 
 
-def scalar_index(x: Any) -> int | None:
+def scalar_index(x: object) -> int | None:
     """A scalar integer index as a Python int; None for anything else (an array of
     indices: a gather). On every access: the common kinds first, by exact class."""
     kind = x.__class__
     if kind is int:
-        return x
+        return x  # type: ignore[return-value]  # an int (`__class__` is not narrowed)
     if kind in _NUMPY_INTS or isinstance(x, (int, np.integer)):  # JAX's typed literals too
-        return int(x)
-    if getattr(x, "ndim", None) == 0 and np.dtype(x.dtype).kind in "biu":
+        return int(x)  # type: ignore[call-overload, no-any-return]  # an int kind
+    if getattr(x, "ndim", None) == 0 and np.dtype(getattr(x, "dtype")).kind in "biu":
         return int(np.asarray(x))
     return None
 
@@ -51,10 +53,12 @@ class AccessCache:
     miss every time, and a miss costs only its key)."""
 
     def __init__(self, limit: int = 4096) -> None:
-        self._entries: dict[tuple, tuple] = {}
+        # key -> (the equation, the refs among the leaves: kept alive, so that their ids
+        # stay theirs; the value made)
+        self._entries: dict[tuple[object, ...], tuple[object, list[RefView], object]] = {}
         self._limit = limit
 
-    def get_or_make(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
+    def get_or_make(self, eqn: object, leaves: Sequence[object], make: Callable[[], _V]) -> _V:
         # Refs by identity; ints as they are (a numpy int or a jaxpr's typed literal
         # hashes and compares as the int it holds). Any other leaf (a jax scalar, an array
         # of indices) makes the key unhashable: the slower spelling then converts each index.
@@ -66,11 +70,13 @@ class AccessCache:
         except TypeError:
             return self._get_or_make_converted(eqn, leaves, make)
         if hit is not None:  # the entry keeps its equation and refs alive: same ids, same objects
-            return hit[2]
+            # (made by a `make` of this equation's caller: its type; no cast on this path)
+            return hit[2]  # type: ignore[return-value]
         return self._store(key, eqn, leaves, make())
 
-    def _get_or_make_converted(self, eqn: Any, leaves: Sequence[Any], make: Any) -> Any:
-        parts: list = [id(eqn)]
+    def _get_or_make_converted(self, eqn: object, leaves: Sequence[object],
+                               make: Callable[[], _V]) -> _V:
+        parts: list[object] = [id(eqn)]
         for x in leaves:
             if x.__class__ is RefView:
                 parts.append(id(x))
@@ -84,10 +90,11 @@ class AccessCache:
         key = tuple(parts)
         hit = self._entries.get(key)
         if hit is not None:
-            return hit[2]
+            return hit[2]  # type: ignore[return-value]  # (as in get_or_make)
         return self._store(key, eqn, leaves, make())
 
-    def _store(self, key: tuple, eqn: Any, leaves: Sequence[Any], value: Any) -> Any:
+    def _store(self, key: tuple[object, ...], eqn: object, leaves: Sequence[object], value: _V
+               ) -> _V:
         if len(self._entries) >= self._limit:
             self._entries.clear()
         self._entries[key] = (eqn, [x for x in leaves if x.__class__ is RefView], value)

@@ -13,9 +13,25 @@ import dataclasses
 import itertools
 import math
 import sys
-from typing import Any, Sequence
+from types import EllipsisType
+from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # annotations only: a buffer needs no JAX
+    from pallas_check.jaxbridge import state_types
+
+# A numpy index of a buffer's elements: basic (ints, slices, Ellipsis) or advanced
+# (index arrays, a boolean mask, `np.ix_` meshes).
+IndexPart = Union[int, np.integer, slice, EllipsisType, np.ndarray, None]
+NumpyIndex = Union[IndexPart, tuple[IndexPart, ...]]
+# Where a buffer sits in the kernel (`("hbm", 0)`, `("scratch", 2)`, `("barrier",)`, a
+# scoped allocation's site): opaque, hashable parts compared whole.
+BufferKey = tuple[object, ...]
+# One base dimension of an access (engine/memory/region.py): an int index (the dimension
+# is dropped) or a strided range (start, size, stride).
+IndexDim = Union[int, tuple[int, int, int]]
 
 
 _buffer_ids = itertools.count()
@@ -40,14 +56,15 @@ _ALIGN = 64
 _SMALL_BYTES = 4096
 
 
-def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+def aligned_empty(shape: Sequence[int], dtype: npt.DTypeLike) -> np.ndarray:
     """An uninitialized array whose memory starts at a multiple of 64 bytes (a view of the
     uint8 array that owns it)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
-    return raw[start: start + nbytes].view(dtype).reshape(shape)
+    out: np.ndarray = raw[start: start + nbytes].view(dtype).reshape(shape)
+    return out
 
 
 def aligned_copy(values: np.ndarray) -> np.ndarray:
@@ -60,7 +77,7 @@ def aligned_copy(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def fill_value(dtype: np.dtype, fill: str) -> Any:
+def fill_value(dtype: npt.DTypeLike, fill: str) -> np.ndarray:
     """The value never-written memory holds under a fill mode ('nan' or 'zero')."""
     dtype = np.dtype(dtype)
     if fill == "zero":
@@ -80,7 +97,7 @@ def all_written(written: bool | np.ndarray) -> bool:
     return bool(written.all()) if isinstance(written, np.ndarray) else bool(written)
 
 
-def _basic(index: Any) -> bool:
+def _basic(index: NumpyIndex) -> bool:
     """Whether a numpy index is basic (ints, slices, Ellipsis): it selects a view."""
     for i in index if index.__class__ is tuple else (index,):
         kind = i.__class__
@@ -143,7 +160,7 @@ class Buffer:
         self.is_output = False  # a call's output (in HBM, or its block in VMEM)
         self.owner = owner
         # Where the buffer sits in the kernel (set when registered with a call).
-        self.key: tuple = ()
+        self.key: BufferKey = ()
         self.device = 0
         self.core: int | None = None
         self._written: np.ndarray | None
@@ -160,8 +177,8 @@ class Buffer:
             self.fully_written = self._unwritten == 0
 
     @classmethod
-    def filled(cls, name: str, space: str, shape: Sequence[int], dtype: Any, fill: str,
-               owner: str = "") -> "Buffer":
+    def filled(cls, name: str, space: str, shape: Sequence[int], dtype: npt.DTypeLike,
+               fill: str, owner: str = "") -> "Buffer":
         data = aligned_empty(tuple(shape), dtype)
         data[...] = fill_value(dtype, fill)
         return cls(name, space, data, written=False, owner=owner)
@@ -188,11 +205,12 @@ class Buffer:
         """The written-shadow, or None when every element is written."""
         return None if self.fully_written else self._written
 
-    def written_at(self, index: Any) -> bool | np.ndarray:
+    def written_at(self, index: NumpyIndex) -> bool | np.ndarray:
         """The shadow of `index`; just True for a buffer written everywhere."""
         if self._written is None:
             return True
-        return self._written[index]
+        shadow: np.ndarray = self._written[index]
+        return shadow
 
     def writable(self) -> np.ndarray:
         """The values, to write to: copied first while they are a read-only operand, or
@@ -247,7 +265,7 @@ class Buffer:
             self._unwritten = 0
             self.fully_written = True
 
-    def mark_written(self, index: Any, value: bool | np.ndarray = True) -> None:
+    def mark_written(self, index: NumpyIndex, value: bool | np.ndarray = True) -> None:
         """Set the shadow of `index` (a basic index: ints, slices, Ellipsis); costs the size
         of the indexed part, not of the buffer (a count of unwritten elements is kept)."""
         if value is True and self.fully_written:
@@ -302,9 +320,9 @@ class RefView:
     """A kernel ref: a buffer seen through a chain of ref transforms."""
 
     buffer: Buffer
-    transforms: tuple[Any, ...] = ()
+    transforms: tuple[state_types.Transform, ...] = ()
 
-    def with_transforms(self, more: Sequence[Any]) -> "RefView":
+    def with_transforms(self, more: Sequence[state_types.Transform]) -> "RefView":
         if not more:
             return self
         return RefView(self.buffer, self.transforms + tuple(more))
@@ -345,7 +363,7 @@ _ALONE, _LENDING = _calibrate_lending()
 # -- transforms after a non-indexing step ---------------------------------------------
 
 
-def memory_space_name(space: Any, default: str = MemorySpace.VMEM) -> str:
+def memory_space_name(space: object, default: str = MemorySpace.VMEM) -> str:
     if space is None:
         return default
     name = getattr(space, "name", str(space)).upper()

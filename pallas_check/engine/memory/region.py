@@ -6,12 +6,13 @@ numpy path for the common in-bounds, plain-indexing case.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
+from pallas_check.jaxbridge import state_indexing, state_types
 
-from pallas_check.engine.memory.buffer import Buffer, RefView, _SMALL_BYTES, aligned_copy
+from pallas_check.engine.memory.buffer import (Buffer, IndexDim, RefView, _SMALL_BYTES,
+                                               aligned_copy)
 from pallas_check.engine.memory.tiling import padded_shape
 from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, _apply_post,
                                               _as_int, _build_map, _maps,
@@ -42,8 +43,9 @@ class Region:
     __slots__ = ("buffer", "index", "post", "oob", "dims", "out_shape", "zero_stride", "_map",
                  "_boxes", "padded")
 
-    def __init__(self, buffer: Buffer, dims: list, post: list, oob: list[OutOfBounds],
-                 padded: bool = False):
+    def __init__(self, buffer: Buffer, dims: list[IndexDim],
+                 post: list[state_types.Transform], oob: list[OutOfBounds],
+                 padded: bool = False) -> None:
         self.buffer = buffer
         self.dims = dims  # per base dim: int or (start, size, stride)
         self.post = post
@@ -54,14 +56,16 @@ class Region:
         self.padded = padded
         # A stride of 0 (a broadcast load) has no numpy slice: such a region is read through
         # index arrays, like an out-of-bounds one. (One pass: this runs at every access.)
-        index: list = []
+        index: list[int | slice] = []
         out_shape: list[int] = []
         zero_stride = False  # some dimension repeats one element (`pl.ds(start, n, 0)`)
         for d in dims:
             if d.__class__ is int:
                 index.append(d)
                 continue
-            start, size, stride = d
+            # `d` is a (start, size, stride) here; mypy does not narrow on `__class__`, and
+            # `isinstance` would cost every dimension of every access.
+            start, size, stride = d  # type: ignore[misc]
             out_shape.append(size)
             if size > 1 and stride == 0:
                 zero_stride = True
@@ -74,7 +78,7 @@ class Region:
         self._boxes: tuple[IndexRange, ...] | None = None
 
     @classmethod
-    def in_bounds(cls, buffer: Buffer, dims: list, index: tuple,
+    def in_bounds(cls, buffer: Buffer, dims: list[IndexDim], index: tuple[int | slice, ...],
                   out_shape: tuple[int, ...]) -> "Region":
         """A plain region whose numpy index is already known to be in bounds, with no
         stride of 0 (an index plan's straight-line code makes these)."""
@@ -168,7 +172,7 @@ class Region:
         return self._clipped(tuple(out)) if self.padded else tuple(out)
 
     # -- masked (out-of-bounds) helpers -------------------------------------------------
-    def _masked_index(self) -> tuple[tuple, np.ndarray]:
+    def _masked_index(self) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         arrays, masks = [], []
         for d, n in zip(self.dims, self.buffer.shape):
             if isinstance(d, int):
@@ -186,7 +190,8 @@ class Region:
             mask = mask & m.reshape(shape)
         return mesh, mask
 
-    def _in_bounds_part(self) -> tuple[tuple, tuple, tuple[int, ...]]:
+    def _in_bounds_part(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...],
+                                       tuple[int, ...]]:
         """Where a store crossing the buffer's edge lands: the buffer index of its
         in-bounds elements, the index of those elements in the stored value (given the
         shape of `_masked_index`, ints kept as dimensions of 1) and that shape. A store
@@ -206,11 +211,11 @@ class Region:
         return arr.reshape(tuple(s for i, s in enumerate(arr.shape) if i not in axes))
 
     # -- reads and writes ---------------------------------------------------------------
-    def read_base(self, fill: Any) -> np.ndarray:
+    def read_base(self, fill: np.ndarray | float) -> np.ndarray:
         """Values of the region in buffer coordinates (copy), before post transforms."""
         if self.index is not None:
             buffer = self.buffer
-            values = buffer.data[self.index]
+            values: np.ndarray = buffer.data[self.index]
             if buffer.read_only or values.__class__ is not np.ndarray:
                 return values  # never written (the view keeps these values), or one scalar
             if values.nbytes >= _SMALL_BYTES:
@@ -234,7 +239,8 @@ class Region:
         if self.buffer.fully_written:
             return np.ones(self.out_shape, bool)
         if self.index is not None:
-            return self.buffer.written[self.index]
+            shadow: np.ndarray = self.buffer.written[self.index]
+            return shadow
         mesh, mask = self._masked_index()
         return self._squeeze_ints(np.where(mask, self.buffer.written[mesh], True))
 
@@ -257,7 +263,7 @@ class Region:
         buf.written[target] = new_written[source]
         buf.recount()
 
-    def read(self, fill: Any) -> np.ndarray:
+    def read(self, fill: np.ndarray | float) -> np.ndarray:
         value = self.read_base(fill)
         for transform in self.post:
             value = _apply_post(transform, value)
@@ -271,7 +277,7 @@ class Region:
             written, dtype = view_transform(transform).shadow(transform, written, dtype)
         return written
 
-    def write(self, value: np.ndarray, fill: Any, written: bool | np.ndarray = True,
+    def write(self, value: np.ndarray, fill: np.ndarray | float, written: bool | np.ndarray = True,
               touched: np.ndarray | None = None) -> None:
         """Store `value` (in the access's own shape). `written`: whether the stored data
         is itself initialized (a DMA copies its source's shadow along); `touched`: the
@@ -301,8 +307,8 @@ class Region:
 
 def resolve(view: RefView) -> Region:
     """Turn a ref view into the region of its buffer that an access touches."""
-    steps: list[tuple] = []
-    post: list = []
+    steps: list[tuple[IndexDim, ...]] = []
+    post: list[state_types.Transform] = []
     for transform in view.transforms:
         if post or not isinstance(transform, state_indexing.NDIndexer) or has_array_index(
             transform
@@ -316,12 +322,13 @@ def resolve(view: RefView) -> Region:
     return index_region(view.buffer, steps, post)
 
 
-def index_region(buffer: Buffer, steps: Sequence[Sequence[Any]], post: list | None = None
+def index_region(buffer: Buffer, steps: Sequence[Sequence[IndexDim]],
+                 post: list[state_types.Transform] | None = None
                  ) -> Region:
     """The region that plain indexers select, one after the other, in `buffer`: each step
     gives, per dimension still there, an int or (start, size, stride); `post` holds the
     transforms applied after them."""
-    dims: list = [(0, n, 1) for n in buffer.data.shape]
+    dims: list[IndexDim] = [(0, n, 1) for n in buffer.data.shape]
     oob: list[OutOfBounds] = []
     live: Sequence[int] = range(len(dims))  # the base dims not yet taken by an int index
     for indices in steps:
@@ -331,13 +338,15 @@ def index_region(buffer: Buffer, steps: Sequence[Sequence[Any]], post: list | No
             )
         still: list[int] = []
         for base_dim, idx in zip(live, indices):
-            start0, size0, stride0 = dims[base_dim]
+            # A live dimension is a range; `idx` past the int test too (mypy does not
+            # narrow on `__class__`, and `isinstance` would cost every index of every access).
+            start0, size0, stride0 = dims[base_dim]  # type: ignore[misc]
             if idx.__class__ is int:
                 if idx < 0 or idx >= size0:
                     oob.append(OutOfBounds(base_dim, str(idx), size0))
                 dims[base_dim] = start0 + idx * stride0
                 continue
-            start, size, stride = idx
+            start, size, stride = idx  # type: ignore[misc]
             if size < 0:  # a traced size below zero: a DMA of no defined extent
                 oob.append(OutOfBounds(base_dim, f"{start}:{start + size} (size {size})", size0))
             elif size > 0 and (start < 0 or start + (size - 1) * stride >= size0):
@@ -375,7 +384,7 @@ def in_tile_padding(region: Region) -> Region | None:
             if not 0 <= d < extent:
                 return None
             continue
-        start, size, stride = d
+        start, size, stride = d  # type: ignore[misc]  # a range (as in Region.__init__)
         if size < 0:
             return None
         last = start + (size - 1) * stride

@@ -41,7 +41,7 @@ from typing import Iterable
 
 import numpy as np
 
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace
+from pallas_check.engine.memory.buffer import Buffer, BufferKey, MemorySpace
 from pallas_check.findings import IndexRange, UnusedMemory
 
 # The registry keys (CallState.register) of the allocations counted, by their first part.
@@ -52,7 +52,7 @@ _MAX_RANGES = 4
 
 # One allocation's untouched elements: (name, memory space, itemsize, its element count,
 # untouched mask or None when every element was touched: no mask is made for those).
-Untouched = dict[tuple, tuple[str, str, int, int, np.ndarray | None]]
+Untouched = dict[tuple[BufferKey, str], tuple[str, str, int, int, np.ndarray | None]]
 
 
 class EverWritten:
@@ -94,7 +94,7 @@ class EverWritten:
         return free
 
 
-def untouched(registry: dict[tuple, Buffer], ever: EverWritten,
+def untouched(registry: dict[tuple[int, int | None, BufferKey], Buffer], ever: EverWritten,
               reads: Iterable[tuple[str, str, IndexRange]]) -> Untouched:
     """Per counted allocation (its registry key without device and core), the elements no
     core of any device wrote or read. `reads`: (buffer name, memory space, range) of the
@@ -123,7 +123,8 @@ def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
     """Untouched in both (None: nothing untouched)."""
     if a is None or b is None or a.shape != b.shape:
         return None
-    return a & b
+    both: np.ndarray = a & b
+    return both
 
 
 def intersect(a: Untouched, b: Untouched) -> Untouched:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Any, cast
+from typing import Generic, TypeVar, cast
 
 import numpy as np
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
-from pallas_check.engine.memory.buffer import Buffer
+from pallas_check.engine.memory.buffer import Buffer, IndexDim
 from pallas_check.findings import IndexRange
 
 
@@ -136,18 +136,19 @@ class _MapCache:
     """Element maps by view shape, bounded by their total size (least recent out)."""
 
     def __init__(self) -> None:
-        self._items: collections.OrderedDict[Any, ElementMap] = collections.OrderedDict()
+        self._items: collections.OrderedDict[tuple[object, ...], ElementMap] = (
+            collections.OrderedDict())
         self._units = 0
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> ElementMap | None:
+    def get(self, key: tuple[object, ...]) -> ElementMap | None:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: Any, value: ElementMap) -> None:
+    def put(self, key: tuple[object, ...], value: ElementMap) -> None:
         with self._lock:
             if key in self._items or value.units.size > _MAP_UNITS:
                 return
@@ -161,52 +162,57 @@ class _MapCache:
 _maps = _MapCache()
 
 
-class _ViewTransform:
+# The transform a `_ViewTransform` subclass describes (its `t`).
+_T = TypeVar("_T", bound=state_types.Transform)
+
+
+class _ViewTransform(Generic[_T]):
     """What the engine does with one kind of ref transform applied after the plain
     indexers (a view): the ONE place a transform kind is described. A new kind of
     transform is one subclass here and one entry in `_TRANSFORMS`."""
 
     @staticmethod
-    def key(t: Any) -> Any:
+    def key(t: _T) -> tuple[object, ...] | None:
         """A hashable spelling for the element-map cache (None: not cacheable)."""
         raise NotImplementedError
 
     @staticmethod
-    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+    def apply(t: _T, value: np.ndarray) -> np.ndarray:
         """The view's value from the value beneath it."""
         raise NotImplementedError
 
     @staticmethod
-    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: _T, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         """The value beneath once the view's value became `new` (`before`: what it was)."""
         raise NotImplementedError
 
     @classmethod
-    def shadow(cls, t: Any, written: np.ndarray, dtype: np.dtype
+    def shadow(cls, t: _T, written: np.ndarray, dtype: np.dtype
                ) -> tuple[np.ndarray, np.dtype]:
         """The written-shadow seen through the view, and the element type there."""
         return cls.apply(t, written), dtype
 
     @classmethod
-    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: _T, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         """An element map's units (trailing axis: the parts of one element) through the
         view, and the item size there."""
         return cls.apply(t, units), itemsize
 
     @staticmethod
-    def itemsize(t: Any) -> int | None:
+    def itemsize(t: _T) -> int | None:
         """The item size the view changes to (None: unchanged)."""
         return None
 
     @staticmethod
-    def dtype(t: Any, dtype: np.dtype) -> np.dtype:
+    def dtype(t: _T, dtype: np.dtype) -> np.dtype:
         """The element type seen through the view of elements of `dtype`."""
         return dtype
 
 
-class _Index(_ViewTransform):
+class _Index(_ViewTransform[state_indexing.NDIndexer]):
     @staticmethod
-    def key(t: Any) -> Any:
+    def key(t: state_indexing.NDIndexer) -> tuple[object, ...] | None:
         if has_array_index(t):
             return None
         return tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
@@ -214,98 +220,106 @@ class _Index(_ViewTransform):
                      for i in t.indices)
 
     @staticmethod
-    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+    def apply(t: state_indexing.NDIndexer, value: np.ndarray) -> np.ndarray:
         return value[_numpy_index(t)]
 
     @staticmethod
-    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: state_indexing.NDIndexer, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         out = np.array(before)
         out[_numpy_index(t)] = new
         return out
 
     @classmethod
-    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_indexing.NDIndexer, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return units[_numpy_index(t) + (slice(None),)], itemsize
 
 
-class _Reshape(_ViewTransform):
+class _Reshape(_ViewTransform[state_types.ReshapeTransform]):
     @staticmethod
-    def key(t: Any) -> Any:
+    def key(t: state_types.ReshapeTransform) -> tuple[object, ...] | None:
         return ("reshape", tuple(t.shape))
 
     @staticmethod
-    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+    def apply(t: state_types.ReshapeTransform, value: np.ndarray) -> np.ndarray:
         return value.reshape(t.shape)
 
     @staticmethod
-    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: state_types.ReshapeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return new.reshape(before.shape)
 
     @classmethod
-    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.ReshapeTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return units.reshape(tuple(t.shape) + units.shape[-1:]), itemsize
 
 
-class _Transpose(_ViewTransform):
+class _Transpose(_ViewTransform[state_types.TransposeTransform]):
     @staticmethod
-    def key(t: Any) -> Any:
+    def key(t: state_types.TransposeTransform) -> tuple[object, ...] | None:
         return ("transpose", tuple(t.permutation))
 
     @staticmethod
-    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+    def apply(t: state_types.TransposeTransform, value: np.ndarray) -> np.ndarray:
         return np.transpose(value, t.permutation)
 
     @staticmethod
-    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: state_types.TransposeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return np.transpose(new, np.argsort(t.permutation))
 
     @classmethod
-    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.TransposeTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         return np.transpose(units, tuple(t.permutation) + (units.ndim - 1,)), itemsize
 
 
-class _Bitcast(_ViewTransform):
+class _Bitcast(_ViewTransform[state_types.BitcastTransform]):
     @staticmethod
-    def key(t: Any) -> Any:
+    def key(t: state_types.BitcastTransform) -> tuple[object, ...] | None:
         return ("bitcast", np.dtype(t.dtype).str)
 
     @staticmethod
-    def apply(t: Any, value: np.ndarray) -> np.ndarray:
+    def apply(t: state_types.BitcastTransform, value: np.ndarray) -> np.ndarray:
         return tpu_bitcast(value, np.dtype(t.dtype))
 
     @staticmethod
-    def undo(t: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: state_types.BitcastTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return tpu_bitcast(new, before.dtype)
 
     @classmethod
-    def shadow(cls, t: Any, written: np.ndarray, dtype: np.dtype
+    def shadow(cls, t: state_types.BitcastTransform, written: np.ndarray, dtype: np.dtype
                ) -> tuple[np.ndarray, np.dtype]:
         return _bitcast_shadow(written, dtype, np.dtype(t.dtype)), np.dtype(t.dtype)
 
     @classmethod
-    def units(cls, t: Any, units: np.ndarray, itemsize: int) -> tuple[np.ndarray, int]:
+    def units(cls, t: state_types.BitcastTransform, units: np.ndarray, itemsize: int
+              ) -> tuple[np.ndarray, int]:
         new_size = np.dtype(t.dtype).itemsize
         return _bitcast_units(units, itemsize, new_size), new_size
 
     @staticmethod
-    def itemsize(t: Any) -> int | None:
+    def itemsize(t: state_types.BitcastTransform) -> int | None:
         return np.dtype(t.dtype).itemsize
 
     @staticmethod
-    def dtype(t: Any, dtype: np.dtype) -> np.dtype:
+    def dtype(t: state_types.BitcastTransform, dtype: np.dtype) -> np.dtype:
         return np.dtype(t.dtype)
 
 
 # The transform kinds a view may have, and what each does (`_ViewTransform`).
-_TRANSFORMS: dict[type, type[_ViewTransform]] = {
-    state_indexing.NDIndexer: _Index,
-    state_types.ReshapeTransform: _Reshape,
-    state_types.TransposeTransform: _Transpose,
-    state_types.BitcastTransform: _Bitcast,
+# A table cannot tie each entry's key to its value's `_T`: an entry is looked up by the
+# type of the very transform it is then given (`view_transform`), so it is stored as one
+# taking any transform.
+_Kind = _ViewTransform[state_types.Transform]
+_TRANSFORMS: dict[type, type[_Kind]] = {
+    state_indexing.NDIndexer: cast("type[_Kind]", _Index),
+    state_types.ReshapeTransform: cast("type[_Kind]", _Reshape),
+    state_types.TransposeTransform: cast("type[_Kind]", _Transpose),
+    state_types.BitcastTransform: cast("type[_Kind]", _Bitcast),
 }
 
 
-def view_transform(t: Any) -> type[_ViewTransform]:
+def view_transform(t: state_types.Transform) -> type[_Kind]:
     """The table's entry for a transform; one the engine does not model is refused."""
     kind = _TRANSFORMS.get(type(t))
     if kind is None:  # a subclass of a kind in the table is that kind
@@ -315,7 +329,7 @@ def view_transform(t: Any) -> type[_ViewTransform]:
     return kind
 
 
-def view_dtype(dtype: np.dtype, post: list) -> np.dtype:
+def view_dtype(dtype: np.dtype, post: list[state_types.Transform]) -> np.dtype:
     """The element type of a view of a buffer of `dtype` through the transforms `post`
     (a bitcast changes it), without evaluating the view."""
     for t in post:
@@ -343,9 +357,9 @@ def mosaic_element(dtype: np.dtype) -> str:
     return dtype.name
 
 
-def _post_key(post: list) -> tuple | None:
+def _post_key(post: list[state_types.Transform]) -> tuple[object, ...] | None:
     """A hashable spelling of post transforms (None: not cacheable, e.g. index arrays)."""
-    key: list = []
+    key: list[object] = []
     for t in post:
         part = view_transform(t).key(t)
         if part is None:
@@ -354,7 +368,8 @@ def _post_key(post: list) -> tuple | None:
     return tuple(key)
 
 
-def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list, post: list) -> ElementMap:
+def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list[IndexDim],
+               post: list[state_types.Transform]) -> ElementMap:
     sizes = [dtype.itemsize] + [size for t in post
                                 if (size := view_transform(t).itemsize(t)) is not None]
     per = dtype.itemsize // math.gcd(*sizes)
@@ -391,7 +406,7 @@ def _bitcast_units(units: np.ndarray, src: int, dst: int) -> np.ndarray:
         *lead, m * q, n, k // q)
 
 
-def _apply_post(transform: Any, value: np.ndarray) -> np.ndarray:
+def _apply_post(transform: state_types.Transform, value: np.ndarray) -> np.ndarray:
     return view_transform(transform).apply(transform, value)
 
 
@@ -407,7 +422,7 @@ def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.nda
     return np.repeat(written, src_bits // dst_bits, axis=-2)
 
 
-def _undo_post(transform: Any, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+def _undo_post(transform: state_types.Transform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
     return view_transform(transform).undo(transform, before, new)
 
 
@@ -431,7 +446,7 @@ class UnsupportedTransform(Exception):
     """A ref transform pallas-check does not model."""
 
 
-def _numpy_index(indexer: Any) -> tuple:
+def _numpy_index(indexer: state_indexing.NDIndexer) -> tuple[slice | np.ndarray, ...]:
     out: list[slice | np.ndarray] = []
     for idx in indexer.indices:
         if isinstance(idx, state_indexing.Slice):
@@ -442,11 +457,11 @@ def _numpy_index(indexer: Any) -> tuple:
     return tuple(out)
 
 
-def _as_int(x: Any) -> int:
+def _as_int(x: object) -> int:
     return int(np.asarray(x))
 
 
-def has_array_index(indexer: Any) -> bool:
+def has_array_index(indexer: state_indexing.NDIndexer) -> bool:
     for idx in indexer.indices:
         if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
             return True
