@@ -259,7 +259,7 @@ class Session:
         import jax  # not at module level: --devices must reach XLA_FLAGS first
 
         from pallas_check import empties
-        from pallas_check.engine.call.explore import run_call_devices
+        from pallas_check.engine.call.explore import CallSetting, run_call_devices
         from pallas_check.engine.runtime.backend import engine_device
 
         # Inputs the script made with jnp.empty: never-written memory (empties.py).
@@ -270,11 +270,11 @@ class Session:
         # script's backend is, and never queue behind the script's work.
         with jax.default_device(engine_device()), collector_paused():
             return run_call_devices(
-                params, device_operands, self.config, index, mesh, self.carried,
-                progress=(lambda done, total: progress(index, name, done, total))
-                if progress is not None else None,
-                results=results, checkers=checkers, live=live, never_written=never,
-                call_site=call_site)
+                params, device_operands, self.config, index, CallSetting(
+                    mesh, self.carried, checkers,
+                    (lambda done, total: progress(index, name, done, total))
+                    if progress is not None else None, call_site, never),
+                results=results, live=live)
 
     def checks(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
         """Whether --kernel and --calls have this call checked (True without filters)."""
@@ -318,7 +318,7 @@ class Session:
 
         from pallas_check.checkers import CHECKERS
         from pallas_check.engine.runtime.backend import engine_device
-        from pallas_check.engine.call.explore import run_call_devices
+        from pallas_check.engine.call.explore import CallSetting, run_call_devices
 
         # XLA computes what the engine does, save --skip-floats' inf (and several devices
         # meet in the engine's rendezvous).
@@ -329,8 +329,8 @@ class Session:
                 return [[np.asarray(o) for o in fast(*device_operands[0])]], []
         with jax.default_device(engine_device()), collector_paused():
             result = run_call_devices(params, device_operands, self._unchecked, index,
-                                      mesh, carried if carried is not None else {},
-                                      results=results, checkers=CHECKERS)
+                                      CallSetting(mesh, carried if carried is not None
+                                                  else {}, CHECKERS), results=results)
         return result.outputs, result.prints
 
     def _xla_path(self, params: dict) -> Any:

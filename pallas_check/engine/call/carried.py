@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_check.engine.call.state import CallState, CoreContext
 from pallas_check.engine.dma.engine import Dma, complete, sem_add, sem_name
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace
 from pallas_check.engine.memory.region import Region
@@ -89,7 +90,7 @@ def _taken_key(handle: int) -> tuple:
     return ("semaphore taken", handle)
 
 
-def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buffer:
+def semaphore_in(state: CallState, name: str, handles: np.ndarray, device: int) -> Buffer:
     """A semaphore input of the call: its counts from the values its handles name (an
     unknown handle is a fresh semaphore); the DMAs they carry arrive in `arrive`."""
     handles = np.asarray(handles)
@@ -110,7 +111,7 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
     return buf
 
 
-def arrive(state: Any, ctx_of: dict[int, Any],
+def arrive(state: CallState, ctx_of: dict[int, CoreContext],
            addresses: dict[int, tuple[dict[int, Buffer], list[Buffer]]]) -> list[Dma]:
     """The DMAs the call's semaphore inputs carry, as DMAs of this call still in flight
     (`addresses`: per device, its HBM inputs by operand address (one CPU device) and all
@@ -127,11 +128,11 @@ def arrive(state: Any, ctx_of: dict[int, Any],
                 state.on_dma_start(ctx_of[buf.device], dma, carried=True)
             made.append(dma)
     state.arriving.clear()
-    state.carried_dmas = made
+    state.carried_dmas[:] = made
     return made
 
 
-def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
+def _arriving_dma(state: CallState, ctx: CoreContext, cell: tuple, carried: CarriedDma,
                   candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Dma:
     src = _stub_region(carried.src)
     dst = _landing_region(state, carried, candidates) if carried.lands else None
@@ -187,7 +188,7 @@ def _stub_region(described: tuple) -> Region:
     return region
 
 
-def _landing_region(state: Any, carried: CarriedDma,
+def _landing_region(state: CallState, carried: CarriedDma,
                     candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Region | None:
     """The region the DMA lands in among this call's inputs, restored to what it held
     before the landing (None: not found, the landing is not followed here). The input is
@@ -225,7 +226,7 @@ def _holding(carried: CarriedDma, buffers: list) -> Region | None:
     return found[0] if len(found) == 1 else None
 
 
-def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
+def depart(state: CallState, ctx: CoreContext, outputs: list[tuple[Buffer, int | None]],
            mirrors: dict[int, Buffer]) -> dict:
     """At the call's end: the DMAs in flight that signal a semaphore the call returns
     (`outputs`: the call's output buffers, each with the address of its XLA buffer) are
@@ -263,7 +264,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
                 state, dma, True, follow, before))
         else:
             kept.append(dma)  # its landing is this call's, and checked here
-        if reads:
+        if reads and dma.src_sem is not None:  # (`reads` says it has one)
             sem_add(dma.src_sem, -dma.signal)
             carried.setdefault(_cell_key(dma.src_sem), []).append(
                 _carried(state, dma, False, None))
@@ -303,7 +304,7 @@ def _describe(region: Region) -> tuple:
             list(region.oob))
 
 
-def _carried(state: Any, dma: Dma, lands: bool, follow: tuple | None,
+def _carried(state: CallState, dma: Dma, lands: bool, follow: tuple | None,
              before: tuple | None = None, landed: bool = False) -> CarriedDma:
     """What a semaphore the call returns carries of `dma` (started here, or arrived from
     an earlier call and passed on: then it keeps the call that started it). `follow`
@@ -318,7 +319,7 @@ def _carried(state: Any, dma: Dma, lands: bool, follow: tuple | None,
         before, np.array(dma.dst.read_base(0)) if follow else None)
 
 
-def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
+def handles_out(state: CallState, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
                 ) -> np.ndarray:
     """The int32 array XLA gets for a semaphore the call returns: a handle per element
     to its value (count, DMAs carried), kept in the session's `carried` dict."""

@@ -27,10 +27,17 @@ if TYPE_CHECKING:  # only for annotations
 class Core(Protocol):
     """Who runs (state.py's CoreContext)."""
 
-    actor: str
-    device_id: int
-    core_id: int
-    grid_point: tuple[int, ...] | None
+    @property
+    def actor(self) -> str: ...
+
+    @property
+    def device_id(self) -> int: ...
+
+    @property
+    def core_id(self) -> int: ...
+
+    @property
+    def grid_point(self) -> tuple[int, ...] | None: ...
 
 
 def cell(semaphore: tuple) -> Cell:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import jax_core
@@ -13,10 +13,10 @@ from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
-from pallas_check.engine.call.state import CoreContext
-from pallas_check.engine.dma.engine import Transfer
+from pallas_check.engine.call.state import CallState, CoreContext
+from pallas_check.engine.dma.engine import DmaCore, Transfer
 from pallas_check.engine.jaxpr.program import runner_for
-from pallas_check.engine.memory.buffer import MemorySpace, RefView
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
@@ -54,7 +54,8 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                     ctx.call.fresh_revisits.pop(vmem.id, None)
         perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
         saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs
-                                if plan.op.kernel_space != MemorySpace.SMEM])
+                                if plan.op.kernel_space != MemorySpace.SMEM
+                                and plan.op.vmem is not None])
                  if perturb is not None and (ctx.device_id, point) in perturb.points
                  else None)
         yield from body(ctx, (), kernel_args)
@@ -72,9 +73,10 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
 
 
 
-def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
+def _fresh_block(ctx: CoreContext, plan: _Plan, step: int) -> Buffer:
     """An output block's VMEM at a visit that does not read it back: fresh memory (the
     fill, never written), after its block index is checked against the array."""
+    assert ctx.grid_point is not None  # (inside the grid walk)
     plan.check_bounds(ctx, step, ctx.grid_point)
     vmem = plan.op.vmem
     assert vmem is not None
@@ -184,14 +186,15 @@ class BlockCopy(Transfer):
     # checked, a timeline is drawn or DMAs are actors; else "").
     actor_name: str
     slices: tuple  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
+    call: CallState  # whose listeners its move is told to (whoever drives it)
     staged: Any = None
     copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
 
-    def complete(self, ctx: Any) -> None:
-        _move(ctx, self)
+    def complete(self, ctx: DmaCore) -> None:
+        _move(self.call, self)
 
-    def events(self, ctx: Any):
-        return _copy_actor(ctx, self)
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
+        return _copy_actor(self.call, self)
 
 
 class Pipeline:
@@ -297,7 +300,7 @@ class Pipeline:
         name = (ctx.call.pipeline_copy_name(ctx, plan.op.name, writes_back, block)
                 if self.named else "")
         copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
-                         _block_slices(plan.op, block))
+                         _block_slices(plan.op, block), ctx.call)
         ctx.call.on_copy_start(ctx, name, plan.op.name, plan.copies % plan.depth)
         plan.copies += 1
         if writes_back:
@@ -336,13 +339,13 @@ def _depth(op: Operand) -> int:
     return max(1, int(count)) if count else 2
 
 
-def _copy_actor(ctx: CoreContext, copy: BlockCopy):
+def _copy_actor(call: CallState, copy: BlockCopy) -> Generator[None, None, None]:
     """`--dma random`: the copy moves its data at a point the scheduler picks."""
     yield None
-    _move(ctx, copy)
+    _move(call, copy)
 
 
-def _move(ctx: CoreContext, copy: BlockCopy) -> None:
+def _move(call: CallState, copy: BlockCopy) -> None:
     """The copy's DMA event: a copy-in reads HBM, a write-back writes it. What a copy-in
     read is its own: a view of a read-only input's array (which never changes), else a
     copy (HBM may change before the copy is waited)."""
@@ -362,9 +365,9 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
         if isinstance(written, np.ndarray):
             written = np.array(written)
         copy.staged = (values, written)
-    touched = None if empty or ctx.call.races is None else hbm_range
-    ctx.call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
-                           copy.grid_point)
+    touched = None if empty or call.races is None else hbm_range
+    call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
+                       copy.grid_point)
 
 
 def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:

@@ -14,17 +14,92 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Generator
+from typing import TYPE_CHECKING, Any, Generator, Protocol
 
 import numpy as np
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.evaluating import Evaluating
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import same_bits
+from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.findings import IndexRange, SourceFrame, format_range
+
+# A semaphore cell: its buffer and the index of the one semaphore in it.
+SemCell = tuple[Buffer, tuple[int, ...]]
+
+
+class DeviceMesh(Protocol):
+    """The named device axes a call runs over (engine/call/describe.py's MeshInfo)."""
+
+    @property
+    def axes(self) -> tuple[tuple[str, int], ...]: ...
+
+    @property
+    def num_devices(self) -> int: ...
+
+    def coords(self, device: int) -> dict[str, int]: ...
+
+    def logical(self, coords: dict[str, int]) -> int: ...
+
+
+class DmaCall(Protocol):
+    """What a DMA, a semaphore and a device id see of the running call (the DMA wing's
+    part of the seam; engine/seam.py's `RunningCall` is the rules' whole of it)."""
+
+    @property
+    def sync(self) -> SyncState: ...
+
+    @property
+    def mesh(self) -> DeviceMesh: ...
+
+    @property
+    def cores_per_device(self) -> int: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def remote(self, buf: Buffer, device: int, frames: tuple[SourceFrame, ...] = (),
+               core: int | None = None) -> Buffer: ...
+
+    def device_out_of_bounds(self, ctx: DmaCore, device: str, what: str,
+                             frames: tuple[SourceFrame, ...]) -> None: ...
+
+    def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None: ...
+
+    def on_dma_write(self, ctx: DmaCore, dma: Dma) -> None: ...
+
+    def dma_copied_unwritten(self, dma: Dma, unwritten: np.ndarray) -> None: ...
+
+
+class DmaCore(Evaluating, Protocol):
+    """What a DMA and a device id see of the core running kernel code (or that a DMA
+    actor runs for)."""
+
+    @property
+    def call(self) -> DmaCall: ...
+
+    @property
+    def actor(self) -> str: ...
+
+    @property
+    def device_id(self) -> int: ...
+
+    @property
+    def core_id(self) -> int: ...
+
+    @property
+    def grid_point(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def core_coords(self) -> dict[str, int]: ...
+
+    def core_mesh_sizes(self) -> dict[str, int]: ...
+
+    def fill(self, dtype: np.dtype) -> np.ndarray: ...
 
 
 class Transfer:
@@ -40,10 +115,10 @@ class Transfer:
         @property
         def actor_name(self) -> str: ...
 
-    def complete(self, ctx: Any) -> None:
+    def complete(self, ctx: DmaCore) -> None:
         raise NotImplementedError
 
-    def events(self, ctx: Any) -> Generator[None, None, None]:
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
         raise NotImplementedError
 
 
@@ -84,10 +159,10 @@ class Dma(Transfer):
         where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
         return f"DMA #{self.id} started by {self.actor}{where}"
 
-    def complete(self, ctx: Any) -> None:
+    def complete(self, ctx: DmaCore) -> None:
         complete(ctx, self)
 
-    def events(self, ctx: Any) -> Generator[None, None, None]:
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
         return dma_actor(ctx, self)
 
 
@@ -231,11 +306,11 @@ def selected_ref(x: Any) -> Any:
     return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
 
 
-def semaphore_cell(ctx: Any, view: RefView) -> tuple[Buffer, tuple]:
+def semaphore_cell(ctx: DmaCore, view: RefView) -> tuple[Buffer, tuple]:
     return cell_of(ctx, resolve(view))
 
 
-def cell_of(ctx: Any, region: Region) -> tuple[Buffer, tuple]:
+def cell_of(ctx: DmaCore, region: Region) -> tuple[Buffer, tuple]:
     """The one semaphore a region picks (a region of several is the kernel's error)."""
     if region.oob or region.post or region.out_shape:
         raise KernelError(
@@ -268,7 +343,7 @@ def sem_name(cell: tuple[Buffer, tuple]) -> str:
     return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
-def dma_read(ctx: Any, dma: Dma) -> None:
+def dma_read(ctx: DmaCore, dma: Dma) -> None:
     """The DMA reads its source now (values and written-shadow are staged) and signals
     its send semaphore: the source may be reused from here on."""
     if dma.read_done:
@@ -289,7 +364,7 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     ctx.call.on_dma_read(ctx, dma)
 
 
-def dma_write(ctx: Any, dma: Dma) -> None:
+def dma_write(ctx: DmaCore, dma: Dma) -> None:
     """The DMA writes its destination (reading its source first if it has not yet) and
     signals its receive semaphore: the data has landed."""
     if dma.copied:
@@ -316,13 +391,13 @@ def dma_write(ctx: Any, dma: Dma) -> None:
     ctx.call.sync.settled(dma)
 
 
-def complete(ctx: Any, dma: Dma) -> None:
+def complete(ctx: DmaCore, dma: Dma) -> None:
     """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
     dma_read(ctx, dma)
     dma_write(ctx, dma)
 
 
-def dma_actor(ctx: Any, dma: Dma):
+def dma_actor(ctx: DmaCore, dma: Dma):
     """In `random` mode a DMA is an actor: its read and its write each happen at a point
     the scheduler picks, after its start and before what waits for it."""
     yield None

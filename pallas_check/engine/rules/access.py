@@ -23,6 +23,7 @@ from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
 from pallas_check.engine.rules import index_plan
+from pallas_check.engine.seam import RunningCore
 
 
 # -- the one path for reads and writes ---------------------------------------------------
@@ -33,7 +34,7 @@ def view_of(ref: Any, transforms: Any) -> RefView:
     return ref.with_transforms(tuple(transforms or ()))
 
 
-def access_read(ctx: Any, view: RefView | None, mask: np.ndarray | None = None,
+def access_read(ctx: RunningCore, view: RefView | None, mask: np.ndarray | None = None,
                 region: Region | None = None) -> np.ndarray:
     """Read through a view (or its region, already resolved): bounds-checked,
     uninitialized reads recorded."""
@@ -55,7 +56,7 @@ def access_read(ctx: Any, view: RefView | None, mask: np.ndarray | None = None,
     return value
 
 
-def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | None = None,
+def access_write(ctx: RunningCore, view: RefView | None, value: Any, mask: np.ndarray | None = None,
                  region: Region | None = None) -> None:
     if region is None:
         assert view is not None
@@ -84,7 +85,7 @@ def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | 
     ctx.call.on_write(ctx, region)
 
 
-def access_atomic_add(ctx: Any, view: RefView | None, value: Any, operation: str,
+def access_atomic_add(ctx: RunningCore, view: RefView | None, value: Any, operation: str,
                       region: Region | None = None) -> None:
     """ref += value as ONE atomic read-modify-write (SparseCore `addupdate`,
     `addupdate_scatter`: "an atomic add", jax/_src/pallas/mosaic/sc_primitives.py): bounds
@@ -109,7 +110,7 @@ def access_atomic_add(ctx: Any, view: RefView | None, value: Any, operation: str
         ctx.call.access(ctx, region, True, operation, atomic_add=True)
 
 
-def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
+def _resolve(ctx: RunningCore, view: RefView, operation: str = "load") -> Region:
     try:
         region = resolve(view)
     except UnsupportedTransform as exc:
@@ -133,14 +134,14 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
-def _region_of(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_of(ctx: RunningCore, eqn: Any, ref: Any, flat: list) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
     equation, ref and index values)."""
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
 
-def _region_made(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_made(ctx: RunningCore, eqn: Any, ref: Any, flat: list) -> Region:
     """A `ref[indices]` region: through the index plan of the equation's indexers, or the
     general way when the plan does not cover them."""
     tree = eqn.params["tree"]
@@ -178,7 +179,7 @@ def _scalar_get(eqn: Any) -> Any:
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
     dtype = np.dtype(eqn.outvars[0].aval.dtype)
 
-    def scalar_get(ctx: Any, eqn: Any, invals: list) -> Any:
+    def scalar_get(ctx: RunningCore, eqn: Any, invals: list) -> Any:
         ref = invals[0]
         if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
             buffer = ref.buffer
@@ -215,7 +216,7 @@ def _is_drop(v: Any) -> bool:
     return isinstance(v, jax_core.DropVar)
 
 
-def _peek(ctx: Any, view: RefView) -> np.ndarray:
+def _peek(ctx: RunningCore, view: RefView) -> np.ndarray:
     """The old value a swap returns (its uninitialized-ness does not matter unless used)."""
     region = _resolve(ctx, view)
     return region.read(ctx.fill(view.buffer.data.dtype))

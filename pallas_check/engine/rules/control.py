@@ -18,6 +18,7 @@ from pallas_check.jaxbridge import lax_parallel
 
 from pallas_check.engine.jaxpr.program import eval_closed, eval_jaxpr, runner_for
 from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.seam import RunningCore
 
 
 # -- grid ------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
     at its first use (a branch never taken is never generated)."""
     made: dict[bool, list] = {}
 
-    def runner(ctx: Any, k: int) -> Any:
+    def runner(ctx: RunningCore, k: int) -> Any:
         skip = ctx.config.skip_floats
         runs = made.get(skip)
         if runs is None:

@@ -41,6 +41,7 @@ from pallas_check.engine.rules.dma_bounds import halt_unbounded, tile_padded, un
 from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
+from pallas_check.engine.seam import RunningCore
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -59,7 +60,7 @@ def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | 
     return tuple(out)
 
 
-def _arg_region(ctx: Any, layout: tuple, invals: list,
+def _arg_region(ctx: RunningCore, layout: tuple, invals: list,
                 target: tuple[int, int | None] | None = None) -> Region:
     """The region of one ref argument of a DMA, on the `target` device and core if given
     (else where the ref is). A local one is resolved once per call for the same ref and
@@ -72,7 +73,7 @@ def _arg_region(ctx: Any, layout: tuple, invals: list,
     return _arg_region_made(ctx, layout, leaves, target)
 
 
-def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
+def _arg_region_made(ctx: RunningCore, layout: tuple, leaves: list,
                      target: tuple[int, int | None] | None = None) -> Region:
     """Through the argument's index plan, or the general way (JAX's indexer objects)
     when the plan does not cover it."""
@@ -168,7 +169,7 @@ def _dma_start(ctx, eqn, invals):
     return []
 
 
-def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
+def _begin_dma(ctx: RunningCore, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
                nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1,
                atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
@@ -261,7 +262,7 @@ def _planned_dma(eqn: Any) -> tuple | None:
             math.prod(shapes[0]) * np.dtype(src_ref.dtype).itemsize, frames)
 
 
-def _dst_and_semaphores(ctx: Any, eqn: Any, invals: list) -> tuple | None:
+def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list) -> tuple | None:
     """A planned DMA's destination region and semaphore cells (cached per call by their
     operands), or None when the destination is not in the planned spelling."""
     _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
@@ -284,7 +285,7 @@ def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
     return view_shape(region), region.view_dtype()
 
 
-def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]:
+def _wait_descriptor(ctx: RunningCore, layout: tuple, invals: list) -> tuple[int, tuple]:
     """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
     shape, dtype = _view_layout(_arg_region(ctx, layout[0], invals))
     return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
@@ -315,7 +316,7 @@ def _dma_wait(ctx, eqn, invals):
     return []
 
 
-def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
+def _wait_ready(ctx: RunningCore, cell: tuple, nbytes: int) -> bool:
     """Whether a DMA wait can go on now (the DMA mode landing what it lets land at a wait
     first: `on_wait` mode)."""
     if sem_value(cell) >= nbytes:
@@ -325,7 +326,7 @@ def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
     return sem_value(cell) >= nbytes
 
 
-def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
+def _wait_request(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> Wait:
     """What the scheduler holds a DMA wait on (a DMA started later is delivered on demand
     too, in `on_wait` mode)."""
     return Wait(lambda: _wait_ready(ctx, cell, nbytes), "DMA wait", frames,
@@ -333,7 +334,7 @@ def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
                 cell=cell)
 
 
-def _end_wait(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> None:
+def _end_wait(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> None:
     sem_add(cell, -nbytes)
     _account_wait(ctx.call.sync, cell, nbytes, frames)
     ctx.call.on_dma_wait(ctx, cell, frames)
@@ -374,7 +375,7 @@ def _indirect_side(eqn: Any) -> int | None:
     return indirect.indexed_side(src, dst)
 
 
-def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
+def _indirect_start(ctx: RunningCore, eqn: Any, invals: list, side: int) -> bool:
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
@@ -425,7 +426,7 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
                       nbytes, frames, signal_count(eqn), add)
 
 
-def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:
+def _index_vector(ctx: RunningCore, index: Any, frames: tuple) -> indirect.IndexVector:
     """An indirect DMA's index vector, read at its start: a ref's through the one read
     path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
     ignored = None
@@ -446,7 +447,7 @@ def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:
     return indirect.IndexVector(values, active, name)
 
 
-def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
+def _indirect_wait(ctx: RunningCore, layout: tuple, invals: list, side: int):
     """The wait of a gather or scatter (`tpu.wait_indirect_dma(sem, src, dst)`: the whole
     refs, no offsets, no filter): it waits for one indirect DMA on its semaphore, the
     oldest not yet waited, and takes what that DMA signals (the bytes it moved: a filtered
