@@ -17,8 +17,8 @@ from pallas_check.engine.call import exposures
 from pallas_check.engine.call import revisit
 from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
                                                kernel_info)
-from pallas_check.engine.call.simulate import (CallInputs, ScheduleRun, Simulated,
-                                               simulate_schedule)
+from pallas_check.engine.call.parts import CallInputs, ScheduleRun
+from pallas_check.engine.call.simulate import Simulated, simulate_schedule
 from pallas_check.engine.call.state import CallState
 from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAddressCompared,
                                         Feeds, FillsCompared, FindingList, RevisitLost,

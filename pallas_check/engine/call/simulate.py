@@ -16,8 +16,7 @@ import numpy as np
 
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.call import revisit
-from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE, _block_indices,
+from pallas_check.engine.call.describe import (Operand, _block_indices,
                                                _grid_points, _operand, _program_axes, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
@@ -25,20 +24,19 @@ from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE,
                                                unvisited_blocks)
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.call import event_data
-from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking,
-                                        KernelEntered, OutputUnwritten, default_checking)
+from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, KernelEntered,
+                                        OutputUnwritten)
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
-from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.scheduler import Actor, Deadlock
-from pallas_check.findings import KernelInfo, SourceFrame
+from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import code_line
-from pallas_check.engine.call.state import (CallPlace, CallState, CoreContext, Handover,
+from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, ScheduleRun,
                                             SemaphoreLayout, Simulation)
-from pallas_check.engine.seam import AddressProbe
+from pallas_check.engine.call.state import CallState, CoreContext
 # Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
 from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
 from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
@@ -110,43 +108,6 @@ def _is_semaphore_ref(aval: Any) -> bool:
     """An operand that is a semaphore (passed from one call to another)."""
     return (is_semaphore_aval(aval) or memory_space_name(
         getattr(aval, "memory_space", None)) == MemorySpace.SEMAPHORE)
-
-
-@dataclasses.dataclass(frozen=True)
-class CallInputs:
-    """One pallas_call as the script made it, the same for every schedule and fill it is
-    simulated under: its parameters and per device its operands, the kernel, the call's
-    index, the device mesh, where the outputs' XLA buffers are (one CPU device:
-    engine/call/carried.py) and the inputs, by position, that hold memory nobody wrote
-    (explore.py)."""
-
-    params: dict[str, Any]
-    device_operands: Sequence[Sequence[np.ndarray]]
-    kernel: KernelInfo
-    call_index: int
-    mesh: MeshInfo = SINGLE_DEVICE
-    addresses: list[int] | None = None
-    never_written: frozenset[int] = frozenset()
-
-
-@dataclasses.dataclass(frozen=True)
-class ScheduleRun:
-    """One simulation of a call: its options (the seed of its schedule), the fill of
-    never-written memory, whether it reports, the listeners it makes, what outlives a call
-    (`carried`), the buffers the outputs are simulated in (`results`, one device), the DMA
-    ids whose ranges to record (`address_probe`, see explore.py `_one_schedule`), the input
-    blocks a re-run deciding output revisits changes (`perturb`) and who is told of the
-    running state (`live`)."""
-
-    config: Config
-    fill: str
-    report: bool
-    checking: Checking = dataclasses.field(default_factory=default_checking)
-    carried: dict[tuple[object, ...], Any] = dataclasses.field(default_factory=dict)
-    results: Sequence[np.ndarray] | None = None
-    address_probe: AddressProbe | None = None
-    perturb: revisit.Perturbation | None = None
-    live: InFlight | None = None
 
 
 # Per device, the outputs; the state of the run; per device, the outputs' written-shadows.

@@ -4,20 +4,19 @@ one core running kernel code (`CoreContext`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config
-from pallas_check.engine.call.describe import SINGLE_DEVICE, MeshInfo
-from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
+from pallas_check.engine.call.describe import MeshInfo
+from pallas_check.engine.call.parts import CallPlace, Handover, Simulation
+from pallas_check.engine.call.revisit import RevisitRecord
 from pallas_check.engine.dma.engine import Dma, DmaCore, SemCell, SyncState
 from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
-    KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
+    KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, CopyMoved,
     CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
     KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead,
     UnlandedDma, Waited)
@@ -33,71 +32,11 @@ from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.seam import AddressProbe, RunningCore
-from pallas_check.engine.timeline import MarkSink, Timeline
-from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
+from pallas_check.engine.timeline import Timeline
+from pallas_check.findings import Finding, IndexRange, SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand
-
-
-@dataclasses.dataclass(frozen=True)
-class Simulation:
-    """What one simulation of a call is: the options it runs under (its seed), the fill of
-    never-written memory, the kernel and the call's index, whether it reports (a schedule's
-    main run; the re-runs that only compare do not), the listeners it makes, and where
-    `--trace` marks go as they happen (None: kept by the timeline until the run ends)."""
-
-    config: Config
-    fill: str
-    kernel: KernelInfo
-    call_index: int
-    report: bool
-    checking: Checking
-    sink: MarkSink | None = None
-
-
-class SemaphoreLayout(NamedTuple):
-    """The operands that are semaphores passed between calls (engine/call/carried.py): the
-    inputs and outputs (by position among each), the aliases (output -> input) and the
-    number of inputs."""
-
-    inputs: frozenset[int]
-    outputs: frozenset[int]
-    out_to_in: Mapping[int, int]
-    n_in: int
-
-
-NO_SEMAPHORES = SemaphoreLayout(frozenset(), frozenset(), {}, 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class CallPlace:
-    """Where the call runs: its device mesh (shard_map's axes), its core mesh (a core_map /
-    pl.kernel call's `mesh`, None for a grid) and collective id (which barrier semaphore
-    count it continues), the cores of a device, where the outputs start among the kernel's
-    parameters, which operands are semaphores, and how many grid steps one device walks."""
-
-    mesh: MeshInfo = SINGLE_DEVICE
-    core_mesh: object | None = None
-    collective_id: int | None = None
-    cores_per_device: int = 1
-    first_output: int = 0
-    semaphores: SemaphoreLayout = NO_SEMAPHORES
-    grid_steps: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Handover:
-    """What the simulation shares with the runs around it: the state that outlives a call
-    on a TPU (barrier counts, semaphores passed between calls: engine/call/carried.py), where
-    the outputs' XLA buffers are (one CPU device), the DMA ids whose ranges a re-run with
-    the other fill records (explore.py), and the perturbation of a re-run deciding output
-    revisits (revisit.py)."""
-
-    carried: dict[tuple[object, ...], Any] = dataclasses.field(default_factory=dict)
-    output_addresses: list[int] | None = None
-    address_probe: AddressProbe | None = None
-    perturb: Perturbation | None = None
 
 
 class CallState(CallBuffers):
@@ -135,10 +74,9 @@ class CallState(CallBuffers):
         self.scoped_avals: dict[tuple[object, ...], tuple[Any, str]] = {}  # key -> (aval, name)
         self.mesh: MeshInfo = place.mesh
         self.carried = handover.carried
-        # Semaphores passed between calls (engine/call/carried.py): the semaphore inputs whose
-        # values carry DMAs (buffer, cell, value), those DMAs once started here, the
-        # outputs' XLA buffer addresses (one CPU device), the handles of the semaphores
-        # returned (by buffer id), and the layout's semaphores.
+        # Semaphores passed between calls (engine/call/carried.py): the inputs whose values
+        # carry DMAs (buffer, cell, value), those DMAs once started here, the outputs' XLA
+        # buffer addresses (one CPU device), the handles of those returned (by buffer id).
         self.arriving: list[tuple[Buffer, tuple[int, ...], Any]] = []
         self.carried_dmas: list[Dma] = []
         self.carried_landed: list[Dma] = []  # landed before this call, followed here
@@ -163,8 +101,7 @@ class CallState(CallBuffers):
         self.fresh_revisits: dict[int, str] = {}
         self.perturb = handover.perturb
         self.first_output = place.first_output  # where the outputs start among the parameters
-        # Grid steps walked so far, read by a progress line (engine/runtime/progress.py): the
-        # call's live counter, kept across its passes.
+        # Grid steps walked, read by a progress line (engine/runtime/progress.py).
         self.steps = progress.grid_steps(call_index, kernel.name)
         self.steps.start(place.grid_steps * place.mesh.num_devices)
         # The listeners of this call (the checkers', and with --trace and a run that
