@@ -100,10 +100,18 @@ class Timeline(Listener):
         return self._clock
 
     def _mark(self, kind: str, where: tuple[int, str], name: str = "", category: str = "",
-              args: dict | None = None, time: int | None = None, flow: int = 0,
+              args: dict | None = None, time: int | None = None,
               finding: Finding | None = None) -> Mark:
-        mark = Mark(kind, self._tick() if time is None else time, self.steps, where[0],
-                    where[1], name, category, args or {}, flow, finding)
+        return self._put(Mark(kind, self._tick() if time is None else time, self.steps,
+                              where[0], where[1], name, category, args or {}, 0, finding))
+
+    def _flow_mark(self, kind: str, where: tuple[int, str], name: str, flow: int,
+                   time: int | None = None) -> Mark:
+        """One end of an arrow between tracks (`flow` its id, shared by both ends)."""
+        return self._put(Mark(kind, self._tick() if time is None else time, self.steps,
+                              where[0], where[1], name, "flow", {}, flow, None))
+
+    def _put(self, mark: Mark) -> Mark:
         self.sink.add(mark)
         self.recorded += 1
         return mark
@@ -128,11 +136,11 @@ class Timeline(Listener):
         """An arrow from now on `where` (it shares the time of the moment just marked);
         its end comes with `_flow_end`, or never."""
         flow = next(self._flows)
-        self._mark("flow-start", where, name, "flow", time=self._clock, flow=flow)
+        self._flow_mark("flow-start", where, name, flow, time=self._clock)
         return flow
 
     def _flow_end(self, flow: int, target: tuple[int, str], name: str) -> None:
-        self._mark("flow-end", target, name, "flow", flow=flow)
+        self._flow_mark("flow-end", target, name, flow)
 
     # -- the cap --------------------------------------------------------------------------
     def _stopped(self) -> bool:

@@ -28,8 +28,8 @@ from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
-from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
-                                            sem_value)
+from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
+                                            sem_name, sem_value)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
@@ -162,21 +162,23 @@ def _dma_start(ctx, eqn, invals):
     src_sem_region = (_arg_region(ctx, src_sem_at, invals)
                       if src_sem_at[1] > src_sem_at[0] else None)
     if _begin_dma(ctx, src_region, dst_region,
-                  cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
-                  cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
-                  math.prod(dst_shape) * dst_dtype.itemsize, frames, signal_count(eqn)):
+                  (cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
+                   cell_of(ctx, src_sem_region) if src_sem_region is not None else None),
+                  (math.prod(dst_shape) * dst_dtype.itemsize, signal_count(eqn)), frames):
         yield None  # a scheduling point: another actor may run between start and what follows
     return []
 
 
-def _begin_dma(ctx: RunningCore, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
-               nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1,
-               atomic_add: bool = False) -> bool:
+def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
+               sems: tuple[SemCell, SemCell | None], moves: tuple[int, int],
+               frames: tuple[SourceFrame, ...], atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
-    (not when one actor runs alone: the watchdog is told it is alive instead). `signal`:
-    what it adds to its semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its
-    write is an atomic add (a SparseCore scatter-add)."""
+    (not when one actor runs alone: the watchdog is told it is alive instead). `sems`: its
+    receive and send semaphores; `moves`: the bytes it moves and what it adds to its
+    semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its write is an atomic
+    add (a SparseCore scatter-add)."""
     call = ctx.call
+    (dst_sem, src_sem), (nbytes, signal) = sems, moves
     if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
         src, dst = tile_padded(ctx, src), tile_padded(ctx, dst)
     if src.oob:
@@ -213,7 +215,7 @@ def _planned_dma_start(eqn: Any) -> Any:
         return None
     src_at, rest_at, nbytes, _, frames = static
     src_lo, src_hi, _, src_plan = src_at
-    signal = signal_count(eqn)
+    moves = (nbytes, signal_count(eqn))
 
     def planned_dma_start(ctx, eqn, invals):
         leaves = invals[src_lo:src_hi]
@@ -224,8 +226,8 @@ def _planned_dma_start(eqn: Any) -> Any:
                         eqn, rest, lambda: _dst_and_semaphores(ctx, eqn, invals)))
         if resolved is None or resolved[0].zero_stride:
             return (yield from _dma_start(ctx, eqn, invals))
-        dst, dst_sem, src_sem = resolved
-        if _begin_dma(ctx, src, dst, dst_sem, src_sem, nbytes, frames, signal):
+        dst, sems = resolved
+        if _begin_dma(ctx, src, dst, sems, moves, frames):
             yield None
         return []
 
@@ -262,9 +264,11 @@ def _planned_dma(eqn: Any) -> tuple | None:
             math.prod(shapes[0]) * np.dtype(src_ref.dtype).itemsize, frames)
 
 
-def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list) -> tuple | None:
-    """A planned DMA's destination region and semaphore cells (cached per call by their
-    operands), or None when the destination is not in the planned spelling."""
+def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list[Any]
+                        ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
+    """A planned DMA's destination region and its (receive, send) semaphore cells (cached
+    per call by their operands), or None when the destination is not in the planned
+    spelling."""
     _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
@@ -273,8 +277,9 @@ def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list) -> tuple | Non
         return None
     src_sem = (cell_of(ctx, _arg_region_made(ctx, src_sem_at, invals[src_sem_at[0]:src_sem_at[1]]))
                if src_sem_at[1] > src_sem_at[0] else None)
-    return (dst, cell_of(ctx, _arg_region_made(ctx, dst_sem_at,
-                                               invals[dst_sem_at[0]:dst_sem_at[1]])), src_sem)
+    return (dst, (cell_of(ctx, _arg_region_made(ctx, dst_sem_at,
+                                                invals[dst_sem_at[0]:dst_sem_at[1]])),
+                  src_sem))
 
 
 def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
@@ -422,8 +427,8 @@ def _indirect_start(ctx: RunningCore, eqn: Any, invals: list, side: int) -> bool
     nbytes = math.prod(dst.out_shape) * dst.view_dtype().itemsize
     cell = cell_of(ctx, _arg_region(ctx, dst_sem_at, invals))
     # Rows regions answer what a Dma asks of its sides as a Region does (duck-typed)
-    return _begin_dma(ctx, src, dst, cell, None,  # type: ignore[arg-type]
-                      nbytes, frames, signal_count(eqn), add)
+    return _begin_dma(ctx, src, dst, (cell, None),  # type: ignore[arg-type]
+                      (nbytes, signal_count(eqn)), frames, add)
 
 
 def _index_vector(ctx: RunningCore, index: Any, frames: tuple) -> indirect.IndexVector:
