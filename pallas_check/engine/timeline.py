@@ -29,7 +29,24 @@ from typing import Any, Protocol
 from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
                                         CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
                                         GridStep, Listener, Signalled, Waited)
-from pallas_check.findings import Finding
+from pallas_check.findings import Finding, SourceFrame
+
+
+class Blocking(Protocol):
+    """What the timeline shows of a wait that blocks (engine/runtime/scheduler.py's Wait,
+    a wing it does not import)."""
+
+    @property
+    def what(self) -> str: ...
+
+    @property
+    def semaphore(self) -> str: ...
+
+    @property
+    def wanted(self) -> int: ...
+
+    @property
+    def frames(self) -> tuple[SourceFrame, ...]: ...
 
 
 CALL_TRACK = "call"  # where a finding with no known actor is marked
@@ -180,7 +197,7 @@ class Timeline(Listener):
         if where is not None and (self._top(where) or "").startswith("blocked"):
             self._end(where)
 
-    def blocked(self, actor: str, wait: Any) -> None:
+    def blocked(self, actor: str, wait: Blocking) -> None:
         """`actor` cannot go on until `wait` holds."""
         where = self._actors.get(actor)
         if where is None or self._stopped():

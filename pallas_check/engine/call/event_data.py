@@ -95,6 +95,7 @@ def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
     if isinstance(current, SubcoreBarrier):  # a SparseCore's subcore barrier
         return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, current.waiting(),
                            buffer, rng, tuple(wait.frames), current.where)
+    assert current is not None  # (a wait that blocks on a count says what it is)
     return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, int(current), buffer,
                        rng, tuple(wait.frames))
 

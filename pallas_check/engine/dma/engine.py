@@ -28,8 +28,10 @@ from pallas_check.engine.memory.views import same_bits
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.findings import IndexRange, SourceFrame, format_range
 
-# A semaphore cell: its buffer and the index of the one semaphore in it.
+# A semaphore cell: its buffer and the index of the one semaphore in it; and its key, by
+# the buffer's id.
 SemCell = tuple[Buffer, tuple[int, ...]]
+CellKey = tuple[int, tuple[int, ...]]
 
 
 class DeviceMesh(Protocol):
@@ -129,8 +131,8 @@ class Dma(Transfer):
     id: int
     src: Region
     dst: Region
-    dst_sem: tuple[Buffer, tuple]
-    src_sem: tuple[Buffer, tuple] | None
+    dst_sem: SemCell
+    src_sem: SemCell | None
     nbytes: int
     actor: str
     frames: tuple[SourceFrame, ...]
@@ -177,14 +179,14 @@ class SyncState:
         # waited, those carried into the next call) is never about it, and a long grid's
         # DMAs cost no memory once done.
         self._live: dict[int, Dma] = {}
-        self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
-        self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
+        self.last_signal: dict[CellKey, tuple[SourceFrame, ...]] = {}
+        self.last_signaller: dict[CellKey, str] = {}  # the actor, for leak reports
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
         # signal it (as receive or send semaphore), and those not yet fully waited on it
         # (so that a wait does not rescan every DMA of the call).
-        self._receiving: dict[tuple, list[Dma]] = {}
-        self._sending: dict[tuple, list[Dma]] = {}
-        self._unwaited: dict[tuple, collections.deque[Dma]] = {}
+        self._receiving: dict[CellKey, list[Dma]] = {}
+        self._sending: dict[CellKey, list[Dma]] = {}
+        self._unwaited: dict[CellKey, collections.deque[Dma]] = {}
         # Per destination buffer id: the DMAs into it that may not have landed yet, for a
         # read of never-written memory to name the DMA it came before (`landing_into`).
         self._landing: dict[int, list[Dma]] = {}
@@ -237,7 +239,7 @@ class SyncState:
                 return dma
         return None
 
-    def landing_only(self, sem: tuple[Buffer, tuple]) -> list[Dma] | None:
+    def landing_only(self, sem: SemCell) -> list[Dma] | None:
         """The DMAs that may still land on `sem`, in start order (the list itself: a
         landed one may be removed), when no DMA signals it as its send semaphore; else
         None (`pending_on` then orders both kinds)."""
@@ -246,7 +248,7 @@ class SyncState:
             return None
         return self._receiving.get(key, [])
 
-    def pending_on(self, sem: tuple[Buffer, tuple]) -> list[tuple[Dma, bool]]:
+    def pending_on(self, sem: SemCell) -> list[tuple[Dma, bool]]:
         """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
         DMA that has yet to land there (receive semaphore), (dma, False) for one that has
         yet to read its source (send semaphore)."""
@@ -306,11 +308,11 @@ def selected_ref(x: Any) -> Any:
     return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
 
 
-def semaphore_cell(ctx: DmaCore, view: RefView) -> tuple[Buffer, tuple]:
+def semaphore_cell(ctx: DmaCore, view: RefView) -> SemCell:
     return cell_of(ctx, resolve(view))
 
 
-def cell_of(ctx: DmaCore, region: Region) -> tuple[Buffer, tuple]:
+def cell_of(ctx: DmaCore, region: Region) -> SemCell:
     """The one semaphore a region picks (a region of several is the kernel's error)."""
     if region.oob or region.post or region.out_shape:
         raise KernelError(
@@ -326,17 +328,17 @@ def _describe(region: Region) -> str:
     return format_range(region.index_range())
 
 
-def sem_value(cell: tuple[Buffer, tuple]) -> int:
+def sem_value(cell: SemCell) -> int:
     buf, idx = cell
     return int(buf.data[idx])
 
 
-def sem_add(cell: tuple[Buffer, tuple], amount: int) -> None:
+def sem_add(cell: SemCell, amount: int) -> None:
     buf, idx = cell
     buf.writable()[idx] = buf.data[idx] + amount
 
 
-def sem_name(cell: tuple[Buffer, tuple]) -> str:
+def sem_name(cell: SemCell) -> str:
     buf, idx = cell
     if buf.data.ndim == 0:
         return buf.name
@@ -397,7 +399,7 @@ def complete(ctx: DmaCore, dma: Dma) -> None:
     dma_write(ctx, dma)
 
 
-def dma_actor(ctx: DmaCore, dma: Dma):
+def dma_actor(ctx: DmaCore, dma: Dma) -> Generator[None, None, None]:
     """In `random` mode a DMA is an actor: its read and its write each happen at a point
     the scheduler picks, after its start and before what waits for it."""
     yield None

@@ -48,7 +48,7 @@ def indexed_side(src: Any, dst: Any) -> int | None:
     """Which argument of a DMA start (its pytree over the equation's vars) an index vector
     indexes: 0 the source (a gather), 1 the destination (a scatter), None (a plain DMA)."""
     for side, ref in enumerate((src, dst)):
-        transforms: list = []
+        transforms: list[object] = []
         while isinstance(ref, state_types.TransformedRef):
             transforms[:0] = ref.transforms
             ref = ref.ref
@@ -85,15 +85,15 @@ class RowsRegion:
         self.buffer = base.buffer
         self.rows = np.asarray(rows, np.int64)
         self.add = add
-        self.post: list = []
-        self.oob: list = []
+        self.post: list[object] = []
+        self.oob: list[OutOfBounds] = []
         self.zero_stride = False
         self.dims = base.dims
         self._row_dim = next(i for i, d in enumerate(base.dims) if d.__class__ is not int)
         start, _, stride = base.dims[self._row_dim]
         self._buffer_rows = start + self.rows * stride
         self.out_shape = (len(self.rows), *base.out_shape[1:])
-        index: list = []
+        index: list[np.ndarray | int | slice] = []
         for i, d in enumerate(base.dims):
             if i == self._row_dim:
                 index.append(self._buffer_rows)
@@ -137,7 +137,8 @@ class RowsRegion:
         data = buf.writable()
         value = self._to_buffer(np.asarray(value, data.dtype))
         if self.add:
-            np.add.at(data, self._index, value)
+            # (numpy's stub of `at` takes no slice in an index tuple; numpy does)
+            np.add.at(data, self._index, value)  # type: ignore[arg-type]
         else:
             data[self._index] = value
         if written is None or (written is True and buf.fully_written):
@@ -210,7 +211,7 @@ class ViewRowsRegion:
         self.rows = np.asarray(rows, np.int64)
         self.add = add
         self.post = base.post  # a view: never taken for a plain region (carried.py)
-        self.oob: list = []
+        self.oob: list[OutOfBounds] = []
         self.zero_stride = False
         self.dims = base.dims
         self.out_shape = (len(self.rows), *view.units.shape[1:-1])
@@ -241,7 +242,8 @@ class ViewRowsRegion:
         if self.buffer.fully_written:
             return np.ones(self.out_shape, bool)
         elements = self._map.units // self._map.per
-        return self.buffer.written.reshape(-1)[elements].all(axis=-1)
+        written: np.ndarray = self.buffer.written.reshape(-1)[elements].all(axis=-1)
+        return written
 
     read_written = written_base
 
@@ -300,7 +302,7 @@ class ViewRowsRegion:
 def _joined(boxes: set[IndexRange]) -> tuple[IndexRange, ...]:
     """Boxes (disjoint or equal) with those that continue each other along the first
     dimension (the same ranges in every other) joined into one."""
-    out: list[list] = []
+    out: list[list[tuple[int, int]]] = []
     for box in sorted(boxes, key=lambda b: (b[1:], b[0])):
         if out and out[-1][1:] == list(box[1:]) and out[-1][0][1] >= box[0][0]:
             out[-1][0] = (out[-1][0][0], max(out[-1][0][1], box[0][1]))

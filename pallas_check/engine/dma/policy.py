@@ -25,9 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Iterable
 
 from pallas_check.config import DmaMode
-from pallas_check.engine.dma.engine import (DmaCore, SyncState, Transfer, complete, dma_read,
-                                            sem_value)
+from pallas_check.engine.dma.engine import (DmaCore, SemCell, SyncState, Transfer, complete,
+                                            dma_read, sem_value)
 from pallas_check.engine.runtime.scheduler import Actor, Wait
+from pallas_check.findings import SourceFrame
 
 
 class DmaPolicy:
@@ -49,13 +50,13 @@ class DmaPolicy:
     def started(self, ctx: DmaCore, transfer: Transfer) -> None:
         """A transfer began (its start's accounting and events are done)."""
 
-    def land_for(self, ctx: DmaCore, sync: SyncState, cell: tuple, wanted: int) -> None:
+    def land_for(self, ctx: DmaCore, sync: SyncState, cell: SemCell, wanted: int) -> None:
         """A wait wants `wanted` on semaphore `cell`, which holds less: make happen now
         what this mode lets happen at a wait (nothing: the wait blocks until other actors
         signal it)."""
 
     def await_transfer(self, ctx: DmaCore, transfer: Transfer, what: str,
-                       frames: tuple) -> Wait | None:
+                       frames: tuple[SourceFrame, ...]) -> Wait | None:
         """A wait on `transfer`, which has not landed: it completes now (None), or the
         `Wait` the waiting actor yields until it has (`what`, `frames`: how a deadlock
         report names that wait)."""
@@ -92,7 +93,7 @@ class OnWaitDmas(DmaPolicy):
 
     mode = DmaMode.ON_WAIT
 
-    def land_for(self, ctx: DmaCore, sync: SyncState, cell: tuple, wanted: int) -> None:
+    def land_for(self, ctx: DmaCore, sync: SyncState, cell: SemCell, wanted: int) -> None:
         receiving = sync.landing_only(cell)
         if receiving is not None:  # the common case: only DMAs landing here signal it
             while receiving and sem_value(cell) < wanted:
@@ -121,7 +122,7 @@ class RandomDmas(DmaPolicy):
                                        transient=True))
 
     def await_transfer(self, ctx: DmaCore, transfer: Transfer, what: str,
-                       frames: tuple) -> Wait | None:
+                       frames: tuple[SourceFrame, ...]) -> Wait | None:
         landed: Callable[[], bool] = lambda: transfer.copied
         return Wait(landed, what, frames)
 

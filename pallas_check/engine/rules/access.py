@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import state_indexing
@@ -18,7 +19,7 @@ from pallas_check.jaxbridge import state_primitives
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
@@ -134,14 +135,14 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
-def _region_of(ctx: RunningCore, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
     equation, ref and index values)."""
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
 
-def _region_made(ctx: RunningCore, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list) -> Region:
     """A `ref[indices]` region: through the index plan of the equation's indexers, or the
     general way when the plan does not cover them."""
     tree = eqn.params["tree"]
@@ -165,21 +166,22 @@ def _get(ctx, eqn, invals):
 
 
 @specializer(state_primitives.get_p)
-def _scalar_get(eqn: Any) -> Any:
+def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     """A load of one element by scalar indices (`lengths_ref[b]`, a page table's entry; a
     paged kernel makes thousands per call): read straight from the buffer, at the index
     its plan's straight-line code gives, when it is plain, in bounds, written everywhere
     and no race checker records reads; anything else takes `_get`."""
-    if eqn.outvars[0].aval.shape != ():
+    out = eqn.outvars[0].aval  # (a ShapedArray: a get's value)
+    if getattr(out, "shape", None) != ():
         return None
     plan = index_plan.plan_for(eqn.params["tree"])
     if plan is None or plan.ref is not None or len(plan.steps) != 1 or any(
             size is not None for _, _, size, _ in plan.steps[0]):
         return None
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
-    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    dtype = np.dtype(getattr(out, "dtype"))
 
-    def scalar_get(ctx: RunningCore, eqn: Any, invals: list) -> Any:
+    def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list) -> Any:
         ref = invals[0]
         if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
             buffer = ref.buffer

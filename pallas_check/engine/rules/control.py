@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import lax_control_flow
 from pallas_check.jaxbridge import pallas_primitives
@@ -17,7 +18,7 @@ from pallas_check.jaxbridge import pjit
 from pallas_check.jaxbridge import lax_parallel
 
 from pallas_check.engine.jaxpr.program import eval_closed, eval_jaxpr, runner_for
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.seam import RunningCore
 
 
@@ -88,7 +89,7 @@ def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
 
 
 @specializer(lax_control_flow.cond_p)
-def _cond_for(eqn: Any) -> Any:
+def _cond_for(eqn: JaxprEqn) -> RuleFn | None:
     """`_cond` with its branches' functions kept (a kernel body's conds run at every grid
     step: looking their programs up again cost more than the branch)."""
     branches = eqn.params["branches"]
@@ -103,7 +104,7 @@ def _cond_for(eqn: Any) -> Any:
 
 
 @specializer(lax_control_flow.while_p)
-def _while_for(eqn: Any) -> Any:
+def _while_for(eqn: JaxprEqn) -> RuleFn | None:
     """`_while` with its cond and body functions kept."""
     p = eqn.params
     n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import checkify, debugging
 
 from pallas_check.engine.jaxpr.registry import rule
@@ -29,7 +30,7 @@ from pallas_check.engine.seam import RunningCore
 
 
 @rule(checkify.check_p)
-def _debug_check(ctx: RunningCore, eqn: Any, invals: Sequence[Any]) -> list:
+def _debug_check(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[Any]) -> list:
     """An assertion of the kernel: nothing when it holds; else a finding with its message
     (its values formatted) at this core's grid step. Not under --skip-floats: float
     values are not computed there (they read as inf), and a check may be about them."""
@@ -60,7 +61,7 @@ def _check_message(exception: Any) -> tuple[str, str]:
 
 
 @rule(debugging.debug_print_p)
-def _debug_print(ctx: RunningCore, eqn: Any, invals: Sequence[Any]) -> list:
+def _debug_print(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[Any]) -> list:
     """A print of the kernel, formatted as JAX formats it, recorded with the core and
     grid step that printed it."""
     if ctx.call.report and not ctx.config.quiet_prints:

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+from jax.extend.core import JaxprEqn
 import numpy as np
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
@@ -33,7 +34,7 @@ from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, ce
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
 from pallas_check.engine.memory.region import Region, resolve, view_shape
 from pallas_check.engine.rules import index_plan
@@ -92,7 +93,7 @@ def _arg_region_made(ctx: RunningCore, layout: tuple, leaves: list,
 
 
 @caches.by_identity
-def signal_count(eqn: Any) -> int:
+def signal_count(eqn: JaxprEqn) -> int:
     """What a DMA start adds to its semaphores, by their type in the kernel's jaxpr: its
     bytes (-1) on DMA semaphores, 1 on a regular semaphore (`pltpu.SemaphoreType.REGULAR`,
     which a DMA may signal on TPU v6+ per JAX's tests, waited with one
@@ -204,7 +205,7 @@ def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
 
 
 @specializer(mosaic_primitives.dma_start_p)
-def _planned_dma_start(eqn: Any) -> Any:
+def _planned_dma_start(eqn: JaxprEqn) -> RuleFn | None:
     """A local DMA (no device id) whose source and destination are in the planned spelling
     (ints and static-size slices on a ref without transforms; see index_plan), made for
     this equation: the shapes, bytes and source line are worked out once, the source's
@@ -234,7 +235,7 @@ def _planned_dma_start(eqn: Any) -> Any:
     return planned_dma_start
 
 
-def _planned_dma(eqn: Any) -> tuple | None:
+def _planned_dma(eqn: JaxprEqn) -> tuple | None:
     """What a local, planned DMA start or wait knows before it runs: the source's layout,
     where the operands after the source begin, the bytes a start signals and a wait
     takes (static, whatever the indices) and its source frames (None when not all of
@@ -243,11 +244,12 @@ def _planned_dma(eqn: Any) -> tuple | None:
     frames = user_frames(eqn.source_info)
     if device_at[1] > device_at[0] or not frames or _indirect_side(eqn) is not None:
         return None
-    shapes = []
+    shapes, itemsizes = [], []
     for lo, _, _, plan in (src_at, dst_at):
         if plan is None or plan.ref is None:
             return None
-        shape = getattr(eqn.invars[lo + plan.ref].aval, "shape", None)
+        ref = eqn.invars[lo + plan.ref].aval
+        shape = getattr(ref, "shape", None)
         if shape is None:
             return None  # no ref's aval: the general rules explain it
         for step in plan.steps:  # each indexer takes the dims the one before left
@@ -255,16 +257,15 @@ def _planned_dma(eqn: Any) -> tuple | None:
                 return None  # ranks the general rule explains as an error
             shape = [size for _, _, size, _ in step if size is not None]
         shapes.append(shape)
+        itemsizes.append(np.dtype(getattr(ref, "dtype")).itemsize)
     if math.prod(shapes[0]) != math.prod(shapes[1]):
         return None  # sizes the general rule explains as an error
-    src_ref = eqn.invars[src_at[0] + src_at[3].ref].aval
-    dst_ref = eqn.invars[dst_at[0] + dst_at[3].ref].aval
     # A start signals the destination's bytes; a wait takes its descriptor source's.
-    return (src_at, src_at[1], math.prod(shapes[1]) * np.dtype(dst_ref.dtype).itemsize,
-            math.prod(shapes[0]) * np.dtype(src_ref.dtype).itemsize, frames)
+    return (src_at, src_at[1], math.prod(shapes[1]) * itemsizes[1],
+            math.prod(shapes[0]) * itemsizes[0], frames)
 
 
-def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list[Any]
+def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
                         ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
     """A planned DMA's destination region and its (receive, send) semaphore cells (cached
     per call by their operands), or None when the destination is not in the planned
@@ -272,6 +273,7 @@ def _dst_and_semaphores(ctx: RunningCore, eqn: Any, invals: list[Any]
     _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
+    assert plan is not None and plan.ref is not None  # (a planned DMA's: `_planned_dma`)
     dst = plan.region(leaves, leaves[plan.ref])
     if dst is None:
         return None
@@ -346,7 +348,7 @@ def _end_wait(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> None
 
 
 @specializer(mosaic_primitives.dma_wait_p)
-def _planned_dma_wait(eqn: Any) -> Any:
+def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
     """A local, planned DMA's wait (see `_planned_dma_start`): its bytes and source line
     known before it runs; only its semaphore is looked up."""
     static = _planned_dma(eqn)
@@ -372,7 +374,7 @@ def _planned_dma_wait(eqn: Any) -> Any:
 
 
 @caches.by_identity
-def _indirect_side(eqn: Any) -> int | None:
+def _indirect_side(eqn: JaxprEqn) -> int | None:
     """Which argument of a DMA start or wait an index vector indexes (0: the source, a
     gather; 1: the destination, a scatter), None for a plain DMA: decided once per
     equation from its vars."""
@@ -380,7 +382,7 @@ def _indirect_side(eqn: Any) -> int | None:
     return indirect.indexed_side(src, dst)
 
 
-def _indirect_start(ctx: RunningCore, eqn: Any, invals: list, side: int) -> bool:
+def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) -> bool:
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""

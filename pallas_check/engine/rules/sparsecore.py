@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import sc_core
 from pallas_check.jaxbridge import sc_primitives
 from pallas_check.jaxbridge import state_indexing
@@ -255,7 +256,7 @@ def _first(view: RefView, shape: tuple[int, ...], n: int) -> RefView:
     return view.with_transforms((indexer,))
 
 
-def _compressed_part(ctx: RunningCore, eqn: Any, ref: Any, flat: list):
+def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list):
     """(view of the first popcount(mask) elements, mask) of a masked SparseCore load or
     store (n = 0: None); a view of rank > 1 is touched whole, its mask selecting."""
     *transforms, mask = flat
@@ -378,13 +379,13 @@ class ParallelLoopHooks(Protocol):
     """Who follows a `parallel_loop`'s iterations (the race checker's per-iteration clocks,
     SC-C's part): registered in PARALLEL_LOOP_HOOKS; none registered, none called."""
 
-    def loop_started(self, ctx: RunningCore, eqn: Any) -> None: ...
+    def loop_started(self, ctx: RunningCore, eqn: JaxprEqn) -> None: ...
 
-    def iteration_started(self, ctx: RunningCore, eqn: Any, index: int) -> None: ...
+    def iteration_started(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None: ...
 
-    def iteration_ended(self, ctx: RunningCore, eqn: Any, index: int) -> None: ...
+    def iteration_ended(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None: ...
 
-    def loop_ended(self, ctx: RunningCore, eqn: Any) -> None: ...
+    def loop_ended(self, ctx: RunningCore, eqn: JaxprEqn) -> None: ...
 
 
 PARALLEL_LOOP_HOOKS: list[ParallelLoopHooks] = []
@@ -435,7 +436,7 @@ class IterationClocks:
     listeners as ParallelLoop / LoopIteration events (engine/events.py); where none takes
     iterations (races off), the actor stays the subcore and nothing is built."""
 
-    def loop_started(self, ctx: RunningCore, eqn: Any) -> None:
+    def loop_started(self, ctx: RunningCore, eqn: JaxprEqn) -> None:
         if ctx.call.feeds.loop_iteration:  # (the race checker's, with races on)
             ctx.parallel_loops.append([ctx.actor, 0])  # (the loop's actor, iterations)
         if ctx.call.feeds.parallel_loop:
@@ -443,7 +444,7 @@ class IterationClocks:
             for take in ctx.call.feeds.parallel_loop:
                 take(event)
 
-    def iteration_started(self, ctx: RunningCore, eqn: Any, index: int) -> None:
+    def iteration_started(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None:
         takers = ctx.call.feeds.loop_iteration
         if not takers:
             return
@@ -456,7 +457,7 @@ class IterationClocks:
         for take in takers:
             take(event)
 
-    def iteration_ended(self, ctx: RunningCore, eqn: Any, index: int) -> None:
+    def iteration_ended(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None:
         takers = ctx.call.feeds.loop_iteration
         if not takers:
             return
@@ -466,7 +467,7 @@ class IterationClocks:
             take(event)
         ctx.actor = parent
 
-    def loop_ended(self, ctx: RunningCore, eqn: Any) -> None:
+    def loop_ended(self, ctx: RunningCore, eqn: JaxprEqn) -> None:
         if ctx.call.feeds.loop_iteration:
             ctx.parallel_loops.pop()  # (its iterations ended: the actor is the loop's again)
         if ctx.call.feeds.parallel_loop:
