@@ -7,7 +7,7 @@ bounds are checked and the written-shadow is consulted and updated.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from jax.extend.core import JaxprEqn
@@ -29,7 +29,7 @@ from pallas_check.engine.seam import RunningCore
 
 # -- the one path for reads and writes ---------------------------------------------------
 
-def view_of(ref: Any, transforms: Any) -> RefView:
+def view_of(ref: object, transforms: Sequence[object] | None) -> RefView:
     if not isinstance(ref, RefView):
         raise KernelError(f"expected a ref, got {type(ref).__name__}")
     return ref.with_transforms(tuple(transforms or ()))
@@ -126,7 +126,7 @@ def _resolve(ctx: RunningCore, view: RefView, operation: str = "load") -> Region
     return region
 
 
-def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
+def _cast(value: np.ndarray, aval: object) -> np.ndarray:
     dtype = getattr(aval, "dtype", None)
     if dtype is not None and value.dtype != dtype:
         value = value.astype(dtype)
@@ -214,7 +214,7 @@ def _addupdate(ctx, eqn, invals):
     return []
 
 
-def _is_drop(v: Any) -> bool:
+def _is_drop(v: object) -> bool:
     return isinstance(v, jax_core.DropVar)
 
 

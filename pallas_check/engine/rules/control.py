@@ -6,7 +6,7 @@ the TPU's stateful PRNG.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from jax.extend.core import JaxprEqn
@@ -17,7 +17,7 @@ from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import pjit
 from pallas_check.jaxbridge import lax_parallel
 
-from pallas_check.engine.jaxpr.program import eval_closed, eval_jaxpr, runner_for
+from pallas_check.engine.jaxpr.program import Gen, eval_closed, eval_jaxpr, runner_for
 from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.seam import RunningCore
 
@@ -70,12 +70,13 @@ def _while(ctx, eqn, invals):
     return (yield from _while_for(eqn)(ctx, eqn, invals))
 
 
-def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
+def _runners(closed: Sequence[jax_core.ClosedJaxpr]
+             ) -> Callable[[RunningCore, int], Callable[..., Gen]]:
     """Per float-skipping setting, the generated functions of some sub-jaxprs, each made
     at its first use (a branch never taken is never generated)."""
-    made: dict[bool, list] = {}
+    made: dict[bool, list[Callable[..., Gen] | None]] = {}
 
-    def runner(ctx: RunningCore, k: int) -> Any:
+    def runner(ctx: RunningCore, k: int) -> Callable[..., Gen]:
         skip = ctx.config.skip_floats
         runs = made.get(skip)
         if runs is None:
@@ -163,7 +164,7 @@ def _run_scoped(ctx, eqn, invals):
     return outs
 
 
-def _arg_names(jaxpr: Any, n: int, prefix: str) -> list[str]:
+def _arg_names(jaxpr: object, n: int, prefix: str) -> list[str]:
     info = getattr(jaxpr, "debug_info", None)
     names = list(getattr(info, "arg_names", None) or ())
     out = []

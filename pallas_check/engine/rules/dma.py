@@ -20,6 +20,7 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax.extend.core import JaxprEqn
+from jax.tree_util import PyTreeDef
 import numpy as np
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
@@ -51,7 +52,8 @@ from pallas_check.sourceinfo import user_frames
 
 
 @caches.by_identity
-def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
+def _dma_layout(tree: PyTreeDef
+                ) -> tuple[tuple[int, int, PyTreeDef, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
     the equation's flat operands, its own pytree structure, and its index plan."""
     out, start = [], 0
@@ -105,7 +107,7 @@ def signal_count(eqn: JaxprEqn) -> int:
     src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     avals = [v.aval for v in eqn.invars]
 
-    def aval(at: tuple) -> Any:
+    def aval(at: tuple[int, int, PyTreeDef, object]) -> object:
         return at[2].unflatten(avals[at[0]:at[1]])
 
     regular = _regular_semaphore(aval(dst_sem_at))
@@ -124,7 +126,7 @@ def signal_count(eqn: JaxprEqn) -> int:
     return 1
 
 
-def _regular_semaphore(aval: Any) -> bool:
+def _regular_semaphore(aval: object) -> bool:
     """Whether a semaphore ref's type counts signals (regular, barrier), not bytes."""
     dtype = getattr(aval, "dtype", None)
     try:

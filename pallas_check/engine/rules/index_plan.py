@@ -20,6 +20,8 @@ import dataclasses
 import itertools
 from typing import Any, Callable, Sequence
 
+from jax.tree_util import PyTreeDef
+
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
@@ -171,7 +173,7 @@ def _whole(leaves: Sequence[Any], buffer: Buffer) -> Region | None:
 
 
 @caches.by_identity
-def has_dynamic_size(tree: Any) -> bool:
+def has_dynamic_size(tree: PyTreeDef) -> bool:
     """Whether a ref-and-indexers pytree slices some dimension with a traced size
     (`pl.ds(start, n)` with `n` computed by the kernel): the size is then one of its
     leaves, so what it addresses (and how many bytes a DMA of it moves) changes with the
@@ -192,7 +194,7 @@ def has_dynamic_size(tree: Any) -> bool:
 
 
 @caches.by_identity
-def plan_for(tree: Any) -> IndexPlan | None:
+def plan_for(tree: PyTreeDef) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""
     try:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 
-def active(mask: Any, n: int) -> np.ndarray:
+def active(mask: object, n: int) -> np.ndarray:
     """The mask as a bool array of n lanes (None: all lanes active)."""
     if mask is None:
         return np.ones(n, bool)
