@@ -15,7 +15,8 @@ from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import RefView
 
 
-def target_device(ctx: DmaCore, device_id: Any, device_id_type: Any) -> tuple[int, int | None]:
+def target_device(ctx: DmaCore, device_id: object, device_id_type: object
+                  ) -> tuple[int, int | None]:
     """The logical device, and the core when the id names one, that a DMA or signal is
     aimed at. A device id resolves over every named axis: the shard_map mesh's and, in a
     kernel over a TensorCore mesh (core_map / pl.kernel), the core axes; core None means
@@ -93,7 +94,8 @@ def on_device(ctx: DmaCore, view: RefView, target: tuple[int, int | None]) -> Re
     return RefView(other, view.transforms)
 
 
-def _with_core(ctx: DmaCore, target: tuple[int, int | None], core_index: Any) -> tuple[int, int]:
+def _with_core(ctx: DmaCore, target: tuple[int, int | None], core_index: object
+               ) -> tuple[int, int]:
     """A signal's target with `core_index` (`pl.semaphore_signal(..., core_index=i)`): the
     semaphore of core i of the target device, a TensorCore of the chip (`--cores`) or a
     core of the kernel's TensorCore mesh, counted as the cores' ids are."""

@@ -26,7 +26,7 @@ from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import same_bits
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.findings import IndexRange, SourceFrame, format_range
+from pallas_check.findings import IndexRange, KernelInfo, SourceFrame, format_range
 
 # A semaphore cell: its buffer and the index of the one semaphore in it; and its key, by
 # the buffer's id.
@@ -144,10 +144,11 @@ class Dma(Transfer):
     read_done: bool = False  # the source was read (the send semaphore signalled)
     copied: bool = False  # the destination was written (the receive semaphore signalled)
     waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
-    staged: Any = None  # (values, written-shadow) read from the source, not yet written
+    # (values, written-shadow) read from the source, not yet written
+    staged: tuple[np.ndarray, bool | np.ndarray] | None = None
     # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
     # (engine/call/carried.py): (that call's index, its KernelInfo, the actor that started it).
-    origin: Any = None
+    origin: tuple[int, KernelInfo, str] | None = None
     # Its write adds to the destination atomically (a SparseCore scatter-add or gather-add,
     # engine/dma/indirect.py): two such writes never race with each other.
     atomic_add: bool = False
@@ -283,7 +284,7 @@ def _drop(dmas: list[Dma] | None, dma: Dma) -> None:
             return
 
 
-def as_view(x: Any) -> RefView:
+def as_view(x: object) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
     if isinstance(x, state_types.TransformedRef):
         if isinstance(x.ref, (tuple, list)):
@@ -295,7 +296,7 @@ def as_view(x: Any) -> RefView:
     raise KernelError(f"expected a ref, got {type(x).__name__}")
 
 
-def selected_ref(x: Any) -> Any:
+def selected_ref(x: state_types.TransformedRef) -> object:
     """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
     as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
     and the last ref for any other value (no check, no trap)."""

@@ -44,7 +44,7 @@ from pallas_check.engine.memory.views import ElementMap, flat_boxes
 from pallas_check.findings import IndexRange, format_range
 
 
-def indexed_side(src: Any, dst: Any) -> int | None:
+def indexed_side(src: object, dst: object) -> int | None:
     """Which argument of a DMA start (its pytree over the equation's vars) an index vector
     indexes: 0 the source (a gather), 1 the destination (a scatter), None (a plain DMA)."""
     for side, ref in enumerate((src, dst)):
@@ -112,13 +112,13 @@ class RowsRegion:
     def _to_rows(self, values: np.ndarray) -> np.ndarray:
         return np.moveaxis(values, self._row_dim, 0).reshape(self.out_shape)
 
-    def _to_buffer(self, values: Any) -> np.ndarray:
+    def _to_buffer(self, values: np.ndarray) -> np.ndarray:
         shape = [len(self.rows)] + [1 if d.__class__ is int else d[1]
                                     for i, d in enumerate(self.dims) if i != self._row_dim]
         values = np.broadcast_to(np.asarray(values), self.out_shape).reshape(shape)
         return np.moveaxis(values, 0, self._row_dim)
 
-    def read_base(self, fill: Any) -> np.ndarray:
+    def read_base(self, fill: np.ndarray | float) -> np.ndarray:
         return self._to_rows(self.buffer.data[self._index])
 
     read = read_base
@@ -130,7 +130,7 @@ class RowsRegion:
 
     read_written = written_base
 
-    def write_base(self, value: np.ndarray, written: Any = True) -> None:
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray | None = True) -> None:
         """Store (or add) the rows; `written`: their shadow (None: left alone). An add to
         a never-written element stays never-written (its sum has no defined value)."""
         buf = self.buffer
@@ -149,8 +149,8 @@ class RowsRegion:
         buf.written[self._index] = shadow
         buf.recount()
 
-    def write(self, value: np.ndarray, fill: Any, written: Any = True,
-              touched: Any = None) -> None:
+    def write(self, value: np.ndarray, fill: np.ndarray | float, written: bool | np.ndarray = True,
+              touched: np.ndarray | None = None) -> None:
         self.write_base(value, written)
 
     # -- where ----------------------------------------------------------------------------
@@ -230,7 +230,7 @@ class ViewRowsRegion:
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(
             -1, self._unit_bytes)
 
-    def read_base(self, fill: Any) -> np.ndarray:
+    def read_base(self, fill: np.ndarray | float) -> np.ndarray:
         units = self._map.units
         raw = self._units_of(self.buffer.data)[units]  # (*out_shape, parts, unit bytes)
         raw = np.ascontiguousarray(raw.reshape(*units.shape[:-1], -1))
@@ -247,7 +247,7 @@ class ViewRowsRegion:
 
     read_written = written_base
 
-    def write_base(self, value: np.ndarray, written: Any = True) -> None:
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray | None = True) -> None:
         """Store (or add, in the view's element type) the rows as bytes; `written`: their
         shadow (None: left alone); an element stored in part keeps its state only where
         the part stored is initialized (`ElementMap.mark`)."""
@@ -272,8 +272,8 @@ class ViewRowsRegion:
         if written is not None:
             ElementMap(units, self._map.per, self._map.shape).mark(self.buffer, written)
 
-    def write(self, value: np.ndarray, fill: Any, written: Any = True,
-              touched: Any = None) -> None:
+    def write(self, value: np.ndarray, fill: np.ndarray | float, written: bool | np.ndarray = True,
+              touched: np.ndarray | None = None) -> None:
         self.write_base(value, written)
 
     # -- where ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class DmaPolicy:
     actors: ClassVar[bool] = False
     _by_mode: ClassVar[dict[DmaMode, "DmaPolicy"]] = {}
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "mode" in cls.__dict__:
             DmaPolicy._by_mode[cls.mode] = cls()
