@@ -26,10 +26,10 @@ class CallBuffers:
     scoped_avals: dict[tuple, tuple[Any, str]]
     mesh: MeshInfo
     carried: dict
-    collective_id: Any
+    collective_id: int | None
     ever_written: EverWritten | None
 
-    def fill(self, dtype: Any) -> Any:
+    def fill(self, dtype: np.dtype) -> np.ndarray:
         raise NotImplementedError  # CallState's
 
     def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,

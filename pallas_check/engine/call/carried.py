@@ -59,7 +59,7 @@ class CarriedDma:
     # and dtype, and the region's values and shadow before the landing and its values after.
     dst_address: int | None = None
     dst_layout: tuple[tuple[int, ...], str] | None = None
-    before: tuple[np.ndarray, Any] | None = None
+    before: tuple[np.ndarray, np.ndarray] | None = None
     landed: np.ndarray | None = None
 
     @property

@@ -14,6 +14,7 @@ import numpy as np
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import exposures
+from pallas_check.engine.call.exposures import Exposure
 from pallas_check.engine.call import revisit
 from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
                                                kernel_info)
@@ -21,8 +22,8 @@ from pallas_check.engine.call.parts import CallInputs, ScheduleRun
 from pallas_check.engine.call.simulate import Simulated, simulate_schedule
 from pallas_check.engine.call.state import CallState
 from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAddressCompared,
-                                        Feeds, FillsCompared, FindingList, RevisitLost,
-                                        default_checking)
+                                        Feeds, FillsCompared, FindingList, KernelPrint,
+                                        RevisitLost, default_checking)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, foreign_compiler_params,
                                                      kernel_not_lowered, sparsecore_kernel)
@@ -30,8 +31,9 @@ from pallas_check.engine.memory import usage
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
 from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
+from pallas_check.engine.timeline import Timeline
 from pallas_check.engine.seam import AddressProbe
-from pallas_check.findings import Finding, SourceFrame
+from pallas_check.findings import Finding, SourceFrame, UnusedMemory
 
 
 @dataclasses.dataclass
@@ -44,17 +46,17 @@ class CallResult:
 class DevicesResult:
     outputs: list[list[np.ndarray]]  # per device, per output
     findings: list[Finding]
-    timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
-    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
-    prints: list = dataclasses.field(default_factory=list)
+    timeline: Timeline | None = None  # the timeline of the schedule kept (--trace)
+    # What the kernel printed in the schedule kept (simulated order).
+    prints: list[KernelPrint] = dataclasses.field(default_factory=list)
     # The note of memory never touched (findings.UnusedMemory), over every schedule tried;
     # `untouched`: one schedule's, before it becomes the note (engine/memory/usage.py).
-    unused_memory: list = dataclasses.field(default_factory=list)
-    untouched: Any = None
+    unused_memory: list[UnusedMemory] = dataclasses.field(default_factory=list)
+    untouched: usage.Untouched | None = None
     # The output elements the kernel did not decide in the outputs returned (exposures.py),
     # and the seed of the schedule those outputs come from (a re-run of the program
     # replays that schedule: pallas_check/judge.py).
-    exposures: list = dataclasses.field(default_factory=list)
+    exposures: list[Exposure] = dataclasses.field(default_factory=list)
     seed: int = 0
 
 

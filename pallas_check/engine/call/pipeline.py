@@ -187,7 +187,7 @@ class BlockCopy(Transfer):
     actor_name: str
     slices: tuple  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
     call: CallState  # whose listeners its move is told to (whoever drives it)
-    staged: Any = None
+    staged: tuple[np.ndarray, bool | np.ndarray] | None = None
     copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
 
     def complete(self, ctx: DmaCore) -> None:
@@ -214,7 +214,8 @@ class Pipeline:
         self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (plan id, step) -> copy-in
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
         # (plan id, block) -> each visit's (grid point, elements it wrote), for revisits
-        self.visits: dict[tuple[int, tuple[int, ...]], list[tuple[tuple, Any]]] = {}
+        self.visits: dict[tuple[int, tuple[int, ...]],
+                          list[tuple[tuple[int, ...], bool | np.ndarray]]] = {}
         self.grid_points = [tuple(p) for p in points.tolist()]
         self.policy = ctx.call.dma_policy  # when copies move: the call's DMA mode
         self.named = (ctx.call.races is not None or self.policy.actors
@@ -353,6 +354,7 @@ def _move(call: CallState, copy: BlockCopy) -> None:
     hbm_index, _, empty, hbm_range = copy.slices
     copy.copied = True
     if not empty and copy.writes_back:
+        assert copy.staged is not None  # (staged when the write-back started)
         values, written = copy.staged
         copy.staged = None
         op.hbm.writable()[hbm_index] = values

@@ -46,7 +46,7 @@ class RevisitRecord:
     hbm_index: tuple  # the block's valid part in the output array
     frames: tuple[SourceFrame, ...]  # the out_specs index_map
     restored: bool  # pl.Buffered(1, revisit=ANY): the pipeline reads the block back
-    visits: list[tuple[tuple, Any]]  # each run's (grid point of its write-back, written)
+    visits: list[tuple[tuple[int, ...], bool | np.ndarray]]  # each run's (grid point of its write-back, written)
     first_points: tuple[tuple[int, ...], ...]  # the grid points of the first visit
     inputs: tuple[tuple[str, tuple[int, ...]], ...]  # input blocks the first visit read
 
@@ -101,7 +101,8 @@ class Perturbation:
             digest.update(np.ascontiguousarray(buf.data).reshape(-1).view(np.uint8).data)
         self.fingerprints[key] = digest.digest()
 
-    def apply(self, buffers: Sequence[Buffer]) -> list[tuple[Buffer, np.ndarray, Any]]:
+    def apply(self, buffers: Sequence[Buffer]
+              ) -> list[tuple[Buffer, np.ndarray, bool | np.ndarray]]:
         """Swap perturbed values into the step's input blocks; what to restore after."""
         saved = []
         for k, buf in enumerate(buffers):
@@ -116,7 +117,7 @@ class Perturbation:
         return saved
 
     @staticmethod
-    def restore(saved: list[tuple[Buffer, np.ndarray, Any]]) -> None:
+    def restore(saved: list[tuple[Buffer, np.ndarray, bool | np.ndarray]]) -> None:
         """The step's body is done: the blocks hold what the pipeline landed again (the
         next step may use them unchanged, without a copy)."""
         for buf, values, written in saved:
