@@ -21,7 +21,7 @@ from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
 
-def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
+def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[RefView],
                operands: list[Operand], points: np.ndarray):
     """The actor of one core: the grid walk with the block pipeline around each step."""
     blocked = [op for op in operands if not op.whole_array]

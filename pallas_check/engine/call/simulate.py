@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
+from jax.extend.core import Jaxpr, Var
 
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
@@ -47,13 +48,13 @@ from pallas_check.engine.rules import sparsecore  # noqa: F401
 class _Layout:
     """What one simulation of a call needs to know of its params, computed once."""
 
-    jaxpr: Any
-    gm: Any
+    jaxpr: Jaxpr
+    gm: Any  # JAX's GridMapping
     grid: tuple[int, ...]
     arg_names: list[str]
     out_to_in: dict[int, int]  # output index -> the input it is aliased to
-    block_vars: list[Any]
-    scratch_vars: list[Any]
+    block_vars: list[Var]
+    scratch_vars: list[Var]
     points: np.ndarray
     program_axes: list[int]
     core_axes: tuple[str, ...]
@@ -104,7 +105,7 @@ def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
                    sparsecore_mesh(params), params["out_avals"])
 
 
-def _is_semaphore_ref(aval: Any) -> bool:
+def _is_semaphore_ref(aval: object) -> bool:
     """An operand that is a semaphore (passed from one call to another)."""
     return (is_semaphore_aval(aval) or memory_space_name(
         getattr(aval, "memory_space", None)) == MemorySpace.SEMAPHORE)
@@ -257,7 +258,7 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
                       local_name=sc.actor_name(*coords) if sc is not None else None)
     if layout.core_axes:
         ctx.core_coords = dict(zip(layout.core_axes, coords))
-    kernel_args: list[Any] = [
+    kernel_args: list[RefView] = [
         RefView(state.register(
             Buffer(layout.arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
             device, core_id, ("smem", i)))
