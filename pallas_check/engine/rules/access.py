@@ -57,7 +57,7 @@ def access_read(ctx: RunningCore, view: RefView | None, mask: np.ndarray | None 
     return value
 
 
-def access_write(ctx: RunningCore, view: RefView | None, value: Any, mask: np.ndarray | None = None,
+def access_write(ctx: RunningCore, view: RefView | None, value: object, mask: np.ndarray | None = None,
                  region: Region | None = None) -> None:
     if region is None:
         assert view is not None
@@ -86,7 +86,7 @@ def access_write(ctx: RunningCore, view: RefView | None, value: Any, mask: np.nd
     ctx.call.on_write(ctx, region)
 
 
-def access_atomic_add(ctx: RunningCore, view: RefView | None, value: Any, operation: str,
+def access_atomic_add(ctx: RunningCore, view: RefView | None, value: object, operation: str,
                       region: Region | None = None) -> None:
     """ref += value as ONE atomic read-modify-write (SparseCore `addupdate`,
     `addupdate_scatter`: "an atomic add", jax/_src/pallas/mosaic/sc_primitives.py): bounds
@@ -135,14 +135,14 @@ def _cast(value: np.ndarray, aval: object) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
-def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list) -> Region:
+def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
     equation, ref and index values)."""
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
 
-def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list) -> Region:
+def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """A `ref[indices]` region: through the index plan of the equation's indexers, or the
     general way when the plan does not cover them."""
     tree = eqn.params["tree"]

@@ -435,12 +435,14 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
                       (nbytes, signal_count(eqn)), frames, add)
 
 
-def _index_vector(ctx: RunningCore, index: Any, frames: tuple) -> indirect.IndexVector:
+def _index_vector(ctx: RunningCore, index: object,
+                  frames: tuple[SourceFrame, ...]) -> indirect.IndexVector:
     """An indirect DMA's index vector, read at its start: a ref's through the one read
     path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
     ignored = None
     if isinstance(index, sc_core.Indices):
-        index, ignored = index.values, index.ignored_value
+        ignored = index.ignored_value
+        index = index.values
     if isinstance(index, (RefView, state_types.TransformedRef)):
         view = as_view(index)
         region = resolve(view)

@@ -53,9 +53,9 @@ class IndexPlan:
     steps: tuple[tuple[_Dim, ...], ...]
     # The in-bounds case as straight-line code (`_in_bounds_fns`), made with the plan: the
     # numpy index alone (`index_in_bounds`), and the region.
-    index_in_bounds: Callable[[Sequence[Any], Buffer], tuple | None] = (
+    index_in_bounds: Callable[[Sequence[object], Buffer], tuple | None] = (
         dataclasses.field(init=False, repr=False, compare=False))
-    _in_bounds: Callable[[Sequence[Any], Buffer], Region | None] = dataclasses.field(
+    _in_bounds: Callable[[Sequence[object], Buffer], Region | None] = dataclasses.field(
         init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,7 +63,7 @@ class IndexPlan:
         object.__setattr__(self, "index_in_bounds", index_fn)
         object.__setattr__(self, "_in_bounds", region_fn)
 
-    def region(self, leaves: Sequence[Any], ref: Any) -> Region | None:
+    def region(self, leaves: Sequence[object], ref: object) -> Region | None:
         """The region `ref` indexed by the leaves touches, or None when this access is not
         in the planned spelling (the caller resolves it the general way). `ref`: the
         pytree's own (`leaves[self.ref]`), the ref of a get or swap (whose pytree holds
@@ -151,11 +151,11 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
     return namespace["index"], namespace["region"]
 
 
-def _never(leaves: Sequence[Any], buffer: Buffer) -> None:
+def _never(leaves: Sequence[object], buffer: Buffer) -> None:
     return None
 
 
-def _whole_index(leaves: Sequence[Any], buffer: Buffer) -> tuple | None:
+def _whole_index(leaves: Sequence[object], buffer: Buffer) -> tuple | None:
     """The numpy index of a bare ref: all of its buffer (None for an empty one)."""
     shape = buffer.data.shape
     if 0 in shape:
@@ -163,7 +163,7 @@ def _whole_index(leaves: Sequence[Any], buffer: Buffer) -> tuple | None:
     return tuple([slice(0, n, 1) for n in shape])
 
 
-def _whole(leaves: Sequence[Any], buffer: Buffer) -> Region | None:
+def _whole(leaves: Sequence[object], buffer: Buffer) -> Region | None:
     """The region of a bare ref: all of its buffer (None for an empty one)."""
     index = _whole_index(leaves, buffer)
     if index is None:

@@ -87,7 +87,7 @@ class SignalNotRemote(NamedTuple):
     named: str
 
 
-def signal_device_id(ctx: RunningCore, device_id: Any, sem: Any) -> Any:
+def signal_device_id(ctx: RunningCore, device_id: object, sem: object) -> object:
     """The device id a `pl.semaphore_signal` really goes to. In a VectorSubcoreMesh kernel
     Mosaic drops the core and subcore axes of a `device_id` dict when the semaphore is an
     ordinary one (lowering.py `_device_id_to_logical`: same core type, no core-typed memory
@@ -256,7 +256,7 @@ def _first(view: RefView, shape: tuple[int, ...], n: int) -> RefView:
     return view.with_transforms((indexer,))
 
 
-def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: Any, flat: list):
+def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]):
     """(view of the first popcount(mask) elements, mask) of a masked SparseCore load or
     store (n = 0: None); a view of rank > 1 is touched whole, its mask selecting."""
     *transforms, mask = flat
