@@ -32,6 +32,10 @@ from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopySta
 from pallas_check.findings import Finding, SourceFrame
 
 
+# A semaphore cell's identity (events.Cell.key): its buffer id and index.
+CellKey = tuple[int, tuple[int, ...]]
+
+
 class Blocking(Protocol):
     """What the timeline shows of a wait that blocks (engine/runtime/scheduler.py's Wait,
     a wing it does not import)."""
@@ -67,7 +71,7 @@ class Mark:
     track: str
     name: str = ""
     category: str = ""
-    args: dict = dataclasses.field(default_factory=dict)
+    args: dict[str, object] = dataclasses.field(default_factory=dict)
     flow: int = 0  # a flow's id (flow-start and flow-end share it)
     finding: Finding | None = None  # a finding's instant (or `seen`): the finding
 
@@ -78,7 +82,7 @@ class MarkSink(Protocol):
     def add(self, mark: Mark) -> None: ...
 
 
-class Marks(list):
+class Marks(list[Mark]):
     """A sink that keeps every mark in memory: a timeline no file is written for (tests,
     a `Session` with `Config.timeline` and no trace writer)."""
 
@@ -105,9 +109,9 @@ class Timeline(Listener):
         self._open: dict[tuple[int, str], list[str]] = {}  # track -> names of open spans
         self._actors: dict[str, tuple[int, str]] = {}  # actor name -> (device, track)
         self._tracks: dict[tuple[int, int], str] = {}  # (device, core) -> its core's track
-        self._signals: dict[tuple, list[int]] = {}  # cell -> arrows a wait will end
+        self._signals: dict[CellKey, list[int]] = {}  # cell -> arrows a wait will end
         # DMA id -> its receive semaphore's key, its actor, its arrow start -> landing
-        self._dmas: dict[int, tuple[tuple, str, int]] = {}
+        self._dmas: dict[int, tuple[CellKey, str, int]] = {}
         self._copies: dict[str, int] = {}  # pipeline copy in flight -> its arrow
         self._flows = itertools.count(1)
 
@@ -117,7 +121,7 @@ class Timeline(Listener):
         return self._clock
 
     def _mark(self, kind: str, where: tuple[int, str], name: str = "", category: str = "",
-              args: dict | None = None, time: int | None = None,
+              args: dict[str, object] | None = None, time: int | None = None,
               finding: Finding | None = None) -> Mark:
         return self._put(Mark(kind, self._tick() if time is None else time, self.steps,
                               where[0], where[1], name, category, args or {}, 0, finding))
@@ -134,11 +138,11 @@ class Timeline(Listener):
         return mark
 
     def _begin(self, where: tuple[int, str], name: str, category: str,
-               args: dict | None = None) -> None:
+               args: dict[str, object] | None = None) -> None:
         self._open.setdefault(where, []).append(name)
         self._mark("begin", where, name, category, args)
 
-    def _end(self, where: tuple[int, str], args: dict | None = None) -> None:
+    def _end(self, where: tuple[int, str], args: dict[str, object] | None = None) -> None:
         stack = self._open.get(where)
         if stack:
             self._mark("end", where, stack.pop(), args=args)
@@ -179,7 +183,7 @@ class Timeline(Listener):
                         if not w[1].startswith(_OTHER_TRACKS)}
         return True
 
-    def _end_open(self, args: dict) -> None:
+    def _end_open(self, args: dict[str, object]) -> None:
         """End every open span now, innermost first, track by track."""
         for where, stack in sorted(self._open.items()):
             for name in reversed(stack):
