@@ -177,9 +177,8 @@ def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
                frames: tuple[SourceFrame, ...], atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
     (not when one actor runs alone: the watchdog is told it is alive instead). `sems`: its
-    receive and send semaphores; `moves`: the bytes it moves and what it adds to its
-    semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its write is an atomic
-    add (a SparseCore scatter-add)."""
+    receive and send semaphores; `moves`: its bytes and what it adds to its semaphores (-1:
+    its bytes; `signal_count`); `atomic_add`: a SparseCore scatter-add."""
     call = ctx.call
     (dst_sem, src_sem), (nbytes, signal) = sems, moves
     if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
@@ -269,9 +268,8 @@ def _planned_dma(eqn: JaxprEqn) -> tuple | None:
 
 def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
                         ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
-    """A planned DMA's destination region and its (receive, send) semaphore cells (cached
-    per call by their operands), or None when the destination is not in the planned
-    spelling."""
+    """A planned DMA's destination region and (receive, send) semaphore cells (cached per
+    call by their operands), or None when the destination is not in the planned spelling."""
     _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
