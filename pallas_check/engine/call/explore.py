@@ -21,9 +21,10 @@ from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_a
 from pallas_check.engine.call.parts import CallInputs, ScheduleRun
 from pallas_check.engine.call.simulate import Simulated, simulate_schedule
 from pallas_check.engine.call.state import CallState
-from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAddressCompared,
-                                        Feeds, FillsCompared, FindingList, KernelPrint,
-                                        RevisitLost, default_checking)
+from pallas_check.engine.events import (CallFacts, Checking, Feeds, FindingList, KernelPrint,
+                                        default_checking)
+from pallas_check.engine.verdicts import (CallSkipped, DmaAddressCompared, FillsCompared,
+                                          RevisitLost)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, foreign_compiler_params,
                                                      kernel_not_lowered, sparsecore_kernel)
@@ -150,7 +151,7 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
             result, chosen_carried = trial, trial_carried
         # Every occurrence is kept (the store counts them); a defect already seen under an
         # earlier seed is not reported again under a later one.
-        keys: set[tuple] = set()
+        keys: set[tuple[object, ...]] = set()
         for finding in trial.findings:
             if finding.seed is None:
                 finding.seed = config.seed + i
@@ -179,7 +180,7 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
-def _not_lowered(params: dict) -> NotLowered | None:
+def _not_lowered(params: dict[str, Any]) -> NotLowered | None:
     """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
     jaxpr = params["jaxpr"]
     return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
@@ -272,7 +273,7 @@ def _one_schedule(call: CallInputs, run: ScheduleRun) -> DevicesResult:
                          untouched=_untouched(state), exposures=found, seed=config.seed)
 
 
-def _output_names(params: dict) -> list[str]:
+def _output_names(params: dict[str, Any]) -> list[str]:
     """The kernel's names of the call's outputs."""
     gm = params["grid_mapping"]
     first_output = gm.num_index_operands + gm.num_inputs
@@ -337,7 +338,7 @@ def _perturbed_rounds(state: CallState, outputs: list[list[np.ndarray]],
                       ) -> tuple[list[revisit.Lost], list[revisit.RevisitRecord]]:
     """The revisit rounds for candidates perturbed together: (lost, undecided)."""
     first_output = state.first_output
-    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
+    prints: dict[tuple[int, tuple[int, ...]], set[bytes | None]] = {}  # a first visit's end -> its fingerprints
     for round_ in range(revisit.ROUNDS):
         if not candidates:
             break

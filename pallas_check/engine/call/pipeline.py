@@ -17,12 +17,14 @@ from pallas_check.engine.call.state import CallState, CoreContext
 from pallas_check.engine.dma.engine import DmaCore, Transfer
 from pallas_check.engine.jaxpr.program import runner_for
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
+from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
 
 def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[RefView],
-               operands: list[Operand], points: np.ndarray):
+               operands: list[Operand], points: np.ndarray
+               ) -> Generator[Wait | None, None, None]:
     """The actor of one core: the grid walk with the block pipeline around each step."""
     blocked = [op for op in operands if not op.whole_array]
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
@@ -168,6 +170,11 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
+# A block's (HBM index, VMEM index, empty, HBM range): where its valid part is in the
+# array and in the block buffer, whether it is empty, and its range in the array.
+Slices = tuple[tuple[int | slice, ...], tuple[int | slice, ...], bool, IndexRange]
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class BlockCopy(Transfer):
     """One copy of the BlockSpec pipeline, a DMA of its own that the call's DMA mode
@@ -185,7 +192,7 @@ class BlockCopy(Transfer):
     # The copy as an actor, `pipeline copy-in of x_ref block (3, 0)` (only when races are
     # checked, a timeline is drawn or DMAs are actors; else "").
     actor_name: str
-    slices: tuple  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
+    slices: Slices  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
     call: CallState  # whose listeners its move is told to (whoever drives it)
     staged: tuple[np.ndarray, bool | np.ndarray] | None = None
     copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
@@ -221,7 +228,7 @@ class Pipeline:
         self.named = (ctx.call.races is not None or self.policy.actors
                       or ctx.call.timeline is not None)
 
-    def inputs_ready(self, step: int):
+    def inputs_ready(self, step: int) -> Generator[Wait | None, None, None]:
         """Before body `step`: its input blocks have landed; later ones are prefetched."""
         for plan in self.inputs:
             if plan.changed[step]:
@@ -234,7 +241,7 @@ class Pipeline:
                     self.fetching[(id(plan), ahead)] = self._start(plan, ahead, False,
                                                                    during=step)
 
-    def outputs_done(self, step: int):
+    def outputs_done(self, step: int) -> Generator[Wait | None, None, None]:
         """After body `step`: write back the output blocks it finished; wait for those
         started far enough back (one step, with the default double buffering)."""
         last = step == len(self.points) - 1
@@ -244,12 +251,12 @@ class Pipeline:
         while self.writing and self.writing[0].step <= step - (self.writing[0].plan.depth - 1):
             yield from self._wait(self.writing.pop(0))
 
-    def drain(self):
+    def drain(self) -> Generator[Wait | None, None, None]:
         """The kernel's end: every write-back still in flight is waited."""
         while self.writing:
             yield from self._wait(self.writing.pop(0))
 
-    def revisit(self, plan: _Plan, step: int):
+    def revisit(self, plan: _Plan, step: int) -> Generator[Wait | None, None, None]:
         """An output block visited again after other blocks. `RevisitMode.ANY`: the DMA
         the pipeline inserts to restore it from HBM, waited before the body (the earlier
         visit's write-back, single-buffered, was waited after its body). Otherwise fresh
@@ -312,7 +319,7 @@ class Pipeline:
         self.policy.started(ctx, copy)
         return copy
 
-    def _wait(self, copy: BlockCopy):
+    def _wait(self, copy: BlockCopy) -> Generator[Wait | None, None, None]:
         ctx = self.ctx
         if not copy.copied:
             wait = self.policy.await_transfer(ctx, copy, "pipeline copy wait",
@@ -416,7 +423,7 @@ def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:
 
 
 def _block_slices(op: Operand, block_index: tuple[int, ...]
-                  ) -> tuple[tuple, tuple, bool, IndexRange]:
+                  ) -> Slices:
     """Slices of the HBM array and of the VMEM block for the valid part of a block, and
     that part's HBM index range (what a copy of it touches, for the race checker)."""
     hbm_index: list[int | slice] = []

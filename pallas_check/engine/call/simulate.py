@@ -23,10 +23,12 @@ from pallas_check.engine.call.describe import (Operand, _block_indices,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
+from pallas_check.engine.call.carried import CarriedDma
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
+from pallas_check.engine.dma.engine import CellKey
 from pallas_check.engine.call import event_data
-from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, KernelEntered,
-                                        OutputUnwritten)
+from pallas_check.engine.events import Access, ActorsDeclared, KernelEntered
+from pallas_check.engine.verdicts import CallEnded, OutputUnwritten
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.program import current_frames
@@ -70,15 +72,15 @@ class _Layout:
 
     @property
     def n_in(self) -> int:
-        return self.gm.num_inputs
+        return int(self.gm.num_inputs)
 
     @property
     def first(self) -> int:
         """Where the inputs start among the kernel's parameters (after scalar prefetch)."""
-        return self.gm.num_index_operands
+        return int(self.gm.num_index_operands)
 
 
-def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
+def _layout(params: dict[str, Any], grid: tuple[int, ...], config: Config) -> _Layout:
     jaxpr, gm = params["jaxpr"], params["grid_mapping"]
     n_in, n_out, first = gm.num_inputs, gm.num_outputs, gm.num_index_operands
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
@@ -158,7 +160,7 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
                                   if call.addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
         blocked_outputs.update((op.hbm.id, op) for op in templates if op.is_output)
-        shared_scratch: dict[tuple, Buffer] = {}
+        shared_scratch: dict[tuple[object, ...], Buffer] = {}
         for core_id in range(len(layout.core_steps)):
             ctx, actor = _core(state, layout, device, core_id, scalars, templates,
                                shared_scratch)
@@ -383,7 +385,7 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
 
 
 def _depart(state: CallState, ctx: CoreContext,
-            device_hbm_outputs: list[list[Buffer]]) -> dict:
+            device_hbm_outputs: list[list[Buffer]]) -> dict[CellKey, list[CarriedDma]]:
     """The DMAs in flight carried by the semaphores the call returns (engine/call/carried.py);
     those semaphores are checked where their last holder ends, not here."""
     sem_out = state.layout_semaphores[1]

@@ -16,10 +16,10 @@ from pallas_check.engine.dma.engine import Dma, DmaCore, SemCell, SyncState
 from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
-    KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, CopyMoved,
-    CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
-    KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead,
-    UnlandedDma, Waited)
+    KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
+    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
+from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
+                                          OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
