@@ -26,7 +26,7 @@ class CallBuffers:
     registry: dict[tuple[int, int | None, tuple[object, ...]], Buffer]
     scoped_avals: dict[tuple[object, ...], tuple[Any, str]]
     mesh: MeshInfo
-    carried: dict[tuple[object, ...], Any]
+    carried: dict[tuple[object, ...], object]
     collective_id: int | None
     ever_written: EverWritten | None
 

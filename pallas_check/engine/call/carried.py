@@ -103,7 +103,7 @@ def semaphore_in(state: CallState, name: str, handles: np.ndarray, device: int) 
     for idx in np.ndindex(*handles.shape):
         handle = int(handles[idx])
         value = state.carried.get(_key(handle)) if handle else None
-        if value is None:
+        if not isinstance(value, SemaphoreValue):  # (none: a fresh semaphore)
             continue
         state.carried[_taken_key(handle)] = True
         counts[idx] = value.count
@@ -343,14 +343,14 @@ def handles_out(state: CallState, buf: Buffer, carried: dict[CellKey, list[Carri
     return handles
 
 
-def never_taken(carried: dict[tuple[object, ...], Any]) -> list[SemaphoreValue]:
+def never_taken(carried: dict[tuple[object, ...], object]) -> list[SemaphoreValue]:
     """The semaphores some call returned and no later call took (the end of a script)."""
     return [value for key, value in carried.items()
-            if key[:1] == ("semaphore",) and len(key) == 2
+            if key[:1] == ("semaphore",) and len(key) == 2 and isinstance(value, SemaphoreValue)
             and not carried.get(_taken_key(key[1]))]
 
 
-def drop_taken(carried: dict[tuple[object, ...], Any]) -> None:
+def drop_taken(carried: dict[tuple[object, ...], object]) -> None:
     """Forget the semaphore values a call took (the call's result is kept): what they
     carried lives on in what that call returned, and a long script would keep every
     copy's data otherwise."""
@@ -360,7 +360,7 @@ def drop_taken(carried: dict[tuple[object, ...], Any]) -> None:
         carried.pop(_key(key[1]), None)
 
 
-def forget(carried: dict[tuple[object, ...], Any]) -> None:
+def forget(carried: dict[tuple[object, ...], object]) -> None:
     """Drop every semaphore value (the script ended: they have been checked)."""
     for key in [k for k in carried if k[:1] in (("semaphore",), ("semaphore taken",))]:
         del carried[key]

@@ -73,7 +73,7 @@ class CallSetting:
     `jnp.empty`), held as the fill."""
 
     mesh: MeshInfo = SINGLE_DEVICE
-    carried: dict[tuple[object, ...], Any] = dataclasses.field(default_factory=dict)
+    carried: dict[tuple[object, ...], object] = dataclasses.field(default_factory=dict)
     checkers: Checking | None = None
     progress: Callable[[int, int], None] | None = None
     call_site: SourceFrame | None = None

@@ -52,7 +52,7 @@ class ScheduleRun:
     fill: str
     report: bool
     checking: Checking = dataclasses.field(default_factory=default_checking)
-    carried: dict[tuple[object, ...], Any] = dataclasses.field(default_factory=dict)
+    carried: dict[tuple[object, ...], object] = dataclasses.field(default_factory=dict)
     results: Sequence[np.ndarray] | None = None
     address_probe: AddressProbe | None = None
     perturb: Perturbation | None = None
@@ -113,7 +113,7 @@ class Handover:
     the other fill records (explore.py), and the perturbation of a re-run deciding output
     revisits (revisit.py)."""
 
-    carried: dict[tuple[object, ...], Any] = dataclasses.field(default_factory=dict)
+    carried: dict[tuple[object, ...], object] = dataclasses.field(default_factory=dict)
     output_addresses: list[int] | None = None
     address_probe: AddressProbe | None = None
     perturb: Perturbation | None = None
