@@ -338,7 +338,8 @@ def _perturbed_rounds(state: CallState, outputs: list[list[np.ndarray]],
                       ) -> tuple[list[revisit.Lost], list[revisit.RevisitRecord]]:
     """The revisit rounds for candidates perturbed together: (lost, undecided)."""
     first_output = state.first_output
-    prints: dict[tuple[int, tuple[int, ...]], set[bytes | None]] = {}  # a first visit's end -> its fingerprints
+    # a first visit's end -> its fingerprints
+    prints: dict[tuple[int, tuple[int, ...]], set[bytes | None]] = {}
     for round_ in range(revisit.ROUNDS):
         if not candidates:
             break

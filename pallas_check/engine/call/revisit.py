@@ -46,7 +46,8 @@ class RevisitRecord:
     hbm_index: tuple[int | slice, ...]  # the block's valid part in the output array
     frames: tuple[SourceFrame, ...]  # the out_specs index_map
     restored: bool  # pl.Buffered(1, revisit=ANY): the pipeline reads the block back
-    visits: list[tuple[tuple[int, ...], bool | np.ndarray]]  # each run's (grid point of its write-back, written)
+    # each run's (grid point of its write-back, written)
+    visits: list[tuple[tuple[int, ...], bool | np.ndarray]]
     first_points: tuple[tuple[int, ...], ...]  # the grid points of the first visit
     inputs: tuple[tuple[str, tuple[int, ...]], ...]  # input blocks the first visit read
 
