@@ -45,6 +45,7 @@ from pallas_check import empties, interrupts, outer
 from pallas_check.checkers import CHECKERS
 from pallas_check.checkers.uninit import bbox
 from pallas_check.engine.call import capacity, explore
+from pallas_check.engine.call.explore import CallSetting
 from pallas_check.engine.call.describe import MeshInfo, kernel_info
 from pallas_check.engine.call.exposures import Exposure, differs
 from pallas_check.engine.runtime import progress
@@ -412,9 +413,10 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
             never = (empties.never_written_inputs(params, device_operands[0])
                      if len(device_operands) == 1 else frozenset())
             with jax.default_device(engine_device()):
-                outputs = run_call_devices(params, device_operands, same, index, mesh,
-                                           program.replay_carried, results=results,
-                                           checkers=CHECKERS, never_written=never).outputs
+                outputs = run_call_devices(
+                    params, device_operands, same, index,
+                    CallSetting(mesh, program.replay_carried, CHECKERS, never_written=never),
+                    results=results).outputs
     except KeyboardInterrupt:
         session.interrupted = True
         raise

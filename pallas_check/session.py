@@ -25,6 +25,7 @@ from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
 from pallas_check.config import Config, TpuGeneration
 from pallas_check.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
+from pallas_check.engine.call.explore import CallSetting
 from pallas_check.engine.call.carried import forget, never_taken
 from pallas_check.engine.call.describe import MeshInfo, resolve_grid
 from pallas_check.engine.jaxpr.errors import EngineBug, KernelError
@@ -259,11 +260,11 @@ class Session:
         # script's backend is, and never queue behind the script's work.
         with jax.default_device(engine_device()), collector_paused():
             return run_call_devices(
-                params, device_operands, self.config, index, mesh, self.carried,
-                progress=(lambda done, total: progress(index, name, done, total))
-                if progress is not None else None,
-                results=results, checkers=checkers, live=live, never_written=never,
-                call_site=call_site)
+                params, device_operands, self.config, index, CallSetting(
+                    mesh, self.carried, checkers,
+                    (lambda done, total: progress(index, name, done, total))
+                    if progress is not None else None, call_site, never),
+                results=results, live=live)
 
     def checks(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
         """Whether --kernel and --calls have this call checked (True without filters)."""
@@ -313,8 +314,8 @@ class Session:
                 return [[np.asarray(o) for o in fast(*device_operands[0])]], []
         with jax.default_device(engine_device()), collector_paused():
             result = run_call_devices(params, device_operands, self._unchecked, index,
-                                      mesh, carried if carried is not None else {},
-                                      results=results, checkers=CHECKERS)
+                                      CallSetting(mesh, carried if carried is not None
+                                                  else {}, CHECKERS), results=results)
         return result.outputs, result.prints
 
     def _xla_path(self, params: dict) -> Any:

@@ -29,7 +29,28 @@ from typing import Any, Protocol
 from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
                                         CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
                                         GridStep, Listener, Signalled, Waited)
-from pallas_check.findings import Finding
+from pallas_check.findings import Finding, SourceFrame
+
+
+# A semaphore cell's identity (events.Cell.key): its buffer id and index.
+CellKey = tuple[int, tuple[int, ...]]
+
+
+class Blocking(Protocol):
+    """What the timeline shows of a wait that blocks (engine/runtime/scheduler.py's Wait,
+    a wing it does not import)."""
+
+    @property
+    def what(self) -> str: ...
+
+    @property
+    def semaphore(self) -> str: ...
+
+    @property
+    def wanted(self) -> int: ...
+
+    @property
+    def frames(self) -> tuple[SourceFrame, ...]: ...
 
 
 CALL_TRACK = "call"  # where a finding with no known actor is marked
@@ -50,7 +71,7 @@ class Mark:
     track: str
     name: str = ""
     category: str = ""
-    args: dict = dataclasses.field(default_factory=dict)
+    args: dict[str, object] = dataclasses.field(default_factory=dict)
     flow: int = 0  # a flow's id (flow-start and flow-end share it)
     finding: Finding | None = None  # a finding's instant (or `seen`): the finding
 
@@ -61,7 +82,7 @@ class MarkSink(Protocol):
     def add(self, mark: Mark) -> None: ...
 
 
-class Marks(list):
+class Marks(list[Mark]):
     """A sink that keeps every mark in memory: a timeline no file is written for (tests,
     a `Session` with `Config.timeline` and no trace writer)."""
 
@@ -88,9 +109,9 @@ class Timeline(Listener):
         self._open: dict[tuple[int, str], list[str]] = {}  # track -> names of open spans
         self._actors: dict[str, tuple[int, str]] = {}  # actor name -> (device, track)
         self._tracks: dict[tuple[int, int], str] = {}  # (device, core) -> its core's track
-        self._signals: dict[tuple, list[int]] = {}  # cell -> arrows a wait will end
+        self._signals: dict[CellKey, list[int]] = {}  # cell -> arrows a wait will end
         # DMA id -> its receive semaphore's key, its actor, its arrow start -> landing
-        self._dmas: dict[int, tuple[tuple, str, int]] = {}
+        self._dmas: dict[int, tuple[CellKey, str, int]] = {}
         self._copies: dict[str, int] = {}  # pipeline copy in flight -> its arrow
         self._flows = itertools.count(1)
 
@@ -100,20 +121,28 @@ class Timeline(Listener):
         return self._clock
 
     def _mark(self, kind: str, where: tuple[int, str], name: str = "", category: str = "",
-              args: dict | None = None, time: int | None = None, flow: int = 0,
+              args: dict[str, object] | None = None, time: int | None = None,
               finding: Finding | None = None) -> Mark:
-        mark = Mark(kind, self._tick() if time is None else time, self.steps, where[0],
-                    where[1], name, category, args or {}, flow, finding)
+        return self._put(Mark(kind, self._tick() if time is None else time, self.steps,
+                              where[0], where[1], name, category, args or {}, 0, finding))
+
+    def _flow_mark(self, kind: str, where: tuple[int, str], name: str, flow: int,
+                   time: int | None = None) -> Mark:
+        """One end of an arrow between tracks (`flow` its id, shared by both ends)."""
+        return self._put(Mark(kind, self._tick() if time is None else time, self.steps,
+                              where[0], where[1], name, "flow", {}, flow, None))
+
+    def _put(self, mark: Mark) -> Mark:
         self.sink.add(mark)
         self.recorded += 1
         return mark
 
     def _begin(self, where: tuple[int, str], name: str, category: str,
-               args: dict | None = None) -> None:
+               args: dict[str, object] | None = None) -> None:
         self._open.setdefault(where, []).append(name)
         self._mark("begin", where, name, category, args)
 
-    def _end(self, where: tuple[int, str], args: dict | None = None) -> None:
+    def _end(self, where: tuple[int, str], args: dict[str, object] | None = None) -> None:
         stack = self._open.get(where)
         if stack:
             self._mark("end", where, stack.pop(), args=args)
@@ -128,11 +157,11 @@ class Timeline(Listener):
         """An arrow from now on `where` (it shares the time of the moment just marked);
         its end comes with `_flow_end`, or never."""
         flow = next(self._flows)
-        self._mark("flow-start", where, name, "flow", time=self._clock, flow=flow)
+        self._flow_mark("flow-start", where, name, flow, time=self._clock)
         return flow
 
     def _flow_end(self, flow: int, target: tuple[int, str], name: str) -> None:
-        self._mark("flow-end", target, name, "flow", flow=flow)
+        self._flow_mark("flow-end", target, name, flow)
 
     # -- the cap --------------------------------------------------------------------------
     def _stopped(self) -> bool:
@@ -154,7 +183,7 @@ class Timeline(Listener):
                         if not w[1].startswith(_OTHER_TRACKS)}
         return True
 
-    def _end_open(self, args: dict) -> None:
+    def _end_open(self, args: dict[str, object]) -> None:
         """End every open span now, innermost first, track by track."""
         for where, stack in sorted(self._open.items()):
             for name in reversed(stack):
@@ -172,7 +201,7 @@ class Timeline(Listener):
         if where is not None and (self._top(where) or "").startswith("blocked"):
             self._end(where)
 
-    def blocked(self, actor: str, wait: Any) -> None:
+    def blocked(self, actor: str, wait: Blocking) -> None:
         """`actor` cannot go on until `wait` holds."""
         where = self._actors.get(actor)
         if where is None or self._stopped():

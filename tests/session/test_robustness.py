@@ -137,11 +137,11 @@ def test_an_error_in_one_schedule_leaves_the_others_clean(monkeypatch):
     original = explore._one_schedule
     calls = []
 
-    def second_schedule_fails(params, operands, config, *args):
-        calls.append(config.seed)
+    def second_schedule_fails(call, run):
+        calls.append(run.config.seed)
         if len(calls) == 2:
             raise RuntimeError("schedule 2 broke")
-        return original(params, operands, config, *args)
+        return original(call, run)
 
     monkeypatch.setattr(explore, "_one_schedule", second_schedule_fails)
     with pytest.raises(Exception):

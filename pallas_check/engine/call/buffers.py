@@ -15,6 +15,7 @@ from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView,
                                                memory_space_name)
 from pallas_check.engine.memory.usage import EverWritten
+from pallas_check.findings import SourceFrame
 
 
 class CallBuffers:
@@ -22,14 +23,14 @@ class CallBuffers:
 
     fill_mode: str
     semaphores: list[Buffer]
-    registry: dict[tuple, Buffer]
-    scoped_avals: dict[tuple, tuple[Any, str]]
+    registry: dict[tuple[int, int | None, tuple[object, ...]], Buffer]
+    scoped_avals: dict[tuple[object, ...], tuple[Any, str]]
     mesh: MeshInfo
-    carried: dict
-    collective_id: Any
+    carried: dict[tuple[object, ...], object]
+    collective_id: int | None
     ever_written: EverWritten | None
 
-    def fill(self, dtype: Any) -> Any:
+    def fill(self, dtype: np.dtype) -> np.ndarray:
         raise NotImplementedError  # CallState's
 
     def allocate(self, aval: Any, name: str, default_space: str = MemorySpace.VMEM,
@@ -43,7 +44,7 @@ class CallBuffers:
         return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
 
     def allocate_scoped(self, ctx: Core, aval: Any, name: str,
-                        site: tuple) -> RefView:
+                        site: tuple[int, int]) -> RefView:
         """A `pl.run_scoped` allocation. The same program allocates in the same order on
         every device and core, so an allocation is at one address for the whole kernel:
         `site` (the run_scoped equation and the position in it) names it everywhere, and
@@ -68,14 +69,15 @@ class CallBuffers:
                 buf.writable()[...] = self.fill(buf.data.dtype)
                 buf.mark_written(Ellipsis, False)
 
-    def register(self, buf: Buffer, device: int, core: int | None, key: tuple) -> Buffer:
+    def register(self, buf: Buffer, device: int, core: int | None,
+                 key: tuple[object, ...]) -> Buffer:
         """Name a buffer by its place in the kernel, so that another device's DMA or
         signal aimed at "the same" ref finds this device's copy."""
         buf.key, buf.device, buf.core = key, device, core
         self.registry[(device, core, key)] = buf
         return buf
 
-    def remote(self, buf: Buffer, device: int, frames: tuple = (),
+    def remote(self, buf: Buffer, device: int, frames: tuple[SourceFrame, ...] = (),
                core: int | None = None) -> Buffer:
         """The buffer on `device` (and `core`, when the id names a core of a TensorCore
         mesh) that corresponds to `buf` (a ref of this core)."""

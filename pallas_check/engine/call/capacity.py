@@ -190,7 +190,8 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
                    reckoned=True)  # by pallas-check, not by the compiler (--compile)
 
 
-def unsimulated_outputs(params: dict, device_operands: Sequence[Sequence[Any]], fill: str,
+def unsimulated_outputs(params: dict[str, Any], device_operands: Sequence[Sequence[np.ndarray]],
+                        fill: str,
                         results: Sequence[np.ndarray] | None = None
                         ) -> list[list[np.ndarray]]:
     """Per device, the outputs of a call that is not simulated: filled as never-written

@@ -22,17 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from pallas_check.engine.dma.engine import Dma, complete, sem_add, sem_name
+from pallas_check.engine.call.state import CallState, CoreContext
+from pallas_check.engine.dma.engine import CellKey, Dma, SemCell, complete, sem_add, sem_name
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace
-from pallas_check.engine.memory.region import Region
+from pallas_check.engine.memory.region import OutOfBounds, Region
 from pallas_check.findings import IndexRange, KernelInfo, SourceFrame
 
 
 _handles = itertools.count(1)  # 0: a semaphore with nothing to carry (count 0, no DMAs)
+
+# A DMA side as a later call rebuilds it: its buffer's name, its range, and its region's
+# dims, post transforms and out-of-bounds parts.
+Described = tuple[str, IndexRange, list[object], list[object], list[OutOfBounds]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +51,8 @@ class CarriedDma:
     signal: int  # what it adds to (and waits take off) its semaphore: bytes, or 1 (regular)
     landed_already: bool  # it landed before its call ended (its bytes are in the count)
     waited_bytes: int
-    src: tuple[str, IndexRange | None, list, list, list]  # name, range, dims, post, oob
-    dst: tuple[str, IndexRange | None, list, list, list]
+    src: Described  # name, range, dims, post, oob
+    dst: Described
     frames: tuple[SourceFrame, ...]
     starter: str  # the actor that started it, in its call
     grid_point: tuple[int, ...] | None
@@ -58,7 +63,7 @@ class CarriedDma:
     # and dtype, and the region's values and shadow before the landing and its values after.
     dst_address: int | None = None
     dst_layout: tuple[tuple[int, ...], str] | None = None
-    before: tuple[np.ndarray, Any] | None = None
+    before: tuple[np.ndarray, np.ndarray] | None = None
     landed: np.ndarray | None = None
 
     @property
@@ -81,15 +86,15 @@ class SemaphoreValue:
     last_signaller: str = ""
 
 
-def _key(handle: int) -> tuple:
+def _key(handle: object) -> tuple[str, object]:
     return ("semaphore", handle)
 
 
-def _taken_key(handle: int) -> tuple:
+def _taken_key(handle: object) -> tuple[str, object]:
     return ("semaphore taken", handle)
 
 
-def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buffer:
+def semaphore_in(state: CallState, name: str, handles: np.ndarray, device: int) -> Buffer:
     """A semaphore input of the call: its counts from the values its handles name (an
     unknown handle is a fresh semaphore); the DMAs they carry arrive in `arrive`."""
     handles = np.asarray(handles)
@@ -98,7 +103,7 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
     for idx in np.ndindex(*handles.shape):
         handle = int(handles[idx])
         value = state.carried.get(_key(handle)) if handle else None
-        if value is None:
+        if not isinstance(value, SemaphoreValue):  # (none: a fresh semaphore)
             continue
         state.carried[_taken_key(handle)] = True
         counts[idx] = value.count
@@ -110,7 +115,7 @@ def semaphore_in(state: Any, name: str, handles: np.ndarray, device: int) -> Buf
     return buf
 
 
-def arrive(state: Any, ctx_of: dict[int, Any],
+def arrive(state: CallState, ctx_of: dict[int, CoreContext],
            addresses: dict[int, tuple[dict[int, Buffer], list[Buffer]]]) -> list[Dma]:
     """The DMAs the call's semaphore inputs carry, as DMAs of this call still in flight
     (`addresses`: per device, its HBM inputs by operand address (one CPU device) and all
@@ -127,11 +132,11 @@ def arrive(state: Any, ctx_of: dict[int, Any],
                 state.on_dma_start(ctx_of[buf.device], dma, carried=True)
             made.append(dma)
     state.arriving.clear()
-    state.carried_dmas = made
+    state.carried_dmas[:] = made
     return made
 
 
-def _arriving_dma(state: Any, ctx: Any, cell: tuple, carried: CarriedDma,
+def _arriving_dma(state: CallState, ctx: CoreContext, cell: SemCell, carried: CarriedDma,
                   candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Dma:
     src = _stub_region(carried.src)
     dst = _landing_region(state, carried, candidates) if carried.lands else None
@@ -178,7 +183,7 @@ class _Elsewhere(Region):
         return (self._range,) if self._range else ()
 
 
-def _stub_region(described: tuple) -> Region:
+def _stub_region(described: Described) -> Region:
     name, rng, _, _, _ = described
     shape = tuple(hi - lo for lo, hi in rng) if rng else ()
     stub = Buffer(name, MemorySpace.HBM, np.zeros(shape, np.float32), True)
@@ -187,7 +192,7 @@ def _stub_region(described: tuple) -> Region:
     return region
 
 
-def _landing_region(state: Any, carried: CarriedDma,
+def _landing_region(state: CallState, carried: CarriedDma,
                     candidates: tuple[dict[int, Buffer], list[Buffer]]) -> Region | None:
     """The region the DMA lands in among this call's inputs, restored to what it held
     before the landing (None: not found, the landing is not followed here). The input is
@@ -212,7 +217,7 @@ def _landing_region(state: Any, carried: CarriedDma,
     return region
 
 
-def _holding(carried: CarriedDma, buffers: list) -> Region | None:
+def _holding(carried: CarriedDma, buffers: Sequence[Buffer | None]) -> Region | None:
     """The region of the one buffer among `buffers` that holds what the DMA landed
     (None: no buffer, or several: the landing is not followed)."""
     assert carried.landed is not None
@@ -225,8 +230,8 @@ def _holding(carried: CarriedDma, buffers: list) -> Region | None:
     return found[0] if len(found) == 1 else None
 
 
-def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
-           mirrors: dict[int, Buffer]) -> dict:
+def depart(state: CallState, ctx: CoreContext, outputs: list[tuple[Buffer, int | None]],
+           mirrors: dict[int, Buffer]) -> dict[CellKey, list[CarriedDma]]:
     """At the call's end: the DMAs in flight that signal a semaphore the call returns
     (`outputs`: the call's output buffers, each with the address of its XLA buffer) are
     carried by it. Each lands now in values (in a whole-output VMEM block: in the output
@@ -235,7 +240,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
     sem_ids = {buf.id for buf, _ in outputs if buf.space == MemorySpace.SEMAPHORE}
     addresses = {buf.id: address for buf, address in outputs
                  if buf.space != MemorySpace.SEMAPHORE}
-    carried: dict[tuple, list[CarriedDma]] = {}
+    carried: dict[CellKey, list[CarriedDma]] = {}
     kept = []
     for dma in state.sync.dmas:
         returned = dma.dst_sem[0].id in sem_ids
@@ -263,7 +268,7 @@ def depart(state: Any, ctx: Any, outputs: list[tuple[Buffer, int | None]],
                 state, dma, True, follow, before))
         else:
             kept.append(dma)  # its landing is this call's, and checked here
-        if reads:
+        if reads and dma.src_sem is not None:  # (`reads` says it has one)
             sem_add(dma.src_sem, -dma.signal)
             carried.setdefault(_cell_key(dma.src_sem), []).append(
                 _carried(state, dma, False, None))
@@ -294,17 +299,18 @@ def _mirror(dma: Dma, mirrors: dict[int, Buffer], landed: bool = False) -> None:
     region.write_base(dma.dst.read_base(0), dma.dst.written_base())
 
 
-def _cell_key(cell: tuple) -> tuple:
+def _cell_key(cell: SemCell) -> CellKey:
     return (cell[0].id, tuple(int(i) for i in cell[1]))
 
 
-def _describe(region: Region) -> tuple:
+def _describe(region: Region) -> Described:
     return (region.buffer.name, region.index_range(), list(region.dims), list(region.post),
             list(region.oob))
 
 
-def _carried(state: Any, dma: Dma, lands: bool, follow: tuple | None,
-             before: tuple | None = None, landed: bool = False) -> CarriedDma:
+def _carried(state: CallState, dma: Dma, lands: bool, follow: tuple[int | None] | None,
+             before: tuple[np.ndarray, np.ndarray] | None = None,
+             landed: bool = False) -> CarriedDma:
     """What a semaphore the call returns carries of `dma` (started here, or arrived from
     an earlier call and passed on: then it keeps the call that started it). `follow`
     (`_followed`): its landing can be followed into the next call; `landed`: it landed
@@ -318,7 +324,7 @@ def _carried(state: Any, dma: Dma, lands: bool, follow: tuple | None,
         before, np.array(dma.dst.read_base(0)) if follow else None)
 
 
-def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
+def handles_out(state: CallState, buf: Buffer, carried: dict[CellKey, list[CarriedDma]]
                 ) -> np.ndarray:
     """The int32 array XLA gets for a semaphore the call returns: a handle per element
     to its value (count, DMAs carried), kept in the session's `carried` dict."""
@@ -337,14 +343,14 @@ def handles_out(state: Any, buf: Buffer, carried: dict[tuple, list[CarriedDma]]
     return handles
 
 
-def never_taken(carried: dict) -> list[SemaphoreValue]:
+def never_taken(carried: dict[tuple[object, ...], object]) -> list[SemaphoreValue]:
     """The semaphores some call returned and no later call took (the end of a script)."""
     return [value for key, value in carried.items()
-            if key[:1] == ("semaphore",) and len(key) == 2
+            if key[:1] == ("semaphore",) and len(key) == 2 and isinstance(value, SemaphoreValue)
             and not carried.get(_taken_key(key[1]))]
 
 
-def drop_taken(carried: dict) -> None:
+def drop_taken(carried: dict[tuple[object, ...], object]) -> None:
     """Forget the semaphore values a call took (the call's result is kept): what they
     carried lives on in what that call returned, and a long script would keep every
     copy's data otherwise."""
@@ -354,7 +360,7 @@ def drop_taken(carried: dict) -> None:
         carried.pop(_key(key[1]), None)
 
 
-def forget(carried: dict) -> None:
+def forget(carried: dict[tuple[object, ...], object]) -> None:
     """Drop every semaphore value (the script ended: they have been checked)."""
     for key in [k for k in carried if k[:1] in (("semaphore",), ("semaphore taken",))]:
         del carried[key]

@@ -23,7 +23,7 @@ from pallas_check.findings import KernelInfo
 from pallas_check.sourceinfo import parse_src_info
 
 
-def is_semaphore_aval(aval: Any) -> bool:
+def is_semaphore_aval(aval: object) -> bool:
     dtype = getattr(aval, "dtype", None)
     try:
         return dtype is not None and jnp.issubdtype(dtype, pallas_core.semaphore_dtype)
@@ -166,7 +166,7 @@ class _Vectorised:
         return self.fn(*args)
 
 
-def _consts_key(consts: Sequence[Any]) -> tuple:
+def _consts_key(consts: Sequence[object]) -> tuple[object, ...]:
     values = [np.asarray(c) for c in consts]
     return tuple((v.shape, v.dtype.str, v.tobytes()) for v in values)
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from pallas_check.engine.events import (AbsentSubcore, Access, BlockedWait, Cell, Deadlocked,
-                                        DmaMoved, DmaNotWaited, DmaStarted, SemaphoreLeft,
-                                        StalledBarrier, Where)
-from pallas_check.engine.dma.engine import sem_name, sem_value
+from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted
+from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
+                                          SemaphoreLeft, StalledBarrier, Where)
+from pallas_check.engine.dma.engine import CellKey, SemCell, sem_name, sem_value
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings import SourceFrame
@@ -27,13 +27,20 @@ if TYPE_CHECKING:  # only for annotations
 class Core(Protocol):
     """Who runs (state.py's CoreContext)."""
 
-    actor: str
-    device_id: int
-    core_id: int
-    grid_point: tuple[int, ...] | None
+    @property
+    def actor(self) -> str: ...
+
+    @property
+    def device_id(self) -> int: ...
+
+    @property
+    def core_id(self) -> int: ...
+
+    @property
+    def grid_point(self) -> tuple[int, ...] | None: ...
 
 
-def cell(semaphore: tuple) -> Cell:
+def cell(semaphore: SemCell) -> Cell:
     """A semaphore cell (buffer, index) as plain data."""
     buf, idx = semaphore
     return Cell((buf.id, tuple(int(i) for i in idx)), buf.name, buf.device)
@@ -72,7 +79,7 @@ def dma_moved(dma: Dma, landed: bool) -> DmaMoved:
                     cell(dma.src_sem) if dma.src_sem is not None else None)
 
 
-def owed(sync: SyncState, semaphore: tuple) -> tuple[int, ...]:
+def owed(sync: SyncState, semaphore: SemCell) -> tuple[int, ...]:
     """The DMAs on a semaphore cell not yet fully waited (in start order)."""
     queue = sync._unwaited.get((semaphore[0].id, semaphore[1]), ())
     return tuple(d.id for d in queue if d.waited_bytes < d.signal)
@@ -88,6 +95,7 @@ def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
     if isinstance(current, SubcoreBarrier):  # a SparseCore's subcore barrier
         return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, current.waiting(),
                            buffer, rng, tuple(wait.frames), current.where)
+    assert current is not None  # (a wait that blocks on a count says what it is)
     return BlockedWait(actor, wait.what, wait.semaphore, wait.wanted, int(current), buffer,
                        rng, tuple(wait.frames))
 
@@ -121,7 +129,7 @@ def deadlocked(deadlock: Deadlock, scheduler: Scheduler,
 def semaphores_left(sync: SyncState, semaphores: list[Buffer]) -> tuple[SemaphoreLeft, ...]:
     """Every semaphore cell with a count at kernel end, with what DMAs never waited on it
     explain of it and where it was last signalled."""
-    unwaited: dict[tuple[int, tuple], int] = {}
+    unwaited: dict[CellKey, int] = {}
     for dma in sync.dmas:
         key = (dma.dst_sem[0].id, dma.dst_sem[1])
         unwaited[key] = unwaited.get(key, 0) + dma.signal - dma.waited_bytes

@@ -7,7 +7,6 @@ simulate.py's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -15,14 +14,17 @@ import numpy as np
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import exposures
+from pallas_check.engine.call.exposures import Exposure
 from pallas_check.engine.call import revisit
 from pallas_check.engine.call.describe import (MeshInfo, SINGLE_DEVICE, kernel_arg_names,
                                                kernel_info)
-from pallas_check.engine.call.simulate import simulate_schedule
+from pallas_check.engine.call.parts import CallInputs, ScheduleRun
+from pallas_check.engine.call.simulate import Simulated, simulate_schedule
 from pallas_check.engine.call.state import CallState
-from pallas_check.engine.events import (CallFacts, CallSkipped, Checking, DmaAddressCompared,
-                                        Feeds, FillsCompared, FindingList, RevisitLost,
+from pallas_check.engine.events import (CallFacts, Checking, Feeds, FindingList, KernelPrint,
                                         default_checking)
+from pallas_check.engine.verdicts import (CallSkipped, DmaAddressCompared, FillsCompared,
+                                          RevisitLost)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, foreign_compiler_params,
                                                      kernel_not_lowered, sparsecore_kernel)
@@ -30,7 +32,9 @@ from pallas_check.engine.memory import usage
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value, memory_space_name
 from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
-from pallas_check.findings import Finding, SourceFrame
+from pallas_check.engine.timeline import Timeline
+from pallas_check.engine.seam import AddressProbe
+from pallas_check.findings import Finding, SourceFrame, UnusedMemory
 
 
 @dataclasses.dataclass
@@ -43,43 +47,54 @@ class CallResult:
 class DevicesResult:
     outputs: list[list[np.ndarray]]  # per device, per output
     findings: list[Finding]
-    timeline: Any = None  # engine/timeline.py's Timeline of the schedule kept (--trace)
-    # What the kernel printed in the schedule kept (events.KernelPrint, simulated order).
-    prints: list = dataclasses.field(default_factory=list)
+    timeline: Timeline | None = None  # the timeline of the schedule kept (--trace)
+    # What the kernel printed in the schedule kept (simulated order).
+    prints: list[KernelPrint] = dataclasses.field(default_factory=list)
     # The note of memory never touched (findings.UnusedMemory), over every schedule tried;
     # `untouched`: one schedule's, before it becomes the note (engine/memory/usage.py).
-    unused_memory: list = dataclasses.field(default_factory=list)
-    untouched: Any = None
+    unused_memory: list[UnusedMemory] = dataclasses.field(default_factory=list)
+    untouched: usage.Untouched | None = None
     # The output elements the kernel did not decide in the outputs returned (exposures.py),
     # and the seed of the schedule those outputs come from (a re-run of the program
     # replays that schedule: pallas_check/judge.py).
-    exposures: list = dataclasses.field(default_factory=list)
+    exposures: list[Exposure] = dataclasses.field(default_factory=list)
     seed: int = 0
 
 
-def run_call(params: dict, operands: Sequence[np.ndarray], config: Config,
+@dataclasses.dataclass(frozen=True)
+class CallSetting:
+    """Where and how a call is checked, beside its operands and options: the devices of
+    `mesh` together; `carried`, what outlives a call on a TPU (barrier semaphores,
+    semaphores passed between calls), updated in place; the listeners (`checkers`, the
+    default checkers when None); who is told of each schedule done (`progress`: done,
+    total); `call_site`, the script's line that made the call (where a refusal of the
+    call's own parameters points); `never_written`, the inputs (by position among the
+    call's inputs) whose every element is memory nobody wrote (an array made by
+    `jnp.empty`), held as the fill."""
+
+    mesh: MeshInfo = SINGLE_DEVICE
+    carried: dict[tuple[object, ...], object] = dataclasses.field(default_factory=dict)
+    checkers: Checking | None = None
+    progress: Callable[[int, int], None] | None = None
+    call_site: SourceFrame | None = None
+    never_written: frozenset[int] = frozenset()
+
+
+def run_call(params: dict[str, Any], operands: Sequence[np.ndarray], config: Config,
              call_index: int, checkers: Checking | None = None) -> CallResult:
     """Simulate one pallas_call on one device; return its outputs and findings."""
-    result = run_call_devices(params, [operands], config, call_index, checkers=checkers)
+    result = run_call_devices(params, [operands], config, call_index,
+                              CallSetting(checkers=checkers))
     return CallResult(result.outputs[0], result.findings)
 
 
-def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
-                     config: Config, call_index: int, mesh: MeshInfo = SINGLE_DEVICE,
-                     carried: dict | None = None,
-                     progress: Callable[[int, int], None] | None = None,
-                     results: Sequence[np.ndarray] | None = None,
-                     checkers: Checking | None = None,
-                     live: InFlight | None = None,
-                     call_site: SourceFrame | None = None,
-                     never_written: frozenset[int] = frozenset()) -> DevicesResult:
-    """Simulate one pallas_call on every device of `mesh` together (one operand list per
-    device); `carried` holds what outlives a call on a TPU (barrier semaphores); `live`
-    is kept up to date with what the call has found so far (engine/runtime/inflight.py);
-    `call_site`: the script's line that made the call (where a refusal of the call's own
-    parameters points); `never_written`: the inputs (by position among the call's inputs)
-    whose every element is memory nobody wrote (an array made by `jnp.empty`), held as the
-    fill.
+def run_call_devices(params: dict[str, Any], device_operands: Sequence[Sequence[np.ndarray]],
+                     config: Config, call_index: int, setting: CallSetting = CallSetting(),
+                     *, results: Sequence[np.ndarray] | None = None,
+                     live: InFlight | None = None) -> DevicesResult:
+    """Simulate one pallas_call on every device of the setting's mesh together (one
+    operand list per device; see `CallSetting`); `live` is kept up to date with what the
+    call has found so far (engine/runtime/inflight.py).
 
     `results` (one device): the buffers the call's outputs are returned in; the first
     schedule simulates the outputs' HBM in them, so that the outputs are not copied.
@@ -90,43 +105,40 @@ def run_call_devices(params: dict, device_operands: Sequence[Sequence[np.ndarray
 
     A kernel that Mosaic does not lower (engine/jaxpr/mosaic_limits.py) never runs on a TPU:
     the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
-    carried = carried if carried is not None else {}
-    checkers = checkers if checkers is not None else default_checking()
-    refused = (foreign_compiler_params(params, (call_site,) if call_site else ())
-               or _not_lowered(params))
+    checkers = setting.checkers if setting.checkers is not None else default_checking()
+    site = setting.call_site
+    refused = foreign_compiler_params(params, (site,) if site else ()) or _not_lowered(params)
+    # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
+    # later call recognises a DMA's destination among its operands (engine/call/carried.py).
+    call = CallInputs(params, device_operands, kernel_info(params), call_index, setting.mesh,
+                      [r.__array_interface__["data"][0] for r in results]
+                      if results is not None else None, setting.never_written)
     if refused is None:
         try:
-            return _explore(params, device_operands, config, call_index, mesh, carried,
-                            progress, results, checkers, live, never_written)
+            return _explore(call, config, setting,
+                            ScheduleRun(config, config.uninit.value, True, checkers,
+                                        results=results, live=live))
         except NotLowered as exc:  # met while running: a spelling the static look missed
             refused = exc
-    return _skipped(params, device_operands, config, call_index, results, checkers, refused)
+    return _skipped(call, config, results, checkers, refused)
 
 
-def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-             call_index: int, mesh: MeshInfo, carried: dict,
-             progress: Callable[[int, int], None] | None,
-             results: Sequence[np.ndarray] | None, checkers: Checking,
-             live: InFlight | None = None,
-             never_written: frozenset[int] = frozenset()) -> DevicesResult:
-    """The call's schedules (see `run_call_devices`)."""
+def _explore(call: CallInputs, config: Config, setting: CallSetting,
+             first: ScheduleRun) -> DevicesResult:
+    """The call's schedules (see `run_call_devices`): `first` is the first one's run."""
     schedules = max(1, config.schedules)
+    carried, progress, live = setting.carried, setting.progress, first.live
     findings: list[Finding] = []
-    seen: dict[tuple, int] = {}  # merge key -> in how many schedules it appeared
+    seen: dict[tuple[object, ...], int] = {}  # merge key -> in how many schedules it appeared
     result: DevicesResult | None = None
     chosen_carried = dict(carried)
     tried = 0
-    untouched: Any = None  # the kernel's memory no schedule so far touched
-    # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
-    # later call recognises a DMA's destination among its operands (engine/call/carried.py).
-    addresses = ([r.__array_interface__["data"][0] for r in results]
-                 if results is not None else None)
+    untouched: usage.Untouched | None = None  # the kernel's memory no schedule so far touched
     for i in range(schedules):
         trial_carried = dict(carried)
-        trial = _one_schedule(params, device_operands,
-                              dataclasses.replace(config, seed=config.seed + i), call_index,
-                              mesh, trial_carried, results if i == 0 else None, checkers,
-                              addresses, live, never_written)
+        trial = _one_schedule(call, dataclasses.replace(
+            first, config=dataclasses.replace(config, seed=config.seed + i),
+            carried=trial_carried, results=first.results if i == 0 else None))
         tried += 1
         if trial.untouched is None or i == 0 or untouched is None:
             # a schedule that did not finish leaves what is never touched unknown
@@ -139,7 +151,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
             result, chosen_carried = trial, trial_carried
         # Every occurrence is kept (the store counts them); a defect already seen under an
         # earlier seed is not reported again under a later one.
-        keys: set[tuple] = set()
+        keys: set[tuple[object, ...]] = set()
         for finding in trial.findings:
             if finding.seed is None:
                 finding.seed = config.seed + i
@@ -168,7 +180,7 @@ def _explore(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
-def _not_lowered(params: dict) -> NotLowered | None:
+def _not_lowered(params: dict[str, Any]) -> NotLowered | None:
     """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
     jaxpr = params["jaxpr"]
     return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
@@ -177,13 +189,13 @@ def _not_lowered(params: dict) -> NotLowered | None:
         sparsecore_kernel(params.get("mesh"))))
 
 
-def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-             call_index: int, results: Sequence[np.ndarray] | None, checkers: Checking,
-             refused: NotLowered) -> DevicesResult:
+def _skipped(call: CallInputs, config: Config, results: Sequence[np.ndarray] | None,
+             checkers: Checking, refused: NotLowered) -> DevicesResult:
     """A call that does not compile for a TPU, skipped: its one finding, and the outputs of
     a kernel that wrote nothing -- never-written memory (the fill of `--uninit`), an output
     aliased to an input that input, unchanged -- so that the script runs on and the rest of
     its calls are checked."""
+    params, device_operands = call.params, call.device_operands
     gm = params["grid_mapping"]
     first = gm.num_dynamic_grid_bounds + gm.num_index_operands
     aliases = {o: i - gm.num_index_operands
@@ -206,7 +218,7 @@ def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
                     Buffer.filled("", MemorySpace.HBM, aval.shape, aval.dtype, fill).data)
         outputs.append(device_outputs)
     found = FindingList()
-    facts = CallFacts(kernel_info(params), call_index, config.seed, False)
+    facts = CallFacts(call.kernel, call.call_index, config.seed, False)
     skipped = CallSkipped(refused.message, refused.buffer, refused.memory_space,
                           refused.operation, refused.mosaic, refused.frames)
     for take in Feeds(checkers.listeners(facts, found)).call_skipped:
@@ -214,26 +226,20 @@ def _skipped(params: dict, device_operands: Sequence[Sequence[np.ndarray]], conf
     return DevicesResult(outputs, list(found))
 
 
-def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
-                  config: Config, call_index: int, mesh: MeshInfo,
-                  carried: dict, results: Sequence[np.ndarray] | None,
-                  checkers: Checking, addresses: list[int] | None = None,
-                  live: InFlight | None = None,
-                  never_written: frozenset[int] = frozenset()) -> DevicesResult:
-    kernel = kernel_info(params)
-    main_fill = config.uninit.value
-    simulate = functools.partial(simulate_schedule, params, device_operands, config,
-                                 kernel=kernel, call_index=call_index, mesh=mesh,
-                                 addresses=addresses, never_written=never_written)
-    outputs, state, written = simulate(fill=main_fill, report=True, carried=carried,
-                                       results=results, checkers=checkers, live=live)
+def _one_schedule(call: CallInputs, run: ScheduleRun) -> DevicesResult:
+    """One schedule (`run`: its reporting simulation), then what is decided after it by
+    simulating the call again: the second fill, a DMA's address, lost revisits."""
+    config, carried, params = run.config, run.carried, call.params
+    main_fill = run.fill
+    outputs, state, written = simulate_schedule(call, run)
     state.run_ended()
     # A DMA the call stopped at (a slice size no part of its ref holds) after reads of
     # never-written memory: the re-run with the other fill says whether its address
     # depends on them (the DMA's ranges differ there, or it is never reached).
     unbounded = state.unbounded_dma
-    probe = ({unbounded.id: None} if unbounded is not None and unbounded.reads
-             and config.check_uninit_outputs else None)
+    probe: AddressProbe | None = ({unbounded.id: None} if unbounded is not None
+                                  and unbounded.reads and config.check_uninit_outputs
+                                  else None)
     compare_outputs = (state.uninit_reads and config.check_uninit_outputs
                        and not config.skip_floats and not state.unfinished)
     other_fill = "zero" if main_fill == UninitFill.NAN.value else "nan"
@@ -241,9 +247,8 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
     found = ([] if state.unfinished else
              exposures.unwritten(names, outputs, written, other_fill))
     if compare_outputs or probe is not None:
-        other_outputs, _, _ = simulate(fill=other_fill, report=False,
-                                       carried=dict(carried or {}), results=None,
-                                       checkers=checkers, address_probe=probe)
+        other_outputs, _, _ = simulate_schedule(call, ScheduleRun(
+            config, other_fill, False, run.checking, dict(carried), address_probe=probe))
         if probe is not None:
             assert unbounded is not None  # the probe is made for it only
             state.tell(DmaAddressCompared(unbounded, probe[unbounded.id],
@@ -257,16 +262,18 @@ def _one_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]],
                                  tuple(flat_written), tuple(state.uninit_reads)))
         found += exposures.dependent(names, outputs, other_outputs, written)
     if state.revisits and not state.unfinished:
-        rerun = functools.partial(simulate_schedule, params, device_operands, config, main_fill,
-                                  kernel, call_index, False, mesh, addresses=addresses,
-                                  never_written=never_written)
-        for lost in _lost_revisits(state, outputs, rerun, carried):
+
+        def rerun(perturb: revisit.Perturbation) -> Simulated:
+            return simulate_schedule(call, ScheduleRun(config, main_fill, False, state.checking,
+                                                       dict(carried), perturb=perturb))
+
+        for lost in _lost_revisits(state, outputs, rerun):
             state.tell(_revisit_lost(lost))
     return DevicesResult(outputs, list(state.findings), state.timeline, state.prints,
                          untouched=_untouched(state), exposures=found, seed=config.seed)
 
 
-def _output_names(params: dict) -> list[str]:
+def _output_names(params: dict[str, Any]) -> list[str]:
     """The kernel's names of the call's outputs."""
     gm = params["grid_mapping"]
     first_output = gm.num_index_operands + gm.num_inputs
@@ -298,7 +305,7 @@ SEPARATE_AT_MOST = 8
 
 
 def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
-                   rerun: Callable[..., Any], carried: dict) -> list[revisit.Lost]:
+                   rerun: Callable[[revisit.Perturbation], Simulated]) -> list[revisit.Lost]:
     """Output blocks revisited after other blocks whose first visit's work is lost.
 
     Decided as uninitialized memory is, by running the call again (only calls where such
@@ -318,7 +325,7 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
               else [candidates])
     lost: list[revisit.Lost] = []
     for group in groups:
-        kept, unfinished = _perturbed_rounds(state, outputs, rerun, carried, group)
+        kept, unfinished = _perturbed_rounds(state, outputs, rerun, group)
         lost += kept
         undecided += unfinished
     lost += [x for x in map(revisit.lost_by_writes, undecided) if x is not None]
@@ -326,12 +333,13 @@ def _lost_revisits(state: CallState, outputs: list[list[np.ndarray]],
 
 
 def _perturbed_rounds(state: CallState, outputs: list[list[np.ndarray]],
-                      rerun: Callable[..., Any], carried: dict,
+                      rerun: Callable[[revisit.Perturbation], Simulated],
                       candidates: list[revisit.RevisitRecord]
                       ) -> tuple[list[revisit.Lost], list[revisit.RevisitRecord]]:
     """The revisit rounds for candidates perturbed together: (lost, undecided)."""
     first_output = state.first_output
-    prints: dict[tuple, set[bytes | None]] = {}  # a first visit's end -> its fingerprints
+    # a first visit's end -> its fingerprints
+    prints: dict[tuple[int, tuple[int, ...]], set[bytes | None]] = {}
     for round_ in range(revisit.ROUNDS):
         if not candidates:
             break
@@ -339,7 +347,7 @@ def _perturbed_rounds(state: CallState, outputs: list[list[np.ndarray]],
         perturb = revisit.Perturbation(revisit.perturbation_points(candidates), round_,
                                        capture)
         try:
-            other, other_state, _ = rerun(dict(carried), None, state.checking, perturb=perturb)
+            other, other_state, _ = rerun(perturb)
         except KernelError:  # perturbed data the kernel cannot run on (an index, a size)
             other_state = None
         if other_state is None or other_state.unfinished:

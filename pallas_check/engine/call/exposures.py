@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pallas_check.engine.memory.buffer import fill_value
-from pallas_check.findings import FindingKind
+from pallas_check.kinds import FindingKind
 
 
 class Exposure(NamedTuple):
@@ -48,8 +48,10 @@ def differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "fc" or "float" in a.dtype.name:
         af, bf = a.astype(np.float64), b.astype(np.float64)
         both_nan = np.isnan(af) & np.isnan(bf)
-        return ~((af == bf) | both_nan)
-    return a != b
+        differ: np.ndarray = ~((af == bf) | both_nan)
+        return differ
+    unequal: np.ndarray = a != b
+    return unequal
 
 
 def unwritten(names: Sequence[str], outputs: Sequence[Sequence[np.ndarray]],

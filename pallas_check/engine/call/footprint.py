@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
+from jax.extend.core import Jaxpr
+from numpy.typing import DTypeLike
 
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
+
+# Bytes an array of a shape and element type takes in a memory (`tiled_bytes`, ...).
+Sizer = Callable[[tuple[int, ...], DTypeLike], int]
 # Per TensorCore, as JAX's own table has them (jax/_src/pallas/mosaic/tpu_info.py,
 # _get_tpu_info_impl: vmem_capacity_bytes, smem_capacity_bytes) and as libtpu 0.0.42
 # reports them ("Used 135.00M of 128.00M vmem", "Used 1.00M of 1.00M smem").
@@ -60,7 +65,7 @@ class Allocation:
         return f"{self.what} {self.name} {format_bytes(self.nbytes)}"
 
 
-def tiled_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+def tiled_bytes(shape: tuple[int, ...], dtype: DTypeLike) -> int:
     """Bytes of an array in VMEM, its last two dimensions padded to whole tiles."""
     itemsize = np.dtype(dtype).itemsize
     dims = [int(d) for d in shape] or [1]
@@ -71,21 +76,21 @@ def tiled_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     return math.prod(dims) * itemsize
 
 
-def smem_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+def smem_bytes(shape: tuple[int, ...], dtype: DTypeLike) -> int:
     """Bytes of an array in SMEM (32-bit words), unpadded: a lower bound."""
     return math.prod(int(d) for d in shape) * max(4, np.dtype(dtype).itemsize)
 
 
-def _memory_space(aval: Any) -> str:
+def _memory_space(aval: object) -> str:
     return str(getattr(aval, "memory_space", "")).lower()
 
 
-def _in_vmem(aval: Any) -> bool:
+def _in_vmem(aval: object) -> bool:
     space = _memory_space(aval)
     return not any(word in space for word in ("any", "hbm", "smem", "semaphore", "sem"))
 
 
-def _in_smem(aval: Any) -> bool:
+def _in_smem(aval: object) -> bool:
     return "smem" in _memory_space(aval)
 
 
@@ -98,7 +103,7 @@ def _block_shape(bm: Any) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _array_of(aval: Any) -> tuple[tuple[int, ...], Any] | None:
+def _array_of(aval: object) -> tuple[tuple[int, ...], DTypeLike] | None:
     """(shape, dtype) of a ref's array, None for a semaphore or another non-array."""
     inner = getattr(aval, "inner_aval", aval)
     if not hasattr(inner, "shape") or not hasattr(inner, "dtype"):
@@ -121,13 +126,13 @@ def buffer_count(bm: Any, steps: int, grid_rank: int) -> int:
     return 1 if grid_invariant(bm.index_map_jaxpr.jaxpr, grid_rank) else 2
 
 
-def grid_invariant(jaxpr: Any, grid_rank: int) -> bool:
+def grid_invariant(jaxpr: Jaxpr, grid_rank: int) -> bool:
     """Whether no output of an index map depends on its first `grid_rank` inputs (the grid
     indices). Folds what Mosaic's canonicalisation folds in the forms index maps use:
     a product with a literal 0 and a difference of a value with itself."""
     varying = {id(v) for v in jaxpr.invars[:grid_rank]}
 
-    def depends(atom: Any) -> bool:
+    def depends(atom: object) -> bool:
         return not hasattr(atom, "val") and id(atom) in varying
 
     for eqn in jaxpr.eqns:
@@ -142,7 +147,8 @@ def grid_invariant(jaxpr: Any, grid_rank: int) -> bool:
     return not any(depends(a) for a in jaxpr.outvars)
 
 
-def _operand_allocations(params: dict, in_space: Any, size: Any) -> Iterator[Allocation]:
+def _operand_allocations(params: dict[str, Any], in_space: Callable[[object], bool],
+                         size: Sizer) -> Iterator[Allocation]:
     """The call's blocks and scratch in one memory space (`in_space` says which)."""
     gm = params["grid_mapping"]
     jaxpr = params["jaxpr"]
@@ -164,13 +170,14 @@ def _operand_allocations(params: dict, in_space: Any, size: Any) -> Iterator[All
             yield Allocation(names[position], "scratch", size(*array))
 
 
-def _scoped_peak(jaxpr: Any, in_space: Any, size: Any) -> list[Allocation]:
+def _scoped_peak(jaxpr: Jaxpr, in_space: Callable[[object], bool],
+                 size: Sizer) -> list[Allocation]:
     """The `pl.run_scoped` allocations live together at the deepest point of `jaxpr`
     (one body's own allocations plus the largest of what nests in it)."""
     best: list[Allocation] = []
     for eqn in jaxpr.eqns:
         own: list[Allocation] = []
-        subs: list[Any] = []  # the jaxprs nested in the equation
+        subs: list[Any] = []  # the jaxprs nested in the equation (any object with eqns)
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
@@ -200,11 +207,11 @@ def allocations(params: dict) -> list[Allocation]:
     return sorted(found, key=lambda a: -a.nbytes)
 
 
-def _in_subcore_vmem(aval: Any) -> bool:
+def _in_subcore_vmem(aval: object) -> bool:
     return _memory_space(aval) == "vmem"
 
 
-def _unpadded_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+def _unpadded_bytes(shape: tuple[int, ...], dtype: DTypeLike) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 

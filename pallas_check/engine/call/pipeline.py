@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import jax_core
@@ -13,16 +13,18 @@ from pallas_check.jaxbridge import state_indexing
 
 from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
-from pallas_check.engine.call.state import CoreContext
-from pallas_check.engine.dma.engine import Transfer
+from pallas_check.engine.call.state import CallState, CoreContext
+from pallas_check.engine.dma.engine import DmaCore, Transfer
 from pallas_check.engine.jaxpr.program import runner_for
-from pallas_check.engine.memory.buffer import MemorySpace, RefView
+from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
+from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
 
-def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
-               operands: list[Operand], points: np.ndarray):
+def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[RefView],
+               operands: list[Operand], points: np.ndarray
+               ) -> Generator[Wait | None, None, None]:
     """The actor of one core: the grid walk with the block pipeline around each step."""
     blocked = [op for op in operands if not op.whole_array]
     windowed = [op for op in operands if op.whole_array and op.block_indices is not None]
@@ -54,7 +56,8 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
                     ctx.call.fresh_revisits.pop(vmem.id, None)
         perturb = ctx.call.perturb  # a perturbed re-run (revisit.py); None otherwise
         saved = (perturb.apply([plan.op.vmem for plan in pipe.inputs
-                                if plan.op.kernel_space != MemorySpace.SMEM])
+                                if plan.op.kernel_space != MemorySpace.SMEM
+                                and plan.op.vmem is not None])
                  if perturb is not None and (ctx.device_id, point) in perturb.points
                  else None)
         yield from body(ctx, (), kernel_args)
@@ -72,9 +75,10 @@ def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[Any],
 
 
 
-def _fresh_block(ctx: Any, plan: Any, step: int) -> Any:
+def _fresh_block(ctx: CoreContext, plan: _Plan, step: int) -> Buffer:
     """An output block's VMEM at a visit that does not read it back: fresh memory (the
     fill, never written), after its block index is checked against the array."""
+    assert ctx.grid_point is not None  # (inside the grid walk)
     plan.check_bounds(ctx, step, ctx.grid_point)
     vmem = plan.op.vmem
     assert vmem is not None
@@ -166,6 +170,11 @@ def _out_of_bounds_steps(op: Operand, indices: np.ndarray) -> set[int]:
     return set(np.nonzero(bad.any(axis=1))[0].tolist())
 
 
+# A block's (HBM index, VMEM index, empty, HBM range): where its valid part is in the
+# array and in the block buffer, whether it is empty, and its range in the array.
+Slices = tuple[tuple[int | slice, ...], tuple[int | slice, ...], bool, IndexRange]
+
+
 @dataclasses.dataclass(eq=False, slots=True)
 class BlockCopy(Transfer):
     """One copy of the BlockSpec pipeline, a DMA of its own that the call's DMA mode
@@ -183,15 +192,16 @@ class BlockCopy(Transfer):
     # The copy as an actor, `pipeline copy-in of x_ref block (3, 0)` (only when races are
     # checked, a timeline is drawn or DMAs are actors; else "").
     actor_name: str
-    slices: tuple  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
-    staged: Any = None
+    slices: Slices  # (HBM index, VMEM index, empty, HBM range) of the block's valid part
+    call: CallState  # whose listeners its move is told to (whoever drives it)
+    staged: tuple[np.ndarray, bool | np.ndarray] | None = None
     copied: bool = False  # copy-in: HBM was read; write-back: HBM was written
 
-    def complete(self, ctx: Any) -> None:
-        _move(ctx, self)
+    def complete(self, ctx: DmaCore) -> None:
+        _move(self.call, self)
 
-    def events(self, ctx: Any):
-        return _copy_actor(ctx, self)
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
+        return _copy_actor(self.call, self)
 
 
 class Pipeline:
@@ -211,13 +221,14 @@ class Pipeline:
         self.fetching: dict[tuple[int, int], BlockCopy] = {}  # (plan id, step) -> copy-in
         self.writing: list[BlockCopy] = []  # write-backs in flight, oldest first
         # (plan id, block) -> each visit's (grid point, elements it wrote), for revisits
-        self.visits: dict[tuple[int, tuple[int, ...]], list[tuple[tuple, Any]]] = {}
+        self.visits: dict[tuple[int, tuple[int, ...]],
+                          list[tuple[tuple[int, ...], bool | np.ndarray]]] = {}
         self.grid_points = [tuple(p) for p in points.tolist()]
         self.policy = ctx.call.dma_policy  # when copies move: the call's DMA mode
         self.named = (ctx.call.races is not None or self.policy.actors
                       or ctx.call.timeline is not None)
 
-    def inputs_ready(self, step: int):
+    def inputs_ready(self, step: int) -> Generator[Wait | None, None, None]:
         """Before body `step`: its input blocks have landed; later ones are prefetched."""
         for plan in self.inputs:
             if plan.changed[step]:
@@ -230,7 +241,7 @@ class Pipeline:
                     self.fetching[(id(plan), ahead)] = self._start(plan, ahead, False,
                                                                    during=step)
 
-    def outputs_done(self, step: int):
+    def outputs_done(self, step: int) -> Generator[Wait | None, None, None]:
         """After body `step`: write back the output blocks it finished; wait for those
         started far enough back (one step, with the default double buffering)."""
         last = step == len(self.points) - 1
@@ -240,12 +251,12 @@ class Pipeline:
         while self.writing and self.writing[0].step <= step - (self.writing[0].plan.depth - 1):
             yield from self._wait(self.writing.pop(0))
 
-    def drain(self):
+    def drain(self) -> Generator[Wait | None, None, None]:
         """The kernel's end: every write-back still in flight is waited."""
         while self.writing:
             yield from self._wait(self.writing.pop(0))
 
-    def revisit(self, plan: _Plan, step: int):
+    def revisit(self, plan: _Plan, step: int) -> Generator[Wait | None, None, None]:
         """An output block visited again after other blocks. `RevisitMode.ANY`: the DMA
         the pipeline inserts to restore it from HBM, waited before the body (the earlier
         visit's write-back, single-buffered, was waited after its body). Otherwise fresh
@@ -297,7 +308,7 @@ class Pipeline:
         name = (ctx.call.pipeline_copy_name(ctx, plan.op.name, writes_back, block)
                 if self.named else "")
         copy = BlockCopy(plan, block, step, self.grid_points[step], writes_back, name,
-                         _block_slices(plan.op, block))
+                         _block_slices(plan.op, block), ctx.call)
         ctx.call.on_copy_start(ctx, name, plan.op.name, plan.copies % plan.depth)
         plan.copies += 1
         if writes_back:
@@ -308,7 +319,7 @@ class Pipeline:
         self.policy.started(ctx, copy)
         return copy
 
-    def _wait(self, copy: BlockCopy):
+    def _wait(self, copy: BlockCopy) -> Generator[Wait | None, None, None]:
         ctx = self.ctx
         if not copy.copied:
             wait = self.policy.await_transfer(ctx, copy, "pipeline copy wait",
@@ -336,13 +347,13 @@ def _depth(op: Operand) -> int:
     return max(1, int(count)) if count else 2
 
 
-def _copy_actor(ctx: CoreContext, copy: BlockCopy):
+def _copy_actor(call: CallState, copy: BlockCopy) -> Generator[None, None, None]:
     """`--dma random`: the copy moves its data at a point the scheduler picks."""
     yield None
-    _move(ctx, copy)
+    _move(call, copy)
 
 
-def _move(ctx: CoreContext, copy: BlockCopy) -> None:
+def _move(call: CallState, copy: BlockCopy) -> None:
     """The copy's DMA event: a copy-in reads HBM, a write-back writes it. What a copy-in
     read is its own: a view of a read-only input's array (which never changes), else a
     copy (HBM may change before the copy is waited)."""
@@ -350,6 +361,7 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
     hbm_index, _, empty, hbm_range = copy.slices
     copy.copied = True
     if not empty and copy.writes_back:
+        assert copy.staged is not None  # (staged when the write-back started)
         values, written = copy.staged
         copy.staged = None
         op.hbm.writable()[hbm_index] = values
@@ -362,9 +374,9 @@ def _move(ctx: CoreContext, copy: BlockCopy) -> None:
         if isinstance(written, np.ndarray):
             written = np.array(written)
         copy.staged = (values, written)
-    touched = None if empty or ctx.call.races is None else hbm_range
-    ctx.call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
-                           copy.grid_point)
+    touched = None if empty or call.races is None else hbm_range
+    call.on_copy_moved(copy.actor_name, op.hbm, touched, copy.writes_back, copy.plan.frames,
+                       copy.grid_point)
 
 
 def _stage_write_back(ctx: CoreContext, copy: BlockCopy) -> None:
@@ -411,7 +423,7 @@ def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:
 
 
 def _block_slices(op: Operand, block_index: tuple[int, ...]
-                  ) -> tuple[tuple, tuple, bool, IndexRange]:
+                  ) -> Slices:
     """Slices of the HBM array and of the VMEM block for the valid part of a block, and
     that part's HBM index range (what a copy of it touches, for the race checker)."""
     hbm_index: list[int | slice] = []

@@ -43,10 +43,11 @@ class RevisitRecord:
     name: str  # the kernel's parameter name of the output
     position: int  # the output's place among the kernel's parameters
     block: tuple[int, ...]
-    hbm_index: tuple  # the block's valid part in the output array
+    hbm_index: tuple[int | slice, ...]  # the block's valid part in the output array
     frames: tuple[SourceFrame, ...]  # the out_specs index_map
     restored: bool  # pl.Buffered(1, revisit=ANY): the pipeline reads the block back
-    visits: list[tuple[tuple, Any]]  # each run's (grid point of its write-back, written)
+    # each run's (grid point of its write-back, written)
+    visits: list[tuple[tuple[int, ...], bool | np.ndarray]]
     first_points: tuple[tuple[int, ...], ...]  # the grid points of the first visit
     inputs: tuple[tuple[str, tuple[int, ...]], ...]  # input blocks the first visit read
 
@@ -101,7 +102,8 @@ class Perturbation:
             digest.update(np.ascontiguousarray(buf.data).reshape(-1).view(np.uint8).data)
         self.fingerprints[key] = digest.digest()
 
-    def apply(self, buffers: Sequence[Buffer]) -> list[tuple[Buffer, np.ndarray, Any]]:
+    def apply(self, buffers: Sequence[Buffer]
+              ) -> list[tuple[Buffer, np.ndarray, bool | np.ndarray]]:
         """Swap perturbed values into the step's input blocks; what to restore after."""
         saved = []
         for k, buf in enumerate(buffers):
@@ -116,7 +118,7 @@ class Perturbation:
         return saved
 
     @staticmethod
-    def restore(saved: list[tuple[Buffer, np.ndarray, Any]]) -> None:
+    def restore(saved: list[tuple[Buffer, np.ndarray, bool | np.ndarray]]) -> None:
         """The step's body is done: the blocks hold what the pipeline landed again (the
         next step may use them unchanged, without a copy)."""
         for buf, values, written in saved:
@@ -146,7 +148,7 @@ def perturbed(values: np.ndarray, round_: int, mild: bool = False,
             else:
                 out[...] = info.max if round_ == 1 else (info.max // 4 if odd else info.min)
         elif "float" in dtype.name or np.issubdtype(dtype, np.floating):
-            top = np.float64(jnp.finfo(dtype).max)
+            top = np.float64(jnp.finfo(dtype).max)  # type: ignore[no-untyped-call]
             # Large, yet a dot product of two such values stays finite for f32 and bf16.
             big = top ** 0.25 if top > 1e30 else top ** 0.5
             out[...] = (np.nan if round_ == 0 else big if round_ == 1
@@ -158,7 +160,8 @@ def perturbed(values: np.ndarray, round_: int, mild: bool = False,
     return out
 
 
-def perturbation_points(records: Sequence[RevisitRecord]) -> set[tuple[int, tuple]]:
+def perturbation_points(records: Sequence[RevisitRecord]
+                        ) -> set[tuple[int, tuple[int, ...]]]:
     return {(r.device, p) for r in records for p in r.first_points}
 
 
@@ -206,11 +209,11 @@ def lost_by_writes(record: RevisitRecord) -> Lost | None:
                 earlier_point, False)
 
 
-def _block_shape(hbm_index: tuple) -> tuple[int, ...]:
+def _block_shape(hbm_index: tuple[int | slice, ...]) -> tuple[int, ...]:
     return tuple(i.stop - i.start for i in hbm_index if isinstance(i, slice))
 
 
-def lost_range(hbm_index: tuple, lost: np.ndarray) -> IndexRange:
+def lost_range(hbm_index: tuple[int | slice, ...], lost: np.ndarray) -> IndexRange:
     """The HBM range (bounding box) of the lost elements of a block's valid part."""
     lost = np.broadcast_to(lost, _block_shape(hbm_index))
     dims = iter(range(lost.ndim))

@@ -13,30 +13,32 @@ import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
+from jax.extend.core import Jaxpr, Var
 
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.call import revisit
-from pallas_check.engine.call.describe import (MeshInfo, Operand, SINGLE_DEVICE, _block_indices,
+from pallas_check.engine.call.describe import (Operand, _block_indices,
                                                _grid_points, _operand, _program_axes, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
+from pallas_check.engine.call.carried import CarriedDma
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
+from pallas_check.engine.dma.engine import CellKey
 from pallas_check.engine.call import event_data
-from pallas_check.engine.events import (Access, ActorsDeclared, CallEnded, Checking,
-                                        KernelEntered, OutputUnwritten, default_checking)
+from pallas_check.engine.events import Access, ActorsDeclared, KernelEntered
+from pallas_check.engine.verdicts import CallEnded, OutputUnwritten
 from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
-from pallas_check.engine.runtime import progress
-from pallas_check.engine.runtime.inflight import InFlight
-from pallas_check.engine.runtime.scheduler import Actor, Deadlock, Scheduler
-from pallas_check.findings import KernelInfo, SourceFrame
+from pallas_check.engine.runtime.scheduler import Actor, Deadlock
+from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import code_line
+from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, ScheduleRun,
+                                            SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext
 # Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
 from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
@@ -48,13 +50,13 @@ from pallas_check.engine.rules import sparsecore  # noqa: F401
 class _Layout:
     """What one simulation of a call needs to know of its params, computed once."""
 
-    jaxpr: Any
-    gm: Any
+    jaxpr: Jaxpr
+    gm: Any  # JAX's GridMapping
     grid: tuple[int, ...]
     arg_names: list[str]
     out_to_in: dict[int, int]  # output index -> the input it is aliased to
-    block_vars: list[Any]
-    scratch_vars: list[Any]
+    block_vars: list[Var]
+    scratch_vars: list[Var]
     points: np.ndarray
     program_axes: list[int]
     core_axes: tuple[str, ...]
@@ -65,18 +67,20 @@ class _Layout:
     resident_out: frozenset[int] = frozenset()
     # The SparseCore mesh of a SparseCore kernel (None: TensorCores).
     sparsecore: SparseCoreMesh | None = None
+    # The outputs' abstract values (shape, dtype, memory space).
+    out_avals: Sequence[Any] = ()
 
     @property
     def n_in(self) -> int:
-        return self.gm.num_inputs
+        return int(self.gm.num_inputs)
 
     @property
     def first(self) -> int:
         """Where the inputs start among the kernel's parameters (after scalar prefetch)."""
-        return self.gm.num_index_operands
+        return int(self.gm.num_index_operands)
 
 
-def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
+def _layout(params: dict[str, Any], grid: tuple[int, ...], config: Config) -> _Layout:
     jaxpr, gm = params["jaxpr"], params["grid_mapping"]
     n_in, n_out, first = gm.num_inputs, gm.num_outputs, gm.num_index_operands
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
@@ -100,52 +104,42 @@ def _layout(params: dict, grid: tuple[int, ...], config: Config) -> _Layout:
                              if memory_space_name(getattr(aval, "memory_space", None),
                                                   MemorySpace.HBM)
                              in (MemorySpace.VMEM, MemorySpace.SMEM)),
-                   sparsecore_mesh(params))
+                   sparsecore_mesh(params), params["out_avals"])
 
 
-def _is_semaphore_ref(aval: Any) -> bool:
+def _is_semaphore_ref(aval: object) -> bool:
     """An operand that is a semaphore (passed from one call to another)."""
     return (is_semaphore_aval(aval) or memory_space_name(
         getattr(aval, "memory_space", None)) == MemorySpace.SEMAPHORE)
 
 
-def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarray]], config: Config,
-              fill: str, kernel: KernelInfo, call_index: int, report: bool,
-              mesh: MeshInfo = SINGLE_DEVICE, carried: dict | None = None,
-              results: Sequence[np.ndarray] | None = None,
-              checkers: Checking | None = None, address_probe: dict | None = None,
-              perturb: revisit.Perturbation | None = None, addresses: list[int] | None = None,
-              live: InFlight | None = None, never_written: frozenset[int] = frozenset(),
-              ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
-    """One schedule of the call on every device: buffers, one actor per core, the run
-    (`address_probe`: DMA ids whose ranges to record, see `_one_schedule`; `perturb`: the
-    input blocks a re-run deciding output revisits changes; `addresses` (one CPU device):
-    where the outputs' XLA buffers are, engine/call/carried.py; `live`: told of the state;
-    `never_written`: inputs, by position, that hold memory nobody wrote: explore.py)."""
+# Per device, the outputs; the state of the run; per device, the outputs' written-shadows.
+Simulated = tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]
+
+
+def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
+    """One schedule of the call on every device: buffers, one actor per core, the run."""
+    params, config, mesh = call.params, run.config, call.mesh
     gm = params["grid_mapping"]
     # With --trace, the reporting run's timeline goes where the session says, as it runs.
+    live = run.live
     sink = (live.trace(config.seed) if live is not None and live.trace is not None
-            and report and config.timeline else None)
-    state = CallState(config, fill, kernel, call_index, report,
-                      checkers if checkers is not None else default_checking(), sink)
-    if live is not None:
-        live.simulating(state)
-    state.address_probe = address_probe
-    state.perturb = perturb
-    state.first_output = gm.num_index_operands + gm.num_inputs
-    state.mesh = mesh
-    state.core_mesh = params.get("mesh")
-    state.carried = carried if carried is not None else {}
-    state.collective_id = getattr(params.get("compiler_params"), "collective_id", None)
+            and run.report and config.timeline else None)
     # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.
     num_bounds = gm.num_dynamic_grid_bounds
-    grid = resolve_grid(gm.grid, [np.asarray(b) for b in device_operands[0][:num_bounds]])
+    grid = resolve_grid(gm.grid, [np.asarray(b) for b in call.device_operands[0][:num_bounds]])
     layout = _layout(params, grid, config)
-    state.cores_per_device = len(layout.core_steps)
-    state.layout_semaphores = (layout.sem_in, layout.sem_out, layout.out_to_in,
-                               layout.n_in)
-    state.steps = progress.grid_steps(call_index, kernel.name)
-    state.steps.start(len(layout.points) * mesh.num_devices)
+    state = CallState(
+        Simulation(config, run.fill, call.kernel, call.call_index, run.report, run.checking,
+                   sink),
+        CallPlace(mesh, params.get("mesh"),
+                  getattr(params.get("compiler_params"), "collective_id", None),
+                  len(layout.core_steps), gm.num_index_operands + gm.num_inputs,
+                  SemaphoreLayout(layout.sem_in, layout.sem_out, layout.out_to_in,
+                                  layout.n_in), len(layout.points)),
+        Handover(run.carried, call.addresses, run.address_probe, run.perturb))
+    if live is not None:
+        live.simulating(state)
     contexts: list[CoreContext] = []
     actors: list[Actor] = []
     device_hbm_outputs: list[list[Buffer]] = []
@@ -153,24 +147,23 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
     # Per device: its HBM inputs by operand address (one CPU device), and all of them.
     by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
-        operands = [np.asarray(x) for x in list(device_operands[device])[num_bounds:]]
+        operands = [np.asarray(x) for x in list(call.device_operands[device])[num_bounds:]]
         scalars = operands[: layout.first]
-        hbm_inputs, hbm_outputs = _device_hbm(state, layout, params, device,
-                                              operands[layout.first:], fill, results,
-                                              never_written)
+        hbm_inputs, hbm_outputs = _device_hbm(state, layout, device, operands[layout.first:],
+                                              run.results, call.never_written)
         device_hbm_outputs.append(hbm_outputs)
         if layout.sem_in:  # where DMAs carried in may land (engine/call/carried.py)
             data = [b for b in hbm_inputs if b.space != MemorySpace.SEMAPHORE]
             by_address[device] = ({a.__array_interface__["data"][0]: buf for a, buf in
                                    zip(operands[layout.first:], hbm_inputs)
                                    if buf.space != MemorySpace.SEMAPHORE}
-                                  if addresses is not None else {}, data)
+                                  if call.addresses is not None else {}, data)
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
         blocked_outputs.update((op.hbm.id, op) for op in templates if op.is_output)
-        shared_scratch: dict[tuple, Buffer] = {}
-        for core_id, my_steps in enumerate(layout.core_steps):
-            ctx, actor = _core(state, layout, device, core_id, my_steps, scalars, templates,
-                               shared_scratch, fill)
+        shared_scratch: dict[tuple[object, ...], Buffer] = {}
+        for core_id in range(len(layout.core_steps)):
+            ctx, actor = _core(state, layout, device, core_id, scalars, templates,
+                               shared_scratch)
             contexts.append(ctx)
             if actor is not None:
                 actors.append(actor)
@@ -183,20 +176,18 @@ def simulate_schedule(params: dict, device_operands: Sequence[Sequence[np.ndarra
                     dma)
                 if actor is not None:
                     actors.append(actor)
-    state.output_addresses = addresses
     _run(state, contexts, actors, device_hbm_outputs)
     return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs,
                     layout.arg_names[layout.first + layout.n_in:])
 
 
-def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
-                arrays: list[np.ndarray], fill: str,
+def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.ndarray],
                 results: Sequence[np.ndarray] | None,
                 never_written: frozenset[int] = frozenset()
                 ) -> tuple[list[Buffer], list[Buffer]]:
     """A device's HBM arrays for the inputs and outputs, shared by its cores (an input
     in `never_written` is never-written memory: the fill, no element written)."""
-    names, first, n_in = layout.arg_names, layout.first, layout.n_in
+    names, first, n_in, fill = layout.arg_names, layout.first, layout.n_in, state.fill_mode
     hbm_inputs = []
     for i, a in enumerate(arrays[:n_in]):
         if i in layout.sem_in:  # its counts (and DMAs in flight) from an earlier call
@@ -216,7 +207,7 @@ def _device_hbm(state: CallState, layout: _Layout, params: dict, device: int,
         if j in layout.out_to_in:
             hbm_outputs.append(hbm_inputs[layout.out_to_in[j]])
             continue
-        name, aval = names[first + n_in + j], params["out_avals"][j]
+        name, aval = names[first + n_in + j], layout.out_avals[j]
         if j in layout.sem_out:  # a new semaphore, returned: its count starts at 0
             buf = Buffer(name, MemorySpace.SEMAPHORE, np.zeros(aval.shape, np.int64), True)
             hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
@@ -256,20 +247,20 @@ def _operand_templates(layout: _Layout, hbm_inputs: list[Buffer], hbm_outputs: l
 
 
 def _core(state: CallState, layout: _Layout, device: int, core_id: int,
-          my_steps: np.ndarray, scalars: list[np.ndarray], templates: list[Operand],
-          shared_scratch: dict[tuple, Buffer], fill: str) -> tuple[CoreContext, Actor | None]:
+          scalars: list[np.ndarray], templates: list[Operand],
+          shared_scratch: dict[tuple[object, ...], Buffer]) -> tuple[CoreContext, Actor | None]:
     """One core: its context, its kernel arguments, and the actor walking its grid steps.
     Each core has its own SMEM copy of the scalar prefetch, its own VMEM blocks and
     scratch; VMEM_SHARED scratch is one buffer for all cores of a device (of a SparseCore
     for its subcores)."""
     coords = [int(c) for c in layout.points[core_id]] if layout.core_axes else []
-    sc = layout.sparsecore
+    my_steps, fill, sc = layout.core_steps[core_id], state.fill_mode, layout.sparsecore
     ctx = CoreContext(state, layout.grid, layout.program_axes, device_id=device,
                       core_id=core_id, num_devices=state.mesh.num_devices,
                       local_name=sc.actor_name(*coords) if sc is not None else None)
     if layout.core_axes:
         ctx.core_coords = dict(zip(layout.core_axes, coords))
-    kernel_args: list[Any] = [
+    kernel_args: list[RefView] = [
         RefView(state.register(
             Buffer(layout.arg_names[i], MemorySpace.SMEM, np.array(v), True, owner=ctx.actor),
             device, core_id, ("smem", i)))
@@ -355,8 +346,6 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
             state.tell(event_data.dma_moved(dma, landed=True)._replace(replayed=True))
     if state.feeds.kernel_entered and state.mesh.num_devices > 1:
         _kernel_entries(state, contexts)
-    state.scheduler = Scheduler(seed=state.config.seed)
-    state.scheduler.observer = state.timeline  # timeline: steps and blocked spans
     try:
         # Scalar segments (engine/jaxpr/scalar.py) run on numpy scalars, whose integer
         # overflow wraps as XLA's does; numpy would warn at each: silenced once for the whole call.
@@ -364,9 +353,9 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
             state.scheduler.run(actors)
     except Deadlock as deadlock:
         state.tell(event_data.deadlocked(deadlock, state.scheduler, ctx.grid_point))
-        state.unfinished = True
+        state.halted()
     except CallHalted:  # its finding is already there; the kernel never finished either
-        state.unfinished = True
+        state.halted()
     except (KernelError, EngineBug) as exc:  # what the kernel printed up to there still shows
         exc.prints = state.prints
         raise
@@ -389,14 +378,14 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         state.tell(CallEnded(ctx.actor, state.mesh.num_devices,
                              event_data.semaphores_left(state.sync, state.semaphores)))
     state.save_carried()
-    state.semaphore_handles = {
-        buf.id: carried_semaphores.handles_out(state, buf, carried)
+    state.semaphore_handles.update(
+        (buf.id, carried_semaphores.handles_out(state, buf, carried))
         for outputs in device_hbm_outputs or [] for buf in outputs
-        if buf.space == MemorySpace.SEMAPHORE}
+        if buf.space == MemorySpace.SEMAPHORE)
 
 
 def _depart(state: CallState, ctx: CoreContext,
-            device_hbm_outputs: list[list[Buffer]]) -> dict:
+            device_hbm_outputs: list[list[Buffer]]) -> dict[CellKey, list[CarriedDma]]:
     """The DMAs in flight carried by the semaphores the call returns (engine/call/carried.py);
     those semaphores are checked where their last holder ends, not here."""
     sem_out = state.layout_semaphores[1]
@@ -468,8 +457,7 @@ def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],
              out_to_in: dict[int, int], blocked: dict[int, Operand],
-             out_names: Sequence[str] = ()
-             ) -> tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None]]]:
+             out_names: Sequence[str] = ()) -> Simulated:
     """Per device, the outputs and their written-shadows; never-written outputs reported
     (with the blocks of a `blocked` output, by its buffer id, that no grid point visits)."""
     outputs, written = [], []

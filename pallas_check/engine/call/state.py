@@ -9,44 +9,50 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from pallas_check.config import Config
 from pallas_check.engine.call.describe import MeshInfo
-from pallas_check.engine.dma.engine import Dma, SyncState
+from pallas_check.engine.call.parts import CallPlace, Handover, Simulation
+from pallas_check.engine.call.revisit import RevisitRecord
+from pallas_check.engine.dma.engine import Dma, DmaCore, SemCell, SyncState
 from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
-    KIND_OF, Access, AtBarrier, BlockOutOfBounds, CallFacts, CheckFailed, Checking, CopyMoved,
-    CopyStarted, CopyWaited, CoreDone, DeviceOutOfBounds, Event, Feeds, Found, GridStep,
-    KernelPrint, Listener, OutOfBounds, Signalled, UnboundedDma, UninitRead,
-    UnlandedDma, Waited)
+    KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
+    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
+from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
+                                          OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
+from pallas_check.jaxbridge import jax_core
 from pallas_check.engine.memory.buffer import Buffer, fill_value
 from pallas_check.engine.memory.region import Region, masked_out_of_bounds
 from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.engine.timeline import MarkSink, Timeline
-from pallas_check.findings import Finding, IndexRange, KernelInfo, SourceFrame
+from pallas_check.engine.seam import AddressProbe, RunningCore
+from pallas_check.engine.timeline import Timeline
+from pallas_check.findings import Finding, IndexRange, SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand
 
 
 class CallState(CallBuffers):
-    """Everything one simulation of one pallas_call owns; discarded when it ends."""
+    """Everything one simulation of one pallas_call owns; discarded when it ends. Built
+    whole from its parts: what the simulation is, where the call runs, what it shares with
+    the runs around it; the rest is the state the run itself changes."""
 
-    def __init__(self, config: Config, fill: str, kernel: KernelInfo, call_index: int,
-                 report: bool, checking: Checking, sink: MarkSink | None = None) -> None:
+    def __init__(self, run: Simulation, place: CallPlace = CallPlace(),
+                 handover: Handover = Handover()) -> None:
+        config, kernel, call_index = run.config, run.kernel, run.call_index
         self.config = config
-        self.checking = checking  # what makes the listeners of a re-run too
-        self.fill_mode = fill
+        self.checking = run.checking  # what makes the listeners of a re-run too
+        self.fill_mode = run.fill
         self.kernel = kernel
         self.call_index = call_index
-        self.report = report
+        self.report = run.report
         self.findings: list[Finding] = []
         self.uninit_reads: list[UninitRead] = []
         self._unlanded: list[tuple[int, Dma]] = []  # (read's index, its DMA): run_ended
@@ -56,62 +62,61 @@ class CallState(CallBuffers):
         # (dma/engine.py); and, in the re-run with the other fill, that DMA's id -> its ranges
         # there (None until reached): does its address depend on never-written memory?
         self.unbounded_dma: UnboundedDma | None = None
-        self.address_probe: dict[int, Any] | None = None
+        self.address_probe: AddressProbe | None = handover.address_probe
         self.sync = SyncState()
         # When this call's DMAs and pipeline copies move their data (--dma).
         self.dma_policy: DmaPolicy = policy_for(config.dma_mode)
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
-        self.scheduler: Scheduler | None = None
-        self.registry: dict[tuple, Buffer] = {}
-        self.scoped_avals: dict[tuple, tuple[Any, str]] = {}  # scoped key -> (aval, name)
-        self.mesh: MeshInfo = MeshInfo()
-        self.carried: dict = {}
-        # Semaphores passed between calls (engine/call/carried.py): the semaphore inputs whose
-        # values carry DMAs (buffer, cell, value), those DMAs once started here, the
-        # outputs' XLA buffer addresses (one CPU device), the handles of the semaphores
-        # returned (by buffer id), and the layout's (semaphore inputs, outputs, aliases,
-        # number of inputs).
-        self.arriving: list[tuple] = []
+        self.scheduler = Scheduler(seed=config.seed)
+        self.registry: dict[tuple[int, int | None, tuple[object, ...]], Buffer] = {}
+        self.scoped_avals: dict[tuple[object, ...], tuple[Any, str]] = {}  # key -> (aval, name)
+        self.mesh: MeshInfo = place.mesh
+        self.carried = handover.carried
+        # Semaphores passed between calls (engine/call/carried.py): the inputs whose values
+        # carry DMAs (buffer, cell, value), those DMAs once started here, the outputs' XLA
+        # buffer addresses (one CPU device), the handles of those returned (by buffer id).
+        self.arriving: list[tuple[Buffer, tuple[int, ...], Any]] = []
         self.carried_dmas: list[Dma] = []
         self.carried_landed: list[Dma] = []  # landed before this call, followed here
-        self.output_addresses: list[int] | None = None
+        self.output_addresses = handover.output_addresses
         self.semaphore_handles: dict[int, np.ndarray] = {}
-        self.layout_semaphores: tuple = (frozenset(), frozenset(), {}, 0)
-        self.collective_id: Any = None
+        self.layout_semaphores = place.semaphores
+        self.collective_id = place.collective_id
         # SparseCore: the call's core mesh (params["mesh"] of a core_map / pl.kernel call),
         # every core context (a barrier's members), each SparseCore's subcore barrier.
-        self.core_mesh: Any = None
+        self.core_mesh = place.core_mesh
         self.contexts: list[CoreContext] = []
         self.subcore_barriers: dict[tuple[int, int], SubcoreBarrier] = {}
-        self._fill_cache: dict[Any, Any] = {}
+        self._fill_cache: dict[np.dtype, np.ndarray] = {}
         # The regions `ref[indices]` accesses resolve to (AccessCache).
         self.accesses = AccessCache()
-        self.cores_per_device = 1
+        self.cores_per_device = place.cores_per_device
         self._copies_in_flight: set[str] = set()
         # Output blocks revisited after other blocks (engine/call/revisit.py): what each core's
         # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer
         # id -> why, for a read of them), and the perturbation of a re-run deciding them.
-        self.revisits: list[Any] = []
+        self.revisits: list[RevisitRecord] = []
         self.fresh_revisits: dict[int, str] = {}
-        self.perturb: Any = None
-        self.first_output = 0  # where the outputs start among the kernel's parameters
-        # Grid steps walked so far, read by a progress line (engine/runtime/progress.py); the
-        # call's live counter once `_simulate` registers it.
-        self.steps = progress.GridSteps(call_index, kernel.name)
+        self.perturb = handover.perturb
+        self.first_output = place.first_output  # where the outputs start among the parameters
+        # Grid steps walked, read by a progress line (engine/runtime/progress.py).
+        self.steps = progress.grid_steps(call_index, kernel.name)
+        self.steps.start(place.grid_steps * place.mesh.num_devices)
         # The listeners of this call (the checkers', and with --trace and a run that
         # reports, a timeline of this schedule: engine/timeline.py, its marks handed to
         # `sink` as they happen), and per event kind those that take it: where none
         # does, the event is never built.
         self.timeline: Timeline | None = (
-            Timeline(kernel.name, call_index, config.seed, sink, config.trace_limit)
-            if config.timeline and report else None)
+            Timeline(kernel.name, call_index, config.seed, run.sink, config.trace_limit)
+            if config.timeline and run.report else None)
+        self.scheduler.observer = self.timeline  # timeline: steps and blocked spans
         # What was written before a reset made it undefined again, for the note of memory
         # never touched (engine/memory/usage.py); the reporting run only.
-        self.ever_written: EverWritten | None = EverWritten() if report else None
+        self.ever_written: EverWritten | None = EverWritten() if run.report else None
         # (their sink, a weak proxy: held, the call would be a reference cycle to collect)
-        listeners: tuple[Listener, ...] = checking.listeners(
+        listeners: tuple[Listener, ...] = run.checking.listeners(
             CallFacts(kernel, call_index, config.seed, bool(config.races)), weakref.proxy(self))
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
@@ -120,7 +125,11 @@ class CallState(CallBuffers):
         # access touched then).
         self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
 
-    def fill(self, dtype: Any) -> Any:
+    def halted(self) -> None:
+        """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""
+        self.unfinished = True
+
+    def fill(self, dtype: np.dtype) -> np.ndarray:
         value = self._fill_cache.get(dtype)
         if value is None:
             value = fill_value(dtype, self.fill_mode)
@@ -167,7 +176,7 @@ class CallState(CallBuffers):
         self._unlanded.clear()
 
     # -- the engine's moments, as events -------------------------------------------------
-    def access(self, ctx: "CoreContext", region: Region, is_write: bool, operation: str,
+    def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,
                actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,
                atomic_add: bool = False) -> None:
         """An actor touched a region (only the race checker listens; the callers skip
@@ -185,7 +194,7 @@ class CallState(CallBuffers):
             for take in takers:
                 take(event)
 
-    def out_of_bounds(self, ctx: "CoreContext", region: Region, operation: str,
+    def out_of_bounds(self, ctx: RunningCore, region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
         if mask is not None and not masked_out_of_bounds(region, mask):
             return
@@ -211,7 +220,7 @@ class CallState(CallBuffers):
         for take in self.feeds.block_out_of_bounds:
             take(event)
 
-    def device_out_of_bounds(self, ctx: "CoreContext", device: str, what: str,
+    def device_out_of_bounds(self, ctx: DmaCore, device: str, what: str,
                              frames: tuple[SourceFrame, ...]) -> None:
         """A DMA or signal aimed at a device outside the mesh."""
         event = DeviceOutOfBounds(event_data.where(ctx, frames), device, what,
@@ -219,7 +228,7 @@ class CallState(CallBuffers):
         for take in self.feeds.device_out_of_bounds:
             take(event)
 
-    def uninitialized_read(self, ctx: "CoreContext", region: Region, count: int,
+    def uninitialized_read(self, ctx: RunningCore, region: Region, count: int,
                            unwritten: np.ndarray | None = None) -> None:
         """A read touched never-written elements (`unwritten`: which, in the access's shape);
         the recorded range is theirs, not the whole access's."""
@@ -233,7 +242,7 @@ class CallState(CallBuffers):
             region.buffer.name, region.buffer.space, rng, frames, ctx.grid_point, ctx.actor,
             count, note, None if dma is None else UnlandedDma(dma.id, dma.frames)))
 
-    def undefined_lanes(self, ctx: "CoreContext", what: str, count: int, note: str,
+    def undefined_lanes(self, ctx: RunningCore, what: str, count: int, note: str,
                         region: Region | None = None) -> None:
         """A SparseCore vector op left `count` values undefined: the masked-off lanes of a
         masked gather or expanded load (`what` names them: no memory holds them), or an
@@ -245,7 +254,7 @@ class CallState(CallBuffers):
         self.uninit_reads.append(UninitRead(name, space, rng, current_frames(ctx),
                                             ctx.grid_point, ctx.actor, count, note))
 
-    def dma_unbounded(self, ctx: "CoreContext", dma_id: int, src: Region, dst: Region,
+    def dma_unbounded(self, ctx: RunningCore, dma_id: int, src: Region, dst: Region,
                       frames: tuple[SourceFrame, ...]) -> None:
         """A DMA whose slice no part of its ref can hold (its out-of-bounds findings are
         made): the call stops there; remembered for the re-run with the other fill."""
@@ -256,14 +265,14 @@ class CallState(CallBuffers):
                                           (src.buffer.name, dst.buffer.name),
                                           len(self.uninit_reads), ctx.grid_point, ctx.actor)
 
-    def check_failed(self, ctx: "CoreContext", message: str, check: str) -> None:
+    def check_failed(self, ctx: RunningCore, message: str, check: str) -> None:
         """The kernel's own `pl.debug_check` is false here (engine/rules/debug.py)."""
         if self.report:
             event = CheckFailed(event_data.where(ctx, current_frames(ctx)), message, check)
             for take in self.feeds.check_failed:
                 take(event)
 
-    def kernel_print(self, ctx: "CoreContext", text: str) -> None:
+    def kernel_print(self, ctx: RunningCore, text: str) -> None:
         """The kernel printed `text` (`pl.debug_print`); the session writes it, prefixed
         with who printed it."""
         if self.report and not self.config.quiet_prints:
@@ -280,7 +289,7 @@ class CallState(CallBuffers):
             dma.actor_name, int(np.count_nonzero(unwritten)) or int(np.prod(src.out_shape)),
             note))
 
-    def on_write(self, ctx: "CoreContext", region: Region) -> None:
+    def on_write(self, ctx: RunningCore, region: Region) -> None:
         if self.feeds.access:
             self.access(ctx, region, True, "write")
 
@@ -329,40 +338,41 @@ class CallState(CallBuffers):
                 take(event)
         self._copies_in_flight.discard(name)
 
-    def on_dma_start(self, ctx: "CoreContext", dma: Dma, carried: bool = False) -> None:
+    def on_dma_start(self, ctx: DmaCore, dma: Dma, carried: bool = False) -> None:
         if self.feeds.dma_started:
             event = event_data.dma_started(ctx, dma, carried)
             for take in self.feeds.dma_started:
                 take(event)
 
-    def on_dma_read(self, ctx: "CoreContext", dma: Dma) -> None:
+    def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
             event = event_data.dma_moved(dma, landed=False)
             for take in self.feeds.dma_moved:
                 take(event)
 
-    def on_dma_write(self, ctx: "CoreContext", dma: Dma) -> None:
+    def on_dma_write(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA wrote its destination and signals its receive semaphore; it ends."""
         if self.feeds.dma_moved:
             event = event_data.dma_moved(dma, landed=True)
             for take in self.feeds.dma_moved:
                 take(event)
 
-    def on_dma_wait(self, ctx: "CoreContext", cell: tuple, frames: tuple) -> None:
+    def on_dma_wait(self, ctx: RunningCore, cell: SemCell,
+                    frames: tuple[SourceFrame, ...]) -> None:
         self._waited(ctx, cell, "DMA wait")
 
-    def on_semaphore_wait(self, ctx: "CoreContext", cell: tuple) -> None:
+    def on_semaphore_wait(self, ctx: RunningCore, cell: SemCell) -> None:
         self._waited(ctx, cell, "semaphore wait")
 
-    def _waited(self, ctx: "CoreContext", cell: tuple, what: str) -> None:
+    def _waited(self, ctx: RunningCore, cell: SemCell, what: str) -> None:
         if self.feeds.waited:
             event = Waited(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell), what,
                            event_data.owed(self.sync, cell))
             for take in self.feeds.waited:
                 take(event)
 
-    def on_signal(self, ctx: "CoreContext", cell: tuple) -> None:
+    def on_signal(self, ctx: RunningCore, cell: SemCell) -> None:
         if self.feeds.signalled:
             event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell))
             for take in self.feeds.signalled:
@@ -374,13 +384,13 @@ class CallState(CallBuffers):
             for event in event_data.dmas_not_waited(self.sync):
                 self.tell(event)
 
-    def tell(self, event: Event) -> None:
+    def tell(self, event: Event | tuple[object, ...]) -> None:
         """A moment built where it happens (the call's start and end, what is decided
         after it): to the listeners of its kind."""
         for take in getattr(self.feeds, KIND_OF[type(event)]):
             take(event)
 
-    def on_subcore_barrier(self, ctx: "CoreContext", sparsecore: int, generation: int,
+    def on_subcore_barrier(self, ctx: RunningCore, sparsecore: int, generation: int,
                            passed: bool) -> None:
         """A subcore arrived at its SparseCore's barrier (`passed` False), or went through
         it (True): happens-before edges for the race checker (only it listens)."""
@@ -409,9 +419,9 @@ class CoreContext:
         self.actor = (f"device {device_id} {self.local_name}" if num_devices > 1
                       else self.local_name)
         self.grid_point: tuple[int, ...] | None = None
-        self.eqn: Any = None
+        self.eqn: jax_core.JaxprEqn | None = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
-        self.rng = np.random.default_rng([device_id, core_id])
+        self.rng: np.random.Generator = np.random.default_rng([device_id, core_id])
         self.mesh = call.mesh
         self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
         self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch
@@ -421,7 +431,7 @@ class CoreContext:
         self.parallel_loops: list[list[Any]] = []
         call.contexts.append(self)
 
-    def fill(self, dtype: Any) -> Any:
+    def fill(self, dtype: np.dtype) -> np.ndarray:
         return self.call.fill(dtype)
 
     def program_id(self, axis: int) -> int:
@@ -437,7 +447,7 @@ class CoreContext:
         names = list(self.core_coords)
         return dict(zip(names, self.grid[-len(names):]))
 
-    def axis_index(self, name: Any) -> int:
+    def axis_index(self, name: object) -> int:
         """This device's coordinate along a mesh axis (several axes: row-major)."""
         names = name if isinstance(name, (tuple, list)) else (name,)
         coords = {**self.mesh.coords(self.device_id), **self.core_coords}
@@ -450,3 +460,8 @@ class CoreContext:
             index = index * sizes[n] + coords[n]
         return index
 
+
+def _seam(ctx: CoreContext) -> RunningCore:
+    """The concrete core is what the rules see through engine/seam.py (and so its call a
+    RunningCall): stated once, for mypy to check the protocols against these classes."""
+    return ctx

@@ -9,12 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from pallas_check.engine.dma.engine import DmaCore
 from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import RefView
 
 
-def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, int | None]:
+def target_device(ctx: DmaCore, device_id: object, device_id_type: object
+                  ) -> tuple[int, int | None]:
     """The logical device, and the core when the id names one, that a DMA or signal is
     aimed at. A device id resolves over every named axis: the shard_map mesh's and, in a
     kernel over a TensorCore mesh (core_map / pl.kernel), the core axes; core None means
@@ -50,7 +52,7 @@ def target_device(ctx: Any, device_id: Any, device_id_type: Any) -> tuple[int, i
                       current_frames(ctx))
 
 
-def _on_mesh(ctx: Any, coords: dict[str, int]) -> int:
+def _on_mesh(ctx: DmaCore, coords: dict[str, int]) -> int:
     """The logical device at mesh coordinates, each of which must be on its axis."""
     mesh = ctx.call.mesh
     for name, size in mesh.axes:
@@ -61,7 +63,7 @@ def _on_mesh(ctx: Any, coords: dict[str, int]) -> int:
     return mesh.logical(coords)
 
 
-def _device_out_of_bounds(ctx: Any, device: str, what: str) -> None:
+def _device_out_of_bounds(ctx: DmaCore, device: str, what: str) -> None:
     """A DMA or signal aimed outside the mesh: the kernel's bug, an out-of-bounds finding;
     the call stops there (what would the DMA have done?)."""
     state = ctx.call
@@ -69,7 +71,7 @@ def _device_out_of_bounds(ctx: Any, device: str, what: str) -> None:
     raise CallHalted()
 
 
-def _core_index(ctx: Any, cores: dict[str, int]) -> int:
+def _core_index(ctx: DmaCore, cores: dict[str, int]) -> int:
     """A core of the TensorCore mesh, by its coordinates (others: the sender's own)."""
     sizes = ctx.core_mesh_sizes()
     coords = {**ctx.core_coords, **cores}
@@ -82,7 +84,7 @@ def _core_index(ctx: Any, cores: dict[str, int]) -> int:
     return index
 
 
-def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefView:
+def on_device(ctx: DmaCore, view: RefView, target: tuple[int, int | None]) -> RefView:
     """The same ref on another device or core (a remote DMA's destination, a remote
     signal)."""
     device, core = target
@@ -92,7 +94,8 @@ def on_device(ctx: Any, view: RefView, target: tuple[int, int | None]) -> RefVie
     return RefView(other, view.transforms)
 
 
-def _with_core(ctx: Any, target: tuple[int, int | None], core_index: Any) -> tuple[int, int]:
+def _with_core(ctx: DmaCore, target: tuple[int, int | None], core_index: object
+               ) -> tuple[int, int]:
     """A signal's target with `core_index` (`pl.semaphore_signal(..., core_index=i)`): the
     semaphore of core i of the target device, a TensorCore of the chip (`--cores`) or a
     core of the kernel's TensorCore mesh, counted as the cores' ids are."""

@@ -14,17 +14,94 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Generator
+from typing import TYPE_CHECKING, Any, Generator, Protocol
 
 import numpy as np
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.evaluating import Evaluating
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import same_bits
-from pallas_check.findings import IndexRange, SourceFrame, format_range
+from pallas_check.engine.runtime.scheduler import Scheduler
+from pallas_check.findings import IndexRange, KernelInfo, SourceFrame, format_range
+
+# A semaphore cell: its buffer and the index of the one semaphore in it; and its key, by
+# the buffer's id.
+SemCell = tuple[Buffer, tuple[int, ...]]
+CellKey = tuple[int, tuple[int, ...]]
+
+
+class DeviceMesh(Protocol):
+    """The named device axes a call runs over (engine/call/describe.py's MeshInfo)."""
+
+    @property
+    def axes(self) -> tuple[tuple[str, int], ...]: ...
+
+    @property
+    def num_devices(self) -> int: ...
+
+    def coords(self, device: int) -> dict[str, int]: ...
+
+    def logical(self, coords: dict[str, int]) -> int: ...
+
+
+class DmaCall(Protocol):
+    """What a DMA, a semaphore and a device id see of the running call (the DMA wing's
+    part of the seam; engine/seam.py's `RunningCall` is the rules' whole of it)."""
+
+    @property
+    def sync(self) -> SyncState: ...
+
+    @property
+    def mesh(self) -> DeviceMesh: ...
+
+    @property
+    def cores_per_device(self) -> int: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def remote(self, buf: Buffer, device: int, frames: tuple[SourceFrame, ...] = (),
+               core: int | None = None) -> Buffer: ...
+
+    def device_out_of_bounds(self, ctx: DmaCore, device: str, what: str,
+                             frames: tuple[SourceFrame, ...]) -> None: ...
+
+    def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None: ...
+
+    def on_dma_write(self, ctx: DmaCore, dma: Dma) -> None: ...
+
+    def dma_copied_unwritten(self, dma: Dma, unwritten: np.ndarray) -> None: ...
+
+
+class DmaCore(Evaluating, Protocol):
+    """What a DMA and a device id see of the core running kernel code (or that a DMA
+    actor runs for)."""
+
+    @property
+    def call(self) -> DmaCall: ...
+
+    @property
+    def actor(self) -> str: ...
+
+    @property
+    def device_id(self) -> int: ...
+
+    @property
+    def core_id(self) -> int: ...
+
+    @property
+    def grid_point(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def core_coords(self) -> dict[str, int]: ...
+
+    def core_mesh_sizes(self) -> dict[str, int]: ...
+
+    def fill(self, dtype: np.dtype) -> np.ndarray: ...
 
 
 class Transfer:
@@ -40,10 +117,10 @@ class Transfer:
         @property
         def actor_name(self) -> str: ...
 
-    def complete(self, ctx: Any) -> None:
+    def complete(self, ctx: DmaCore) -> None:
         raise NotImplementedError
 
-    def events(self, ctx: Any) -> Generator[None, None, None]:
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
         raise NotImplementedError
 
 
@@ -54,8 +131,8 @@ class Dma(Transfer):
     id: int
     src: Region
     dst: Region
-    dst_sem: tuple[Buffer, tuple]
-    src_sem: tuple[Buffer, tuple] | None
+    dst_sem: SemCell
+    src_sem: SemCell | None
     nbytes: int
     actor: str
     frames: tuple[SourceFrame, ...]
@@ -67,10 +144,11 @@ class Dma(Transfer):
     read_done: bool = False  # the source was read (the send semaphore signalled)
     copied: bool = False  # the destination was written (the receive semaphore signalled)
     waited_bytes: int = 0  # taken off by waits so far, in `signal`'s units
-    staged: Any = None  # (values, written-shadow) read from the source, not yet written
+    # (values, written-shadow) read from the source, not yet written
+    staged: tuple[np.ndarray, bool | np.ndarray] | None = None
     # A DMA started by an earlier pallas_call and carried in by a semaphore it signals
     # (engine/call/carried.py): (that call's index, its KernelInfo, the actor that started it).
-    origin: Any = None
+    origin: tuple[int, KernelInfo, str] | None = None
     # Its write adds to the destination atomically (a SparseCore scatter-add or gather-add,
     # engine/dma/indirect.py): two such writes never race with each other.
     atomic_add: bool = False
@@ -84,10 +162,10 @@ class Dma(Transfer):
         where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
         return f"DMA #{self.id} started by {self.actor}{where}"
 
-    def complete(self, ctx: Any) -> None:
+    def complete(self, ctx: DmaCore) -> None:
         complete(ctx, self)
 
-    def events(self, ctx: Any) -> Generator[None, None, None]:
+    def events(self, ctx: DmaCore) -> Generator[None, None, None]:
         return dma_actor(ctx, self)
 
 
@@ -102,14 +180,14 @@ class SyncState:
         # waited, those carried into the next call) is never about it, and a long grid's
         # DMAs cost no memory once done.
         self._live: dict[int, Dma] = {}
-        self.last_signal: dict[tuple[int, tuple], tuple[SourceFrame, ...]] = {}
-        self.last_signaller: dict[tuple[int, tuple], str] = {}  # the actor, for leak reports
+        self.last_signal: dict[CellKey, tuple[SourceFrame, ...]] = {}
+        self.last_signaller: dict[CellKey, str] = {}  # the actor, for leak reports
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
         # signal it (as receive or send semaphore), and those not yet fully waited on it
         # (so that a wait does not rescan every DMA of the call).
-        self._receiving: dict[tuple, list[Dma]] = {}
-        self._sending: dict[tuple, list[Dma]] = {}
-        self._unwaited: dict[tuple, collections.deque[Dma]] = {}
+        self._receiving: dict[CellKey, list[Dma]] = {}
+        self._sending: dict[CellKey, list[Dma]] = {}
+        self._unwaited: dict[CellKey, collections.deque[Dma]] = {}
         # Per destination buffer id: the DMAs into it that may not have landed yet, for a
         # read of never-written memory to name the DMA it came before (`landing_into`).
         self._landing: dict[int, list[Dma]] = {}
@@ -170,7 +248,7 @@ class SyncState:
                 return dma
         return None
 
-    def landing_only(self, sem: tuple[Buffer, tuple]) -> list[Dma] | None:
+    def landing_only(self, sem: SemCell) -> list[Dma] | None:
         """The DMAs that may still land on `sem`, in start order (the list itself: a
         landed one may be removed), when no DMA signals it as its send semaphore; else
         None (`pending_on` then orders both kinds)."""
@@ -179,7 +257,7 @@ class SyncState:
             return None
         return self._receiving.get(key, [])
 
-    def pending_on(self, sem: tuple[Buffer, tuple]) -> list[tuple[Dma, bool]]:
+    def pending_on(self, sem: SemCell) -> list[tuple[Dma, bool]]:
         """The events still to come that signal `sem`, newest DMA first: (dma, True) for a
         DMA that has yet to land there (receive semaphore), (dma, False) for one that has
         yet to read its source (send semaphore)."""
@@ -205,7 +283,7 @@ def _overlap(a: IndexRange, b: IndexRange) -> bool:
     return len(a) == len(b) and all(lo < hi2 and lo2 < hi for (lo, hi), (lo2, hi2) in zip(a, b))
 
 
-def as_view(x: Any) -> RefView:
+def as_view(x: object) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
     if isinstance(x, state_types.TransformedRef):
         if isinstance(x.ref, (tuple, list)):
@@ -217,7 +295,7 @@ def as_view(x: Any) -> RefView:
     raise KernelError(f"expected a ref, got {type(x).__name__}")
 
 
-def selected_ref(x: Any) -> Any:
+def selected_ref(x: state_types.TransformedRef) -> object:
     """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
     as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
     and the last ref for any other value (no check, no trap)."""
@@ -230,11 +308,11 @@ def selected_ref(x: Any) -> Any:
     return refs[idx] if 0 <= idx < len(refs) - 1 else refs[-1]
 
 
-def semaphore_cell(ctx: Any, view: RefView) -> tuple[Buffer, tuple]:
+def semaphore_cell(ctx: DmaCore, view: RefView) -> SemCell:
     return cell_of(ctx, resolve(view))
 
 
-def cell_of(ctx: Any, region: Region) -> tuple[Buffer, tuple]:
+def cell_of(ctx: DmaCore, region: Region) -> SemCell:
     """The one semaphore a region picks (a region of several is the kernel's error)."""
     if region.oob or region.post or region.out_shape:
         raise KernelError(
@@ -250,24 +328,24 @@ def _describe(region: Region) -> str:
     return format_range(region.index_range())
 
 
-def sem_value(cell: tuple[Buffer, tuple]) -> int:
+def sem_value(cell: SemCell) -> int:
     buf, idx = cell
     return int(buf.data[idx])
 
 
-def sem_add(cell: tuple[Buffer, tuple], amount: int) -> None:
+def sem_add(cell: SemCell, amount: int) -> None:
     buf, idx = cell
     buf.writable()[idx] = buf.data[idx] + amount
 
 
-def sem_name(cell: tuple[Buffer, tuple]) -> str:
+def sem_name(cell: SemCell) -> str:
     buf, idx = cell
     if buf.data.ndim == 0:
         return buf.name
     return buf.name + "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
-def dma_read(ctx: Any, dma: Dma) -> None:
+def dma_read(ctx: DmaCore, dma: Dma) -> None:
     """The DMA reads its source now (values and written-shadow are staged) and signals
     its send semaphore: the source may be reused from here on."""
     if dma.read_done:
@@ -291,7 +369,7 @@ def dma_read(ctx: Any, dma: Dma) -> None:
     ctx.call.on_dma_read(ctx, dma)
 
 
-def dma_write(ctx: Any, dma: Dma) -> None:
+def dma_write(ctx: DmaCore, dma: Dma) -> None:
     """The DMA writes its destination (reading its source first if it has not yet) and
     signals its receive semaphore: the data has landed."""
     if dma.copied:
@@ -319,13 +397,13 @@ def dma_write(ctx: Any, dma: Dma) -> None:
         ctx.call.sync.settled(dma)
 
 
-def complete(ctx: Any, dma: Dma) -> None:
+def complete(ctx: DmaCore, dma: Dma) -> None:
     """Read and write at once (eager mode, a wait in on_wait mode, kernel end)."""
     dma_read(ctx, dma)
     dma_write(ctx, dma)
 
 
-def dma_actor(ctx: Any, dma: Dma):
+def dma_actor(ctx: DmaCore, dma: Dma) -> Generator[None, None, None]:
     """In `random` mode a DMA is an actor: its read and its write each happen at a point
     the scheduler picks, after its start and before what waits for it."""
     yield None

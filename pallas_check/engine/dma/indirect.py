@@ -44,11 +44,11 @@ from pallas_check.engine.memory.views import ElementMap, flat_boxes
 from pallas_check.findings import IndexRange, format_range
 
 
-def indexed_side(src: Any, dst: Any) -> int | None:
+def indexed_side(src: object, dst: object) -> int | None:
     """Which argument of a DMA start (its pytree over the equation's vars) an index vector
     indexes: 0 the source (a gather), 1 the destination (a scatter), None (a plain DMA)."""
     for side, ref in enumerate((src, dst)):
-        transforms: list = []
+        transforms: list[object] = []
         while isinstance(ref, state_types.TransformedRef):
             transforms[:0] = ref.transforms
             ref = ref.ref
@@ -85,15 +85,15 @@ class RowsRegion:
         self.buffer = base.buffer
         self.rows = np.asarray(rows, np.int64)
         self.add = add
-        self.post: list = []
-        self.oob: list = []
+        self.post: list[object] = []
+        self.oob: list[OutOfBounds] = []
         self.zero_stride = False
         self.dims = base.dims
         self._row_dim = next(i for i, d in enumerate(base.dims) if d.__class__ is not int)
         start, _, stride = base.dims[self._row_dim]  # type: ignore[misc]  # a range
         self._buffer_rows = start + self.rows * stride
         self.out_shape = (len(self.rows), *base.out_shape[1:])
-        index: list = []
+        index: list[np.ndarray | int | slice] = []
         for i, d in enumerate(base.dims):
             if i == self._row_dim:
                 index.append(self._buffer_rows)
@@ -112,13 +112,13 @@ class RowsRegion:
     def _to_rows(self, values: np.ndarray) -> np.ndarray:
         return np.moveaxis(values, self._row_dim, 0).reshape(self.out_shape)
 
-    def _to_buffer(self, values: Any) -> np.ndarray:
+    def _to_buffer(self, values: np.ndarray) -> np.ndarray:
         shape = [len(self.rows)] + [1 if d.__class__ is int else d[1]  # type: ignore[index]
                                     for i, d in enumerate(self.dims) if i != self._row_dim]
         values = np.broadcast_to(np.asarray(values), self.out_shape).reshape(shape)
         return np.moveaxis(values, 0, self._row_dim)
 
-    def read_base(self, fill: Any) -> np.ndarray:
+    def read_base(self, fill: np.ndarray | float) -> np.ndarray:
         return self._to_rows(self.buffer.data[self._index])
 
     read = read_base
@@ -130,14 +130,15 @@ class RowsRegion:
 
     read_written = written_base
 
-    def write_base(self, value: np.ndarray, written: Any = True) -> None:
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray | None = True) -> None:
         """Store (or add) the rows; `written`: their shadow (None: left alone). An add to
         a never-written element stays never-written (its sum has no defined value)."""
         buf = self.buffer
         data = buf.writable()
         value = self._to_buffer(np.asarray(value, data.dtype))
         if self.add:
-            np.add.at(data, self._index, value)
+            # (numpy's stub of `at` takes no slice in an index tuple; numpy does)
+            np.add.at(data, self._index, value)  # type: ignore[arg-type]
         else:
             data[self._index] = value
         if written is None or (written is True and buf.fully_written):
@@ -148,8 +149,8 @@ class RowsRegion:
         buf.written[self._index] = shadow
         buf.recount()
 
-    def write(self, value: np.ndarray, fill: Any, written: Any = True,
-              touched: Any = None) -> None:
+    def write(self, value: np.ndarray, fill: np.ndarray | float, written: bool | np.ndarray = True,
+              touched: np.ndarray | None = None) -> None:
         self.write_base(value, written)
 
     # -- where ----------------------------------------------------------------------------
@@ -210,7 +211,7 @@ class ViewRowsRegion:
         self.rows = np.asarray(rows, np.int64)
         self.add = add
         self.post = base.post  # a view: never taken for a plain region (carried.py)
-        self.oob: list = []
+        self.oob: list[OutOfBounds] = []
         self.zero_stride = False
         self.dims = base.dims
         self.out_shape = (len(self.rows), *view.units.shape[1:-1])
@@ -229,7 +230,7 @@ class ViewRowsRegion:
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(
             -1, self._unit_bytes)
 
-    def read_base(self, fill: Any) -> np.ndarray:
+    def read_base(self, fill: np.ndarray | float) -> np.ndarray:
         units = self._map.units
         raw = self._units_of(self.buffer.data)[units]  # (*out_shape, parts, unit bytes)
         raw = np.ascontiguousarray(raw.reshape(*units.shape[:-1], -1))
@@ -241,11 +242,12 @@ class ViewRowsRegion:
         if self.buffer.fully_written:
             return np.ones(self.out_shape, bool)
         elements = self._map.units // self._map.per
-        return self.buffer.written.reshape(-1)[elements].all(axis=-1)
+        written: np.ndarray = self.buffer.written.reshape(-1)[elements].all(axis=-1)
+        return written
 
     read_written = written_base
 
-    def write_base(self, value: np.ndarray, written: Any = True) -> None:
+    def write_base(self, value: np.ndarray, written: bool | np.ndarray | None = True) -> None:
         """Store (or add, in the view's element type) the rows as bytes; `written`: their
         shadow (None: left alone); an element stored in part keeps its state only where
         the part stored is initialized (`ElementMap.mark`)."""
@@ -270,8 +272,8 @@ class ViewRowsRegion:
         if written is not None:
             ElementMap(units, self._map.per, self._map.shape).mark(self.buffer, written)
 
-    def write(self, value: np.ndarray, fill: Any, written: Any = True,
-              touched: Any = None) -> None:
+    def write(self, value: np.ndarray, fill: np.ndarray | float, written: bool | np.ndarray = True,
+              touched: np.ndarray | None = None) -> None:
         self.write_base(value, written)
 
     # -- where ----------------------------------------------------------------------------
@@ -300,7 +302,7 @@ class ViewRowsRegion:
 def _joined(boxes: set[IndexRange]) -> tuple[IndexRange, ...]:
     """Boxes (disjoint or equal) with those that continue each other along the first
     dimension (the same ranges in every other) joined into one."""
-    out: list[list] = []
+    out: list[list[tuple[int, int]]] = []
     for box in sorted(boxes, key=lambda b: (b[1:], b[0])):
         if out and out[-1][1:] == list(box[1:]) and out[-1][0][1] >= box[0][0]:
             out[-1][0] = (out[-1][0][0], max(out[-1][0][1], box[0][1]))

@@ -25,8 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Iterable
 
 from pallas_check.config import DmaMode
-from pallas_check.engine.dma.engine import SyncState, Transfer, complete, dma_read, sem_value
+from pallas_check.engine.dma.engine import (DmaCore, SemCell, SyncState, Transfer, complete,
+                                            dma_read, sem_value)
 from pallas_check.engine.runtime.scheduler import Actor, Wait
+from pallas_check.findings import SourceFrame
 
 
 class DmaPolicy:
@@ -40,33 +42,33 @@ class DmaPolicy:
     actors: ClassVar[bool] = False
     _by_mode: ClassVar[dict[DmaMode, "DmaPolicy"]] = {}
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "mode" in cls.__dict__:
             DmaPolicy._by_mode[cls.mode] = cls()
 
-    def started(self, ctx: Any, transfer: Transfer) -> None:
+    def started(self, ctx: DmaCore, transfer: Transfer) -> None:
         """A transfer began (its start's accounting and events are done)."""
 
-    def land_for(self, ctx: Any, sync: SyncState, cell: tuple, wanted: int) -> None:
+    def land_for(self, ctx: DmaCore, sync: SyncState, cell: SemCell, wanted: int) -> None:
         """A wait wants `wanted` on semaphore `cell`, which holds less: make happen now
         what this mode lets happen at a wait (nothing: the wait blocks until other actors
         signal it)."""
 
-    def await_transfer(self, ctx: Any, transfer: Transfer, what: str,
-                       frames: tuple) -> Wait | None:
+    def await_transfer(self, ctx: DmaCore, transfer: Transfer, what: str,
+                       frames: tuple[SourceFrame, ...]) -> Wait | None:
         """A wait on `transfer`, which has not landed: it completes now (None), or the
         `Wait` the waiting actor yields until it has (`what`, `frames`: how a deadlock
         report names that wait)."""
         transfer.complete(ctx)
         return None
 
-    def arrived(self, ctx: Any, transfer: Transfer) -> Actor | None:
+    def arrived(self, ctx: DmaCore, transfer: Transfer) -> Actor | None:
         """A DMA carried in from an earlier call, not landed: the actor that moves it, or
         None (it lands when a wait needs it, or at the kernel's end)."""
         return None
 
-    def drain(self, ctx: Any, transfers: Iterable[Transfer]) -> None:
+    def drain(self, ctx: DmaCore, transfers: Iterable[Transfer]) -> None:
         """The kernel's end: every transfer still in flight completes (the DMAs never
         waited are reported by the checkers after this)."""
         for transfer in transfers:
@@ -79,7 +81,7 @@ class EagerDmas(DmaPolicy):
 
     mode = DmaMode.EAGER
 
-    def started(self, ctx: Any, transfer: Transfer) -> None:
+    def started(self, ctx: DmaCore, transfer: Transfer) -> None:
         transfer.complete(ctx)
 
 
@@ -91,7 +93,7 @@ class OnWaitDmas(DmaPolicy):
 
     mode = DmaMode.ON_WAIT
 
-    def land_for(self, ctx: Any, sync: SyncState, cell: tuple, wanted: int) -> None:
+    def land_for(self, ctx: DmaCore, sync: SyncState, cell: SemCell, wanted: int) -> None:
         receiving = sync.landing_only(cell)
         if receiving is not None:  # the common case: only DMAs landing here signal it
             while receiving and sem_value(cell) < wanted:
@@ -115,16 +117,16 @@ class RandomDmas(DmaPolicy):
     mode = DmaMode.RANDOM
     actors = True
 
-    def started(self, ctx: Any, transfer: Transfer) -> None:
+    def started(self, ctx: DmaCore, transfer: Transfer) -> None:
         ctx.call.scheduler.spawn(Actor(transfer.actor_name, transfer.events(ctx),
                                        transient=True))
 
-    def await_transfer(self, ctx: Any, transfer: Transfer, what: str,
-                       frames: tuple) -> Wait | None:
+    def await_transfer(self, ctx: DmaCore, transfer: Transfer, what: str,
+                       frames: tuple[SourceFrame, ...]) -> Wait | None:
         landed: Callable[[], bool] = lambda: transfer.copied
         return Wait(landed, what, frames)
 
-    def arrived(self, ctx: Any, transfer: Transfer) -> Actor | None:
+    def arrived(self, ctx: DmaCore, transfer: Transfer) -> Actor | None:
         return Actor(transfer.actor_name, transfer.events(ctx))
 
 

@@ -21,6 +21,7 @@ from pallas_check.jaxbridge import mlir
 from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.jaxpr import segment_order
+from pallas_check.engine.jaxpr.evaluating import Evaluating
 from pallas_check.engine.jaxpr.errors import (CallHalted, EngineBug, KernelError,
                                               UnsupportedPrimitive)
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
@@ -243,7 +244,7 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 # Evaluation: a program as one generated Python function.
 
 
-def eval_jaxpr(ctx: Any, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
+def eval_jaxpr(ctx: Evaluating, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
     """Evaluate `jaxpr` on concrete values: a generator returning the output values."""
     return runner_for(jaxpr, ctx.config.skip_floats)(ctx, consts, args)
 
@@ -382,13 +383,13 @@ def _unsupported(eqn: jax_core.JaxprEqn) -> UnsupportedPrimitive:
     )
 
 
-def current_frames(ctx: Any) -> tuple[SourceFrame, ...]:
+def current_frames(ctx: Evaluating) -> tuple[SourceFrame, ...]:
     """The user's frames for the equation being evaluated, or else for the nearest
     enclosing equation (cond, loop, run_scoped, jit) that has some."""
     return _frames_of(ctx.eqn, ctx)
 
 
-def _frames_of(eqn: Any, ctx: Any) -> tuple[SourceFrame, ...]:
+def _frames_of(eqn: Any, ctx: Evaluating) -> tuple[SourceFrame, ...]:
     frames = user_frames(eqn.source_info) if eqn is not None else ()
     if frames:
         return frames
@@ -404,7 +405,7 @@ def _frames_of(eqn: Any, ctx: Any) -> tuple[SourceFrame, ...]:
 _MEANT = (KernelError, CallHalted, NotLowered, EngineBug)
 
 
-def _ours(eqn: jax_core.JaxprEqn, ctx: Any, exc: Exception) -> Exception:
+def _ours(eqn: jax_core.JaxprEqn, ctx: Evaluating, exc: Exception) -> Exception:
     """What the generated program raises when evaluating `eqn` raised `exc`: `exc` itself
     when raised on purpose (a KernelError that says no line gets the equation's), anything
     else as an EngineBug naming the equation."""
@@ -425,7 +426,7 @@ def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:
     )
 
 
-def eval_closed(ctx: Any, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> Gen:
+def eval_closed(ctx: Evaluating, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> Gen:
     return eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 

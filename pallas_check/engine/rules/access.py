@@ -7,9 +7,10 @@ bounds are checked and the written-shadow is consulted and updated.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import pallas_primitives
 from pallas_check.jaxbridge import state_indexing
@@ -18,22 +19,23 @@ from pallas_check.jaxbridge import state_primitives
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
 from pallas_check.engine.rules import index_plan
+from pallas_check.engine.seam import RunningCore
 
 
 # -- the one path for reads and writes ---------------------------------------------------
 
-def view_of(ref: Any, transforms: Any) -> RefView:
+def view_of(ref: object, transforms: Sequence[object] | None) -> RefView:
     if not isinstance(ref, RefView):
         raise KernelError(f"expected a ref, got {type(ref).__name__}")
     return ref.with_transforms(tuple(transforms or ()))
 
 
-def access_read(ctx: Any, view: RefView | None, mask: np.ndarray | None = None,
+def access_read(ctx: RunningCore, view: RefView | None, mask: np.ndarray | None = None,
                 region: Region | None = None) -> np.ndarray:
     """Read through a view (or its region, already resolved): bounds-checked,
     uninitialized reads recorded."""
@@ -55,7 +57,7 @@ def access_read(ctx: Any, view: RefView | None, mask: np.ndarray | None = None,
     return value
 
 
-def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | None = None,
+def access_write(ctx: RunningCore, view: RefView | None, value: object, mask: np.ndarray | None = None,
                  region: Region | None = None) -> None:
     if region is None:
         assert view is not None
@@ -84,7 +86,7 @@ def access_write(ctx: Any, view: RefView | None, value: Any, mask: np.ndarray | 
     ctx.call.on_write(ctx, region)
 
 
-def access_atomic_add(ctx: Any, view: RefView | None, value: Any, operation: str,
+def access_atomic_add(ctx: RunningCore, view: RefView | None, value: object, operation: str,
                       region: Region | None = None) -> None:
     """ref += value as ONE atomic read-modify-write (SparseCore `addupdate`,
     `addupdate_scatter`: "an atomic add", jax/_src/pallas/mosaic/sc_primitives.py): bounds
@@ -109,7 +111,7 @@ def access_atomic_add(ctx: Any, view: RefView | None, value: Any, operation: str
         ctx.call.access(ctx, region, True, operation, atomic_add=True)
 
 
-def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
+def _resolve(ctx: RunningCore, view: RefView, operation: str = "load") -> Region:
     try:
         region = resolve(view)
     except UnsupportedTransform as exc:
@@ -124,7 +126,7 @@ def _resolve(ctx: Any, view: RefView, operation: str = "load") -> Region:
     return region
 
 
-def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
+def _cast(value: np.ndarray, aval: object) -> np.ndarray:
     dtype = getattr(aval, "dtype", None)
     if dtype is not None and value.dtype != dtype:
         value = value.astype(dtype)
@@ -133,14 +135,14 @@ def _cast(value: np.ndarray, aval: Any) -> np.ndarray:
 
 # -- state primitives ----------------------------------------------------------------------
 
-def _region_of(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
     equation, ref and index values)."""
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
 
-def _region_made(ctx: Any, eqn: Any, ref: Any, flat: list) -> Region:
+def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """A `ref[indices]` region: through the index plan of the equation's indexers, or the
     general way when the plan does not cover them."""
     tree = eqn.params["tree"]
@@ -164,21 +166,22 @@ def _get(ctx, eqn, invals):
 
 
 @specializer(state_primitives.get_p)
-def _scalar_get(eqn: Any) -> Any:
+def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     """A load of one element by scalar indices (`lengths_ref[b]`, a page table's entry; a
     paged kernel makes thousands per call): read straight from the buffer, at the index
     its plan's straight-line code gives, when it is plain, in bounds, written everywhere
     and no race checker records reads; anything else takes `_get`."""
-    if eqn.outvars[0].aval.shape != ():
+    out = eqn.outvars[0].aval  # (a ShapedArray: a get's value)
+    if getattr(out, "shape", None) != ():
         return None
     plan = index_plan.plan_for(eqn.params["tree"])
     if plan is None or plan.ref is not None or len(plan.steps) != 1 or any(
             size is not None for _, _, size, _ in plan.steps[0]):
         return None
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
-    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    dtype = np.dtype(getattr(out, "dtype"))
 
-    def scalar_get(ctx: Any, eqn: Any, invals: list) -> Any:
+    def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list) -> Any:
         ref = invals[0]
         if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
             buffer = ref.buffer
@@ -211,11 +214,11 @@ def _addupdate(ctx, eqn, invals):
     return []
 
 
-def _is_drop(v: Any) -> bool:
+def _is_drop(v: object) -> bool:
     return isinstance(v, jax_core.DropVar)
 
 
-def _peek(ctx: Any, view: RefView) -> np.ndarray:
+def _peek(ctx: RunningCore, view: RefView) -> np.ndarray:
     """The old value a swap returns (its uninitialized-ness does not matter unless used)."""
     region = _resolve(ctx, view)
     return region.read(ctx.fill(view.buffer.data.dtype))

@@ -6,9 +6,10 @@ the TPU's stateful PRNG.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import jax_core
 from pallas_check.jaxbridge import custom_derivatives
 from pallas_check.jaxbridge import lax_control_flow
@@ -17,8 +18,9 @@ from pallas_check.jaxbridge import mosaic_primitives
 from pallas_check.jaxbridge import pjit
 from pallas_check.jaxbridge import lax_parallel
 
-from pallas_check.engine.jaxpr.program import eval_closed, eval_jaxpr, runner_for
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.program import Gen, eval_closed, eval_jaxpr, runner_for
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
+from pallas_check.engine.seam import RunningCore
 
 
 # -- grid ------------------------------------------------------------------------------------
@@ -69,12 +71,13 @@ def _while(ctx, eqn, invals):
     return (yield from _while_for(eqn)(ctx, eqn, invals))
 
 
-def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
+def _runners(closed: Sequence[jax_core.ClosedJaxpr]
+             ) -> Callable[[RunningCore, int], Callable[..., Gen]]:
     """Per float-skipping setting, the generated functions of some sub-jaxprs, each made
     at its first use (a branch never taken is never generated)."""
-    made: dict[bool, list] = {}
+    made: dict[bool, list[Callable[..., Gen] | None]] = {}
 
-    def runner(ctx: Any, k: int) -> Any:
+    def runner(ctx: RunningCore, k: int) -> Callable[..., Gen]:
         skip = ctx.config.skip_floats
         runs = made.get(skip)
         if runs is None:
@@ -88,7 +91,7 @@ def _runners(closed: Sequence[jax_core.ClosedJaxpr]) -> Any:
 
 
 @specializer(lax_control_flow.cond_p)
-def _cond_for(eqn: Any) -> Any:
+def _cond_for(eqn: JaxprEqn) -> RuleFn | None:
     """`_cond` with its branches' functions kept (a kernel body's conds run at every grid
     step: looking their programs up again cost more than the branch)."""
     branches = eqn.params["branches"]
@@ -103,7 +106,7 @@ def _cond_for(eqn: Any) -> Any:
 
 
 @specializer(lax_control_flow.while_p)
-def _while_for(eqn: Any) -> Any:
+def _while_for(eqn: JaxprEqn) -> RuleFn | None:
     """`_while` with its cond and body functions kept."""
     p = eqn.params
     n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
@@ -162,7 +165,7 @@ def _run_scoped(ctx, eqn, invals):
     return outs
 
 
-def _arg_names(jaxpr: Any, n: int, prefix: str) -> list[str]:
+def _arg_names(jaxpr: object, n: int, prefix: str) -> list[str]:
     info = getattr(jaxpr, "debug_info", None)
     names = list(getattr(info, "arg_names", None) or ())
     out = []

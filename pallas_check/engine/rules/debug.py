@@ -22,13 +22,15 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import checkify, debugging
 
 from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.seam import RunningCore
 
 
 @rule(checkify.check_p)
-def _debug_check(ctx: Any, eqn: Any, invals: Sequence[Any]) -> list:
+def _debug_check(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> list[object]:
     """An assertion of the kernel: nothing when it holds; else a finding with its message
     (its values formatted) at this core's grid step. Not under --skip-floats: float
     values are not computed there (they read as inf), and a check may be about them."""
@@ -59,7 +61,7 @@ def _check_message(exception: Any) -> tuple[str, str]:
 
 
 @rule(debugging.debug_print_p)
-def _debug_print(ctx: Any, eqn: Any, invals: Sequence[Any]) -> list:
+def _debug_print(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> list[object]:
     """A print of the kernel, formatted as JAX formats it, recorded with the core and
     grid step that printed it."""
     if ctx.call.report and not ctx.config.quiet_prints:
@@ -67,7 +69,7 @@ def _debug_print(ctx: Any, eqn: Any, invals: Sequence[Any]) -> list:
     return []
 
 
-def print_text(params: dict, invals: Sequence[Any]) -> str:
+def print_text(params: dict[str, Any], invals: Sequence[object]) -> str:
     """The text of one `pl.debug_print` / `jax.debug.print`: the format string with the
     values (placeholders), or followed by them (no placeholders, as on a TPU)."""
     static = dict(params.get("static_args", ()))

@@ -19,6 +19,8 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+from jax.extend.core import JaxprEqn
+from jax.tree_util import PyTreeDef
 import numpy as np
 from pallas_check.jaxbridge import pallas_core
 from pallas_check.jaxbridge import mosaic_primitives
@@ -28,12 +30,12 @@ from pallas_check.jaxbridge import state_types
 
 from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
-from pallas_check.engine.dma.engine import (Dma, SyncState, as_view, cell_of, sem_add, sem_name,
-                                            sem_value)
+from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
+                                            sem_name, sem_value)
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
 from pallas_check.engine.memory.region import Region, resolve, view_shape
 from pallas_check.engine.rules import index_plan
@@ -41,6 +43,7 @@ from pallas_check.engine.rules.dma_bounds import halt_unbounded, tile_padded, un
 from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
+from pallas_check.engine.seam import RunningCore
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
@@ -49,7 +52,8 @@ from pallas_check.sourceinfo import user_frames
 
 
 @caches.by_identity
-def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | None], ...]:
+def _dma_layout(tree: PyTreeDef
+                ) -> tuple[tuple[int, int, PyTreeDef, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
     the equation's flat operands, its own pytree structure, and its index plan."""
     out, start = [], 0
@@ -59,7 +63,7 @@ def _dma_layout(tree: Any) -> tuple[tuple[int, int, Any, index_plan.IndexPlan | 
     return tuple(out)
 
 
-def _arg_region(ctx: Any, layout: tuple, invals: list,
+def _arg_region(ctx: RunningCore, layout: tuple, invals: list,
                 target: tuple[int, int | None] | None = None) -> Region:
     """The region of one ref argument of a DMA, on the `target` device and core if given
     (else where the ref is). A local one is resolved once per call for the same ref and
@@ -72,7 +76,7 @@ def _arg_region(ctx: Any, layout: tuple, invals: list,
     return _arg_region_made(ctx, layout, leaves, target)
 
 
-def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
+def _arg_region_made(ctx: RunningCore, layout: tuple, leaves: list,
                      target: tuple[int, int | None] | None = None) -> Region:
     """Through the argument's index plan, or the general way (JAX's indexer objects)
     when the plan does not cover it."""
@@ -91,7 +95,7 @@ def _arg_region_made(ctx: Any, layout: tuple, leaves: list,
 
 
 @caches.by_identity
-def signal_count(eqn: Any) -> int:
+def signal_count(eqn: JaxprEqn) -> int:
     """What a DMA start adds to its semaphores, by their type in the kernel's jaxpr: its
     bytes (-1) on DMA semaphores, 1 on a regular semaphore (`pltpu.SemaphoreType.REGULAR`,
     which a DMA may signal on TPU v6+ per JAX's tests, waited with one
@@ -103,7 +107,7 @@ def signal_count(eqn: Any) -> int:
     src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     avals = [v.aval for v in eqn.invars]
 
-    def aval(at: tuple) -> Any:
+    def aval(at: tuple[int, int, PyTreeDef, object]) -> object:
         return at[2].unflatten(avals[at[0]:at[1]])
 
     regular = _regular_semaphore(aval(dst_sem_at))
@@ -122,7 +126,7 @@ def signal_count(eqn: Any) -> int:
     return 1
 
 
-def _regular_semaphore(aval: Any) -> bool:
+def _regular_semaphore(aval: object) -> bool:
     """Whether a semaphore ref's type counts signals (regular, barrier), not bytes."""
     dtype = getattr(aval, "dtype", None)
     try:
@@ -161,21 +165,22 @@ def _dma_start(ctx, eqn, invals):
     src_sem_region = (_arg_region(ctx, src_sem_at, invals)
                       if src_sem_at[1] > src_sem_at[0] else None)
     if _begin_dma(ctx, src_region, dst_region,
-                  cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
-                  cell_of(ctx, src_sem_region) if src_sem_region is not None else None,
-                  math.prod(dst_shape) * dst_dtype.itemsize, frames, signal_count(eqn)):
+                  (cell_of(ctx, _arg_region(ctx, dst_sem_at, invals, target)),
+                   cell_of(ctx, src_sem_region) if src_sem_region is not None else None),
+                  (math.prod(dst_shape) * dst_dtype.itemsize, signal_count(eqn)), frames):
         yield None  # a scheduling point: another actor may run between start and what follows
     return []
 
 
-def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tuple | None,
-               nbytes: int, frames: tuple[SourceFrame, ...], signal: int = -1,
-               atomic_add: bool = False) -> bool:
+def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
+               sems: tuple[SemCell, SemCell | None], moves: tuple[int, int],
+               frames: tuple[SourceFrame, ...], atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
-    (not when one actor runs alone: the watchdog is told it is alive instead). `signal`:
-    what it adds to its semaphores (-1: its bytes; see `signal_count`); `atomic_add`: its
-    write is an atomic add (a SparseCore scatter-add)."""
+    (not when one actor runs alone: the watchdog is told it is alive instead). `sems`: its
+    receive and send semaphores; `moves`: its bytes and what it adds to its semaphores (-1:
+    its bytes; `signal_count`); `atomic_add`: a SparseCore scatter-add."""
     call = ctx.call
+    (dst_sem, src_sem), (nbytes, signal) = sems, moves
     if src.oob or dst.oob:  # (a planned DMA's regions come here unconverted)
         src, dst = tile_padded(ctx, src), tile_padded(ctx, dst)
     if src.oob:
@@ -201,7 +206,7 @@ def _begin_dma(ctx: Any, src: Region, dst: Region, dst_sem: tuple, src_sem: tupl
 
 
 @specializer(mosaic_primitives.dma_start_p)
-def _planned_dma_start(eqn: Any) -> Any:
+def _planned_dma_start(eqn: JaxprEqn) -> RuleFn | None:
     """A local DMA (no device id) whose source and destination are in the planned spelling
     (ints and static-size slices on a ref without transforms; see index_plan), made for
     this equation: the shapes, bytes and source line are worked out once, the source's
@@ -212,7 +217,7 @@ def _planned_dma_start(eqn: Any) -> Any:
         return None
     src_at, rest_at, nbytes, _, frames = static
     src_lo, src_hi, _, src_plan = src_at
-    signal = signal_count(eqn)
+    moves = (nbytes, signal_count(eqn))
 
     def planned_dma_start(ctx, eqn, invals):
         leaves = invals[src_lo:src_hi]
@@ -223,15 +228,15 @@ def _planned_dma_start(eqn: Any) -> Any:
                         eqn, rest, lambda: _dst_and_semaphores(ctx, eqn, invals)))
         if resolved is None or resolved[0].zero_stride:
             return (yield from _dma_start(ctx, eqn, invals))
-        dst, dst_sem, src_sem = resolved
-        if _begin_dma(ctx, src, dst, dst_sem, src_sem, nbytes, frames, signal):
+        dst, sems = resolved
+        if _begin_dma(ctx, src, dst, sems, moves, frames):
             yield None
         return []
 
     return planned_dma_start
 
 
-def _planned_dma(eqn: Any) -> tuple | None:
+def _planned_dma(eqn: JaxprEqn) -> tuple | None:
     """What a local, planned DMA start or wait knows before it runs: the source's layout,
     where the operands after the source begin, the bytes a start signals and a wait
     takes (static, whatever the indices) and its source frames (None when not all of
@@ -240,11 +245,12 @@ def _planned_dma(eqn: Any) -> tuple | None:
     frames = user_frames(eqn.source_info)
     if device_at[1] > device_at[0] or not frames or _indirect_side(eqn) is not None:
         return None
-    shapes = []
+    shapes, itemsizes = [], []
     for lo, _, _, plan in (src_at, dst_at):
         if plan is None or plan.ref is None:
             return None
-        shape = getattr(eqn.invars[lo + plan.ref].aval, "shape", None)
+        ref = eqn.invars[lo + plan.ref].aval
+        shape = getattr(ref, "shape", None)
         if shape is None:
             return None  # no ref's aval: the general rules explain it
         for step in plan.steps:  # each indexer takes the dims the one before left
@@ -252,28 +258,30 @@ def _planned_dma(eqn: Any) -> tuple | None:
                 return None  # ranks the general rule explains as an error
             shape = [size for _, _, size, _ in step if size is not None]
         shapes.append(shape)
+        itemsizes.append(np.dtype(getattr(ref, "dtype")).itemsize)
     if math.prod(shapes[0]) != math.prod(shapes[1]):
         return None  # sizes the general rule explains as an error
-    src_ref = eqn.invars[src_at[0] + src_at[3].ref].aval
-    dst_ref = eqn.invars[dst_at[0] + dst_at[3].ref].aval
     # A start signals the destination's bytes; a wait takes its descriptor source's.
-    return (src_at, src_at[1], math.prod(shapes[1]) * np.dtype(dst_ref.dtype).itemsize,
-            math.prod(shapes[0]) * np.dtype(src_ref.dtype).itemsize, frames)
+    return (src_at, src_at[1], math.prod(shapes[1]) * itemsizes[1],
+            math.prod(shapes[0]) * itemsizes[0], frames)
 
 
-def _dst_and_semaphores(ctx: Any, eqn: Any, invals: list) -> tuple | None:
-    """A planned DMA's destination region and semaphore cells (cached per call by their
-    operands), or None when the destination is not in the planned spelling."""
+def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
+                        ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
+    """A planned DMA's destination region and (receive, send) semaphore cells (cached per
+    call by their operands), or None when the destination is not in the planned spelling."""
     _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
+    assert plan is not None and plan.ref is not None  # (a planned DMA's: `_planned_dma`)
     dst = plan.region(leaves, leaves[plan.ref])
     if dst is None:
         return None
     src_sem = (cell_of(ctx, _arg_region_made(ctx, src_sem_at, invals[src_sem_at[0]:src_sem_at[1]]))
                if src_sem_at[1] > src_sem_at[0] else None)
-    return (dst, cell_of(ctx, _arg_region_made(ctx, dst_sem_at,
-                                               invals[dst_sem_at[0]:dst_sem_at[1]])), src_sem)
+    return (dst, (cell_of(ctx, _arg_region_made(ctx, dst_sem_at,
+                                                invals[dst_sem_at[0]:dst_sem_at[1]])),
+                  src_sem))
 
 
 def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
@@ -284,7 +292,7 @@ def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
     return view_shape(region), region.view_dtype()
 
 
-def _wait_descriptor(ctx: Any, layout: tuple, invals: list) -> tuple[int, tuple]:
+def _wait_descriptor(ctx: RunningCore, layout: tuple, invals: list) -> tuple[int, tuple]:
     """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
     shape, dtype = _view_layout(_arg_region(ctx, layout[0], invals))
     return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
@@ -315,7 +323,7 @@ def _dma_wait(ctx, eqn, invals):
     return []
 
 
-def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
+def _wait_ready(ctx: RunningCore, cell: tuple, nbytes: int) -> bool:
     """Whether a DMA wait can go on now (the DMA mode landing what it lets land at a wait
     first: `on_wait` mode)."""
     if sem_value(cell) >= nbytes:
@@ -325,7 +333,7 @@ def _wait_ready(ctx: Any, cell: tuple, nbytes: int) -> bool:
     return sem_value(cell) >= nbytes
 
 
-def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
+def _wait_request(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> Wait:
     """What the scheduler holds a DMA wait on (a DMA started later is delivered on demand
     too, in `on_wait` mode)."""
     return Wait(lambda: _wait_ready(ctx, cell, nbytes), "DMA wait", frames,
@@ -333,14 +341,14 @@ def _wait_request(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> Wait:
                 cell=cell)
 
 
-def _end_wait(ctx: Any, cell: tuple, nbytes: int, frames: tuple) -> None:
+def _end_wait(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> None:
     sem_add(cell, -nbytes)
     _account_wait(ctx.call.sync, cell, nbytes, frames)
     ctx.call.on_dma_wait(ctx, cell, frames)
 
 
 @specializer(mosaic_primitives.dma_wait_p)
-def _planned_dma_wait(eqn: Any) -> Any:
+def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
     """A local, planned DMA's wait (see `_planned_dma_start`): its bytes and source line
     known before it runs; only its semaphore is looked up."""
     static = _planned_dma(eqn)
@@ -366,7 +374,7 @@ def _planned_dma_wait(eqn: Any) -> Any:
 
 
 @caches.by_identity
-def _indirect_side(eqn: Any) -> int | None:
+def _indirect_side(eqn: JaxprEqn) -> int | None:
     """Which argument of a DMA start or wait an index vector indexes (0: the source, a
     gather; 1: the destination, a scatter), None for a plain DMA: decided once per
     equation from its vars."""
@@ -374,7 +382,7 @@ def _indirect_side(eqn: Any) -> int | None:
     return indirect.indexed_side(src, dst)
 
 
-def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
+def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) -> bool:
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
@@ -421,16 +429,18 @@ def _indirect_start(ctx: Any, eqn: Any, invals: list, side: int) -> bool:
     nbytes = math.prod(dst.out_shape) * dst.view_dtype().itemsize
     cell = cell_of(ctx, _arg_region(ctx, dst_sem_at, invals))
     # Rows regions answer what a Dma asks of its sides as a Region does (duck-typed)
-    return _begin_dma(ctx, src, dst, cell, None,  # type: ignore[arg-type]
-                      nbytes, frames, signal_count(eqn), add)
+    return _begin_dma(ctx, src, dst, (cell, None),  # type: ignore[arg-type]
+                      (nbytes, signal_count(eqn)), frames, add)
 
 
-def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:
+def _index_vector(ctx: RunningCore, index: object,
+                  frames: tuple[SourceFrame, ...]) -> indirect.IndexVector:
     """An indirect DMA's index vector, read at its start: a ref's through the one read
     path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
     ignored = None
     if isinstance(index, sc_core.Indices):
-        index, ignored = index.values, index.ignored_value
+        ignored = index.ignored_value
+        index = index.values
     if isinstance(index, (RefView, state_types.TransformedRef)):
         view = as_view(index)
         region = resolve(view)
@@ -446,7 +456,7 @@ def _index_vector(ctx: Any, index: Any, frames: tuple) -> indirect.IndexVector:
     return indirect.IndexVector(values, active, name)
 
 
-def _indirect_wait(ctx: Any, layout: tuple, invals: list, side: int):
+def _indirect_wait(ctx: RunningCore, layout: tuple, invals: list, side: int):
     """The wait of a gather or scatter (`tpu.wait_indirect_dma(sem, src, dst)`: the whole
     refs, no offsets, no filter): it waits for one indirect DMA on its semaphore, the
     oldest not yet waited, and takes what that DMA signals (the bytes it moved: a filtered

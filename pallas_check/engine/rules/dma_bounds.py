@@ -9,10 +9,11 @@ from typing import Any
 from pallas_check.engine.jaxpr.errors import CallHalted
 from pallas_check.engine.jaxpr.mosaic_limits import sparsecore_kernel
 from pallas_check.engine.memory.region import Region, in_tile_padding
+from pallas_check.engine.seam import RunningCore
 from pallas_check.findings import SourceFrame
 
 
-def tile_padded(ctx: Any, region: Region) -> Region:
+def tile_padded(ctx: RunningCore, region: Region) -> Region:
     """A DMA's side reaching past its ref's shape only into the tile padding of a
     TensorCore kernel's array (`emit_pipeline`'s ragged last block, rounded up to the
     tile: engine/memory/tiling.py) is no out-of-bounds access; the padding reads as
@@ -37,7 +38,7 @@ def unbounded(region: Region) -> bool:
     return False
 
 
-def halt_unbounded(ctx: Any, src: Region, dst: Region,
+def halt_unbounded(ctx: RunningCore, src: Region, dst: Region,
                     frames: tuple[SourceFrame, ...]) -> None:
     """A DMA of a slice no part of its ref holds: its out-of-bounds findings, and the call
     stops there (what would such a DMA have moved?); whether its size came from

@@ -20,6 +20,8 @@ import dataclasses
 import itertools
 from typing import Any, Callable, Sequence
 
+from jax.tree_util import PyTreeDef
+
 from pallas_check.jaxbridge import state_indexing
 from pallas_check.jaxbridge import state_types
 
@@ -51,9 +53,9 @@ class IndexPlan:
     steps: tuple[tuple[_Dim, ...], ...]
     # The in-bounds case as straight-line code (`_in_bounds_fns`), made with the plan: the
     # numpy index alone (`index_in_bounds`), and the region.
-    index_in_bounds: Callable[[Sequence[Any], Buffer], tuple | None] = (
+    index_in_bounds: Callable[[Sequence[object], Buffer], tuple | None] = (
         dataclasses.field(init=False, repr=False, compare=False))
-    _in_bounds: Callable[[Sequence[Any], Buffer], Region | None] = dataclasses.field(
+    _in_bounds: Callable[[Sequence[object], Buffer], Region | None] = dataclasses.field(
         init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,7 +63,7 @@ class IndexPlan:
         object.__setattr__(self, "index_in_bounds", index_fn)
         object.__setattr__(self, "_in_bounds", region_fn)
 
-    def region(self, leaves: Sequence[Any], ref: Any) -> Region | None:
+    def region(self, leaves: Sequence[object], ref: object) -> Region | None:
         """The region `ref` indexed by the leaves touches, or None when this access is not
         in the planned spelling (the caller resolves it the general way). `ref`: the
         pytree's own (`leaves[self.ref]`), the ref of a get or swap (whose pytree holds
@@ -149,11 +151,11 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
     return namespace["index"], namespace["region"]
 
 
-def _never(leaves: Sequence[Any], buffer: Buffer) -> None:
+def _never(leaves: Sequence[object], buffer: Buffer) -> None:
     return None
 
 
-def _whole_index(leaves: Sequence[Any], buffer: Buffer) -> tuple | None:
+def _whole_index(leaves: Sequence[object], buffer: Buffer) -> tuple | None:
     """The numpy index of a bare ref: all of its buffer (None for an empty one)."""
     shape = buffer.data.shape
     if 0 in shape:
@@ -161,7 +163,7 @@ def _whole_index(leaves: Sequence[Any], buffer: Buffer) -> tuple | None:
     return tuple([slice(0, n, 1) for n in shape])
 
 
-def _whole(leaves: Sequence[Any], buffer: Buffer) -> Region | None:
+def _whole(leaves: Sequence[object], buffer: Buffer) -> Region | None:
     """The region of a bare ref: all of its buffer (None for an empty one)."""
     index = _whole_index(leaves, buffer)
     if index is None:
@@ -171,7 +173,7 @@ def _whole(leaves: Sequence[Any], buffer: Buffer) -> Region | None:
 
 
 @caches.by_identity
-def has_dynamic_size(tree: Any) -> bool:
+def has_dynamic_size(tree: PyTreeDef) -> bool:
     """Whether a ref-and-indexers pytree slices some dimension with a traced size
     (`pl.ds(start, n)` with `n` computed by the kernel): the size is then one of its
     leaves, so what it addresses (and how many bytes a DMA of it moves) changes with the
@@ -192,7 +194,7 @@ def has_dynamic_size(tree: Any) -> bool:
 
 
 @caches.by_identity
-def plan_for(tree: Any) -> IndexPlan | None:
+def plan_for(tree: PyTreeDef) -> IndexPlan | None:
     """The plan of a ref-and-indexers pytree (a TransformedRef, a bare ref, or a tuple of
     transforms), or None when it is not in the planned spelling."""
     try:

@@ -14,12 +14,12 @@ lowerings) and JAX's SparseCore tests; what they leave open is marked ASSUMED.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Callable
 
 import numpy as np
 
 
-def active(mask: Any, n: int) -> np.ndarray:
+def active(mask: object, n: int) -> np.ndarray:
     """The mask as a bool array of n lanes (None: all lanes active)."""
     if mask is None:
         return np.ones(n, bool)
@@ -28,7 +28,7 @@ def active(mask: Any, n: int) -> np.ndarray:
 
 # -- compressed / expanded lanes (load_expanded, store_compressed) --------------------------
 
-def expand(values: np.ndarray, mask: np.ndarray, fill: Any) -> np.ndarray:
+def expand(values: np.ndarray, mask: np.ndarray, fill: np.ndarray | float) -> np.ndarray:
     """`load_expanded`: the i-th active lane gets values[i]; inactive lanes are undefined
     (fill). `values` holds exactly popcount(mask) elements."""
     mask = np.asarray(mask, bool)
@@ -53,7 +53,8 @@ def masked_cumsum(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return np.cumsum(terms, dtype=x.dtype)
 
 
-def _masked_running(x: np.ndarray, mask: np.ndarray, pick: Any) -> np.ndarray:
+def _masked_running(x: np.ndarray, mask: np.ndarray,
+                    pick: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
     """Running max/min over the active elements; lanes before the first active one pass x
     through (sc_primitives.cummax's docstring). Compared in x's dtype: int32 signed
     (the lowering flips the sign bit around an unsigned scan), uint32 unsigned."""
@@ -108,7 +109,7 @@ def sort_key_val(keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None,
     return outs
 
 
-def scan_count(x: np.ndarray, mask: np.ndarray, fill: Any) -> list[np.ndarray]:
+def scan_count(x: np.ndarray, mask: np.ndarray, fill: np.ndarray | float) -> list[np.ndarray]:
     """`scan_count`: counts[i] = how many active j <= i hold x[i] (1-based); last[i] = lane i
     is active and no active j > i holds x[i] (JAX's test, all lanes active). Inactive
     lanes: count undefined (fill) and last False -- ASSUMED. Equality as numpy's ==

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import sc_core
 from pallas_check.jaxbridge import sc_primitives
 from pallas_check.jaxbridge import state_indexing
@@ -26,11 +27,12 @@ from pallas_check.engine.memory.region import index_region
 from pallas_check.engine.rules import access, sc_values
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Wait
+from pallas_check.engine.seam import RunningCore
 
 
 # -- barrier / sync (SC-C)
 
-def _sparsecore_place(ctx: Any, what: str) -> tuple[int, int, str]:
+def _sparsecore_place(ctx: RunningCore, what: str) -> tuple[int, int, str]:
     """(core, subcore, subcore axis name) of a vector subcore: a VectorSubcoreMesh's axes
     are (core axis, subcore axis), in that order (`mesh.shape`)."""
     axes = list(ctx.core_coords)
@@ -40,7 +42,7 @@ def _sparsecore_place(ctx: Any, what: str) -> tuple[int, int, str]:
     return ctx.core_coords[axes[0]], ctx.core_coords[axes[1]], axes[1]
 
 
-def _barrier_of(ctx: Any, core: int) -> SubcoreBarrier:
+def _barrier_of(ctx: RunningCore, core: int) -> SubcoreBarrier:
     """The barrier of this subcore's SparseCore (one per device and core), its members
     every subcore of that core in this call."""
     state = ctx.call
@@ -85,7 +87,7 @@ class SignalNotRemote(NamedTuple):
     named: str
 
 
-def signal_device_id(ctx: Any, device_id: Any, sem: Any) -> Any:
+def signal_device_id(ctx: RunningCore, device_id: object, sem: object) -> object:
     """The device id a `pl.semaphore_signal` really goes to. In a VectorSubcoreMesh kernel
     Mosaic drops the core and subcore axes of a `device_id` dict when the semaphore is an
     ordinary one (lowering.py `_device_id_to_logical`: same core type, no core-typed memory
@@ -160,7 +162,7 @@ def _lane_view(view: RefView, shape: tuple[int, ...], lane_index: tuple[int, ...
     return view.with_transforms((indexer,))
 
 
-def _view_shape(ctx: Any, view: RefView) -> tuple[int, ...]:
+def _view_shape(ctx: RunningCore, view: RefView) -> tuple[int, ...]:
     region = access._resolve(ctx, view)
     if not region.post:
         return region.out_shape
@@ -175,7 +177,7 @@ def _lanes(ref: Any, transforms: Any, indices: Any, mask: Any):
     return view, [tuple(int(c[j]) for c in columns) for j in range(n)], sc_values.active(mask, n)
 
 
-def _lane_region(ctx: Any, view: RefView, shape: tuple, lane: tuple, operation: str):
+def _lane_region(ctx: RunningCore, view: RefView, shape: tuple, lane: tuple, operation: str):
     region = access._resolve(ctx, _lane_view(view, shape, lane), operation)
     if region.oob:  # the finding names the lane: `load_gather lane 3 of x_v[40] ...`
         ctx.call.out_of_bounds(ctx, region, operation, None)
@@ -201,7 +203,7 @@ def _load_gather(ctx, eqn, invals):
     return out
 
 
-def _undefined(ctx: Any, view: RefView, count: int, op: str) -> None:
+def _undefined(ctx: RunningCore, view: RefView, count: int, op: str) -> None:
     """The masked-off lanes of a masked load are undefined (they hold the fill value)."""
     if count:
         ctx.call.undefined_lanes(ctx, f"masked-off lanes of {op}({view.buffer.name})", count,
@@ -254,7 +256,7 @@ def _first(view: RefView, shape: tuple[int, ...], n: int) -> RefView:
     return view.with_transforms((indexer,))
 
 
-def _compressed_part(ctx: Any, eqn: Any, ref: Any, flat: list):
+def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]):
     """(view of the first popcount(mask) elements, mask) of a masked SparseCore load or
     store (n = 0: None); a view of rank > 1 is touched whole, its mask selecting."""
     *transforms, mask = flat
@@ -377,13 +379,13 @@ class ParallelLoopHooks(Protocol):
     """Who follows a `parallel_loop`'s iterations (the race checker's per-iteration clocks,
     SC-C's part): registered in PARALLEL_LOOP_HOOKS; none registered, none called."""
 
-    def loop_started(self, ctx: Any, eqn: Any) -> None: ...
+    def loop_started(self, ctx: RunningCore, eqn: JaxprEqn) -> None: ...
 
-    def iteration_started(self, ctx: Any, eqn: Any, index: int) -> None: ...
+    def iteration_started(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None: ...
 
-    def iteration_ended(self, ctx: Any, eqn: Any, index: int) -> None: ...
+    def iteration_ended(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None: ...
 
-    def loop_ended(self, ctx: Any, eqn: Any) -> None: ...
+    def loop_ended(self, ctx: RunningCore, eqn: JaxprEqn) -> None: ...
 
 
 PARALLEL_LOOP_HOOKS: list[ParallelLoopHooks] = []
@@ -434,7 +436,7 @@ class IterationClocks:
     listeners as ParallelLoop / LoopIteration events (engine/events.py); where none takes
     iterations (races off), the actor stays the subcore and nothing is built."""
 
-    def loop_started(self, ctx: Any, eqn: Any) -> None:
+    def loop_started(self, ctx: RunningCore, eqn: JaxprEqn) -> None:
         if ctx.call.feeds.loop_iteration:  # (the race checker's, with races on)
             ctx.parallel_loops.append([ctx.actor, 0])  # (the loop's actor, iterations)
         if ctx.call.feeds.parallel_loop:
@@ -442,7 +444,7 @@ class IterationClocks:
             for take in ctx.call.feeds.parallel_loop:
                 take(event)
 
-    def iteration_started(self, ctx: Any, eqn: Any, index: int) -> None:
+    def iteration_started(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None:
         takers = ctx.call.feeds.loop_iteration
         if not takers:
             return
@@ -455,7 +457,7 @@ class IterationClocks:
         for take in takers:
             take(event)
 
-    def iteration_ended(self, ctx: Any, eqn: Any, index: int) -> None:
+    def iteration_ended(self, ctx: RunningCore, eqn: JaxprEqn, index: int) -> None:
         takers = ctx.call.feeds.loop_iteration
         if not takers:
             return
@@ -465,7 +467,7 @@ class IterationClocks:
             take(event)
         ctx.actor = parent
 
-    def loop_ended(self, ctx: Any, eqn: Any) -> None:
+    def loop_ended(self, ctx: RunningCore, eqn: JaxprEqn) -> None:
         if ctx.call.feeds.loop_iteration:
             ctx.parallel_loops.pop()  # (its iterations ended: the actor is the loop's again)
         if ctx.call.feeds.parallel_loop:

@@ -12,20 +12,28 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import TYPE_CHECKING, Protocol
 
 from pallas_check.jaxbridge import xla_client
-from typing import Any
+
+if TYPE_CHECKING:  # only for annotations
+    import jax
 
 
 _lock = threading.Lock()
 
 
+class _Client(Protocol):
+    def devices(self) -> list[jax.Device]: ...
+
+
 @functools.cache
-def _client() -> Any:
-    return xla_client().make_cpu_client(asynchronous=False)
+def _client() -> _Client:
+    client: _Client = xla_client().make_cpu_client(asynchronous=False)
+    return client
 
 
-def engine_device() -> Any:
+def engine_device() -> jax.Device:
     """The device of the engine's private CPU client (created on first use)."""
     with _lock:
         return _client().devices()[0]

@@ -12,34 +12,40 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import Any, Callable, Hashable
+from typing import Callable, Hashable, TypeVar, cast
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class BoundedCache:
+    """Values of any type: each is what `make` returned for its key (a key names one
+    kind of value: the typed methods hand it back as that type)."""
+
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._items: collections.OrderedDict[Hashable, object] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
+    def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
         """The value under `key`, made (outside the lock) on a miss."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
-        value = make()
+                return cast(T, self._items[key])
+        value: object = make()
         with self._lock:
             value = self._items.setdefault(key, value)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
-        return value
+        return cast(T, value)
 
-    def for_object(self, obj: Any, extra: Hashable, make: Callable[[], Any]) -> Any:
+    def for_object(self, obj: object, extra: Hashable, make: Callable[[], T]) -> T:
         """The value for `obj` itself (by identity, held weakly: a dead object's entry is
         never answered for a new one at the same address) and `extra`."""
         key = (id(obj), extra)
         with self._lock:
-            entry = self._items.get(key)
+            entry = cast("tuple[weakref.ref[object], T] | None", self._items.get(key))
             if entry is not None and entry[0]() is obj:
                 self._items.move_to_end(key)
                 return entry[1]
@@ -54,16 +60,16 @@ class BoundedCache:
         return len(self._items)
 
 
-def by_identity(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def by_identity(fn: Callable[[T], R]) -> Callable[[T], R]:
     """`fn(obj)` remembered by the object's identity, for objects that live long and cannot
     be weakly referenced (a jaxpr equation's pytree structure): the entry holds the object,
     so its id stays its own; bounded by clearing. Unlocked, unlike `BoundedCache`: it is
     on the per-DMA path, where hashing a structure (its indexers' shapes and static
     slices) or taking a lock cost more than the lookup served; a race between threads
     only computes a value twice."""
-    entries: dict[int, tuple[Any, Any]] = {}
+    entries: dict[int, tuple[T, R]] = {}
 
-    def lookup(obj: Any) -> Any:
+    def lookup(obj: T) -> R:
         entry = entries.get(id(obj))
         if entry is not None and entry[0] is obj:
             return entry[1]

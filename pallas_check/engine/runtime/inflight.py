@@ -13,9 +13,21 @@ consistent enough picture without a lock on the engine's path.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+from pallas_check.config import Config
 from pallas_check.findings import Finding
+
+
+class Simulating(Protocol):
+    """A schedule's reporting simulation as a partial report reads it (engine/call/
+    state.py's CallState): its seed, its findings so far, its grid steps walked."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def findings(self) -> list[Finding]: ...
 
 
 class InFlight:
@@ -26,17 +38,17 @@ class InFlight:
         # result is (a defect seen under an earlier seed is not reported again), and the
         # merge keys seen in them.
         self.findings: tuple[Finding, ...] = ()
-        self.seen: frozenset[tuple] = frozenset()
-        self.state: Any = None  # the CallState of the schedule running (its reported pass)
+        self.seen: frozenset[tuple[object, ...]] = frozenset()
+        self.state: Simulating | None = None  # the schedule running (its reported pass)
         # With --trace: seed -> where that schedule's timeline goes as it is recorded
         # (report/trace.py's writer, whose file a stopped run still closes whole).
         self.trace: Callable[[int], Any] | None = None
 
-    def simulating(self, state: Any) -> None:
+    def simulating(self, state: Simulating) -> None:
         """A schedule's reported simulation began (not the re-runs that only compare)."""
         self.state = state
 
-    def schedule_done(self, findings: list[Finding], seen: dict[tuple, int],
+    def schedule_done(self, findings: list[Finding], seen: dict[tuple[object, ...], int],
                       done: int) -> None:
         self.findings, self.seen = tuple(findings), frozenset(seen)
         self.schedules_done = done

@@ -9,7 +9,10 @@ others wait and take their own outputs.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypeVar, cast
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 TIMEOUT_S = 600.0
@@ -23,8 +26,9 @@ class _Meeting:
     """One multi-device pallas_call while its devices' callbacks arrive."""
 
     def __init__(self) -> None:
-        self.operands: dict[int, Sequence[Any]] = {}
-        self.outputs: list[Any] | None = None
+        # (each device's operands and outputs, of the types its `meet` names)
+        self.operands: dict[int, Sequence[object] | None] = {}
+        self.outputs: Sequence[object] | None = None
         self.error: BaseException | None = None
         self.abandoned = False  # a device stopped waiting (its operands are gone)
         self.done = threading.Event()
@@ -37,8 +41,8 @@ class Rendezvous:
         self._device_calls: dict[int, int] = {}
         self._meetings: dict[int, _Meeting] = {}
 
-    def meet(self, device: int, num_devices: int, operands: Sequence[Any],
-             run: Callable[[list[Sequence[Any]]], list[Any]]) -> Any:
+    def meet(self, device: int, num_devices: int, operands: Sequence[T],
+             run: Callable[[list[Sequence[T]]], Sequence[R]]) -> R:
         """Hand in this device's operands; return this device's outputs of `run`, which is
         called once, with every device's operands in device order, while every device's
         callback is still inside `meet`."""
@@ -56,7 +60,8 @@ class Rendezvous:
                     raise RendezvousTimeout(
                         f"device {device} arrived after another device of the same"
                         f" pallas_call stopped waiting for it")
-                meeting.outputs = run([meeting.operands[d] for d in range(num_devices)])
+                meeting.outputs = run([cast("Sequence[T]", meeting.operands[d])
+                                       for d in range(num_devices)])
             except BaseException as exc:
                 meeting.error = exc
             finally:
@@ -66,7 +71,7 @@ class Rendezvous:
                 if not meeting.done.is_set():
                     # This device's call fails now: a device arriving later must not be
                     # simulated together with it (its operands are from a dead call).
-                    meeting.operands[device] = None  # type: ignore[assignment]
+                    meeting.operands[device] = None
                     meeting.abandoned = True
             if not meeting.done.is_set():
                 raise RendezvousTimeout(
@@ -76,4 +81,4 @@ class Rendezvous:
         if meeting.error is not None:
             raise meeting.error
         assert meeting.outputs is not None
-        return meeting.outputs[device]
+        return cast(R, meeting.outputs[device])

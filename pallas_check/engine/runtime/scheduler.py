@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Generator
+from typing import Any, Callable, Generator, Protocol
 
 from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings import SourceFrame
 
 
@@ -27,22 +28,25 @@ CHANGE_POINT_HORIZON = 512  # scheduling steps within which the change points fa
 class Wait:
     """A scheduler request: the actor cannot go on until `ready()` holds."""
 
-    ready: Any
+    ready: Callable[[], bool]
     what: str
     frames: tuple[SourceFrame, ...]
     semaphore: str = ""
     wanted: int = 0
-    current: Any = None
-    cell: Any = None  # the (buffer, index) waited on, for findings to name buffer and index
+    # What is waited on now: a function giving the semaphore's count, or the barrier.
+    current: Callable[[], int] | SubcoreBarrier | None = None
+    # The semaphore cell (buffer, index) waited on, for findings to name buffer and index
+    # (engine/dma/engine.py's SemCell: the runtime knows no buffer).
+    cell: Any = None
 
 
 @dataclasses.dataclass
 class Actor:
     name: str
-    gen: Generator[Any, None, Any]
+    gen: Generator[Wait | None, None, object]
     waiting: Wait | None = None
     done: bool = False
-    result: Any = None
+    result: object = None
     priority: float = 0.0
     # A DMA's actor (`--dma random`): forgotten once finished, so that a long grid's DMAs
     # cost no memory and no time at each step (a core's stays: a deadlock report asks
@@ -57,6 +61,14 @@ class Deadlock(Exception):
     blocked: list[tuple[str, Wait]]
 
 
+class Observer(Protocol):
+    """Who is told of each scheduling step and each wait that blocks (the timeline)."""
+
+    def scheduled(self, actor: str) -> None: ...
+
+    def blocked(self, actor: str, wait: Wait) -> None: ...
+
+
 class Scheduler:
     """Deterministic choice among runnable actors: the same seed, the same interleaving."""
 
@@ -69,7 +81,7 @@ class Scheduler:
                                                    PRIORITY_CHANGE_POINTS))
         self._lowest = 0.0
         # Told each step and each block (engine/timeline.py's Timeline, with --trace).
-        self.observer: Any = None
+        self.observer: Observer | None = None
         self.running: Actor | None = None  # the actor last advanced (who raised, if any)
 
     @property
