@@ -29,6 +29,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import discharge_state, sub_jaxprs
+from pallas_check.jaxbridge.types import ClosedJaxpr, DropVar, Literal, ShapedArray, Var
+
 # Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
 # prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
 # name, in nested jaxprs too.
@@ -93,15 +97,13 @@ def _plain_grid(params: dict, gm: Any) -> bool:
 def _pure(jaxpr: Any, top: bool) -> bool:
     """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
     where `_evaluate` answers them."""
-    from pallas_check.jaxbridge import jax_core
-
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if any(word in name for word in _ENGINE_ONLY):
             return False
         if name in _GRID_PRIMITIVES and not top:
             return False
-        for sub in jax_core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn):
             if not _pure(sub, top=False):
                 return False
     return True
@@ -111,35 +113,32 @@ def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
     """The kernel as a pure function: its grid indices first, as scalar arguments in
     place of `program_id` (`num_programs` a literal), then every ref a value in and out
     (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
-    from pallas_check.jaxbridge import jax_core, state_discharge
-
-    index_vars = [jax_core.Var(jax_core.ShapedArray((), np.int32)) for _ in grid]
+    index_vars = [Var(ShapedArray((), np.int32)) for _ in grid]
     substitute: dict[Any, Any] = {}
     eqns = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in _GRID_PRIMITIVES:
-            axis = eqn.params["axis"]
+            axis = eqn_params.grid_axis(eqn)
             substitute[eqn.outvars[0]] = (
                 index_vars[axis] if name == "program_id"
-                else jax_core.Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
+                else Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
             continue
-        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, jax_core.Var)
+        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, Var)
                                         else v for v in eqn.invars]))
     pure_grid = jaxpr.replace(invars=[*index_vars, *jaxpr.invars], eqns=eqns,
                               outvars=[substitute.get(v, v) for v in jaxpr.outvars])
-    return state_discharge.discharge_state(jax_core.ClosedJaxpr(pure_grid, ()))
+    return discharge_state(ClosedJaxpr(pure_grid, ()))
 
 
 def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     """A pure jaxpr (the discharged kernel, an index map) traced into the caller's
     computation, equation by equation."""
-    from pallas_check.jaxbridge import jax_core
 
     env: dict[Any, Any] = {}
 
     def read(atom: Any) -> Any:
-        return atom.val if isinstance(atom, jax_core.Literal) else env[atom]
+        return atom.val if isinstance(atom, Literal) else env[atom]
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
@@ -147,11 +146,11 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[An
         if eqn.primitive.name in _GRID_PRIMITIVES:
             raise ValueError(f"{eqn.primitive.name} outside the kernel's top level")
         outs = eqn.primitive.bind(*map(read, eqn.invars),
-                                  **eqn.primitive.get_bind_params(eqn.params))
+                                  **eqn_params.bind_params(eqn))
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for var, value in zip(eqn.outvars, outs):
-            if not isinstance(var, jax_core.DropVar):
+            if not isinstance(var, DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
 

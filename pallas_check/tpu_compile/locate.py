@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import code_line, user_frames
@@ -60,7 +61,7 @@ def _equations(jaxpr: Any, outer: SourceFrame | None = None
         frames = user_frames(eqn.source_info, limit=1)
         frame = frames[0] if frames else outer
         yield eqn, frame
-        for value in eqn.params.values():
+        for value in eqn_params.param_values(eqn):
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):

@@ -17,8 +17,8 @@ import itertools
 from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import SelectTransform, TransformedRef
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
@@ -208,7 +208,7 @@ def _drop(dmas: list[Dma] | None, dma: Dma) -> None:
 
 def as_view(x: Any) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
-    if isinstance(x, state_types.TransformedRef):
+    if isinstance(x, TransformedRef):
         if isinstance(x.ref, (tuple, list)):
             return as_view(selected_ref(x))
         base = as_view(x.ref)
@@ -223,7 +223,7 @@ def selected_ref(x: Any) -> Any:
     as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
     and the last ref for any other value (no check, no trap)."""
     (transform,) = x.transforms
-    if not isinstance(transform, state_types.SelectTransform):
+    if not isinstance(transform, SelectTransform):
         raise KernelError(f"a transform of several refs that is not pl.select_ref:"
                           f" {type(transform).__name__}")
     refs = x.ref

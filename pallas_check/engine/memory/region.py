@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
 
+from pallas_check.jaxbridge.types import NDIndexer, Slice
 from pallas_check.engine.memory.buffer import Buffer, RefView, _SMALL_BYTES, aligned_copy
 from pallas_check.engine.memory.tiling import padded_shape
 from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, _apply_post,
@@ -304,14 +304,14 @@ def resolve(view: RefView) -> Region:
     steps: list[tuple] = []
     post: list = []
     for transform in view.transforms:
-        if post or not isinstance(transform, state_indexing.NDIndexer) or has_array_index(
+        if post or not isinstance(transform, NDIndexer) or has_array_index(
             transform
         ):
             post.append(transform)
             continue
         steps.append(tuple(
             (_as_int(idx.start), _as_int(idx.size), int(idx.stride))
-            if isinstance(idx, state_indexing.Slice) else _as_int(idx)
+            if isinstance(idx, Slice) else _as_int(idx)
             for idx in transform.indices))
     return index_region(view.buffer, steps, post)
 

@@ -10,9 +10,8 @@ import threading
 from typing import Any, cast
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import BitcastTransform, NDIndexer, ReshapeTransform, Slice, TransposeTransform
 from pallas_check.engine.memory.buffer import Buffer
 from pallas_check.findings import IndexRange
 
@@ -210,7 +209,7 @@ class _Index(_ViewTransform):
         if has_array_index(t):
             return None
         return tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
-                     if isinstance(i, state_indexing.Slice) else _as_int(i)
+                     if isinstance(i, Slice) else _as_int(i)
                      for i in t.indices)
 
     @staticmethod
@@ -298,10 +297,10 @@ class _Bitcast(_ViewTransform):
 
 # The transform kinds a view may have, and what each does (`_ViewTransform`).
 _TRANSFORMS: dict[type, type[_ViewTransform]] = {
-    state_indexing.NDIndexer: _Index,
-    state_types.ReshapeTransform: _Reshape,
-    state_types.TransposeTransform: _Transpose,
-    state_types.BitcastTransform: _Bitcast,
+    NDIndexer: _Index,
+    ReshapeTransform: _Reshape,
+    TransposeTransform: _Transpose,
+    BitcastTransform: _Bitcast,
 }
 
 
@@ -434,7 +433,7 @@ class UnsupportedTransform(Exception):
 def _numpy_index(indexer: Any) -> tuple:
     out: list[slice | np.ndarray] = []
     for idx in indexer.indices:
-        if isinstance(idx, state_indexing.Slice):
+        if isinstance(idx, Slice):
             start, size, stride = int(idx.start), int(idx.size), int(idx.stride)
             out.append(slice(start, start + size * stride, stride))
         else:
@@ -448,6 +447,6 @@ def _as_int(x: Any) -> int:
 
 def has_array_index(indexer: Any) -> bool:
     for idx in indexer.indices:
-        if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
+        if not isinstance(idx, Slice) and np.ndim(idx) > 0:
             return True
     return False
