@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from pallas_check.jaxbridge.types import AbstractSemaphoreTy, Primitive, ShapedArray
 from pallas_check.jaxbridge import callback_module
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.jaxprs import axis_sizes
 from pallas_check.jaxbridge import ffi
 from pallas_check.jaxbridge import sharding_impls
 from pallas_check.jaxbridge import mlir
@@ -164,7 +164,7 @@ def _device_index(axes: tuple) -> Any:
 
 def _mesh_axes() -> tuple:
     return tuple((name, int(size))
-                 for name, size in jax_core.get_axis_env().axis_sizes.items())
+                 for name, size in axis_sizes().items())
 
 
 def _make_lowering(handler: CallHandler, fills_results: bool,

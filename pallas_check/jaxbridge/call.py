@@ -52,6 +52,7 @@ class Block:
     trivial_window: bool  # the block is the whole array, at block index 0
     transformed: bool  # the block has ref transforms (a bitcast, a reshape ...)
     pipeline_mode: Any  # `pl.Buffered(n)` or None
+    origin: str | None  # the BlockSpec's name in JAX's messages ("args[0]", "outputs")
 
     @property
     def memory_space(self) -> Any:
@@ -110,7 +111,7 @@ def _block(bm: Any) -> Block:
                  bm.index_map_out_tree, tuple(bm.array_aval.shape),
                  np.dtype(bm.array_aval.dtype), aval, tuple(inner.shape),
                  bool(bm.has_trivial_window()), bool(bm.transforms),
-                 getattr(bm, "pipeline_mode", None))
+                 getattr(bm, "pipeline_mode", None), getattr(bm, "origin", None))
 
 
 def _mosaic_dict(compiler_params: Any) -> Mapping[str, Any]:
