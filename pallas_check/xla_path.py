@@ -86,7 +86,7 @@ def _plain_grid(call: CallDescription) -> bool:
                 continue
             if dim.kind != "blocked" or size % dim.size:
                 return False
-    for aval in call.scratch_avals:
+    for aval in call.scratch:
         if "sem" in str(getattr(aval, "dtype", "")).lower():
             return False
     return True
@@ -167,7 +167,7 @@ def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: An
                else jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
                for j, aval in enumerate(call.out_avals)]
     scratch = [jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
-               for aval in (getattr(a, "inner_aval", a) for a in call.scratch_avals)]
+               for aval in (getattr(a, "inner_aval", a) for a in call.scratch)]
     in_maps = call.blocks[: call.num_inputs]
     out_maps = call.blocks[call.num_inputs: call.num_inputs + call.num_outputs]
 

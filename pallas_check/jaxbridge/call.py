@@ -79,7 +79,7 @@ class CallDescription:
     num_outputs: int
     num_scratch: int
     num_grid_bounds: int  # operands that bind dynamic grid dims
-    scratch_avals: tuple[Any, ...]
+    scratch: tuple[Any, ...]  # the scratch operands' avals
     blocks: tuple[Block, ...]  # inputs then outputs
     custom_grid_order: bool  # the grid mapping reorders grid indices (`get_grid_indices`)
     debug: bool
@@ -151,7 +151,7 @@ def _describe(params: Mapping[str, Any]) -> CallDescription:
         num_scalars=int(gm.num_index_operands), num_inputs=int(gm.num_inputs),
         num_outputs=int(gm.num_outputs), num_scratch=int(gm.num_scratch_operands),
         num_grid_bounds=int(getattr(gm, "num_dynamic_grid_bounds", 0) or 0),
-        scratch_avals=tuple(gm.scratch_avals),
+        scratch=tuple(gm.scratch_avals),
         blocks=tuple(_block(bm) for bm in gm.block_mappings),
         custom_grid_order=getattr(gm, "get_grid_indices", None) is not None,
         debug=bool(params.get("debug", False)))

@@ -215,3 +215,9 @@ def params_of(eqn: JaxprEqn) -> dict[str, Any]:
     """An equation's parameters whole, for a reader here that takes them whole
     (`print_format`)."""
     return eqn.params
+
+
+def is_plain_conversion(eqn: JaxprEqn) -> bool:
+    """Whether a convert_element_type only converts (no parameter beyond the dtype, weak
+    type and sharding)."""
+    return not set(eqn.params) - {"new_dtype", "weak_type", "sharding"}

@@ -396,7 +396,7 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
                     return gather_or_scatter(name, space_of(getattr(ref, "aval", None)),
                                              operation, _frames((*outer, eqn)))
             continue
-        if not eqn.params:
+        if not eqn_params.has_params(eqn):
             continue
         for inner, inner_names in _sub_jaxprs(eqn, names):
             found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn),

@@ -85,8 +85,8 @@ def eqn_qualifies(eqn: JaxprEqn) -> bool:
         return False
     if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
         return False
-    return not (eqn.primitive.name == "convert_element_type" and set(eqn.params) - {
-        "new_dtype", "weak_type", "sharding"})
+    return not (eqn.primitive.name == "convert_element_type"
+                and not eqn_params.is_plain_conversion(eqn))
 
 
 def _qualifies(eqns: Sequence[JaxprEqn], invars: Sequence[Any]) -> bool:
