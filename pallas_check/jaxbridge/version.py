@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import re
 
-from pallas_check.errors import PallasCheckError
-from pallas_check.exitcodes import ExitCode
-
 # Inclusive. Tested: 0.9.2 (the samples that use no 0.10-only API) and 0.10.2 (everything);
 # pyproject.toml pins the same range (tests/jaxbridge/test_version.py holds them equal).
 OLDEST = (0, 9, 2)
@@ -23,10 +20,14 @@ TESTED = ("0.9.2", "0.10.2")
 SUPPORTED = f">={'.'.join(map(str, OLDEST))},<={'.'.join(map(str, NEWEST))}"
 
 
-class UnsupportedJax(PallasCheckError):
-    """The installed JAX is outside the range the bridge knows (exit 2)."""
+class UnsupportedJax(Exception):
+    """The installed JAX is outside the range the bridge knows: one line, exit 2 (USAGE).
+    Not a `PallasCheckError`: the bridge depends on nothing of pallas-check's (an
+    import-linter contract), so the command line's `_one_line` knows it by
+    `pallas_check_error`."""
 
-    exit_code = ExitCode.USAGE
+    pallas_check_error = True
+    exit_code = 2  # ExitCode.USAGE
 
 
 def parse(version: str) -> tuple[int, int, int] | None:
