@@ -48,9 +48,16 @@ def structure_text(jaxpr: Jaxpr) -> str:
     return str(_core.pp_jaxpr(jaxpr, _core.JaxprPpContext(), _PP_SETTINGS).format())
 
 
+# jax 0.10 discharges a ClosedJaxpr (`discharge_state(closed)`); jax 0.9's
+# `discharge_state(jaxpr, consts)` takes an open one, and its ClosedJaxpr form is
+# `discharge_state2`.
+_discharge_closed: Callable[[ClosedJaxpr], ClosedJaxpr] = getattr(
+    _discharge, "discharge_state2", _discharge.discharge_state)
+
+
 def discharge_state(closed: ClosedJaxpr) -> ClosedJaxpr:
     """The jaxpr with its refs turned into plain array arguments and results."""
-    return _discharge.discharge_state(closed)
+    return _discharge_closed(closed)
 
 
 def transformed_shape(transforms: Sequence[Any], aval: Any) -> tuple[int, ...]:

@@ -39,3 +39,17 @@ def test_types_a_version_lacks_match_nothing() -> None:
         types._Absent()
     for name in ("Indices", "SelectTransform"):
         assert isinstance(getattr(types, name), type)
+
+
+def test_discharge_state_takes_a_closed_jaxpr() -> None:
+    """jax 0.9's `discharge_state` takes (jaxpr, consts), its closed form is
+    `discharge_state2`; jax 0.10's takes the ClosedJaxpr: the bridge's takes a closed one
+    on both (on 0.9 the plain call fails: a missing `consts`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_check.jaxbridge.jaxprs import discharge_state, jaxpr_as_fun
+
+    closed = jax.make_jaxpr(lambda x: x * 2 + 1)(jnp.zeros((2,), jnp.int32))
+    out = discharge_state(closed)
+    assert [int(v) for v in jaxpr_as_fun(out)(jnp.array([1, 2], jnp.int32))[0]] == [3, 5]
