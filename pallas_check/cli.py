@@ -75,6 +75,8 @@ def _one_line(exc: Exception) -> tuple[str, ExitCode]:
         return f"pallas-check: error: {message}", ExitCode.USAGE
     if isinstance(exc, PallasCheckError):
         return f"pallas-check: error: {exc}", exc.exit_code
+    if getattr(exc, "pallas_check_error", False):  # below errors.py: jaxbridge/version.py
+        return f"pallas-check: error: {exc}", ExitCode(getattr(exc, "exit_code"))
     if isinstance(exc, OSError):  # a path given on the command line or in the config
         name = str(exc.filename or "")
         if len(name) > 80:  # a path has no spaces to shorten at: keep both ends

@@ -27,6 +27,7 @@ import numpy as np
 
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_info
+from pallas_check.jaxbridge.call import output_zeros
 from pallas_check.errors import one_line
 from pallas_check.execfile import ScriptOutcome
 from pallas_check.exitcodes import exit_code_for
@@ -66,7 +67,7 @@ class CompileOnlyCommand:
                 index = next(self._counter)
             self.recorder.record(index, params, operands, mesh_axes, kernel_info(params),
                                  call_site)
-        return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
+        return output_zeros(params)
 
     def installed(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()

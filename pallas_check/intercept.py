@@ -14,13 +14,13 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pallas_check.jaxbridge.types import AbstractSemaphoreTy, Primitive, ShapedArray
 from pallas_check.jaxbridge import callback_module
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.jaxprs import axis_sizes
 from pallas_check.jaxbridge import ffi
 from pallas_check.jaxbridge import sharding_impls
 from pallas_check.jaxbridge import mlir
 from pallas_check.jaxbridge import pallas_call_module
-from pallas_check.jaxbridge import pallas_core
 
 from pallas_check import hostcall
 from pallas_check.sourceinfo import user_frames
@@ -43,7 +43,7 @@ _saved: dict[str, Any] | None = None
 # would do the same with two more copies of every operand (it puts the arrays XLA hands
 # the host back on a device, and the handler then copies them out again): for a kernel
 # whose operands are large, those copies were most of the memory a run took.
-_host_call_p = jax_core.Primitive("pallas_check_host_call")
+_host_call_p = Primitive("pallas_check_host_call")
 _host_call_p.multiple_results = True
 _host_call_p.def_abstract_eval(lambda *args, host, result_avals: result_avals)
 
@@ -65,7 +65,7 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
             ctx.avals_out, has_side_effect=True,
             returns_token=False, sharding=sharding)
         return results
-    ticket_aval = jax_core.ShapedArray((), np.int32)
+    ticket_aval = ShapedArray((), np.int32)
     outputs = list(ctx.avals_out)
     lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
     give_back_target = hostcall.add_target(
@@ -140,7 +140,7 @@ def _host_call(host: Callable[..., Sequence[np.ndarray]], result_shapes: Sequenc
                *args: Any) -> list[Any]:
     """Call `host` on the host with `args` as (read-only) numpy arrays; it returns numpy
     arrays of `result_shapes`."""
-    avals = tuple(jax_core.ShapedArray(s.shape, s.dtype) for s in result_shapes)
+    avals = tuple(ShapedArray(s.shape, s.dtype) for s in result_shapes)
 
     def reporting_host(*arrays: Any, **kwargs: Any) -> Sequence[np.ndarray]:
         try:
@@ -165,7 +165,7 @@ def _device_index(axes: tuple) -> Any:
 
 def _mesh_axes() -> tuple:
     return tuple((name, int(size))
-                 for name, size in jax_core.get_axis_env().axis_sizes.items())
+                 for name, size in axis_sizes().items())
 
 
 def _make_lowering(handler: CallHandler, fills_results: bool,
@@ -207,8 +207,8 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
 def _physical(aval: Any) -> Any:
     """A semaphore-typed aval as the int32 array XLA represents it by; others unchanged."""
     dtype = getattr(aval, "dtype", None)
-    if isinstance(dtype, pallas_core.AbstractSemaphoreTy):
-        return jax_core.ShapedArray(aval.shape, np.int32)
+    if isinstance(dtype, AbstractSemaphoreTy):
+        return ShapedArray(aval.shape, np.int32)
     return aval
 
 

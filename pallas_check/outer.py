@@ -26,7 +26,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from pallas_check.jaxbridge import jax_core, pjit
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import sub_jaxprs
+from pallas_check.jaxbridge import pjit
 
 # Primitives that run a kernel through the patched pallas_call lowering (`pl.kernel` on a
 # SparseCore mesh binds mpmd_map), matched by name in nested jaxprs too.
@@ -95,7 +97,7 @@ def _kernel_facts(closed: Any) -> tuple[bool, dict]:
     outvars = list(closed.jaxpr.outvars)
     direct = {}
     for eqn in closed.jaxpr.eqns:
-        kernel = eqn.params.get("jaxpr")
+        kernel = eqn_params.maybe_body(eqn)
         if eqn.primitive.name in _KERNEL_PRIMITIVES and seen.get(id(kernel)) == 1:
             direct[id(kernel)] = tuple(tuple(k for k, v in enumerate(outvars) if v is out)
                                        for out in eqn.outvars)
@@ -110,9 +112,9 @@ def _kernel_facts(closed: Any) -> tuple[bool, dict]:
 def _count(jaxpr: Any, seen: dict[int, int]) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _KERNEL_PRIMITIVES:
-            key = id(eqn.params.get("jaxpr"))
+            key = id(eqn_params.maybe_body(eqn))
             seen[key] = seen.get(key, 0) + 1
-        for sub in jax_core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn):
             _count(sub, seen)
 
 

@@ -145,12 +145,13 @@ def _options(config: pytest.Config) -> Options:
     if devices is None:
         return options
     try:
-        count = checked_value(option_specs(PYTEST_OPTIONS)["devices"], devices, True, None)
+        count = checked_value(  # (an int: the option's check made it one)
+option_specs(PYTEST_OPTIONS)["devices"], devices, True, None)
     except ValueError as exc:
         raise pytest.UsageError(f"pallas-check: --pallas-check-devices {devices}: {exc}"
                                 ) from None
     return dataclasses.replace(options, config=dataclasses.replace(options.config,
-                                                                   devices=count))
+                                                                   devices=cast(int, count)))
 
 
 def _use_devices(count: int, compiling: bool) -> None:

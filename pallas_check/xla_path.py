@@ -31,7 +31,10 @@ import numpy as np
 
 from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
 from pallas_check.engine.memory.buffer import fill_value
-from pallas_check.jaxbridge import jax_core, state_discharge
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.call import Block, CallDescription, describe
+from pallas_check.jaxbridge.jaxprs import discharge_state, sub_jaxprs
+from pallas_check.jaxbridge.types import ClosedJaxpr, DropVar, Literal, ShapedArray, Var
 
 # Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
 # prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
@@ -45,48 +48,45 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
     """The call compiled for the engine's CPU client (call it with the operands, in the
     engine device's `jax.default_device`: it returns the outputs), or None when the
     kernel needs the engine (see the module's docstring)."""
-    gm = params["grid_mapping"]
-    if not _plain_grid(params, gm) or not _pure(params["jaxpr"], top=True):
+    call = describe(params)
+    if not _plain_grid(call) or not _pure(call.kernel, top=True):
         return None
     import jax
 
-    inputs = [jax.ShapeDtypeStruct(bm.array_aval.shape, bm.array_aval.dtype)
-              for bm in gm.block_mappings[: gm.num_inputs]]
+    inputs = [jax.ShapeDtypeStruct(block.array_shape, block.array_dtype)
+              for block in call.blocks[: call.num_inputs]]
     try:
-        body = _discharged_body(params["jaxpr"], tuple(gm.grid))
+        body = _discharged_body(call.kernel, tuple(call.grid))
         if body.effects:
             return None
         # Compiled now, so that a kernel XLA cannot compile outside a TPU lowering (a
         # primitive with no CPU rule) goes to the engine instead of failing its call.
         # With the engine's compiler options: no algebraic simplification, so that
         # never-written memory's NaN reaches what it reaches in the engine (`0 * x`).
-        return jax.jit(functools.partial(_run_grid, params, body, fill),
+        return jax.jit(functools.partial(_run_grid, call, body, fill),
                        compiler_options=SEGMENT_COMPILER_OPTIONS).lower(*inputs).compile()
     except Exception:  # noqa: BLE001 - not ours to compile: the engine runs it
         return None
 
 
-def _plain_grid(params: dict, gm: Any) -> bool:
+def _plain_grid(call: CallDescription) -> bool:
     """A static grid, no scalar prefetch or vmap axes, and blocks that tile their arrays
     (each a VMEM/SMEM block: a ref in HBM is only reached by DMA)."""
-    if gm.num_index_operands or getattr(gm, "vmapped_dims", ()) or getattr(
-            gm, "num_dynamic_grid_bounds", 0) or params.get("mesh") is not None:
+    if call.num_scalars or call.batch_axes or call.num_grid_bounds or call.mesh is not None:
         return False  # (a mesh: a core_map kernel, its cores the engine's)
-    if params["jaxpr"].constvars or getattr(gm, "get_grid_indices", None) is not None:
+    if call.kernel.constvars or call.custom_grid_order:
         return False
-    if not all(isinstance(n, int) for n in gm.grid):
+    if not all(isinstance(n, int) for n in call.grid):
         return False
-    for bm in gm.block_mappings:
-        space = getattr(bm.transformed_block_aval, "memory_space", None)
-        if str(space).lower() in ("any", "hbm", "semaphore_mem") or bm.transforms:
+    for block in call.blocks:
+        if str(block.memory_space).lower() in ("any", "hbm", "semaphore_mem") or block.transformed:
             return False
-        for dim, size in zip(bm.block_shape, bm.array_aval.shape):
-            kind = type(dim).__name__
-            if kind == "Squeezed":
+        for dim, size in zip(block.dims, block.array_shape):
+            if dim.kind == "squeezed":
                 continue
-            if kind != "Blocked" or size % dim.block_size:
+            if dim.kind != "blocked" or size % dim.size:
                 return False
-    for aval in gm.scratch_avals:
+    for aval in call.scratch:
         if "sem" in str(getattr(aval, "dtype", "")).lower():
             return False
     return True
@@ -101,7 +101,7 @@ def _pure(jaxpr: Any, top: bool) -> bool:
             return False
         if name in _GRID_PRIMITIVES and not top:
             return False
-        for sub in jax_core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn):
             if not _pure(sub, top=False):
                 return False
     return True
@@ -111,22 +111,22 @@ def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
     """The kernel as a pure function: its grid indices first, as scalar arguments in
     place of `program_id` (`num_programs` a literal), then every ref a value in and out
     (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
-    index_vars = [jax_core.Var(jax_core.ShapedArray((), np.int32)) for _ in grid]
+    index_vars = [Var(ShapedArray((), np.int32)) for _ in grid]
     substitute: dict[Any, Any] = {}
     eqns = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in _GRID_PRIMITIVES:
-            axis = eqn.params["axis"]
+            axis = eqn_params.grid_axis(eqn)
             substitute[eqn.outvars[0]] = (
                 index_vars[axis] if name == "program_id"
-                else jax_core.Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
+                else Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
             continue
-        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, jax_core.Var)
+        eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, Var)
                                         else v for v in eqn.invars]))
     pure_grid = jaxpr.replace(invars=[*index_vars, *jaxpr.invars], eqns=eqns,
                               outvars=[substitute.get(v, v) for v in jaxpr.outvars])
-    return state_discharge.discharge_state(jax_core.ClosedJaxpr(pure_grid, ()))
+    return discharge_state(ClosedJaxpr(pure_grid, ()))
 
 
 def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
@@ -135,7 +135,7 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[An
     env: dict[Any, Any] = {}
 
     def read(atom: Any) -> Any:
-        return atom.val if isinstance(atom, jax_core.Literal) else env[atom]
+        return atom.val if isinstance(atom, Literal) else env[atom]
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
@@ -143,42 +143,41 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[An
         if eqn.primitive.name in _GRID_PRIMITIVES:
             raise ValueError(f"{eqn.primitive.name} outside the kernel's top level")
         outs = eqn.primitive.bind(*map(read, eqn.invars),
-                                  **eqn.primitive.get_bind_params(eqn.params))
+                                  **eqn_params.bind_params(eqn))
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for var, value in zip(eqn.outvars, outs):
-            if not isinstance(var, jax_core.DropVar):
+            if not isinstance(var, DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
 
 
-def _run_grid(params: dict, body: Any, fill: str, *operands: Any) -> list[Any]:
+def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: Any) -> list[Any]:
     """The call as one computation: outputs and scratch carried through the grid."""
     import jax
     import jax.numpy as jnp
 
-    gm = params["grid_mapping"]
-    grid = tuple(int(n) for n in gm.grid)
-    inputs = operands[: gm.num_inputs]
-    aliases = dict((o, i) for i, o in (params.get("input_output_aliases") or ()))
+    grid = tuple(int(n) for n in call.grid)
+    inputs = operands[: call.num_inputs]
+    aliases = dict((o, i) for i, o in call.aliases)
     outputs = [inputs[aliases[j]] if j in aliases
                else jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
-               for j, aval in enumerate(params["out_avals"])]
+               for j, aval in enumerate(call.out_avals)]
     scratch = [jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
-               for aval in (getattr(a, "inner_aval", a) for a in gm.scratch_avals)]
-    in_maps = gm.block_mappings[: gm.num_inputs]
-    out_maps = gm.block_mappings[gm.num_inputs: gm.num_inputs + gm.num_outputs]
+               for aval in (getattr(a, "inner_aval", a) for a in call.scratch)]
+    in_maps = call.blocks[: call.num_inputs]
+    out_maps = call.blocks[call.num_inputs: call.num_inputs + call.num_outputs]
 
     def step(flat: Any, carry: tuple) -> tuple:
         outs, scratch_values = carry
         point = _grid_point(flat, grid)
-        blocks = [_block(x, bm, point) for x, bm in zip(inputs, in_maps)]
-        out_blocks = [_block(x, bm, point) for x, bm in zip(outs, out_maps)]
+        blocks = [_block(x, block, point) for x, block in zip(inputs, in_maps)]
+        out_blocks = [_block(x, block, point) for x, block in zip(outs, out_maps)]
 
         results = _evaluate(body.jaxpr, body.consts,
                             [*point, *blocks, *out_blocks, *scratch_values])
         n_in = len(blocks)
-        new_outs = [_put_block(x, bm, point, value) for x, bm, value in
+        new_outs = [_put_block(x, block, point, value) for x, block, value in
                     zip(outs, out_maps, results[n_in: n_in + len(outs)])]
         return new_outs, list(results[n_in + len(outs):])
 
@@ -198,33 +197,30 @@ def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
     return [p.astype(np.int32) for p in reversed(point)]
 
 
-def _starts(bm: Any, point: list[Any]) -> list[Any]:
+def _starts(block: Block, point: list[Any]) -> list[Any]:
     """The element offset of the block in each dimension of its array."""
-    indices = _evaluate(bm.index_map_jaxpr.jaxpr, bm.index_map_jaxpr.consts, point)
+    indices = _evaluate(block.index_map.jaxpr, block.index_map.consts, point)
     starts = []
-    for dim, index in zip(bm.block_shape, indices):
-        size = 1 if type(dim).__name__ == "Squeezed" else dim.block_size
+    for dim, index in zip(block.dims, indices):
+        size = dim.size
         starts.append(index.astype(np.int32) * size if hasattr(index, "astype")
                       else np.int32(index * size))
     return starts
 
 
-def _sizes(bm: Any) -> tuple[int, ...]:
-    return tuple(1 if type(d).__name__ == "Squeezed" else d.block_size
-                 for d in bm.block_shape)
+def _sizes(block: Block) -> tuple[int, ...]:
+    return tuple(d.size for d in block.dims)
 
 
-def _block(array: Any, bm: Any, point: list[Any]) -> Any:
+def _block(array: Any, block: Block, point: list[Any]) -> Any:
     import jax
 
-    block = jax.lax.dynamic_slice(array, _starts(bm, point), _sizes(bm))
-    return block.reshape(bm.transformed_block_aval.inner_aval.shape
-                         if hasattr(bm.transformed_block_aval, "inner_aval")
-                         else bm.transformed_block_aval.shape)
+    values = jax.lax.dynamic_slice(array, _starts(block, point), _sizes(block))
+    return values.reshape(block.kernel_shape)
 
 
-def _put_block(array: Any, bm: Any, point: list[Any], value: Any) -> Any:
+def _put_block(array: Any, block: Block, point: list[Any], value: Any) -> Any:
     import jax
 
-    return jax.lax.dynamic_update_slice(array, value.reshape(_sizes(bm)),
-                                        _starts(bm, point))
+    return jax.lax.dynamic_update_slice(array, value.reshape(_sizes(block)),
+                                        _starts(block, point))

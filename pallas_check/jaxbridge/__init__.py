@@ -2,9 +2,21 @@
 
 Pallas has no stable plugin API: intercepting `pallas_call`, reading its GridMapping and the
 kernel's jaxpr, and evaluating Pallas, Mosaic and state primitives all need JAX internals.
-Each private module is imported here once, with what it is for; the rest of pallas-check
-imports these names from this package. When JAX moves something, this file (and the code
-using the name) is where to look. Tested with jax 0.10.2 (pinned in pyproject.toml).
+They are read here and handed out under pallas-check's own names:
+
+- `types.py`: jaxpr, equation, var, ref, indexer and block-dim types (annotations, isinstance);
+- `primitives.py`: every primitive the engine evaluates (`dma_start_p`, `ref_get_p` ...);
+- `params.py`: the parameters of those equations, read by meaning (`operand_tree(eqn)`);
+- `jaxprs.py`: what is done with a jaxpr through JAX (run, print, discharge, nested jaxprs);
+- `call.py`: a pallas_call's params, GridMapping, BlockMappings and compiler params, read
+  once into `CallDescription` (the "mosaic_tpu" / "mosaic" key difference handled there);
+- `version.py`: the supported JAX range, checked when this package is imported.
+
+The module handouts below (`mlir`, `pjit`, `callback_module` ...) remain for the interception
+and platform plumbing (intercept.py, outer.py, tpu_info.py, runner.py, hostcall.py,
+tpu_compile/); tests/jaxbridge/test_boundary.py lists which modules still use them.
+Supporting a new JAX version: widen `version.py` (and pyproject's pin), run the tests and the
+samples on it, and handle each difference in these modules, with a test in tests/jaxbridge/.
 
 Importing this package imports JAX: modules that must run before JAX starts (the command
 line, which sets XLA_FLAGS for --devices) import it lazily.
@@ -14,69 +26,39 @@ from __future__ import annotations
 
 from types import ModuleType
 
-# Jaxprs, equations, vars, literals, primitives, avals; `jaxpr_as_fun`, `get_axis_env`.
-from jax._src import core as jax_core
-# A jaxpr's integer literal (an int carrying its dtype): an index as cacheable as an int.
-from jax._src.literals import TypedInt
+import jax as _jax
+
+from pallas_check.jaxbridge import version as _version
+
+_version.check(_jax.__version__)
+
 # Python host callbacks emitted straight into a lowered module (intercept.py).
-from jax._src import callback as callback_module
+from jax._src import callback as callback_module  # noqa: E402 - after the version check
 # Runtime tokens of side-effecting computations, settled after our callback failed.
-from jax._src import dispatch
+from jax._src import dispatch  # noqa: E402
 # Lowering of XLA FFI custom calls (hostcall.py's lend / give_back).
-from jax._src import ffi
+from jax._src import ffi  # noqa: E402
 # The sharding context of a lowering: one device or several (intercept.py).
-from jax._src import sharding_impls
-# The nested-jit primitive (`pjit_p`) inside kernels (engine/rules/control.py); the
-# dispatch of a top-level jitted call (`_pjit_call_impl_python`, `_get_fastpath_data`),
+from jax._src import sharding_impls  # noqa: E402
+# The dispatch of a top-level jitted call (`_pjit_call_impl_python`, `_get_fastpath_data`),
 # hooked by outer.py to know the jitted call around a kernel.
-from jax._src import pjit
-# MLIR lowering registry: where the pallas_call lowering is patched (intercept.py), and
-# whether a primitive has a CPU lowering (engine/jaxpr/program.py).
-from jax._src.interpreters import mlir
-# lax internals: control-flow primitives (cond, while, scan) and axis_index, evaluated by our
-# rules (engine/rules/control.py).
-from jax._src.lax import control_flow as lax_control_flow
-from jax._src.lax import parallel as lax_parallel
-# The pallas_call primitive and its lowering (intercept.py); GridMapping, BlockSpec dims,
-# semaphore dtypes, dynamic grid dims (engine/call/describe.py, engine/rules/dma.py).
-from jax._src.pallas import core as pallas_core
-from jax._src.pallas import pallas_call as pallas_call_module
-from jax._src.pallas import primitives as pallas_primitives
-# Mosaic (TPU) primitives: DMAs, semaphores, PRNG, barrier (engine/rules/), and
-# which chip a kernel is told it runs on (tpu_info.py).
-from jax._src.pallas.mosaic import primitives as mosaic_primitives
-from jax._src.pallas.mosaic import tpu_info as jax_tpu_info
+from jax._src import pjit  # noqa: E402
+# MLIR lowering registry: where the pallas_call lowering is patched (intercept.py).
+from jax._src.interpreters import mlir  # noqa: E402
+# The pallas_call primitive's own lowering (intercept.py).
+from jax._src.pallas import pallas_call as pallas_call_module  # noqa: E402
+# Which chip a kernel is told it runs on (tpu_info.py).
+from jax._src.pallas.mosaic import tpu_info as jax_tpu_info  # noqa: E402
 # JAX's device-mesh orderings per TPU device kind, kept off the CPU devices a simulated TPU
 # names (tpu_info.py).
-from jax._src import mesh_utils as jax_mesh_utils
+from jax._src import mesh_utils as jax_mesh_utils  # noqa: E402
 # shard_map's cache of a mesh's manual abstract mesh (which holds the chip a kernel is told
 # about): cleared when the simulated TPU changes (tpu_info.py).
-from jax._src import shard_map as jax_shard_map
-# SparseCore primitives (plsc): vector ops, barrier, parallel_loop (engine/rules/sparsecore.py).
-from jax._src.pallas.mosaic import sc_primitives
-# SparseCore: `Indices` (a gather/scatter DMA's filtered index vector; engine/dma/indirect.py,
-# engine/jaxpr/mosaic_limits.py); the meshes (VectorSubcoreMesh / ScalarSubcoreMesh) read by
-# engine/call/describe.py.
-from jax._src.pallas.mosaic import sc_core
-# The mpmd_map primitive `pl.kernel` over a SparseCore mesh traces to: tpu_compile/compiler.py
-# binds it to compile through the SparseCore lowering.
-from jax._src.pallas import mpmd
-# Ref state: indexers (NDIndexer, Slice), ref transforms and types, get/swap/addupdate
-# primitives, and discharge of index maps that read scalar-prefetch refs.
-from jax._src.state import discharge as state_discharge
-from jax._src.state import indexing as state_indexing
-from jax._src.state import primitives as state_primitives
-from jax._src.state import types as state_types
-# `pl.debug_check`'s primitive (`check_p`) and the error pytree its operands flatten
-# (engine/rules/debug.py evaluates the kernel's own assertions).
-from jax._src import checkify
+from jax._src import shard_map as jax_shard_map  # noqa: E402
 # Whether JAX's backends have started, and where every compilation goes: a process forked
 # after they started cannot compile (it hangs), so there it is refused (children.py).
-from jax._src import xla_bridge
-from jax._src import compiler
-# `pl.debug_print`'s primitive (`debug_print_p`), whose params carry the format string
-# (engine/rules/debug.py formats each print with the core that printed it).
-from jax._src import debugging
+from jax._src import xla_bridge  # noqa: E402
+from jax._src import compiler  # noqa: E402
 
 
 def xla_client() -> ModuleType:
@@ -85,14 +67,6 @@ def xla_client() -> ModuleType:
 
     return module
 
-
-def custom_derivatives() -> ModuleType | None:
-    """custom_jvp / custom_vjp call primitives inside kernels (None if JAX moved them)."""
-    try:
-        from jax._src import custom_derivatives as module
-    except ImportError:  # pragma: no cover - layout of another JAX version
-        return None
-    return module
 
 
 def backends_started() -> bool:
@@ -132,10 +106,8 @@ def mosaic_dialect() -> ModuleType:
 
 
 __all__ = [
-    "backends_started", "callback_module", "checkify", "compiler", "custom_derivatives", "debugging", "dispatch", "ffi", "hlo_interpreter",
-    "jax_core", "jax_mesh_utils", "jax_shard_map", "jax_tpu_info", "lax_control_flow", "lax_parallel", "mlir",
-    "mosaic_dialect",
-    "mosaic_primitives", "mpmd", "pallas_call_module", "pallas_core", "pallas_primitives", "pjit",
-    "sc_core", "sc_primitives", "sharding_impls", "state_discharge", "state_indexing", "state_primitives", "state_types",
-    "tpu_interpret_params", "tpu_interpreter", "xla_bridge", "xla_client",
+    "backends_started", "callback_module", "compiler", "dispatch", "ffi", "hlo_interpreter",
+    "jax_mesh_utils", "jax_shard_map", "jax_tpu_info", "mlir", "mosaic_dialect",
+    "pallas_call_module", "pjit", "sharding_impls", "tpu_interpret_params",
+    "tpu_interpreter", "xla_bridge", "xla_client",
 ]

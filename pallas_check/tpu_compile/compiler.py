@@ -21,7 +21,7 @@ from typing import Any
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
-from pallas_check.jaxbridge import mpmd, pallas_call_module
+from pallas_check.jaxbridge import call as call_bridge
 from pallas_check.tpu_compile import toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
 # One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
@@ -112,30 +112,13 @@ def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
 
 
 def _bound(params: dict) -> Any:
+    """The call re-bound for the TPU compiler: a SparseCore kernel as the `mpmd_map` that
+    `pl.kernel` made (its TPU lowering picks the SparseCore kernel type), any other as the
+    pallas_call with interpret off."""
+
     if sparsecore_mesh(params) is not None:
-        return _bound_mpmd(params)
-    prim = pallas_call_module.pallas_call_p
-    bound = {k: v for k, v in params.items() if k != "interpret"}
-    return lambda *args: prim.bind(*args, interpret=False, **bound)
-
-
-def _bound_mpmd(params: dict) -> Any:
-    """A SparseCore kernel as `pl.kernel` made it: an `mpmd_map` of its one (mesh, body),
-    whose TPU lowering picks the SparseCore kernel type (pallas_call's TPU lowering would
-    compile it as a TensorCore kernel). The params are those JAX's CPU fallback of
-    mpmd_map passed on (jax/_src/pallas/mpmd.py), turned back; the fallback set the
-    mesh's dimension_semantics in the compiler params, which mpmd_map itself refuses."""
-    compiler_params: Any = params.get("compiler_params")  # JAX's, when given
-    if getattr(compiler_params, "dimension_semantics", None) is not None:
-        compiler_params = compiler_params.replace(dimension_semantics=None)
-    bound = dict(meshes=(params["mesh"],), jaxprs=(params["jaxpr"],), external_meshes=(),
-                 out_avals=tuple(params["out_avals"]),
-                 input_output_aliases=mpmd.FrozenDict(
-                     dict(params.get("input_output_aliases") or ())),
-                 compiler_params=compiler_params, interpret=False, debug=params["debug"],
-                 cost_estimate=params.get("cost_estimate"), metadata=params.get("metadata"),
-                 name=params.get("name"))
-    return lambda *args: mpmd.mpmd_map_p.bind(*args, **bound)
+        return call_bridge.rebound_mpmd(params)
+    return call_bridge.rebound(params)
 
 
 def _placed(params: dict, avals: tuple, mesh_axes: tuple,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.call import describe, kernel_of
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
 from pallas_check.engine.memory.buffer import memory_space_name
@@ -24,15 +26,15 @@ def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
     """(the frame, the kernel's ref name or "") of a failed compile of `call`."""
     diagnosis = outcome.diagnosis
     params = call.params
-    names = kernel_arg_names(params["jaxpr"])
+    names = kernel_arg_names(kernel_of(params))
     frame: SourceFrame | None = None
     buffer = ""
     if diagnosis.mosaic and outcome.lowered_ir is not None:
         frame, buffer = _mosaic_place(call, outcome, names)
     elif diagnosis.primitive:
-        frame = _primitive_frame(params["jaxpr"], diagnosis.primitive)
+        frame = _primitive_frame(kernel_of(params), diagnosis.primitive)
     elif diagnosis.array_index:
-        frame, buffer = _array_index_place(params["jaxpr"], names)
+        frame, buffer = _array_index_place(kernel_of(params), names)
     if diagnosis.spec_origin:
         buffer = _spec_buffer(params, diagnosis.spec_origin, names)
     outcome.lowered_ir = None  # the module is large; what it told is kept
@@ -40,7 +42,9 @@ def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
 
 
 def _mosaic_place(call: Any, outcome: Any, names: list[str]) -> tuple[Any, str]:
-    grid = call.params["grid_mapping"].grid
+    from pallas_check.tpu_compile.mlirloc import locate
+
+    grid = describe(call.params).grid
     try:
         where = locate(outcome.lowered_ir, outcome.error_text, len(grid))
     except Exception:  # noqa: BLE001 - an unreadable module: the call's line instead
@@ -61,7 +65,7 @@ def _equations(jaxpr: Any, outer: SourceFrame | None = None
         frames = user_frames(eqn.source_info, limit=1)
         frame = frames[0] if frames else outer
         yield eqn, frame
-        for value in eqn.params.values():
+        for value in eqn_params.param_values(eqn):
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
@@ -85,10 +89,10 @@ def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None
 
 
 def _spec_buffer(params: dict, origin: str, names: list[str]) -> str:
-    gm = params["grid_mapping"]
-    for k, bm in enumerate(gm.block_mappings):
-        if getattr(bm, "origin", None) == origin:
-            position = gm.num_index_operands + k
+    call = describe(params)
+    for k, block in enumerate(call.blocks):
+        if block.origin == origin:
+            position = call.num_scalars + k
             return names[position] if position < len(names) else ""
     return ""
 

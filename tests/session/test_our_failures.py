@@ -29,7 +29,7 @@ _PRELUDE = """
     import pallas_check.engine.call.simulate  # every rule registered: what follows replaces one
     from pallas_check.engine.call import pipeline
     from pallas_check.engine.jaxpr import errors, registry
-    from pallas_check.jaxbridge import state_primitives
+    from jax._src.state import primitives as state_primitives
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("simulated bug of ours")

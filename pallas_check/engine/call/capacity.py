@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import footprint
 from pallas_check.engine.call.describe import sparsecore_mesh
@@ -98,7 +99,7 @@ def _largest_dot_result(jaxpr: Any) -> int:
         if eqn.primitive.name == "dot_general":
             aval = eqn.outvars[0].aval
             best = max(best, footprint.tiled_bytes(tuple(aval.shape), aval.dtype))
-        for value in eqn.params.values():
+        for value in eqn_params.param_values(eqn):
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):

@@ -28,7 +28,8 @@ import numpy as np
 
 from pallas_check.engine.call.state import CallState, CoreContext
 from pallas_check.engine.dma.engine import CellKey, Dma, SemCell, complete, sem_add, sem_name
-from pallas_check.engine.memory.buffer import Buffer, MemorySpace
+from pallas_check.engine.memory.buffer import Buffer, IndexDim, MemorySpace
+from pallas_check.jaxbridge.types import Transform
 from pallas_check.engine.memory.region import OutOfBounds, Region
 from pallas_check.findings import IndexRange, KernelInfo, SourceFrame
 
@@ -37,7 +38,7 @@ _handles = itertools.count(1)  # 0: a semaphore with nothing to carry (count 0, 
 
 # A DMA side as a later call rebuilds it: its buffer's name, its range, and its region's
 # dims, post transforms and out-of-bounds parts.
-Described = tuple[str, IndexRange, list[object], list[object], list[OutOfBounds]]
+Described = tuple[str, IndexRange, list[IndexDim], list[Transform], list[OutOfBounds]]
 
 
 @dataclasses.dataclass(frozen=True)

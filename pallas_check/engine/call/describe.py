@@ -9,12 +9,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pallas_check.jaxbridge import jax_core
-from pallas_check.jaxbridge import pallas_core
-from pallas_check.jaxbridge import sc_core
-from pallas_check.jaxbridge import state_discharge
-from pallas_check.jaxbridge import state_indexing
 
+from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
+from pallas_check.jaxbridge.types import Blocked, BoundedSlice, ClosedJaxpr, Element, Jaxpr, ScalarSubcoreMesh, Slice, Squeezed, VectorSubcoreMesh
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import structure_key
 from pallas_check.engine.memory.buffer import Buffer, memory_space_name
@@ -26,7 +23,7 @@ from pallas_check.sourceinfo import parse_src_info
 def is_semaphore_aval(aval: object) -> bool:
     dtype = getattr(aval, "dtype", None)
     try:
-        return dtype is not None and jnp.issubdtype(dtype, pallas_core.semaphore_dtype)
+        return dtype is not None and jnp.issubdtype(dtype, semaphore_dtype)
     except TypeError:
         return False
 
@@ -117,7 +114,7 @@ _index_maps_seen = BoundedCache(512)
 _index_map_fns = BoundedCache(512)
 
 
-def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scalars: int):
+def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int):
     """All grid points' block indices in one vectorised, compiled call."""
 
     def by_structure() -> Any:
@@ -130,7 +127,7 @@ def _index_map_fn(index_map_jaxpr: jax_core.ClosedJaxpr, num_grid: int, num_scal
         n_out = len(index_map_jaxpr.jaxpr.outvars)
 
         def one(*args):
-            return jax_core.jaxpr_as_fun(closed)(*args)[:n_out]
+            return jaxpr_as_fun(closed)(*args)[:n_out]
 
         in_axes = (0,) * num_grid + (None,) * num_scalars
         return _Vectorised(jax.jit(jax.vmap(one, in_axes=in_axes)), _looped(one, num_grid))
@@ -248,10 +245,10 @@ def sparsecore_mesh(params: dict) -> SparseCoreMesh | None:
     """The call's SparseCore mesh (`plsc.VectorSubcoreMesh` / `ScalarSubcoreMesh`), or None
     for a TensorCore call. Read from the mesh's own fields: the core type tells the kind."""
     mesh = params.get("mesh")
-    if isinstance(mesh, sc_core.VectorSubcoreMesh):
+    if isinstance(mesh, VectorSubcoreMesh):
         return SparseCoreMesh(False, mesh.core_axis_name, mesh.subcore_axis_name,
                               mesh.num_cores, mesh.num_subcores)
-    if isinstance(mesh, sc_core.ScalarSubcoreMesh):
+    if isinstance(mesh, ScalarSubcoreMesh):
         return SparseCoreMesh(True, mesh.axis_name, None, mesh.num_cores, 1)
     return None
 
@@ -263,7 +260,7 @@ def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int
     for dim in grid:
         if isinstance(dim, tuple):  # a named mesh axis of a core_map kernel: (name, size)
             out.append(int(dim[1]))
-        elif dim is pallas_core.dynamic_grid_dim:
+        elif dim is dynamic_grid_dim:
             out.append(int(next(values)))
         else:
             out.append(int(dim))
@@ -276,14 +273,14 @@ def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
     block_sizes, squeezed, element, padding, bounded = [], [], [], [], []
     for dim in bm.block_shape:
         pad = (0, 0)
-        bounded.append(isinstance(dim, pallas_core.BoundedSlice))
+        bounded.append(isinstance(dim, BoundedSlice))
         if bounded[-1]:
             size, squeeze, per_element = int(dim.block_size), False, True
-        elif isinstance(dim, pallas_core.Squeezed):
+        elif isinstance(dim, Squeezed):
             size, squeeze, per_element = 1, True, False
-        elif isinstance(dim, pallas_core.Blocked):
+        elif isinstance(dim, Blocked):
             size, squeeze, per_element = int(dim.block_size), False, False
-        elif isinstance(dim, pallas_core.Element):
+        elif isinstance(dim, Element):
             pad = (int(dim.padding[0]), int(dim.padding[1]))
             size, squeeze, per_element = int(dim.block_size), False, True
         else:
@@ -328,7 +325,7 @@ def split_grid(points: np.ndarray, grid: tuple[int, ...], semantics: tuple[str, 
             for c in range(cores)]
 
 
-def kernel_arg_names(jaxpr: jax_core.Jaxpr) -> list[str]:
+def kernel_arg_names(jaxpr: Jaxpr) -> list[str]:
     info = getattr(jaxpr, "debug_info", None)
     names = list(getattr(info, "arg_names", None) or ())
     out = []
@@ -350,7 +347,7 @@ def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np
     cols = [points[:, d] for d in range(num_grid)]
     if num_grid == 0:
         # vmap needs a mapped axis: evaluate once.
-        outs = jax_core.jaxpr_as_fun(
+        outs = jaxpr_as_fun(
             _discharged(bm.index_map_jaxpr))(*scalars)[: len(bm.index_map_jaxpr.jaxpr.outvars)]
         stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
     else:
@@ -372,13 +369,13 @@ def _index_columns(bm: Any) -> list[tuple[int, int]] | None:
     dim returns a `pl.ds` (BoundedSlice): its start per dim, then its size per
     BoundedSlice dim, each as (column, -1) or, a static value, (-1, value); None when the
     outputs are one int per dim."""
-    if not any(isinstance(dim, pallas_core.BoundedSlice) for dim in bm.block_shape):
+    if not any(isinstance(dim, BoundedSlice) for dim in bm.block_shape):
         return None
     tree = bm.index_map_out_tree
     per_dim = tree.unflatten([_Column(k) for k in range(tree.num_leaves)])
     starts, sizes = [], []
     for value in per_dim:
-        if isinstance(value, state_indexing.Slice):
+        if isinstance(value, Slice):
             starts.append((value.start.k, -1) if isinstance(value.start, _Column)
                           else (-1, int(value.start)))
             sizes.append((value.size.k, -1) if isinstance(value.size, _Column)
@@ -394,9 +391,9 @@ def _reorder(stacked: np.ndarray, order: list[tuple[int, int]]) -> np.ndarray:
                      for k, static in order], axis=1)
 
 
-def _discharged(closed: jax_core.ClosedJaxpr) -> jax_core.ClosedJaxpr:
+def _discharged(closed: ClosedJaxpr) -> ClosedJaxpr:
     """The index map with scalar-prefetch refs turned into plain array arguments."""
     if not any(hasattr(v.aval, "inner_aval") for v in closed.jaxpr.invars):
         return closed
-    return state_discharge.discharge_state(closed)
+    return discharge_state(closed)
 

@@ -27,6 +27,7 @@ import numpy as np
 from jax.extend.core import Jaxpr
 from numpy.typing import DTypeLike
 
+from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
@@ -178,7 +179,7 @@ def _scoped_peak(jaxpr: Jaxpr, in_space: Callable[[object], bool],
     for eqn in jaxpr.eqns:
         own: list[Allocation] = []
         subs: list[Any] = []  # the jaxprs nested in the equation (any object with eqns)
-        for value in eqn.params.values():
+        for value in eqn_params.param_values(eqn):
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):

@@ -8,9 +8,8 @@ import dataclasses
 from typing import Any, Generator, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import jax_core
-from pallas_check.jaxbridge import state_indexing
 
+from pallas_check.jaxbridge.types import Jaxpr, NDIndexer, Slice
 from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
 from pallas_check.engine.call.state import CallState, CoreContext
@@ -22,7 +21,7 @@ from pallas_check.findings import IndexRange, SourceFrame
 from pallas_check.sourceinfo import code_line, parse_src_info
 
 
-def _core_body(ctx: CoreContext, jaxpr: jax_core.Jaxpr, kernel_args: list[RefView],
+def _core_body(ctx: CoreContext, jaxpr: Jaxpr, kernel_args: list[RefView],
                operands: list[Operand], points: np.ndarray
                ) -> Generator[Wait | None, None, None]:
     """The actor of one core: the grid walk with the block pipeline around each step."""
@@ -416,9 +415,9 @@ def _land_in_vmem(ctx: CoreContext, copy: BlockCopy) -> None:
 
 def _hbm_window(op: Operand, block_index: Sequence[int]) -> RefView:
     """The kernel's ref for an HBM operand whose BlockSpec selects a window of it."""
-    indices = tuple(int(start) if sq else state_indexing.Slice(int(start), size)
+    indices = tuple(int(start) if sq else Slice(int(start), size)
                     for (start, size), sq in zip(op.block_window(block_index), op.squeezed))
-    return RefView(op.hbm, (state_indexing.NDIndexer.from_indices_shape(indices,
+    return RefView(op.hbm, (NDIndexer.from_indices_shape(indices,
                                                                         op.hbm.shape),))
 
 

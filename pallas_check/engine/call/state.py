@@ -24,7 +24,7 @@ from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.types import JaxprEqn
 from pallas_check.engine.memory.buffer import Buffer, fill_value
 from pallas_check.engine.memory.region import Region, masked_out_of_bounds
 from pallas_check.engine.memory.usage import EverWritten
@@ -419,7 +419,7 @@ class CoreContext:
         self.actor = (f"device {device_id} {self.local_name}" if num_devices > 1
                       else self.local_name)
         self.grid_point: tuple[int, ...] | None = None
-        self.eqn: jax_core.JaxprEqn | None = None
+        self.eqn: JaxprEqn | None = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
         self.rng: np.random.Generator = np.random.default_rng([device_id, core_id])
         self.mesh = call.mesh

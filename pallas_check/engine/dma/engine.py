@@ -17,8 +17,8 @@ import itertools
 from typing import TYPE_CHECKING, Any, Generator, Protocol
 
 import numpy as np
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import SelectTransform, TransformedRef
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.evaluating import Evaluating
 from pallas_check.engine.jaxpr.program import current_frames
@@ -285,7 +285,7 @@ def _overlap(a: IndexRange, b: IndexRange) -> bool:
 
 def as_view(x: object) -> RefView:
     """A ref argument of a DMA or semaphore primitive, with its transforms applied."""
-    if isinstance(x, state_types.TransformedRef):
+    if isinstance(x, TransformedRef):
         if isinstance(x.ref, (tuple, list)):
             return as_view(selected_ref(x))
         base = as_view(x.ref)
@@ -295,12 +295,12 @@ def as_view(x: object) -> RefView:
     raise KernelError(f"expected a ref, got {type(x).__name__}")
 
 
-def selected_ref(x: state_types.TransformedRef) -> object:
+def selected_ref(x: TransformedRef) -> object:
     """The ref `pl.select_ref(idx, *refs)` picks (a ref of several, by a traced index),
     as Mosaic lowers it: a chain of `idx == 0` tests, so refs[idx] for 0 <= idx < n - 1
     and the last ref for any other value (no check, no trap)."""
     (transform,) = x.transforms
-    if not isinstance(transform, state_types.SelectTransform):
+    if not isinstance(transform, SelectTransform):
         raise KernelError(f"a transform of several refs that is not pl.select_ref:"
                           f" {type(transform).__name__}")
     refs = x.ref
@@ -321,7 +321,7 @@ def cell_of(ctx: DmaCore, region: Region) -> SemCell:
         )
     # In bounds, no stride 0 (that has a shape), never tile padding (DMA data only): plain
     assert region.index is not None
-    return region.buffer, region.index
+    return region.buffer, region.index  # type: ignore[return-value]  # all ints: one cell
 
 
 def _describe(region: Region) -> str:

@@ -33,9 +33,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import NDIndexer, Slice, TransformedRef
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.memory.buffer import RefView
@@ -49,7 +48,7 @@ def indexed_side(src: object, dst: object) -> int | None:
     indexes: 0 the source (a gather), 1 the destination (a scatter), None (a plain DMA)."""
     for side, ref in enumerate((src, dst)):
         transforms: list[object] = []
-        while isinstance(ref, state_types.TransformedRef):
+        while isinstance(ref, TransformedRef):
             transforms[:0] = ref.transforms
             ref = ref.ref
         if indirect_indexer(transforms) is not None:
@@ -347,8 +346,8 @@ def split_view(view: RefView, indexer: Any, at: int) -> RefView:
         raise KernelError("the indexed ref of a gather or scatter DMA cannot have"
                           " transforms after the indexer (Mosaic: \"cannot have any"
                           " transforms following the indexer\")")
-    whole = state_indexing.Slice(0, indexer.shape[0])
-    split = state_indexing.NDIndexer((whole, *indexer.indices[1:]), indexer.shape, ())
+    whole = Slice(0, indexer.shape[0])
+    split = NDIndexer((whole, *indexer.indices[1:]), indexer.shape, ())
     return RefView(view.buffer, view.transforms[:at] + (split,))
 
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from pallas_check.config import Config
 from pallas_check.findings import SourceFrame
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.types import JaxprEqn
 
 
 class Evaluating(Protocol):
@@ -21,7 +21,7 @@ class Evaluating(Protocol):
     finding or error points when the equation itself has none), and the options."""
 
     @property
-    def eqn(self) -> jax_core.JaxprEqn | None: ...
+    def eqn(self) -> JaxprEqn | None: ...
 
     @property
     def frame_stack(self) -> list[tuple[SourceFrame, ...]]: ...

@@ -30,15 +30,12 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import jax_core
-from pallas_check.jaxbridge import mosaic_primitives
-from pallas_check.jaxbridge import pallas_core
-from pallas_check.jaxbridge import pallas_primitives
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_primitives
-from pallas_check.jaxbridge import state_types
+from pallas_check.jaxbridge import call as call_bridge
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import transformed_shape
+from pallas_check.jaxbridge.primitives import dma_start_p, pl_load_p, pl_swap_p, ref_get_p, ref_swap_p, run_scoped_p
+from pallas_check.jaxbridge.types import BitcastTransform, ClosedJaxpr, Indices, Jaxpr, NDIndexer, Slice, TransformedRef, Var
 
-from pallas_check.jaxbridge import sc_core
 
 from pallas_check.engine.memory.buffer import MemorySpace, RefView
 from pallas_check.engine.memory.views import mosaic_element
@@ -70,11 +67,9 @@ class NotLowered(Exception):
         self.mosaic = mosaic  # the lowering's own error message
 
 
-# Where the TPU lowering refuses another backend's compiler params (jax 0.10.2): params of a
-# class registered for another platform are a ValueError of `pallas_core.get_lowering_rule`;
-# any other class fails `pallas_call_tpu_lowering_rule`'s assertion (an AssertionError with
-# no message).
-MOSAIC_FOREIGN_PARAMS = "assert isinstance(compiler_params, tpu_core.CompilerParams)"
+# Where the TPU lowering refuses another backend's compiler params: the bridge's
+# `tpu_refusal` (its message differs across JAX versions).
+MOSAIC_FOREIGN_PARAMS = call_bridge.MOSAIC_FOREIGN_PARAMS
 
 
 def foreign_compiler_params(params: dict, frames: tuple[SourceFrame, ...] = ()
@@ -82,17 +77,12 @@ def foreign_compiler_params(params: dict, frames: tuple[SourceFrame, ...] = ()
     """The call's `compiler_params`, when they are not the TPU's (`pltpu.CompilerParams`,
     or a class with a TPU lowering rule of its own): refused by the TPU lowering, at
     `frames` (the line that made the pallas_call, where they are written)."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    given = params.get("compiler_params")
-    if given is None or isinstance(given, pltpu.CompilerParams):
+    given = call_bridge.describe(params).compiler_params
+    if given is None or call_bridge.is_tpu_params(given):
         return None
-    try:
-        if pallas_core.get_lowering_rule(type(given), "tpu") is not None:
-            return None  # a TPU lowering of its own
-        mosaic = MOSAIC_FOREIGN_PARAMS
-    except ValueError as exc:  # "Compiler params for platform gpu cannot be used for tpu"
-        mosaic = str(exc)
+    mosaic = call_bridge.tpu_refusal(given)
+    if mosaic is None:
+        return None  # a TPU lowering of its own
     module = type(given).__module__
     backend = ("Triton's" if "triton" in module else
                "Mosaic GPU's" if "mosaic_gpu" in module else module)
@@ -120,12 +110,12 @@ def gather_or_scatter(buffer: str, memory_space: str, operation: str,
 def _array_indexed(transforms: Any) -> bool:
     """Whether a ref's transforms index it with an array (a non-scalar integer index)."""
     for transform in transforms if isinstance(transforms, (tuple, list)) else ():
-        if not isinstance(transform, state_indexing.NDIndexer):
+        if not isinstance(transform, NDIndexer):
             continue
         for idx in transform.indices:
-            if isinstance(idx, state_indexing.Slice):
+            if isinstance(idx, Slice):
                 continue
-            if isinstance(idx, sc_core.Indices):
+            if isinstance(idx, Indices):
                 return True
             aval = getattr(idx, "aval", idx)
             if getattr(aval, "shape", ()):
@@ -137,11 +127,11 @@ def is_indirect_index(idx: Any) -> bool:
     """Whether an indexer's first index makes a DMA indirect (a SparseCore gather or
     scatter): `plsc.Indices`, a ref (or a view of one) of indices, or an array of them (at
     trace time: a var whose value has a shape)."""
-    if isinstance(idx, sc_core.Indices):
+    if isinstance(idx, Indices):
         return True
-    if isinstance(idx, (state_indexing.Slice, int)):
+    if isinstance(idx, (Slice, int)):
         return False
-    if isinstance(idx, (RefView, state_types.TransformedRef)):
+    if isinstance(idx, (RefView, TransformedRef)):
         return True
     aval = getattr(idx, "aval", idx)
     return bool(getattr(aval, "shape", ()))
@@ -151,7 +141,7 @@ def indirect_indexer(transforms: Sequence[Any]) -> tuple[Any, int] | None:
     """The indirect indexer among a ref's transforms (outermost first) and its position,
     or None for a plain ref."""
     for at, transform in enumerate(transforms):
-        if isinstance(transform, state_indexing.NDIndexer) and transform.indices \
+        if isinstance(transform, NDIndexer) and transform.indices \
                 and is_indirect_index(transform.indices[0]):
             return transform, at
     return None
@@ -177,7 +167,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                     frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
     """What Mosaic's SparseCore lowering refuses in one DMA start (see the module
     docstring), or None."""
-    src, dst, _, _, device_id = eqn.params["tree"].unflatten(eqn.invars)
+    src, dst, _, _, device_id = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
     sides = []
     for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
         ref, transforms = _unwrapped(ref)
@@ -187,12 +177,12 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
 
     def refuse(side: tuple, mosaic: str) -> NotLowered:
         ref, _, _, operation, space = side
-        name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
+        name = names.get(ref, "") if isinstance(ref, Var) else ""
         return NotLowered(f"{operation} of {name or 'a ref'} ({space}): {mosaic}", frames(),
                           name, space, operation, mosaic)
 
     if src_found is None and dst_found is None:
-        if eqn.params.get("add"):
+        if eqn_params.adds(eqn):
             return refuse(sides[1], "a DMA with add=True must index the major dimension of"
                           " its HBM or VMEM_SHARED side with an index vector (Mosaic:"
                           " \"DMAs with `add=True` must (for now) specify offsets of the"
@@ -208,7 +198,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                       " not lower: Mosaic takes a gather from HBM or VMEM_SHARED into VMEM"
                       " (the source indexed) or a scatter from VMEM into HBM or VMEM_SHARED"
                       " (the destination indexed)")
-    if eqn.params.get("add") and dst_found is not None and dst_space == MemorySpace.HBM:
+    if eqn_params.adds(eqn) and dst_found is not None and dst_space == MemorySpace.HBM:
         return refuse(side, "a scatter DMA with add=True into HBM does not lower: Mosaic's"
                       " SparseCore scatter-add goes from VMEM into VMEM_SHARED only (libtpu:"
                       " \"IndirectStreamAddStartOp doesn't support transfer from source"
@@ -222,7 +212,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
         return refuse(side, "the indexed ref of a gather or scatter DMA cannot have any"
                       " transforms following the indexer (Mosaic)")
     index = indexer.indices[0]
-    index = index.values if isinstance(index, sc_core.Indices) else index
+    index = index.values if isinstance(index, Indices) else index
     index, index_transforms = _unwrapped(index)
     aval = getattr(index, "aval", None)
     if len(_viewed_shape(aval, index_transforms)) != 1:
@@ -276,7 +266,7 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     f32 -> int8); integers are signless there, so int32 and uint32 agree. A DMA moves
     bytes and never converts them."""
     sides = []
-    for ref in eqn.params["tree"].unflatten(eqn.invars)[:2]:
+    for ref in eqn_params.operand_tree(eqn).unflatten(eqn.invars)[:2]:
         ref, transforms = _unwrapped(ref)
         dtype = _viewed_dtype(ref, transforms)
         if dtype is None:
@@ -285,8 +275,8 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     (src, src_dtype), (dst, dst_dtype) = sides
     if mosaic_element(src_dtype) == mosaic_element(dst_dtype):
         return None
-    name = names.get(dst, "") if isinstance(dst, jax_core.Var) else ""
-    source = names.get(src, "") if isinstance(src, jax_core.Var) else ""
+    name = names.get(dst, "") if isinstance(dst, Var) else ""
+    source = names.get(src, "") if isinstance(src, Var) else ""
     space = space_of(getattr(dst, "aval", None))
     mosaic = "'tpu.enqueue_dma' op DMA source and target element type mismatch"
     return NotLowered(
@@ -299,7 +289,7 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
 def _unwrapped(ref: Any) -> tuple[Any, list]:
     """A ref and its transforms, outermost first (`x.at[i].bitcast(t)` -> x, [at, bitcast])."""
     transforms: list = []
-    while isinstance(ref, state_types.TransformedRef):
+    while isinstance(ref, TransformedRef):
         transforms[:0] = ref.transforms
         ref = ref.ref
     return ref, transforms
@@ -310,7 +300,7 @@ def _viewed_dtype(ref: Any, transforms: Sequence[Any]) -> Any:
     when the ref has none."""
     dtype = getattr(getattr(ref, "aval", None), "dtype", None)
     for transform in transforms:
-        if isinstance(transform, state_types.BitcastTransform):
+        if isinstance(transform, BitcastTransform):
             dtype = transform.dtype
     return dtype
 
@@ -323,33 +313,31 @@ def _viewed_shape(aval: Any, transforms: Sequence[Any]) -> tuple:
     if not transforms:
         return shape
     try:
-        # JAX types the result as AbstractValue; a ref's transformed type has a shape
-        viewed = state_types.transform_type(transforms, aval)
-        return tuple(viewed.shape)  # type: ignore[attr-defined]
+        return transformed_shape(transforms, aval)
     except Exception:  # noqa: BLE001 - a transform without a static type: the ref's own
         return shape
 
 
 # The equations that index refs (a load, a store, a DMA start).
-_INDEXING = frozenset((state_primitives.get_p, state_primitives.swap_p,
-                       pallas_primitives.load_p, pallas_primitives.swap_p,
-                       mosaic_primitives.dma_start_p))
+_INDEXING = frozenset((ref_get_p, ref_swap_p,
+                       pl_load_p, pl_swap_p,
+                       dma_start_p))
 
 
 def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
     """(ref var, its transforms, operation) of each ref an equation loads, stores or copies
     through indexers (its pytree unflattened over the equation's own vars)."""
     primitive = eqn.primitive
-    if primitive in (state_primitives.get_p, state_primitives.swap_p):
-        tree = eqn.params["tree"]
+    if primitive in (ref_get_p, ref_swap_p):
+        tree = eqn_params.operand_tree(eqn)
         transforms = tree.unflatten(eqn.invars[len(eqn.invars) - tree.num_leaves:])
-        yield eqn.invars[0], transforms, "load" if primitive is state_primitives.get_p \
+        yield eqn.invars[0], transforms, "load" if primitive is ref_get_p \
             else "store"
-    elif primitive in (pallas_primitives.load_p, pallas_primitives.swap_p):
-        ref, transforms, *_ = eqn.params["args_tree"].unflatten(eqn.invars)
-        yield ref, transforms, "load" if primitive is pallas_primitives.load_p else "store"
-    elif primitive is mosaic_primitives.dma_start_p:
-        src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    elif primitive in (pl_load_p, pl_swap_p):
+        ref, transforms, *_ = eqn_params.args_tree(eqn).unflatten(eqn.invars)
+        yield ref, transforms, "load" if primitive is pl_load_p else "store"
+    elif primitive is dma_start_p:
+        src, dst, *_ = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
         for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
             ref, transforms = _unwrapped(ref)
             yield ref, tuple(transforms), operation
@@ -360,34 +348,17 @@ def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
     the equation's last ones (cond branches, jit, loop bodies); a while's condition takes
     its own consts and the carry; run_scoped's are the refs it allocates (and its constvars
 the outer refs it uses)."""
-    params = eqn.params
-    for key, value in params.items():
-        for sub in value if isinstance(value, tuple) else (value,):
-            if isinstance(sub, jax_core.ClosedJaxpr):
-                inner = sub.jaxpr
-            elif isinstance(sub, jax_core.Jaxpr):
-                inner = sub
-            else:
-                continue
-            n = len(inner.invars)
-            if eqn.primitive is pallas_primitives.run_scoped_p:
-                # Its refs, and the outer refs it closes over (`pltpu.sync_copy` is a
-                # run_scoped semaphore around a DMA of them): its constvars.
-                scoped = dict(zip(inner.invars, scoped_names(inner)))
-                scoped.update({v: names[o] for v, o in zip(inner.constvars, eqn.invars)
-                               if isinstance(o, jax_core.Var) and o in names})
-                yield inner, scoped
-                continue
-            if key == "cond_jaxpr" and "body_nconsts" in params:
-                first = params.get("cond_nconsts", 0)
-                outer = list(eqn.invars[:first]) + list(
-                    eqn.invars[first + params["body_nconsts"]:])
-            elif n <= len(eqn.invars):
-                outer = list(eqn.invars[len(eqn.invars) - n:])
-            else:
-                outer = []
-            yield inner, {v: names[o] for v, o in zip(inner.invars, outer)
-                          if isinstance(o, jax_core.Var) and o in names}
+    for inner, outer in eqn_params.nested_with_operands(eqn):
+        if eqn.primitive is run_scoped_p:
+            # Its refs, and the outer refs it closes over (`pltpu.sync_copy` is a
+            # run_scoped semaphore around a DMA of them): its constvars.
+            scoped = dict(zip(inner.invars, scoped_names(inner)))
+            scoped.update({v: names[o] for v, o in zip(inner.constvars, eqn.invars)
+                           if isinstance(o, Var) and o in names})
+            yield inner, scoped
+            continue
+        yield inner, {v: names[o] for v, o in zip(inner.invars, outer)
+                      if isinstance(o, Var) and o in names}
 
 
 def scoped_names(jaxpr: Any) -> list[str]:
@@ -408,12 +379,12 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
     Pallas clipped its own); `sparsecore`: a SparseCore kernel (its DMAs may gather and
     scatter)."""
     for eqn in jaxpr.eqns:
-        if eqn.primitive is mosaic_primitives.dma_start_p:
+        if eqn.primitive is dma_start_p:
             found = _dma_element_refusal(eqn, names, space_of,
                                          lambda: _frames((*outer, eqn)))
             if found is not None:
                 return found
-        if sparsecore and eqn.primitive is mosaic_primitives.dma_start_p:
+        if sparsecore and eqn.primitive is dma_start_p:
             found = _sc_dma_refusal(eqn, names, space_of, lambda: _frames((*outer, eqn)))
             if found is not None:
                 return found
@@ -421,11 +392,11 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
         if eqn.primitive in _INDEXING:
             for ref, transforms, operation in _indexed_refs(eqn):
                 if _array_indexed(transforms):
-                    name = names.get(ref, "") if isinstance(ref, jax_core.Var) else ""
+                    name = names.get(ref, "") if isinstance(ref, Var) else ""
                     return gather_or_scatter(name, space_of(getattr(ref, "aval", None)),
                                              operation, _frames((*outer, eqn)))
             continue
-        if not eqn.params:
+        if not eqn_params.has_params(eqn):
             continue
         for inner, inner_names in _sub_jaxprs(eqn, names):
             found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn),

@@ -11,14 +11,13 @@ actor could run (semaphore waits, DMA starts and waits).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Callable, Generator, Sequence
 
 import jax
 import jax.numpy as jnp
-from pallas_check.jaxbridge import jax_core
-from pallas_check.jaxbridge import mlir
-from pallas_check.jaxbridge import state_types
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import has_cpu_lowering, open_jaxpr, structure_text, sub_jaxprs
+from pallas_check.jaxbridge.types import AbstractRef, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
 
 from pallas_check.engine.jaxpr import segment_order
 from pallas_check.engine.jaxpr.evaluating import Evaluating
@@ -43,16 +42,16 @@ Gen = Generator[Any, None, Any]
 class Segment:
     """A run of pure equations, compiled once with jax.jit."""
 
-    eqns: list[jax_core.JaxprEqn]
-    invars: list[jax_core.Var]
-    outvars: list[jax_core.Var]
+    eqns: list[JaxprEqn]
+    invars: list[Var]
+    outvars: list[Var]
     fn: Callable[..., Any] | None = None
 
 
 @dataclasses.dataclass
 class Program:
-    jaxpr: jax_core.Jaxpr
-    steps: list[Segment | jax_core.JaxprEqn]
+    jaxpr: Jaxpr
+    steps: list[Segment | JaxprEqn]
     # The steps as one generated function (`_generate`), made at the first evaluation.
     run: Callable[..., Any] | None = None
 
@@ -65,12 +64,12 @@ _segment_fns = BoundedCache(1024)
 
 
 def _is_ref(aval: Any) -> bool:
-    return isinstance(aval, state_types.AbstractRef)
+    return isinstance(aval, AbstractRef)
 
 
-def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
+def _eqn_is_pure(eqn: JaxprEqn) -> bool:
     if eqn.primitive in RULES and (eqn.primitive not in BODY_ONLY
-                                   or not _has_cpu_lowering(eqn.primitive)):
+                                   or not has_cpu_lowering(eqn.primitive)):
         return False
     for v in eqn.invars:
         if _is_ref(getattr(v, "aval", None)):
@@ -78,60 +77,51 @@ def _eqn_is_pure(eqn: jax_core.JaxprEqn) -> bool:
     for v in eqn.outvars:
         if _is_ref(v.aval):
             return False
-    for sub in jax_core.jaxprs_in_params(eqn.params):
+    for sub in sub_jaxprs(eqn):
         if not all(_eqn_is_pure(e) for e in sub.eqns):
             return False
     return True
 
 
-def program_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
+def program_for(jaxpr: Jaxpr, skip_floats: bool) -> Program:
     """The compiled program of a jaxpr (cached while the jaxpr lives, bounded)."""
     return _programs.for_object(jaxpr, skip_floats,
                                 lambda: _build_program(jaxpr, skip_floats))
 
 
-def structure_key(jaxpr: jax_core.Jaxpr) -> str:
+def structure_key(jaxpr: Jaxpr) -> str:
     """A jaxpr's equations as text, every parameter spelled out and no source lines: equal
     for two tracings of the same code on the same shapes."""
-    settings = jax_core.JaxprPpSettings(source_info=False, name_stack=False,
-                                        custom_pp_eqn_rules=False, print_effects=True)
-    return jax_core.pp_jaxpr(jaxpr, jax_core.JaxprPpContext(), settings).format()
+    return structure_text(jaxpr)
 
 
 def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
     """The compiled function of a segment, shared with every segment of the same structure
     (it takes the segment's inputs and returns its outputs by position)."""
-    with warnings.catch_warnings():  # a Jaxpr made only to be printed needs no debug info
-        warnings.simplefilter("ignore", DeprecationWarning)
-        structure = jax_core.Jaxpr([], segment.invars, segment.outvars, segment.eqns)
+    structure = open_jaxpr(segment.invars, segment.outvars, segment.eqns)
     return _segment_fns.get_or_make((structure_key(structure), skip_floats),
                                      lambda: _compile_segment(segment, skip_floats))
 
 
-def _has_cpu_lowering(primitive: jax_core.Primitive) -> bool:
-    return (primitive in mlir._lowerings
-            or primitive in mlir._platform_specific_lowerings.get("cpu", {}))
-
-
-def _check_lowerable(eqn: jax_core.JaxprEqn) -> None:
+def _check_lowerable(eqn: JaxprEqn) -> None:
     """A pure equation JAX cannot run on a CPU is unsupported: say which and where."""
-    if not _has_cpu_lowering(eqn.primitive):
+    if not has_cpu_lowering(eqn.primitive):
         raise UnsupportedPrimitive(
             f"pallas-check does not support the primitive '{eqn.primitive.name}'",
             user_frames(eqn.source_info),
         )
-    for sub in jax_core.jaxprs_in_params(eqn.params):
+    for sub in sub_jaxprs(eqn):
         for inner in sub.eqns:
             _check_lowerable(inner)
 
 
-def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
+def _build_program(jaxpr: Jaxpr, skip_floats: bool) -> Program:
     eqns = jaxpr.eqns
     pure = [_eqn_is_pure(eqn) for eqn in eqns]
     order = segment_order.schedule(eqns, jaxpr.outvars,
                                    [p and not eqn.effects for p, eqn in zip(pure, eqns)])
-    steps: list[Segment | jax_core.JaxprEqn] = []
-    current: list[jax_core.JaxprEqn] = []
+    steps: list[Segment | JaxprEqn] = []
+    current: list[JaxprEqn] = []
     for i in order:
         eqn = eqns[i]
         if pure[i]:
@@ -145,16 +135,16 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
     # Liveness: a segment returns what later steps or the jaxpr's outputs read; a ruled
     # equation's results nobody reads become dropped variables (a store then does not copy
     # out the old value it would return).
-    needed_later: set[jax_core.Var] = {v for v in jaxpr.outvars if isinstance(v, jax_core.Var)}
+    needed_later: set[Var] = {v for v in jaxpr.outvars if isinstance(v, Var)}
     for k in range(len(steps) - 1, -1, -1):
         step = steps[k]
         if isinstance(step, Segment):
             defined = {v for e in step.eqns for v in e.outvars if not _is_dropvar(v)}
-            used: list[jax_core.Var] = []
-            seen: set[jax_core.Var] = set()
+            used: list[Var] = []
+            seen: set[Var] = set()
             for e in step.eqns:
                 for v in e.invars:
-                    if isinstance(v, jax_core.Var) and v not in defined and v not in seen:
+                    if isinstance(v, Var) and v not in defined and v not in seen:
                         seen.add(v)
                         used.append(v)
             step.invars = used
@@ -168,23 +158,23 @@ def _build_program(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Program:
         else:
             if any(not _is_dropvar(v) and v not in needed_later for v in step.outvars):
                 steps[k] = step.replace(outvars=[
-                    v if _is_dropvar(v) or v in needed_later else jax_core.DropVar(v.aval)
+                    v if _is_dropvar(v) or v in needed_later else DropVar(v.aval)
                     for v in step.outvars])
-            needed_later.update(v for v in step.invars if isinstance(v, jax_core.Var))
+            needed_later.update(v for v in step.invars if isinstance(v, Var))
     return Program(jaxpr, steps)
 
 
-def _segments_of_run(eqns: list[jax_core.JaxprEqn]) -> list[Segment]:
+def _segments_of_run(eqns: list[JaxprEqn]) -> list[Segment]:
     """A run of pure equations as segments: the scalar integer arithmetic that numpy can run
     and that needs nothing else of the run first, then the rest (compiled). Kept together,
     a pipeline's index arithmetic would make XLA take each scalar as an argument of the
     kernel's matmul segment: slower than both apart."""
-    scalar: list[jax_core.JaxprEqn] = []
-    rest: list[jax_core.JaxprEqn] = []
+    scalar: list[JaxprEqn] = []
+    rest: list[JaxprEqn] = []
     from_rest: set[Any] = set()
     for eqn in eqns:
         if eqn_qualifies(eqn) and not any(v in from_rest for v in eqn.invars
-                                          if isinstance(v, jax_core.Var)):
+                                          if isinstance(v, Var)):
             scalar.append(eqn)
         else:
             rest.append(eqn)
@@ -195,7 +185,7 @@ def _segments_of_run(eqns: list[jax_core.JaxprEqn]) -> list[Segment]:
 
 
 def _is_dropvar(v: Any) -> bool:
-    return isinstance(v, jax_core.DropVar)
+    return isinstance(v, DropVar)
 
 
 def _is_float(aval: Any) -> bool:
@@ -217,17 +207,17 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
     eqns, invars, outvars = segment.eqns, segment.invars, segment.outvars
 
     def run(*args: Any) -> list[Any]:
-        env: dict[jax_core.Var, Any] = dict(zip(invars, args))
+        env: dict[Var, Any] = dict(zip(invars, args))
 
         def read(v: Any) -> Any:
-            return v.val if isinstance(v, jax_core.Literal) else env[v]
+            return v.val if isinstance(v, Literal) else env[v]
 
         for eqn in eqns:
             if skip_floats and eqn.outvars and all(_is_float(v.aval) for v in eqn.outvars):
                 outs = [jnp.full(v.aval.shape, jnp.inf, v.aval.dtype)  # type: ignore[attr-defined]
                         for v in eqn.outvars]  # (JAX types avals as AbstractValue)
             else:
-                params = eqn.primitive.get_bind_params(eqn.params)
+                params = eqn_params.bind_params(eqn)
                 with eqn.ctx.manager:
                     outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
                 if not eqn.primitive.multiple_results:
@@ -244,12 +234,12 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 # Evaluation: a program as one generated Python function.
 
 
-def eval_jaxpr(ctx: Evaluating, jaxpr: jax_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
+def eval_jaxpr(ctx: Evaluating, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
     """Evaluate `jaxpr` on concrete values: a generator returning the output values."""
     return runner_for(jaxpr, ctx.config.skip_floats)(ctx, consts, args)
 
 
-def runner_for(jaxpr: jax_core.Jaxpr, skip_floats: bool) -> Callable[..., Gen]:
+def runner_for(jaxpr: Jaxpr, skip_floats: bool) -> Callable[..., Gen]:
     """`run(ctx, consts, args)`, the generated function of a jaxpr's program (a rule that
     evaluates the same sub-jaxpr at every step may keep it)."""
     program = program_for(jaxpr, skip_floats)
@@ -277,7 +267,7 @@ def _generate(program: Program) -> Callable[..., Gen]:
         return name
 
     def atom(v: Any) -> str:
-        if isinstance(v, jax_core.Literal):
+        if isinstance(v, Literal):
             name = f"L{len(bound)}"
             bound[name] = v.val
             return name
@@ -325,7 +315,7 @@ def _generate(program: Program) -> Callable[..., Gen]:
     return bound["run"]
 
 
-def _rule_fn(eqn: jax_core.JaxprEqn, entry: Rule) -> RuleFn:
+def _rule_fn(eqn: JaxprEqn, entry: Rule) -> RuleFn:
     """The rule an equation's step calls: its specializer's, else the general one."""
     specialize = SPECIALIZERS.get(eqn.primitive)
     try:
@@ -335,7 +325,7 @@ def _rule_fn(eqn: jax_core.JaxprEqn, entry: Rule) -> RuleFn:
                         verb="preparing the rule of") from exc
 
 
-def _rule_lines(k: int, eqn: jax_core.JaxprEqn, is_generator: bool, target: str,
+def _rule_lines(k: int, eqn: JaxprEqn, is_generator: bool, target: str,
                 call: str, bound: dict[str, Any]) -> list[str]:
     """The generated lines of ruled step `k`: `{target}{call}` (`yield from` the call of a
     generator rule). An exception of the rule is located right there, at its equation
@@ -343,7 +333,7 @@ def _rule_lines(k: int, eqn: jax_core.JaxprEqn, is_generator: bool, target: str,
     ours = ["    except Exception as exc:", f"        raise _ours(E{k}, ctx, exc)"]
     if not is_generator:
         return [f"    ctx.eqn = E{k}", "    try:", f"        {target}{call}", *ours]
-    if eqn.params and any(True for _ in jax_core.jaxprs_in_params(eqn.params)):
+    if eqn_params.has_params(eqn) and any(True for _ in sub_jaxprs(eqn)):
         # Pallas clips source tracebacks at each traced body: an equation inside (e.g.
         # the DMA of a sync_copy) may have no user frame; it gets ours (known now when
         # this equation has its own; else the enclosing one's, at run time).
@@ -356,26 +346,26 @@ def _rule_lines(k: int, eqn: jax_core.JaxprEqn, is_generator: bool, target: str,
     return [f"    ctx.eqn = E{k}", "    try:", f"        {target}yield from {call}", *ours]
 
 
-def _dead_after(program: Program) -> dict[int, list[jax_core.Var]]:
+def _dead_after(program: Program) -> dict[int, list[Var]]:
     """Per step, the variables no later step reads (nor the jaxpr returns): the generated
     function deletes them there, so that a value read from a ref as a view of its memory
     (memory.Buffer.lend) is let go before the ref is written again, which would
     otherwise copy the buffer to keep the value unchanged."""
-    last_use: dict[jax_core.Var, int] = {}
+    last_use: dict[Var, int] = {}
     for k, step in enumerate(program.steps):
         for v in step.invars:
-            if isinstance(v, jax_core.Var):
+            if isinstance(v, Var):
                 last_use[v] = k
     for v in program.jaxpr.outvars:
-        if isinstance(v, jax_core.Var):
+        if isinstance(v, Var):
             last_use.pop(v, None)
-    dead: dict[int, list[jax_core.Var]] = {}
+    dead: dict[int, list[Var]] = {}
     for v, k in last_use.items():
         dead.setdefault(k, []).append(v)
     return dead
 
 
-def _unsupported(eqn: jax_core.JaxprEqn) -> UnsupportedPrimitive:
+def _unsupported(eqn: JaxprEqn) -> UnsupportedPrimitive:
     return UnsupportedPrimitive(
         f"pallas-check does not support the primitive '{eqn.primitive.name}'"
         " with refs as operands",
@@ -405,7 +395,7 @@ def _frames_of(eqn: Any, ctx: Evaluating) -> tuple[SourceFrame, ...]:
 _MEANT = (KernelError, CallHalted, NotLowered, EngineBug)
 
 
-def _ours(eqn: jax_core.JaxprEqn, ctx: Evaluating, exc: Exception) -> Exception:
+def _ours(eqn: JaxprEqn, ctx: Evaluating, exc: Exception) -> Exception:
     """What the generated program raises when evaluating `eqn` raised `exc`: `exc` itself
     when raised on purpose (a KernelError that says no line gets the equation's), anything
     else as an EngineBug naming the equation."""
@@ -419,14 +409,14 @@ def _ours(eqn: jax_core.JaxprEqn, ctx: Evaluating, exc: Exception) -> Exception:
     return bug
 
 
-def _located_error(eqn: jax_core.JaxprEqn, exc: Exception) -> KernelError:
+def _located_error(eqn: JaxprEqn, exc: Exception) -> KernelError:
     return KernelError(
         f"JAX failed to evaluate '{eqn.primitive.name}': {type(exc).__name__}: {exc}",
         user_frames(eqn.source_info),
     )
 
 
-def eval_closed(ctx: Evaluating, closed: jax_core.ClosedJaxpr, args: Sequence[Any]) -> Gen:
+def eval_closed(ctx: Evaluating, closed: ClosedJaxpr, args: Sequence[Any]) -> Gen:
     return eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.types import JaxprEqn, Primitive
 
 
 RuleFn = Callable[..., Any]
@@ -21,23 +21,23 @@ class Rule:
     is_generator: bool
 
 
-RULES: dict[jax_core.Primitive, Rule] = {}
+RULES: dict[Primitive, Rule] = {}
 
 
 # Primitives whose rule only evaluates their sub-jaxprs (jit, cond, loops, custom
 # derivatives): the rule is needed for bodies that touch refs; with pure bodies and no
 # ref operands the equation is pure, and XLA runs it inside a compiled segment.
-BODY_ONLY: set[jax_core.Primitive] = set()
+BODY_ONLY: set[Primitive] = set()
 
 
 # Per primitive, `specialize(eqn) -> rule fn or None`: a rule made for one equation when
 # its operands' static structure allows a shorter path (a scalar load), chosen once when
 # the program is generated. The specialized fn takes what the general rule takes and
 # falls back to it for any value its shortcut does not cover.
-SPECIALIZERS: dict[jax_core.Primitive, Callable[[jax_core.JaxprEqn], RuleFn | None]] = {}
+SPECIALIZERS: dict[Primitive, Callable[[JaxprEqn], RuleFn | None]] = {}
 
 
-def specializer(primitive: jax_core.Primitive) -> Callable[[Callable], Callable]:
+def specializer(primitive: Primitive) -> Callable[[Callable], Callable]:
     """Register `fn(eqn) -> rule fn or None` as the specializer of a primitive's rule (a
     generator rule's specialized fn is a generator too)."""
 
@@ -48,7 +48,7 @@ def specializer(primitive: jax_core.Primitive) -> Callable[[Callable], Callable]
     return register
 
 
-def rule(*primitives: jax_core.Primitive, generator: bool = False,
+def rule(*primitives: Primitive, generator: bool = False,
          body_only: bool = False) -> Callable[[RuleFn], RuleFn]:
     """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
 

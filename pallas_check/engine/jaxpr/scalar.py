@@ -16,7 +16,8 @@ import itertools
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.types import ClosedJaxpr, DropVar, JaxprEqn, Literal
 
 
 class _Fallback(Exception):
@@ -73,27 +74,27 @@ def _is_int_scalar(aval: Any) -> bool:
 _INLINED = frozenset({"jit", "pjit"})
 
 
-def eqn_qualifies(eqn: jax_core.JaxprEqn) -> bool:
+def eqn_qualifies(eqn: JaxprEqn) -> bool:
     """Whether numpy can run this equation (scalar integer or boolean arithmetic)."""
     if eqn.primitive.name in _INLINED:
-        closed = eqn.params.get("jaxpr")
-        return (isinstance(closed, jax_core.ClosedJaxpr) and not closed.jaxpr.constvars
+        closed = eqn_params.maybe_body(eqn)
+        return (isinstance(closed, ClosedJaxpr) and not closed.jaxpr.constvars
                 and all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars))
                 and all(eqn_qualifies(inner) for inner in closed.jaxpr.eqns))
     if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
         return False
     if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
         return False
-    return not (eqn.primitive.name == "convert_element_type" and set(eqn.params) - {
-        "new_dtype", "weak_type", "sharding"})
+    return not (eqn.primitive.name == "convert_element_type"
+                and not eqn_params.is_plain_conversion(eqn))
 
 
-def _qualifies(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any]) -> bool:
+def _qualifies(eqns: Sequence[JaxprEqn], invars: Sequence[Any]) -> bool:
     return (all(_is_int_scalar(v.aval) for v in invars)
             and all(eqn_qualifies(eqn) for eqn in eqns))
 
 
-def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
+def _expression(eqn: JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
     name = eqn.primitive.name
     if name in _BINARY:
         return f"({args[0]} {_BINARY[name]} {args[1]})"
@@ -102,7 +103,7 @@ def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any])
     if name == "convert_element_type":
         # (JAX types an aval as AbstractValue; a scalar operand's is a ShapedArray)
         source = np.dtype(eqn.invars[0].aval.dtype)  # type: ignore[attr-defined]
-        target = np.dtype(eqn.params["new_dtype"])
+        target = np.dtype(eqn_params.target_dtype(eqn))
         key = f"_dt{len(consts)}"
         if target == np.bool_:
             return f"({args[0]} != 0)"
@@ -114,7 +115,7 @@ def _expression(eqn: jax_core.JaxprEqn, args: list[str], consts: dict[str, Any])
     return f"{_CALLS[name]}({', '.join(args)})"
 
 
-def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
+def _source(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
             outvars: Sequence[Any], consts: dict[str, Any]) -> str:
     """The segment as one Python function: `def segment(a0, a1, ...)`, one line per
     equation (a jit's body inlined), literals as named numpy scalars of their dtypes."""
@@ -123,25 +124,25 @@ def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
     temps = itertools.count()
 
     def atom(v: Any, scope: dict[Any, str]) -> str:
-        if isinstance(v, jax_core.Literal):
+        if isinstance(v, Literal):
             key = f"_c{len(consts)}"
             consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]  # type: ignore[attr-defined]
             return key
         return scope[v]
 
-    def emit(body: Sequence[jax_core.JaxprEqn], scope: dict[Any, str]) -> None:
+    def emit(body: Sequence[JaxprEqn], scope: dict[Any, str]) -> None:
         for eqn in body:
             args = [atom(v, scope) for v in eqn.invars]
             if eqn.primitive.name in _INLINED:
-                inner = eqn.params["jaxpr"].jaxpr
+                inner = eqn_params.body(eqn).jaxpr
                 inner_scope = dict(zip(inner.invars, args))
                 emit(inner.eqns, inner_scope)
                 for out, result in zip(eqn.outvars, inner.outvars):
-                    if not isinstance(out, jax_core.DropVar):
+                    if not isinstance(out, DropVar):
                         scope[out] = atom(result, inner_scope)
                 continue
             out = eqn.outvars[0]
-            target = "_" if isinstance(out, jax_core.DropVar) else f"t{next(temps)}"
+            target = "_" if isinstance(out, DropVar) else f"t{next(temps)}"
             if target != "_":
                 scope[out] = target
             lines.append(f"    {target} = {_expression(eqn, args, consts)}")
@@ -151,7 +152,7 @@ def _source(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
     return "\n".join(lines)
 
 
-def scalar_segment_fn(eqns: Sequence[jax_core.JaxprEqn], invars: Sequence[Any],
+def scalar_segment_fn(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
                       outvars: Sequence[Any],
                       compiled: Callable[..., Any]) -> Callable[..., Any] | None:
     """A numpy function for a segment of scalar integer/boolean equations (None when the

@@ -16,10 +16,10 @@ from __future__ import annotations
 import bisect
 from typing import Any, Sequence
 
-from pallas_check.jaxbridge import jax_core
+from pallas_check.jaxbridge.types import JaxprEqn, Var
 
 
-def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
+def schedule(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
              movable: Sequence[bool]) -> list[int]:
     """An order of the equations (their indices) that keeps the unmovable ones in their
     order and puts the movable (pure, effect-free) ones into as few gaps between them as
@@ -35,7 +35,7 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
     for i, eqn in enumerate(eqns):
         if movable[i]:
             earliest[i] = max((ready.get(v, 0) for v in eqn.invars
-                               if isinstance(v, jax_core.Var)), default=0)
+                               if isinstance(v, Var)), default=0)
             for v in eqn.outvars:
                 ready[v] = earliest[i]
         else:
@@ -43,7 +43,7 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
             for v in eqn.outvars:
                 ready[v] = k
     # Latest gap: before the first anchor that reads a result (outputs: the last gap).
-    needed: dict[Any, int] = {v: last_gap for v in outvars if isinstance(v, jax_core.Var)}
+    needed: dict[Any, int] = {v: last_gap for v in outvars if isinstance(v, Var)}
     latest: dict[int, int] = {}
     k = last_gap
     for i in range(len(eqns) - 1, -1, -1):
@@ -55,7 +55,7 @@ def schedule(eqns: Sequence[jax_core.JaxprEqn], outvars: Sequence[Any],
             k -= 1
             bound = k
         for operand in eqn.invars:
-            if isinstance(operand, jax_core.Var):
+            if isinstance(operand, Var):
                 needed[operand] = min(needed.get(operand, last_gap), bound)
     # Fewest gaps that every [earliest, latest] interval contains (greedy by right end),
     # then each equation into the latest chosen gap it may use: a producer's latest is

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
-from pallas_check.jaxbridge import TypedInt
+from pallas_check.jaxbridge.types import TypedInt
 
 from pallas_check.engine.memory.buffer import RefView
 

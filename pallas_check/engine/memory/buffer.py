@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:  # annotations only: a buffer needs no JAX
-    from pallas_check.jaxbridge import state_types
+    from pallas_check.jaxbridge.types import Transform
 
 # A numpy index of a buffer's elements: basic (ints, slices, Ellipsis) or advanced
 # (index arrays, a boolean mask, `np.ix_` meshes).
@@ -320,9 +320,9 @@ class RefView:
     """A kernel ref: a buffer seen through a chain of ref transforms."""
 
     buffer: Buffer
-    transforms: tuple[state_types.Transform, ...] = ()
+    transforms: tuple[Transform, ...] = ()
 
-    def with_transforms(self, more: Sequence[state_types.Transform]) -> "RefView":
+    def with_transforms(self, more: Sequence[Transform]) -> "RefView":
         if not more:
             return self
         return RefView(self.buffer, self.transforms + tuple(more))

@@ -9,8 +9,8 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing, state_types
 
+from pallas_check.jaxbridge.types import NDIndexer, Slice, Transform
 from pallas_check.engine.memory.buffer import (Buffer, IndexDim, RefView, _SMALL_BYTES,
                                                aligned_copy)
 from pallas_check.engine.memory.tiling import padded_shape
@@ -44,7 +44,7 @@ class Region:
                  "_boxes", "padded")
 
     def __init__(self, buffer: Buffer, dims: list[IndexDim],
-                 post: list[state_types.Transform], oob: list[OutOfBounds],
+                 post: list[Transform], oob: list[OutOfBounds],
                  padded: bool = False) -> None:
         self.buffer = buffer
         self.dims = dims  # per base dim: int or (start, size, stride)
@@ -308,22 +308,22 @@ class Region:
 def resolve(view: RefView) -> Region:
     """Turn a ref view into the region of its buffer that an access touches."""
     steps: list[tuple[IndexDim, ...]] = []
-    post: list[state_types.Transform] = []
+    post: list[Transform] = []
     for transform in view.transforms:
-        if post or not isinstance(transform, state_indexing.NDIndexer) or has_array_index(
+        if post or not isinstance(transform, NDIndexer) or has_array_index(
             transform
         ):
             post.append(transform)
             continue
         steps.append(tuple(
             (_as_int(idx.start), _as_int(idx.size), int(idx.stride))
-            if isinstance(idx, state_indexing.Slice) else _as_int(idx)
+            if isinstance(idx, Slice) else _as_int(idx)
             for idx in transform.indices))
     return index_region(view.buffer, steps, post)
 
 
 def index_region(buffer: Buffer, steps: Sequence[Sequence[IndexDim]],
-                 post: list[state_types.Transform] | None = None
+                 post: list[Transform] | None = None
                  ) -> Region:
     """The region that plain indexers select, one after the other, in `buffer`: each step
     gives, per dimension still there, an int or (start, size, stride); `post` holds the

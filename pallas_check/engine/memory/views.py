@@ -10,9 +10,9 @@ import threading
 from typing import Generic, TypeVar, cast
 
 import numpy as np
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import (BitcastTransform, NDIndexer, ReshapeTransform, Slice,
+                                          Transform, TransposeTransform)
 from pallas_check.engine.memory.buffer import Buffer, IndexDim
 from pallas_check.findings import IndexRange
 
@@ -163,7 +163,7 @@ _maps = _MapCache()
 
 
 # The transform a `_ViewTransform` subclass describes (its `t`).
-_T = TypeVar("_T", bound=state_types.Transform)
+_T = TypeVar("_T", bound=Transform)
 
 
 class _ViewTransform(Generic[_T]):
@@ -210,99 +210,99 @@ class _ViewTransform(Generic[_T]):
         return dtype
 
 
-class _Index(_ViewTransform[state_indexing.NDIndexer]):
+class _Index(_ViewTransform[NDIndexer]):
     @staticmethod
-    def key(t: state_indexing.NDIndexer) -> tuple[object, ...] | None:
+    def key(t: NDIndexer) -> tuple[object, ...] | None:
         if has_array_index(t):
             return None
         return tuple((_as_int(i.start), _as_int(i.size), int(i.stride))
-                     if isinstance(i, state_indexing.Slice) else _as_int(i)
+                     if isinstance(i, Slice) else _as_int(i)
                      for i in t.indices)
 
     @staticmethod
-    def apply(t: state_indexing.NDIndexer, value: np.ndarray) -> np.ndarray:
+    def apply(t: NDIndexer, value: np.ndarray) -> np.ndarray:
         return value[_numpy_index(t)]
 
     @staticmethod
-    def undo(t: state_indexing.NDIndexer, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: NDIndexer, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         out = np.array(before)
         out[_numpy_index(t)] = new
         return out
 
     @classmethod
-    def units(cls, t: state_indexing.NDIndexer, units: np.ndarray, itemsize: int
+    def units(cls, t: NDIndexer, units: np.ndarray, itemsize: int
               ) -> tuple[np.ndarray, int]:
         return units[_numpy_index(t) + (slice(None),)], itemsize
 
 
-class _Reshape(_ViewTransform[state_types.ReshapeTransform]):
+class _Reshape(_ViewTransform[ReshapeTransform]):
     @staticmethod
-    def key(t: state_types.ReshapeTransform) -> tuple[object, ...] | None:
+    def key(t: ReshapeTransform) -> tuple[object, ...] | None:
         return ("reshape", tuple(t.shape))
 
     @staticmethod
-    def apply(t: state_types.ReshapeTransform, value: np.ndarray) -> np.ndarray:
+    def apply(t: ReshapeTransform, value: np.ndarray) -> np.ndarray:
         return value.reshape(t.shape)
 
     @staticmethod
-    def undo(t: state_types.ReshapeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: ReshapeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return new.reshape(before.shape)
 
     @classmethod
-    def units(cls, t: state_types.ReshapeTransform, units: np.ndarray, itemsize: int
+    def units(cls, t: ReshapeTransform, units: np.ndarray, itemsize: int
               ) -> tuple[np.ndarray, int]:
         return units.reshape(tuple(t.shape) + units.shape[-1:]), itemsize
 
 
-class _Transpose(_ViewTransform[state_types.TransposeTransform]):
+class _Transpose(_ViewTransform[TransposeTransform]):
     @staticmethod
-    def key(t: state_types.TransposeTransform) -> tuple[object, ...] | None:
+    def key(t: TransposeTransform) -> tuple[object, ...] | None:
         return ("transpose", tuple(t.permutation))
 
     @staticmethod
-    def apply(t: state_types.TransposeTransform, value: np.ndarray) -> np.ndarray:
+    def apply(t: TransposeTransform, value: np.ndarray) -> np.ndarray:
         return np.transpose(value, t.permutation)
 
     @staticmethod
-    def undo(t: state_types.TransposeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: TransposeTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return np.transpose(new, np.argsort(t.permutation))
 
     @classmethod
-    def units(cls, t: state_types.TransposeTransform, units: np.ndarray, itemsize: int
+    def units(cls, t: TransposeTransform, units: np.ndarray, itemsize: int
               ) -> tuple[np.ndarray, int]:
         return np.transpose(units, tuple(t.permutation) + (units.ndim - 1,)), itemsize
 
 
-class _Bitcast(_ViewTransform[state_types.BitcastTransform]):
+class _Bitcast(_ViewTransform[BitcastTransform]):
     @staticmethod
-    def key(t: state_types.BitcastTransform) -> tuple[object, ...] | None:
+    def key(t: BitcastTransform) -> tuple[object, ...] | None:
         return ("bitcast", np.dtype(t.dtype).str)
 
     @staticmethod
-    def apply(t: state_types.BitcastTransform, value: np.ndarray) -> np.ndarray:
+    def apply(t: BitcastTransform, value: np.ndarray) -> np.ndarray:
         return tpu_bitcast(value, np.dtype(t.dtype))
 
     @staticmethod
-    def undo(t: state_types.BitcastTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+    def undo(t: BitcastTransform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
         return tpu_bitcast(new, before.dtype)
 
     @classmethod
-    def shadow(cls, t: state_types.BitcastTransform, written: np.ndarray, dtype: np.dtype
+    def shadow(cls, t: BitcastTransform, written: np.ndarray, dtype: np.dtype
                ) -> tuple[np.ndarray, np.dtype]:
         return _bitcast_shadow(written, dtype, np.dtype(t.dtype)), np.dtype(t.dtype)
 
     @classmethod
-    def units(cls, t: state_types.BitcastTransform, units: np.ndarray, itemsize: int
+    def units(cls, t: BitcastTransform, units: np.ndarray, itemsize: int
               ) -> tuple[np.ndarray, int]:
         new_size = np.dtype(t.dtype).itemsize
         return _bitcast_units(units, itemsize, new_size), new_size
 
     @staticmethod
-    def itemsize(t: state_types.BitcastTransform) -> int | None:
+    def itemsize(t: BitcastTransform) -> int | None:
         return np.dtype(t.dtype).itemsize
 
     @staticmethod
-    def dtype(t: state_types.BitcastTransform, dtype: np.dtype) -> np.dtype:
+    def dtype(t: BitcastTransform, dtype: np.dtype) -> np.dtype:
         return np.dtype(t.dtype)
 
 
@@ -310,16 +310,16 @@ class _Bitcast(_ViewTransform[state_types.BitcastTransform]):
 # A table cannot tie each entry's key to its value's `_T`: an entry is looked up by the
 # type of the very transform it is then given (`view_transform`), so it is stored as one
 # taking any transform.
-_Kind = _ViewTransform[state_types.Transform]
+_Kind = _ViewTransform[Transform]
 _TRANSFORMS: dict[type, type[_Kind]] = {
-    state_indexing.NDIndexer: cast("type[_Kind]", _Index),
-    state_types.ReshapeTransform: cast("type[_Kind]", _Reshape),
-    state_types.TransposeTransform: cast("type[_Kind]", _Transpose),
-    state_types.BitcastTransform: cast("type[_Kind]", _Bitcast),
+    NDIndexer: cast("type[_Kind]", _Index),
+    ReshapeTransform: cast("type[_Kind]", _Reshape),
+    TransposeTransform: cast("type[_Kind]", _Transpose),
+    BitcastTransform: cast("type[_Kind]", _Bitcast),
 }
 
 
-def view_transform(t: state_types.Transform) -> type[_Kind]:
+def view_transform(t: Transform) -> type[_Kind]:
     """The table's entry for a transform; one the engine does not model is refused."""
     kind = _TRANSFORMS.get(type(t))
     if kind is None:  # a subclass of a kind in the table is that kind
@@ -329,7 +329,7 @@ def view_transform(t: state_types.Transform) -> type[_Kind]:
     return kind
 
 
-def view_dtype(dtype: np.dtype, post: list[state_types.Transform]) -> np.dtype:
+def view_dtype(dtype: np.dtype, post: list[Transform]) -> np.dtype:
     """The element type of a view of a buffer of `dtype` through the transforms `post`
     (a bitcast changes it), without evaluating the view."""
     for t in post:
@@ -357,7 +357,7 @@ def mosaic_element(dtype: np.dtype) -> str:
     return dtype.name
 
 
-def _post_key(post: list[state_types.Transform]) -> tuple[object, ...] | None:
+def _post_key(post: list[Transform]) -> tuple[object, ...] | None:
     """A hashable spelling of post transforms (None: not cacheable, e.g. index arrays)."""
     key: list[object] = []
     for t in post:
@@ -369,7 +369,7 @@ def _post_key(post: list[state_types.Transform]) -> tuple[object, ...] | None:
 
 
 def _build_map(shape: tuple[int, ...], dtype: np.dtype, dims: list[IndexDim],
-               post: list[state_types.Transform]) -> ElementMap:
+               post: list[Transform]) -> ElementMap:
     sizes = [dtype.itemsize] + [size for t in post
                                 if (size := view_transform(t).itemsize(t)) is not None]
     per = dtype.itemsize // math.gcd(*sizes)
@@ -406,7 +406,7 @@ def _bitcast_units(units: np.ndarray, src: int, dst: int) -> np.ndarray:
         *lead, m * q, n, k // q)
 
 
-def _apply_post(transform: state_types.Transform, value: np.ndarray) -> np.ndarray:
+def _apply_post(transform: Transform, value: np.ndarray) -> np.ndarray:
     return view_transform(transform).apply(transform, value)
 
 
@@ -422,7 +422,7 @@ def _bitcast_shadow(written: np.ndarray, src: np.dtype, dst: np.dtype) -> np.nda
     return np.repeat(written, src_bits // dst_bits, axis=-2)
 
 
-def _undo_post(transform: state_types.Transform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
+def _undo_post(transform: Transform, before: np.ndarray, new: np.ndarray) -> np.ndarray:
     return view_transform(transform).undo(transform, before, new)
 
 
@@ -446,10 +446,10 @@ class UnsupportedTransform(Exception):
     """A ref transform pallas-check does not model."""
 
 
-def _numpy_index(indexer: state_indexing.NDIndexer) -> tuple[slice | np.ndarray, ...]:
+def _numpy_index(indexer: NDIndexer) -> tuple[slice | np.ndarray, ...]:
     out: list[slice | np.ndarray] = []
     for idx in indexer.indices:
-        if isinstance(idx, state_indexing.Slice):
+        if isinstance(idx, Slice):
             start, size, stride = int(idx.start), int(idx.size), int(idx.stride)
             out.append(slice(start, start + size * stride, stride))
         else:
@@ -461,8 +461,8 @@ def _as_int(x: object) -> int:
     return int(np.asarray(x))
 
 
-def has_array_index(indexer: state_indexing.NDIndexer) -> bool:
+def has_array_index(indexer: NDIndexer) -> bool:
     for idx in indexer.indices:
-        if not isinstance(idx, state_indexing.Slice) and np.ndim(idx) > 0:
+        if not isinstance(idx, Slice) and np.ndim(idx) > 0:
             return True
     return False

@@ -11,11 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 from jax.extend.core import JaxprEqn
-from pallas_check.jaxbridge import jax_core
-from pallas_check.jaxbridge import pallas_primitives
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_primitives
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.primitives import pl_load_p, pl_swap_p, ref_addupdate_p, ref_get_p, ref_swap_p
+from pallas_check.jaxbridge.types import DropVar, NDIndexer, Transform
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
@@ -29,7 +28,7 @@ from pallas_check.engine.seam import RunningCore
 
 # -- the one path for reads and writes ---------------------------------------------------
 
-def view_of(ref: object, transforms: Sequence[object] | None) -> RefView:
+def view_of(ref: object, transforms: Sequence[Transform] | None) -> RefView:
     if not isinstance(ref, RefView):
         raise KernelError(f"expected a ref, got {type(ref).__name__}")
     return ref.with_transforms(tuple(transforms or ()))
@@ -117,7 +116,7 @@ def _resolve(ctx: RunningCore, view: RefView, operation: str = "load") -> Region
     except UnsupportedTransform as exc:
         raise KernelError(f"unsupported ref transform: {exc}", current_frames(ctx))
     # An indexer with an array of indices is left for after the plain ones (`post`).
-    if region.post and any(isinstance(t, state_indexing.NDIndexer)
+    if region.post and any(isinstance(t, NDIndexer)
                            and has_array_index(t) for t in region.post):
         # Found before the call ran (engine/jaxpr/mosaic_limits.py) unless spelled otherwise: the
         # kernel's defect either way, and the call is skipped.
@@ -145,7 +144,7 @@ def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object])
 def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """A `ref[indices]` region: through the index plan of the equation's indexers, or the
     general way when the plan does not cover them."""
-    tree = eqn.params["tree"]
+    tree = eqn_params.operand_tree(eqn)
     plan = index_plan.plan_for(tree)
     if plan is not None and plan.ref is None:
         try:
@@ -155,17 +154,17 @@ def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object
         if region is not None:
             return region
     return _resolve(ctx, view_of(ref, tree.unflatten(flat)),
-                    "load" if eqn.primitive is state_primitives.get_p else "store")
+                    "load" if eqn.primitive is ref_get_p else "store")
 
 
-@rule(state_primitives.get_p)
+@rule(ref_get_p)
 def _get(ctx, eqn, invals):
     ref, *flat = invals
     region = _region_of(ctx, eqn, ref, flat)
     return _cast(access_read(ctx, None, region=region), eqn.outvars[0].aval)
 
 
-@specializer(state_primitives.get_p)
+@specializer(ref_get_p)
 def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     """A load of one element by scalar indices (`lengths_ref[b]`, a page table's entry; a
     paged kernel makes thousands per call): read straight from the buffer, at the index
@@ -174,7 +173,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     out = eqn.outvars[0].aval  # (a ShapedArray: a get's value)
     if getattr(out, "shape", None) != ():
         return None
-    plan = index_plan.plan_for(eqn.params["tree"])
+    plan = index_plan.plan_for(eqn_params.operand_tree(eqn))
     if plan is None or plan.ref is not None or len(plan.steps) != 1 or any(
             size is not None for _, _, size, _ in plan.steps[0]):
         return None
@@ -194,7 +193,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     return scalar_get
 
 
-@rule(state_primitives.swap_p)
+@rule(ref_swap_p)
 def _swap(ctx, eqn, invals):
     ref, value, *flat = invals
     region = _region_of(ctx, eqn, ref, flat)
@@ -205,17 +204,17 @@ def _swap(ctx, eqn, invals):
     return old  # None for a dropped result: nothing is bound
 
 
-@rule(state_primitives.addupdate_p)
+@rule(ref_addupdate_p)
 def _addupdate(ctx, eqn, invals):
     ref, value, *flat = invals
-    view = view_of(ref, eqn.params["tree"].unflatten(flat))
+    view = view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
     old = access_read(ctx, view)
     access_write(ctx, view, old + np.asarray(value, dtype=old.dtype))
     return []
 
 
 def _is_drop(v: object) -> bool:
-    return isinstance(v, jax_core.DropVar)
+    return isinstance(v, DropVar)
 
 
 def _peek(ctx: RunningCore, view: RefView) -> np.ndarray:
@@ -224,9 +223,9 @@ def _peek(ctx: RunningCore, view: RefView) -> np.ndarray:
     return region.read(ctx.fill(view.buffer.data.dtype))
 
 
-@rule(pallas_primitives.load_p)
+@rule(pl_load_p)
 def _masked_load(ctx, eqn, invals):
-    ref, transforms, mask, other = eqn.params["args_tree"].unflatten(invals)
+    ref, transforms, mask, other = eqn_params.args_tree(eqn).unflatten(invals)
     view = view_of(ref, transforms)
     mask_np = None if mask is None else np.asarray(mask, dtype=bool)
     value = access_read(ctx, view, mask_np)
@@ -236,9 +235,9 @@ def _masked_load(ctx, eqn, invals):
     return _cast(value, eqn.outvars[0].aval)
 
 
-@rule(pallas_primitives.swap_p)
+@rule(pl_swap_p)
 def _masked_swap(ctx, eqn, invals):
-    ref, transforms, value, mask = eqn.params["args_tree"].unflatten(invals)
+    ref, transforms, value, mask = eqn_params.args_tree(eqn).unflatten(invals)
     view = view_of(ref, transforms)
     old = None if _is_drop(eqn.outvars[0]) else _peek(ctx, view)
     mask_np = None if mask is None else np.asarray(mask, dtype=bool)

@@ -23,20 +23,21 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from jax.extend.core import JaxprEqn
-from pallas_check.jaxbridge import checkify, debugging
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.primitives import check_p, debug_print_p
 
 from pallas_check.engine.jaxpr.registry import rule
 from pallas_check.engine.seam import RunningCore
 
 
-@rule(checkify.check_p)
+@rule(check_p)
 def _debug_check(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> list[object]:
     """An assertion of the kernel: nothing when it holds; else a finding with its message
     (its values formatted) at this core's grid step. Not under --skip-floats: float
     values are not computed there (they read as inf), and a check may be about them."""
     if ctx.config.skip_floats:
         return []
-    error = jax.tree_util.tree_unflatten(eqn.params["err_tree"],
+    error = jax.tree_util.tree_unflatten(eqn_params.check_error_tree(eqn),
                                          [np.asarray(v) for v in invals])
     if not any(bool(np.any(p)) for p in error._pred.values()):
         return []  # the common case: the check holds
@@ -60,25 +61,26 @@ def _check_message(exception: Any) -> tuple[str, str]:
         return fmt, fmt
 
 
-@rule(debugging.debug_print_p)
+@rule(debug_print_p)
 def _debug_print(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> list[object]:
     """A print of the kernel, formatted as JAX formats it, recorded with the core and
     grid step that printed it."""
     if ctx.call.report and not ctx.config.quiet_prints:
-        ctx.call.kernel_print(ctx, print_text(eqn.params, invals))
+        ctx.call.kernel_print(ctx, print_text(eqn_params.params_of(eqn), invals))
     return []
 
 
 def print_text(params: dict[str, Any], invals: Sequence[object]) -> str:
     """The text of one `pl.debug_print` / `jax.debug.print`: the format string with the
     values (placeholders), or followed by them (no placeholders, as on a TPU)."""
-    static = dict(params.get("static_args", ()))
+    printed = eqn_params.print_format(params)
+    static = dict(printed.static_args)
     dynamic = iter(invals)
     leaves = [static[i] if i in static else np.asarray(next(dynamic))
               for i in range(len(static) + len(invals))]
-    args, kwargs = jax.tree_util.tree_unflatten(params["in_tree"], leaves)
-    fmt = params["fmt"]
-    if not params.get("has_placeholders", True):
+    args, kwargs = jax.tree_util.tree_unflatten(printed.in_tree, leaves)
+    fmt = printed.fmt
+    if not printed.has_placeholders:
         return " ".join((fmt, *(str(a) for a in args)))
-    with np.printoptions(**dict(params.get("np_printoptions", ()))):
+    with np.printoptions(**dict(printed.np_printoptions)):
         return fmt.format(*args, **kwargs)

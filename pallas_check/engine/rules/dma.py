@@ -22,12 +22,12 @@ import jax.numpy as jnp
 from jax.extend.core import JaxprEqn
 from jax.tree_util import PyTreeDef
 import numpy as np
-from pallas_check.jaxbridge import pallas_core
-from pallas_check.jaxbridge import mosaic_primitives
 
-from pallas_check.jaxbridge import sc_core
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import barrier_semaphore_dtype, regular_semaphore_dtype
+from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p
+from pallas_check.jaxbridge.types import Indices, TransformedRef
 from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
@@ -104,7 +104,7 @@ def signal_count(eqn: JaxprEqn) -> int:
     v5e, v5p, v6e and v7x alike and rejects only older chips ("Regular semaphores in
     EnqueueDMA are not supported on this target": v4). What Mosaic's verifier rejects on
     every chip is the kernel's error, raised here at the DMA's line."""
-    src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
+    src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn_params.operand_tree(eqn))
     avals = [v.aval for v in eqn.invars]
 
     def aval(at: tuple[int, int, PyTreeDef, object]) -> object:
@@ -130,23 +130,23 @@ def _regular_semaphore(aval: object) -> bool:
     """Whether a semaphore ref's type counts signals (regular, barrier), not bytes."""
     dtype = getattr(aval, "dtype", None)
     try:
-        return dtype is not None and (jnp.issubdtype(dtype, pallas_core.semaphore)
-                                      or jnp.issubdtype(dtype, pallas_core.barrier_semaphore))
+        return dtype is not None and (jnp.issubdtype(dtype, regular_semaphore_dtype)
+                                      or jnp.issubdtype(dtype, barrier_semaphore_dtype))
     except TypeError:
         return False
 
 
-@rule(mosaic_primitives.dma_start_p, generator=True)
+@rule(dma_start_p, generator=True)
 def _dma_start(ctx, eqn, invals):
     side = _indirect_side(eqn)
     if side is not None:  # a SparseCore gather or scatter (engine/dma/indirect.py)
         if _indirect_start(ctx, eqn, invals, side):
             yield None
         return []
-    src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn.params["tree"])
+    src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn_params.operand_tree(eqn))
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
-              else target_device(ctx, device_id, eqn.params.get("device_id_type")))
+              else target_device(ctx, device_id, eqn_params.device_id_type(eqn)))
     src_region = tile_padded(ctx, _arg_region(ctx, src_at, invals))
     dst_region = tile_padded(ctx, _arg_region(ctx, dst_at, invals, target))
     frames = current_frames(ctx)
@@ -205,7 +205,7 @@ def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
     return True
 
 
-@specializer(mosaic_primitives.dma_start_p)
+@specializer(dma_start_p)
 def _planned_dma_start(eqn: JaxprEqn) -> RuleFn | None:
     """A local DMA (no device id) whose source and destination are in the planned spelling
     (ints and static-size slices on a ref without transforms; see index_plan), made for
@@ -241,7 +241,7 @@ def _planned_dma(eqn: JaxprEqn) -> tuple | None:
     where the operands after the source begin, the bytes a start signals and a wait
     takes (static, whatever the indices) and its source frames (None when not all of
     that is static: the general rules then run)."""
-    src_at, dst_at, _, _, device_at = _dma_layout(eqn.params["tree"])
+    src_at, dst_at, _, _, device_at = _dma_layout(eqn_params.operand_tree(eqn))
     frames = user_frames(eqn.source_info)
     if device_at[1] > device_at[0] or not frames or _indirect_side(eqn) is not None:
         return None
@@ -270,7 +270,7 @@ def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
                         ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
     """A planned DMA's destination region and (receive, send) semaphore cells (cached per
     call by their operands), or None when the destination is not in the planned spelling."""
-    _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn.params["tree"])
+    _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn_params.operand_tree(eqn))
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
     assert plan is not None and plan.ref is not None  # (a planned DMA's: `_planned_dma`)
@@ -298,13 +298,13 @@ def _wait_descriptor(ctx: RunningCore, layout: tuple, invals: list) -> tuple[int
     return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
 
 
-@rule(mosaic_primitives.dma_wait_p, generator=True)
+@rule(dma_wait_p, generator=True)
 def _dma_wait(ctx, eqn, invals):
     # The bytes waited for are the size of the descriptor's source: a static shape,
     # whatever the slice starts, so the source's indices (a different page at every step
     # in a paged kernel) are left out of the cache key; unless a slice has a traced size
     # (`pl.ds(0, n)`): then the bytes are evaluated from the leaves at each wait.
-    layout = _dma_layout(eqn.params["tree"])
+    layout = _dma_layout(eqn_params.operand_tree(eqn))
     side = _indirect_side(eqn)
     if side is not None:  # a SparseCore gather or scatter
         yield from _indirect_wait(ctx, layout, invals, side)
@@ -347,14 +347,14 @@ def _end_wait(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> None
     ctx.call.on_dma_wait(ctx, cell, frames)
 
 
-@specializer(mosaic_primitives.dma_wait_p)
+@specializer(dma_wait_p)
 def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
     """A local, planned DMA's wait (see `_planned_dma_start`): its bytes and source line
     known before it runs; only its semaphore is looked up."""
     static = _planned_dma(eqn)
     if static is None:
         return None
-    _, _, sem_at, _, _ = _dma_layout(eqn.params["tree"])
+    _, _, sem_at, _, _ = _dma_layout(eqn_params.operand_tree(eqn))
     sem_lo, sem_hi = sem_at[0], sem_at[1]
     _, _, _, nbytes, frames = static
 
@@ -378,7 +378,7 @@ def _indirect_side(eqn: JaxprEqn) -> int | None:
     """Which argument of a DMA start or wait an index vector indexes (0: the source, a
     gather; 1: the destination, a scatter), None for a plain DMA: decided once per
     equation from its vars."""
-    src, dst, *_ = eqn.params["tree"].unflatten(eqn.invars)
+    src, dst, *_ = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
     return indirect.indexed_side(src, dst)
 
 
@@ -386,7 +386,7 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
-    src_at, dst_at, dst_sem_at, _, device_at = _dma_layout(eqn.params["tree"])
+    src_at, dst_at, dst_sem_at, _, device_at = _dma_layout(eqn_params.operand_tree(eqn))
     frames = current_frames(ctx)
     if device_at[1] > device_at[0]:
         raise KernelError("a gather or scatter DMA to or from a remote device is not"
@@ -422,7 +422,7 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
                                          vector)
         ctx.call.out_of_bounds(ctx, region, operation, None)
     positions, rows = indirect.active_rows(vector, size)
-    add = bool(eqn.params.get("add", False))
+    add = eqn_params.adds(eqn)
     indexed = indirect.rows_region(base, rows, add and side == 1)
     others = indirect.rows_region(plain, positions, add and side == 0)
     src, dst = (indexed, others) if side == 0 else (others, indexed)
@@ -438,10 +438,10 @@ def _index_vector(ctx: RunningCore, index: object,
     """An indirect DMA's index vector, read at its start: a ref's through the one read
     path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
     ignored = None
-    if isinstance(index, sc_core.Indices):
+    if isinstance(index, Indices):
         ignored = index.ignored_value
         index = index.values
-    if isinstance(index, (RefView, state_types.TransformedRef)):
+    if isinstance(index, (RefView, TransformedRef)):
         view = as_view(index)
         region = resolve(view)
         values = np.asarray(access_read(ctx, None, region=region))

@@ -22,9 +22,8 @@ from typing import Any, Callable, Sequence
 
 from jax.tree_util import PyTreeDef
 
-from pallas_check.jaxbridge import state_indexing
-from pallas_check.jaxbridge import state_types
 
+from pallas_check.jaxbridge.types import NDIndexer, Slice, TransformedRef
 from pallas_check.engine.memory.access_cache import scalar_index
 from pallas_check.engine.memory.buffer import Buffer, RefView
 from pallas_check.engine.memory.region import Region, index_region
@@ -182,14 +181,14 @@ def has_dynamic_size(tree: PyTreeDef) -> bool:
         shaped = tree.unflatten([_Slot(k) for k in range(tree.num_leaves)])
     except Exception:  # a pytree node that checks its leaves: look at nothing
         return False
-    if isinstance(shaped, state_types.TransformedRef):
+    if isinstance(shaped, TransformedRef):
         transforms = tuple(shaped.transforms)
     elif isinstance(shaped, (tuple, list)):
         transforms = tuple(shaped)
     else:
         return False
-    return any(isinstance(idx, state_indexing.Slice) and isinstance(idx.size, _Slot)
-               for transform in transforms if isinstance(transform, state_indexing.NDIndexer)
+    return any(isinstance(idx, Slice) and isinstance(idx.size, _Slot)
+               for transform in transforms if isinstance(transform, NDIndexer)
                for idx in transform.indices)
 
 
@@ -202,7 +201,7 @@ def plan_for(tree: PyTreeDef) -> IndexPlan | None:
     except Exception:  # a pytree node that checks its leaves: not ours to plan
         return None
     ref: int | None = None
-    if isinstance(shaped, state_types.TransformedRef):
+    if isinstance(shaped, TransformedRef):
         if not isinstance(shaped.ref, _Slot):
             return None
         ref, transforms = shaped.ref.position, tuple(shaped.transforms)
@@ -214,13 +213,13 @@ def plan_for(tree: PyTreeDef) -> IndexPlan | None:
         return None
     steps = []
     for transform in transforms:
-        if not isinstance(transform, state_indexing.NDIndexer):
+        if not isinstance(transform, NDIndexer):
             return None
         if any(not isinstance(n, int) for n in transform.int_indexer_shape):
             return None
         dims: list[_Dim] = []
         for idx in transform.indices:
-            if isinstance(idx, state_indexing.Slice):
+            if isinstance(idx, Slice):
                 size = scalar_index(idx.size)
                 if size is None:
                     return None  # a dynamic size

@@ -5,9 +5,9 @@ barrier semaphore; the semaphores themselves are dma/engine.py's cells.
 from __future__ import annotations
 
 import numpy as np
-from pallas_check.jaxbridge import pallas_primitives
-from pallas_check.jaxbridge import mosaic_primitives
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.primitives import get_barrier_semaphore_p, semaphore_read_p, semaphore_signal_p, semaphore_wait_p
 from pallas_check.engine.dma.devices import _with_core, on_device, target_device
 from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
@@ -17,12 +17,12 @@ from pallas_check.engine.rules.dma import _account_wait, _wait_ready
 from pallas_check.engine.runtime.scheduler import Wait
 
 
-@rule(pallas_primitives.semaphore_signal_p)
+@rule(semaphore_signal_p)
 def _semaphore_signal(ctx, eqn, invals):
-    sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
+    sem, transforms, inc, device_id, core_index = eqn_params.args_tree(eqn).unflatten(invals)
     if device_id is not None and ctx.call.core_mesh is not None:
         device_id = sparsecore.signal_device_id(ctx, device_id, sem)
-    target = target_device(ctx, device_id, eqn.params.get("device_id_type"))
+    target = target_device(ctx, device_id, eqn_params.device_id_type(eqn))
     if core_index is not None:
         target = _with_core(ctx, target, core_index)
     view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
@@ -34,9 +34,9 @@ def _semaphore_signal(ctx, eqn, invals):
     return []
 
 
-@rule(pallas_primitives.semaphore_wait_p, generator=True)
+@rule(semaphore_wait_p, generator=True)
 def _semaphore_wait(ctx, eqn, invals):
-    sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
+    sem, transforms, value, decrement = eqn_params.args_tree(eqn).unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
     cell = semaphore_cell(ctx, view)
     wanted = int(np.asarray(value))
@@ -53,13 +53,13 @@ def _semaphore_wait(ctx, eqn, invals):
     return []
 
 
-@rule(pallas_primitives.semaphore_read_p)
+@rule(semaphore_read_p)
 def _semaphore_read(ctx, eqn, invals):
-    sem, transforms = eqn.params["args_tree"].unflatten(invals)
+    sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
     return np.int32(sem_value(semaphore_cell(ctx, view)))
 
 
-@rule(mosaic_primitives.get_barrier_semaphore_p)
+@rule(get_barrier_semaphore_p)
 def _get_barrier_semaphore(ctx, eqn, invals):
     return ctx.call.barrier_semaphore(ctx)

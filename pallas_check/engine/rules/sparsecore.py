@@ -12,10 +12,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from jax.extend.core import JaxprEqn
-from pallas_check.jaxbridge import sc_core
-from pallas_check.jaxbridge import sc_primitives
-from pallas_check.jaxbridge import state_indexing
 
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.primitives import sc_all_reduce_ffs_p, sc_all_reduce_population_count_p, sc_barrier_p, sc_bitcast_p, sc_fetch_and_add_p, sc_gather_p, sc_load_p, sc_masked_cummax_p, sc_masked_cummin_p, sc_masked_cumsum_p, sc_masked_sort_p, sc_pack_p, sc_parallel_loop_p, sc_scan_count_p, sc_scatter_p, sc_swap_p, sc_unpack_p
+from pallas_check.jaxbridge.types import NDIndexer, Slice, VectorSubcoreMesh
 from pallas_check.engine.dma.devices import _core_index
 from pallas_check.engine.events import LoopIteration, ParallelLoop, event_kind
 from pallas_check.engine.verdicts import Where
@@ -59,7 +59,7 @@ def _barrier_of(ctx: RunningCore, core: int) -> SubcoreBarrier:
     return barrier
 
 
-@rule(sc_primitives.barrier_p, generator=True)
+@rule(sc_barrier_p, generator=True)
 def _subcore_barrier(ctx, eqn, invals):
     """`plsc.subcore_barrier()`: waits for every subcore of this SparseCore; for the race
     checker, all each of them did before arriving happens before all any does after."""
@@ -95,7 +95,7 @@ def signal_device_id(ctx: RunningCore, device_id: object, sem: object) -> object
     subcore operand and signals the signaller's OWN semaphore. Simulated as the chip does
     it, with a finding at the signal when it names another subcore than the signaller's."""
     if not isinstance(device_id, dict) or not isinstance(ctx.call.core_mesh,
-                                                         sc_core.VectorSubcoreMesh):
+                                                         VectorSubcoreMesh):
         return device_id
     named = {k: int(np.asarray(v)) for k, v in device_id.items() if k in ctx.core_coords}
     if not named:
@@ -118,7 +118,7 @@ def _root_actor(name: str) -> str:
     return name.split(" (parallel_loop", 1)[0]
 
 
-@rule(sc_primitives.fetch_and_add_p)
+@rule(sc_fetch_and_add_p)
 def _fetch_and_add(ctx, eqn, invals):
     """`plsc.fetch_and_add(x_smem.at[i], v, subcore_id=s)`: adds v to subcore s's copy of
     the SMEM cell (same SparseCore), atomically, and returns the old value. For the race
@@ -158,7 +158,7 @@ def _fetch_and_add(ctx, eqn, invals):
 
 def _lane_view(view: RefView, shape: tuple[int, ...], lane_index: tuple[int, ...]) -> RefView:
     """The one element of `view` (of `shape`) a gather/scatter lane addresses."""
-    indexer = state_indexing.NDIndexer(indices=lane_index, shape=shape, int_indexer_shape=())
+    indexer = NDIndexer(indices=lane_index, shape=shape, int_indexer_shape=())
     return view.with_transforms((indexer,))
 
 
@@ -185,11 +185,11 @@ def _lane_region(ctx: RunningCore, view: RefView, shape: tuple, lane: tuple, ope
     return region
 
 
-@rule(sc_primitives.gather_p)
+@rule(sc_gather_p)
 def _load_gather(ctx, eqn, invals):
     """`load_gather(ref, [i0, i1, ...], mask=m)`: out[j] = ref[i0[j], i1[j], ...] for each
     active lane j, each an element read (bounds, shadow, races); other lanes undefined."""
-    ref, transforms, indices, mask = eqn.params["tree"].unflatten(invals)
+    ref, transforms, indices, mask = eqn_params.operand_tree(eqn).unflatten(invals)
     view, lanes, on = _lanes(ref, transforms, indices, mask)
     dtype = np.dtype(eqn.outvars[0].aval.dtype)
     out = np.full(len(lanes), ctx.fill(dtype), dtype=dtype)
@@ -213,15 +213,15 @@ def _undefined(ctx: RunningCore, view: RefView, count: int, op: str) -> None:
 _CONFLICT = np.zeros((), np.void)  # an element several lanes store different values to
 
 
-@rule(sc_primitives.scatter_p)
+@rule(sc_scatter_p)
 def _store_scatter(ctx, eqn, invals):
     """`store_scatter` / `addupdate_scatter`: ref[i[j]] = x[j] (or += x[j]) for each active
     lane j, in lane order. Adds to one element from several lanes accumulate. Several
     active lanes storing DIFFERENT values to one element: which lane wins is unspecified
     (hardware order), so the element holds the fill value -- undefined, and reported like
     never-written memory when it reaches an output; equal values store that value."""
-    ref, transforms, indices, x, mask = eqn.params["tree"].unflatten(invals)
-    add = eqn.params["add"]
+    ref, transforms, indices, x, mask = eqn_params.operand_tree(eqn).unflatten(invals)
+    add = eqn_params.adds(eqn)
     view, lanes, on = _lanes(ref, transforms, indices, mask)
     x = np.asarray(x).reshape(-1)
     shape = _view_shape(ctx, view)
@@ -251,7 +251,7 @@ def _store_scatter(ctx, eqn, invals):
 
 def _first(view: RefView, shape: tuple[int, ...], n: int) -> RefView:
     """The first n elements of a 1-D view (what a compressed load or store touches)."""
-    indexer = state_indexing.NDIndexer(indices=(state_indexing.Slice(0, n, 1),), shape=shape,
+    indexer = NDIndexer(indices=(Slice(0, n, 1),), shape=shape,
                                        int_indexer_shape=())
     return view.with_transforms((indexer,))
 
@@ -260,7 +260,7 @@ def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[ob
     """(view of the first popcount(mask) elements, mask) of a masked SparseCore load or
     store (n = 0: None); a view of rank > 1 is touched whole, its mask selecting."""
     *transforms, mask = flat
-    view = access.view_of(ref, eqn.params["tree"].unflatten(transforms))
+    view = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(transforms))
     mask = np.asarray(mask, bool)
     n = int(mask.sum())
     if n == 0:
@@ -270,14 +270,14 @@ def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[ob
     return _first(view, (mask.shape[0],), n), mask
 
 
-@rule(sc_primitives.load_p)
+@rule(sc_load_p)
 def _sc_load(ctx, eqn, invals):
     """SparseCore `load`: without a mask a plain load; with one, `load_expanded`: the i-th
     active lane reads ref[i] (only ref[0:popcount] is touched), the others undefined."""
     ref, *flat = invals
     dtype = np.dtype(eqn.outvars[0].aval.dtype)
-    if not eqn.params["has_mask"]:
-        view = access.view_of(ref, eqn.params["tree"].unflatten(flat))
+    if not eqn_params.has_mask(eqn):
+        view = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
         return access.access_read(ctx, view).astype(dtype)
     view, mask = _compressed_part(ctx, eqn, ref, flat)
     _undefined(ctx, ref, int(mask.size - mask.sum()), "load_expanded")
@@ -291,14 +291,14 @@ def _sc_load(ctx, eqn, invals):
     return sc_values.expand(np.asarray(values, dtype), mask, ctx.fill(dtype))
 
 
-@rule(sc_primitives.swap_p)
+@rule(sc_swap_p)
 def _sc_store(ctx, eqn, invals):
     """SparseCore `swap`: `addupdate` (ref += x), `store_compressed` (ref[0:n] = x[mask]),
     `addupdate_compressed` (ref[0:n] += x[mask]); the result is x itself."""
     ref, x, *flat = invals
     x = np.asarray(x)
-    if not eqn.params["has_mask"]:
-        view = access.view_of(ref, eqn.params["tree"].unflatten(flat))
+    if not eqn_params.has_mask(eqn):
+        view = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
         value = x
     else:
         view, mask = _compressed_part(ctx, eqn, ref, flat)
@@ -308,36 +308,36 @@ def _sc_store(ctx, eqn, invals):
         if mask.ndim != 1:
             raise KernelError("a compressed store into a ref of rank > 1 is not simulated",
                               current_frames(ctx))
-    if eqn.params["add"]:  # `addupdate`: an atomic add
+    if eqn_params.adds(eqn):  # `addupdate`: an atomic add
         access.access_atomic_add(ctx, view, value, "addupdate")
         return x
     access.access_write(ctx, view, value)
     return x
 
 
-@rule(sc_primitives.masked_cumsum_p)
+@rule(sc_masked_cumsum_p)
 def _masked_cumsum(ctx, eqn, invals):
     return sc_values.masked_cumsum(*invals)
 
 
-@rule(sc_primitives.masked_cummax_p)
+@rule(sc_masked_cummax_p)
 def _masked_cummax(ctx, eqn, invals):
     return sc_values.masked_cummax(*invals)
 
 
-@rule(sc_primitives.masked_cummin_p)
+@rule(sc_masked_cummin_p)
 def _masked_cummin(ctx, eqn, invals):
     return sc_values.masked_cummin(*invals)
 
 
-@rule(sc_primitives.masked_sort_p)
+@rule(sc_masked_sort_p)
 def _masked_sort(ctx, eqn, invals):
     keys, values, *mask = invals
     return sc_values.sort_key_val(keys, values, mask[0] if mask else None,
-                                  eqn.params["descending"])
+                                  eqn_params.descending(eqn))
 
 
-@rule(sc_primitives.scan_count_p)
+@rule(sc_scan_count_p)
 def _scan_count(ctx, eqn, invals):
     """Counts of masked-off lanes are undefined (ASSUMED, sc_values.scan_count)."""
     off = int(np.size(invals[1]) - np.count_nonzero(invals[1]))
@@ -347,32 +347,32 @@ def _scan_count(ctx, eqn, invals):
     return sc_values.scan_count(invals[0], invals[1], ctx.fill(np.dtype(np.int32)))
 
 
-@rule(sc_primitives.all_reduce_population_count_p)
+@rule(sc_all_reduce_population_count_p)
 def _population_count(ctx, eqn, invals):
-    return sc_values.population_count(invals[0], eqn.params["reduce"])
+    return sc_values.population_count(invals[0], eqn_params.reduces(eqn))
 
 
-@rule(sc_primitives.all_reduce_ffs_p)
+@rule(sc_all_reduce_ffs_p)
 def _first_set(ctx, eqn, invals):
-    return sc_values.first_set(invals[0], eqn.params["reduce"])
+    return sc_values.first_set(invals[0], eqn_params.reduces(eqn))
 
 
-@rule(sc_primitives.pack_p)
+@rule(sc_pack_p)
 def _pack(ctx, eqn, invals):
     aval = eqn.outvars[0].aval
-    return sc_values.pack(invals[0], invals[1], eqn.params["format"].value,
+    return sc_values.pack(invals[0], invals[1], eqn_params.pack_format(eqn),
                           np.dtype(aval.dtype), tuple(aval.shape))
 
 
-@rule(sc_primitives.unpack_p)
+@rule(sc_unpack_p)
 def _unpack(ctx, eqn, invals):
-    return sc_values.unpack(invals[0], eqn.params["format"].value,
+    return sc_values.unpack(invals[0], eqn_params.pack_format(eqn),
                             np.dtype(eqn.outvars[0].aval.dtype))
 
 
-@rule(sc_primitives.bitcast_p)
+@rule(sc_bitcast_p)
 def _bitcast(ctx, eqn, invals):
-    return sc_values.bitcast(invals[0], eqn.params["dtype"])
+    return sc_values.bitcast(invals[0], eqn_params.target_dtype(eqn))
 
 
 class ParallelLoopHooks(Protocol):
@@ -391,17 +391,17 @@ class ParallelLoopHooks(Protocol):
 PARALLEL_LOOP_HOOKS: list[ParallelLoopHooks] = []
 
 
-@rule(sc_primitives.parallel_loop_p, generator=True, body_only=True)
+@rule(sc_parallel_loop_p, generator=True, body_only=True)
 def _parallel_loop(ctx, eqn, invals):
     """`parallel_loop(lower, upper, step, carry=...)`: the body per index, in order, the
     carry chaining them (the only dependence the hardware keeps between iterations; that
     the iterations are otherwise concurrent is for the hooks to model)."""
-    lower, upper, step, consts, carry = eqn.params["tree"].unflatten(invals)
+    lower, upper, step, consts, carry = eqn_params.operand_tree(eqn).unflatten(invals)
     lower, upper, step = int(np.asarray(lower)), int(np.asarray(upper)), int(np.asarray(step))
     if step <= 0:
         raise KernelError(f"parallel_loop with step {step}: expected a positive step",
                           current_frames(ctx))
-    body, hooks = eqn.params["jaxpr"], PARALLEL_LOOP_HOOKS
+    body, hooks = eqn_params.body(eqn), PARALLEL_LOOP_HOOKS
     carry = list(carry)
     for hook in hooks:
         hook.loop_started(ctx, eqn)

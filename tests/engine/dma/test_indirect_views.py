@@ -20,7 +20,7 @@ from pallas_check.engine.dma.indirect import ViewRowsRegion
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.engine.memory.region import resolve
 from pallas_check.findings import FindingKind, format_range
-from pallas_check.jaxbridge import state_types
+from jax._src.state import types as state_types  # the oracle: JAX's ref types
 
 D, L = 128, 8  # row width; rows per DMA (v6e's lanes)
 IDX = np.array([3, 1, 7, 7, 0, 15, 2, 9], np.int32)  # row 7 twice

@@ -15,7 +15,7 @@ from pallas_check.config import Config
 from pallas_check.engine.jaxpr import program as jaxpr_program
 from pallas_check.engine.jaxpr.segment_order import schedule
 from pallas_check.engine.runtime.caches import BoundedCache
-from pallas_check.jaxbridge import jax_core
+from jax._src import core as jax_core  # the oracle: JAX's own types
 
 
 def _programs_built(monkeypatch) -> list[jaxpr_program.Program]:

@@ -45,7 +45,7 @@ def test_same_equation_ref_and_indices_resolve_once():
 def test_a_jaxpr_literal_index_keys_like_the_int_it_holds(monkeypatch):
     """A constant index in a kernel reaches a rule as JAX's TypedInt: the fast key takes it
     as it is (the converting path, per element, is for jax scalars and index arrays)."""
-    from pallas_check.jaxbridge import TypedInt
+    from pallas_check.jaxbridge.types import TypedInt
 
     cache, (made, make) = AccessCache(), _counting()
     eqn, ref = object(), RefView(Buffer("x", "VMEM", np.zeros((4, 8), np.float32), True))

@@ -16,7 +16,8 @@ import pytest
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.engine.memory.region import OutOfBounds, index_region, resolve
 from pallas_check.engine.memory.views import UnsupportedTransform, tpu_bitcast
-from pallas_check.jaxbridge import state_indexing, state_types
+from jax._src.state import indexing as state_indexing  # the oracle: JAX's ref types
+from jax._src.state import types as state_types
 
 NAN = np.float32(np.nan)
 

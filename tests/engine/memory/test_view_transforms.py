@@ -9,7 +9,8 @@ import pytest
 
 from pallas_check.engine.memory.views import (UnsupportedTransform, _TRANSFORMS,
                                               _build_map, view_transform)
-from pallas_check.jaxbridge import state_indexing, state_types
+from jax._src.state import indexing as state_indexing  # the oracle: JAX's ref types
+from jax._src.state import types as state_types
 
 SHAPE = (8, 128)
 

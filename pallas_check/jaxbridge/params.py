@@ -1,0 +1,223 @@
+"""The parameters of the JAX equations pallas-check evaluates, read by meaning.
+
+A rule asks `operand_tree(eqn)` or `while_loop(eqn)`, never `eqn.params["tree"]`: JAX names
+these parameters, renames them between versions (0.11 renames scan's), and this file is the
+one place that knows the names. Each accessor is a plain function (one dict lookup more than
+the bare read), and rules that run per grid step read them once per equation when they can.
+
+A pallas_call's own parameters are not read here but in `call.py`, whole, into a
+`CallDescription`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Mapping
+
+from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn
+
+
+# -- refs, DMAs, semaphores ----------------------------------------------------------------
+
+def operand_tree(eqn: JaxprEqn) -> Any:
+    """The pytree that unflattens the equation's flat operands into their structure (a
+    ref and its transforms, a DMA's refs and semaphores, a loop's bounds and carry):
+    `tree` of the state, DMA and SparseCore primitives."""
+    return eqn.params["tree"]
+
+
+def args_tree(eqn: JaxprEqn) -> Any:
+    """The same pytree for Pallas' masked load / store and the semaphore primitives
+    (`args_tree`)."""
+    return eqn.params["args_tree"]
+
+
+def adds(eqn: JaxprEqn) -> bool:
+    """Whether a DMA or SparseCore store adds into its destination (`add=True`)."""
+    return bool(eqn.params.get("add", False))
+
+
+def device_id_type(eqn: JaxprEqn) -> Any:
+    """How a remote DMA or semaphore signal names its device (logical / mesh), or None."""
+    return eqn.params.get("device_id_type")
+
+
+# -- SparseCore vector ops -----------------------------------------------------------------
+
+def has_mask(eqn: JaxprEqn) -> bool:
+    return bool(eqn.params["has_mask"])
+
+
+def descending(eqn: JaxprEqn) -> bool:
+    return bool(eqn.params["descending"])
+
+
+def reduces(eqn: JaxprEqn) -> Any:
+    """A SparseCore all-reduce's `reduce` parameter (whether it reduces across lanes)."""
+    return eqn.params["reduce"]
+
+
+def pack_format(eqn: JaxprEqn) -> Any:
+    """The format value of a SparseCore pack / unpack (its enum's `.value`)."""
+    return eqn.params["format"].value
+
+
+def target_dtype(eqn: JaxprEqn) -> Any:
+    """The dtype a bitcast produces: `dtype` (SparseCore) or `new_dtype` (lax)."""
+    params = eqn.params
+    return params["new_dtype"] if "new_dtype" in params else params["dtype"]
+
+
+# -- the grid, devices, PRNG ---------------------------------------------------------------
+
+def grid_axis(eqn: JaxprEqn) -> int:
+    """The grid axis of `pl.program_id` / `pl.num_programs`."""
+    return int(eqn.params["axis"])
+
+
+def axis_name(eqn: JaxprEqn) -> Any:
+    """The mesh axis name of `lax.axis_index`."""
+    return eqn.params["axis_name"]
+
+
+def result_shape(eqn: JaxprEqn) -> tuple[int, ...]:
+    """The shape of a primitive that makes a value from nothing (PRNG bits)."""
+    return tuple(eqn.params["shape"])
+
+
+# -- nested jaxprs -------------------------------------------------------------------------
+
+def body(eqn: JaxprEqn) -> Any:
+    """The body of jit, scan, run_scoped and SparseCore's parallel_loop (`jaxpr`: a
+    ClosedJaxpr for jit and scan, an open Jaxpr for run_scoped and parallel_loop)."""
+    return eqn.params["jaxpr"]
+
+
+def maybe_body(eqn: JaxprEqn) -> Any:
+    """`body`, or None for a primitive that has none."""
+    return eqn.params.get("jaxpr")
+
+
+def call_body(eqn: JaxprEqn) -> ClosedJaxpr:
+    """The body of a closed_call (`call_jaxpr`)."""
+    return eqn.params["call_jaxpr"]
+
+
+def primal_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
+    """The primal function of a custom_jvp / custom_vjp call."""
+    params = eqn.params
+    return params.get("call_jaxpr") or params["fun_jaxpr"]
+
+
+def branches(eqn: JaxprEqn) -> tuple[ClosedJaxpr, ...]:
+    """A cond's branches, in index order."""
+    return tuple(eqn.params["branches"])
+
+
+@dataclasses.dataclass(frozen=True)
+class WhileLoop:
+    """A while loop's parts: operands are cond consts, body consts, then the carry."""
+
+    cond: ClosedJaxpr
+    body: ClosedJaxpr
+    cond_nconsts: int
+    body_nconsts: int
+
+
+def while_loop(eqn: JaxprEqn) -> WhileLoop:
+    params = eqn.params
+    return WhileLoop(params["cond_jaxpr"], params["body_jaxpr"], int(params["cond_nconsts"]),
+                     int(params["body_nconsts"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanLoop:
+    """A scan's parts: operands are consts, the carry, then the scanned inputs."""
+
+    body: ClosedJaxpr
+    num_consts: int
+    num_carry: int
+    length: int
+    reverse: bool
+
+
+def scan_loop(eqn: JaxprEqn) -> ScanLoop:
+    params = eqn.params
+    return ScanLoop(params["jaxpr"], int(params["num_consts"]), int(params["num_carry"]),
+                    int(params["length"]), bool(params["reverse"]))
+
+
+def nested_with_operands(eqn: JaxprEqn) -> Iterator[tuple[Jaxpr, list[Atom]]]:
+    """Each jaxpr nested in the equation, open, with the outer operands its invars receive:
+    the equation's last ones (cond branches, jit, loop bodies); a while's condition takes its
+    own consts and the carry; a run_scoped body gets the whole operand list (its constvars
+    are the outer refs it closes over, its invars the refs it allocates)."""
+    params = eqn.params
+    for key, value in params.items():
+        for sub in value if isinstance(value, tuple) else (value,):
+            if isinstance(sub, ClosedJaxpr):
+                inner = sub.jaxpr
+            elif isinstance(sub, Jaxpr):
+                inner = sub
+            else:
+                continue
+            n = len(inner.invars)
+            if key == "cond_jaxpr" and "body_nconsts" in params:
+                first = params.get("cond_nconsts", 0)
+                outer = list(eqn.invars[:first]) + list(eqn.invars[first + params["body_nconsts"]:])
+            elif n <= len(eqn.invars):
+                outer = list(eqn.invars[len(eqn.invars) - n:])
+            else:
+                outer = list(eqn.invars)
+            yield inner, outer
+
+
+def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
+    """The keyword arguments that rebind the equation's primitive as it was traced."""
+    return eqn.primitive.get_bind_params(eqn.params)
+
+
+def has_params(eqn: JaxprEqn) -> bool:
+    return bool(eqn.params)
+
+
+def param_values(eqn: JaxprEqn) -> Iterator[Any]:
+    """Every parameter value, for passes that look for a kind of value among them."""
+    return iter(eqn.params.values())
+
+
+# -- prints and checks ---------------------------------------------------------------------
+
+def check_error_tree(eqn: JaxprEqn) -> Any:
+    """The pytree of a checkify `check_p`'s error (its operands flattened)."""
+    return eqn.params["err_tree"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrintFormat:
+    """What `debug_print_p` prints: its format string, the pytree of its arguments, the
+    static ones by position, whether the string has placeholders, numpy's print options."""
+
+    fmt: str
+    in_tree: Any
+    static_args: tuple[tuple[int, Any], ...]
+    has_placeholders: bool
+    np_printoptions: tuple[tuple[str, Any], ...]
+
+
+def print_format(params: Mapping[str, Any]) -> PrintFormat:
+    return PrintFormat(params["fmt"], params["in_tree"], tuple(params.get("static_args", ())),
+                       bool(params.get("has_placeholders", True)),
+                       tuple(params.get("np_printoptions", ())))
+
+
+def params_of(eqn: JaxprEqn) -> dict[str, Any]:
+    """An equation's parameters whole, for a reader here that takes them whole
+    (`print_format`)."""
+    return eqn.params
+
+
+def is_plain_conversion(eqn: JaxprEqn) -> bool:
+    """Whether a convert_element_type only converts (no parameter beyond the dtype, weak
+    type and sharding)."""
+    return not set(eqn.params) - {"new_dtype", "weak_type", "sharding"}

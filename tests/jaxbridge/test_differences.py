@@ -1,0 +1,55 @@
+"""Each JAX version difference the bridge handles, one test each (run on the installed JAX;
+the branch for the other version is exercised by faking its absence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pallas_check.jaxbridge import call, types
+
+
+def test_dict_compiler_params_under_either_key_give_the_semantics() -> None:
+    """"mosaic_tpu" (jax >= 0.8) and "mosaic" (before) both carry dimension_semantics: a
+    reader of one key would drop the megacore split of the other."""
+    for key in ("mosaic_tpu", "mosaic"):
+        given = {key: {"dimension_semantics": ("parallel", "arbitrary"),
+                       "vmem_limit_bytes": 1 << 20}}
+        assert call._semantics(given) == ("parallel", "arbitrary")
+        assert call._vmem_limit(given) == 1 << 20
+    assert call._semantics(None) == ()
+
+
+def test_tpu_refusal_without_a_lowering_rule_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jax 0.9 has no `get_lowering_rule`: any non-TPU params fail the TPU assertion."""
+    monkeypatch.delattr(call._pallas_core, "get_lowering_rule", raising=False)
+    assert call.tpu_refusal(object()) == call.MOSAIC_FOREIGN_PARAMS
+
+
+def test_tpu_refusal_with_the_registry() -> None:
+    if not hasattr(call._pallas_core, "get_lowering_rule"):
+        pytest.skip("jax 0.9: no registry")
+    assert call.tpu_refusal(object()) == call.MOSAIC_FOREIGN_PARAMS
+
+
+def test_types_a_version_lacks_match_nothing() -> None:
+    """`plsc.Indices` and `pl.select_ref`'s transform are jax >= 0.10: on 0.9 they are
+    `_Absent`, which no value is an instance of (and which cannot be made)."""
+    assert not isinstance(object(), types._Absent)
+    with pytest.raises(TypeError):
+        types._Absent()
+    for name in ("Indices", "SelectTransform"):
+        assert isinstance(getattr(types, name), type)
+
+
+def test_discharge_state_takes_a_closed_jaxpr() -> None:
+    """jax 0.9's `discharge_state` takes (jaxpr, consts), its closed form is
+    `discharge_state2`; jax 0.10's takes the ClosedJaxpr: the bridge's takes a closed one
+    on both (on 0.9 the plain call fails: a missing `consts`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_check.jaxbridge.jaxprs import discharge_state, jaxpr_as_fun
+
+    closed = jax.make_jaxpr(lambda x: x * 2 + 1)(jnp.zeros((2,), jnp.int32))
+    out = discharge_state(closed)
+    assert [int(v) for v in jaxpr_as_fun(out)(jnp.array([1, 2], jnp.int32))[0]] == [3, 5]
