@@ -19,7 +19,8 @@ import pallas_check
 from pallas_check import __version__, interrupts
 from pallas_check.config import TpuGeneration, parse_generations
 from pallas_check.config.environment import debug_requested
-from pallas_check.config.layers import check_other_variables, default_map, load_settings
+from pallas_check.config import layers  # (layers.load_settings: looked up per run, tests replace it)
+from pallas_check.config.layers import check_other_variables, default_map
 from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS,
                                          config_from, with_options)
 from pallas_check.delivery import note
@@ -155,7 +156,7 @@ def _main(
     if ctx.invoked_subcommand == "run":
         # [tool.pallas-check] and PALLAS_CHECK_* become run's defaults; given flags win
         # (a bad table or variable is a SettingsError: one line, exit 2).
-        ctx.default_map = {"run": default_map(load_settings(run))}
+        ctx.default_map = {"run": default_map(layers.load_settings(run))}
 
 
 def _check_output(output: Optional[Path], script: Path,
