@@ -31,7 +31,7 @@ from pallas_check.jaxbridge.call import output_zeros
 from pallas_check.errors import one_line
 from pallas_check.execfile import ScriptOutcome
 from pallas_check.exitcodes import exit_code_for
-from pallas_check.findings import Finding, SourceFrame
+from pallas_check.findings import Finding, JsonObject, SourceFrame
 from pallas_check.generations import asked_since, retrace_in_child
 from pallas_check.intercept import intercepted
 from pallas_check.report.compile import CompileReport, summary_text
@@ -88,9 +88,9 @@ class CompileOnlyCommand:
         script_seconds = time.perf_counter() - self.started
         internal = one_line(ours[0]) if ours else None
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []  # Any: call_row's JSON, merged by key (_compiled)
         findings: list[Finding] = []
-        traces: dict[str, dict[str, Any]] = {}
+        traces: dict[str, JsonObject] = {}
         if internal is None:
             try:
                 rows, findings, traces = self._compiled(calls, script_seconds, outcome)
@@ -112,7 +112,7 @@ class CompileOnlyCommand:
 
     def _compiled(self, calls: list[RecordedCall], script_seconds: float,
                   outcome: ScriptOutcome
-                  ) -> tuple[list[dict[str, Any]], list[Finding], dict[str, dict[str, Any]]]:
+                  ) -> tuple[list[dict[str, Any]], list[Finding], dict[str, JsonObject]]:
         """The report's rows and findings: the calls of this run compiled for the first
         generation, each further generation's from a run of the script as that chip."""
         first = self.generations[0].value
@@ -121,7 +121,7 @@ class CompileOnlyCommand:
                                                            - len(further)])
         rows = [call_row(c, result.by_call.get(c.index, {})) for c in calls]
         findings = list(result.findings)
-        traces = {first: {"own_process": False, "calls": len(calls),
+        traces: dict[str, JsonObject] = {first: {"own_process": False, "calls": len(calls),
                           "seconds": round(script_seconds, 3),
                           "script_error": None if outcome.ok else outcome.error}}
         for generation in further:

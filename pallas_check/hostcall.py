@@ -20,7 +20,7 @@ import itertools
 import math
 import threading
 import traceback
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -112,6 +112,7 @@ _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
 HostFunction = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 
 
+@runtime_checkable
 class Shaped(Protocol):
     """What the layout of a call's operand or result is read from: JAX's abstract value
     (`ShapedArray`) or a `jax.ShapeDtypeStruct`."""
@@ -130,15 +131,18 @@ class _Target:
 
     __slots__ = ("host", "operand_layouts", "result_layouts")
 
-    def __init__(self, host: HostFunction, operand_avals: Sequence[Shaped],
-                 result_avals: Sequence[Shaped]) -> None:
+    def __init__(self, host: HostFunction, operand_avals: Sequence[object],
+                 result_avals: Sequence[object]) -> None:
         self.host = host
         self.operand_layouts = tuple(_layout(a) for a in operand_avals)
         self.result_layouts = tuple(_layout(a) for a in result_avals)
 
 
-def _layout(aval: Shaped) -> tuple[np.dtype, tuple[int, ...], int]:
-    """(dtype, shape, bytes) of a buffer of `aval`."""
+def _layout(aval: object) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, bytes) of a buffer of `aval` (JAX types a lowering's avals as any
+    abstract value; an array operand's has a shape and a dtype)."""
+    if not isinstance(aval, Shaped):
+        raise TypeError(f"pallas-check host call: an operand without a shape: {aval!r}")
     dtype = np.dtype(aval.dtype)
     shape = tuple(int(d) for d in aval.shape)
     return dtype, shape, math.prod(shape) * dtype.itemsize
@@ -223,8 +227,8 @@ def _register() -> None:
         _registered = True
 
 
-def add_target(host: HostFunction, operand_avals: Sequence[Shaped],
-               result_avals: Sequence[Shaped], operands_read: int | None = None,
+def add_target(host: HostFunction, operand_avals: Sequence[object],
+               result_avals: Sequence[object], operands_read: int | None = None,
                results_read: int | None = None) -> int:
     """Register a host function for one call site; returns the id the lowering embeds.
     `operands_read` / `results_read`: how many leading operands / results the host
