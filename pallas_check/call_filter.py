@@ -18,7 +18,25 @@ import collections
 import dataclasses
 import fnmatch
 import threading
-from typing import Any, Sequence
+from typing import Hashable, Protocol, Sequence
+
+
+class Kernel(Hashable, Protocol):
+    """A call's kernel as the session describes it: its name (and, hashed, where it is
+    defined: one structure per kernel)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Operand(Protocol):
+    """An operand of a call: what its structure reads of it."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> object: ...
 
 
 @dataclasses.dataclass
@@ -52,7 +70,7 @@ class CallFilter:
         return not self.kernels or any(fnmatch.fnmatchcase(name, glob)
                                        for glob in self.kernels)
 
-    def checks(self, kernel: Any, params: dict, operands: Sequence[Any]) -> bool:
+    def checks(self, kernel: Kernel, params: dict, operands: Sequence[Operand]) -> bool:
         """Whether this call is checked (counted either way, under its kernel's name)."""
         checked = self.selects(kernel.name)
         if checked and self.calls > 0:
