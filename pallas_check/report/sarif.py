@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
 from pallas_check.findings import (Access, Finding, FindingKind, JsonObject, SourceFrame,
