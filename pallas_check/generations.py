@@ -31,11 +31,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.execfile import ScriptOutcome
 from pallas_check.findings import CallSummary, Finding, FindingKind, FindingStore, JsonObject
+from pallas_check.report.compile import CallRow
 from pallas_check.tpu_compile.stage import compile_session
 from pallas_check.tpu_info import questions
 
@@ -54,8 +55,7 @@ class GenerationRun:
     # Call index -> (kernel name, this generation's compile summary: CompileOutcome.summary()).
     compiled: dict[int, tuple[str, JsonObject]] = dataclasses.field(default_factory=dict)
     # `pallas-check compile`: its report's call rows (compile_command.call_row).
-    # Any: a row's values are read and merged by key there (its compiled summaries)
-    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rows: list[CallRow] = dataclasses.field(default_factory=list)
     calls: int = 0
     script_error: str | None = None
     internal_error: str | None = None
