@@ -60,8 +60,9 @@ class CompileOnlyCommand:
         self._lock = threading.Lock()
         self.started = time.perf_counter()
 
-    def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = (), call_site: SourceFrame | None = None) -> list[np.ndarray]:
+    def handle_call(self, params: dict[str, object], operands: Sequence[np.ndarray],
+                    device: int = 0, mesh_axes: tuple[tuple[str, int], ...] = (),
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         if device == 0:  # one record per call, also under shard_map
             with self._lock:
                 index = next(self._counter)
