@@ -26,7 +26,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.text import Text
@@ -117,7 +117,8 @@ class Run:
         return (f"<pallas_check.Run: {findings_in_calls(len(r.findings), len(r.calls))},"
                 f" exit code {r.exit_code}>")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+    def _repr_mimebundle_(self, include: object = None,
+                          exclude: object = None) -> dict[str, str]:
         """Jupyter and IPython: ONE output, the HTML table, with the plain table as its
         text/plain fallback (a front end without HTML, `nbconvert --to markdown`)."""
         return {"text/html": self._repr_html_(), "text/plain": str(self)}
@@ -148,7 +149,7 @@ class Run:
 
 @contextlib.contextmanager
 def checking(*, project: bool | str | Path = True, progress: bool = False,
-             **options: Any) -> Iterator[Run]:
+             **options: object) -> Iterator[Run]:
     """Simulate and check every pallas_call made inside the block; the Run it yields
     holds the report once the block ends (also when the block raised: the exception
     goes on). Options: see the module docstring; `progress=True`: a progress line on

@@ -12,7 +12,7 @@ import difflib
 import enum
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pallas_check.config import Config
 from pallas_check.config.layers import checked_value, load_settings, option_specs
@@ -38,11 +38,11 @@ class Options:
     policy: Policy
 
 
-def resolve(options: dict[str, Any], project: bool | str | Path = True,
+def resolve(options: Mapping[str, object], project: bool | str | Path = True,
             report_unused: bool = False) -> Options:
     """Options as `checking` takes them, checked and merged over the project's settings
     (raises ValueError, one line; TypeError for a name that is no option)."""
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # Any: by name, each option's own type (read by name)
     if project is not False:
         cwd = None if project is True else Path(project)
         try:
@@ -72,7 +72,7 @@ def resolve(options: dict[str, Any], project: bool | str | Path = True,
     return Options(_config(values), policy)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """An enum member as its value, a Path as a string, a tuple as a list: as a
     `[tool.pallas-check]` table would hold them."""
     if isinstance(value, enum.Enum):
@@ -84,7 +84,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _config(values: dict[str, Any]) -> Config:
+def _config(values: Mapping[str, object]) -> Config:
     """The Config of the options that mean something here (a `devices` set in the
     project's table does not: JAX already chose its device count)."""
     return config_from({name: value for name, value in values.items()

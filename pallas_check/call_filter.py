@@ -18,7 +18,25 @@ import collections
 import dataclasses
 import fnmatch
 import threading
-from typing import Any, Sequence
+from typing import Hashable, Mapping, Protocol, Sequence
+
+
+class Kernel(Hashable, Protocol):
+    """A call's kernel as the session describes it: its name (and, hashed, where it is
+    defined: one structure per kernel)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Operand(Protocol):
+    """An operand of a call: what its structure reads of it."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> object: ...
 
 
 @dataclasses.dataclass
@@ -36,12 +54,13 @@ class CallFilter:
         self.kernels = tuple(kernels or ())
         self.calls = int(calls or 0)
         self._lock = threading.Lock()
-        self._seen: collections.Counter[tuple] = collections.Counter()  # structure -> calls
+        # structure -> calls
+        self._seen: collections.Counter[tuple[object, ...]] = collections.Counter()
         self.counts: dict[str, KernelCounts] = {}
         # The structure text of a call's params, by the params dict's identity (a jitted
         # call's lowering hands the same dict to every one of its calls): printing a jaxpr
         # costs about as much as a small call's pass-through.
-        self._static: dict[int, tuple[dict, str]] = {}
+        self._static: dict[int, tuple[Mapping[str, object], str]] = {}
 
     @property
     def active(self) -> bool:
@@ -52,7 +71,8 @@ class CallFilter:
         return not self.kernels or any(fnmatch.fnmatchcase(name, glob)
                                        for glob in self.kernels)
 
-    def checks(self, kernel: Any, params: dict, operands: Sequence[Any]) -> bool:
+    def checks(self, kernel: Kernel, params: Mapping[str, object],
+               operands: Sequence[Operand]) -> bool:
         """Whether this call is checked (counted either way, under its kernel's name)."""
         checked = self.selects(kernel.name)
         if checked and self.calls > 0:
@@ -75,7 +95,7 @@ class CallFilter:
             return {name: c.passed_through for name, c in sorted(self.counts.items())
                     if c.passed_through}
 
-    def structure(self, params: dict) -> str:
+    def structure(self, params: Mapping[str, object]) -> str:
         """The call's static parameters as text (`static_text`), remembered per params."""
         entry = self._static.get(id(params))
         if entry is not None and entry[0] is params:
@@ -88,7 +108,7 @@ class CallFilter:
         return text
 
 
-def static_text(params: dict) -> str:
+def static_text(params: Mapping[str, object]) -> str:
     """The static parameters of a call as text: equal text, same code on any values."""
     return "\n".join(f"{key}={value}" for key, value in sorted(params.items())
                      if key not in ("debug", "interpret", "name_and_src_info"))

@@ -46,9 +46,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Protocol, Sequence
 
 from pallas_check.delivery import flush_streams, note
+from pallas_check.execfile import ScriptOutcome
+
+if TYPE_CHECKING:
+    from pallas_check.config import Config
+    from pallas_check.findings import CallSummary, Finding
 
 _real_exit = os._exit  # a run wraps os._exit (runner.py); a child ends for real
 _KEY = "pallas_check_child"  # our entry in multiprocessing's preparation data
@@ -67,7 +72,8 @@ FORKED_JAX = ("pallas-check: JAX cannot compile in a process forked after JAX st
 @dataclasses.dataclass
 class _Run:
     owner: int  # the pid of the process that started the run
-    child_start: Any  # what a spawned child unpickles (None: its calls are not ours)
+    child_start: _ChildStart | None  # what a spawned child unpickles (None: its calls
+    # are not ours)
     folder: Path | None = None  # where checking children put what they found (made
     # when the first child is started: most runs start none)
 
@@ -99,7 +105,7 @@ def jax_refused() -> bool:
 
 
 @contextlib.contextmanager
-def owned(child_config: Any = None, starter: Callable[..., None] | None = None,
+def owned(child_config: Config | None = None, starter: Callable[..., None] | None = None,
           prints_to_stderr: bool = False) -> Iterator[None]:
     """While active, this process owns a run: children forked or spawned meanwhile are
     told apart (above). `child_config`: the Config a spawned child checks its calls with,
@@ -160,7 +166,7 @@ def _jax_started() -> bool:
 def _refuse_compiles() -> None:
     bridge = sys.modules["pallas_check.jaxbridge"]
 
-    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
         raise ForkedProcessError(FORKED_JAX)
 
     bridge.compiler.backend_compile_and_load = refuse
@@ -179,7 +185,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def end_if_child(outcome: Any) -> None:
+def end_if_child(outcome: ScriptOutcome) -> None:
     """In a forked child, the end of the script is the end of the process (no report,
     none of the run's outputs, no exit handlers of the parent's JAX): its exit status is
     the script's, and a crash is one line on stderr. In the owner, nothing."""
@@ -199,12 +205,12 @@ class _ChildStart:
     """Rides in the preparation data of a spawned child: unpickling it there calls the
     starter, which starts the child's checking session."""
 
-    def __init__(self, starter: Callable[..., None], config: Any, run: _Run,
+    def __init__(self, starter: Callable[..., None], config: Config, run: _Run,
                  prints_to_stderr: bool) -> None:
         self.starter, self.config, self.run = starter, config, run
         self.prints_to_stderr = prints_to_stderr
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[..., None], tuple[Config, str, bool, str | None]]:
         folder = str(self.run.made_folder())
         return (self.starter, (self.config, folder, self.prints_to_stderr, _platform()))
 
@@ -230,8 +236,8 @@ def _carried_into_spawned(start: _ChildStart | None) -> Callable[[], None]:
 
     original = spawn.get_preparation_data
 
-    def with_our_start(name: str) -> dict:
-        data = original(name)
+    def with_our_start(name: str) -> dict[str, object]:
+        data: dict[str, object] = original(name)
         data[_KEY] = start
         return data
 
@@ -256,7 +262,7 @@ class ChildFindings:
         self.folder = folder
         self.first: int | None = None  # when the child's first call ended (its order)
 
-    def write(self, calls: list, findings: list) -> None:
+    def write(self, calls: Sequence[CallSummary], findings: Sequence[Finding]) -> None:
         if self.first is None:
             self.first = time.monotonic_ns()
         data = {"first": self.first, "pid": os.getpid(), "calls": calls,
@@ -270,7 +276,13 @@ class ChildFindings:
             pass
 
 
-def adopt_children(session: Any, folder: Path | None) -> None:
+class Adopter(Protocol):
+    """What takes a child's calls and findings in: the owner's session."""
+
+    def adopt(self, calls: Sequence[CallSummary], findings: Sequence[Finding]) -> None: ...
+
+
+def adopt_children(session: Adopter, folder: Path | None) -> None:
     """The calls and findings of the run's children into `session` (the owner's), in the
     order the children made their first call; the folder is removed (the owner reports
     once; it may end without its exit handlers, e.g. by the watchdog)."""

@@ -10,7 +10,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 import typer
 import typer.core
@@ -34,6 +34,11 @@ from pallas_check.units import plural
 from pallas_check.watchdog import guard_exit
 
 if TYPE_CHECKING:
+    # The click that typer 0.29 ships (pinned in pyproject.toml): the base methods we
+    # override declare its Context and HelpFormatter (`typer.Context` is a subclass, too
+    # narrow for an override's parameter).
+    from typer._click import Context, HelpFormatter
+
     from pallas_check.suppress import Policy
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -44,9 +49,9 @@ class _OneLineErrors(typer.core.TyperGroup):
     public API is used (`typer.TyperException` is the base of the usage errors of the
     click that typer ships; `typer.Abort` is its interrupt)."""
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
-             standalone_mode: bool = True, windows_expand_args: bool = True,
-             **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: object) -> object:
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False,
@@ -96,7 +101,7 @@ class _Command(typer.core.TyperCommand):
     `SCRIPT [ARGS]...` in the usage line and `SCRIPT` in the list (typer's own would be
     `{script} [script_args]...` and `script <path>`, `script_args... <list[str]>`)."""
 
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if isinstance(param, typer.core.TyperArgument):
@@ -107,7 +112,7 @@ class _Command(typer.core.TyperCommand):
                 pieces.extend(param.get_usage_pieces(ctx))
         return pieces
 
-    def format_options(self, ctx: Any, formatter: Any) -> None:
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         arguments, options = [], []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
@@ -239,7 +244,8 @@ _SCRIPT_PARAMETERS = [
 
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(RUN_OPTIONS, _SCRIPT_PARAMETERS)
-def run(script: Path, script_args: Optional[List[str]] = None, **options: Any) -> None:
+def run(script: Path, script_args: Optional[List[str]] = None,
+        **options: Any) -> None:  # Any: each option's own type, set by typer at run time
     """Run SCRIPT with every pallas_call simulated and checked; report the findings."""
     # `options`: every option of RUN_OPTIONS by parameter name (typer reads the signature
     # with_options gives this function); those the engine reads become the Config.
@@ -361,7 +367,8 @@ def _run_native(script: Path, script_args: Optional[List[str]], fmt: str,
 
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
 @with_options(DIFF_OPTIONS, _SCRIPT_PARAMETERS)
-def diff(script: Path, script_args: Optional[List[str]] = None, **options: Any) -> None:
+def diff(script: Path, script_args: Optional[List[str]] = None,
+        **options: Any) -> None:  # Any: each option's own type, set by typer at run time
     """Run every pallas_call of SCRIPT twice (ours and another side); compare the outputs."""
     fmt = Format(options["fmt"]).value  # only the formats diff's report has (formats.py)
     against, output = options["against"], options["output"]

@@ -21,7 +21,7 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -31,10 +31,10 @@ from pallas_check.jaxbridge.call import output_zeros
 from pallas_check.errors import one_line
 from pallas_check.execfile import ScriptOutcome
 from pallas_check.exitcodes import exit_code_for
-from pallas_check.findings import Finding, SourceFrame
+from pallas_check.findings import Finding, JsonObject, SourceFrame
 from pallas_check.generations import asked_since, retrace_in_child
 from pallas_check.intercept import intercepted
-from pallas_check.report.compile import CompileReport, summary_text
+from pallas_check.report.compile import CallRow, CompileReport, summary_text
 from pallas_check.report.console import display_for
 from pallas_check.report.formats import COMPILE, render
 from pallas_check.runner import Verdict, script_traceback
@@ -60,8 +60,9 @@ class CompileOnlyCommand:
         self._lock = threading.Lock()
         self.started = time.perf_counter()
 
-    def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
-                    mesh_axes: tuple = (), call_site: SourceFrame | None = None) -> list[np.ndarray]:
+    def handle_call(self, params: dict[str, object], operands: Sequence[np.ndarray],
+                    device: int = 0, mesh_axes: tuple[tuple[str, int], ...] = (),
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
         if device == 0:  # one record per call, also under shard_map
             with self._lock:
                 index = next(self._counter)
@@ -88,9 +89,9 @@ class CompileOnlyCommand:
         script_seconds = time.perf_counter() - self.started
         internal = one_line(ours[0]) if ours else None
         calls = sorted(self.recorder.calls, key=lambda c: c.index)
-        rows: list[dict[str, Any]] = []
+        rows: list[CallRow] = []
         findings: list[Finding] = []
-        traces: dict[str, dict[str, Any]] = {}
+        traces: dict[str, JsonObject] = {}
         if internal is None:
             try:
                 rows, findings, traces = self._compiled(calls, script_seconds, outcome)
@@ -112,7 +113,7 @@ class CompileOnlyCommand:
 
     def _compiled(self, calls: list[RecordedCall], script_seconds: float,
                   outcome: ScriptOutcome
-                  ) -> tuple[list[dict[str, Any]], list[Finding], dict[str, dict[str, Any]]]:
+                  ) -> tuple[list[CallRow], list[Finding], dict[str, JsonObject]]:
         """The report's rows and findings: the calls of this run compiled for the first
         generation, each further generation's from a run of the script as that chip."""
         first = self.generations[0].value
@@ -121,7 +122,7 @@ class CompileOnlyCommand:
                                                            - len(further)])
         rows = [call_row(c, result.by_call.get(c.index, {})) for c in calls]
         findings = list(result.findings)
-        traces = {first: {"own_process": False, "calls": len(calls),
+        traces: dict[str, JsonObject] = {first: {"own_process": False, "calls": len(calls),
                           "seconds": round(script_seconds, 3),
                           "script_error": None if outcome.ok else outcome.error}}
         for generation in further:
@@ -129,24 +130,25 @@ class CompileOnlyCommand:
             if run.internal_error is not None:
                 raise RuntimeError(f"the script's run as {run.generation}:"
                                    f" {run.internal_error}")
-            by_index = {(r["index"], r["kernel"]): r for r in rows}
+            by_index = {(r.index, r.kernel): r for r in rows}
             for row in run.rows:
-                mine = by_index.get((row["index"], row["kernel"]))
+                mine = by_index.get((row.index, row.kernel))
                 if mine is None:
                     rows.append(row)  # a call only this generation's trace made
                 else:
-                    mine["compiled"].update(row["compiled"])
+                    mine.compiled.update(row.compiled)
             findings.extend(run.findings)
             traces[generation.value] = run.note()
-        rows.sort(key=lambda r: r["index"])
+        rows.sort(key=lambda r: r.index)
         return rows, findings, traces
 
 
-def call_row(call: RecordedCall, outcomes: dict[str, CompileOutcome]) -> dict[str, Any]:
+def call_row(call: RecordedCall, outcomes: dict[str, CompileOutcome]) -> CallRow:
     site = call.call_site
-    return {"index": call.index, "kernel": call.kernel.name,
-            "file": site.file if site else call.kernel.file,
-            "line": site.line if site else call.kernel.line,
-            "operands": [{"shape": list(shape), "dtype": dtype} for shape, dtype in call.avals],
-            "devices": int(np.prod([s for _, s in call.mesh_axes])) if call.mesh_axes else 1,
-            "compiled": {g: o.summary() for g, o in outcomes.items()}}
+    return CallRow(
+        index=call.index, kernel=call.kernel.name,
+        file=site.file if site else call.kernel.file,
+        line=site.line if site else call.kernel.line,
+        operands=[{"shape": list(shape), "dtype": dtype} for shape, dtype in call.avals],
+        devices=int(np.prod([s for _, s in call.mesh_axes])) if call.mesh_axes else 1,
+        compiled={g: o.summary() for g, o in outcomes.items()})

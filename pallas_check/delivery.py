@@ -81,7 +81,7 @@ class QuietStream:
         except BrokenPipeError:
             discard(self._stream)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Any: the wrapped stream's, by any name
         return getattr(self._stream, name)
 
 
@@ -94,7 +94,7 @@ class QuietStream:
 _made: dict[int, "QuietStream"] = {}
 
 
-def quiet(stream: TextIO | None) -> Any:
+def quiet(stream: TextIO | None) -> QuietStream | None:
     """`stream` as a QuietStream (None, a closed stream, stays None)."""
     if stream is None:
         return None

@@ -31,10 +31,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Callable, Protocol, Sequence
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
-from pallas_check.findings import Finding, FindingKind
+from pallas_check.execfile import ScriptOutcome
+from pallas_check.findings import CallSummary, Finding, FindingKind, FindingStore, JsonObject
+from pallas_check.report.compile import CallRow
 from pallas_check.tpu_compile.stage import compile_session
 from pallas_check.tpu_info import questions
 
@@ -51,22 +53,50 @@ class GenerationRun:
     own_process: bool
     findings: list[Finding]
     # Call index -> (kernel name, this generation's compile summary: CompileOutcome.summary()).
-    compiled: dict[int, tuple[str, dict]] = dataclasses.field(default_factory=dict)
+    compiled: dict[int, tuple[str, JsonObject]] = dataclasses.field(default_factory=dict)
     # `pallas-check compile`: its report's call rows (compile_command.call_row).
-    rows: list[dict] = dataclasses.field(default_factory=list)
+    rows: list[CallRow] = dataclasses.field(default_factory=list)
     calls: int = 0
     script_error: str | None = None
     internal_error: str | None = None
     # Its process from start to end (JAX's start, the script, compiling), as its parent saw.
     process_seconds: float = 0.0
 
-    def note(self) -> dict[str, Any]:
+    def note(self) -> JsonObject:
         """What a report says of it; its times under "seconds" and "process_seconds"
         (which a JSON run report leaves out: it stays the same run to run)."""
         return {"own_process": self.own_process, "calls": self.calls,
                 "findings": len(self.findings), "script_error": self.script_error,
                 "seconds": round(self.seconds, 3),
                 "process_seconds": round(self.process_seconds, 3)}
+
+
+class RunSession(Protocol):
+    """What this module reads and changes of a run's session (session.py's `Session`,
+    which imports this module: described here, not imported)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def questions_from(self) -> int | None: ...
+    @property
+    def retrace(self) -> Callable[[TpuGeneration], GenerationRun] | None: ...
+    @property
+    def compile_recorder(self) -> object: ...  # only whether there is one
+    @property
+    def traces(self) -> dict[str, JsonObject]: ...
+    @property
+    def store(self) -> FindingStore: ...
+    @property
+    def calls(self) -> Sequence[CallSummary]: ...
+    @property
+    def findings(self) -> list[Finding]: ...
+    @property
+    def engine_error(self) -> str | None: ...
+
+    def stop_in_flight(self, index: int | None = None) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 def asked_since(asked_from: int | None) -> bool:
@@ -76,7 +106,7 @@ def asked_since(asked_from: int | None) -> bool:
     return asked_from is None or questions() > asked_from
 
 
-def after_run(session: Any) -> None:
+def after_run(session: RunSession) -> None:
     """After the first generation's run: its calls compiled (for it alone when further
     generations are run again, else for every generation from this one trace), then each
     further generation run again and merged. Run again: with several generations, when
@@ -98,7 +128,7 @@ def after_run(session: Any) -> None:
             session.traces[generation.value] = {"traced_as": generations[0].value}
 
 
-def merge(session: Any, run: GenerationRun) -> None:
+def merge(session: RunSession, run: GenerationRun) -> None:
     """A further generation's run into the first run's session (see the module). The
     first run's reckoning of this generation's VMEM (engine/call/capacity.py) was of the
     first generation's trace: this generation's own run reckons (or compiles) its own."""
@@ -135,8 +165,8 @@ def merge(session: Any, run: GenerationRun) -> None:
     session.traces[run.generation] = run.note()
 
 
-def from_session(session: Any, outcome: Any, ours: Sequence[str], generation: TpuGeneration,
-                 seconds: float, own_process: bool) -> GenerationRun:
+def from_session(session: RunSession, outcome: ScriptOutcome, ours: Sequence[str],
+                 generation: TpuGeneration, seconds: float, own_process: bool) -> GenerationRun:
     """A further generation's finished session as its GenerationRun: its compiler's
     findings for that generation, and with --tpu-all every finding."""
     session.stop_in_flight()

@@ -8,7 +8,7 @@ import functools
 import gc
 import threading
 import time
-from typing import Any
+from typing import Callable, Iterator
 
 
 # At most one trim per this many seconds: a trim walks the whole heap (about 0.7 ms on a
@@ -32,7 +32,7 @@ def return_freed_memory() -> None:
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         import ctypes
 
@@ -46,7 +46,7 @@ _gc_holders = [0, False]  # calls in flight that paused the collector; whether w
 
 
 @contextlib.contextmanager
-def collector_paused() -> Any:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic collector off while a call is simulated (never turned on if the
     script had it off). A call allocates short-lived objects by the hundred thousand, and
     each full collection it set off walked the whole process heap: JAX's included, 15-120

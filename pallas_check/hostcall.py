@@ -20,7 +20,7 @@ import itertools
 import math
 import threading
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class _ApiHead(ctypes.Structure):
 def _struct_size(struct: type[ctypes.Structure], last_field: str) -> int:
     """XLA_FFI_STRUCT_SIZE: the offset of the last field plus its size (no padding)."""
     field = getattr(struct, last_field)
-    return field.offset + field.size
+    return int(field.offset + field.size)
 
 
 _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
@@ -112,6 +112,18 @@ _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
 HostFunction = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]
 
 
+@runtime_checkable
+class Shaped(Protocol):
+    """What the layout of a call's operand or result is read from: JAX's abstract value
+    (`ShapedArray`) or a `jax.ShapeDtypeStruct`."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+
 class _Target:
     """What one lowered call site calls, and the layouts of the buffers it reads (worked
     out once here, not at every call: a call passed through unchecked by --calls costs
@@ -119,15 +131,18 @@ class _Target:
 
     __slots__ = ("host", "operand_layouts", "result_layouts")
 
-    def __init__(self, host: HostFunction, operand_avals: Sequence[Any],
-                 result_avals: Sequence[Any]) -> None:
+    def __init__(self, host: HostFunction, operand_avals: Sequence[object],
+                 result_avals: Sequence[object]) -> None:
         self.host = host
         self.operand_layouts = tuple(_layout(a) for a in operand_avals)
         self.result_layouts = tuple(_layout(a) for a in result_avals)
 
 
-def _layout(aval: Any) -> tuple[np.dtype, tuple[int, ...], int]:
-    """(dtype, shape, bytes) of a buffer of `aval`."""
+def _layout(aval: object) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, bytes) of a buffer of `aval` (JAX types a lowering's avals as any
+    abstract value; an array operand's has a shape and a dtype)."""
+    if not isinstance(aval, Shaped):
+        raise TypeError(f"pallas-check host call: an operand without a shape: {aval!r}")
     dtype = np.dtype(aval.dtype)
     shape = tuple(int(d) for d in aval.shape)
     return dtype, shape, math.prod(shape) * dtype.itemsize
@@ -139,7 +154,7 @@ _lock = threading.Lock()
 TARGET_NAME = "pallas_check_host_call"
 
 
-def _view(buffer: Any, layout: tuple[np.dtype, tuple[int, ...], int],
+def _view(buffer: _Buffer, layout: tuple[np.dtype, tuple[int, ...], int],
           writable: bool) -> np.ndarray:
     dtype, shape, nbytes = layout
     if nbytes == 0 or not buffer.data:
@@ -151,14 +166,14 @@ def _view(buffer: Any, layout: tuple[np.dtype, tuple[int, ...], int],
     return array
 
 
-def _error(frame: Any, message: str) -> int:
+def _error(frame: _CallFrame, message: str) -> int:
     api = ctypes.cast(frame.api, ctypes.POINTER(_ApiHead)).contents
     args = _ErrorCreateArgs(_struct_size(_ErrorCreateArgs, "errc"), None,
                             message.encode("utf-8", "replace"), _ERROR_INTERNAL)
     return api.error_create(ctypes.byref(args)) or 0
 
 
-def _handle(frame_ptr: Any) -> int:
+def _handle(frame_ptr: ctypes._Pointer[_CallFrame]) -> int:
     """XLA_FFI_Handler: answer the metadata query, ignore early stages, run the target."""
     try:
         frame = frame_ptr.contents
@@ -207,12 +222,13 @@ def _register() -> None:
         import jax.ffi
 
         pointer = ctypes.cast(_handler, ctypes.c_void_p)
-        jax.ffi.register_ffi_target(TARGET_NAME, jax.ffi.pycapsule(pointer), platform="cpu")
+        capsule = jax.ffi.pycapsule(pointer)  # type: ignore[no-untyped-call]  # JAX's: unannotated
+        jax.ffi.register_ffi_target(TARGET_NAME, capsule, platform="cpu")
         _registered = True
 
 
-def add_target(host: HostFunction, operand_avals: Sequence[Any],
-               result_avals: Sequence[Any], operands_read: int | None = None,
+def add_target(host: HostFunction, operand_avals: Sequence[object],
+               result_avals: Sequence[object], operands_read: int | None = None,
                results_read: int | None = None) -> int:
     """Register a host function for one call site; returns the id the lowering embeds.
     `operands_read` / `results_read`: how many leading operands / results the host

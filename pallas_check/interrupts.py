@@ -28,17 +28,19 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Any, Iterator
+from types import FrameType
+from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 _received: list[int] = []  # the stop signals of this run, in order
 _holding = [False]  # a stop is recorded, not raised (set-up and reporting)
-_originals: dict[int, Any] = {}  # each signal's handler before we first took it
+# each signal's handler before we first took it (as signal.getsignal answers)
+_originals: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
     if _holding[0] and len(_received) < 2:
         return

@@ -35,7 +35,7 @@ import os
 import re
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Generator, cast
+from typing import TYPE_CHECKING, Callable, Generator, cast
 
 import pytest
 
@@ -189,7 +189,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     options = item.config.stash.get(_OPTIONS_KEY, None)
     if options is None or item.get_closest_marker(MARKER) is not None:
         return (yield)
@@ -269,7 +269,7 @@ class _CallCounter:
         session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
         self.none_checked = True
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.none_checked:
             terminalreporter.write_line("pallas-check: no pallas_call was checked: the tests"
                                         f" made none (exit {int(ExitCode.NO_CALLS)})")

@@ -13,7 +13,7 @@ import pickle
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 
@@ -27,7 +27,7 @@ from pallas_check.tpu_compile.stage import compile_recorded
 from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
 
-def rerun_in_process(block: Callable[[], Any], config: Config,
+def rerun_in_process(block: Callable[[], object], config: Config,
                      generation: TpuGeneration) -> GenerationRun:
     """`block` (a test's body) run again in this process as `generation`, checked and
     compiled for it. JAX's traces are dropped before and after (a jitted function traced

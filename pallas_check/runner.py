@@ -19,7 +19,7 @@ from pallas_check.errors import MAX_ERROR_CHARS, one_line, short_error  # noqa: 
 from pallas_check.errors import EngineFailure, SuppressionError
 from pallas_check.execfile import ScriptOutcome, run_script
 from pallas_check.exitcodes import ExitCode, exit_code_for
-from pallas_check.findings import CallSummary
+from pallas_check.findings import CallSummary, JsonObject
 from pallas_check.generations import after_run, retrace_in_child
 from pallas_check.intercept import handler_failures
 from pallas_check.jaxbridge import dispatch
@@ -35,7 +35,7 @@ from pallas_check.units import findings_in_calls, plural
 from pallas_check.watchdog import Watchdog
 
 
-def config_dict(config: Config) -> dict:
+def config_dict(config: Config) -> JsonObject:
     return {k: (v.value if hasattr(v, "value") else v)
             for k, v in dataclasses.asdict(config).items()}
 

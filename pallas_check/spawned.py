@@ -12,16 +12,19 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pallas_check.children import ChildFindings
 from pallas_check.delivery import note
 from pallas_check.tpu_compile.toolchain import start_backends_quietly
 
+if TYPE_CHECKING:
+    from pallas_check.config import Config
+
 _kept: list[contextlib.ExitStack] = []  # the session stays installed until the child exits
 
 
-def start_spawned_child(config: Any, folder: str, prints_to_stderr: bool,
+def start_spawned_child(config: Config, folder: str, prints_to_stderr: bool,
                         platform: str | None = None) -> None:
     """Intercept this process's pallas_calls into a session of `config` whose findings go
     to `folder`. `prints_to_stderr`: a machine-readable report owns the run's stdout;

@@ -30,9 +30,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import jax
+import numpy as np
 
 from pallas_check.config import TpuGeneration, parse_generations
 from pallas_check.jaxbridge import jax_mesh_utils, jax_shard_map, jax_tpu_info
@@ -145,7 +146,7 @@ def _uninstall() -> None:
         _restore.pop()()
 
 
-def _is_cpu(device: Any) -> bool:
+def _is_cpu(device: object) -> bool:
     return getattr(device, "platform", None) == "cpu"
 
 
@@ -157,15 +158,17 @@ def _patch_device() -> Callable[[], None]:
     had_cores = "num_cores" in device_type.__dict__
     saved_cores = device_type.__dict__.get("num_cores")
 
-    def device_kind(self: Any) -> str:
+    def device_kind(self: jax.Device) -> str:
         if _is_cpu(self) and (answer := _answering()) is not None:
             return answer.device_kind
-        return kind.__get__(self, device_type)
+        found: str = kind.__get__(self, device_type)
+        return found
 
-    def num_cores(self: Any) -> int:
+    def num_cores(self: jax.Device) -> int:
         if _is_cpu(self) and (answer := _answering()) is not None:
             return answer.num_cores
-        return lookup(self, "num_cores")
+        cores: int = lookup(self, "num_cores")
+        return cores
 
     device_type.device_kind = property(device_kind, doc=kind.__doc__)
     device_type.num_cores = property(num_cores)
@@ -215,19 +218,24 @@ def _patch_abstract_mesh() -> Callable[[], None]:
     mesh_type = jax.sharding.Mesh
     original = mesh_type.__dict__["abstract_mesh"]  # a cached_property: restored as is
 
-    def made(self: Any, answer: Answer | None) -> Any:
-        found = original.func(self)  # its device's kind is read now: the answer's
+    def made(self: jax.sharding.Mesh, answer: Answer | None) -> jax.sharding.AbstractMesh:
+        # its device's kind is read now: the answer's
+        found: jax.sharding.AbstractMesh = original.func(self)
         device = getattr(found, "abstract_device", None)
         if (answer is None or device is None or device.platform != "cpu"
                 or device.num_cores is not None):
             return found
-        return found.update(abstract_device=jax.sharding.AbstractDevice(
-            device_kind=device.device_kind, num_cores=answer.num_cores,
-            platform=device.platform))
+        # JAX leaves `AbstractMesh.update` unannotated; it returns an AbstractMesh
+        updated: jax.sharding.AbstractMesh = found.update(  # type: ignore[no-untyped-call]
+            abstract_device=jax.sharding.AbstractDevice(
+                device_kind=device.device_kind, num_cores=answer.num_cores,
+                platform=device.platform))
+        return updated
 
-    def abstract_mesh(self: Any) -> Any:
+    def abstract_mesh(self: jax.sharding.Mesh) -> jax.sharding.AbstractMesh:
         answer = _answering()
-        per_answer = self.__dict__.setdefault("_pallas_check_abstract_meshes", {})
+        per_answer: dict[Answer | None, jax.sharding.AbstractMesh] = (
+            self.__dict__.setdefault("_pallas_check_abstract_meshes", {}))
         if answer not in per_answer:
             per_answer[answer] = made(self, answer)
         return per_answer[answer]
@@ -241,13 +249,19 @@ def _patch_abstract_mesh() -> Callable[[], None]:
     return restore
 
 
+# JAX's type of a device-mesh ordering (`mesh_utils.device_kind_handler_dict`'s values):
+# the mesh shape and the devices, JAX's options by keyword; None falls back to JAX's own.
+_Ordering = Callable[..., "np.ndarray | None"]
+
+
 def _patch_mesh_orderings() -> Callable[[], None]:
     """JAX orders the devices of a mesh of TPU kinds by their physical coordinates (which
     CPU devices do not have): not for CPU devices, which keep a CPU's order."""
     saved = jax_mesh_utils.device_kind_handler_dict
 
-    def for_tpus_only(handler: Callable[..., Any]) -> Callable[..., Any]:
-        def order(mesh_shape: Any, devices: Any, **kwargs: Any) -> Any:
+    def for_tpus_only(handler: _Ordering) -> _Ordering:
+        def order(mesh_shape: Sequence[int], devices: Sequence[jax.Device],
+                  **kwargs: object) -> np.ndarray | None:
             if devices and _is_cpu(devices[-1]):
                 return None  # JAX's own fallback: a CPU's order
             return handler(mesh_shape, devices, **kwargs)

@@ -55,7 +55,7 @@ class Settings:
     path: Path | None = None  # the pyproject.toml that was read, if any
     has_table: bool = False  # whether it has a [tool.pallas-check] table
     # By parameter name, each of its option's type (checked_value): read by name.
-    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # Any: see above
     origins: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> where from
     scripts: list[str] = dataclasses.field(default_factory=list)
     patterns: list[str] = dataclasses.field(default_factory=list)
@@ -103,7 +103,8 @@ def normalize_key(key: str) -> str:
     return key.strip().replace("_", "-")
 
 
-def checked_value(spec: OptionSpec, value: Any, from_env: bool, base: Path | None) -> object:
+def checked_value(spec: OptionSpec, value: Any,  # Any: TOML, env or API input, unchecked
+                  from_env: bool, base: Path | None) -> object:
     """A checked value, in the form a command-line default takes (raises ValueError):
     `from_env`, a variable's text; `base`, the folder a relative path is relative to."""
     kind = spec.kind

@@ -40,7 +40,7 @@ class Option:
     flags: tuple[str, ...]  # e.g. ("--output", "-o"); the first is the long flag
     # Its annotation, as typer reads it (bool, int, Path, str, an Enum class, Optional[...],
     # list[str]); called to convert a value where it is a plain type (compare.py).
-    kind: Any
+    kind: Any  # Any: a type or a typing form (Optional[...]), as typer reads it
     default: object
     help: str
     minimum: int | None = None
@@ -250,7 +250,7 @@ def replay_options() -> tuple[Option, ...]:
 
 
 def config_from(values: Mapping[str, object], options: tuple[Option, ...] = RUN_OPTIONS,
-                **internal: Any) -> Config:
+                **internal: Any) -> Config:  # Any: each a Config field's own type
     """The one way a `Config` is built (`run`, `diff`, the Python API, the pytest plugin):
     from option values by parameter name (the command function's keyword arguments, or a
     settings table's), each declared option with a `config_field` that has a value setting

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TextIO
+from typing import Mapping, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pallas_check.findings import Finding, JsonObject
+from pallas_check.findings import Finding, JsonObject, JsonValue
 from pallas_check.report.console import Display
 from pallas_check.report.json import dump, header
 from pallas_check.report.paths import display_path, project_root
@@ -22,11 +22,30 @@ SCHEMA_VERSION = 1
 
 
 @dataclasses.dataclass
+class CallRow:
+    """One call of the report: where it is, its operands, and per generation what the
+    compiler said of it (tpu_compile's `CompileOutcome.summary()`)."""
+
+    index: int
+    kernel: str
+    file: str
+    line: int
+    operands: list[JsonObject]  # each: its shape and dtype
+    devices: int
+    compiled: dict[str, JsonObject]  # generation -> the compiler's summary
+
+    def to_dict(self) -> JsonObject:
+        return {"index": self.index, "kernel": self.kernel, "file": self.file,
+                "line": self.line, "operands": self.operands, "devices": self.devices,
+                "compiled": self.compiled}
+
+
+@dataclasses.dataclass
 class CompileReport:
     script: str
     generations: list[str]
     script_seconds: float
-    calls: list[dict[str, Any]]
+    calls: list[CallRow]
     findings: list[Finding]
     exit_code: int
     script_error: str | None = None  # how the script ended, when it failed
@@ -42,20 +61,21 @@ def compile_dict(report: CompileReport) -> JsonObject:
             "generations": report.generations,
             "exit_code": report.exit_code, "script_seconds": report.script_seconds,
             "script_error": report.script_error, "internal_error": report.internal_error,
-            "calls": report.calls,
+            "calls": [call.to_dict() for call in report.calls],
             "findings": [f.to_dict() for f in report.findings],
             "traces": report.traces}
 
 
-def vmem_text(entry: dict[str, Any]) -> str:
+def vmem_text(entry: Mapping[str, JsonValue]) -> str:
     """`3.02 MiB / 16.00 MiB (scratch 1.00 MiB of it)`: the compiler's scoped VMEM use of
     the scoped limit, and how much of it the scratch operands take."""
-    scoped = entry.get("vmem_scoped_bytes")
-    if scoped is None:
-        return ""
-    text = f"{format_bytes(scoped)} / {format_bytes(entry['vmem_scoped_limit_bytes'])}"
-    if entry.get("vmem_scratch_bytes"):
-        text += f" (scratch {format_bytes(entry['vmem_scratch_bytes'])} of it)"
+    scoped, limit = entry.get("vmem_scoped_bytes"), entry.get("vmem_scoped_limit_bytes")
+    if not isinstance(scoped, int) or not isinstance(limit, int):
+        return ""  # (the compiler said nothing of VMEM: it failed before)
+    text = f"{format_bytes(scoped)} / {format_bytes(limit)}"
+    scratch = entry.get("vmem_scratch_bytes")
+    if isinstance(scratch, int) and scratch:
+        text += f" (scratch {format_bytes(scratch)} of it)"
     return text
 
 
@@ -68,11 +88,11 @@ def render_table(report: CompileReport, stream: TextIO,
     title = f"pallas_calls compiled for {', '.join(report.generations)} (libtpu, no TPU)"
     rows = []
     for call in report.calls:
-        for generation, entry in call["compiled"].items():
-            status = entry["status"] + (f" {entry['error_code']}" if entry["error_code"]
+        for generation, entry in call.compiled.items():
+            status = f"{entry['status']}" + (f" {entry['error_code']}" if entry["error_code"]
                                         else "")
-            rows.append([str(call["index"]), call["kernel"],
-                         f"{display_path(call['file'], root)}:{call['line']}", generation,
+            rows.append([str(call.index), call.kernel,
+                         f"{display_path(call.file, root)}:{call.line}", generation,
                          status, vmem_text(entry), f"{entry['compile_seconds']:.2f}"])
     table = Table(title=title, title_justify="left")
     for col, header in enumerate(("call", "kernel", "where", "tpu", "result",

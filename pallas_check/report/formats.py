@@ -45,6 +45,8 @@ COMPILE = "compile"  # pallas-check compile: each call built for real TPU genera
 class Reporter(Protocol):
     """The contract every output format implements, for each report it renders."""
 
+    # Any: each format's reporter of one command's report (RunReport, DiffReport, ...),
+    # chosen at run time by `Format.reporter(kind)`
     def render(self, report: Any, stream: TextIO) -> None: ...
 
 
@@ -76,8 +78,9 @@ class Format(str, enum.Enum):
     # show a progress line beside it; JSON and SARIF are for programs, even on a terminal.
     progress_beside: bool
 
-    def __new__(cls, *fields: Any) -> Format:
-        spec = _Spec(*fields)
+    def __new__(cls, *fields: object) -> Format:
+        # a member's fields (its _Spec, whole); `Format("json")` looks a member up instead
+        spec = _Spec._make(fields)
         member = str.__new__(cls, spec.name)
         member._value_ = spec.name
         member.described, member.reporters = spec.described, spec.reporters

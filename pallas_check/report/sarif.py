@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
 from pallas_check.findings import (Access, Finding, FindingKind, JsonObject, SourceFrame,
@@ -214,7 +214,7 @@ def merge_reports(parts: list[tuple[str, str]]) -> str:
     """The hook's report: one SARIF log whose runs are every script's, in order (the
     log's other keys are the first script's)."""
     logs = [json.loads(text) for _, text in parts]
-    # JSON read back: any, until dumped again.
-    merged: Any = dict(logs[0]) if logs else {"version": SARIF_VERSION, "runs": []}
+    # JSON read back, dumped again as it is
+    merged: dict[str, object] = dict(logs[0]) if logs else {"version": SARIF_VERSION, "runs": []}
     merged["runs"] = [run for log in logs for run in log.get("runs", [])]
     return json.dumps(merged, indent=2) + "\n"
