@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator, Mapping
 
-from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn
+from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, TransformedRef
 
 
 # -- refs, DMAs, semaphores ----------------------------------------------------------------
@@ -40,6 +40,66 @@ def adds(eqn: JaxprEqn) -> bool:
 def device_id_type(eqn: JaxprEqn) -> Any:
     """How a remote DMA or semaphore signal names its device (logical / mesh), or None."""
     return eqn.params.get("device_id_type")
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaOperand:
+    """One argument of a DMA (src, dst, dst_sem, src_sem, device_id): where its leaves sit
+    in the equation's flat operands, and the pytree that unflattens those leaves into it (a
+    ref, a `TransformedRef`, a value, or nothing)."""
+
+    start: int
+    stop: int
+    tree: Any  # has `num_leaves` and `unflatten(leaves)` (a PyTreeDef or `_JoinedRef`)
+
+
+class _JoinedRef:
+    """jax 0.9's DMA operands keep a ref and its transforms as two siblings of the tree;
+    this joins the pair back into the one `TransformedRef` jax 0.10 keeps, so that what
+    reads a DMA argument reads the same value on both versions."""
+
+    def __init__(self, ref: Any, transforms: Any) -> None:
+        self._ref, self._transforms = ref, transforms
+        self.num_leaves = ref.num_leaves + transforms.num_leaves
+
+    def unflatten(self, leaves: Any) -> Any:
+        leaves = list(leaves)
+        cut = self._ref.num_leaves
+        ref = self._ref.unflatten(leaves[:cut])
+        transforms = _unwrap_transforms(self._transforms.unflatten(leaves[cut:]))
+        return TransformedRef(ref, tuple(transforms)) if transforms else ref
+
+
+def _unwrap_transforms(transforms: Any) -> Any:
+    """jax 0.9 wraps a ref's transforms that are refs themselves (SparseCore's indexed
+    DMAs) for flattening; JAX's own unwrapping turns them back."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    unwrap = getattr(mosaic_primitives, "_maybe_unwrap_transformed_refs", None)
+    return transforms if unwrap is None else unwrap(transforms)
+
+
+def dma_operands(eqn: JaxprEqn) -> tuple[DmaOperand, ...]:
+    """The five arguments of a DMA start or wait (src, dst, dst_sem, src_sem, device_id).
+    jax 0.10 flattens them as five children of `tree`; jax 0.9 as nine (each of the four
+    refs followed by its transforms, then the device id)."""
+    children = list(operand_tree(eqn).children())
+    if len(children) == 9:  # jax 0.9
+        trees: list[Any] = [_JoinedRef(children[k], children[k + 1]) for k in (0, 2, 4, 6)]
+        trees.append(children[8])
+    else:
+        trees = children
+    out, start = [], 0
+    for tree in trees:
+        out.append(DmaOperand(start, start + tree.num_leaves, tree))
+        start += tree.num_leaves
+    return tuple(out)
+
+
+def dma_arguments(eqn: JaxprEqn, flat: Any) -> tuple[Any, ...]:
+    """The DMA's five arguments unflattened from its flat operands (or their avals)."""
+    flat = list(flat)
+    return tuple(a.tree.unflatten(flat[a.start:a.stop]) for a in dma_operands(eqn))
 
 
 # -- SparseCore vector ops -----------------------------------------------------------------
