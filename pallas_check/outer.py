@@ -119,22 +119,22 @@ def _count(jaxpr: Any, seen: dict[int, int]) -> None:
 
 
 def _describe(params: dict) -> OuterCall:
-    closed = params["jaxpr"]
+    jit = eqn_params.jit_call(params)
+    closed, name = jit.body, jit.name
     effects = tuple(sorted({type(e).__name__ for e in closed.effects}))
     eqns = closed.jaxpr.eqns
-    name = str(params.get("name", ""))
     # An eager pallas_call runs as JAX's jit of the call alone (pallas_call's own
     # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
     eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
              and name in _EAGER_NAMES)
-    return OuterCall(name, effects, any(params.get("donated_invars", ())), eager,
+    return OuterCall(name, effects, jit.donates, eager,
                      _kernel_facts(closed)[1])
 
 
 def _call_impl_python(*args: Any, **params: Any) -> Any:
     original = _saved["impl"] if _saved is not None else None
     listener = _listener
-    if original is None or listener is None or not _kernel_facts(params["jaxpr"])[0]:
+    if original is None or listener is None or not _kernel_facts(eqn_params.jit_body(params))[0]:
         result = (original or pjit._pjit_call_impl_python)(*args, **params)
         _last.kernel = False
         return result

@@ -246,6 +246,28 @@ def param_values(eqn: JaxprEqn) -> Iterator[Any]:
     return iter(eqn.params.values())
 
 
+# -- a jitted call (pjit) ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class JitCall:
+    """What outer.py reads of a top-level jitted call's params: its body, its name, and
+    whether it donates any argument."""
+
+    body: ClosedJaxpr
+    name: str
+    donates: bool
+
+
+def jit_body(params: Mapping[str, Any]) -> ClosedJaxpr:
+    """The body of a jitted call from its params (no other read: on every jitted call)."""
+    return params["jaxpr"]
+
+
+def jit_call(params: Mapping[str, Any]) -> JitCall:
+    return JitCall(params["jaxpr"], str(params.get("name", "")),
+                   any(params.get("donated_invars", ())))
+
+
 # -- prints and checks ---------------------------------------------------------------------
 
 def check_error_tree(eqn: JaxprEqn) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.call import describe, kernel_of
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import footprint
@@ -76,7 +77,7 @@ def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
         found.append(Overflow(generation, "VMEM", needed, available, reason, tuple(vmem)))
     else:
         share = DOT_HEADROOM.get(generation, 0.0)
-        headroom = int(share * _largest_dot_result(params["jaxpr"])) if share else 0
+        headroom = int(share * _largest_dot_result(kernel_of(params))) if share else 0
         if headroom and needed + headroom > min(limit, capacity):
             reason = (f"at the limit: the compiler needs headroom for its own scratch, about"
                       f" {footprint.format_bytes(headroom)} for a matmul result; smaller"
@@ -153,7 +154,7 @@ def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
                                       code_line(kernel.file, kernel.line))
                           if kernel.file else None)
     fill = config.uninit.value
-    aliased = bool(params.get("input_output_aliases"))
+    aliased = bool(describe(params).aliases)
     findings = [_finding(over, kernel, call_index, frame, simulated_on, fill, aliased)
                 for found in per_generation.values() for over in found]
     return CapacityCheck(findings, simulated_on is not None)
@@ -198,14 +199,14 @@ def unsimulated_outputs(params: dict[str, Any], device_operands: Sequence[Sequen
     """Per device, the outputs of a call that is not simulated: filled as never-written
     memory is, an output aliased to an input holding that input (`results`, one device:
     the buffers to fill in place)."""
-    gm = params["grid_mapping"]
-    bounds = gm.num_dynamic_grid_bounds
+    call = describe(params)
+    bounds = call.num_grid_bounds
     # input_output_aliases count operands after the dynamic grid bounds.
-    out_to_in = {o: i for i, o in (params.get("input_output_aliases") or ())}
+    out_to_in = {o: i for i, o in call.aliases}
     outputs = []
     for device, operands in enumerate(device_operands):
         mine = []
-        for j, aval in enumerate(params["out_avals"]):
+        for j, aval in enumerate(call.out_avals):
             value = (np.asarray(operands[bounds + out_to_in[j]]) if j in out_to_in
                      else fill_value(aval.dtype, fill))
             if (results is not None and device == 0 and len(device_operands) == 1
