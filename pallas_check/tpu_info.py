@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator
 import jax
 
 from pallas_check.config import TpuGeneration, parse_generations
-from pallas_check.jaxbridge import jax_mesh_utils, jax_shard_map, jax_tpu_info
+from pallas_check.jaxbridge import (clear_tpu_info_caches, device_questions, mesh_orderings,
+                                   set_device_questions, set_mesh_orderings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,11 +128,7 @@ def _clear_caches() -> None:
     """JAX's caches of what the chip answered, cleared whenever the answer changes:
     `get_tpu_info()` is cached per trace context (not per device), shard_map's manual
     abstract mesh per mesh (the same Mesh object under two generations)."""
-    for fn in (jax_tpu_info.get_tpu_info, jax_tpu_info.get_tpu_info_for_chip,
-               getattr(jax_shard_map, "_as_manual_mesh", None)):
-        clear = getattr(fn, "cache_clear", None)
-        if clear is not None:
-            clear()
+    clear_tpu_info_caches()
 
 
 def _install() -> None:
@@ -185,7 +182,7 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
     kind now answers for itself; an abstract mesh of CPU devices made before the simulation
     began still says "cpu", and one made since has no core count (JAX records none for a
     CPU device)."""
-    saved = (jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores)
+    saved = device_questions()
     kind_of, cores_of = saved
 
     def get_device_kind() -> str:
@@ -198,11 +195,10 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
         answer = _answering() if found is None else None
         return answer.num_cores if answer is not None else found
 
-    jax_tpu_info.get_device_kind = get_device_kind
-    jax_tpu_info.get_num_device_cores = get_num_device_cores
+    set_device_questions((get_device_kind, get_num_device_cores))
 
     def restore() -> None:
-        jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores = saved
+        set_device_questions(saved)
 
     return restore
 
@@ -244,7 +240,7 @@ def _patch_abstract_mesh() -> Callable[[], None]:
 def _patch_mesh_orderings() -> Callable[[], None]:
     """JAX orders the devices of a mesh of TPU kinds by their physical coordinates (which
     CPU devices do not have): not for CPU devices, which keep a CPU's order."""
-    saved = jax_mesh_utils.device_kind_handler_dict
+    saved = mesh_orderings()
 
     def for_tpus_only(handler: Callable[..., Any]) -> Callable[..., Any]:
         def order(mesh_shape: Any, devices: Any, **kwargs: Any) -> Any:
@@ -254,10 +250,9 @@ def _patch_mesh_orderings() -> Callable[[], None]:
 
         return order
 
-    jax_mesh_utils.device_kind_handler_dict = {kind: for_tpus_only(handler)
-                                               for kind, handler in saved.items()}
+    set_mesh_orderings({kind: for_tpus_only(handler) for kind, handler in saved.items()})
 
     def restore() -> None:
-        jax_mesh_utils.device_kind_handler_dict = saved
+        set_mesh_orderings(saved)
 
     return restore
