@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator
 import jax
 
 from pallas_check.config import TpuGeneration, parse_generations
-from pallas_check.jaxbridge import (clear_tpu_info_caches, device_questions, mesh_orderings,
+from pallas_check.jaxbridge import (abstract_device_platform, abstract_device_with_cores,
+                                   clear_tpu_info_caches, device_questions, mesh_orderings,
                                    set_device_questions, set_mesh_orderings)
 
 
@@ -214,12 +215,11 @@ def _patch_abstract_mesh() -> Callable[[], None]:
     def made(self: Any, answer: Answer | None) -> Any:
         found = original.func(self)  # its device's kind is read now: the answer's
         device = getattr(found, "abstract_device", None)
-        if (answer is None or device is None or device.platform != "cpu"
+        if (answer is None or device is None or abstract_device_platform(device) != "cpu"
                 or device.num_cores is not None):
             return found
-        return found.update(abstract_device=jax.sharding.AbstractDevice(
-            device_kind=device.device_kind, num_cores=answer.num_cores,
-            platform=device.platform))
+        return found.update(
+            abstract_device=abstract_device_with_cores(device, answer.num_cores))
 
     def abstract_mesh(self: Any) -> Any:
         answer = _answering()

@@ -98,10 +98,11 @@ def mosaic_dialect() -> ModuleType:
 def settle_runtime_tokens() -> None:
     """Wait for the computations the script dispatched (runner.py); after our callback
     failed in one, forget JAX's tokens, whose errors JAX would raise again at exit."""
+    tokens: Any = _dispatch.runtime_tokens  # untyped in JAX
     try:
-        _dispatch.runtime_tokens.block_until_ready()
+        tokens.block_until_ready()
     except Exception:  # noqa: BLE001 - the error pallas-check already reports
-        _dispatch.runtime_tokens.clear()
+        tokens.clear()
 
 
 def mosaic_ir_context() -> Any:
@@ -159,6 +160,21 @@ def clear_tpu_info_caches() -> None:
             clear()
 
 
+def abstract_device_platform(device: Any) -> str:
+    """The platform of a mesh's abstract device. jax 0.10 records it (`platform`); jax 0.9
+    records only the kind, which for a CPU device is "cpu" too."""
+    platform = getattr(device, "platform", None)
+    return str(platform if platform is not None else device.device_kind)
+
+
+def abstract_device_with_cores(device: Any, num_cores: int) -> Any:
+    """The abstract device `device` with `num_cores` cores (jax 0.9's has no platform)."""
+    fields = {"device_kind": device.device_kind, "num_cores": num_cores}
+    if hasattr(device, "platform"):
+        fields["platform"] = device.platform
+    return _jax.sharding.AbstractDevice(**fields)
+
+
 def mesh_orderings() -> dict[str, Callable[..., Any]]:
     """JAX's device-mesh ordering per TPU device kind (tpu_info.py keeps CPU devices off)."""
     return jax_mesh_utils.device_kind_handler_dict
@@ -168,7 +184,8 @@ def set_mesh_orderings(orderings: dict[str, Callable[..., Any]]) -> None:
     jax_mesh_utils.device_kind_handler_dict = orderings
 
 __all__ = [
-    "DeviceQuestions", "JitDispatch", "backends_started", "clear_tpu_info_caches",
+    "DeviceQuestions", "JitDispatch", "abstract_device_platform",
+    "abstract_device_with_cores", "backends_started", "clear_tpu_info_caches",
     "default_backend_name", "device_questions", "hlo_interpreter", "jax_mesh_utils",
     "jax_tpu_info", "jit_dispatch", "mesh_orderings", "mosaic_dialect", "mosaic_ir_context",
     "refuse_compiles", "set_device_questions", "set_jit_dispatch", "set_mesh_orderings",

@@ -182,7 +182,8 @@ def describe(params: Mapping[str, Any]) -> CallDescription:
 
 def kernel_of(params: Mapping[str, Any]) -> Jaxpr:
     """The kernel jaxpr of a pallas_call (no description built)."""
-    return params["jaxpr"]
+    found: Jaxpr = params["jaxpr"]
+    return found
 
 
 def tpu_refusal(compiler_params: Any) -> str | None:
@@ -211,7 +212,8 @@ def is_tpu_params(compiler_params: Any) -> bool:
 def rebound(params: Mapping[str, Any]) -> Callable[..., Any]:
     """The pallas_call re-bound for the TPU compiler (interpret off)."""
     bound = {k: v for k, v in params.items() if k != "interpret"}
-    return lambda *args: pallas_call_p.bind(*args, interpret=False, **bound)
+    bind: Callable[..., Any] = pallas_call_p.bind  # untyped in JAX
+    return lambda *args: bind(*args, interpret=False, **bound)
 
 
 def rebound_mpmd(params: Mapping[str, Any]) -> Callable[..., Any]:
@@ -231,7 +233,8 @@ def rebound_mpmd(params: Mapping[str, Any]) -> Callable[..., Any]:
                  compiler_params=compiler_params, interpret=False, debug=params["debug"],
                  cost_estimate=params.get("cost_estimate"), metadata=params.get("metadata"),
                  name=params.get("name"))
-    return lambda *args: mpmd.mpmd_map_p.bind(*args, **bound)
+    bind: Callable[..., Any] = mpmd.mpmd_map_p.bind  # untyped in JAX
+    return lambda *args: bind(*args, **bound)
 
 
 def output_zeros(params: Mapping[str, Any]) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ A pallas_call's own parameters are not read here but in `call.py`, whole, into a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, TransformedRef
 
@@ -160,13 +160,15 @@ def maybe_body(eqn: JaxprEqn) -> Any:
 
 def call_body(eqn: JaxprEqn) -> ClosedJaxpr:
     """The body of a closed_call (`call_jaxpr`)."""
-    return eqn.params["call_jaxpr"]
+    found: ClosedJaxpr = eqn.params["call_jaxpr"]
+    return found
 
 
 def primal_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
     """The primal function of a custom_jvp / custom_vjp call."""
     params = eqn.params
-    return params.get("call_jaxpr") or params["fun_jaxpr"]
+    found: ClosedJaxpr = params.get("call_jaxpr") or params["fun_jaxpr"]
+    return found
 
 
 def branches(eqn: JaxprEqn) -> tuple[ClosedJaxpr, ...]:
@@ -234,7 +236,8 @@ def nested_with_operands(eqn: JaxprEqn) -> Iterator[tuple[Jaxpr, list[Atom]]]:
 
 def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
     """The keyword arguments that rebind the equation's primitive as it was traced."""
-    return eqn.primitive.get_bind_params(eqn.params)
+    get_bind_params: Callable[..., dict[str, Any]] = eqn.primitive.get_bind_params
+    return get_bind_params(eqn.params)
 
 
 def has_params(eqn: JaxprEqn) -> bool:
@@ -260,7 +263,8 @@ class JitCall:
 
 def jit_body(params: Mapping[str, Any]) -> ClosedJaxpr:
     """The body of a jitted call from its params (no other read: on every jitted call)."""
-    return params["jaxpr"]
+    found: ClosedJaxpr = params["jaxpr"]
+    return found
 
 
 def jit_call(params: Mapping[str, Any]) -> JitCall:

@@ -89,3 +89,26 @@ def test_dma_operands_in_either_layout_give_the_same_arguments() -> None:
         assert got[1:] == (d, m, None, None)
         spans = [(a.start, a.stop) for a in params.dma_operands(eqn)]
         assert spans == [(0, 3), (3, 4), (4, 5), (5, 5), (5, 5)]
+
+
+def test_abstract_device_without_a_platform_reads_as_its_kind() -> None:
+    """jax 0.10's AbstractDevice records its platform; jax 0.9's only its kind (a CPU
+    device's is "cpu"): both read as the platform, and both take a core count."""
+    import jax
+
+    import pallas_check.jaxbridge as bridge
+
+    class Older:  # jax 0.9's fields
+        device_kind = "cpu"
+        num_cores = None
+
+    assert bridge.abstract_device_platform(Older()) == "cpu"
+    fields: dict[str, object] = {"device_kind": "cpu", "num_cores": None}
+    if "platform" in jax.sharding.AbstractDevice.__dataclass_fields__:  # jax 0.10
+        fields["platform"] = "cpu"
+    else:  # jax 0.9: the class made has no platform either
+        made = bridge.abstract_device_with_cores(Older(), 2)
+        assert (made.device_kind, made.num_cores) == ("cpu", 2)
+    newer = jax.sharding.AbstractDevice(**fields)
+    assert bridge.abstract_device_platform(newer) == "cpu"
+    assert bridge.abstract_device_with_cores(newer, 2).num_cores == 2

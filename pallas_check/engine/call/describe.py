@@ -110,7 +110,7 @@ _index_maps_seen = BoundedCache(512)
 _index_map_fns = BoundedCache(512)
 
 
-def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int):
+def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int) -> Any:
     """All grid points' block indices in one vectorised, compiled call."""
 
     def by_structure() -> Any:
@@ -122,7 +122,7 @@ def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int)
         closed = _discharged(index_map_jaxpr)
         n_out = len(index_map_jaxpr.jaxpr.outvars)
 
-        def one(*args):
+        def one(*args: Any) -> list[Any]:
             return jaxpr_as_fun(closed)(*args)[:n_out]
 
         in_axes = (0,) * num_grid + (None,) * num_scalars
@@ -136,7 +136,7 @@ def _looped(one: Any, num_grid: int) -> Any:
     rule, so a primitive that JAX allows in an index map but cannot vmap
     (`pl.multiple_of`) still evaluates."""
 
-    def over_points(*args):
+    def over_points(*args: Any) -> Any:
         cols, scalars = args[:num_grid], args[num_grid:]
         return jax.lax.map(lambda point: tuple(one(*point, *scalars)), tuple(cols))
 

@@ -31,7 +31,7 @@ from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import Block, describe, kernel_of
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
-from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
+from pallas_check.units import format_bytes as format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
 
