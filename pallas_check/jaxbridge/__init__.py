@@ -160,19 +160,21 @@ def clear_tpu_info_caches() -> None:
             clear()
 
 
-def abstract_device_platform(device: Any) -> str:
+def abstract_device_platform(device: _jax.sharding.AbstractDevice) -> str:
     """The platform of a mesh's abstract device. jax 0.10 records it (`platform`); jax 0.9
     records only the kind, which for a CPU device is "cpu" too."""
     platform = getattr(device, "platform", None)
     return str(platform if platform is not None else device.device_kind)
 
 
-def abstract_device_with_cores(device: Any, num_cores: int) -> Any:
+def abstract_device_with_cores(device: _jax.sharding.AbstractDevice,
+                               num_cores: int) -> _jax.sharding.AbstractDevice:
     """The abstract device `device` with `num_cores` cores (jax 0.9's has no platform)."""
-    fields = {"device_kind": device.device_kind, "num_cores": num_cores}
-    if hasattr(device, "platform"):
-        fields["platform"] = device.platform
-    return _jax.sharding.AbstractDevice(**fields)
+    if hasattr(device, "platform"):  # jax 0.10
+        return _jax.sharding.AbstractDevice(device_kind=device.device_kind,
+                                            num_cores=num_cores, platform=device.platform)
+    make: Callable[..., _jax.sharding.AbstractDevice] = _jax.sharding.AbstractDevice
+    return make(device_kind=device.device_kind, num_cores=num_cores)  # jax 0.9
 
 
 def mesh_orderings() -> dict[str, Callable[..., Any]]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from jax.extend.core import Primitive
+
 from jax._src import callback as _callback
 from jax._src import ffi as _ffi
 from jax._src import sharding_impls as _sharding_impls
@@ -22,18 +24,18 @@ from jax._src.pallas import pallas_call as _pallas_call
 LoweringRuleContext = _mlir.LoweringRuleContext
 
 
-def register_lowering(primitive: Any, rule: Callable[..., Any]) -> None:
+def register_lowering(primitive: Primitive, rule: Callable[..., Any]) -> None:
     """Lower `primitive` with `rule` on every platform, never cached (a rule closes over
     the handler of the run)."""
     _mlir.register_lowering(primitive, rule, cacheable=False)
 
 
-def lower_fun(fn: Callable[..., Any], ctx: Any, *nodes: Any) -> Any:
+def lower_fun(fn: Callable[..., Any], ctx: LoweringRuleContext, *nodes: Any) -> Any:
     """Lower the traced `fn` (several results) in the lowering context `ctx`."""
     return _mlir.lower_fun(fn, multiple_results=True)(ctx, *nodes)
 
 
-def emit_host_callback(ctx: Any, fn: Callable[..., Any], operands: Sequence[Any],
+def emit_host_callback(ctx: LoweringRuleContext, fn: Callable[..., Any], operands: Sequence[Any],
                        avals_in: Sequence[Any], avals_out: Sequence[Any]) -> list[Any]:
     """A side-effecting Python callback `fn` in the lowered module: its results."""
     sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, None,
@@ -49,7 +51,7 @@ def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:
     return _ffi.build_ffi_lowering_function(target, has_side_effect=True, **kwargs)
 
 
-def one_cpu_device(ctx: Any) -> bool:
+def one_cpu_device(ctx: LoweringRuleContext) -> bool:
     """Whether the lowered computation runs on one CPU device."""
     axis_context = ctx.module_context.axis_context
     return (tuple(ctx.module_context.platforms) == ("cpu",)

@@ -17,6 +17,10 @@ from typing import Any, Callable, Iterator, Mapping
 from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, TransformedRef
 
 
+# The params of an equation or a jitted call as JAX gives them (read only here, by key).
+Params = Mapping[str, Any]
+
+
 # -- refs, DMAs, semaphores ----------------------------------------------------------------
 
 def operand_tree(eqn: JaxprEqn) -> Any:
@@ -261,13 +265,13 @@ class JitCall:
     donates: bool
 
 
-def jit_body(params: Mapping[str, Any]) -> ClosedJaxpr:
+def jit_body(params: Params) -> ClosedJaxpr:
     """The body of a jitted call from its params (no other read: on every jitted call)."""
     found: ClosedJaxpr = params["jaxpr"]
     return found
 
 
-def jit_call(params: Mapping[str, Any]) -> JitCall:
+def jit_call(params: Params) -> JitCall:
     return JitCall(params["jaxpr"], str(params.get("name", "")),
                    any(params.get("donated_invars", ())))
 
@@ -291,7 +295,7 @@ class PrintFormat:
     np_printoptions: tuple[tuple[str, Any], ...]
 
 
-def print_format(params: Mapping[str, Any]) -> PrintFormat:
+def print_format(params: Params) -> PrintFormat:
     return PrintFormat(params["fmt"], params["in_tree"], tuple(params.get("static_args", ())),
                        bool(params.get("has_placeholders", True)),
                        tuple(params.get("np_printoptions", ())))

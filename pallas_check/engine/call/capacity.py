@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pallas_check.jaxbridge.call import describe, kernel_of
+from pallas_check.jaxbridge.call import CallParams, describe, kernel_of
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import footprint
@@ -56,7 +56,7 @@ class Overflow:
     at_limit: bool = False  # fits the reckoning, not the compiler's headroom: still runs
 
 
-def overflows(params: Mapping[str, Any], generation: TpuGeneration) -> list[Overflow]:
+def overflows(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     """What the call does not fit on `generation` (empty: it fits)."""
     if sparsecore_mesh(params) is not None:
         return _sparsecore_overflows(params, generation)
@@ -108,7 +108,7 @@ def _largest_dot_result(jaxpr: Any) -> int:
     return best
 
 
-def _sparsecore_overflows(params: Mapping[str, Any], generation: TpuGeneration) -> list[Overflow]:
+def _sparsecore_overflows(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     """A SparseCore kernel against one vector subcore's VMEM of `generation` (a chip without
     SparseCores is refused when the script builds the mesh, not here)."""
     capacity = footprint.SPARSECORE_VMEM_CAPACITY.get(generation)
@@ -135,13 +135,13 @@ class CapacityCheck:
 _RECKONED = BoundedCache(256)
 
 
-def _overflows_of_call(params: Mapping[str, Any], generation: TpuGeneration) -> list[Overflow]:
+def _overflows_of_call(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     held = _RECKONED.get_or_make((id(params), generation),
                                  lambda: (params, overflows(params, generation)))
     return held[1]
 
 
-def check(params: Mapping[str, Any], config: Config, kernel: KernelInfo, call_index: int,
+def check(params: CallParams, config: Config, kernel: KernelInfo, call_index: int,
           call_site: SourceFrame | None) -> CapacityCheck:
     """The call's capacity findings for every generation of `config.tpu`; simulated
     unless it fits none of them."""
@@ -192,7 +192,7 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
                    reckoned=True)  # by pallas-check, not by the compiler (--compile)
 
 
-def unsimulated_outputs(params: Mapping[str, Any], device_operands: Sequence[Sequence[np.ndarray]],
+def unsimulated_outputs(params: CallParams, device_operands: Sequence[Sequence[np.ndarray]],
                         fill: str,
                         results: Sequence[np.ndarray] | None = None
                         ) -> list[list[np.ndarray]]:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
-from pallas_check.jaxbridge.call import Block, describe
+from pallas_check.jaxbridge.call import CallParams, Block, describe
 from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import structure_key
@@ -164,7 +164,7 @@ def _consts_key(consts: Sequence[object]) -> tuple[object, ...]:
     return tuple((v.shape, v.dtype.str, v.tobytes()) for v in values)
 
 
-def kernel_info(params: Mapping[str, Any]) -> KernelInfo:
+def kernel_info(params: CallParams) -> KernelInfo:
     call = describe(params)
     info = getattr(call.kernel, "debug_info", None)
     name, file, line = parse_src_info(getattr(info, "func_src_info", None))
@@ -208,7 +208,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return view
 
 
-def core_mesh_axes(params: Mapping[str, Any]) -> tuple[str, ...]:
+def core_mesh_axes(params: CallParams) -> tuple[str, ...]:
     """Axis names of a TensorCore mesh the call runs over (core_map / pl.kernel), or ()."""
     mesh = describe(params).mesh
     if mesh is None:
@@ -237,7 +237,7 @@ class SparseCoreMesh:
         return f"sparsecore {core} subcore {subcore}"
 
 
-def sparsecore_mesh(params: Mapping[str, Any]) -> SparseCoreMesh | None:
+def sparsecore_mesh(params: CallParams) -> SparseCoreMesh | None:
     """The call's SparseCore mesh (`plsc.VectorSubcoreMesh` / `ScalarSubcoreMesh`), or None
     for a TensorCore call. Read from the mesh's own fields: the core type tells the kind."""
     mesh = describe(params).mesh
@@ -285,7 +285,7 @@ def _operand(name: str, position: int, is_output: bool, block: Block, hbm: Buffe
                    bounded=tuple(bounded) if any(bounded) else ())
 
 
-def dimension_semantics(params: Mapping[str, Any]) -> tuple[str, ...]:
+def dimension_semantics(params: CallParams) -> tuple[str, ...]:
     """'parallel' / 'core_parallel' / 'arbitrary' per grid axis (arbitrary when unsaid).
     Compiler params given as a dict are read by the bridge under either of JAX's keys."""
     call = describe(params)

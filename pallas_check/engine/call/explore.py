@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pallas_check.jaxbridge.call import describe
+from pallas_check.jaxbridge.call import CallParams, describe
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import exposures
@@ -181,7 +181,7 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
-def _not_lowered(params: dict[str, Any]) -> NotLowered | None:
+def _not_lowered(params: CallParams) -> NotLowered | None:
     """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
     described = describe(params)
     jaxpr = described.kernel
@@ -274,7 +274,7 @@ def _one_schedule(call: CallInputs, run: ScheduleRun) -> DevicesResult:
                          untouched=_untouched(state), exposures=found, seed=config.seed)
 
 
-def _output_names(params: dict[str, Any]) -> list[str]:
+def _output_names(params: CallParams) -> list[str]:
     """The kernel's names of the call's outputs."""
     call = describe(params)
     first_output = call.num_scalars + call.num_inputs

@@ -28,7 +28,7 @@ from jax.extend.core import Jaxpr
 from numpy.typing import DTypeLike
 
 from pallas_check.jaxbridge import params as eqn_params
-from pallas_check.jaxbridge.call import Block, describe, kernel_of
+from pallas_check.jaxbridge.call import CallParams, Block, describe, kernel_of
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.units import format_bytes as format_bytes  # noqa: F401  (re-exported: reports use units.py)
@@ -145,7 +145,7 @@ def grid_invariant(jaxpr: Jaxpr, grid_rank: int) -> bool:
     return not any(depends(a) for a in jaxpr.outvars)
 
 
-def _operand_allocations(params: Mapping[str, Any], in_space: Callable[[object], bool],
+def _operand_allocations(params: CallParams, in_space: Callable[[object], bool],
                          size: Sizer) -> Iterator[Allocation]:
     """The call's blocks and scratch in one memory space (`in_space` says which)."""
     call = describe(params)
@@ -198,7 +198,7 @@ def _scoped_peak(jaxpr: Jaxpr, in_space: Callable[[object], bool],
     return best
 
 
-def allocations(params: Mapping[str, Any]) -> list[Allocation]:
+def allocations(params: CallParams) -> list[Allocation]:
     """The call's VMEM allocations we can name, largest first."""
     found = list(_operand_allocations(params, _in_vmem, tiled_bytes))
     found += _scoped_peak(kernel_of(params), _in_vmem, tiled_bytes)
@@ -213,7 +213,7 @@ def _unpadded_bytes(shape: tuple[int, ...], dtype: DTypeLike) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 
-def sparsecore_allocations(params: Mapping[str, Any]) -> list[Allocation]:
+def sparsecore_allocations(params: CallParams) -> list[Allocation]:
     """A SparseCore kernel's allocations in ONE vector subcore's private VMEM (every
     subcore has its own copy of each), largest first. SparseCore VMEM is not laid out in
     TensorCore (8, 128) tiles: counted unpadded, a lower bound. VMEM_SHARED is not
@@ -223,7 +223,7 @@ def sparsecore_allocations(params: Mapping[str, Any]) -> list[Allocation]:
     return sorted(found, key=lambda a: -a.nbytes)
 
 
-def smem_allocations(params: Mapping[str, Any]) -> list[Allocation]:
+def smem_allocations(params: CallParams) -> list[Allocation]:
     """The call's SMEM allocations: scalar prefetch, SMEM blocks and scratch, largest
     first."""
     call = describe(params)
@@ -239,19 +239,19 @@ def smem_allocations(params: Mapping[str, Any]) -> list[Allocation]:
     return sorted(found, key=lambda a: -a.nbytes)
 
 
-def scratch_bytes(params: Mapping[str, Any]) -> int:
+def scratch_bytes(params: CallParams) -> int:
     """VMEM of the call's scratch operands."""
     return sum(a.nbytes for a in allocations(params) if a.what == "scratch")
 
 
-def scoped_limit(params: Mapping[str, Any], generation: TpuGeneration) -> int:
+def scoped_limit(params: CallParams, generation: TpuGeneration) -> int:
     """The call's scoped VMEM limit on `generation`: its CompilerParams' vmem_limit_bytes,
     else the compiler's default."""
     limit = vmem_limit_bytes(params)
     return limit if limit else SCOPED_VMEM_LIMIT[generation]
 
 
-def vmem_limit_bytes(params: Mapping[str, Any]) -> int | None:
+def vmem_limit_bytes(params: CallParams) -> int | None:
     """`pltpu.CompilerParams(vmem_limit_bytes=...)` of the call, None when not set (a dict
     of compiler params is read by the bridge under either of JAX's keys)."""
     return describe(params).vmem_limit_bytes

@@ -24,7 +24,7 @@ from pallas_check.engine.call.describe import (Operand, _block_indices,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
 from pallas_check.engine.call.carried import CarriedDma
-from pallas_check.jaxbridge.call import CallDescription, describe
+from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
 from pallas_check.engine.call import event_data
@@ -81,7 +81,7 @@ class _Layout:
         return self.call.num_scalars
 
 
-def _layout(params: dict[str, Any], grid: tuple[int, ...], config: Config) -> _Layout:
+def _layout(params: CallParams, grid: tuple[int, ...], config: Config) -> _Layout:
     call = describe(params)
     jaxpr = call.kernel
     n_in, n_out, first = call.num_inputs, call.num_outputs, call.num_scalars
