@@ -169,7 +169,7 @@ def _refuse_compiles() -> None:
     def refuse(*args: object, **kwargs: object) -> NoReturn:
         raise ForkedProcessError(FORKED_JAX)
 
-    bridge.compiler.backend_compile_and_load = refuse
+    bridge.refuse_compiles(refuse)
 
 
 def _before_fork() -> None:
@@ -221,7 +221,7 @@ def _platform() -> str | None:
     bridge = sys.modules.get("pallas_check.jaxbridge")
     try:
         if bridge is not None and bridge.backends_started():
-            return str(bridge.xla_bridge.default_backend())
+            return str(bridge.default_backend_name())
     except Exception:  # noqa: BLE001 - never a failure of the script's Pool: not known
         pass
     return None

@@ -30,6 +30,7 @@ from typing import Any, ContextManager, Iterator, NamedTuple, NoReturn, Sequence
 import jax
 import numpy as np
 
+from pallas_check.jaxbridge.call import describe
 from pallas_check import runner
 from pallas_check.config import Config
 from pallas_check.config.options import BY_PARAM
@@ -236,11 +237,11 @@ class CallDiff:
 
 
 def _output_names(params: dict) -> list[str]:
-    n_out = len(params["out_avals"])
+    call = describe(params)
+    n_out = len(call.out_avals)
     try:
-        gm = params["grid_mapping"]
-        names = kernel_arg_names(params["jaxpr"])
-        start = gm.num_index_operands + gm.num_inputs
+        names = kernel_arg_names(call.kernel)
+        start = call.num_scalars + call.num_inputs
         return [names[start + j] for j in range(n_out)]
     except Exception:  # noqa: BLE001 - names are a nicety
         return [f"out{j}" for j in range(n_out)]
@@ -279,7 +280,7 @@ class DiffSession:
                 index = next(self._seq.setdefault(device, itertools.count()))
             kernel = kernel_info(params)
             grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
-                         for g in params["grid_mapping"].grid)
+                         for g in describe(params).grid)
             record = CallDiff(index, device, kernel.name, kernel.file, kernel.line, grid, [])
             try:
                 theirs = self.side.outputs(params, operands, device, mesh_axes, native)

@@ -24,6 +24,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.call import describe
+
 _lock = threading.Lock()
 # data pointer -> (the array, its size in bytes), for the live arrays made empty.
 _tracked: dict[int, tuple[weakref.ref, int]] = {}
@@ -87,9 +89,9 @@ def never_written_inputs(params: dict, operands: Sequence[np.ndarray]) -> frozen
     the scalar prefetch) that are arrays made empty."""
     if not _tracked:
         return frozenset()
-    gm = params["grid_mapping"]
-    first = gm.num_dynamic_grid_bounds + gm.num_index_operands
-    inputs = list(operands)[first: first + gm.num_inputs]
+    call = describe(params)
+    first = call.num_grid_bounds + call.num_scalars
+    inputs = list(operands)[first: first + call.num_inputs]
     return frozenset(i for i, a in enumerate(inputs)
                      if isinstance(a, np.ndarray) and _is_empty(a))
 

@@ -15,12 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from pallas_check.jaxbridge.types import AbstractSemaphoreTy, Primitive, ShapedArray
-from pallas_check.jaxbridge import callback_module
 from pallas_check.jaxbridge.jaxprs import axis_sizes
-from pallas_check.jaxbridge import ffi
-from pallas_check.jaxbridge import sharding_impls
-from pallas_check.jaxbridge import mlir
-from pallas_check.jaxbridge import pallas_call_module
+from pallas_check.jaxbridge import lowering as jax_lowering
+from pallas_check.jaxbridge.lowering import LoweringRuleContext
+from pallas_check.jaxbridge.primitives import pallas_call_p
 
 from pallas_check import hostcall
 from pallas_check.sourceinfo import user_frames
@@ -48,7 +46,7 @@ _host_call_p.multiple_results = True
 _host_call_p.def_abstract_eval(lambda *args, host, result_avals: result_avals)
 
 
-def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callable[..., Any],
+def _host_call_lowering(ctx: LoweringRuleContext, *args: Any, host: Callable[..., Any],
                         result_avals: tuple) -> Any:
     """JAX's Python callback running `host`. The handler runs inside JAX's own callback:
     XLA runs computations started from there inline on the calling thread (it marks the
@@ -56,15 +54,8 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
     need -- started from any other handler they go through asynchronous dispatch (1.7x
     slower end to end; devices waiting for each other deadlocked). On one CPU device the
     callback's operands are lent by hostcall.py instead of copied in."""
-    sharding = callback_module._callback_op_sharding(
-        ctx.module_context.axis_context, None, ctx.avals_out)
-    if not _one_cpu_device(ctx):
-        results, _, _ = callback_module.emit_python_callback(
-            # JAX types avals_in as AbstractValue; a kernel's operands are ShapedArrays
-            ctx, host, None, list(args), ctx.avals_in,  # type: ignore[arg-type]
-            ctx.avals_out, has_side_effect=True,
-            returns_token=False, sharding=sharding)
-        return results
+    if not jax_lowering.one_cpu_device(ctx):
+        return jax_lowering.emit_host_callback(ctx, host, args, ctx.avals_in, ctx.avals_out)
     ticket_aval = ShapedArray((), np.int32)
     outputs = list(ctx.avals_out)
     lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
@@ -74,7 +65,7 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
     with _lock:
         if _saved is not None:
             _saved["targets"] += [lend_target, give_back_target]
-    ffi_call = ffi.build_ffi_lowering_function(hostcall.TARGET_NAME, has_side_effect=True)
+    ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
     ticket, *buffers = ffi_call(ctx.replace(avals_out=[ticket_aval, *outputs]), *args,
                                 index=np.uint64(lend_target)).results
 
@@ -85,16 +76,14 @@ def _host_call_lowering(ctx: mlir.LoweringRuleContext, *args: Any, host: Callabl
                 np.copyto(result, value)
         return [np.zeros((), np.int32)]
 
-    (done,) = callback_module.emit_python_callback(
-        ctx.replace(avals_in=[ticket_aval], avals_out=[ticket_aval]), run, None, [ticket],
-        [ticket_aval], [ticket_aval], has_side_effect=True, returns_token=False,
-        sharding=callback_module._callback_op_sharding(
-            ctx.module_context.axis_context, None, [ticket_aval]))[0]
+    (done,) = jax_lowering.emit_host_callback(
+        ctx.replace(avals_in=[ticket_aval], avals_out=[ticket_aval]), run, [ticket],
+        [ticket_aval], [ticket_aval])
     # Using the operands again after the callback keeps XLA from reusing their buffers
     # while the callback reads them; the outputs are the buffers it filled (aliased).
     first_buffer = 2 + len(args)
-    give_back = ffi.build_ffi_lowering_function(
-        hostcall.TARGET_NAME, has_side_effect=True,
+    give_back = jax_lowering.ffi_lowering(
+        hostcall.TARGET_NAME,
         operand_output_aliases={first_buffer + k: k for k in range(len(outputs))})
     return give_back(
         ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in, *outputs]),
@@ -107,16 +96,9 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def _one_cpu_device(ctx: mlir.LoweringRuleContext) -> bool:
-    """Whether the call runs in a computation of one CPU device (where operands are lent:
-    other platforms have no host buffers to lend; several devices keep JAX's copies)."""
-    axis_context = ctx.module_context.axis_context
-    return (tuple(ctx.module_context.platforms) == ("cpu",)
-            and isinstance(axis_context, sharding_impls.ShardingContext)
-            and axis_context.num_devices == 1)
-
-
-mlir.register_lowering(_host_call_p, _host_call_lowering, cacheable=False)
+# Operands are lent only in a computation of one CPU device (`jax_lowering.one_cpu_device`):
+# other platforms have no host buffers to lend; several devices keep JAX's copies.
+jax_lowering.register_lowering(_host_call_p, _host_call_lowering)
 
 
 # Called with every exception a handler raises (the runner keeps those that are our bugs);
@@ -170,7 +152,7 @@ def _mesh_axes() -> tuple:
 
 def _make_lowering(handler: CallHandler, fills_results: bool,
                    call_sites: bool) -> Callable[..., Any]:
-    def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
+    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         # Semaphore-typed operands and results (a semaphore passed from one call to the
         # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
@@ -196,7 +178,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
 
             return _host_call(host, result_shapes, _device_index(axes), *args)
 
-        lowered = mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        lowered = jax_lowering.lower_fun(impl, ctx, *in_nodes)
         if ctx.tokens_out is not None:  # effects of the call (set on the context given)
             outer.set_tokens_out(ctx.tokens_out)
         return lowered
@@ -242,7 +224,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
     accelerator from its own host callback can deadlock).
     """
 
-    def lowering(ctx: mlir.LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
+    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
         params.pop("interpret", None)
         native = list(original.rule(ctx.replace(), *in_nodes, interpret=NATIVE_INTERPRET,
                                     **params))
@@ -270,7 +252,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
             return _host_call(host, result_shapes, device, *operands, *outs)
 
         sub = ctx.replace(avals_in=[*ctx.avals_in, *ctx.avals_out], tokens_out=None)
-        lowered = mlir.lower_fun(impl, multiple_results=True)(sub, *in_nodes, *native)
+        lowered = jax_lowering.lower_fun(impl, sub, *in_nodes, *native)
         if sub.tokens_out is not None:
             ctx.set_tokens_out(sub.tokens_out)
         return lowered
@@ -281,7 +263,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
 def native_function(params: dict) -> jax.stages.Wrapped:
     """A jitted function running one pallas_call (its primitive's params, without
     `interpret`) through the hardware lowering; use it with no interception installed."""
-    prim = pallas_call_module.pallas_call_p
+    prim = pallas_call_p
     params = {k: v for k, v in params.items() if k != "interpret"}
     return jax.jit(lambda *args: prim.bind(*args, interpret=NATIVE_INTERPRET, **params))
 
@@ -296,29 +278,21 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
     `call_site=` (see CallHandler)."""
     global _saved
 
-    prim = pallas_call_module.pallas_call_p
     with _lock:
         if _saved is not None:
             raise RuntimeError("pallas-check interception is already installed")
         if mode not in ("replace", "alongside", "observe"):
             raise ValueError(f"unknown interception mode {mode!r}")
-        if mode != "replace" and (mlir._lowerings.get(prim) is None or any(
-                prim in rules for rules in mlir._platform_specific_lowerings.values())):
+        if mode != "replace" and not jax_lowering.pallas_call_lowering_is_plain():
             raise RuntimeError("this JAX's pallas_call lowering is not the one pallas-check"
                                " knows how to wrap")
-        _saved = {
-            "targets": [],  # hostcall targets lowered while installed
-            "default": mlir._lowerings.get(prim),
-            "platforms": {p: rules.pop(prim) for p, rules in
-                          mlir._platform_specific_lowerings.items() if prim in rules},
-        }
         rule = (_make_lowering(handler, fills_results, call_sites) if mode == "replace"
-                else _make_native_lowering(handler, mode, _saved["default"]))
-        mlir.register_lowering(prim, rule, cacheable=False)
-        # `pl.kernel` / `mpmd_map` kernels reach the same lowering through this module
-        # function rather than through the primitive's registered rule.
-        _saved["module_lowering"] = pallas_call_module._pallas_call_lowering
-        pallas_call_module._pallas_call_lowering = rule
+                else _make_native_lowering(handler, mode,
+                                           jax_lowering.pallas_call_lowering()))
+        # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
+        # lowering function, patched with it.)
+        _saved = {"targets": [],  # hostcall targets lowered while installed
+                  "lowering": jax_lowering.patch_pallas_call_lowering(rule)}
     # Executables compiled before now used the real lowering.
     jax.clear_caches()
 
@@ -331,17 +305,10 @@ def installed() -> bool:
 def uninstall() -> None:
     """Restore JAX's own pallas_call lowering."""
     global _saved
-    prim = pallas_call_module.pallas_call_p
     with _lock:
         if _saved is None:
             return
-        if _saved["default"] is not None:
-            mlir._lowerings[prim] = _saved["default"]
-        else:
-            mlir._lowerings.pop(prim, None)
-        for platform, entry in _saved["platforms"].items():
-            mlir._platform_specific_lowerings[platform][prim] = entry
-        pallas_call_module._pallas_call_lowering = _saved["module_lowering"]
+        jax_lowering.restore_pallas_call_lowering(_saved["lowering"])
         hostcall.drop_targets(_saved["targets"])
         _saved = None
     jax.clear_caches()

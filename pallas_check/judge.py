@@ -51,6 +51,7 @@ from pallas_check.engine.call.exposures import Exposure, differs
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.jaxbridge.call import kernel_of
 from pallas_check.outer import OuterCall
 
 # The session (session.py) the judge serves: its store, carried semaphores, config and
@@ -101,7 +102,7 @@ class Program:
         self.runs[site] = count + 1
         if count == 0 and self.replay is None:
             self.sites.append(params)
-            self.kernels[site] = id(params.get("jaxpr"))
+            self.kernels[site] = id(kernel_of(params))
         return site, count
 
 

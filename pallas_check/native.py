@@ -36,6 +36,7 @@ from pallas_check.engine.call.describe import kernel_info
 from pallas_check.errors import one_line
 from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.intercept import intercepted, native_function
+from pallas_check.jaxbridge.call import describe
 from pallas_check.report.formats import NATIVE, render
 from pallas_check.report.native import NativeReport
 from pallas_check.runner import Verdict, script_traceback
@@ -121,7 +122,7 @@ def time_calls(calls: Sequence[RecordedCall], repeats: int = REPEATS) -> list[Ca
     for call in sorted(calls, key=lambda c: c.index):
         kernel = kernel_info(call.params)
         grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
-                     for g in call.params["grid_mapping"].grid)
+                     for g in describe(call.params).grid)
         timing = CallTiming(call.index, kernel.name, kernel.file, kernel.line, grid)
         out.append(timing)
         if call.devices > 1:

@@ -28,7 +28,7 @@ import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
-from pallas_check.jaxbridge import pjit
+from pallas_check.jaxbridge import jit_dispatch, set_jit_dispatch
 
 # Primitives that run a kernel through the patched pallas_call lowering (`pl.kernel` on a
 # SparseCore mesh binds mpmd_map), matched by name in nested jaxprs too.
@@ -119,23 +119,23 @@ def _count(jaxpr: Any, seen: dict[int, int]) -> None:
 
 
 def _describe(params: dict) -> OuterCall:
-    closed = params["jaxpr"]
+    jit = eqn_params.jit_call(params)
+    closed, name = jit.body, jit.name
     effects = tuple(sorted({type(e).__name__ for e in closed.effects}))
     eqns = closed.jaxpr.eqns
-    name = str(params.get("name", ""))
     # An eager pallas_call runs as JAX's jit of the call alone (pallas_call's own
     # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
     eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
              and name in _EAGER_NAMES)
-    return OuterCall(name, effects, any(params.get("donated_invars", ())), eager,
+    return OuterCall(name, effects, jit.donates, eager,
                      _kernel_facts(closed)[1])
 
 
 def _call_impl_python(*args: Any, **params: Any) -> Any:
     original = _saved["impl"] if _saved is not None else None
     listener = _listener
-    if original is None or listener is None or not _kernel_facts(params["jaxpr"])[0]:
-        result = (original or pjit._pjit_call_impl_python)(*args, **params)
+    if original is None or listener is None or not _kernel_facts(eqn_params.jit_body(params))[0]:
+        result = (original or jit_dispatch()[0])(*args, **params)
         _last.kernel = False
         return result
     import jax
@@ -163,7 +163,7 @@ def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
         _last.kernel = False
         return None  # run through Python each time: the hook sees every run
     saved = _saved
-    original = saved["fastpath"] if saved is not None else pjit._get_fastpath_data
+    original = saved["fastpath"] if saved is not None else jit_dispatch()[1]
     return original(*args, **kwargs)
 
 
@@ -173,10 +173,10 @@ def install(listener: Listener) -> None:
     with _lock:
         if _saved is not None:
             raise RuntimeError("pallas-check's jit hook is already installed")
-        _saved = {"impl": pjit._pjit_call_impl_python, "fastpath": pjit._get_fastpath_data}
+        impl, fastpath = jit_dispatch()
+        _saved = {"impl": impl, "fastpath": fastpath}
         _listener = listener
-        pjit._pjit_call_impl_python = _call_impl_python
-        pjit._get_fastpath_data = _fastpath_data
+        set_jit_dispatch((_call_impl_python, _fastpath_data))
 
 
 def listening(listener: Listener) -> bool:
@@ -189,6 +189,5 @@ def uninstall() -> None:
     with _lock:
         if _saved is None:
             return
-        pjit._pjit_call_impl_python = _saved["impl"]
-        pjit._get_fastpath_data = _saved["fastpath"]
+        set_jit_dispatch((_saved["impl"], _saved["fastpath"]))
         _saved, _listener = None, None

@@ -22,7 +22,7 @@ from pallas_check.exitcodes import ExitCode, exit_code_for
 from pallas_check.findings import CallSummary, JsonObject
 from pallas_check.generations import after_run, retrace_in_child
 from pallas_check.intercept import handler_failures
-from pallas_check.jaxbridge import dispatch
+from pallas_check.jaxbridge import settle_runtime_tokens
 from pallas_check.outfile import OutputError, write_report
 from pallas_check.progress_line import ProgressLine, clear, wanted
 from pallas_check.report import Format, reporter_for
@@ -370,10 +370,7 @@ def _settle_computations() -> None:
     devices as on one. After our callback failed, JAX keeps the failed computations'
     tokens and raises their errors again from its exit handlers (stray tracebacks of our
     frames after the report): forget them, the failure is in the report already."""
-    try:
-        dispatch.runtime_tokens.block_until_ready()
-    except Exception:  # noqa: BLE001 - the error we already report
-        dispatch.runtime_tokens.clear()
+    settle_runtime_tokens()
 
 
 class _Finisher:

@@ -20,6 +20,7 @@ import numpy as np
 import jax
 
 from pallas_check import children, empties, interrupts, outer
+from pallas_check.jaxbridge.call import describe as describe_call
 from pallas_check.call_filter import CallFilter
 from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
 from pallas_check.config import Config, TpuGeneration
@@ -382,8 +383,9 @@ class Session:
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         kernel = call.kernel
         try:
-            gm = call.params["grid_mapping"]
-            grid = resolve_grid(gm.grid, call.device_operands[0][:gm.num_dynamic_grid_bounds])
+            described = describe_call(call.params)
+            grid = resolve_grid(described.grid,
+                                call.device_operands[0][:described.num_grid_bounds])
         except Exception:  # noqa: BLE001 - a failed call may not even have a grid
             grid = ()
         with self._lock:

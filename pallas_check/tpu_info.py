@@ -36,7 +36,9 @@ import jax
 import numpy as np
 
 from pallas_check.config import TpuGeneration, parse_generations
-from pallas_check.jaxbridge import jax_mesh_utils, jax_shard_map, jax_tpu_info
+from pallas_check.jaxbridge import (abstract_device_platform, abstract_device_with_cores,
+                                   clear_tpu_info_caches, device_questions, mesh_orderings,
+                                   set_device_questions, set_mesh_orderings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,11 +130,7 @@ def _clear_caches() -> None:
     """JAX's caches of what the chip answered, cleared whenever the answer changes:
     `get_tpu_info()` is cached per trace context (not per device), shard_map's manual
     abstract mesh per mesh (the same Mesh object under two generations)."""
-    for fn in (jax_tpu_info.get_tpu_info, jax_tpu_info.get_tpu_info_for_chip,
-               getattr(jax_shard_map, "_as_manual_mesh", None)):
-        clear = getattr(fn, "cache_clear", None)
-        if clear is not None:
-            clear()
+    clear_tpu_info_caches()
 
 
 def _install() -> None:
@@ -188,7 +186,7 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
     kind now answers for itself; an abstract mesh of CPU devices made before the simulation
     began still says "cpu", and one made since has no core count (JAX records none for a
     CPU device)."""
-    saved = (jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores)
+    saved = device_questions()
     kind_of, cores_of = saved
 
     def get_device_kind() -> str:
@@ -201,11 +199,10 @@ def _patch_jax_tpu_info() -> Callable[[], None]:
         answer = _answering() if found is None else None
         return answer.num_cores if answer is not None else found
 
-    jax_tpu_info.get_device_kind = get_device_kind
-    jax_tpu_info.get_num_device_cores = get_num_device_cores
+    set_device_questions((get_device_kind, get_num_device_cores))
 
     def restore() -> None:
-        jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores = saved
+        set_device_questions(saved)
 
     return restore
 
@@ -222,14 +219,12 @@ def _patch_abstract_mesh() -> Callable[[], None]:
         # its device's kind is read now: the answer's
         found: jax.sharding.AbstractMesh = original.func(self)
         device = getattr(found, "abstract_device", None)
-        if (answer is None or device is None or device.platform != "cpu"
+        if (answer is None or device is None or abstract_device_platform(device) != "cpu"
                 or device.num_cores is not None):
             return found
         # JAX leaves `AbstractMesh.update` unannotated; it returns an AbstractMesh
         updated: jax.sharding.AbstractMesh = found.update(  # type: ignore[no-untyped-call]
-            abstract_device=jax.sharding.AbstractDevice(
-                device_kind=device.device_kind, num_cores=answer.num_cores,
-                platform=device.platform))
+            abstract_device=abstract_device_with_cores(device, answer.num_cores))
         return updated
 
     def abstract_mesh(self: jax.sharding.Mesh) -> jax.sharding.AbstractMesh:
@@ -257,7 +252,7 @@ _Ordering = Callable[..., "np.ndarray | None"]
 def _patch_mesh_orderings() -> Callable[[], None]:
     """JAX orders the devices of a mesh of TPU kinds by their physical coordinates (which
     CPU devices do not have): not for CPU devices, which keep a CPU's order."""
-    saved = jax_mesh_utils.device_kind_handler_dict
+    saved = mesh_orderings()
 
     def for_tpus_only(handler: _Ordering) -> _Ordering:
         def order(mesh_shape: Sequence[int], devices: Sequence[jax.Device],
@@ -268,10 +263,9 @@ def _patch_mesh_orderings() -> Callable[[], None]:
 
         return order
 
-    jax_mesh_utils.device_kind_handler_dict = {kind: for_tpus_only(handler)
-                                               for kind, handler in saved.items()}
+    set_mesh_orderings({kind: for_tpus_only(handler) for kind, handler in saved.items()})
 
     def restore() -> None:
-        jax_mesh_utils.device_kind_handler_dict = saved
+        set_mesh_orderings(saved)
 
     return restore

@@ -12,9 +12,11 @@ They are read here and handed out under pallas-check's own names:
   once into `CallDescription` (the "mosaic_tpu" / "mosaic" key difference handled there);
 - `version.py`: the supported JAX range, checked when this package is imported.
 
-The module handouts below (`mlir`, `pjit`, `callback_module` ...) remain for the interception
-and platform plumbing (intercept.py, outer.py, tpu_info.py, runner.py, hostcall.py,
-tpu_compile/); tests/jaxbridge/test_boundary.py lists which modules still use them.
+- `lowering.py`: the interception's lowering plumbing (patch pallas_call's lowering, emit a
+  host callback or an FFI call);
+- below: the platform plumbing under pallas-check's names (`settle_runtime_tokens`,
+  `jit_dispatch`, `device_questions`, `refuse_compiles` ...). No JAX module is handed out
+  to pallas-check's modules (tests/jaxbridge/test_boundary.py).
 Supporting a new JAX version: widen `version.py` (and pyproject's pin), run the tests and the
 samples on it, and handle each difference in these modules, with a test in tests/jaxbridge/.
 
@@ -25,6 +27,7 @@ line, which sets XLA_FLAGS for --devices) import it lazily.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any, Callable
 
 import jax as _jax
 
@@ -32,33 +35,18 @@ from pallas_check.jaxbridge import version as _version
 
 _version.check(_jax.__version__)
 
-# Python host callbacks emitted straight into a lowered module (intercept.py).
-from jax._src import callback as callback_module  # noqa: E402 - after the version check
-# Runtime tokens of side-effecting computations, settled after our callback failed.
-from jax._src import dispatch  # noqa: E402
-# Lowering of XLA FFI custom calls (hostcall.py's lend / give_back).
-from jax._src import ffi  # noqa: E402
-# The sharding context of a lowering: one device or several (intercept.py).
-from jax._src import sharding_impls  # noqa: E402
-# The dispatch of a top-level jitted call (`_pjit_call_impl_python`, `_get_fastpath_data`),
-# hooked by outer.py to know the jitted call around a kernel.
-from jax._src import pjit  # noqa: E402
-# MLIR lowering registry: where the pallas_call lowering is patched (intercept.py).
-from jax._src.interpreters import mlir  # noqa: E402
-# The pallas_call primitive's own lowering (intercept.py).
-from jax._src.pallas import pallas_call as pallas_call_module  # noqa: E402
-# Which chip a kernel is told it runs on (tpu_info.py).
+# JAX's modules the plumbing functions below reach into (private: the rest of pallas-check
+# calls the functions, under its own names; the lowering's are in lowering.py).
+from jax._src import dispatch as _dispatch  # noqa: E402 - after the version check
+from jax._src import pjit as _pjit  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+from jax._src import shard_map as _jax_shard_map  # noqa: E402
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
+from jax._src import compiler as _compiler  # noqa: E402
+# Which chip a kernel is told it runs on, and JAX's device-mesh orderings per TPU device
+# kind: handed out to tests, which look at what tpu_info.py's patches did.
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info  # noqa: E402
-# JAX's device-mesh orderings per TPU device kind, kept off the CPU devices a simulated TPU
-# names (tpu_info.py).
 from jax._src import mesh_utils as jax_mesh_utils  # noqa: E402
-# shard_map's cache of a mesh's manual abstract mesh (which holds the chip a kernel is told
-# about): cleared when the simulated TPU changes (tpu_info.py).
-from jax._src import shard_map as jax_shard_map  # noqa: E402
-# Whether JAX's backends have started, and where every compilation goes: a process forked
-# after they started cannot compile (it hangs), so there it is refused (children.py).
-from jax._src import xla_bridge  # noqa: E402
-from jax._src import compiler  # noqa: E402
 
 
 def xla_client() -> ModuleType:
@@ -72,7 +60,7 @@ def xla_client() -> ModuleType:
 def backends_started() -> bool:
     """Whether JAX's backends have started, read without JAX's lock: children.py asks in
     a process just forked, where another thread of the parent may have held that lock."""
-    return bool(xla_bridge._backends)
+    return bool(_xla_bridge._backends)
 
 
 def hlo_interpreter() -> ModuleType:
@@ -105,9 +93,103 @@ def mosaic_dialect() -> ModuleType:
     return module
 
 
+# -- plumbing, under pallas-check's names (what each user does, not JAX's module) ----------
+
+def settle_runtime_tokens() -> None:
+    """Wait for the computations the script dispatched (runner.py); after our callback
+    failed in one, forget JAX's tokens, whose errors JAX would raise again at exit."""
+    tokens: Any = _dispatch.runtime_tokens  # untyped in JAX
+    try:
+        tokens.block_until_ready()
+    except Exception:  # noqa: BLE001 - the error pallas-check already reports
+        tokens.clear()
+
+
+def mosaic_ir_context() -> Any:
+    """An MLIR context with Mosaic's dialect registered (tpu_compile/mlirloc.py)."""
+    context = _mlir.make_ir_context()
+    mosaic_dialect().register_dialect(context)
+    return context
+
+
+def refuse_compiles(refuse: Callable[..., Any]) -> None:
+    """Every later XLA compilation in this process calls `refuse` instead (children.py: a
+    process forked after JAX's backends started cannot compile)."""
+    _compiler.backend_compile_and_load = refuse
+
+
+def default_backend_name() -> str:
+    """The platform JAX's default backend runs on (children.py)."""
+    return str(_xla_bridge.default_backend())
+
+
+JitDispatch = tuple[Callable[..., Any], Callable[..., Any]]
+
+
+def jit_dispatch() -> JitDispatch:
+    """JAX's Python dispatch of a top-level jitted call and its fast-path data maker
+    (`_pjit_call_impl_python`, `_get_fastpath_data`), which outer.py wraps."""
+    return _pjit._pjit_call_impl_python, _pjit._get_fastpath_data
+
+
+def set_jit_dispatch(dispatch_: JitDispatch) -> None:
+    """Replace the pair `jit_dispatch` returns (outer.py's hook, and its undoing)."""
+    _pjit._pjit_call_impl_python, _pjit._get_fastpath_data = dispatch_
+
+
+DeviceQuestions = tuple[Callable[[], str], Callable[[], Any]]
+
+
+def device_questions() -> DeviceQuestions:
+    """What Pallas' TPU info asks of the default device: its kind and its core count
+    (tpu_info.py answers them for a simulated chip)."""
+    return jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores
+
+
+def set_device_questions(questions: DeviceQuestions) -> None:
+    jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores = questions
+
+
+def clear_tpu_info_caches() -> None:
+    """JAX's caches of what the chip answered (`get_tpu_info` per trace context,
+    shard_map's manual abstract mesh per mesh)."""
+    for fn in (jax_tpu_info.get_tpu_info, jax_tpu_info.get_tpu_info_for_chip,
+               getattr(_jax_shard_map, "_as_manual_mesh", None)):
+        clear = getattr(fn, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def abstract_device_platform(device: _jax.sharding.AbstractDevice) -> str:
+    """The platform of a mesh's abstract device. jax 0.10 records it (`platform`); jax 0.9
+    records only the kind, which for a CPU device is "cpu" too."""
+    platform = getattr(device, "platform", None)
+    return str(platform if platform is not None else device.device_kind)
+
+
+def abstract_device_with_cores(device: _jax.sharding.AbstractDevice,
+                               num_cores: int) -> _jax.sharding.AbstractDevice:
+    """The abstract device `device` with `num_cores` cores (jax 0.9's has no platform)."""
+    if hasattr(device, "platform"):  # jax 0.10
+        return _jax.sharding.AbstractDevice(device_kind=device.device_kind,
+                                            num_cores=num_cores, platform=device.platform)
+    make: Callable[..., _jax.sharding.AbstractDevice] = _jax.sharding.AbstractDevice
+    return make(device_kind=device.device_kind, num_cores=num_cores)  # jax 0.9
+
+
+def mesh_orderings() -> dict[str, Callable[..., Any]]:
+    """JAX's device-mesh ordering per TPU device kind (tpu_info.py keeps CPU devices off)."""
+    return jax_mesh_utils.device_kind_handler_dict
+
+
+def set_mesh_orderings(orderings: dict[str, Callable[..., Any]]) -> None:
+    jax_mesh_utils.device_kind_handler_dict = orderings
+
 __all__ = [
-    "backends_started", "callback_module", "compiler", "dispatch", "ffi", "hlo_interpreter",
-    "jax_mesh_utils", "jax_shard_map", "jax_tpu_info", "mlir", "mosaic_dialect",
-    "pallas_call_module", "pjit", "sharding_impls", "tpu_interpret_params",
-    "tpu_interpreter", "xla_bridge", "xla_client",
+    "DeviceQuestions", "JitDispatch", "abstract_device_platform",
+    "abstract_device_with_cores", "backends_started", "clear_tpu_info_caches",
+    "default_backend_name", "device_questions", "hlo_interpreter", "jax_mesh_utils",
+    "jax_tpu_info", "jit_dispatch", "mesh_orderings", "mosaic_dialect", "mosaic_ir_context",
+    "refuse_compiles", "set_device_questions", "set_jit_dispatch", "set_mesh_orderings",
+    "settle_runtime_tokens", "tpu_interpret_params", "tpu_interpreter", "xla_client",
 ]

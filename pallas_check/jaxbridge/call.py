@@ -20,6 +20,10 @@ from pallas_check.jaxbridge.primitives import pallas_call_p
 from pallas_check.jaxbridge.types import (Blocked, BoundedSlice, ClosedJaxpr, Element, Jaxpr,
                                           ShapedArray, Squeezed)
 
+# A pallas_call's params as JAX hands them to its lowering: opaque outside this package,
+# which reads them through `describe` (a JAX version may rename any key).
+CallParams = Mapping[str, Any]
+
 # What the TPU lowering asserts of compiler params of a class with no TPU lowering rule
 # (jax 0.10.2 and 0.9.2: an AssertionError with no message, so its source line).
 MOSAIC_FOREIGN_PARAMS = "assert isinstance(compiler_params, tpu_core.CompilerParams)"
@@ -137,7 +141,7 @@ def _vmem_limit(compiler_params: Any) -> int | None:
     return int(limit) if limit else None
 
 
-def _describe(params: Mapping[str, Any]) -> CallDescription:
+def _describe(params: CallParams) -> CallDescription:
     gm = params["grid_mapping"]
     compiler_params = params.get("compiler_params")
     return CallDescription(
@@ -165,7 +169,7 @@ _described_lock = threading.Lock()
 _DESCRIBED_MAX = 512
 
 
-def describe(params: Mapping[str, Any]) -> CallDescription:
+def describe(params: CallParams) -> CallDescription:
     """The description of a pallas_call from its params (cached per call)."""
     gm, jaxpr = params["grid_mapping"], params["jaxpr"]
     key = (id(gm), id(jaxpr))
@@ -180,9 +184,10 @@ def describe(params: Mapping[str, Any]) -> CallDescription:
     return found
 
 
-def kernel_of(params: Mapping[str, Any]) -> Jaxpr:
+def kernel_of(params: CallParams) -> Jaxpr:
     """The kernel jaxpr of a pallas_call (no description built)."""
-    return params["jaxpr"]
+    found: Jaxpr = params["jaxpr"]
+    return found
 
 
 def tpu_refusal(compiler_params: Any) -> str | None:
@@ -208,13 +213,14 @@ def is_tpu_params(compiler_params: Any) -> bool:
     return isinstance(compiler_params, pltpu.CompilerParams)
 
 
-def rebound(params: Mapping[str, Any]) -> Callable[..., Any]:
+def rebound(params: CallParams) -> Callable[..., Any]:
     """The pallas_call re-bound for the TPU compiler (interpret off)."""
     bound = {k: v for k, v in params.items() if k != "interpret"}
-    return lambda *args: pallas_call_p.bind(*args, interpret=False, **bound)
+    bind: Callable[..., Any] = pallas_call_p.bind  # untyped in JAX
+    return lambda *args: bind(*args, interpret=False, **bound)
 
 
-def rebound_mpmd(params: Mapping[str, Any]) -> Callable[..., Any]:
+def rebound_mpmd(params: CallParams) -> Callable[..., Any]:
     """A SparseCore kernel as `pl.kernel` made it: an `mpmd_map` of its one (mesh, body),
     whose TPU lowering picks the SparseCore kernel type. The params are those JAX's CPU
     fallback of mpmd_map passed on, turned back; the fallback set the mesh's
@@ -231,14 +237,15 @@ def rebound_mpmd(params: Mapping[str, Any]) -> Callable[..., Any]:
                  compiler_params=compiler_params, interpret=False, debug=params["debug"],
                  cost_estimate=params.get("cost_estimate"), metadata=params.get("metadata"),
                  name=params.get("name"))
-    return lambda *args: mpmd.mpmd_map_p.bind(*args, **bound)
+    bind: Callable[..., Any] = mpmd.mpmd_map_p.bind  # untyped in JAX
+    return lambda *args: bind(*args, **bound)
 
 
-def output_zeros(params: Mapping[str, Any]) -> list[np.ndarray]:
+def output_zeros(params: CallParams) -> list[np.ndarray]:
     """Zero arrays shaped as the call's outputs."""
     return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
 
 
-__all__ = ["Block", "BlockDim", "CallDescription", "MOSAIC_FOREIGN_PARAMS", "ShapedArray",
+__all__ = ["Block", "BlockDim", "CallDescription", "CallParams", "MOSAIC_FOREIGN_PARAMS", "ShapedArray",
            "describe", "is_tpu_params", "kernel_of", "output_zeros", "rebound",
            "rebound_mpmd", "tpu_refusal"]

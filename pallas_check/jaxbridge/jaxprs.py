@@ -30,7 +30,8 @@ barrier_semaphore_dtype: Any = _pallas_core.barrier_semaphore
 
 def jaxpr_as_fun(closed: ClosedJaxpr) -> Callable[..., list[Any]]:
     """A closed jaxpr as a Python function of its arguments (JAX evaluates it)."""
-    return _core.jaxpr_as_fun(closed)
+    fun: Callable[..., list[Any]] = _core.jaxpr_as_fun(closed)
+    return fun
 
 
 def sub_jaxprs(eqn: JaxprEqn) -> Iterator[Jaxpr]:
@@ -73,7 +74,8 @@ def has_cpu_lowering(primitive: Primitive) -> bool:
 
 def axis_sizes() -> dict[str, int]:
     """The named mesh axes (shard_map) around the equation being lowered, with sizes."""
-    return dict(_core.get_axis_env().axis_sizes)
+    get_axis_env: Callable[[], Any] = _core.get_axis_env  # untyped in JAX
+    return dict(get_axis_env().axis_sizes)
 
 
 def open_jaxpr(invars: Sequence[Any], outvars: Sequence[Any], eqns: Sequence[Any]) -> Jaxpr:

@@ -12,9 +12,13 @@ A pallas_call's own parameters are not read here but in `call.py`, whole, into a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn
+from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, TransformedRef
+
+
+# The params of an equation or a jitted call as JAX gives them (read only here, by key).
+Params = Mapping[str, Any]
 
 
 # -- refs, DMAs, semaphores ----------------------------------------------------------------
@@ -40,6 +44,66 @@ def adds(eqn: JaxprEqn) -> bool:
 def device_id_type(eqn: JaxprEqn) -> Any:
     """How a remote DMA or semaphore signal names its device (logical / mesh), or None."""
     return eqn.params.get("device_id_type")
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaOperand:
+    """One argument of a DMA (src, dst, dst_sem, src_sem, device_id): where its leaves sit
+    in the equation's flat operands, and the pytree that unflattens those leaves into it (a
+    ref, a `TransformedRef`, a value, or nothing)."""
+
+    start: int
+    stop: int
+    tree: Any  # has `num_leaves` and `unflatten(leaves)` (a PyTreeDef or `_JoinedRef`)
+
+
+class _JoinedRef:
+    """jax 0.9's DMA operands keep a ref and its transforms as two siblings of the tree;
+    this joins the pair back into the one `TransformedRef` jax 0.10 keeps, so that what
+    reads a DMA argument reads the same value on both versions."""
+
+    def __init__(self, ref: Any, transforms: Any) -> None:
+        self._ref, self._transforms = ref, transforms
+        self.num_leaves = ref.num_leaves + transforms.num_leaves
+
+    def unflatten(self, leaves: Any) -> Any:
+        leaves = list(leaves)
+        cut = self._ref.num_leaves
+        ref = self._ref.unflatten(leaves[:cut])
+        transforms = _unwrap_transforms(self._transforms.unflatten(leaves[cut:]))
+        return TransformedRef(ref, tuple(transforms)) if transforms else ref
+
+
+def _unwrap_transforms(transforms: Any) -> Any:
+    """jax 0.9 wraps a ref's transforms that are refs themselves (SparseCore's indexed
+    DMAs) for flattening; JAX's own unwrapping turns them back."""
+    from jax._src.pallas.mosaic import primitives as mosaic_primitives
+
+    unwrap = getattr(mosaic_primitives, "_maybe_unwrap_transformed_refs", None)
+    return transforms if unwrap is None else unwrap(transforms)
+
+
+def dma_operands(eqn: JaxprEqn) -> tuple[DmaOperand, ...]:
+    """The five arguments of a DMA start or wait (src, dst, dst_sem, src_sem, device_id).
+    jax 0.10 flattens them as five children of `tree`; jax 0.9 as nine (each of the four
+    refs followed by its transforms, then the device id)."""
+    children = list(operand_tree(eqn).children())
+    if len(children) == 9:  # jax 0.9
+        trees: list[Any] = [_JoinedRef(children[k], children[k + 1]) for k in (0, 2, 4, 6)]
+        trees.append(children[8])
+    else:
+        trees = children
+    out, start = [], 0
+    for tree in trees:
+        out.append(DmaOperand(start, start + tree.num_leaves, tree))
+        start += tree.num_leaves
+    return tuple(out)
+
+
+def dma_arguments(eqn: JaxprEqn, flat: Any) -> tuple[Any, ...]:
+    """The DMA's five arguments unflattened from its flat operands (or their avals)."""
+    flat = list(flat)
+    return tuple(a.tree.unflatten(flat[a.start:a.stop]) for a in dma_operands(eqn))
 
 
 # -- SparseCore vector ops -----------------------------------------------------------------
@@ -100,13 +164,15 @@ def maybe_body(eqn: JaxprEqn) -> Any:
 
 def call_body(eqn: JaxprEqn) -> ClosedJaxpr:
     """The body of a closed_call (`call_jaxpr`)."""
-    return eqn.params["call_jaxpr"]
+    found: ClosedJaxpr = eqn.params["call_jaxpr"]
+    return found
 
 
 def primal_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
     """The primal function of a custom_jvp / custom_vjp call."""
     params = eqn.params
-    return params.get("call_jaxpr") or params["fun_jaxpr"]
+    found: ClosedJaxpr = params.get("call_jaxpr") or params["fun_jaxpr"]
+    return found
 
 
 def branches(eqn: JaxprEqn) -> tuple[ClosedJaxpr, ...]:
@@ -174,7 +240,8 @@ def nested_with_operands(eqn: JaxprEqn) -> Iterator[tuple[Jaxpr, list[Atom]]]:
 
 def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
     """The keyword arguments that rebind the equation's primitive as it was traced."""
-    return eqn.primitive.get_bind_params(eqn.params)
+    get_bind_params: Callable[..., dict[str, Any]] = eqn.primitive.get_bind_params
+    return get_bind_params(eqn.params)
 
 
 def has_params(eqn: JaxprEqn) -> bool:
@@ -184,6 +251,29 @@ def has_params(eqn: JaxprEqn) -> bool:
 def param_values(eqn: JaxprEqn) -> Iterator[Any]:
     """Every parameter value, for passes that look for a kind of value among them."""
     return iter(eqn.params.values())
+
+
+# -- a jitted call (pjit) ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class JitCall:
+    """What outer.py reads of a top-level jitted call's params: its body, its name, and
+    whether it donates any argument."""
+
+    body: ClosedJaxpr
+    name: str
+    donates: bool
+
+
+def jit_body(params: Params) -> ClosedJaxpr:
+    """The body of a jitted call from its params (no other read: on every jitted call)."""
+    found: ClosedJaxpr = params["jaxpr"]
+    return found
+
+
+def jit_call(params: Params) -> JitCall:
+    return JitCall(params["jaxpr"], str(params.get("name", "")),
+                   any(params.get("donated_invars", ())))
 
 
 # -- prints and checks ---------------------------------------------------------------------
@@ -205,7 +295,7 @@ class PrintFormat:
     np_printoptions: tuple[tuple[str, Any], ...]
 
 
-def print_format(params: Mapping[str, Any]) -> PrintFormat:
+def print_format(params: Params) -> PrintFormat:
     return PrintFormat(params["fmt"], params["in_tree"], tuple(params.get("static_args", ())),
                        bool(params.get("has_placeholders", True)),
                        tuple(params.get("np_printoptions", ())))

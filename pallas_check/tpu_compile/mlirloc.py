@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any, Iterator
 
-from pallas_check.jaxbridge import mlir, mosaic_dialect
+from pallas_check.jaxbridge import mosaic_ir_context
 
 _OP = re.compile(r'"([a-z_]+\.[a-z_0-9.]+)"\(')
 _SHAPE = re.compile(r"\b((?:\d+x)+[a-z]+\d*)\b")
@@ -87,8 +87,7 @@ def locate(lowered_ir: Any, message: str, leading_scalars: int) -> OpLocation | 
 
     name, shapes = wanted
     best: tuple[int, OpLocation] | None = None
-    context = mlir.make_ir_context()
-    mosaic_dialect().register_dialect(context)
+    context = mosaic_ir_context()
     with context, ir.Location.unknown():
         context.allow_unregistered_dialects = True
         for body in _mosaic_bodies(lowered_ir):

@@ -20,21 +20,9 @@ _MAPPING_ATTRIBUTES = frozenset({
     "num_scratch_operands", "vmapped_dims", "scratch_avals", "index_map_jaxpr",
     "index_map_out_tree", "transformed_block_aval", "array_aval", "has_trivial_window",
 })
-# JAX modules the bridge still hands out whole, for the interception and platform plumbing.
-_PLUMBING = frozenset({"callback_module", "dispatch", "ffi", "sharding_impls", "pjit", "mlir",
-                       "pallas_call_module", "jax_tpu_info", "jax_mesh_utils", "jax_shard_map",
-                       "xla_bridge", "compiler"})
-# Modules that still read a pallas_call's params dict or a mapping attribute by JAX's name
-# (engine/call/* and the top-level commands: their move onto jaxbridge.call's
-# CallDescription is the step after this one). Only ever remove from this set.
-_NOT_YET = frozenset({
-    "engine/call/capacity.py", "engine/call/describe.py", "engine/call/explore.py",
-    "engine/call/footprint.py", "engine/call/simulate.py", "engine/call/pipeline.py",
-    "compare.py", "native.py", "empties.py", "session.py", "judge.py", "outer.py",
-})
-# Modules that use a plumbing module handout (lowering patches, dispatch hooks, tpu_info).
-_PLUMBING_USERS = frozenset({"intercept.py", "outer.py", "tpu_info.py", "runner.py",
-                             "hostcall.py", "tpu_compile/mlirloc.py", "children.py"})
+# JAX modules the bridge hands out to tests only (they look at what tpu_info.py patched);
+# pallas-check's own modules call the bridge's functions instead (lowering.py, __init__).
+_TEST_ONLY = frozenset({"jax_tpu_info", "jax_mesh_utils"})
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
@@ -78,41 +66,29 @@ def test_no_module_imports_jax_private_modules() -> None:
     assert offenders == []
 
 
-def test_only_plumbing_modules_are_handed_out_and_only_to_the_plumbing() -> None:
+def test_no_jax_module_is_handed_out_to_pallas_check() -> None:
     """A bridge import is of a name (a type, a primitive, a function) or of one of our own
-    bridge modules; the JAX modules it still hands out go to the plumbing only."""
+    bridge modules, never of a JAX module (those the bridge keeps for tests included)."""
     offenders = []
     for name, tree in _modules():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "pallas_check.jaxbridge":
                 for alias in node.names:
-                    ours = alias.name in ("call", "params", "primitives", "types", "jaxprs",
-                                          "version")
-                    if ours:
-                        continue
-                    if alias.name in _PLUMBING and name not in _PLUMBING_USERS:
+                    if alias.name in _TEST_ONLY:
                         offenders.append(f"{name}:{node.lineno} {alias.name}")
+                    if alias.name.startswith("_"):
+                        offenders.append(f"{name}:{node.lineno} {alias.name}")
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "bridge" and node.attr in _TEST_ONLY:
+                offenders.append(f"{name}:{node.lineno} bridge.{node.attr}")
     assert offenders == []
 
 
 def test_no_params_or_mapping_reads_outside_the_bridge() -> None:
     offenders = []
     for name, tree in _modules():
-        if name in _NOT_YET:
-            continue
         lines = _params_key_reads(tree)
         lines += [node.lineno for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and node.attr in _MAPPING_ATTRIBUTES]
         offenders += [f"{name}:{line}" for line in sorted(set(lines))]
     assert offenders == []
-
-
-def test_not_yet_list_only_shrinks() -> None:
-    """Each module still excused reads params or a mapping attribute (else it must leave
-    the list)."""
-    trees = dict(_modules())
-    clean = [name for name in _NOT_YET
-             if not _params_key_reads(trees[name]) and not any(
-                 isinstance(n, ast.Attribute) and n.attr in _MAPPING_ATTRIBUTES
-                 for n in ast.walk(trees[name]))]
-    assert clean == []

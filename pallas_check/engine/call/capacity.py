@@ -15,10 +15,11 @@ memory is bounded by that chip's), with a finding for each generation it overflo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.call import CallParams, describe, kernel_of
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import footprint
@@ -55,7 +56,7 @@ class Overflow:
     at_limit: bool = False  # fits the reckoning, not the compiler's headroom: still runs
 
 
-def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
+def overflows(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     """What the call does not fit on `generation` (empty: it fits)."""
     if sparsecore_mesh(params) is not None:
         return _sparsecore_overflows(params, generation)
@@ -76,7 +77,7 @@ def overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
         found.append(Overflow(generation, "VMEM", needed, available, reason, tuple(vmem)))
     else:
         share = DOT_HEADROOM.get(generation, 0.0)
-        headroom = int(share * _largest_dot_result(params["jaxpr"])) if share else 0
+        headroom = int(share * _largest_dot_result(kernel_of(params))) if share else 0
         if headroom and needed + headroom > min(limit, capacity):
             reason = (f"at the limit: the compiler needs headroom for its own scratch, about"
                       f" {footprint.format_bytes(headroom)} for a matmul result; smaller"
@@ -107,7 +108,7 @@ def _largest_dot_result(jaxpr: Any) -> int:
     return best
 
 
-def _sparsecore_overflows(params: dict, generation: TpuGeneration) -> list[Overflow]:
+def _sparsecore_overflows(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     """A SparseCore kernel against one vector subcore's VMEM of `generation` (a chip without
     SparseCores is refused when the script builds the mesh, not here)."""
     capacity = footprint.SPARSECORE_VMEM_CAPACITY.get(generation)
@@ -134,13 +135,13 @@ class CapacityCheck:
 _RECKONED = BoundedCache(256)
 
 
-def _overflows_of_call(params: dict, generation: TpuGeneration) -> list[Overflow]:
+def _overflows_of_call(params: CallParams, generation: TpuGeneration) -> list[Overflow]:
     held = _RECKONED.get_or_make((id(params), generation),
                                  lambda: (params, overflows(params, generation)))
     return held[1]
 
 
-def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
+def check(params: CallParams, config: Config, kernel: KernelInfo, call_index: int,
           call_site: SourceFrame | None) -> CapacityCheck:
     """The call's capacity findings for every generation of `config.tpu`; simulated
     unless it fits none of them."""
@@ -153,7 +154,7 @@ def check(params: dict, config: Config, kernel: KernelInfo, call_index: int,
                                       code_line(kernel.file, kernel.line))
                           if kernel.file else None)
     fill = config.uninit.value
-    aliased = bool(params.get("input_output_aliases"))
+    aliased = bool(describe(params).aliases)
     findings = [_finding(over, kernel, call_index, frame, simulated_on, fill, aliased)
                 for found in per_generation.values() for over in found]
     return CapacityCheck(findings, simulated_on is not None)
@@ -191,21 +192,21 @@ def _finding(over: Overflow, kernel: KernelInfo, call_index: int,
                    reckoned=True)  # by pallas-check, not by the compiler (--compile)
 
 
-def unsimulated_outputs(params: dict[str, Any], device_operands: Sequence[Sequence[np.ndarray]],
+def unsimulated_outputs(params: CallParams, device_operands: Sequence[Sequence[np.ndarray]],
                         fill: str,
                         results: Sequence[np.ndarray] | None = None
                         ) -> list[list[np.ndarray]]:
     """Per device, the outputs of a call that is not simulated: filled as never-written
     memory is, an output aliased to an input holding that input (`results`, one device:
     the buffers to fill in place)."""
-    gm = params["grid_mapping"]
-    bounds = gm.num_dynamic_grid_bounds
+    call = describe(params)
+    bounds = call.num_grid_bounds
     # input_output_aliases count operands after the dynamic grid bounds.
-    out_to_in = {o: i for i, o in (params.get("input_output_aliases") or ())}
+    out_to_in = {o: i for i, o in call.aliases}
     outputs = []
     for device, operands in enumerate(device_operands):
         mine = []
-        for j, aval in enumerate(params["out_avals"]):
+        for j, aval in enumerate(call.out_avals):
             value = (np.asarray(operands[bounds + out_to_in[j]]) if j in out_to_in
                      else fill_value(aval.dtype, fill))
             if (results is not None and device == 0 and len(device_operands) == 1

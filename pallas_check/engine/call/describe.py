@@ -4,14 +4,15 @@ cores, read from the primitive's params before anything runs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
-from pallas_check.jaxbridge.types import Blocked, BoundedSlice, ClosedJaxpr, Element, Jaxpr, ScalarSubcoreMesh, Slice, Squeezed, VectorSubcoreMesh
+from pallas_check.jaxbridge.call import CallParams, Block, describe
+from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import structure_key
 from pallas_check.engine.memory.buffer import Buffer, memory_space_name
@@ -35,7 +36,7 @@ class Operand:
     name: str
     position: int  # index among the kernel's parameters
     is_output: bool
-    mapping: Any  # BlockMapping
+    mapping: Block  # how its blocks map onto the array (the bridge's BlockMapping)
     hbm: Buffer
     kernel_space: str
     block_sizes: tuple[int, ...]  # one per array dim (squeezed dims are 1)
@@ -103,18 +104,13 @@ def unvisited_blocks(op: Operand, limit: int = 4
     return tuple(tuple(int(i) for i in b) for b in missing[:limit]), len(missing)
 
 
-def _program_axes(grid_mapping: Any) -> list[int]:
-    vmapped = set(grid_mapping.vmapped_dims)
-    return [d for d in range(len(grid_mapping.grid)) if d not in vmapped]
-
-
 # Index maps by identity (a jitted loop lowers once), then by structure and constants (an
 # eager call traces its index maps anew every time).
 _index_maps_seen = BoundedCache(512)
 _index_map_fns = BoundedCache(512)
 
 
-def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int):
+def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int) -> Any:
     """All grid points' block indices in one vectorised, compiled call."""
 
     def by_structure() -> Any:
@@ -126,7 +122,7 @@ def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int)
         closed = _discharged(index_map_jaxpr)
         n_out = len(index_map_jaxpr.jaxpr.outvars)
 
-        def one(*args):
+        def one(*args: Any) -> list[Any]:
             return jaxpr_as_fun(closed)(*args)[:n_out]
 
         in_axes = (0,) * num_grid + (None,) * num_scalars
@@ -140,7 +136,7 @@ def _looped(one: Any, num_grid: int) -> Any:
     rule, so a primitive that JAX allows in an index map but cannot vmap
     (`pl.multiple_of`) still evaluates."""
 
-    def over_points(*args):
+    def over_points(*args: Any) -> Any:
         cols, scalars = args[:num_grid], args[num_grid:]
         return jax.lax.map(lambda point: tuple(one(*point, *scalars)), tuple(cols))
 
@@ -168,12 +164,12 @@ def _consts_key(consts: Sequence[object]) -> tuple[object, ...]:
     return tuple((v.shape, v.dtype.str, v.tobytes()) for v in values)
 
 
-def kernel_info(params: dict) -> KernelInfo:
-    jaxpr = params["jaxpr"]
-    info = getattr(jaxpr, "debug_info", None)
+def kernel_info(params: CallParams) -> KernelInfo:
+    call = describe(params)
+    info = getattr(call.kernel, "debug_info", None)
     name, file, line = parse_src_info(getattr(info, "func_src_info", None))
-    if params.get("name"):
-        name = params["name"]
+    if call.name:
+        name = call.name
     return KernelInfo(name=name, file=file, line=line)
 
 
@@ -212,9 +208,9 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return view
 
 
-def core_mesh_axes(params: dict) -> tuple[str, ...]:
+def core_mesh_axes(params: CallParams) -> tuple[str, ...]:
     """Axis names of a TensorCore mesh the call runs over (core_map / pl.kernel), or ()."""
-    mesh = params.get("mesh")
+    mesh = describe(params).mesh
     if mesh is None:
         return ()
     names = getattr(mesh, "axis_names", None) or tuple(getattr(mesh, "shape", {}) or ())
@@ -241,10 +237,10 @@ class SparseCoreMesh:
         return f"sparsecore {core} subcore {subcore}"
 
 
-def sparsecore_mesh(params: dict) -> SparseCoreMesh | None:
+def sparsecore_mesh(params: CallParams) -> SparseCoreMesh | None:
     """The call's SparseCore mesh (`plsc.VectorSubcoreMesh` / `ScalarSubcoreMesh`), or None
     for a TensorCore call. Read from the mesh's own fields: the core type tells the kind."""
-    mesh = params.get("mesh")
+    mesh = describe(params).mesh
     if isinstance(mesh, VectorSubcoreMesh):
         return SparseCoreMesh(False, mesh.core_axis_name, mesh.subcore_axis_name,
                               mesh.num_cores, mesh.num_subcores)
@@ -267,44 +263,35 @@ def resolve_grid(grid: Sequence[Any], bounds: Sequence[np.ndarray]) -> tuple[int
     return tuple(out)
 
 
-def _operand(name: str, position: int, is_output: bool, bm: Any, hbm: Buffer,
+def _operand(name: str, position: int, is_output: bool, block: Block, hbm: Buffer,
              var: Any) -> Operand:
     space = memory_space_name(getattr(var.aval, "memory_space", None))
-    block_sizes, squeezed, element, padding, bounded = [], [], [], [], []
-    for dim in bm.block_shape:
-        pad = (0, 0)
-        bounded.append(isinstance(dim, BoundedSlice))
-        if bounded[-1]:
-            size, squeeze, per_element = int(dim.block_size), False, True
-        elif isinstance(dim, Squeezed):
-            size, squeeze, per_element = 1, True, False
-        elif isinstance(dim, Blocked):
-            size, squeeze, per_element = int(dim.block_size), False, False
-        elif isinstance(dim, Element):
-            pad = (int(dim.padding[0]), int(dim.padding[1]))
-            size, squeeze, per_element = int(dim.block_size), False, True
-        else:
-            raise KernelError(f"block dimension {dim!r} of {name} is not supported")
-        block_sizes.append(size)
-        squeezed.append(squeeze)
-        element.append(per_element)
-        padding.append(pad)
-    return Operand(name, position, is_output, bm, hbm, space, tuple(block_sizes),
+    block_sizes: list[int] = []
+    squeezed: list[bool] = []
+    element: list[bool] = []
+    padding: list[tuple[int, int]] = []
+    bounded: list[bool] = []
+    for dim in block.dims:
+        if dim.kind == "unknown":
+            raise KernelError(f"block dimension {dim.raw!r} of {name} is not supported")
+        bounded.append(dim.kind == "bounded")
+        block_sizes.append(dim.size)
+        squeezed.append(dim.kind == "squeezed")
+        element.append(dim.kind in ("element", "bounded"))
+        padding.append(dim.padding)
+    return Operand(name, position, is_output, block, hbm, space, tuple(block_sizes),
                    tuple(squeezed), tuple(element),
                    padding=tuple(padding) if any(p != (0, 0) for p in padding) else (),
                    bounded=tuple(bounded) if any(bounded) else ())
 
 
-def dimension_semantics(params: dict) -> tuple[str, ...]:
-    """'parallel' / 'core_parallel' / 'arbitrary' per grid axis (arbitrary when unsaid)."""
-    compiler_params = params.get("compiler_params")
-    semantics = getattr(compiler_params, "dimension_semantics", None)
-    if semantics is None and isinstance(compiler_params, dict):
-        semantics = (compiler_params.get("mosaic") or {}).get("dimension_semantics")
-    grid = params["grid_mapping"].grid
-    if not semantics:
+def dimension_semantics(params: CallParams) -> tuple[str, ...]:
+    """'parallel' / 'core_parallel' / 'arbitrary' per grid axis (arbitrary when unsaid).
+    Compiler params given as a dict are read by the bridge under either of JAX's keys."""
+    call = describe(params)
+    grid, names = call.grid, call.semantics
+    if not names:
         return ("arbitrary",) * len(grid)
-    names = tuple(getattr(x, "name", str(x)).lower() for x in semantics)
     # Under vmap the grid gains leading axes that the semantics do not list.
     return ("arbitrary",) * (len(grid) - len(names)) + names
 
@@ -341,19 +328,20 @@ def _grid_points(grid: tuple[int, ...]) -> np.ndarray:
     return np.indices(grid, dtype=np.int32).reshape(len(grid), -1).T.copy()
 
 
-def _block_indices(bm: Any, points: np.ndarray, scalars: list[np.ndarray]) -> np.ndarray:
+def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) -> np.ndarray:
     num_grid = points.shape[1]
-    fn = _index_map_fn(bm.index_map_jaxpr, num_grid, len(scalars))
+    index_map = block.index_map
+    fn = _index_map_fn(index_map, num_grid, len(scalars))
     cols = [points[:, d] for d in range(num_grid)]
     if num_grid == 0:
         # vmap needs a mapped axis: evaluate once.
         outs = jaxpr_as_fun(
-            _discharged(bm.index_map_jaxpr))(*scalars)[: len(bm.index_map_jaxpr.jaxpr.outvars)]
+            _discharged(index_map))(*scalars)[: len(index_map.jaxpr.outvars)]
         stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
     else:
         outs = fn(*cols, *scalars)
         stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
-    order = _index_columns(bm)
+    order = _index_columns(block)
     return stacked if order is None else _reorder(stacked, order)
 
 
@@ -364,14 +352,14 @@ class _Column:
         self.k = k
 
 
-def _index_columns(bm: Any) -> list[tuple[int, int]] | None:
+def _index_columns(block: Block) -> list[tuple[int, int]] | None:
     """Where each value of a block index sits among the index map's flat outputs, when some
     dim returns a `pl.ds` (BoundedSlice): its start per dim, then its size per
     BoundedSlice dim, each as (column, -1) or, a static value, (-1, value); None when the
     outputs are one int per dim."""
-    if not any(isinstance(dim, BoundedSlice) for dim in bm.block_shape):
+    if not any(dim.kind == "bounded" for dim in block.dims):
         return None
-    tree = bm.index_map_out_tree
+    tree = block.index_tree
     per_dim = tree.unflatten([_Column(k) for k in range(tree.num_leaves)])
     starts, sizes = [], []
     for value in per_dim:

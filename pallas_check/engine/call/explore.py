@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.call import CallParams, describe
 from pallas_check.config import Config, UninitFill
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import exposures
@@ -180,13 +181,14 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
-def _not_lowered(params: dict[str, Any]) -> NotLowered | None:
+def _not_lowered(params: CallParams) -> NotLowered | None:
     """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
-    jaxpr = params["jaxpr"]
+    described = describe(params)
+    jaxpr = described.kernel
     return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
         jaxpr, kernel_arg_names(jaxpr),
         lambda aval: memory_space_name(getattr(aval, "memory_space", None)),
-        sparsecore_kernel(params.get("mesh"))))
+        sparsecore_kernel(described.mesh)))
 
 
 def _skipped(call: CallInputs, config: Config, results: Sequence[np.ndarray] | None,
@@ -196,16 +198,15 @@ def _skipped(call: CallInputs, config: Config, results: Sequence[np.ndarray] | N
     aliased to an input that input, unchanged -- so that the script runs on and the rest of
     its calls are checked."""
     params, device_operands = call.params, call.device_operands
-    gm = params["grid_mapping"]
-    first = gm.num_dynamic_grid_bounds + gm.num_index_operands
-    aliases = {o: i - gm.num_index_operands
-               for i, o in (params.get("input_output_aliases") or ())}
+    described = describe(params)
+    first = described.num_grid_bounds + described.num_scalars
+    aliases = {o: i - described.num_scalars for i, o in described.aliases}
     fill = config.uninit.value
     outputs: list[list[np.ndarray]] = []
     for operands in device_operands:
         inputs = list(operands)[first:]
         device_outputs = []
-        for j, aval in enumerate(params["out_avals"]):
+        for j, aval in enumerate(described.out_avals):
             if j in aliases:
                 device_outputs.append(np.array(inputs[aliases[j]]))
             elif (results is not None and len(device_operands) == 1
@@ -273,11 +274,11 @@ def _one_schedule(call: CallInputs, run: ScheduleRun) -> DevicesResult:
                          untouched=_untouched(state), exposures=found, seed=config.seed)
 
 
-def _output_names(params: dict[str, Any]) -> list[str]:
+def _output_names(params: CallParams) -> list[str]:
     """The kernel's names of the call's outputs."""
-    gm = params["grid_mapping"]
-    first_output = gm.num_index_operands + gm.num_inputs
-    return kernel_arg_names(params["jaxpr"])[first_output: first_output + gm.num_outputs]
+    call = describe(params)
+    first_output = call.num_scalars + call.num_inputs
+    return kernel_arg_names(call.kernel)[first_output: first_output + call.num_outputs]
 
 
 def _revisit_lost(lost: revisit.Lost) -> RevisitLost:

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 from jax.extend.core import Jaxpr
 from numpy.typing import DTypeLike
 
 from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.call import CallParams, Block, describe, kernel_of
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
-from pallas_check.units import format_bytes  # noqa: F401  (re-exported: reports use units.py)
+from pallas_check.units import format_bytes as format_bytes  # noqa: F401  (re-exported: reports use units.py)
 
 MIB = 1024 * 1024
 
@@ -95,13 +96,9 @@ def _in_smem(aval: object) -> bool:
     return "smem" in _memory_space(aval)
 
 
-def _block_shape(bm: Any) -> tuple[int, ...]:
-    sizes = []
-    for dim in bm.block_shape:
-        size = getattr(dim, "block_size", dim)
-        sizes.append(1 if size is None or not isinstance(size, (int, np.integer))
-                     else int(size))
-    return tuple(sizes)
+def _block_shape(block: Block) -> tuple[int, ...]:
+    """The block's size per array dim (a squeezed dim, or one of no known kind, counts 1)."""
+    return tuple(dim.size if dim.kind != "unknown" else 1 for dim in block.dims)
 
 
 def _array_of(aval: object) -> tuple[tuple[int, ...], DTypeLike] | None:
@@ -116,15 +113,15 @@ def _array_of(aval: object) -> tuple[tuple[int, ...], DTypeLike] | None:
     return tuple(int(d) for d in inner.shape), inner.dtype
 
 
-def buffer_count(bm: Any, steps: int, grid_rank: int) -> int:
+def buffer_count(block: Block, steps: int, grid_rank: int) -> int:
     """How many VMEM buffers the pipeline gives a block: its `pl.Buffered(n)`, else one in
     a single-step grid or when its index map is constant over the grid, else two."""
     if steps <= 1:
         return 1
-    count = getattr(getattr(bm, "pipeline_mode", None), "buffer_count", None)
+    count = getattr(block.pipeline_mode, "buffer_count", None)
     if count:
         return int(count)
-    return 1 if grid_invariant(bm.index_map_jaxpr.jaxpr, grid_rank) else 2
+    return 1 if grid_invariant(block.index_map.jaxpr, grid_rank) else 2
 
 
 def grid_invariant(jaxpr: Jaxpr, grid_rank: int) -> bool:
@@ -148,24 +145,24 @@ def grid_invariant(jaxpr: Jaxpr, grid_rank: int) -> bool:
     return not any(depends(a) for a in jaxpr.outvars)
 
 
-def _operand_allocations(params: dict[str, Any], in_space: Callable[[object], bool],
+def _operand_allocations(params: CallParams, in_space: Callable[[object], bool],
                          size: Sizer) -> Iterator[Allocation]:
     """The call's blocks and scratch in one memory space (`in_space` says which)."""
-    gm = params["grid_mapping"]
-    jaxpr = params["jaxpr"]
+    call = describe(params)
+    jaxpr = call.kernel
     names = kernel_arg_names(jaxpr)
     avals = [v.aval for v in jaxpr.invars]
-    steps = math.prod(int(g) if isinstance(g, (int, np.integer)) else 2 for g in gm.grid)
-    first = gm.num_index_operands
-    for k, bm in enumerate(gm.block_mappings):
+    steps = math.prod(int(g) if isinstance(g, (int, np.integer)) else 2 for g in call.grid)
+    first = call.num_scalars
+    for k, bm in enumerate(call.blocks):
         position = first + k
         if position >= len(avals) or not in_space(avals[position]):
             continue
-        copies = buffer_count(bm, steps, len(gm.grid))
+        copies = buffer_count(bm, steps, len(call.grid))
         what = {1: "block", 2: "block (double-buffered)"}.get(copies, f"block ({copies} buffers)")
-        nbytes = copies * size(_block_shape(bm), bm.array_aval.dtype)
+        nbytes = copies * size(_block_shape(bm), bm.array_dtype)
         yield Allocation(names[position], what, nbytes)
-    for position in range(len(avals) - gm.num_scratch_operands, len(avals)):
+    for position in range(len(avals) - call.num_scratch, len(avals)):
         array = _array_of(avals[position])
         if array is not None and in_space(avals[position]):
             yield Allocation(names[position], "scratch", size(*array))
@@ -201,10 +198,10 @@ def _scoped_peak(jaxpr: Jaxpr, in_space: Callable[[object], bool],
     return best
 
 
-def allocations(params: dict) -> list[Allocation]:
+def allocations(params: CallParams) -> list[Allocation]:
     """The call's VMEM allocations we can name, largest first."""
     found = list(_operand_allocations(params, _in_vmem, tiled_bytes))
-    found += _scoped_peak(params["jaxpr"], _in_vmem, tiled_bytes)
+    found += _scoped_peak(kernel_of(params), _in_vmem, tiled_bytes)
     return sorted(found, key=lambda a: -a.nbytes)
 
 
@@ -216,23 +213,24 @@ def _unpadded_bytes(shape: tuple[int, ...], dtype: DTypeLike) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 
-def sparsecore_allocations(params: dict) -> list[Allocation]:
+def sparsecore_allocations(params: CallParams) -> list[Allocation]:
     """A SparseCore kernel's allocations in ONE vector subcore's private VMEM (every
     subcore has its own copy of each), largest first. SparseCore VMEM is not laid out in
     TensorCore (8, 128) tiles: counted unpadded, a lower bound. VMEM_SHARED is not
     counted (its capacity is unknown)."""
     found = list(_operand_allocations(params, _in_subcore_vmem, _unpadded_bytes))
-    found += _scoped_peak(params["jaxpr"], _in_subcore_vmem, _unpadded_bytes)
+    found += _scoped_peak(kernel_of(params), _in_subcore_vmem, _unpadded_bytes)
     return sorted(found, key=lambda a: -a.nbytes)
 
 
-def smem_allocations(params: dict) -> list[Allocation]:
+def smem_allocations(params: CallParams) -> list[Allocation]:
     """The call's SMEM allocations: scalar prefetch, SMEM blocks and scratch, largest
     first."""
-    jaxpr = params["jaxpr"]
+    call = describe(params)
+    jaxpr = call.kernel
     names = kernel_arg_names(jaxpr)
     found = []
-    for position in range(params["grid_mapping"].num_index_operands):
+    for position in range(call.num_scalars):
         array = _array_of(jaxpr.invars[position].aval)
         if array is not None:
             found.append(Allocation(names[position], "scalar prefetch", smem_bytes(*array)))
@@ -241,24 +239,19 @@ def smem_allocations(params: dict) -> list[Allocation]:
     return sorted(found, key=lambda a: -a.nbytes)
 
 
-def scratch_bytes(params: dict) -> int:
+def scratch_bytes(params: CallParams) -> int:
     """VMEM of the call's scratch operands."""
     return sum(a.nbytes for a in allocations(params) if a.what == "scratch")
 
 
-def scoped_limit(params: dict, generation: TpuGeneration) -> int:
+def scoped_limit(params: CallParams, generation: TpuGeneration) -> int:
     """The call's scoped VMEM limit on `generation`: its CompilerParams' vmem_limit_bytes,
     else the compiler's default."""
     limit = vmem_limit_bytes(params)
     return limit if limit else SCOPED_VMEM_LIMIT[generation]
 
 
-def vmem_limit_bytes(params: dict) -> int | None:
-    """`pltpu.CompilerParams(vmem_limit_bytes=...)` of the call, None when not set."""
-    compiler_params = params.get("compiler_params")
-    if isinstance(compiler_params, dict):
-        compiler_params = compiler_params.get("mosaic_tpu") or compiler_params.get("mosaic")
-    limit = getattr(compiler_params, "vmem_limit_bytes", None)
-    if limit is None and isinstance(compiler_params, dict):
-        limit = compiler_params.get("vmem_limit_bytes")
-    return int(limit) if limit else None
+def vmem_limit_bytes(params: CallParams) -> int | None:
+    """`pltpu.CompilerParams(vmem_limit_bytes=...)` of the call, None when not set (a dict
+    of compiler params is read by the bridge under either of JAX's keys)."""
+    return describe(params).vmem_limit_bytes

@@ -12,6 +12,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.call import CallParams
 from pallas_check.config import Config
 from pallas_check.engine.call.describe import SINGLE_DEVICE, MeshInfo
 from pallas_check.engine.call.revisit import Perturbation
@@ -30,7 +31,7 @@ class CallInputs:
     engine/call/carried.py) and the inputs, by position, that hold memory nobody wrote
     (explore.py)."""
 
-    params: dict[str, Any]
+    params: CallParams
     device_operands: Sequence[Sequence[np.ndarray]]
     kernel: KernelInfo
     call_index: int

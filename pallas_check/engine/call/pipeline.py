@@ -334,14 +334,14 @@ class Pipeline:
 def _revisit_any(op: Operand) -> bool:
     """Whether the block is `pl.Buffered(1, revisit=pl.RevisitMode.ANY)` (Mosaic rejects
     ANY with two buffers; the restoring read is modelled whatever the depth)."""
-    mode = getattr(op.mapping, "pipeline_mode", None)
+    mode = op.mapping.pipeline_mode
     revisit = getattr(mode, "revisit", None)
     return getattr(revisit, "value", None) == "any"
 
 
 def _depth(op: Operand) -> int:
     """How many buffers the pipeline keeps for an operand (pl.Buffered(n); 2 by default)."""
-    mode = getattr(op.mapping, "pipeline_mode", None)
+    mode = op.mapping.pipeline_mode
     count = getattr(mode, "buffer_count", None)
     return max(1, int(count)) if count else 2
 
@@ -465,7 +465,7 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
 
 def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:
     """Where the operand's BlockSpec index_map is defined (pipeline copies have no line)."""
-    info = op.mapping.index_map_jaxpr.jaxpr.debug_info
+    info = op.mapping.index_map.jaxpr.debug_info
     _, file, line = parse_src_info(getattr(info, "func_src_info", None))
     return (SourceFrame(file, line, "index_map", code_line(file, line)),) if file else ()
 

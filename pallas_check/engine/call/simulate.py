@@ -18,12 +18,13 @@ from jax.extend.core import Jaxpr, Var
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call.describe import (Operand, _block_indices,
-                                               _grid_points, _operand, _program_axes, _read_only,
+                                               _grid_points, _operand, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
 from pallas_check.engine.call.carried import CarriedDma
+from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
 from pallas_check.engine.call import event_data
@@ -51,7 +52,7 @@ class _Layout:
     """What one simulation of a call needs to know of its params, computed once."""
 
     jaxpr: Jaxpr
-    gm: Any  # JAX's GridMapping
+    call: CallDescription  # the call's params, read by the bridge
     grid: tuple[int, ...]
     arg_names: list[str]
     out_to_in: dict[int, int]  # output index -> the input it is aliased to
@@ -72,19 +73,20 @@ class _Layout:
 
     @property
     def n_in(self) -> int:
-        return int(self.gm.num_inputs)
+        return self.call.num_inputs
 
     @property
     def first(self) -> int:
         """Where the inputs start among the kernel's parameters (after scalar prefetch)."""
-        return int(self.gm.num_index_operands)
+        return self.call.num_scalars
 
 
-def _layout(params: dict[str, Any], grid: tuple[int, ...], config: Config) -> _Layout:
-    jaxpr, gm = params["jaxpr"], params["grid_mapping"]
-    n_in, n_out, first = gm.num_inputs, gm.num_outputs, gm.num_index_operands
+def _layout(params: CallParams, grid: tuple[int, ...], config: Config) -> _Layout:
+    call = describe(params)
+    jaxpr = call.kernel
+    n_in, n_out, first = call.num_inputs, call.num_outputs, call.num_scalars
     # input index (counting the scalar-prefetch operands, as pallas_call does) -> output
-    aliases = {i - first: o for i, o in (params.get("input_output_aliases") or ())}
+    aliases = {i - first: o for i, o in call.aliases}
     points = _grid_points(grid)
     core_axes = core_mesh_axes(params)
     if core_axes:
@@ -95,16 +97,16 @@ def _layout(params: dict[str, Any], grid: tuple[int, ...], config: Config) -> _L
         core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
     block_vars = jaxpr.invars[first: first + n_in + n_out]
     sems = [k for k, var in enumerate(block_vars) if _is_semaphore_ref(var.aval)]
-    return _Layout(jaxpr, gm, grid, kernel_arg_names(jaxpr),
+    return _Layout(jaxpr, call, grid, kernel_arg_names(jaxpr),
                    {o: i for i, o in aliases.items()}, block_vars,
-                   jaxpr.invars[first + n_in + n_out:], points, _program_axes(gm),
+                   jaxpr.invars[first + n_in + n_out:], points, call.program_axes,
                    core_axes, core_steps, frozenset(k for k in sems if k < n_in),
                    frozenset(k - n_in for k in sems if k >= n_in),
-                   frozenset(j for j, aval in enumerate(params["out_avals"])
+                   frozenset(j for j, aval in enumerate(call.out_avals)
                              if memory_space_name(getattr(aval, "memory_space", None),
                                                   MemorySpace.HBM)
                              in (MemorySpace.VMEM, MemorySpace.SMEM)),
-                   sparsecore_mesh(params), params["out_avals"])
+                   sparsecore_mesh(params), call.out_avals)
 
 
 def _is_semaphore_ref(aval: object) -> bool:
@@ -120,21 +122,20 @@ Simulated = tuple[list[list[np.ndarray]], CallState, list[list[np.ndarray | None
 def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     """One schedule of the call on every device: buffers, one actor per core, the run."""
     params, config, mesh = call.params, run.config, call.mesh
-    gm = params["grid_mapping"]
+    described = describe(params)
     # With --trace, the reporting run's timeline goes where the session says, as it runs.
     live = run.live
     sink = (live.trace(config.seed) if live is not None and live.trace is not None
             and run.report and config.timeline else None)
     # The call's operands are: dynamic grid bounds, scalar prefetch, inputs.
-    num_bounds = gm.num_dynamic_grid_bounds
-    grid = resolve_grid(gm.grid, [np.asarray(b) for b in call.device_operands[0][:num_bounds]])
+    num_bounds = described.num_grid_bounds
+    grid = resolve_grid(described.grid, [np.asarray(b) for b in call.device_operands[0][:num_bounds]])
     layout = _layout(params, grid, config)
     state = CallState(
         Simulation(config, run.fill, call.kernel, call.call_index, run.report, run.checking,
                    sink),
-        CallPlace(mesh, params.get("mesh"),
-                  getattr(params.get("compiler_params"), "collective_id", None),
-                  len(layout.core_steps), gm.num_index_operands + gm.num_inputs,
+        CallPlace(mesh, described.mesh, described.collective_id,
+                  len(layout.core_steps), described.num_scalars + described.num_inputs,
                   SemaphoreLayout(layout.sem_in, layout.sem_out, layout.out_to_in,
                                   layout.n_in), len(layout.points)),
         Handover(run.carried, call.addresses, run.address_probe, run.perturb))
@@ -203,7 +204,7 @@ def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.
                Buffer(names[first + i], MemorySpace.HBM, _read_only(a), True))
         hbm_inputs.append(state.register(buf, device, None, ("hbm", i)))
     hbm_outputs: list[Buffer] = []
-    for j in range(layout.gm.num_outputs):
+    for j in range(layout.call.num_outputs):
         if j in layout.out_to_in:
             hbm_outputs.append(hbm_inputs[layout.out_to_in[j]])
             continue
@@ -232,13 +233,13 @@ def _operand_templates(layout: _Layout, hbm_inputs: list[Buffer], hbm_outputs: l
     call per operand)."""
     templates: list[Operand] = []
     n_in, first = layout.n_in, layout.first
-    for k, (var, bm) in enumerate(zip(layout.block_vars, layout.gm.block_mappings)):
+    for k, (var, bm) in enumerate(zip(layout.block_vars, layout.call.blocks)):
         is_output = k >= n_in
         hbm = hbm_outputs[k - n_in] if is_output else hbm_inputs[k]
         op = _operand(layout.arg_names[first + k], first + k, is_output, bm, hbm, var)
         if (k - n_in in layout.sem_out) if is_output else (k in layout.sem_in):
             op.kernel_space = MemorySpace.HBM  # the semaphore itself, never copied
-        elif op.kernel_space != MemorySpace.HBM or not bm.has_trivial_window():
+        elif op.kernel_space != MemorySpace.HBM or not bm.trivial_window:
             # An HBM operand with a window (vmap adds a squeezed batch dim) is seen by the
             # kernel as that window of the array, moved at every grid step.
             op.block_indices = _block_indices(bm, layout.points, scalars)
@@ -287,7 +288,7 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
             op.vmem.is_output = op.is_output
             kernel_args.append(RefView(op.vmem))
         core_operands.append(op)
-    scratch_names = layout.arg_names[layout.first + layout.n_in + layout.gm.num_outputs:]
+    scratch_names = layout.arg_names[layout.first + layout.n_in + layout.call.num_outputs:]
     for position, (var, name) in enumerate(zip(layout.scratch_vars, scratch_names)):
         space = memory_space_name(getattr(var.aval, "memory_space", None))
         if space == MemorySpace.VMEM_SHARED:

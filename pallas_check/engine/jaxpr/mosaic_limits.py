@@ -167,7 +167,7 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
                     frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
     """What Mosaic's SparseCore lowering refuses in one DMA start (see the module
     docstring), or None."""
-    src, dst, _, _, device_id = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
+    src, dst, _, _, device_id = eqn_params.dma_arguments(eqn, eqn.invars)
     sides = []
     for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
         ref, transforms = _unwrapped(ref)
@@ -266,7 +266,7 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
     f32 -> int8); integers are signless there, so int32 and uint32 agree. A DMA moves
     bytes and never converts them."""
     sides = []
-    for ref in eqn_params.operand_tree(eqn).unflatten(eqn.invars)[:2]:
+    for ref in eqn_params.dma_arguments(eqn, eqn.invars)[:2]:
         ref, transforms = _unwrapped(ref)
         dtype = _viewed_dtype(ref, transforms)
         if dtype is None:
@@ -337,7 +337,7 @@ def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
         ref, transforms, *_ = eqn_params.args_tree(eqn).unflatten(eqn.invars)
         yield ref, transforms, "load" if primitive is pl_load_p else "store"
     elif primitive is dma_start_p:
-        src, dst, *_ = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
+        src, dst, *_ = eqn_params.dma_arguments(eqn, eqn.invars)
         for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
             ref, transforms = _unwrapped(ref)
             yield ref, tuple(transforms), operation

@@ -52,15 +52,13 @@ from pallas_check.sourceinfo import user_frames
 
 
 @caches.by_identity
-def _dma_layout(tree: PyTreeDef
+def _dma_layout(eqn: JaxprEqn
                 ) -> tuple[tuple[int, int, PyTreeDef, index_plan.IndexPlan | None], ...]:
     """Per DMA argument (src, dst, dst_sem, src_sem, device_id): where its leaves sit in
-    the equation's flat operands, its own pytree structure, and its index plan."""
-    out, start = [], 0
-    for child in tree.children():
-        out.append((start, start + child.num_leaves, child, index_plan.plan_for(child)))
-        start += child.num_leaves
-    return tuple(out)
+    the equation's flat operands, its own pytree structure, and its index plan (the
+    version-aware reading is the bridge's `dma_operands`)."""
+    return tuple((a.start, a.stop, a.tree, index_plan.plan_for(a.tree))
+                 for a in eqn_params.dma_operands(eqn))
 
 
 def _arg_region(ctx: RunningCore, layout: tuple, invals: list,
@@ -104,7 +102,7 @@ def signal_count(eqn: JaxprEqn) -> int:
     v5e, v5p, v6e and v7x alike and rejects only older chips ("Regular semaphores in
     EnqueueDMA are not supported on this target": v4). What Mosaic's verifier rejects on
     every chip is the kernel's error, raised here at the DMA's line."""
-    src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn_params.operand_tree(eqn))
+    src_at, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn)
     avals = [v.aval for v in eqn.invars]
 
     def aval(at: tuple[int, int, PyTreeDef, object]) -> object:
@@ -143,7 +141,7 @@ def _dma_start(ctx, eqn, invals):
         if _indirect_start(ctx, eqn, invals, side):
             yield None
         return []
-    src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn_params.operand_tree(eqn))
+    src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn)
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
               else target_device(ctx, device_id, eqn_params.device_id_type(eqn)))
@@ -241,7 +239,7 @@ def _planned_dma(eqn: JaxprEqn) -> tuple | None:
     where the operands after the source begin, the bytes a start signals and a wait
     takes (static, whatever the indices) and its source frames (None when not all of
     that is static: the general rules then run)."""
-    src_at, dst_at, _, _, device_at = _dma_layout(eqn_params.operand_tree(eqn))
+    src_at, dst_at, _, _, device_at = _dma_layout(eqn)
     frames = user_frames(eqn.source_info)
     if device_at[1] > device_at[0] or not frames or _indirect_side(eqn) is not None:
         return None
@@ -270,7 +268,7 @@ def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
                         ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
     """A planned DMA's destination region and (receive, send) semaphore cells (cached per
     call by their operands), or None when the destination is not in the planned spelling."""
-    _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn_params.operand_tree(eqn))
+    _, dst_at, dst_sem_at, src_sem_at, _ = _dma_layout(eqn)
     leaves = invals[dst_at[0]:dst_at[1]]
     plan = dst_at[3]
     assert plan is not None and plan.ref is not None  # (a planned DMA's: `_planned_dma`)
@@ -304,7 +302,7 @@ def _dma_wait(ctx, eqn, invals):
     # whatever the slice starts, so the source's indices (a different page at every step
     # in a paged kernel) are left out of the cache key; unless a slice has a traced size
     # (`pl.ds(0, n)`): then the bytes are evaluated from the leaves at each wait.
-    layout = _dma_layout(eqn_params.operand_tree(eqn))
+    layout = _dma_layout(eqn)
     side = _indirect_side(eqn)
     if side is not None:  # a SparseCore gather or scatter
         yield from _indirect_wait(ctx, layout, invals, side)
@@ -354,7 +352,7 @@ def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
     static = _planned_dma(eqn)
     if static is None:
         return None
-    _, _, sem_at, _, _ = _dma_layout(eqn_params.operand_tree(eqn))
+    _, _, sem_at, _, _ = _dma_layout(eqn)
     sem_lo, sem_hi = sem_at[0], sem_at[1]
     _, _, _, nbytes, frames = static
 
@@ -378,7 +376,7 @@ def _indirect_side(eqn: JaxprEqn) -> int | None:
     """Which argument of a DMA start or wait an index vector indexes (0: the source, a
     gather; 1: the destination, a scatter), None for a plain DMA: decided once per
     equation from its vars."""
-    src, dst, *_ = eqn_params.operand_tree(eqn).unflatten(eqn.invars)
+    src, dst, *_ = eqn_params.dma_arguments(eqn, eqn.invars)
     return indirect.indexed_side(src, dst)
 
 
@@ -386,7 +384,7 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
-    src_at, dst_at, dst_sem_at, _, device_at = _dma_layout(eqn_params.operand_tree(eqn))
+    src_at, dst_at, dst_sem_at, _, device_at = _dma_layout(eqn)
     frames = current_frames(ctx)
     if device_at[1] > device_at[0]:
         raise KernelError("a gather or scatter DMA to or from a remote device is not"
