@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from pallas_check.config import TpuGeneration
+from pallas_check.findings import JsonObject
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
 from pallas_check.jaxbridge import call as call_bridge
@@ -82,7 +83,7 @@ class CompileOutcome:
             return None
         return self.scoped_bytes
 
-    def summary(self) -> dict[str, str | int | float | None]:
+    def summary(self) -> JsonObject:
         """The call's line in a report for this generation."""
         diagnosis = self.diagnosis  # (None: ok)
         return {"status": "ok" if diagnosis is None else diagnosis.kind,

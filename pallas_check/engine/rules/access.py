@@ -7,7 +7,7 @@ bounds are checked and the written-shadow is consulted and updated.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
