@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Mapping, cast
+from typing import Iterator, Mapping, Protocol, cast
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import describe, kernel_of
@@ -18,13 +18,24 @@ from pallas_check.jaxbridge.types import Jaxpr, JaxprEqn
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
 from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.findings import SourceFrame
+from pallas_check.findings import KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line, user_frames
 from pallas_check.tpu_compile.compiler import CompileOutcome
 from pallas_check.tpu_compile.mlirloc import locate
 
-if TYPE_CHECKING:  # (stage.py imports this module)
-    from pallas_check.tpu_compile.stage import RecordedCall
+
+class RecordedCall(Protocol):
+    """What placing a failure reads of a recorded call (stage.py's `RecordedCall`, which
+    imports this module)."""
+
+    @property
+    def params(self) -> dict[str, object]: ...
+
+    @property
+    def kernel(self) -> KernelInfo: ...
+
+    @property
+    def call_site(self) -> SourceFrame | None: ...
 
 
 def place(call: RecordedCall, outcome: CompileOutcome) -> tuple[SourceFrame | None, str]:
