@@ -17,9 +17,8 @@ from pallas_check.jaxbridge.primitives import (axis_index_p, closed_call_p, cond
                                                prng_random_bits_p, prng_seed_p, program_id_p,
                                                run_scoped_p, scan_p, touch_p, trace_value_p,
                                                while_p)
-from pallas_check.jaxbridge.types import ClosedJaxpr
+from pallas_check.jaxbridge.types import ClosedJaxpr, JaxprEqn
 from pallas_check.engine.jaxpr.program import Gen, eval_closed, eval_jaxpr, runner_for
-from pallas_check.jaxbridge.types import JaxprEqn
 from pallas_check.engine.jaxpr.avals import array_aval
 from pallas_check.engine.jaxpr.registry import RuleFn, RuleGen, rule, specializer
 from pallas_check.engine.seam import RunningCore

@@ -8,10 +8,10 @@ import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import get_barrier_semaphore_p, semaphore_read_p, semaphore_signal_p, semaphore_wait_p
+from pallas_check.jaxbridge.types import JaxprEqn
 from pallas_check.engine.dma.devices import _with_core, on_device, target_device
 from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.jaxbridge.types import JaxprEqn
 from pallas_check.engine.seam import RunningCore
 from pallas_check.engine.jaxpr.registry import RuleGen, rule
 from pallas_check.engine.rules import sparsecore
