@@ -8,19 +8,21 @@ our engine and returns the outputs. The user's own `interpret=` argument is igno
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pallas_check.jaxbridge.types import AbstractSemaphoreTy, Primitive, ShapedArray
+from pallas_check.jaxbridge.types import AbstractSemaphoreTy, AbstractValue, Primitive, ShapedArray
 from pallas_check.jaxbridge.jaxprs import axis_sizes
 from pallas_check.jaxbridge import lowering as jax_lowering
 from pallas_check.jaxbridge.lowering import LoweringRuleContext
 from pallas_check.jaxbridge.primitives import pallas_call_p
 
 from pallas_check import hostcall
+from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
 # handler(params, operands, device, mesh_axes) -> outputs. Under shard_map every device's
@@ -31,10 +33,29 @@ from pallas_check.sourceinfo import user_frames
 # fills_results, a handler also gets `results=` (one CPU device), the buffers its outputs
 # are returned in, and may fill them in place and return them. Installed with call_sites, it
 # also gets `call_site=`, the SourceFrame of the script's line that made the call (or None).
-CallHandler = Callable[[dict, Sequence[np.ndarray], int, tuple], Sequence[np.ndarray]]
+# (`params`: the pallas_call primitive's, JAX's own values of any kind.)
+# (Its keywords vary with the installation, so its signature is open past its use.)
+CallHandler = Callable[..., Sequence[np.ndarray]]
+
+# The named mesh axes of a shard_map, (name, size) pairs, row-major.
+MeshAxes = tuple[tuple[Hashable, int], ...]
 
 _lock = threading.Lock()
-_saved: dict[str, Any] | None = None
+
+# What a lowering rule returns: per result, its IR value (or values) (JAX's MLIR types,
+# reached only through the bridge).
+_Lowered = Sequence[object]
+
+
+@dataclasses.dataclass
+class _Saved:
+    """What `install` replaced, for `uninstall` to restore, and what it made meanwhile."""
+
+    lowering: jax_lowering.SavedLowering  # JAX's own pallas_call lowering
+    targets: list[int] = dataclasses.field(default_factory=list)  # hostcall targets made
+
+
+_saved: _Saved | None = None
 
 
 # One host callback, emitted straight into the lowered module. `jax.experimental.io_callback`
@@ -46,8 +67,9 @@ _host_call_p.multiple_results = True
 _host_call_p.def_abstract_eval(lambda *args, host, result_avals: result_avals)
 
 
-def _host_call_lowering(ctx: LoweringRuleContext, *args: Any, host: Callable[..., Any],
-                        result_avals: tuple) -> Any:
+def _host_call_lowering(ctx: LoweringRuleContext, *args: Any,
+                        host: Callable[..., Sequence[np.ndarray]],
+                        result_avals: tuple[ShapedArray, ...]) -> _Lowered:
     """JAX's Python callback running `host`. The handler runs inside JAX's own callback:
     XLA runs computations started from there inline on the calling thread (it marks the
     thread as inside a host callback), which the engine's many small compiled segments
@@ -64,7 +86,7 @@ def _host_call_lowering(ctx: LoweringRuleContext, *args: Any, host: Callable[...
         operands_read=2, results_read=0)  # it reads the ticket only
     with _lock:
         if _saved is not None:
-            _saved["targets"] += [lend_target, give_back_target]
+            _saved.targets += [lend_target, give_back_target]
     ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
     ticket, *buffers = ffi_call(ctx.replace(avals_out=[ticket_aval, *outputs]), *args,
                                 index=np.uint64(lend_target)).results
@@ -118,13 +140,13 @@ def handler_failures(listener: Callable[[BaseException], None]) -> Iterator[None
             _failure_listeners.remove(listener)
 
 
-def _host_call(host: Callable[..., Sequence[np.ndarray]], result_shapes: Sequence[Any],
-               *args: Any) -> list[Any]:
+def _host_call(host: Callable[..., Sequence[np.ndarray]],
+               result_shapes: Sequence[jax.ShapeDtypeStruct], *args: jax.Array) -> list[jax.Array]:
     """Call `host` on the host with `args` as (read-only) numpy arrays; it returns numpy
     arrays of `result_shapes`."""
     avals = tuple(ShapedArray(s.shape, s.dtype) for s in result_shapes)
 
-    def reporting_host(*arrays: Any, **kwargs: Any) -> Sequence[np.ndarray]:
+    def reporting_host(*arrays: np.ndarray, **kwargs: object) -> Sequence[np.ndarray]:
         try:
             return host(*arrays, **kwargs)
         except BaseException as exc:
@@ -137,7 +159,7 @@ def _host_call(host: Callable[..., Sequence[np.ndarray]], result_shapes: Sequenc
     return _host_call_p.bind(*args, host=reporting_host, result_avals=avals)
 
 
-def _device_index(axes: tuple) -> Any:
+def _device_index(axes: MeshAxes) -> jax.Array:
     """This device's index in the shard_map mesh (row-major over `axes`), 0 outside one."""
     device = jnp.int32(0)
     for name, size in axes:
@@ -145,14 +167,14 @@ def _device_index(axes: tuple) -> Any:
     return device
 
 
-def _mesh_axes() -> tuple:
+def _mesh_axes() -> MeshAxes:
     return tuple((name, int(size))
                  for name, size in axis_sizes().items())
 
 
 def _make_lowering(handler: CallHandler, fills_results: bool,
-                   call_sites: bool) -> Callable[..., Any]:
-    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
+                   call_sites: bool) -> Callable[..., _Lowered]:
+    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
         params.pop("interpret", None)
         # Semaphore-typed operands and results (a semaphore passed from one call to the
         # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
@@ -165,11 +187,12 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
         frames = _user_frames_of(ctx.traceback)
         call_site = frames[0] if frames else None
 
-        def impl(*args: Any) -> Any:
+        def impl(*args: jax.Array) -> list[jax.Array]:
             axes = _mesh_axes()
 
-            def host(device_id: Any, *operands: Any, results: Any = None) -> list[np.ndarray]:
-                extra: dict[str, Any] = {"call_site": call_site} if call_sites else {}
+            def host(device_id: np.ndarray, *operands: np.ndarray,
+                     results: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                extra: dict[str, object] = {"call_site": call_site} if call_sites else {}
                 if fills_results and results is not None:
                     extra["results"] = results
                 outs = handler(params, list(operands), int(device_id), axes, **extra)
@@ -186,15 +209,15 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
     return lowering
 
 
-def _physical(aval: Any) -> Any:
+def _physical(aval: AbstractValue) -> AbstractValue:
     """A semaphore-typed aval as the int32 array XLA represents it by; others unchanged."""
     dtype = getattr(aval, "dtype", None)
     if isinstance(dtype, AbstractSemaphoreTy):
-        return ShapedArray(aval.shape, np.int32)
+        return ShapedArray(cast(ShapedArray, aval).shape, np.int32)
     return aval
 
 
-def _user_frames_of(traceback: Any) -> tuple:
+def _user_frames_of(traceback: object) -> tuple[SourceFrame, ...]:
     class _Info:  # user_frames reads a source_info's traceback
         pass
 
@@ -209,11 +232,11 @@ def _user_frames_of(traceback: Any) -> tuple:
 # What the hardware lowering is given as `interpret=`: False (Mosaic on a TPU, Triton or
 # Mosaic GPU on a GPU). Tests set it to True to run the native modes' plumbing on a CPU,
 # with JAX's HLO interpreter standing in for the hardware.
-NATIVE_INTERPRET: Any = False
+NATIVE_INTERPRET: bool = False
 
 
-def _make_native_lowering(handler: Callable[..., Any], mode: str,
-                          original: Any) -> Callable[..., Any]:
+def _make_native_lowering(handler: Callable[..., Sequence[np.ndarray]], mode: str,
+                          original: Any) -> Callable[..., _Lowered]:  # (JAX's rule entry)
     """The hardware lowering of the call, in the same executable, plus one host callback.
 
     mode "alongside": the callback gets the operands and the hardware's outputs,
@@ -224,26 +247,28 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
     accelerator from its own host callback can deadlock).
     """
 
-    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
+    def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
         params.pop("interpret", None)
         native = list(original.rule(ctx.replace(), *in_nodes, interpret=NATIVE_INTERPRET,
                                     **params))
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         n_in = len(in_nodes)
 
-        def impl(*args: Any) -> Any:
+        def impl(*args: jax.Array) -> list[jax.Array]:
             operands, outs = args[:n_in], list(args[n_in:])
             axes = _mesh_axes()
             device = _device_index(axes)
             if mode == "observe":
-                def observe(device_id: Any, *arrays: Any, results: Any = None) -> tuple:
+                def observe(device_id: np.ndarray, *arrays: np.ndarray,
+                            results: list[np.ndarray] | None = None) -> tuple[()]:
                     handler(params, list(arrays), int(device_id), axes)
                     return ()
 
                 _host_call(observe, (), device, *operands)
                 return outs
 
-            def host(device_id: Any, *arrays: Any, results: Any = None) -> list[np.ndarray]:
+            def host(device_id: np.ndarray, *arrays: np.ndarray,
+                     results: list[np.ndarray] | None = None) -> list[np.ndarray]:
                 values = list(arrays)
                 res = handler(params, values[:n_in], int(device_id), axes, values[n_in:])
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
@@ -260,7 +285,7 @@ def _make_native_lowering(handler: Callable[..., Any], mode: str,
     return lowering
 
 
-def native_function(params: dict) -> jax.stages.Wrapped:
+def native_function(params: dict[str, Any]) -> jax.stages.Wrapped:
     """A jitted function running one pallas_call (its primitive's params, without
     `interpret`) through the hardware lowering; use it with no interception installed."""
     prim = pallas_call_p
@@ -291,8 +316,7 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
                                            jax_lowering.pallas_call_lowering()))
         # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
         # lowering function, patched with it.)
-        _saved = {"targets": [],  # hostcall targets lowered while installed
-                  "lowering": jax_lowering.patch_pallas_call_lowering(rule)}
+        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule))
     # Executables compiled before now used the real lowering.
     jax.clear_caches()
 
@@ -308,8 +332,8 @@ def uninstall() -> None:
     with _lock:
         if _saved is None:
             return
-        jax_lowering.restore_pallas_call_lowering(_saved["lowering"])
-        hostcall.drop_targets(_saved["targets"])
+        jax_lowering.restore_pallas_call_lowering(_saved.lowering)
+        hostcall.drop_targets(_saved.targets)
         _saved = None
     jax.clear_caches()
 

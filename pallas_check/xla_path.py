@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -34,7 +34,10 @@ from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import Block, CallDescription, describe
 from pallas_check.jaxbridge.jaxprs import discharge_state, sub_jaxprs
-from pallas_check.jaxbridge.types import ClosedJaxpr, DropVar, Literal, ShapedArray, Var
+from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, DropVar, Jaxpr, Literal, ShapedArray, Var
+
+if TYPE_CHECKING:  # JAX is imported where the path is taken (as below)
+    import jax
 
 # Primitives whose meaning is the TPU's (copies, counts, other devices, the kernel's own
 # prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
@@ -43,8 +46,12 @@ _ENGINE_ONLY = ("dma", "semaphore", "barrier", "device_id", "run_scoped", "print
                 "callback", "check", "delay", "prng", "core_map", "get_core", "remote")
 _GRID_PRIMITIVES = ("program_id", "num_programs")
 
+# What the grid loop carries: the outputs and the scratch values.
+_Carry = tuple[list["jax.Array"], list["jax.Array"]]
 
-def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
+
+def compiled_call(params: Mapping[str, object], fill: str
+                  ) -> Callable[..., list[jax.Array]] | None:
     """The call compiled for the engine's CPU client (call it with the operands, in the
     engine device's `jax.default_device`: it returns the outputs), or None when the
     kernel needs the engine (see the module's docstring)."""
@@ -53,7 +60,9 @@ def compiled_call(params: dict, fill: str) -> Callable[..., list[Any]] | None:
         return None
     import jax
 
-    inputs = [jax.ShapeDtypeStruct(block.array_shape, block.array_dtype)
+    # (JAX leaves ShapeDtypeStruct, Literal and Jaxpr.replace unannotated)
+    inputs = [jax.ShapeDtypeStruct(block.array_shape,  # type: ignore[no-untyped-call]
+                                   block.array_dtype)
               for block in call.blocks[: call.num_inputs]]
     try:
         body = _discharged_body(call.kernel, tuple(call.grid))
@@ -92,7 +101,7 @@ def _plain_grid(call: CallDescription) -> bool:
     return True
 
 
-def _pure(jaxpr: Any, top: bool) -> bool:
+def _pure(jaxpr: Jaxpr, top: bool) -> bool:
     """No primitive of the TPU's own (_ENGINE_ONLY); grid queries only at the top level,
     where `_evaluate` answers them."""
     for eqn in jaxpr.eqns:
@@ -107,12 +116,12 @@ def _pure(jaxpr: Any, top: bool) -> bool:
     return True
 
 
-def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
+def _discharged_body(jaxpr: Jaxpr, grid: tuple[int, ...]) -> ClosedJaxpr:
     """The kernel as a pure function: its grid indices first, as scalar arguments in
     place of `program_id` (`num_programs` a literal), then every ref a value in and out
     (JAX's state discharge, which cannot trace `program_id` outside a TPU lowering)."""
     index_vars = [Var(ShapedArray((), np.int32)) for _ in grid]
-    substitute: dict[Any, Any] = {}
+    substitute: dict[Atom, Atom] = {}
     eqns = []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -120,21 +129,24 @@ def _discharged_body(jaxpr: Any, grid: tuple[int, ...]) -> Any:
             axis = eqn_params.grid_axis(eqn)
             substitute[eqn.outvars[0]] = (
                 index_vars[axis] if name == "program_id"
-                else Literal(np.int32(grid[axis]), eqn.outvars[0].aval))
+                else Literal(np.int32(grid[axis]),  # type: ignore[no-untyped-call]
+                             eqn.outvars[0].aval))
             continue
         eqns.append(eqn.replace(invars=[substitute.get(v, v) if isinstance(v, Var)
                                         else v for v in eqn.invars]))
-    pure_grid = jaxpr.replace(invars=[*index_vars, *jaxpr.invars], eqns=eqns,
-                              outvars=[substitute.get(v, v) for v in jaxpr.outvars])
+    pure_grid = jaxpr.replace(  # type: ignore[no-untyped-call]
+        invars=[*index_vars, *jaxpr.invars], eqns=eqns,
+        outvars=[substitute.get(v, v) for v in jaxpr.outvars])
     return discharge_state(ClosedJaxpr(pure_grid, ()))
 
 
-def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+def _evaluate(jaxpr: Jaxpr, consts: Sequence[object], args: Sequence[object]
+              ) -> list[jax.Array]:
     """A pure jaxpr (the discharged kernel, an index map) traced into the caller's
-    computation, equation by equation."""
-    env: dict[Any, Any] = {}
+    computation, equation by equation: every value it returns is traced (a jax.Array)."""
+    env: dict[Var, object] = {}
 
-    def read(atom: Any) -> Any:
+    def read(atom: Atom) -> object:
         return atom.val if isinstance(atom, Literal) else env[atom]
 
     env.update(zip(jaxpr.constvars, consts))
@@ -142,17 +154,18 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[An
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _GRID_PRIMITIVES:
             raise ValueError(f"{eqn.primitive.name} outside the kernel's top level")
-        outs = eqn.primitive.bind(*map(read, eqn.invars),
-                                  **eqn_params.bind_params(eqn))
+        outs = eqn.primitive.bind(  # type: ignore[no-untyped-call]  # (JAX's, unannotated)
+            *map(read, eqn.invars), **eqn_params.bind_params(eqn))
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for var, value in zip(eqn.outvars, outs):
             if not isinstance(var, DropVar):
                 env[var] = value
-    return [read(v) for v in jaxpr.outvars]
+    return [cast("jax.Array", read(v)) for v in jaxpr.outvars]
 
 
-def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: Any) -> list[Any]:
+def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: jax.Array
+              ) -> list[jax.Array]:
     """The call as one computation: outputs and scratch carried through the grid."""
     import jax
     import jax.numpy as jnp
@@ -168,7 +181,7 @@ def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: An
     in_maps = call.blocks[: call.num_inputs]
     out_maps = call.blocks[call.num_inputs: call.num_inputs + call.num_outputs]
 
-    def step(flat: Any, carry: tuple) -> tuple:
+    def step(flat: jax.Array, carry: _Carry) -> _Carry:
         outs, scratch_values = carry
         point = _grid_point(flat, grid)
         blocks = [_block(x, block, point) for x, block in zip(inputs, in_maps)]
@@ -188,7 +201,7 @@ def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: An
     return list(outputs)
 
 
-def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
+def _grid_point(flat: jax.Array, grid: tuple[int, ...]) -> list[jax.Array]:
     """Row-major grid indices (the last axis fastest) of step `flat`."""
     point = []
     for size in reversed(grid):
@@ -197,10 +210,10 @@ def _grid_point(flat: Any, grid: tuple[int, ...]) -> list[Any]:
     return [p.astype(np.int32) for p in reversed(point)]
 
 
-def _starts(block: Block, point: list[Any]) -> list[Any]:
+def _starts(block: Block, point: list[jax.Array]) -> list[jax.Array | np.int32]:
     """The element offset of the block in each dimension of its array."""
     indices = _evaluate(block.index_map.jaxpr, block.index_map.consts, point)
-    starts = []
+    starts: list[jax.Array | np.int32] = []
     for dim, index in zip(block.dims, indices):
         size = dim.size
         starts.append(index.astype(np.int32) * size if hasattr(index, "astype")
@@ -212,14 +225,15 @@ def _sizes(block: Block) -> tuple[int, ...]:
     return tuple(d.size for d in block.dims)
 
 
-def _block(array: Any, block: Block, point: list[Any]) -> Any:
+def _block(array: jax.Array, block: Block, point: list[jax.Array]) -> jax.Array:
     import jax
 
     values = jax.lax.dynamic_slice(array, _starts(block, point), _sizes(block))
     return values.reshape(block.kernel_shape)
 
 
-def _put_block(array: Any, block: Block, point: list[Any], value: Any) -> Any:
+def _put_block(array: jax.Array, block: Block, point: list[jax.Array], value: jax.Array
+               ) -> jax.Array:
     import jax
 
     return jax.lax.dynamic_update_slice(array, value.reshape(_sizes(block)),

@@ -16,9 +16,10 @@ import math
 import re
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Callable, Hashable
 
 from pallas_check.config import TpuGeneration
+from pallas_check.findings import JsonObject
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
 from pallas_check.jaxbridge import call as call_bridge
@@ -39,6 +40,17 @@ from pallas_check.engine.call.footprint import (
 
 _USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
 
+if TYPE_CHECKING:  # JAX and its MLIR are imported where a call is compiled
+    import jax
+    from jaxlib.mlir import ir
+
+# A pallas_call's params (the primitive's: JAX's values, passed on to the bridge).
+Params = dict[str, object]
+# One device's operands: ((shape, dtype name), ...).
+OperandAvals = tuple[tuple[tuple[int, ...], str], ...]
+# The named mesh axes of a shard_map, (name, size) pairs; empty outside one.
+MeshAxes = tuple[tuple[Hashable, int], ...]
+
 
 @dataclasses.dataclass
 class CompileOutcome:
@@ -48,7 +60,7 @@ class CompileOutcome:
     seconds: float
     diagnosis: Diagnosis | None = None  # None: it compiled
     error_text: str = ""  # the compiler's whole message (PALLAS_CHECK_DEBUG)
-    lowered_ir: Any = None  # the lowered module, when lowering got that far
+    lowered_ir: ir.Module | None = None  # the lowered module, when lowering got that far
     scoped_bytes: int | None = None  # the compiler's scoped VMEM use, when it compiled
     scoped_limit: int = 0
     scratch_bytes: int = 0
@@ -71,7 +83,7 @@ class CompileOutcome:
             return None
         return self.scoped_bytes
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """The call's line in a report for this generation."""
         diagnosis = self.diagnosis  # (None: ok)
         return {"status": "ok" if diagnosis is None else diagnosis.kind,
@@ -84,11 +96,11 @@ class CompileOutcome:
                 "error_code": None if diagnosis is None else diagnosis.code}
 
 
-_cache: dict[tuple, CompileOutcome] = {}
+_cache: dict[tuple[Hashable, ...], CompileOutcome] = {}
 _cache_lock = threading.Lock()
 
 
-def _params_key(params: dict) -> Any:
+def _params_key(params: Params) -> Hashable:
     try:
         key = tuple(sorted(params.items()))
         hash(key)
@@ -97,7 +109,7 @@ def _params_key(params: dict) -> Any:
         return ("id", id(params))
 
 
-def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
+def compile_call(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
                  generation: TpuGeneration) -> CompileOutcome:
     """Compile the call (its pallas_call params, operand (shape, dtype) pairs, shard_map
     axes) for `generation`; cached."""
@@ -111,7 +123,7 @@ def compile_call(params: dict, avals: tuple, mesh_axes: tuple,
     return outcome
 
 
-def _bound(params: dict) -> Any:
+def _bound(params: Params) -> Callable[..., object]:
     """The call re-bound for the TPU compiler: a SparseCore kernel as the `mpmd_map` that
     `pl.kernel` made (its TPU lowering picks the SparseCore kernel type), any other as the
     pallas_call with interpret off."""
@@ -121,8 +133,8 @@ def _bound(params: dict) -> Any:
     return call_bridge.rebound(params)
 
 
-def _placed(params: dict, avals: tuple, mesh_axes: tuple,
-            generation: TpuGeneration) -> tuple[Any, list, Any]:
+def _placed(params: Params, avals: OperandAvals, mesh_axes: MeshAxes, generation: TpuGeneration
+            ) -> tuple[Callable[..., object], list[jax.ShapeDtypeStruct], jax.Device]:
     """The function to compile, its arguments as placed ShapeDtypeStructs, the device."""
     import jax
     import numpy as np
@@ -147,7 +159,7 @@ def _placed(params: dict, avals: tuple, mesh_axes: tuple,
             devices[0])
 
 
-def _compile(params: dict, avals: tuple, mesh_axes: tuple,
+def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
              generation: TpuGeneration) -> CompileOutcome:
     import jax
 
@@ -178,7 +190,7 @@ def _compile(params: dict, avals: tuple, mesh_axes: tuple,
     return outcome
 
 
-def _unsaid(params: dict, exc: Exception) -> str:
+def _unsaid(params: Params, exc: Exception) -> str:
     """What a failure without a message means: the TPU lowering's assertion on compiler
     params of another backend (engine/jaxpr/mosaic_limits.py says which), or its type."""
     refused = foreign_compiler_params(params)
@@ -187,7 +199,7 @@ def _unsaid(params: dict, exc: Exception) -> str:
     return f"{type(exc).__name__} in the Pallas TPU lowering (no message)"
 
 
-def _sparsecore_outcome(params: dict, generation: TpuGeneration) -> CompileOutcome:
+def _sparsecore_outcome(params: Params, generation: TpuGeneration) -> CompileOutcome:
     """A SparseCore kernel's footprint is one vector subcore's VMEM, against its capacity
     (no scoped limit of its own is known: the capacity stands for it)."""
     capacity = SPARSECORE_VMEM_CAPACITY.get(generation, 0)

@@ -10,21 +10,38 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator, Mapping, Protocol, cast
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import describe, kernel_of
+from pallas_check.jaxbridge.types import Jaxpr, JaxprEqn
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
 from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.findings import SourceFrame
+from pallas_check.findings import KernelInfo, SourceFrame
 from pallas_check.sourceinfo import code_line, user_frames
+from pallas_check.tpu_compile.compiler import CompileOutcome
 from pallas_check.tpu_compile.mlirloc import locate
 
 
-def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
+class RecordedCall(Protocol):
+    """What placing a failure reads of a recorded call (stage.py's `RecordedCall`, which
+    imports this module)."""
+
+    @property
+    def params(self) -> dict[str, object]: ...
+
+    @property
+    def kernel(self) -> KernelInfo: ...
+
+    @property
+    def call_site(self) -> SourceFrame | None: ...
+
+
+def place(call: RecordedCall, outcome: CompileOutcome) -> tuple[SourceFrame | None, str]:
     """(the frame, the kernel's ref name or "") of a failed compile of `call`."""
     diagnosis = outcome.diagnosis
+    assert diagnosis is not None  # (a failed compile's)
     params = call.params
     names = kernel_arg_names(kernel_of(params))
     frame: SourceFrame | None = None
@@ -41,10 +58,13 @@ def place(call: Any, outcome: Any) -> tuple[SourceFrame | None, str]:
     return frame or call.call_site or _kernel_frame(call), buffer
 
 
-def _mosaic_place(call: Any, outcome: Any, names: list[str]) -> tuple[Any, str]:
+def _mosaic_place(call: RecordedCall, outcome: CompileOutcome, names: list[str]
+                  ) -> tuple[SourceFrame | None, str]:
     from pallas_check.tpu_compile.mlirloc import locate
 
     grid = describe(call.params).grid
+    if outcome.lowered_ir is None:  # (`place` asks only when there is one)
+        return None, ""
     try:
         where = locate(outcome.lowered_ir, outcome.error_text, len(grid))
     except Exception:  # noqa: BLE001 - an unreadable module: the call's line instead
@@ -57,8 +77,8 @@ def _mosaic_place(call: Any, outcome: Any, names: list[str]) -> tuple[Any, str]:
                        code_line(where.file, where.line)), buffer
 
 
-def _equations(jaxpr: Any, outer: SourceFrame | None = None
-               ) -> Iterator[tuple[Any, SourceFrame | None]]:
+def _equations(jaxpr: Jaxpr, outer: SourceFrame | None = None
+               ) -> Iterator[tuple[JaxprEqn, SourceFrame | None]]:
     """Every equation, nested ones included, with its user frame (a nested equation of
     JAX's own code, e.g. inside `jnp.sort`'s jit, takes the frame of the one holding it)."""
     for eqn in jaxpr.eqns:
@@ -68,18 +88,18 @@ def _equations(jaxpr: Any, outer: SourceFrame | None = None
         for value in eqn_params.param_values(eqn):
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner, frame)
+                if hasattr(inner, "eqns"):  # (a jaxpr)
+                    yield from _equations(cast(Jaxpr, inner), frame)
 
 
-def _primitive_frame(jaxpr: Any, primitive: str) -> SourceFrame | None:
+def _primitive_frame(jaxpr: Jaxpr, primitive: str) -> SourceFrame | None:
     for eqn, frame in _equations(getattr(jaxpr, "jaxpr", jaxpr)):
         if eqn.primitive.name == primitive and frame is not None:
             return frame
     return None
 
 
-def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None, str]:
+def _array_index_place(jaxpr: Jaxpr, names: list[str]) -> tuple[SourceFrame | None, str]:
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     found = kernel_not_lowered(inner, names, lambda aval: memory_space_name(
         getattr(aval, "memory_space", None)))
@@ -88,7 +108,7 @@ def _array_index_place(jaxpr: Any, names: list[str]) -> tuple[SourceFrame | None
     return found.frames[0], found.buffer
 
 
-def _spec_buffer(params: dict, origin: str, names: list[str]) -> str:
+def _spec_buffer(params: Mapping[str, object], origin: str, names: list[str]) -> str:
     call = describe(params)
     for k, block in enumerate(call.blocks):
         if block.origin == origin:
@@ -97,7 +117,7 @@ def _spec_buffer(params: dict, origin: str, names: list[str]) -> str:
     return ""
 
 
-def _kernel_frame(call: Any) -> SourceFrame | None:
+def _kernel_frame(call: RecordedCall) -> SourceFrame | None:
     kernel = call.kernel
     if not kernel.file:
         return None

@@ -14,9 +14,12 @@ import base64
 import dataclasses
 import json
 import re
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pallas_check.jaxbridge import mosaic_ir_context
+
+if TYPE_CHECKING:  # jaxlib's MLIR is imported where a module is read
+    from jaxlib.mlir import ir
 
 _OP = re.compile(r'"([a-z_]+\.[a-z_0-9.]+)"\(')
 _SHAPE = re.compile(r"\b((?:\d+x)+[a-z]+\d*)\b")
@@ -51,7 +54,7 @@ def _base(name: str) -> str:
     return name.rsplit(".", 1)[-1].removeprefix("vector_")
 
 
-def _mosaic_bodies(lowered_ir: Any) -> Iterator[bytes]:
+def _mosaic_bodies(lowered_ir: ir.Module) -> Iterator[bytes]:
     for op in _walk(lowered_ir.operation):
         if op.name != "stablehlo.custom_call" or "backend_config" not in op.attributes:
             continue
@@ -66,7 +69,7 @@ def _mosaic_bodies(lowered_ir: Any) -> Iterator[bytes]:
             yield base64.b64decode(body)
 
 
-def _walk(operation: Any) -> Iterator[Any]:
+def _walk(operation: ir.Operation) -> Iterator[ir.Operation]:
     for region in operation.regions:
         for block in region.blocks:
             for op in block.operations:
@@ -74,7 +77,7 @@ def _walk(operation: Any) -> Iterator[Any]:
                 yield from _walk(op.operation)
 
 
-def locate(lowered_ir: Any, message: str, leading_scalars: int) -> OpLocation | None:
+def locate(lowered_ir: ir.Module, message: str, leading_scalars: int) -> OpLocation | None:
     """The location of the operation `message` (a Mosaic error) names, found in the Mosaic
     modules of `lowered_ir` (the call's lowered StableHLO module); None when it cannot be
     told. `leading_scalars`: the kernel function's arguments before the kernel's own refs
@@ -100,7 +103,7 @@ def locate(lowered_ir: Any, message: str, leading_scalars: int) -> OpLocation | 
                 found = _FILE_LINE.search(str(op.location))
                 if found is None:
                     continue
-                text = op.get_asm(print_generic_op_form=True).split("\n", 1)[0]
+                text = str(op.get_asm(print_generic_op_form=True)).split("\n", 1)[0]
                 score = len(shapes & frozenset(_SHAPE.findall(text)))
                 if best is None or score > best[0]:
                     best = (score, OpLocation(found.group(1), int(found.group(2)),
@@ -108,7 +111,7 @@ def locate(lowered_ir: Any, message: str, leading_scalars: int) -> OpLocation | 
     return best[1] if best else None
 
 
-def _argument(op: Any, leading_scalars: int) -> int | None:
+def _argument(op: ir.Operation, leading_scalars: int) -> int | None:
     """The kernel argument (a ref) among `op`'s operands: an argument of the kernel
     function's own body (not of a loop's region inside it), past the grid indices."""
     from jaxlib.mlir import ir

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
-from pallas_check.config import TpuGeneration, parse_generations
-from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
-from pallas_check.tpu_compile.compiler import CompileOutcome, compile_call
+from pallas_check.config import Config, TpuGeneration, parse_generations
+from pallas_check.findings import (CallSummary, Finding, FindingKind, FindingStore, JsonObject,
+                                   KernelInfo, SourceFrame)
+from pallas_check.tpu_compile.compiler import (CompileOutcome, MeshAxes, OperandAvals, Params,
+                                               compile_call)
 from pallas_check.tpu_compile.footprint import format_bytes
 from pallas_check.tpu_compile.locate import place
 
@@ -29,9 +31,9 @@ class RecordedCall:
     """One intercepted call, as much of it as compiling needs."""
 
     index: int
-    params: dict
-    avals: tuple  # ((shape, dtype name), ...) of one device's operands
-    mesh_axes: tuple
+    params: Params
+    avals: OperandAvals  # ((shape, dtype name), ...) of one device's operands
+    mesh_axes: MeshAxes
     kernel: KernelInfo
     call_site: SourceFrame | None
 
@@ -43,13 +45,31 @@ class CompileRecorder:
         self.calls: list[RecordedCall] = []
         self._lock = threading.Lock()
 
-    def record(self, index: int, params: dict, operands: Sequence[Any], mesh_axes: tuple,
+    def record(self, index: int, params: Params, operands: Sequence[np.ndarray],
+               mesh_axes: MeshAxes,
                kernel: KernelInfo, call_site: SourceFrame | None) -> None:
         avals = tuple((tuple(int(d) for d in np.shape(x)), str(np.result_type(x)))
                       for x in operands)
         with self._lock:
             self.calls.append(RecordedCall(index, params, avals, tuple(mesh_axes), kernel,
                                            call_site))
+
+
+class CheckedSession(Protocol):
+    """What the compile stage reads and extends of a checked run (session.py's `Session`,
+    which this stage may not import): its recorder, options, findings and call summaries."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def findings(self) -> list[Finding]: ...
+
+    @property
+    def store(self) -> FindingStore: ...
+
+    @property
+    def calls(self) -> Sequence[CallSummary]: ...
 
 
 @dataclasses.dataclass
@@ -79,7 +99,7 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
     assert diagnosis is not None
     generation = outcome.generation.value
     frame, buffer = place(call, outcome)
-    details: dict[str, Any] = {"error_code": diagnosis.code}
+    details: JsonObject = {"error_code": diagnosis.code}
     if diagnosis.kind == "vmem-exceeded":
         largest = list(outcome.allocations[:LARGEST])
         buffer = largest[0].name if largest else buffer
@@ -111,7 +131,7 @@ def _code(code: str | None) -> str:
     return f" [{code}]" if code else ""
 
 
-def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = None
+def compile_session(session: CheckedSession, generations: Sequence[TpuGeneration] | None = None
                     ) -> None:
     """`--compile` after a checked run: every call the session recorded compiled for
     `generations` (default: each of `--tpu`; generations.py compiles each further one
@@ -141,7 +161,7 @@ def compile_session(session: Any, generations: Sequence[TpuGeneration] | None = 
             summary.findings += per_call.get(summary.index, 0)
 
 
-def _replace_reckoned(store: Any, findings: list[Finding],
+def _replace_reckoned(store: FindingStore, findings: list[Finding],
                       by_call: dict[int, dict[str, CompileOutcome]]) -> dict[int, int]:
     """The compiler's verdicts replace the engine's own reckoning of the same call and
     generation (engine/call/capacity.py): a vmem-exceeded with the compiler's numbers, or

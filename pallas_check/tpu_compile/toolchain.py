@@ -15,10 +15,13 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from pallas_check.config import TpuGeneration
 from pallas_check.config.environment import debug_requested
+
+if TYPE_CHECKING:  # JAX is imported where a device is needed
+    import jax
 
 INSTALL_HINT = 'pip install "pallas-check[tpu]"'
 
@@ -103,13 +106,14 @@ def start_backends_quietly(compiling: bool = False) -> None:
 
 
 @functools.cache
-def compile_device(generation: TpuGeneration, devices_needed: int = 1) -> Any:
+def compile_device(generation: TpuGeneration, devices_needed: int = 1) -> jax.Device:
     """A compile-only device of `generation` (its topology's first), cached per process."""
     return compile_devices(generation, devices_needed)[0]
 
 
 @functools.cache
-def compile_devices(generation: TpuGeneration, devices_needed: int = 1) -> tuple:
+def compile_devices(generation: TpuGeneration, devices_needed: int = 1
+                    ) -> tuple[jax.Device, ...]:
     """The devices of a compile-only topology of `generation` with enough chips."""
     from jax.experimental import topologies
 

@@ -4,6 +4,7 @@ line), a call halted on purpose after its finding, and pallas-check's own bug (e
 
 from __future__ import annotations
 
+from pallas_check.engine.events import KernelPrint
 from pallas_check.findings import SourceFrame
 
 
@@ -21,7 +22,7 @@ class KernelError(Exception):
         self.message = message
         self.frames = frames
         self.primitive = ""  # set where raised without frames: the equation evaluated
-        self.prints: list = []  # what the kernel printed before (events.KernelPrint)
+        self.prints: list[KernelPrint] = []  # what the kernel printed before
 
     def located(self) -> str:
         doing = f"evaluating `{self.primitive}`" if self.primitive else ""
@@ -45,7 +46,8 @@ class EngineBug(Exception):
         self.frames = frames
         self.where = where  # outside any equation: what was running
         self.verb = verb  # what was done with the equation
-        self.prints: list = []  # what the kernel printed before (set by the call, as above)
+        # What the kernel printed before (set by the call, as above).
+        self.prints: list[KernelPrint] = []
         super().__init__(self.describe())
 
     def describe(self) -> str:

@@ -27,14 +27,15 @@ interpreters ignore them, a TPU never runs the call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from pallas_check.jaxbridge import call as call_bridge
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.jaxprs import transformed_shape
 from pallas_check.jaxbridge.primitives import dma_start_p, pl_load_p, pl_swap_p, ref_get_p, ref_swap_p, run_scoped_p
-from pallas_check.jaxbridge.types import BitcastTransform, ClosedJaxpr, Indices, Jaxpr, NDIndexer, Slice, TransformedRef, Var
+from pallas_check.jaxbridge.types import (BitcastTransform, ClosedJaxpr, Indices, Jaxpr, JaxprEqn,
+                                         NDIndexer, Slice, Transform, TransformedRef, Var)
 
 
 from pallas_check.engine.memory.buffer import MemorySpace, RefView
@@ -71,8 +72,16 @@ class NotLowered(Exception):
 # `tpu_refusal` (its message differs across JAX versions).
 MOSAIC_FOREIGN_PARAMS = call_bridge.MOSAIC_FOREIGN_PARAMS
 
+# The kernel's name of each ref variable (its parameters', its scoped allocations').
+Names = dict[Var, str]
+# A ref's memory space name from its abstract value (any ref type; None for none).
+SpaceOf = Callable[[object], str]
+# One side of a DMA: its ref, the ref's transforms, its indirect indexer and the place of
+# that among the transforms (None: a plain side), the operation's name, its memory space.
+_Side = tuple[object, list[Transform], "tuple[NDIndexer, int] | None", str, str]
 
-def foreign_compiler_params(params: dict, frames: tuple[SourceFrame, ...] = ()
+
+def foreign_compiler_params(params: Mapping[str, object], frames: tuple[SourceFrame, ...] = ()
                             ) -> NotLowered | None:
     """The call's `compiler_params`, when they are not the TPU's (`pltpu.CompilerParams`,
     or a class with a TPU lowering rule of its own): refused by the TPU lowering, at
@@ -107,7 +116,7 @@ def gather_or_scatter(buffer: str, memory_space: str, operation: str,
         frames, buffer, memory_space, operation, mosaic)
 
 
-def _array_indexed(transforms: Any) -> bool:
+def _array_indexed(transforms: object) -> bool:
     """Whether a ref's transforms index it with an array (a non-scalar integer index)."""
     for transform in transforms if isinstance(transforms, (tuple, list)) else ():
         if not isinstance(transform, NDIndexer):
@@ -123,7 +132,7 @@ def _array_indexed(transforms: Any) -> bool:
     return False
 
 
-def is_indirect_index(idx: Any) -> bool:
+def is_indirect_index(idx: object) -> bool:
     """Whether an indexer's first index makes a DMA indirect (a SparseCore gather or
     scatter): `plsc.Indices`, a ref (or a view of one) of indices, or an array of them (at
     trace time: a var whose value has a shape)."""
@@ -137,7 +146,7 @@ def is_indirect_index(idx: Any) -> bool:
     return bool(getattr(aval, "shape", ()))
 
 
-def indirect_indexer(transforms: Sequence[Any]) -> tuple[Any, int] | None:
+def indirect_indexer(transforms: Sequence[object]) -> tuple[NDIndexer, int] | None:
     """The indirect indexer among a ref's transforms (outermost first) and its position,
     or None for a plain ref."""
     for at, transform in enumerate(transforms):
@@ -147,7 +156,7 @@ def indirect_indexer(transforms: Sequence[Any]) -> tuple[Any, int] | None:
     return None
 
 
-def sparsecore_kernel(mesh: Any) -> bool:
+def sparsecore_kernel(mesh: object) -> bool:
     """Whether a call's mesh is a SparseCore one (vector or scalar subcores)."""
     return getattr(getattr(mesh, "core_type", None), "name", "").startswith("SC_")
 
@@ -155,7 +164,7 @@ def sparsecore_kernel(mesh: Any) -> bool:
 _SC_SOURCES = (MemorySpace.HBM, MemorySpace.VMEM_SHARED)
 
 
-def _sc_space(aval: Any, space_of: Callable[[Any], str]) -> str:
+def _sc_space(aval: object, space_of: SpaceOf) -> str:
     """A ref's memory space in a SparseCore kernel: one with none (a `jax.new_ref` the
     kernel mutates) is in HBM there (Mosaic's `memory_space_to_tpu_memory_space`)."""
     if aval is not None and getattr(aval, "memory_space", "") is None:
@@ -163,19 +172,19 @@ def _sc_space(aval: Any, space_of: Callable[[Any], str]) -> str:
     return space_of(aval)
 
 
-def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
+def _sc_dma_refusal(eqn: JaxprEqn, names: Names, space_of: SpaceOf,
                     frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
     """What Mosaic's SparseCore lowering refuses in one DMA start (see the module
     docstring), or None."""
     src, dst, _, _, device_id = eqn_params.dma_arguments(eqn, eqn.invars)
-    sides = []
+    sides: list[_Side] = []
     for ref, operation in ((src, "DMA source"), (dst, "DMA destination")):
         ref, transforms = _unwrapped(ref)
         sides.append((ref, transforms, indirect_indexer(transforms), operation,
                       _sc_space(getattr(ref, "aval", None), space_of)))
     (_, _, src_found, _, src_space), (_, _, dst_found, _, dst_space) = sides
 
-    def refuse(side: tuple, mosaic: str) -> NotLowered:
+    def refuse(side: _Side, mosaic: str) -> NotLowered:
         ref, _, _, operation, space = side
         name = names.get(ref, "") if isinstance(ref, Var) else ""
         return NotLowered(f"{operation} of {name or 'a ref'} ({space}): {mosaic}", frames(),
@@ -230,13 +239,14 @@ def _sc_dma_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
 SHARED_ROW_ELEMENTS = 128
 
 
-def _sc_stream_refusal(sides: list, side: tuple, refuse: Callable[..., NotLowered]
+def _sc_stream_refusal(sides: list[_Side], side: _Side, refuse: Callable[[_Side, str], NotLowered]
                        ) -> NotLowered | None:
     """What libtpu refuses in a legal-looking gather or scatter (seen with libtpu 0.0.42 for
     v6e and v7x, both ways): elements other than 32 bits ("'tpu.enqueue_indirect_dma' op Not
     implemented: only 32-bit elements are supported"; see a bf16 table as uint32 pairs with
     ref.bitcast), and rows wider than SHARED_ROW_ELEMENTS between VMEM and VMEM_SHARED."""
     ref, transforms, found, _, _ = side  # found: (the indexer, its place in transforms)
+    assert found is not None  # (the indexed side: `_sc_dma_refusal`)
     dtype = _viewed_dtype(ref, transforms)
     if dtype is not None and np.dtype(dtype).itemsize != 4:
         return refuse(side, f"a gather or scatter DMA of {np.dtype(dtype).name} elements does"
@@ -258,7 +268,7 @@ def _sc_stream_refusal(sides: list, side: tuple, refuse: Callable[..., NotLowere
                   f" table there as blocks of {SHARED_ROW_ELEMENTS} columns, or gather from HBM")
 
 
-def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
+def _dma_element_refusal(eqn: JaxprEqn, names: Names, space_of: SpaceOf,
                          frames: Callable[[], tuple[SourceFrame, ...]]) -> NotLowered | None:
     """A DMA between refs of two element types (as their views see them: a bitcast
     changes it) does not lower: Mosaic's verifier wants one ("DMA source and target
@@ -286,16 +296,16 @@ def _dma_element_refusal(eqn: Any, names: dict, space_of: Callable[[Any], str],
         f" ref.bitcast", frames(), name, space, "DMA destination", mosaic)
 
 
-def _unwrapped(ref: Any) -> tuple[Any, list]:
+def _unwrapped(ref: object) -> tuple[object, list[Transform]]:
     """A ref and its transforms, outermost first (`x.at[i].bitcast(t)` -> x, [at, bitcast])."""
-    transforms: list = []
+    transforms: list[Transform] = []
     while isinstance(ref, TransformedRef):
         transforms[:0] = ref.transforms
         ref = ref.ref
     return ref, transforms
 
 
-def _viewed_dtype(ref: Any, transforms: Sequence[Any]) -> Any:
+def _viewed_dtype(ref: object, transforms: Sequence[object]) -> np.dtype | None:
     """The element type a ref is seen as through its transforms (the last bitcast's), None
     when the ref has none."""
     dtype = getattr(getattr(ref, "aval", None), "dtype", None)
@@ -305,7 +315,7 @@ def _viewed_dtype(ref: Any, transforms: Sequence[Any]) -> Any:
     return dtype
 
 
-def _viewed_shape(aval: Any, transforms: Sequence[Any]) -> tuple:
+def _viewed_shape(aval: object, transforms: Sequence[Transform]) -> tuple[int, ...]:
     """The shape of a ref seen through its transforms (`idx_v.at[i]` of an (n, L) index
     ref is one row of L: a 1-D index vector, as Mosaic takes it; libtpu 0.0.42 compiles
     such a gather)."""
@@ -324,7 +334,7 @@ _INDEXING = frozenset((ref_get_p, ref_swap_p,
                        dma_start_p))
 
 
-def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
+def _indexed_refs(eqn: JaxprEqn) -> Iterator[tuple[object, object, str]]:
     """(ref var, its transforms, operation) of each ref an equation loads, stores or copies
     through indexers (its pytree unflattened over the equation's own vars)."""
     primitive = eqn.primitive
@@ -343,7 +353,7 @@ def _indexed_refs(eqn: Any) -> Iterator[tuple[Any, Any, str]]:
             yield ref, tuple(transforms), operation
 
 
-def _sub_jaxprs(eqn: Any, names: dict) -> Iterator[tuple[Any, dict]]:
+def _sub_jaxprs(eqn: JaxprEqn, names: Names) -> Iterator[tuple[Jaxpr, Names]]:
     """Each sub-jaxpr of an equation with the names of the refs it receives: its invars are
     the equation's last ones (cond branches, jit, loop bodies); a while's condition takes
     its own consts and the carry; run_scoped's are the refs it allocates (and its constvars
@@ -361,7 +371,7 @@ the outer refs it uses)."""
                       if isinstance(o, Var) and o in names}
 
 
-def scoped_names(jaxpr: Any) -> list[str]:
+def scoped_names(jaxpr: Jaxpr) -> list[str]:
     """The names of the refs a run_scoped body allocates, as the engine names them."""
     info = getattr(jaxpr, "debug_info", None)
     names = list(getattr(info, "arg_names", None) or ())
@@ -369,8 +379,8 @@ def scoped_names(jaxpr: Any) -> list[str]:
             for i in range(len(jaxpr.invars))]
 
 
-def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
-                      outer: tuple[Any, ...] = (), sparsecore: bool = False
+def first_not_lowered(jaxpr: Jaxpr, names: Names, space_of: SpaceOf,
+                      outer: tuple[JaxprEqn, ...] = (), sparsecore: bool = False
                       ) -> NotLowered | None:
     """The first access in `jaxpr` (nested ones included, in program order) that Mosaic
     does not lower, as the error to raise; None when there is none. `names`: ref var ->
@@ -406,7 +416,7 @@ def first_not_lowered(jaxpr: Any, names: dict, space_of: Callable[[Any], str],
     return None
 
 
-def _frames(eqns: tuple[Any, ...]) -> tuple[SourceFrame, ...]:
+def _frames(eqns: tuple[JaxprEqn, ...]) -> tuple[SourceFrame, ...]:
     """The user's frames of the innermost of `eqns` that has some (made only for the
     access found: a kernel of many equations is looked at at every eager call)."""
     for eqn in reversed(eqns):
@@ -416,8 +426,8 @@ def _frames(eqns: tuple[Any, ...]) -> tuple[SourceFrame, ...]:
     return ()
 
 
-def kernel_not_lowered(jaxpr: Any, arg_names: Sequence[str],
-                       space_of: Callable[[Any], str], sparsecore: bool = False
+def kernel_not_lowered(jaxpr: Jaxpr, arg_names: Sequence[str],
+                       space_of: SpaceOf, sparsecore: bool = False
                        ) -> NotLowered | None:
     """`first_not_lowered` of a kernel's jaxpr, its parameters named as the kernel names
     them (`sparsecore`: a SparseCore kernel's)."""

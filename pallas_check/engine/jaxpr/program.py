@@ -11,13 +11,14 @@ actor could run (semaphore waits, DMA starts and waits).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Generator, Sequence
+from typing import Callable, Generator, Sequence, cast
 
 import jax
 import jax.numpy as jnp
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.jaxprs import has_cpu_lowering, open_jaxpr, structure_text, sub_jaxprs
-from pallas_check.jaxbridge.types import AbstractRef, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal, Var
+from pallas_check.jaxbridge.types import (AbstractRef, Atom, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn,
+                                         Literal, Var)
 
 from pallas_check.engine.jaxpr import segment_order
 from pallas_check.engine.jaxpr.evaluating import Evaluating
@@ -27,11 +28,22 @@ from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
 from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
 from pallas_check.engine.runtime.caches import BoundedCache
+from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings import SourceFrame
 from pallas_check.sourceinfo import user_frames
 
 
-Gen = Generator[Any, None, Any]
+# An evaluation: a generator that yields to the scheduler (a `Wait`, or None where another
+# actor may run: runtime/scheduler.py) and returns the jaxpr's output values. A value is whatever the jaxpr's
+# variables hold (a numpy or jax array, a numpy scalar, one of our refs, a semaphore ...):
+# the evaluator only passes values on, so they are `object` here.
+Gen = Generator[Wait | None, None, list[object]]
+
+# A jaxpr's generated function: `run(ctx, consts, args)`.
+Run = Callable[[Evaluating, Sequence[object], Sequence[object]], Gen]
+
+# A compiled segment: its inputs by position -> its outputs by position.
+SegmentFn = Callable[..., list[object]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -45,7 +57,7 @@ class Segment:
     eqns: list[JaxprEqn]
     invars: list[Var]
     outvars: list[Var]
-    fn: Callable[..., Any] | None = None
+    fn: SegmentFn | None = None
 
 
 @dataclasses.dataclass
@@ -53,7 +65,7 @@ class Program:
     jaxpr: Jaxpr
     steps: list[Segment | JaxprEqn]
     # The steps as one generated function (`_generate`), made at the first evaluation.
-    run: Callable[..., Any] | None = None
+    run: Run | None = None
 
 
 # Programs by jaxpr identity; compiled segments by their structure (the segment's equations
@@ -63,7 +75,7 @@ _programs = BoundedCache(256)
 _segment_fns = BoundedCache(1024)
 
 
-def _is_ref(aval: Any) -> bool:
+def _is_ref(aval: object) -> bool:
     return isinstance(aval, AbstractRef)
 
 
@@ -95,7 +107,7 @@ def structure_key(jaxpr: Jaxpr) -> str:
     return structure_text(jaxpr)
 
 
-def _segment_fn(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
+def _segment_fn(segment: Segment, skip_floats: bool) -> SegmentFn:
     """The compiled function of a segment, shared with every segment of the same structure
     (it takes the segment's inputs and returns its outputs by position)."""
     structure = open_jaxpr(segment.invars, segment.outvars, segment.eqns)
@@ -171,7 +183,7 @@ def _segments_of_run(eqns: list[JaxprEqn]) -> list[Segment]:
     kernel's matmul segment: slower than both apart."""
     scalar: list[JaxprEqn] = []
     rest: list[JaxprEqn] = []
-    from_rest: set[Any] = set()
+    from_rest: set[Var] = set()
     for eqn in eqns:
         if eqn_qualifies(eqn) and not any(v in from_rest for v in eqn.invars
                                           if isinstance(v, Var)):
@@ -184,11 +196,11 @@ def _segments_of_run(eqns: list[JaxprEqn]) -> list[Segment]:
     return [Segment(scalar, [], []), Segment(rest, [], [])]
 
 
-def _is_dropvar(v: Any) -> bool:
+def _is_dropvar(v: object) -> bool:
     return isinstance(v, DropVar)
 
 
-def _is_float(aval: Any) -> bool:
+def _is_float(aval: object) -> bool:
     dtype = getattr(aval, "dtype", None)
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
 
@@ -203,13 +215,13 @@ def _is_float(aval: Any) -> bool:
 SEGMENT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 
 
-def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
+def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:
     eqns, invars, outvars = segment.eqns, segment.invars, segment.outvars
 
-    def run(*args: Any) -> list[Any]:
-        env: dict[Var, Any] = dict(zip(invars, args))
+    def run(*args: object) -> list[object]:
+        env: dict[Var, object] = dict(zip(invars, args))
 
-        def read(v: Any) -> Any:
+        def read(v: Atom) -> object:
             return v.val if isinstance(v, Literal) else env[v]
 
         for eqn in eqns:
@@ -219,7 +231,9 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
             else:
                 params = eqn_params.bind_params(eqn)
                 with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+                    # (JAX leaves `Primitive.bind` unannotated)
+                    outs = eqn.primitive.bind(  # type: ignore[no-untyped-call]
+                        *map(read, eqn.invars), **params)
                 if not eqn.primitive.multiple_results:
                     outs = [outs]
             for v, value in zip(eqn.outvars, outs):
@@ -234,12 +248,13 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> Callable[..., Any]:
 # Evaluation: a program as one generated Python function.
 
 
-def eval_jaxpr(ctx: Evaluating, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> Gen:
+def eval_jaxpr(ctx: Evaluating, jaxpr: Jaxpr, consts: Sequence[object],
+               args: Sequence[object]) -> Gen:
     """Evaluate `jaxpr` on concrete values: a generator returning the output values."""
     return runner_for(jaxpr, ctx.config.skip_floats)(ctx, consts, args)
 
 
-def runner_for(jaxpr: Jaxpr, skip_floats: bool) -> Callable[..., Gen]:
+def runner_for(jaxpr: Jaxpr, skip_floats: bool) -> Run:
     """`run(ctx, consts, args)`, the generated function of a jaxpr's program (a rule that
     evaluates the same sub-jaxpr at every step may keep it)."""
     program = program_for(jaxpr, skip_floats)
@@ -249,24 +264,24 @@ def runner_for(jaxpr: Jaxpr, skip_floats: bool) -> Callable[..., Gen]:
     return run
 
 
-def _generate(program: Program) -> Callable[..., Gen]:
+def _generate(program: Program) -> Run:
     """The program as one Python generator function, `run(ctx, consts, args)`: a line per
     step, variables as locals, each step's rule, equation and literals bound by name. A
     kernel body runs at every grid step; reading steps from a table and variables from a
     dict cost more than most rules."""
     jaxpr = program.jaxpr
-    names: dict[Any, str] = {}
-    bound: dict[str, Any] = {"_located_error": _located_error, "_unsupported": _unsupported,
+    names: dict[Var, str] = {}
+    bound: dict[str, object] = {"_located_error": _located_error, "_unsupported": _unsupported,
                              "current_frames": current_frames, "_ours": _ours}
     lines: list[str] = []
 
-    def local(v: Any) -> str:
+    def local(v: Var) -> str:
         name = names.get(v)
         if name is None:
             name = names[v] = f"v{len(names)}"
         return name
 
-    def atom(v: Any) -> str:
+    def atom(v: Atom) -> str:
         if isinstance(v, Literal):
             name = f"L{len(bound)}"
             bound[name] = v.val
@@ -312,7 +327,7 @@ def _generate(program: Program) -> Callable[..., Gen]:
     lines.append(f"    return [{', '.join(atom(v) for v in jaxpr.outvars)}]")
     source = "def run(ctx, consts, args):\n" + "\n".join(lines) + "\n"
     exec(compile(source, "<pallas-check program>", "exec"), bound)  # noqa: S102
-    return bound["run"]
+    return cast(Run, bound["run"])  # (`exec` defined it)
 
 
 def _rule_fn(eqn: JaxprEqn, entry: Rule) -> RuleFn:
@@ -326,7 +341,7 @@ def _rule_fn(eqn: JaxprEqn, entry: Rule) -> RuleFn:
 
 
 def _rule_lines(k: int, eqn: JaxprEqn, is_generator: bool, target: str,
-                call: str, bound: dict[str, Any]) -> list[str]:
+                call: str, bound: dict[str, object]) -> list[str]:
     """The generated lines of ruled step `k`: `{target}{call}` (`yield from` the call of a
     generator rule). An exception of the rule is located right there, at its equation
     (`_ours`): a try costs nothing until something raises."""
@@ -379,7 +394,7 @@ def current_frames(ctx: Evaluating) -> tuple[SourceFrame, ...]:
     return _frames_of(ctx.eqn, ctx)
 
 
-def _frames_of(eqn: Any, ctx: Evaluating) -> tuple[SourceFrame, ...]:
+def _frames_of(eqn: JaxprEqn | None, ctx: Evaluating) -> tuple[SourceFrame, ...]:
     frames = user_frames(eqn.source_info) if eqn is not None else ()
     if frames:
         return frames
@@ -416,7 +431,7 @@ def _located_error(eqn: JaxprEqn, exc: Exception) -> KernelError:
     )
 
 
-def eval_closed(ctx: Evaluating, closed: ClosedJaxpr, args: Sequence[Any]) -> Gen:
+def eval_closed(ctx: Evaluating, closed: ClosedJaxpr, args: Sequence[object]) -> Gen:
     return eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 

@@ -7,12 +7,25 @@ rules only evaluate sub-jaxprs (`BODY_ONLY`), and per-equation specializations
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable, Generator, TypeVar
 
 from pallas_check.jaxbridge.types import JaxprEqn, Primitive
+from pallas_check.engine.runtime.scheduler import Wait
 
 
-RuleFn = Callable[..., Any]
+# A rule: `fn(ctx, eqn, invals) -> outvals`, where ctx is the core running the kernel (the
+# rules' `RunningCore`, engine/seam.py, which this lower layer may not name), invals the
+# equation's operand values and outvals its result (a list for a primitive with several).
+# The parameters stay unchecked here so that each rule may state them as precisely as it
+# can; what a rule returns is passed on to the generated program, never inspected.
+RuleFn = Callable[..., object]
+
+# What a generator rule is: it yields to the scheduler (a `Wait`, or None where another
+# actor may run: runtime/scheduler.py) and returns the equation's result.
+RuleGen = Generator[Wait | None, None, object]
+
+_F = TypeVar("_F", bound=Callable[..., object])
+_S = TypeVar("_S", bound=Callable[[JaxprEqn], RuleFn | None])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +50,11 @@ BODY_ONLY: set[Primitive] = set()
 SPECIALIZERS: dict[Primitive, Callable[[JaxprEqn], RuleFn | None]] = {}
 
 
-def specializer(primitive: Primitive) -> Callable[[Callable], Callable]:
+def specializer(primitive: Primitive) -> Callable[[_S], _S]:
     """Register `fn(eqn) -> rule fn or None` as the specializer of a primitive's rule (a
     generator rule's specialized fn is a generator too)."""
 
-    def register(fn: Callable) -> Callable:
+    def register(fn: _S) -> _S:
         SPECIALIZERS[primitive] = fn
         return fn
 
@@ -49,14 +62,14 @@ def specializer(primitive: Primitive) -> Callable[[Callable], Callable]:
 
 
 def rule(*primitives: Primitive, generator: bool = False,
-         body_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+         body_only: bool = False) -> Callable[[_F], _F]:
     """Register `fn(ctx, eqn, invals) -> outvals` as the rule for the primitives.
 
     With generator=True the rule may yield scheduler requests (`yield from` it); with
     body_only=True the rule does nothing but evaluate the equation's sub-jaxprs.
     """
 
-    def register(fn: RuleFn) -> RuleFn:
+    def register(fn: _F) -> _F:
         for primitive in primitives:
             RULES[primitive] = Rule(fn, generator)
             if body_only:

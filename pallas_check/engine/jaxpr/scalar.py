@@ -13,44 +13,48 @@ falls back to the compiled segment.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 from pallas_check.jaxbridge import params as eqn_params
-from pallas_check.jaxbridge.types import ClosedJaxpr, DropVar, JaxprEqn, Literal
+from pallas_check.engine.jaxpr.avals import aval_dtype
+from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, DropVar, JaxprEqn, Literal, Var
 
 
 class _Fallback(Exception):
     """This input is one numpy would answer differently from XLA: use the compiled segment."""
 
 
-def _div(a: Any, b: Any) -> Any:
+def _div(a: np.integer, b: np.integer) -> np.integer:
     if b == 0 or (a.dtype.kind == "i" and b == -1 and a == np.iinfo(a.dtype).min):
         raise _Fallback
     q = abs(int(a)) // abs(int(b))  # XLA rounds toward zero, numpy's // toward -inf
     return a.dtype.type(q if (a < 0) == (b < 0) else -q)
 
 
-def _rem(a: Any, b: Any) -> Any:
+def _rem(a: np.integer, b: np.integer) -> np.integer:
     if b == 0 or (a.dtype.kind == "i" and b == -1 and a == np.iinfo(a.dtype).min):
         raise _Fallback
     r = abs(int(a)) % abs(int(b))  # the sign of the dividend, as C's and XLA's
     return a.dtype.type(-r if a < 0 else r)
 
 
-def _select(which: Any, *cases: Any) -> Any:
+def _select(which: np.generic, *cases: np.generic) -> np.generic:
     index = int(which)
     if not 0 <= index < len(cases):
         raise _Fallback
     return cases[index]
 
 
-def _clamp(low: Any, x: Any, high: Any) -> Any:
-    return np.minimum(np.maximum(x, low), high)  # XLA's clamp, bounds in either order
+def _clamp(low: np.generic, x: np.generic, high: np.generic) -> np.generic:
+    clamped: np.generic = np.minimum(np.maximum(x, low), high)  # bounds in either order
+    return clamped  # (XLA's clamp)
 
 
-def _convert(x: Any, dtype: np.dtype) -> Any:
-    return np.asarray(x).astype(dtype)[()]  # wraps modulo 2**bits, as XLA's convert
+def _convert(x: np.generic, dtype: np.dtype) -> np.generic:
+    # Wraps modulo 2**bits, as XLA's convert. (numpy types `a[()]` as an array: on a 0-d
+    # one it is the scalar.)
+    return np.asarray(x).astype(dtype)[()]  # type: ignore[return-value]
 
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
@@ -64,7 +68,7 @@ SUPPORTED = frozenset(_BINARY) | frozenset(_CALLS) | frozenset(_UNARY) | {
     "convert_element_type"}
 
 
-def _is_int_scalar(aval: Any) -> bool:
+def _is_int_scalar(aval: object) -> bool:
     dtype = getattr(aval, "dtype", None)
     return (getattr(aval, "shape", None) == () and dtype is not None
             and np.dtype(dtype).kind in "biu")
@@ -89,12 +93,12 @@ def eqn_qualifies(eqn: JaxprEqn) -> bool:
                 and not eqn_params.is_plain_conversion(eqn))
 
 
-def _qualifies(eqns: Sequence[JaxprEqn], invars: Sequence[Any]) -> bool:
+def _qualifies(eqns: Sequence[JaxprEqn], invars: Sequence[Var]) -> bool:
     return (all(_is_int_scalar(v.aval) for v in invars)
             and all(eqn_qualifies(eqn) for eqn in eqns))
 
 
-def _expression(eqn: JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
+def _expression(eqn: JaxprEqn, args: list[str], consts: dict[str, object]) -> str:
     name = eqn.primitive.name
     if name in _BINARY:
         return f"({args[0]} {_BINARY[name]} {args[1]})"
@@ -115,22 +119,22 @@ def _expression(eqn: JaxprEqn, args: list[str], consts: dict[str, Any]) -> str:
     return f"{_CALLS[name]}({', '.join(args)})"
 
 
-def _source(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
-            outvars: Sequence[Any], consts: dict[str, Any]) -> str:
+def _source(eqns: Sequence[JaxprEqn], invars: Sequence[Var],
+            outvars: Sequence[Var], consts: dict[str, object]) -> str:
     """The segment as one Python function: `def segment(a0, a1, ...)`, one line per
     equation (a jit's body inlined), literals as named numpy scalars of their dtypes."""
-    names: dict[Any, str] = {v: f"a{i}" for i, v in enumerate(invars)}
+    names: dict[Var, str] = {v: f"a{i}" for i, v in enumerate(invars)}
     lines = [f"def segment({', '.join(names[v] for v in invars)}):"]
     temps = itertools.count()
 
-    def atom(v: Any, scope: dict[Any, str]) -> str:
+    def atom(v: Atom, scope: dict[Var, str]) -> str:
         if isinstance(v, Literal):
             key = f"_c{len(consts)}"
             consts[key] = np.asarray(v.val, dtype=v.aval.dtype)[()]  # type: ignore[attr-defined]
             return key
         return scope[v]
 
-    def emit(body: Sequence[JaxprEqn], scope: dict[Any, str]) -> None:
+    def emit(body: Sequence[JaxprEqn], scope: dict[Var, str]) -> None:
         for eqn in body:
             args = [atom(v, scope) for v in eqn.invars]
             if eqn.primitive.name in _INLINED:
@@ -152,21 +156,22 @@ def _source(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
     return "\n".join(lines)
 
 
-def scalar_segment_fn(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
-                      outvars: Sequence[Any],
-                      compiled: Callable[..., Any]) -> Callable[..., Any] | None:
+def scalar_segment_fn(eqns: Sequence[JaxprEqn], invars: Sequence[Var],
+                      outvars: Sequence[Var],
+                      compiled: Callable[..., list[object]]
+                      ) -> Callable[..., list[object]] | None:
     """A numpy function for a segment of scalar integer/boolean equations (None when the
     segment has other equations); `compiled` answers the inputs numpy could get wrong."""
     if not eqns or not _qualifies(eqns, invars):
         return None
-    consts: dict[str, Any] = dict(_HELPERS)
-    namespace: dict[str, Any] = consts
+    consts: dict[str, object] = dict(_HELPERS)
+    namespace = consts
     source = _source(eqns, invars, outvars, consts)
     exec(compile(source, "<pallas-check scalar segment>", "exec"), namespace)  # noqa: S102
-    body = namespace["segment"]
-    scalar_types = [np.dtype(v.aval.dtype).type for v in invars]
+    body = cast(Callable[..., list[object]], namespace["segment"])  # (`exec` defined it)
+    scalar_types = [aval_dtype(v).type for v in invars]
 
-    def run(*args: Any) -> list[Any]:
+    def run(*args: object) -> list[object]:
         values = [x if type(x) is kind else _as_scalar(x, kind)
                   for x, kind in zip(args, scalar_types)]
         try:
@@ -179,8 +184,9 @@ def scalar_segment_fn(eqns: Sequence[JaxprEqn], invars: Sequence[Any],
     return run
 
 
-def _as_scalar(x: Any, kind: type) -> Any:
+def _as_scalar(x: object, kind: type[np.generic]) -> np.generic:
     """A segment input (a jax or numpy array, a Python or numpy scalar) as a numpy scalar
     of the segment's dtype."""
     value = np.asarray(x)
-    return (value if value.dtype == kind else value.astype(kind))[()]
+    # (numpy types `a[()]` as an array: on a 0-d one it is the scalar)
+    return (value if value.dtype == kind else value.astype(kind))[()]  # type: ignore[return-value]

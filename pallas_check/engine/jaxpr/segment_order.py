@@ -14,12 +14,12 @@ stabbing), which merges what the original order had split.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from typing import Sequence
 
-from pallas_check.jaxbridge.types import JaxprEqn, Var
+from pallas_check.jaxbridge.types import Atom, JaxprEqn, Var
 
 
-def schedule(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
+def schedule(eqns: Sequence[JaxprEqn], outvars: Sequence[Atom],
              movable: Sequence[bool]) -> list[int]:
     """An order of the equations (their indices) that keeps the unmovable ones in their
     order and puts the movable (pure, effect-free) ones into as few gaps between them as
@@ -29,7 +29,7 @@ def schedule(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
     if len(anchors) == len(eqns) or not anchors:
         return list(range(len(eqns)))
     # Earliest gap: after the anchor that defines an input (inputs of the jaxpr: gap 0).
-    ready: dict[Any, int] = {}
+    ready: dict[Var, int] = {}
     earliest: dict[int, int] = {}
     k = 0
     for i, eqn in enumerate(eqns):
@@ -43,7 +43,7 @@ def schedule(eqns: Sequence[JaxprEqn], outvars: Sequence[Any],
             for v in eqn.outvars:
                 ready[v] = k
     # Latest gap: before the first anchor that reads a result (outputs: the last gap).
-    needed: dict[Any, int] = {v: last_gap for v in outvars if isinstance(v, Var)}
+    needed: dict[Var, int] = {v: last_gap for v in outvars if isinstance(v, Var)}
     latest: dict[int, int] = {}
     k = last_gap
     for i in range(len(eqns) - 1, -1, -1):

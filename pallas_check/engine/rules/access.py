@@ -7,14 +7,13 @@ bounds are checked and the written-shadow is consulted and updated.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
-from jax.extend.core import JaxprEqn
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import pl_load_p, pl_swap_p, ref_addupdate_p, ref_get_p, ref_swap_p
-from pallas_check.jaxbridge.types import DropVar, NDIndexer, Transform
+from pallas_check.jaxbridge.types import DropVar, JaxprEqn, NDIndexer, Transform
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
@@ -158,7 +157,7 @@ def _region_made(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object
 
 
 @rule(ref_get_p)
-def _get(ctx, eqn, invals):
+def _get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     ref, *flat = invals
     region = _region_of(ctx, eqn, ref, flat)
     return _cast(access_read(ctx, None, region=region), eqn.outvars[0].aval)
@@ -180,7 +179,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
     dtype = np.dtype(getattr(out, "dtype"))
 
-    def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list) -> Any:
+    def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
         ref = invals[0]
         if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
             buffer = ref.buffer
@@ -194,7 +193,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
 
 
 @rule(ref_swap_p)
-def _swap(ctx, eqn, invals):
+def _swap(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     ref, value, *flat = invals
     region = _region_of(ctx, eqn, ref, flat)
     old = None
@@ -205,7 +204,7 @@ def _swap(ctx, eqn, invals):
 
 
 @rule(ref_addupdate_p)
-def _addupdate(ctx, eqn, invals):
+def _addupdate(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     ref, value, *flat = invals
     view = view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
     old = access_read(ctx, view)
@@ -224,7 +223,7 @@ def _peek(ctx: RunningCore, view: RefView) -> np.ndarray:
 
 
 @rule(pl_load_p)
-def _masked_load(ctx, eqn, invals):
+def _masked_load(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     ref, transforms, mask, other = eqn_params.args_tree(eqn).unflatten(invals)
     view = view_of(ref, transforms)
     mask_np = None if mask is None else np.asarray(mask, dtype=bool)
@@ -236,7 +235,7 @@ def _masked_load(ctx, eqn, invals):
 
 
 @rule(pl_swap_p)
-def _masked_swap(ctx, eqn, invals):
+def _masked_swap(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     ref, transforms, value, mask = eqn_params.args_tree(eqn).unflatten(invals)
     view = view_of(ref, transforms)
     old = None if _is_drop(eqn.outvars[0]) else _peek(ctx, view)

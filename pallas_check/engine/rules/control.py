@@ -6,10 +6,9 @@ the TPU's stateful PRNG.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, SupportsInt, cast
 
 import numpy as np
-from jax.extend.core import JaxprEqn
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import (axis_index_p, closed_call_p, cond_p,
@@ -18,58 +17,63 @@ from pallas_check.jaxbridge.primitives import (axis_index_p, closed_call_p, cond
                                                prng_random_bits_p, prng_seed_p, program_id_p,
                                                run_scoped_p, scan_p, touch_p, trace_value_p,
                                                while_p)
-from pallas_check.jaxbridge.types import ClosedJaxpr
+from pallas_check.jaxbridge.types import ClosedJaxpr, JaxprEqn
 from pallas_check.engine.jaxpr.program import Gen, eval_closed, eval_jaxpr, runner_for
-from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
+from pallas_check.engine.jaxpr.avals import array_aval
+from pallas_check.engine.jaxpr.registry import RuleFn, RuleGen, rule, specializer
 from pallas_check.engine.seam import RunningCore
 
 
 # -- grid ------------------------------------------------------------------------------------
 
 @rule(program_id_p)
-def _program_id(ctx, eqn, invals):
+def _program_id(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return np.int32(ctx.program_id(eqn_params.grid_axis(eqn)))
 
 
 @rule(num_programs_p)
-def _num_programs(ctx, eqn, invals):
+def _num_programs(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return np.int32(ctx.num_programs(eqn_params.grid_axis(eqn)))
 
 
 @rule(multiple_of_p)
-def _multiple_of(ctx, eqn, invals):
+def _multiple_of(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return invals[0]
 
 
 # -- no-ops and hints --------------------------------------------------------------------------
 
 @rule(delay_p, touch_p, trace_value_p)
-def _no_op(ctx, eqn, invals):
+def _no_op(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return [] if eqn.primitive.multiple_results else None
 
 
 # -- control flow ------------------------------------------------------------------------------
 
 @rule(jit_p, generator=True, body_only=True)
-def _jit(ctx, eqn, invals):
+def _jit(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     return (yield from eval_closed(ctx, eqn_params.body(eqn), invals))
 
 
 @rule(closed_call_p, generator=True, body_only=True)
-def _closed_call(ctx, eqn, invals):
+def _closed_call(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     return (yield from eval_closed(ctx, eqn_params.call_body(eqn), invals))
 
 
 @rule(cond_p, generator=True, body_only=True)
-def _cond(ctx, eqn, invals):
+def _cond(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     """The rule as registered; a generated program uses `_cond_for`'s, made per equation."""
     return (yield from _cond_for(eqn)(ctx, eqn, invals))
 
 
 @rule(while_p, generator=True, body_only=True)
-def _while(ctx, eqn, invals):
+def _while(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     """The rule as registered; a generated program uses `_while_for`'s."""
     return (yield from _while_for(eqn)(ctx, eqn, invals))
+
+
+# A rule made for one equation, a generator (cond, while).
+_GenRule = Callable[[RunningCore, JaxprEqn, list[object]], RuleGen]
 
 
 def _runners(closed: Sequence[ClosedJaxpr]
@@ -92,29 +96,30 @@ def _runners(closed: Sequence[ClosedJaxpr]
 
 
 @specializer(cond_p)
-def _cond_for(eqn: JaxprEqn) -> RuleFn | None:
+def _cond_for(eqn: JaxprEqn) -> _GenRule:
     """`_cond` with its branches' functions kept (a kernel body's conds run at every grid
     step: looking their programs up again cost more than the branch)."""
     branches = eqn_params.branches(eqn)
     last = len(branches) - 1
     runner = _runners(branches)
 
-    def cond(ctx, eqn, invals):
-        i = min(max(int(invals[0]), 0), last)  # clamped, as lax.switch does
+    def cond(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
+        # The branch index (an integer scalar, numpy's or JAX's), clamped as lax.switch does.
+        i = min(max(int(cast(SupportsInt, invals[0])), 0), last)
         return (yield from runner(ctx, i)(ctx, branches[i].consts, invals[1:]))
 
     return cond
 
 
 @specializer(while_p)
-def _while_for(eqn: JaxprEqn) -> RuleFn | None:
+def _while_for(eqn: JaxprEqn) -> _GenRule:
     """`_while` with its cond and body functions kept."""
     loop = eqn_params.while_loop(eqn)
     n_cond, n_body = loop.cond_nconsts, loop.body_nconsts
     cond_closed, body_closed = loop.cond, loop.body
     runner = _runners([cond_closed, body_closed])
 
-    def while_loop(ctx, eqn, invals):
+    def while_loop(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         run_cond, run_body = runner(ctx, 0), runner(ctx, 1)
         cond_consts = invals[:n_cond]
         body_consts = invals[n_cond:n_cond + n_body]
@@ -129,13 +134,13 @@ def _while_for(eqn: JaxprEqn) -> RuleFn | None:
 
 
 @rule(scan_p, generator=True, body_only=True)
-def _scan(ctx, eqn, invals):
+def _scan(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     p = eqn_params.scan_loop(eqn)
     num_consts, num_carry, length = p.num_consts, p.num_carry, p.length
     consts = invals[:num_consts]
     carry = list(invals[num_consts: num_consts + num_carry])
     xs = [np.asarray(x) for x in invals[num_consts + num_carry:]]
-    ys_per_step: list[list[Any]] = []
+    ys_per_step: list[list[object]] = []
     order = range(length - 1, -1, -1) if p.reverse else range(length)
     for i in order:
         outs = yield from eval_closed(ctx, p.body, [*consts, *carry, *[x[i] for x in xs]])
@@ -143,8 +148,8 @@ def _scan(ctx, eqn, invals):
         ys_per_step.append(list(outs[num_carry:]))
     if p.reverse:
         ys_per_step.reverse()
-    y_avals = [v.aval for v in eqn.outvars[num_carry:]]
-    ys = []
+    y_avals = [array_aval(v) for v in eqn.outvars[num_carry:]]
+    ys: list[np.ndarray] = []
     for j, aval in enumerate(y_avals):
         if length == 0:
             ys.append(np.zeros(aval.shape, aval.dtype))
@@ -154,7 +159,7 @@ def _scan(ctx, eqn, invals):
 
 
 @rule(run_scoped_p, generator=True)
-def _run_scoped(ctx, eqn, invals):
+def _run_scoped(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     body = eqn_params.body(eqn)
     names = _arg_names(body, len(body.invars), prefix="scoped")
     refs = [ctx.call.allocate_scoped(ctx, var.aval, name, (id(eqn), position))
@@ -181,7 +186,7 @@ def _register_custom_calls() -> None:
     if not custom_call_primitives:  # pragma: no cover - layout of another JAX version
         return
 
-    def _custom(ctx, eqn, invals):
+    def _custom(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         return (yield from eval_closed(ctx, eqn_params.primal_jaxpr(eqn), invals))
 
     rule(*custom_call_primitives, generator=True, body_only=True)(_custom)
@@ -193,21 +198,21 @@ _register_custom_calls()
 # -- devices ----------------------------------------------------------------------------------
 
 @rule(axis_index_p)
-def _axis_index(ctx, eqn, invals):
+def _axis_index(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return np.int32(ctx.axis_index(eqn_params.axis_name(eqn)))
 
 
 # -- the TPU's stateful PRNG ---------------------------------------------------------------
 
 @rule(prng_seed_p)
-def _prng_seed(ctx, eqn, invals):
+def _prng_seed(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     seeds = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in invals]
     ctx.rng = np.random.default_rng(seeds or [0])
     return []
 
 
 @rule(prng_random_bits_p)
-def _prng_random_bits(ctx, eqn, invals):
+def _prng_random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     shape = tuple(eqn_params.result_shape(eqn))
     bits = ctx.rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
     return bits.view(np.int32)

@@ -22,9 +22,9 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import JaxprEqn
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import check_p, debug_print_p
+from pallas_check.jaxbridge.types import JaxprEqn
 
 from pallas_check.engine.jaxpr.registry import rule
 from pallas_check.engine.seam import RunningCore
@@ -49,14 +49,15 @@ def _debug_check(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> l
     return []
 
 
-def _check_message(exception: Any) -> tuple[str, str]:
+def _check_message(exception: Exception) -> tuple[str, str]:
     """The failed check's message with its values, and the message as written (which
     tells one check from another on the same line)."""
     fmt = getattr(exception, "fmt_string", None)
     if fmt is None:  # another checkify error (not a debug_check): JAX's own wording
         return str(exception), type(exception).__name__
     try:
-        return fmt.format(*exception.args, **exception.kwargs), fmt
+        # (a checkify FailedCheckError: its values' args and kwargs)
+        return fmt.format(*exception.args, **getattr(exception, "kwargs")), fmt
     except (IndexError, KeyError, ValueError):  # a format the values do not fit
         return fmt, fmt
 

@@ -16,18 +16,16 @@ of 0) signals nothing on either type.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Generator, Sequence
 
 import jax.numpy as jnp
-from jax.extend.core import JaxprEqn
 from jax.tree_util import PyTreeDef
 import numpy as np
-
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.jaxprs import barrier_semaphore_dtype, regular_semaphore_dtype
 from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p
-from pallas_check.jaxbridge.types import Indices, TransformedRef
+from pallas_check.jaxbridge.types import Indices, JaxprEqn, TransformedRef
 from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
@@ -35,7 +33,7 @@ from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, ce
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer
+from pallas_check.engine.jaxpr.registry import RuleFn, RuleGen, rule, specializer
 from pallas_check.engine.memory.buffer import MemorySpace, RefView, memory_space_name
 from pallas_check.engine.memory.region import Region, resolve, view_shape
 from pallas_check.engine.rules import index_plan
@@ -44,7 +42,7 @@ from pallas_check.engine.rules.access import access_read
 from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.engine.seam import RunningCore
-from pallas_check.findings import SourceFrame
+from pallas_check.engine.verdicts import Frames
 from pallas_check.sourceinfo import user_frames
 
 
@@ -61,7 +59,7 @@ def _dma_layout(eqn: JaxprEqn
                  for a in eqn_params.dma_operands(eqn))
 
 
-def _arg_region(ctx: RunningCore, layout: tuple, invals: list,
+def _arg_region(ctx: RunningCore, layout: index_plan.ArgLayout, invals: Sequence[object],
                 target: tuple[int, int | None] | None = None) -> Region:
     """The region of one ref argument of a DMA, on the `target` device and core if given
     (else where the ref is). A local one is resolved once per call for the same ref and
@@ -74,7 +72,7 @@ def _arg_region(ctx: RunningCore, layout: tuple, invals: list,
     return _arg_region_made(ctx, layout, leaves, target)
 
 
-def _arg_region_made(ctx: RunningCore, layout: tuple, leaves: list,
+def _arg_region_made(ctx: RunningCore, layout: index_plan.ArgLayout, leaves: Sequence[object],
                      target: tuple[int, int | None] | None = None) -> Region:
     """Through the argument's index plan, or the general way (JAX's indexer objects)
     when the plan does not cover it."""
@@ -135,7 +133,7 @@ def _regular_semaphore(aval: object) -> bool:
 
 
 @rule(dma_start_p, generator=True)
-def _dma_start(ctx, eqn, invals):
+def _dma_start(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     side = _indirect_side(eqn)
     if side is not None:  # a SparseCore gather or scatter (engine/dma/indirect.py)
         if _indirect_start(ctx, eqn, invals, side):
@@ -172,7 +170,7 @@ def _dma_start(ctx, eqn, invals):
 
 def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
                sems: tuple[SemCell, SemCell | None], moves: tuple[int, int],
-               frames: tuple[SourceFrame, ...], atomic_add: bool = False) -> bool:
+               frames: Frames, atomic_add: bool = False) -> bool:
     """Start a DMA whose arguments are resolved; whether the start is a scheduling point
     (not when one actor runs alone: the watchdog is told it is alive instead). `sems`: its
     receive and send semaphores; `moves`: its bytes and what it adds to its semaphores (-1:
@@ -215,15 +213,17 @@ def _planned_dma_start(eqn: JaxprEqn) -> RuleFn | None:
         return None
     src_at, rest_at, nbytes, _, frames = static
     src_lo, src_hi, _, src_plan = src_at
+    assert src_plan is not None and src_plan.ref is not None  # (planned: `_planned_dma`)
+    src_region, src_ref = src_plan.region, src_plan.ref  # (typed: no checks per DMA)
     moves = (nbytes, signal_count(eqn))
 
-    def planned_dma_start(ctx, eqn, invals):
+    def planned_dma_start(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         leaves = invals[src_lo:src_hi]
-        src = src_plan.region(leaves, leaves[src_plan.ref])
-        rest = invals[rest_at:]
-        resolved = (None if src is None or src.zero_stride
-                    else ctx.call.accesses.get_or_make(
-                        eqn, rest, lambda: _dst_and_semaphores(ctx, eqn, invals)))
+        src = src_region(leaves, leaves[src_ref])
+        if src is None or src.zero_stride:
+            return (yield from _dma_start(ctx, eqn, invals))
+        resolved = ctx.call.accesses.get_or_make(
+            eqn, invals[rest_at:], lambda: _dst_and_semaphores(ctx, eqn, invals))
         if resolved is None or resolved[0].zero_stride:
             return (yield from _dma_start(ctx, eqn, invals))
         dst, sems = resolved
@@ -234,7 +234,7 @@ def _planned_dma_start(eqn: JaxprEqn) -> RuleFn | None:
     return planned_dma_start
 
 
-def _planned_dma(eqn: JaxprEqn) -> tuple | None:
+def _planned_dma(eqn: JaxprEqn) -> tuple[index_plan.ArgLayout, int, int, int, Frames] | None:
     """What a local, planned DMA start or wait knows before it runs: the source's layout,
     where the operands after the source begin, the bytes a start signals and a wait
     takes (static, whatever the indices) and its source frames (None when not all of
@@ -264,7 +264,7 @@ def _planned_dma(eqn: JaxprEqn) -> tuple | None:
             math.prod(shapes[0]) * itemsizes[0], frames)
 
 
-def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: list[Any]
+def _dst_and_semaphores(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]
                         ) -> tuple[Region, tuple[SemCell, SemCell | None]] | None:
     """A planned DMA's destination region and (receive, send) semaphore cells (cached per
     call by their operands), or None when the destination is not in the planned spelling."""
@@ -290,14 +290,15 @@ def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
     return view_shape(region), region.view_dtype()
 
 
-def _wait_descriptor(ctx: RunningCore, layout: tuple, invals: list) -> tuple[int, tuple]:
+def _wait_descriptor(ctx: RunningCore, layout: tuple[index_plan.ArgLayout, ...],
+                     invals: Sequence[object]) -> tuple[int, SemCell]:
     """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
     shape, dtype = _view_layout(_arg_region(ctx, layout[0], invals))
     return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
 
 
 @rule(dma_wait_p, generator=True)
-def _dma_wait(ctx, eqn, invals):
+def _dma_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     # The bytes waited for are the size of the descriptor's source: a static shape,
     # whatever the slice starts, so the source's indices (a different page at every step
     # in a paged kernel) are left out of the cache key; unless a slice has a traced size
@@ -321,7 +322,7 @@ def _dma_wait(ctx, eqn, invals):
     return []
 
 
-def _wait_ready(ctx: RunningCore, cell: tuple, nbytes: int) -> bool:
+def _wait_ready(ctx: RunningCore, cell: SemCell, nbytes: int) -> bool:
     """Whether a DMA wait can go on now (the DMA mode landing what it lets land at a wait
     first: `on_wait` mode)."""
     if sem_value(cell) >= nbytes:
@@ -331,7 +332,7 @@ def _wait_ready(ctx: RunningCore, cell: tuple, nbytes: int) -> bool:
     return sem_value(cell) >= nbytes
 
 
-def _wait_request(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> Wait:
+def _wait_request(ctx: RunningCore, cell: SemCell, nbytes: int, frames: Frames) -> Wait:
     """What the scheduler holds a DMA wait on (a DMA started later is delivered on demand
     too, in `on_wait` mode)."""
     return Wait(lambda: _wait_ready(ctx, cell, nbytes), "DMA wait", frames,
@@ -339,7 +340,7 @@ def _wait_request(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> 
                 cell=cell)
 
 
-def _end_wait(ctx: RunningCore, cell: tuple, nbytes: int, frames: tuple) -> None:
+def _end_wait(ctx: RunningCore, cell: SemCell, nbytes: int, frames: Frames) -> None:
     sem_add(cell, -nbytes)
     _account_wait(ctx.call.sync, cell, nbytes, frames)
     ctx.call.on_dma_wait(ctx, cell, frames)
@@ -356,7 +357,7 @@ def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
     sem_lo, sem_hi = sem_at[0], sem_at[1]
     _, _, _, nbytes, frames = static
 
-    def planned_dma_wait(ctx, eqn, invals):
+    def planned_dma_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         cell = ctx.call.accesses.get_or_make(
             eqn, invals[sem_lo:sem_hi],
             lambda: cell_of(ctx, _arg_region_made(ctx, sem_at, invals[sem_lo:sem_hi])))
@@ -380,7 +381,7 @@ def _indirect_side(eqn: JaxprEqn) -> int | None:
     return indirect.indexed_side(src, dst)
 
 
-def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) -> bool:
+def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list[object], side: int) -> bool:
     """Start a gather (`side` 0) or scatter (1): the index vector read now (bounds, races
     and the written-shadow of the index ref), each active index checked against the
     indexed view, the rows in bounds moved by one `Dma` the DMA mode drives."""
@@ -411,8 +412,7 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
                           " gather or scatter moves one row per index)", frames)
     operation = "DMA source" if side == 0 else "DMA destination"
     if plain.oob:
-        ctx.call.out_of_bounds(ctx, plain, "DMA destination" if side == 0 else "DMA source",
-                               None)
+        ctx.call.out_of_bounds(ctx, plain, ("DMA destination", "DMA source")[side], None)
     size = base_shape[0]
     bad = vector.active & ((vector.values < 0) | (vector.values >= size))
     for element in np.nonzero(bad)[0]:
@@ -431,8 +431,7 @@ def _indirect_start(ctx: RunningCore, eqn: JaxprEqn, invals: list, side: int) ->
                       (nbytes, signal_count(eqn)), frames, add)
 
 
-def _index_vector(ctx: RunningCore, index: object,
-                  frames: tuple[SourceFrame, ...]) -> indirect.IndexVector:
+def _index_vector(ctx: RunningCore, index: object, frames: Frames) -> indirect.IndexVector:
     """An indirect DMA's index vector, read at its start: a ref's through the one read
     path (bounds, races, the written-shadow); a value as it is; `plsc.Indices` filtered."""
     ignored = None
@@ -454,7 +453,8 @@ def _index_vector(ctx: RunningCore, index: object,
     return indirect.IndexVector(values, active, name)
 
 
-def _indirect_wait(ctx: RunningCore, layout: tuple, invals: list, side: int):
+def _indirect_wait(ctx: RunningCore, layout: tuple[index_plan.ArgLayout, ...],
+                   invals: list[object], side: int) -> Generator[Wait, None, None]:
     """The wait of a gather or scatter (`tpu.wait_indirect_dma(sem, src, dst)`: the whole
     refs, no offsets, no filter): it waits for one indirect DMA on its semaphore, the
     oldest not yet waited, and takes what that DMA signals (the bytes it moved: a filtered
@@ -480,7 +480,7 @@ def _indirect_wait(ctx: RunningCore, layout: tuple, invals: list, side: int):
     _end_wait(ctx, cell, nbytes, frames)
 
 
-def _account_wait(sync: SyncState, cell: tuple, nbytes: int, frames: tuple = ()) -> None:
+def _account_wait(sync: SyncState, cell: SemCell, nbytes: int, frames: Frames = ()) -> None:
     """Attribute waited bytes to the DMAs on this semaphore, oldest first (`frames`: the
     wait's line, kept by each DMA it finishes)."""
     queue = sync._unwaited.get((cell[0].id, cell[1]))

@@ -4,7 +4,6 @@ its ref holds (a traced size past the dimension: the call halts there)."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from pallas_check.engine.jaxpr.errors import CallHalted
 from pallas_check.engine.jaxpr.mosaic_limits import sparsecore_kernel

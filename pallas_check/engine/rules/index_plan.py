@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, cast
 
 from jax.tree_util import PyTreeDef
 
@@ -43,6 +43,13 @@ class _Slot:
 # the start (or the int) is static; size None means an int index, not a slice.
 _Dim = tuple[int, int, "int | None", int]
 
+# A numpy index of an access in bounds: an int or a slice per dimension.
+NumpyIndex = tuple[int | slice, ...]
+
+# Where one pytree argument's leaves sit in an equation's flat operands (from, to), its own
+# structure and its plan (`plan_for`'s): a DMA's arguments (rules/dma.py's layout).
+ArgLayout = tuple[int, int, PyTreeDef, "IndexPlan | None"]
+
 
 @dataclasses.dataclass(frozen=True)
 class IndexPlan:
@@ -52,7 +59,7 @@ class IndexPlan:
     steps: tuple[tuple[_Dim, ...], ...]
     # The in-bounds case as straight-line code (`_in_bounds_fns`), made with the plan: the
     # numpy index alone (`index_in_bounds`), and the region.
-    index_in_bounds: Callable[[Sequence[object], Buffer], tuple | None] = (
+    index_in_bounds: Callable[[Sequence[object], Buffer], NumpyIndex | None] = (
         dataclasses.field(init=False, repr=False, compare=False))
     _in_bounds: Callable[[Sequence[object], Buffer], Region | None] = dataclasses.field(
         init=False, repr=False, compare=False)
@@ -74,7 +81,7 @@ class IndexPlan:
             return region
         steps = []  # out of bounds, a stride of 0, ranks that differ: the full account
         for indexer in self.steps:
-            dims: list = []
+            dims: list[int | tuple[int, int, int]] = []
             for position, static, size, stride in indexer:
                 value = static if position < 0 else scalar_index(leaves[position])
                 if value is None:
@@ -84,7 +91,9 @@ class IndexPlan:
         return index_region(ref.buffer, steps)
 
 
-def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Callable]:
+def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]
+                   ) -> tuple[Callable[[Sequence[object], Buffer], NumpyIndex | None],
+                              Callable[[Sequence[object], Buffer], Region | None]]:
     """`index(leaves, buffer)` and `region(leaves, buffer)`: the numpy index and the
     region of an access in bounds, with no empty or stride-0 slice, on a buffer of the
     rank the plan expects, as `index_region` would make them; None for anything
@@ -98,8 +107,9 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
     if rank:
         lines.append(f"    {', '.join(f'n{b}' for b in range(rank))}{',' if rank == 1 else ''}"
                      " = shape")
-    # Per base dimension: ("int", expr) or ("slice", start expr, size expr, static stride).
-    dims: list[tuple] = [("slice", "0", f"n{b}", 1) for b in range(rank)]
+    # Per base dimension: ("int", expr, "", 0) or ("slice", start expr, size expr, static
+    # stride).
+    dims: list[tuple[str, str, str, int]] = [("slice", "0", f"n{b}", 1) for b in range(rank)]
     live = list(range(rank))
     names = itertools.count()
     for step in steps:
@@ -117,7 +127,7 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
             start = value if start0 == "0" and stride0 == 1 else f"({start0} + {value} * {stride0})"
             if size is None:
                 lines.append(f"    if not 0 <= {value} < {size0}: return None")
-                dims[base] = ("int", start)
+                dims[base] = ("int", start, "", 0)
                 continue
             if stride == 0 or size == 0:
                 return _never, _never  # rare: the general path's business
@@ -134,10 +144,10 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
             index.append(dim[1])
             region_dims.append(dim[1])
             continue
-        _, start, size, stride = dim
-        index.append(f"slice({start}, {start} + {size} * {stride}, {stride})")
-        region_dims.append(f"({start}, {size}, {stride})")
-        out_shape.append(size)
+        _, start, extent, step_stride = dim
+        index.append(f"slice({start}, {start} + {extent} * {step_stride}, {step_stride})")
+        region_dims.append(f"({start}, {extent}, {step_stride})")
+        out_shape.append(extent)
     index_tuple = "".join(i + ", " for i in index)
     shape_tuple = "".join(n + ", " for n in out_shape)
     body = "\n".join(lines)
@@ -145,16 +155,18 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]) -> tuple[Callable, Calla
               f"def region(leaves, buffer):\n{body}\n"
               f"    return Region.in_bounds(buffer, [{', '.join(region_dims)}],"
               f" ({index_tuple}), ({shape_tuple}))\n")
-    namespace: dict[str, Any] = {"scalar_index": scalar_index, "Region": Region}
+    # (the generated functions' names, then theirs; `exec` types a namespace's values Any)
+    namespace: dict[str, object] = {"scalar_index": scalar_index, "Region": Region}
     exec(compile(source, "<pallas-check index plan>", "exec"), namespace)  # noqa: S102
-    return namespace["index"], namespace["region"]
+    return (cast(Callable[[Sequence[object], Buffer], NumpyIndex | None], namespace["index"]),
+            cast(Callable[[Sequence[object], Buffer], Region | None], namespace["region"]))
 
 
 def _never(leaves: Sequence[object], buffer: Buffer) -> None:
     return None
 
 
-def _whole_index(leaves: Sequence[object], buffer: Buffer) -> tuple | None:
+def _whole_index(leaves: Sequence[object], buffer: Buffer) -> NumpyIndex | None:
     """The numpy index of a bare ref: all of its buffer (None for an empty one)."""
     shape = buffer.data.shape
     if 0 in shape:

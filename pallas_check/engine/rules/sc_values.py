@@ -39,7 +39,8 @@ def expand(values: np.ndarray, mask: np.ndarray, fill: np.ndarray | float) -> np
 
 def compress(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """`store_compressed`: the active lanes of x, in lane order (written to ref[0:n])."""
-    return np.asarray(x)[np.asarray(mask, bool)]
+    active: np.ndarray = np.asarray(x)[np.asarray(mask, bool)]
+    return active
 
 
 # -- scans ------------------------------------------------------------------------------------

@@ -8,17 +8,19 @@ import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import get_barrier_semaphore_p, semaphore_read_p, semaphore_signal_p, semaphore_wait_p
+from pallas_check.jaxbridge.types import JaxprEqn
 from pallas_check.engine.dma.devices import _with_core, on_device, target_device
 from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
-from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.seam import RunningCore
+from pallas_check.engine.jaxpr.registry import RuleGen, rule
 from pallas_check.engine.rules import sparsecore
 from pallas_check.engine.rules.dma import _account_wait, _wait_ready
 from pallas_check.engine.runtime.scheduler import Wait
 
 
 @rule(semaphore_signal_p)
-def _semaphore_signal(ctx, eqn, invals):
+def _semaphore_signal(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     sem, transforms, inc, device_id, core_index = eqn_params.args_tree(eqn).unflatten(invals)
     if device_id is not None and ctx.call.core_mesh is not None:
         device_id = sparsecore.signal_device_id(ctx, device_id, sem)
@@ -35,7 +37,7 @@ def _semaphore_signal(ctx, eqn, invals):
 
 
 @rule(semaphore_wait_p, generator=True)
-def _semaphore_wait(ctx, eqn, invals):
+def _semaphore_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     sem, transforms, value, decrement = eqn_params.args_tree(eqn).unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
     cell = semaphore_cell(ctx, view)
@@ -54,12 +56,12 @@ def _semaphore_wait(ctx, eqn, invals):
 
 
 @rule(semaphore_read_p)
-def _semaphore_read(ctx, eqn, invals):
+def _semaphore_read(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
     return np.int32(sem_value(semaphore_cell(ctx, view)))
 
 
 @rule(get_barrier_semaphore_p)
-def _get_barrier_semaphore(ctx, eqn, invals):
+def _get_barrier_semaphore(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return ctx.call.barrier_semaphore(ctx)

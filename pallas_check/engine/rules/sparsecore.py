@@ -8,22 +8,22 @@ names with others (`load`, `swap`, `gather`, `scatter`, `bitcast`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol, Sequence, cast
 
 import numpy as np
-from jax.extend.core import JaxprEqn
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import sc_all_reduce_ffs_p, sc_all_reduce_population_count_p, sc_barrier_p, sc_bitcast_p, sc_fetch_and_add_p, sc_gather_p, sc_load_p, sc_masked_cummax_p, sc_masked_cummin_p, sc_masked_cumsum_p, sc_masked_sort_p, sc_pack_p, sc_parallel_loop_p, sc_scan_count_p, sc_scatter_p, sc_swap_p, sc_unpack_p
-from pallas_check.jaxbridge.types import NDIndexer, Slice, VectorSubcoreMesh
+from pallas_check.jaxbridge.types import JaxprEqn, NDIndexer, Slice, Transform, VectorSubcoreMesh
 from pallas_check.engine.dma.devices import _core_index
 from pallas_check.engine.events import LoopIteration, ParallelLoop, event_kind
 from pallas_check.engine.verdicts import Where
 from pallas_check.engine.jaxpr.errors import KernelError
 from pallas_check.engine.jaxpr.program import current_frames, eval_jaxpr
-from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.jaxpr.avals import aval_dtype, aval_shape
+from pallas_check.engine.jaxpr.registry import RuleGen, rule
 from pallas_check.engine.memory.buffer import RefView
-from pallas_check.engine.memory.region import index_region
+from pallas_check.engine.memory.region import Region, index_region
 from pallas_check.engine.rules import access, sc_values
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Wait
@@ -60,7 +60,7 @@ def _barrier_of(ctx: RunningCore, core: int) -> SubcoreBarrier:
 
 
 @rule(sc_barrier_p, generator=True)
-def _subcore_barrier(ctx, eqn, invals):
+def _subcore_barrier(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     """`plsc.subcore_barrier()`: waits for every subcore of this SparseCore; for the race
     checker, all each of them did before arriving happens before all any does after."""
     core, subcore, _ = _sparsecore_place(ctx, "plsc.subcore_barrier()")
@@ -119,7 +119,7 @@ def _root_actor(name: str) -> str:
 
 
 @rule(sc_fetch_and_add_p)
-def _fetch_and_add(ctx, eqn, invals):
+def _fetch_and_add(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """`plsc.fetch_and_add(x_smem.at[i], v, subcore_id=s)`: adds v to subcore s's copy of
     the SMEM cell (same SparseCore), atomically, and returns the old value. For the race
     checker an atomic add: concurrent fetch_and_adds of the cell never race; the owner's
@@ -155,6 +155,8 @@ def _fetch_and_add(ctx, eqn, invals):
 # Memory ops go through rules/access.py's `access_read` / `access_write` (bounds, the
 # written-shadow, races), on exactly the elements the active lanes touch; value ops are
 # sc_values.py's numpy functions. Lanes the hardware leaves undefined hold the fill value.
+# A value op's operands are vectors: numpy arrays, or jax.Arrays a compiled segment made,
+# which numpy reads alike (`invals: list[np.ndarray]`).
 
 def _lane_view(view: RefView, shape: tuple[int, ...], lane_index: tuple[int, ...]) -> RefView:
     """The one element of `view` (of `shape`) a gather/scatter lane addresses."""
@@ -169,7 +171,9 @@ def _view_shape(ctx: RunningCore, view: RefView) -> tuple[int, ...]:
     return tuple(region.read(ctx.fill(view.buffer.data.dtype)).shape)
 
 
-def _lanes(ref: Any, transforms: Any, indices: Any, mask: Any):
+def _lanes(ref: object, transforms: Sequence[Transform] | None,
+           indices: Sequence[object], mask: object
+           ) -> tuple[RefView, list[tuple[int, ...]], np.ndarray]:
     """(view, per-lane index tuples, active lanes) of a load_gather / store_scatter."""
     view = access.view_of(ref, transforms)
     columns = [np.asarray(i).astype(np.int64).reshape(-1) for i in indices]
@@ -177,7 +181,8 @@ def _lanes(ref: Any, transforms: Any, indices: Any, mask: Any):
     return view, [tuple(int(c[j]) for c in columns) for j in range(n)], sc_values.active(mask, n)
 
 
-def _lane_region(ctx: RunningCore, view: RefView, shape: tuple, lane: tuple, operation: str):
+def _lane_region(ctx: RunningCore, view: RefView, shape: tuple[int, ...],
+                 lane: tuple[int, ...], operation: str) -> Region | None:
     region = access._resolve(ctx, _lane_view(view, shape, lane), operation)
     if region.oob:  # the finding names the lane: `load_gather lane 3 of x_v[40] ...`
         ctx.call.out_of_bounds(ctx, region, operation, None)
@@ -186,12 +191,12 @@ def _lane_region(ctx: RunningCore, view: RefView, shape: tuple, lane: tuple, ope
 
 
 @rule(sc_gather_p)
-def _load_gather(ctx, eqn, invals):
+def _load_gather(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """`load_gather(ref, [i0, i1, ...], mask=m)`: out[j] = ref[i0[j], i1[j], ...] for each
     active lane j, each an element read (bounds, shadow, races); other lanes undefined."""
     ref, transforms, indices, mask = eqn_params.operand_tree(eqn).unflatten(invals)
     view, lanes, on = _lanes(ref, transforms, indices, mask)
-    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    dtype = aval_dtype(eqn.outvars[0])
     out = np.full(len(lanes), ctx.fill(dtype), dtype=dtype)
     shape = _view_shape(ctx, view)
     for j, lane in enumerate(lanes):
@@ -214,7 +219,7 @@ _CONFLICT = np.zeros((), np.void)  # an element several lanes store different va
 
 
 @rule(sc_scatter_p)
-def _store_scatter(ctx, eqn, invals):
+def _store_scatter(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """`store_scatter` / `addupdate_scatter`: ref[i[j]] = x[j] (or += x[j]) for each active
     lane j, in lane order. Adds to one element from several lanes accumulate. Several
     active lanes storing DIFFERENT values to one element: which lane wins is unspecified
@@ -226,7 +231,7 @@ def _store_scatter(ctx, eqn, invals):
     x = np.asarray(x).reshape(-1)
     shape = _view_shape(ctx, view)
     name = "addupdate_scatter" if add else "store_scatter"
-    stores: dict[tuple, Any] = {}
+    stores: dict[tuple[int, ...], np.ndarray] = {}
     for j, lane in enumerate(lanes):
         if not on[j]:
             continue
@@ -256,7 +261,8 @@ def _first(view: RefView, shape: tuple[int, ...], n: int) -> RefView:
     return view.with_transforms((indexer,))
 
 
-def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]):
+def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]
+                     ) -> tuple[RefView | None, np.ndarray]:
     """(view of the first popcount(mask) elements, mask) of a masked SparseCore load or
     store (n = 0: None); a view of rank > 1 is touched whole, its mask selecting."""
     *transforms, mask = flat
@@ -271,16 +277,17 @@ def _compressed_part(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[ob
 
 
 @rule(sc_load_p)
-def _sc_load(ctx, eqn, invals):
+def _sc_load(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """SparseCore `load`: without a mask a plain load; with one, `load_expanded`: the i-th
     active lane reads ref[i] (only ref[0:popcount] is touched), the others undefined."""
     ref, *flat = invals
-    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    dtype = aval_dtype(eqn.outvars[0])
     if not eqn_params.has_mask(eqn):
-        view = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
-        return access.access_read(ctx, view).astype(dtype)
+        plain = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
+        return access.access_read(ctx, plain).astype(dtype)
     view, mask = _compressed_part(ctx, eqn, ref, flat)
-    _undefined(ctx, ref, int(mask.size - mask.sum()), "load_expanded")
+    # (a ref: _compressed_part took a view of it)
+    _undefined(ctx, cast(RefView, ref), int(mask.size - mask.sum()), "load_expanded")
     if view is None:
         return np.full(mask.shape, ctx.fill(dtype), dtype=dtype)
     if mask.ndim != 1:
@@ -292,11 +299,12 @@ def _sc_load(ctx, eqn, invals):
 
 
 @rule(sc_swap_p)
-def _sc_store(ctx, eqn, invals):
+def _sc_store(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """SparseCore `swap`: `addupdate` (ref += x), `store_compressed` (ref[0:n] = x[mask]),
     `addupdate_compressed` (ref[0:n] += x[mask]); the result is x itself."""
     ref, x, *flat = invals
     x = np.asarray(x)
+    view: RefView | None
     if not eqn_params.has_mask(eqn):
         view = access.view_of(ref, eqn_params.operand_tree(eqn).unflatten(flat))
         value = x
@@ -316,29 +324,29 @@ def _sc_store(ctx, eqn, invals):
 
 
 @rule(sc_masked_cumsum_p)
-def _masked_cumsum(ctx, eqn, invals):
+def _masked_cumsum(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.masked_cumsum(*invals)
 
 
 @rule(sc_masked_cummax_p)
-def _masked_cummax(ctx, eqn, invals):
+def _masked_cummax(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.masked_cummax(*invals)
 
 
 @rule(sc_masked_cummin_p)
-def _masked_cummin(ctx, eqn, invals):
+def _masked_cummin(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.masked_cummin(*invals)
 
 
 @rule(sc_masked_sort_p)
-def _masked_sort(ctx, eqn, invals):
+def _masked_sort(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     keys, values, *mask = invals
     return sc_values.sort_key_val(keys, values, mask[0] if mask else None,
                                   eqn_params.descending(eqn))
 
 
 @rule(sc_scan_count_p)
-def _scan_count(ctx, eqn, invals):
+def _scan_count(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     """Counts of masked-off lanes are undefined (ASSUMED, sc_values.scan_count)."""
     off = int(np.size(invals[1]) - np.count_nonzero(invals[1]))
     if off:
@@ -348,30 +356,30 @@ def _scan_count(ctx, eqn, invals):
 
 
 @rule(sc_all_reduce_population_count_p)
-def _population_count(ctx, eqn, invals):
+def _population_count(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.population_count(invals[0], eqn_params.reduces(eqn))
 
 
 @rule(sc_all_reduce_ffs_p)
-def _first_set(ctx, eqn, invals):
+def _first_set(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.first_set(invals[0], eqn_params.reduces(eqn))
 
 
 @rule(sc_pack_p)
-def _pack(ctx, eqn, invals):
-    aval = eqn.outvars[0].aval
+def _pack(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
+    out = eqn.outvars[0]
     return sc_values.pack(invals[0], invals[1], eqn_params.pack_format(eqn),
-                          np.dtype(aval.dtype), tuple(aval.shape))
+                          aval_dtype(out), aval_shape(out))
 
 
 @rule(sc_unpack_p)
-def _unpack(ctx, eqn, invals):
+def _unpack(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.unpack(invals[0], eqn_params.pack_format(eqn),
-                            np.dtype(eqn.outvars[0].aval.dtype))
+                            aval_dtype(eqn.outvars[0]))
 
 
 @rule(sc_bitcast_p)
-def _bitcast(ctx, eqn, invals):
+def _bitcast(ctx: RunningCore, eqn: JaxprEqn, invals: list[np.ndarray]) -> object:
     return sc_values.bitcast(invals[0], eqn_params.target_dtype(eqn))
 
 
@@ -392,7 +400,7 @@ PARALLEL_LOOP_HOOKS: list[ParallelLoopHooks] = []
 
 
 @rule(sc_parallel_loop_p, generator=True, body_only=True)
-def _parallel_loop(ctx, eqn, invals):
+def _parallel_loop(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     """`parallel_loop(lower, upper, step, carry=...)`: the body per index, in order, the
     carry chaining them (the only dependence the hardware keeps between iterations; that
     the iterations are otherwise concurrent is for the hooks to model)."""
