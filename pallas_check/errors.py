@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import Any
+from typing import Protocol, Sequence
 
 from pallas_check.config.environment import DEBUG_VARIABLE, debug_requested
 from pallas_check.exitcodes import ExitCode
@@ -83,13 +83,20 @@ class EngineFailure(PallasCheckError):
     exit_code = ExitCode.INTERNAL
 
 
+class _RunReportLike(Protocol):
+    """The run's report (report/run_report.py's RunReport, a stage above: not imported)."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+
 class FindingsError(PallasCheckError):
     """`Run.raise_for_findings()`: the block's pallas_calls had findings (one line each,
     `path:line: kind: kernel[buffer]: message`, in `str(error)`), or pallas-check itself
     failed. `findings` and `report` hold the data; `exit_code` is the one `pallas-check
     run` would have ended with (1 for findings, 4 for our failure)."""
 
-    def __init__(self, message: str, findings: list, report: Any) -> None:
+    def __init__(self, message: str, findings: Sequence[object], report: _RunReportLike) -> None:
         super().__init__(message)
         self.findings = findings
         self.report = report
