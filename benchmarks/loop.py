@@ -5,7 +5,7 @@ The script is tests/scripts/train_loop.py: a jitted step of two kernels (a Block
 matmul called twice, forward and gradient, and a parameter update), 500 steps. Two
 families: the update copies its gradient in with a DMA and a semaphore (`dma`: its calls
 passed through run on the engine with its checks off), or is a plain elementwise kernel
-(`pure`: every call passed through runs as XLA, xla_path.py). Each process is fresh; the
+(`pure`: every call passed through runs as XLA, intercept/xla_path.py). Each process is fresh; the
 final parameters' checksum of both sides must agree (the same outputs). Wall time is of
 the whole process; CPU is user + system time (steadier on a shared machine).
 

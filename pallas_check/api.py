@@ -6,7 +6,7 @@ or a script, with the same session, options, suppressions and report as `pallas-
     with pallas_check.checking(dma="on_wait") as run:  # races=False: no race detection
         y = f(x)                      # every pallas_call inside is simulated and checked
     run.findings                      # the findings that count (suppressions applied)
-    run.report                        # the RunReport the CLI renders (report/model.py)
+    run.report                        # the RunReport the CLI renders (report/run_report.py)
     run.raise_for_findings()          # FindingsError listing them, if there are any
     run                               # in Jupyter: the report table
 
@@ -31,23 +31,23 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.text import Text
 
-from pallas_check.api_options import OPTIONS, Options, resolve  # noqa: F401 (the API's)
+from pallas_check.run.api_options import OPTIONS, Options, resolve  # noqa: F401 (the API's)
 from pallas_check.config import TpuGeneration
-from pallas_check.errors import FindingsError
-from pallas_check.execfile import ScriptOutcome
-from pallas_check.findings import CallSummary, Finding
-from pallas_check.generations import GenerationRun
-from pallas_check.intercept import installed
-from pallas_check.progress_line import is_terminal
+from pallas_check.config.errors import FindingsError
+from pallas_check.process.execfile import ScriptOutcome
+from pallas_check.findings.finding import CallSummary, Finding
+from pallas_check.intercept.generations import GenerationRun
+from pallas_check.intercept.patched_lowering import installed
+from pallas_check.deliver.progress_line import is_terminal
 from pallas_check.report import reporter_for
-from pallas_check.report.console import Display
-from pallas_check.report.model import API_RERUN, RunReport, Suppression
-from pallas_check.runner import (Origin, _settle_computations, callback_failures,
+from pallas_check.config.display import Display
+from pallas_check.report.run_report import API_RERUN, RunReport, Suppression
+from pallas_check.run.runner import (Origin, _settle_computations, callback_failures,
                                  finished_report, showing_progress)
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 from pallas_check.tpu_compile.toolchain import start_backends_quietly
-from pallas_check.tpu_info import simulated_tpu as simulate
-from pallas_check.units import findings_in_calls
+from pallas_check.intercept.tpu_info import simulated_tpu as simulate
+from pallas_check.findings.units import findings_in_calls
 
 # A notebook cell's output: the table in a monospace block ({code}: rich's styled spans).
 _HTML = ('<pre style="font-family: Menlo, \'DejaVu Sans Mono\', Consolas, monospace;'
@@ -74,14 +74,14 @@ class Run:
 
     @property
     def calls(self) -> list[CallSummary]:
-        """One CallSummary per pallas_call checked (findings.py: kernel, grid, engine
+        """One CallSummary per pallas_call checked (findings/finding.py: kernel, grid, engine
         seconds, with races on what race checking covered, with compile=True each TPU
         generation's compile outcome and time), in call order."""
         return list(self._finished().calls)
 
     @property
     def exit_code(self) -> int:
-        """What `pallas-check run` would exit with (exitcodes.py)."""
+        """What `pallas-check run` would exit with (config/exitcodes.py)."""
         return int(self._finished().exit_code)
 
     def raise_for_findings(self) -> None:
@@ -166,7 +166,7 @@ def simulated_tpu(generation: str = "v5e", cores: int = 1) -> Iterator[None]:
     as libtpu reports them ("TPU v6 lite", 1; v5p: "TPU v5", 2), `pltpu.get_tpu_info()`,
     `plsc.get_sparse_core_info()`, `pltpu.create_tensorcore_mesh` without `num_cores`,
     `pltpu.emit_pipeline`'s tiling; `cores` > 1: that many TensorCores per device. The
-    devices stay CPU devices (tpu_info.py). `checking()` does this itself (its `tpu` and
+    devices stay CPU devices (intercept/tpu_info.py). `checking()` does this itself (its `tpu` and
     `cores` options); this is for running such kernels under JAX's own interpreters
     (`interpret=True`, `pltpu.InterpretParams`) on a CPU, as benchmarks/run.py does."""
     with simulate(generation, cores):
@@ -179,8 +179,8 @@ def checked(options: Options, label: str, rerun: str | None = None,
             retrace: Callable[[TpuGeneration], GenerationRun] | None = None
             ) -> Iterator[Run]:
     """`checking` with options already resolved (the pytest plugin's way in): the run path
-    of `pallas-check run` (runner.py) around a block instead of a script. `retrace(gen)`:
-    how the block is run again as a further `tpu` generation (generations.py; the plugin
+    of `pallas-check run` (run/runner.py) around a block instead of a script. `retrace(gen)`:
+    how the block is run again as a further `tpu` generation (intercept/generations.py; the plugin
     runs the test again), None: its one trace is compiled for every generation."""
     if installed():
         raise RuntimeError("pallas-check is already checking the pallas_calls of this"

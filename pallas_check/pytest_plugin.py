@@ -10,9 +10,9 @@ its failure and gets the table as an extra report section.
 
 The simulated TPU (`--pallas-check-tpu GEN`, default v5e) answers for the whole session,
 from before collection: a TPU-only suite's module-level `skipif` on the device kind, its
-fixtures and its wrappers all see that chip (tpu_info.py), while XLA runs on the CPU.
+fixtures and its wrappers all see that chip (intercept/tpu_info.py), while XLA runs on the CPU.
 With several generations, `--pallas-check-compile` runs a test that asked which chip it runs
-on again in-process as each further one and compiles that run (generations.py);
+on again in-process as each further one and compiles that run (intercept/generations.py);
 `--pallas-check-tpu-all` checks those runs too.
 
 Options: `--pallas-check-<key>` for each option of `run` that means something in a test
@@ -40,18 +40,18 @@ from typing import TYPE_CHECKING, Callable, Generator, cast
 import pytest
 
 import pallas_check
-from pallas_check.api_options import Options, resolve  # plain data: no JAX imported
+from pallas_check.run.api_options import Options, resolve  # plain data: no JAX imported
 from pallas_check.config import Config, TpuGeneration
 from pallas_check.config.layers import checked_value, option_specs
 from pallas_check.config.options import RUN_OPTIONS
-from pallas_check.errors import one_line
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.errors import one_line
+from pallas_check.config.exitcodes import ExitCode
 from pallas_check.tpu_compile.toolchain import (libtpu_missing, quiet_environment,
                                                 start_backends_quietly)
-from pallas_check.units import plural
+from pallas_check.findings.units import plural
 
 if TYPE_CHECKING:
-    from pallas_check.generations import GenerationRun
+    from pallas_check.intercept.generations import GenerationRun
 
 PYTEST_OPTIONS = tuple(option for option in RUN_OPTIONS if option.pytest)
 
@@ -113,18 +113,21 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.getoption("pallas_check_devices") is not None:
             _use_devices(options.config.devices, options.config.compile)
         # Used as pallas_check.api, ...: the package holds them once imported.
-        from pallas_check import api, retrace, runner, tpu_info  # noqa: F401 lazy: JAX after XLA_FLAGS
+        from pallas_check import api
+        from pallas_check.commands import retrace
+        from pallas_check.run import runner
+        from pallas_check.intercept import tpu_info  # noqa: F401 lazy: JAX after XLA_FLAGS
 
         _simulate_the_tpu(config, options.config)
 
 
 def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
-    """The simulated TPU (tpu_info.py) for the whole session, from before collection to
+    """The simulated TPU (intercept/tpu_info.py) for the whole session, from before collection to
     the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
     its wrappers ask which chip they run on before any test's pallas_call, and are told
     `tpu` (the first generation) as each test's own checking is."""
     stack = contextlib.ExitStack()
-    stack.enter_context(pallas_check.tpu_info.simulated_tpu(check.tpu, check.cores))
+    stack.enter_context(pallas_check.intercept.tpu_info.simulated_tpu(check.tpu, check.cores))
     config.add_cleanup(stack.close)
 
 
@@ -209,7 +212,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     item.user_properties.append(("pallas_check_findings", len(report.findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))
     # The runner's verdict on what the checking found; the test's own failure is pytest's.
-    verdict = pallas_check.runner.checks_verdict(report)
+    verdict = pallas_check.run.runner.checks_verdict(report)
     if verdict.code not in (ExitCode.FINDINGS, ExitCode.INTERNAL):
         if failure is not None:
             raise failure
@@ -226,17 +229,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 def _retrace(item: pytest.Item, options: Options
              ) -> Callable[[TpuGeneration], GenerationRun]:
-    """How the test runs again as a further generation of `tpu` (generations.py: with
+    """How the test runs again as a further generation of `tpu` (intercept/generations.py: with
     --pallas-check-compile or --pallas-check-tpu-all, when the test asked which chip it
     runs on): its body once more in this process, told that chip."""
-    return lambda generation: pallas_check.retrace.rerun_in_process(item.runtest,
+    return lambda generation: pallas_check.commands.retrace.rerun_in_process(item.runtest,
                                                                     options.config, generation)
 
 
 def _rerun(item: pytest.Item) -> str:
     """The start of the replay command of a test's findings: pytest on this one test, from
     where pytest resolves its node id (the rootdir), with the plugin on; the report adds
-    the plugin's flags and the finding's seed (report/model.py)."""
+    the plugin's flags and the finding's seed (report/run_report.py)."""
     here = os.path.abspath(os.curdir)
     root = str(item.config.rootpath)
     cd = "" if here == root else f"cd {shlex.quote(root)} && "

@@ -7,7 +7,7 @@ count per pytest process, started on first use, kept for later tests) that runs 
 in-process through typer's CliRunner, as the `cli` fixture in conftest.py does.
 
 The device count is why there are several workers: `--devices N` works by putting
-`--xla_force_host_platform_device_count=N` in XLA_FLAGS before JAX starts (cli.py's
+`--xla_force_host_platform_device_count=N` in XLA_FLAGS before JAX starts (cli/app.py's
 `_set_device_count`), so a worker is started with that flag already set and JAX imported
 once with N devices; later runs with the same `--devices N` pass the CLI's check that the
 running JAX has N devices.
@@ -200,7 +200,7 @@ def _serve_one(request: dict[str, Any]) -> dict[str, Any]:
     """One CLI run in this process, in the request's cwd and env, everything caught."""
     from typer.testing import CliRunner
 
-    from pallas_check.cli import app
+    from pallas_check.cli.app import app
 
     saved_cwd, saved_env = os.getcwd(), dict(os.environ)
     os.environ.clear()
@@ -237,7 +237,7 @@ def _serve(devices: int) -> None:
 
     assert len(jax.devices()) == devices, (devices, jax.devices())
     import pallas_check.checkers  # noqa: F401  (paid once, not per request)
-    import pallas_check.cli  # noqa: F401
+    import pallas_check.cli.app  # noqa: F401
     import pallas_check.engine.call.simulate  # noqa: F401
 
     for line in sys.stdin:

@@ -1,7 +1,7 @@
 """A kernel checked three ways: against a jax.numpy reference, against JAX's own HLO
 interpreter (the same pallas_call with interpret=True, run without our interception),
 and for zero findings. The engine feature tests (tests/engine/*/test_*_features.py,
-test_control_flow.py, test_ref_indexing.py, tests/session/test_jax_transforms.py) use
+test_control_flow.py, test_ref_indexing.py, tests/intercept/test_jax_transforms.py) use
 it on kernels that are all correct."""
 
 from __future__ import annotations

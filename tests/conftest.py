@@ -11,10 +11,10 @@ import jax
 import pytest
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
+from pallas_check.cli.app import app
 from pallas_check.config import Config
-from pallas_check.findings import Finding
-from pallas_check.session import Session
+from pallas_check.findings.finding import Finding
+from pallas_check.intercept.session import Session
 
 # The engine and checkers are imported once, here: pytester's in-process runs restore
 # sys.modules afterwards, and an engine module first imported inside one would be imported

@@ -47,9 +47,11 @@ def test_every_folder_of_the_package_is_a_package():
 
 def test_run_diff_and_native_share_one_run_path(monkeypatch):
     """The three commands differ only in the Command they hand to runner.run_command."""
-    from pallas_check import compare, native, runner
+    from pallas_check.commands import diff as compare
+    from pallas_check.commands import native
+    from pallas_check.run import runner
     from pallas_check.config import Config
-    from pallas_check.exitcodes import ExitCode
+    from pallas_check.config.exitcodes import ExitCode
 
     seen: list[str] = []
 
@@ -123,7 +125,7 @@ def test_no_module_is_longer_than_500_lines():
     assert long == []
 
 
-# A format's name: what `--format` takes (report/formats.py `Format`, its values and members).
+# A format's name: what `--format` takes (config/formats.py `Format`, its values and members).
 _FORMAT_NAMES = {"table", "json", "sarif", "text"}
 _FORMAT_MEMBERS = {"TABLE", "JSON", "SARIF", "TEXT"}
 
@@ -186,12 +188,12 @@ def test_the_scan_sees_a_branch_on_a_format_name_and_nothing_else():
 def test_no_module_branches_on_a_format_name():
     """What a format means to a command (the table for people, a progress line beside it,
     how the hook merges scripts' reports) lives on its `Format` member
-    (report/formats.py), so that a new format is one member and one module (issue 37)."""
-    from pallas_check.report.formats import Format
+    (config/formats.py), so that a new format is one member and one module (issue 37)."""
+    from pallas_check.config.formats import Format
 
     assert ({f.value for f in Format}, {f.name for f in Format}) == (_FORMAT_NAMES,
                                                                      _FORMAT_MEMBERS)
-    formats = PACKAGE / "report" / "formats.py"
+    formats = PACKAGE / "config" / "formats.py"
     offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}"
                  for path in sorted(PACKAGE.rglob("*.py")) if path != formats
                  for line in branches_on_a_format_name(path.read_text())]
@@ -205,12 +207,41 @@ def test_the_command_line_imports_no_jax_rich_or_report_module():
     import subprocess
     import sys
 
-    probe = ("import sys, pallas_check.cli; print(sorted(m for m in sys.modules"
+    probe = ("import sys, pallas_check.cli.app; print(sorted(m for m in sys.modules"
              " if m.split('.')[0] in ('jax', 'jaxlib', 'rich')"
-             " or m.startswith('pallas_check.report')))")
+             " or m.startswith(('pallas_check.report', 'pallas_check.config.formats',"
+             " 'pallas_check.config.display'))))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(PACKAGE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=env, cwd=PACKAGE.parent, check=True)
-    assert proc.stdout.split("\n")[0] == str(["pallas_check.report",
-                                               "pallas_check.report.formats"])
+    assert proc.stdout.split("\n")[0] == str(["pallas_check.config.formats"])
+
+
+def test_no_package_cycle():
+    """The stages (the package's top-level folders and modules) import each other one way
+    only, top to bottom (pyproject.toml's stage contract; ARCHITECTURE.md): no two of them
+    reach each other, directly or through others (lazy imports included)."""
+    import grimp
+
+    graph = grimp.build_graph("pallas_check")
+    tops = sorted({".".join(m.split(".")[:2]) for m in graph.modules if m != "pallas_check"})
+    reach = {top: {t for t in tops if t != top and graph.chain_exists(
+        importer=top, imported=t, as_packages=True)} for top in tops}
+    both_ways = sorted(f"{a} <-> {b}" for a in tops for b in reach[a] if a < b and a in reach[b])
+    assert both_ways == []
+
+
+def test_every_stage_is_in_the_stage_contract():
+    """A new top-level folder or module is placed in the flow (pyproject.toml's layers
+    contract of the stages), so that the contract covers the whole package."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    contract = next(c for c in pyproject["tool"]["importlinter"]["contracts"]
+                    if c["name"].startswith("The stages"))
+    placed = {part.strip() for layer in contract["layers"] for part in layer.split("|")}
+    tops = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists())
+            or (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))}
+    assert {f"pallas_check.{t}" for t in tops} == placed

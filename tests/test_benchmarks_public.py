@@ -74,19 +74,19 @@ def test_the_check_sees_each_way_of_reaching_inside(tmp_path):
     script = tmp_path / "bench.py"
     script.write_text("import pallas_check\n"
                       "import pallas_check.checkers as checkers\n"
-                      "from pallas_check.tpu_info import simulated_tpu\n"
-                      "from pallas_check import checking, session\n"
+                      "from pallas_check.intercept.tpu_info import simulated_tpu\n"
+                      "from pallas_check import checking; from pallas_check.intercept import session\n"
                       "from pallas_check.api import checking as ok\n"
                       "x = pallas_check.engine.kernel\n"
-                      "importlib.import_module('pallas_check.session')\n"
+                      "importlib.import_module('pallas_check.intercept.session')\n"
                       "pallas_check.checking, pallas_check.simulated_tpu, pallas_check.api\n"
                       "'pallas_check.checking(races=True) in a docstring'\n")
     uses = _private_uses(script, tmp_path)
     assert uses == ["bench.py:2 imports pallas_check.checkers",
-                    "bench.py:3 imports from pallas_check.tpu_info",
-                    "bench.py:4 imports pallas_check.session",
+                    "bench.py:3 imports from pallas_check.intercept.tpu_info",
+                    "bench.py:4 imports pallas_check.intercept.session",
                     "bench.py:6 uses pallas_check.engine",
-                    "bench.py:7 names 'pallas_check.session'"]
+                    "bench.py:7 names 'pallas_check.intercept.session'"]
 
 
 def _add_call(grid: int):

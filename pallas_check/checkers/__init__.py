@@ -16,13 +16,13 @@ from pallas_check.checkers.assertions import AssertionChecker
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.bounds import BoundsChecker
 from pallas_check.checkers.deadlock import DeadlockChecker
-from pallas_check.checkers.lowering import LoweringChecker
-from pallas_check.checkers.pipeline import RevisitChecker
+from pallas_check.checkers.compile_error import LoweringChecker
+from pallas_check.checkers.revisits import RevisitChecker
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.checkers.semaphores import SemaphoreChecker, never_taken_findings
 from pallas_check.checkers.uninit import UninitChecker
 from pallas_check.engine import events
-from pallas_check.findings import Finding
+from pallas_check.findings.finding import Finding
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.carried import SemaphoreValue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import CheckFailed
-from pallas_check.findings import Finding, FindingKind
+from pallas_check.findings.finding import Finding, FindingKind
 
 
 class AssertionChecker(Checker):

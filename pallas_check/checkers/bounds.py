@@ -6,7 +6,7 @@ from __future__ import annotations
 from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import BlockOutOfBounds, DeviceOutOfBounds, OutOfBounds
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.findings import Finding, FindingKind, format_range
+from pallas_check.findings.finding import Finding, FindingKind, format_range
 
 
 class BoundsChecker(Checker):

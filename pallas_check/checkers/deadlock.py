@@ -7,7 +7,7 @@ from __future__ import annotations
 from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import Deadlocked, StalledBarrier
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.findings import Access, Finding, FindingKind
+from pallas_check.findings.finding import Access, Finding, FindingKind
 
 
 class DeadlockChecker(Checker):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pallas_check.findings import Access, SourceFrame
+from pallas_check.findings.finding import Access, SourceFrame
 
 _DMA_ACTOR = re.compile(r"DMA #(\d+)")
 

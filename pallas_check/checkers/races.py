@@ -27,7 +27,7 @@ from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
-from pallas_check.findings import (Access, Finding, FindingKind, IndexRange, SourceFrame,
+from pallas_check.findings.finding import (Access, Finding, FindingKind, IndexRange, SourceFrame,
                                    format_range)
 
 

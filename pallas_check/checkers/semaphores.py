@@ -10,7 +10,7 @@ from pallas_check.checkers.base import Checker
 from pallas_check.engine.events import CallEnded, DmaNotWaited, SemaphoreLeft
 from pallas_check.engine.rules.sparsecore import SignalNotRemote  # declared where it is built
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.findings import Finding, FindingKind, SourceFrame, format_range
+from pallas_check.findings.finding import Finding, FindingKind, SourceFrame, format_range
 
 if TYPE_CHECKING:  # what a call returned; the checkers see it only at the script's end
     from pallas_check.engine.call.carried import SemaphoreValue

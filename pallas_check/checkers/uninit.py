@@ -13,10 +13,10 @@ from pallas_check.engine.call.exposures import differs
 from pallas_check.engine.events import (DmaAddressCompared, FillsCompared, OutputUnwritten,
                                         UninitRead)
 from pallas_check.engine.memory.buffer import MemorySpace
-from pallas_check.findings import (
+from pallas_check.findings.finding import (
     Access, Finding, FindingKind, IndexRange, SourceFrame, format_range)
-from pallas_check.sourceinfo import code_line
-from pallas_check.units import plural
+from pallas_check.findings.sourceinfo import code_line
+from pallas_check.findings.units import plural
 
 
 class UninitChecker(Checker):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 from pallas_check.config.environment import (DEBUG_VARIABLE, ENV_PREFIX, env_variable,
                                               parse_flag)
 from pallas_check.config.options import Option
-from pallas_check.errors import SettingsError
+from pallas_check.config.errors import SettingsError
 
 TABLE = "pallas-check"
 HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`

@@ -68,7 +68,7 @@ class Config:
     # that chip) simulated and checked too, not only compiled.
     tpu_all: bool = False
     quiet_prints: bool = False  # drop the kernels' own prints (pl.debug_print)
-    # Filters (call_filter.py): check only kernels whose name matches one of these globs
+    # Filters (intercept/call_filter.py): check only kernels whose name matches one of these globs
     # (none: every kernel), and only the first `calls` calls of each kernel, shapes and
     # static parameters (0: every call); the other calls run unchecked.
     kernels: tuple[str, ...] | list[str] | None = None

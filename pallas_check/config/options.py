@@ -4,7 +4,7 @@ From this one table come: the typer command (cli.run's parameters), the
 `[tool.pallas-check]` keys and `PALLAS_CHECK_*` variables with their checks (layers.py),
 the pytest plugin's `--pallas-check-*` options, the Python API's keyword arguments, the
 `Config` every command builds (`config_from`), and the replay command printed under each
-finding (report/model.py). Adding an option is one entry here (and reading it where it
+finding (report/run_report.py). Adding an option is one entry here (and reading it where it
 acts); tests/config/test_options.py proves every surface accepts every option.
 
 The names a user types for an option are derived from its row: the flag, the settings key
@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional, TypeVar
 from pallas_check.config.environment import env_variable
 from pallas_check.config.model import (Config, DmaMode, TpuGeneration, UninitFill,
                                        parse_generations)
-from pallas_check.report.formats import COMPILE, DIFF, RUN, Format
+from pallas_check.config.formats import COMPILE, DIFF, RUN, Format
 
 
 # A command function that `with_options` gives its declared options.
@@ -39,7 +39,7 @@ class Option:
     param: str  # the command function's parameter, e.g. "skip_floats"
     flags: tuple[str, ...]  # e.g. ("--output", "-o"); the first is the long flag
     # Its annotation, as typer reads it (bool, int, Path, str, an Enum class, Optional[...],
-    # list[str]); called to convert a value where it is a plain type (compare.py).
+    # list[str]); called to convert a value where it is a plain type (commands/diff.py).
     kind: Any  # Any: a type or a typing form (Optional[...]), as typer reads it
     default: object
     help: str
@@ -148,7 +148,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Drop the kernels' own prints (pl.debug_print); without it each line is"
            " prefixed with the device, core and grid point that printed it.",
            config_field="quiet_prints"),
-    # Filters (call_filter.py): which calls are checked; the others run unchecked.
+    # Filters (intercept/call_filter.py): which calls are checked; the others run unchecked.
     Option("kernel", ("--kernel",), Optional[List[str]], None,
            "Check only the kernels whose name matches this glob (repeatable; in"
            " pyproject.toml a list); the other kernels' calls run unchecked.",
@@ -158,7 +158,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            " calls run unchecked, on the fastest path that gives the same outputs (0:"
            " check every call).",
            minimum=0, config_field="calls", replayed=True, pytest=True, metavar="N"),
-    # Suppressions (suppress.py): decided after the analysis, before the report.
+    # Suppressions (report/suppress.py): decided after the analysis, before the report.
     Option("ignore", ("--ignore",), Optional[List[str]], None,
            "Suppress findings of a kind in a kernel or files: KIND:KERNEL or KIND:PATH-GLOB"
            " (KIND may be *); repeatable; in pyproject.toml a list.",

@@ -34,7 +34,7 @@ from pallas_check.engine.verdicts import (  # the events of what checkers decide
     UninitRead as UninitRead, UnlandedDma as UnlandedDma, UnboundedDma as UnboundedDma,
     FillsCompared as FillsCompared, DmaAddressCompared as DmaAddressCompared,
     RevisitLost as RevisitLost, CallSkipped as CallSkipped)
-from pallas_check.findings import Finding, IndexRange, KernelInfo
+from pallas_check.findings.finding import Finding, IndexRange, KernelInfo
 
 
 class FindingSink(Protocol):

@@ -25,7 +25,7 @@ from pallas_check.engine.memory.access_cache import AccessCache
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
-from pallas_check.findings import IndexRange, SourceFrame
+from pallas_check.findings.finding import IndexRange, SourceFrame
 
 # A DMA's id -> its (source, destination) ranges, or None until the DMA is reached: the
 # DMAs whose ranges a re-run with the other fill records (engine/call/explore.py).

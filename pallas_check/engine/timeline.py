@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
                                         CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
                                         GridStep, Listener, Signalled, Waited)
-from pallas_check.findings import Finding, SourceFrame
+from pallas_check.findings.finding import Finding, SourceFrame
 
 
 # A semaphore cell's identity (events.Cell.key): its buffer id and index.

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pallas_check.findings import IndexRange, SourceFrame
+from pallas_check.findings.finding import IndexRange, SourceFrame
 
 Frames = tuple[SourceFrame, ...]
 GridPoint = tuple[int, ...] | None

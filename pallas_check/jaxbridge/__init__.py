@@ -44,7 +44,7 @@ from jax._src import shard_map as _jax_shard_map  # noqa: E402
 from jax._src import xla_bridge as _xla_bridge  # noqa: E402
 from jax._src import compiler as _compiler  # noqa: E402
 # Which chip a kernel is told it runs on, and JAX's device-mesh orderings per TPU device
-# kind: handed out to tests, which look at what tpu_info.py's patches did.
+# kind: handed out to tests, which look at what intercept/tpu_info.py's patches did.
 from jax._src.pallas.mosaic import tpu_info as jax_tpu_info  # noqa: E402
 from jax._src import mesh_utils as jax_mesh_utils  # noqa: E402
 
@@ -58,7 +58,7 @@ def xla_client() -> ModuleType:
 
 
 def backends_started() -> bool:
-    """Whether JAX's backends have started, read without JAX's lock: children.py asks in
+    """Whether JAX's backends have started, read without JAX's lock: process/children.py asks in
     a process just forked, where another thread of the parent may have held that lock."""
     return bool(_xla_bridge._backends)
 
@@ -96,7 +96,7 @@ def mosaic_dialect() -> ModuleType:
 # -- plumbing, under pallas-check's names (what each user does, not JAX's module) ----------
 
 def settle_runtime_tokens() -> None:
-    """Wait for the computations the script dispatched (runner.py); after our callback
+    """Wait for the computations the script dispatched (run/runner.py); after our callback
     failed in one, forget JAX's tokens, whose errors JAX would raise again at exit."""
     tokens: Any = _dispatch.runtime_tokens  # untyped in JAX
     try:
@@ -113,13 +113,13 @@ def mosaic_ir_context() -> Any:
 
 
 def refuse_compiles(refuse: Callable[..., Any]) -> None:
-    """Every later XLA compilation in this process calls `refuse` instead (children.py: a
+    """Every later XLA compilation in this process calls `refuse` instead (process/children.py: a
     process forked after JAX's backends started cannot compile)."""
     _compiler.backend_compile_and_load = refuse
 
 
 def default_backend_name() -> str:
-    """The platform JAX's default backend runs on (children.py)."""
+    """The platform JAX's default backend runs on (process/children.py)."""
     return str(_xla_bridge.default_backend())
 
 
@@ -128,12 +128,12 @@ JitDispatch = tuple[Callable[..., Any], Callable[..., Any]]
 
 def jit_dispatch() -> JitDispatch:
     """JAX's Python dispatch of a top-level jitted call and its fast-path data maker
-    (`_pjit_call_impl_python`, `_get_fastpath_data`), which outer.py wraps."""
+    (`_pjit_call_impl_python`, `_get_fastpath_data`), which intercept/outer.py wraps."""
     return _pjit._pjit_call_impl_python, _pjit._get_fastpath_data
 
 
 def set_jit_dispatch(dispatch_: JitDispatch) -> None:
-    """Replace the pair `jit_dispatch` returns (outer.py's hook, and its undoing)."""
+    """Replace the pair `jit_dispatch` returns (intercept/outer.py's hook, and its undoing)."""
     _pjit._pjit_call_impl_python, _pjit._get_fastpath_data = dispatch_
 
 
@@ -142,7 +142,7 @@ DeviceQuestions = tuple[Callable[[], str], Callable[[], Any]]
 
 def device_questions() -> DeviceQuestions:
     """What Pallas' TPU info asks of the default device: its kind and its core count
-    (tpu_info.py answers them for a simulated chip)."""
+    (intercept/tpu_info.py answers them for a simulated chip)."""
     return jax_tpu_info.get_device_kind, jax_tpu_info.get_num_device_cores
 
 
@@ -178,7 +178,7 @@ def abstract_device_with_cores(device: _jax.sharding.AbstractDevice,
 
 
 def mesh_orderings() -> dict[str, Callable[..., Any]]:
-    """JAX's device-mesh ordering per TPU device kind (tpu_info.py keeps CPU devices off)."""
+    """JAX's device-mesh ordering per TPU device kind (intercept/tpu_info.py keeps CPU devices off)."""
     return jax_mesh_utils.device_kind_handler_dict
 
 

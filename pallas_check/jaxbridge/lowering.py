@@ -1,9 +1,9 @@
 """The lowering plumbing of the interception, under pallas-check's names.
 
-intercept.py routes every pallas_call to a Python host callback by replacing the
+intercept/patched_lowering.py routes every pallas_call to a Python host callback by replacing the
 primitive's MLIR lowering. That needs JAX's lowering registry, its Python-callback and FFI
 emitters and the pallas_call module's own lowering function: all private, read here only.
-Each function does one thing intercept.py does (patch the lowering, emit a callback, ...),
+Each function does one thing intercept/patched_lowering.py does (patch the lowering, emit a callback, ...),
 so a JAX that moves one of them changes this file, not the interception.
 """
 
@@ -47,7 +47,7 @@ def emit_host_callback(ctx: LoweringRuleContext, fn: Callable[..., Any], operand
 
 
 def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:
-    """A side-effecting XLA FFI custom call to `target` (hostcall.py's lend / give back)."""
+    """A side-effecting XLA FFI custom call to `target` (intercept/hostcall.py's lend / give back)."""
     return _ffi.build_ffi_lowering_function(target, has_side_effect=True, **kwargs)
 
 

@@ -257,7 +257,7 @@ def param_values(eqn: JaxprEqn) -> Iterator[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class JitCall:
-    """What outer.py reads of a top-level jitted call's params: its body, its name, and
+    """What intercept/outer.py reads of a top-level jitted call's params: its body, its name, and
     whether it donates any argument."""
 
     body: ClosedJaxpr

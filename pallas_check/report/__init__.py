@@ -1,16 +1,16 @@
 """Reporters: each renders a finished report in one format (one module per format, and
 per command's report). The registry of formats, and which command's report each renders,
-is `Format` (report/formats.py)."""
+is `Format` (config/formats.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
 
-from pallas_check.report.formats import RUN, Format, Reporter, render
+from pallas_check.config.formats import RUN, Format, Reporter, render
 
 if TYPE_CHECKING:
-    from pallas_check.report.console import Display
+    from pallas_check.config.display import Display
 
 FORMATS = tuple(fmt.value for fmt in Format.accepted_by(RUN))  # the names `--format` accepts
 
@@ -21,7 +21,7 @@ def reporter_for(fmt: str, *, ascii_only: bool = False, width: int | None = None
     (report.console.Display: width, colours, boxes), ascii_only and width describe where a
     table will be shown; the other formats ignore them."""
     if ascii_only or width is not None:
-        from pallas_check.report.console import Display  # lazy: rich; the CLI loads this package
+        from pallas_check.config.display import Display  # lazy: rich; the CLI loads this package
 
         display = display if display is not None else Display()
         display = dataclasses.replace(

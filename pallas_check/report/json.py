@@ -7,13 +7,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
-from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+from pallas_check.report.run_report import (RunReport, kernel_counts, replay_command,
                                        suppressed_counts)
-from pallas_check.findings import JsonObject
+from pallas_check.findings.finding import JsonObject
 from pallas_check.report.schema import check_schema
 
 if TYPE_CHECKING:  # annotations only: a file's bytes do not depend on a display
-    from pallas_check.report.console import Display
+    from pallas_check.config.display import Display
 
 SCHEMA = "pallas-check/report"
 # 2: `findings` lists suppressed findings too, each with `suppressed` (null: it counts).

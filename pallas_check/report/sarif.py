@@ -7,10 +7,10 @@ paths from (report/paths.py: the nearest pyproject.toml's folder above the scrip
 git root, else the current folder), so a report maps onto the repository from whatever
 folder the run was started in; a file outside it is an absolute `file:///` URI. No
 timestamps: the same run gives the same file, and each result's `partialFingerprints` stays
-the same across runs and checkouts (`Finding.fingerprint`, findings.py: it hashes the kind,
+the same across runs and checkouts (`Finding.fingerprint`, findings/finding.py: it hashes the kind,
 kernel, buffer, path relative to the project root and source text, not line numbers or
 absolute paths), so a code-scanning page can tell a new alert from an old one. The rules'
-text is the catalogue's (kinds.py).
+text is the catalogue's (findings/kinds.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
-from pallas_check.findings import (Access, Finding, FindingKind, JsonObject, SourceFrame,
+from pallas_check.findings.finding import (Access, Finding, FindingKind, JsonObject, SourceFrame,
                                    format_range, project_uri)
-from pallas_check.report.model import RunReport, Suppression
+from pallas_check.report.run_report import RunReport, Suppression
 from pallas_check.report.paths import project_root
 
 if TYPE_CHECKING:  # annotations only: a file's bytes do not depend on a display
-    from pallas_check.report.console import Display
+    from pallas_check.config.display import Display
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -93,7 +93,7 @@ def _primary(finding: Finding, script: str, root: str) -> JsonObject:
 
 
 def _rule(kind: FindingKind) -> JsonObject:
-    info = kind.info  # the catalogue's entry (kinds.py)
+    info = kind.info  # the catalogue's entry (findings/kinds.py)
     return {
         "id": kind.value,
         "name": info.sarif_name,

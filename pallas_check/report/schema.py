@@ -4,7 +4,7 @@ a one-line error naming it, not data silently misread (`"1"` or `true` are not `
 
 from __future__ import annotations
 
-from pallas_check.errors import SchemaError as SchemaError  # raised here, caught by importers
+from pallas_check.config.errors import SchemaError as SchemaError  # raised here, caught by importers
 
 
 def check_schema(data: object, path: object, schema: str, versions: tuple[int, ...],

@@ -23,13 +23,13 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from pallas_check.findings import Finding, JsonValue, SourceFrame, format_range
-from pallas_check.kinds import FindingKind
-from pallas_check.report.console import Display
-from pallas_check.report.model import (RunReport, kernel_counts, replay_command,
+from pallas_check.findings.finding import Finding, JsonValue, SourceFrame, format_range
+from pallas_check.findings.kinds import FindingKind
+from pallas_check.config.display import Display
+from pallas_check.report.run_report import (RunReport, kernel_counts, replay_command,
                                        suppressed_text)
 from pallas_check.report.paths import display_path, display_text, project_root
-from pallas_check.units import findings_in_calls, plural
+from pallas_check.findings.units import findings_in_calls, plural
 
 LOCATION = "cyan"
 KIND = "bold red"
@@ -285,7 +285,7 @@ def _print_compiled(console: Console, report: RunReport) -> None:
 
 def _print_traces(console: Console, report: RunReport) -> None:
     """Several --tpu generations: how each further one's calls were traced -- by a run of
-    the script of its own (generations.py), and how long it took -- or from the first's."""
+    the script of its own (intercept/generations.py), and how long it took -- or from the first's."""
     for generation, trace in getattr(report, "traces", {}).items():
         if "traced_as" in trace:
             text = (f"note: {generation} compiled from the {trace['traced_as']} trace (the"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from pallas_check.findings import Finding, format_range
-from pallas_check.report.model import RunReport, replay_command, suppressed_text
+from pallas_check.findings.finding import Finding, format_range
+from pallas_check.report.run_report import RunReport, replay_command, suppressed_text
 from pallas_check.report.paths import display_path, display_text, project_root
 from pallas_check.report.table import summary_line
 

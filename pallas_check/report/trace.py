@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Mapping, Protocol, Sequence, TypedDict
 
 from pallas_check import __version__
-from pallas_check.findings import Finding, JsonObject, JsonValue
-from pallas_check.outfile import StagedFile
-from pallas_check.report.model import Suppression
+from pallas_check.findings.finding import Finding, JsonObject, JsonValue
+from pallas_check.deliver.outfile import StagedFile
+from pallas_check.report.run_report import Suppression
 
 SCHEMA = "pallas-check/trace"
 SCHEMA_VERSION = 2

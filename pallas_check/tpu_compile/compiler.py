@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from pallas_check.config import TpuGeneration
-from pallas_check.findings import JsonObject
+from pallas_check.findings.finding import JsonObject
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
 from pallas_check.jaxbridge import call as call_bridge

@@ -18,8 +18,8 @@ from pallas_check.jaxbridge.types import Jaxpr, JaxprEqn
 from pallas_check.engine.call.describe import kernel_arg_names
 from pallas_check.engine.jaxpr.mosaic_limits import kernel_not_lowered
 from pallas_check.engine.memory.buffer import memory_space_name
-from pallas_check.findings import KernelInfo, SourceFrame
-from pallas_check.sourceinfo import code_line, user_frames
+from pallas_check.findings.finding import KernelInfo, SourceFrame
+from pallas_check.findings.sourceinfo import code_line, user_frames
 from pallas_check.tpu_compile.compiler import CompileOutcome
 from pallas_check.tpu_compile.mlirloc import locate
 

@@ -15,11 +15,11 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
-from pallas_check.findings import (CallSummary, Finding, FindingKind, FindingStore, JsonObject,
+from pallas_check.findings.finding import (CallSummary, Finding, FindingKind, FindingStore, JsonObject,
                                    KernelInfo, SourceFrame)
 from pallas_check.tpu_compile.compiler import (CompileOutcome, MeshAxes, OperandAvals, Params,
                                                compile_call)
-from pallas_check.tpu_compile.footprint import format_bytes
+from pallas_check.tpu_compile.allocations import format_bytes
 from pallas_check.tpu_compile.locate import place
 
 LARGEST = 3  # allocations a vmem-exceeded finding names
@@ -56,7 +56,7 @@ class CompileRecorder:
 
 
 class CheckedSession(Protocol):
-    """What the compile stage reads and extends of a checked run (session.py's `Session`,
+    """What the compile stage reads and extends of a checked run (intercept/session.py's `Session`,
     which this stage may not import): its recorder, options, findings and call summaries."""
 
     @property
@@ -134,7 +134,7 @@ def _code(code: str | None) -> str:
 def compile_session(session: CheckedSession, generations: Sequence[TpuGeneration] | None = None
                     ) -> None:
     """`--compile` after a checked run: every call the session recorded compiled for
-    `generations` (default: each of `--tpu`; generations.py compiles each further one
+    `generations` (default: each of `--tpu`; intercept/generations.py compiles each further one
     from its own trace); the failures join its findings, each call's summary gets its
     footprint per generation."""
     recorder = getattr(session, "compile_recorder", None)

@@ -15,8 +15,8 @@ import pytest
 import pallas_check
 from pallas_check.api import resolve
 from pallas_check.config import DmaMode
-from pallas_check.findings import FindingKind
-from pallas_check.report.model import RunReport
+from pallas_check.findings.finding import FindingKind
+from pallas_check.report.run_report import RunReport
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 X = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)

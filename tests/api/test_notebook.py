@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from pallas_check.findings import FindingKind
+from pallas_check.findings.finding import FindingKind
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ import pytest
 # pytester's in-process runs drop the modules a run imported; imported here first, JAX's
 # Pallas TPU module (which registers a PRNG once per process) and ours are kept.
 import jax.experimental.pallas.tpu  # noqa: F401
-import pallas_check.intercept  # noqa: F401
-import pallas_check.runner  # noqa: F401
-import pallas_check.session  # noqa: F401
+import pallas_check.intercept.patched_lowering  # noqa: F401
+import pallas_check.run.runner  # noqa: F401
+import pallas_check.intercept.session  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
@@ -32,7 +32,7 @@ import pytest
 
 import bug
 import ok
-from pallas_check import intercept
+from pallas_check.intercept import patched_lowering as intercept
 
 X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
 
@@ -57,7 +57,7 @@ def test_opted_out():
 """
 
 PLAIN = """\
-from pallas_check import intercept
+from pallas_check.intercept import patched_lowering as intercept
 
 
 def test_plugin_is_idle():

@@ -17,8 +17,8 @@ import pytest
 # Pallas TPU modules (which register primitives once per process) and ours are kept.
 import jax.experimental.pallas.tpu  # noqa: F401
 import jax.experimental.pallas.tpu_sc  # noqa: F401
-import pallas_check.generations  # noqa: F401
-import pallas_check.runner  # noqa: F401
+import pallas_check.intercept.generations  # noqa: F401
+import pallas_check.run.runner  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

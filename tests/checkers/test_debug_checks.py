@@ -22,9 +22,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
+from pallas_check.cli.app import app
 from pallas_check.config import Config
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 # A 4-step kernel: a check on the step index, and a print per step. {CHECK} and {WITH}
 # are filled in per test; the check's line is CHECK_LINE of the written script.

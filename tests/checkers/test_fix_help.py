@@ -15,7 +15,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.findings import FindingKind
+from pallas_check.findings.finding import FindingKind
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 

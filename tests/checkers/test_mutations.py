@@ -54,7 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 THIS = Path(__file__).resolve()
 _SOURCE = THIS.read_text().splitlines()

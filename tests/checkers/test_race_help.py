@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pallas_check.checkers.race_help import race_help
-from pallas_check.findings import Access, SourceFrame
+from pallas_check.findings.finding import Access, SourceFrame
 
 FRAME = (SourceFrame("k.py", 46, "kernel", "y = buf[slot] * 2.0"),)
 START = (SourceFrame("k.py", 39, "kernel", "copy.start()"),)

@@ -18,7 +18,7 @@ import dataclasses
 
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.events import Access, CallFacts, LoopIteration, ParallelLoop
-from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.findings.finding import Finding, FindingKind, KernelInfo, SourceFrame
 
 FRAMES = (SourceFrame("kernel.py", 7, "kernel"),)
 ROWS = ((0, 8), (0, 128))  # an (8, 128) block

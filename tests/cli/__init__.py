@@ -1,2 +1,2 @@
-"""Tests of the command line (cli.py, runner, outfile, watchdog, hook, diff/native, errors and
+"""Tests of the command line (cli/app.py, runner, outfile, watchdog, hook, diff/native, errors and
 exit codes)."""

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -123,7 +123,7 @@ def test_a_child_that_ignores_sigterm_is_killed():
     (a plain Python process: no JAX, no run)."""
     program = """if True:
         import os, signal, sys
-        from pallas_check.children import end_children
+        from pallas_check.process.children import end_children
         ready_r, ready_w = os.pipe()
         never_r, never_w = os.pipe()
         child = os.fork()

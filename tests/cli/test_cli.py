@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pallas_check import __version__
-from pallas_check.cli import app
-from pallas_check.exitcodes import ExitCode
+from pallas_check.cli.app import app
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 

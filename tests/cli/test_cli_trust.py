@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode, worst
+from pallas_check.config.exitcodes import ExitCode, worst
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_CALL = "print('the script ran')\n"

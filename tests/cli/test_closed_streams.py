@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "uninit_acc_bug.py"  # one finding: exit 1; prints a line
@@ -87,7 +87,7 @@ def test_the_scripts_streams_outlive_the_run_for_a_print_still_going_on_another_
     import gc
     import weakref
 
-    from pallas_check.delivery import script_streams
+    from pallas_check.deliver.delivery import script_streams
 
     with script_streams("table", None):
         made = weakref.ref(sys.stdout), weakref.ref(sys.stderr)

@@ -9,8 +9,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
-from pallas_check.exitcodes import ExitCode
+from pallas_check.cli.app import app
+from pallas_check.config.exitcodes import ExitCode
 from pallas_check.config.options import COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS
 
 COMMANDS = {"run": RUN_OPTIONS, "compile": COMPILE_OPTIONS, "diff": DIFF_OPTIONS}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.outfile import OutputError, check_target, write_report
+from pallas_check.deliver.outfile import OutputError, check_target, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -120,7 +120,7 @@ def test_json_on_stdout_parses_though_the_script_prints(tmp_path):
 
 def test_a_report_that_cannot_be_written_at_the_end_goes_to_stdout(tmp_path, monkeypatch,
                                                                      capsys):
-    from pallas_check import delivery
+    from pallas_check.deliver import delivery
 
     def disk_full(path, text):
         raise OSError(28, "No space left on device")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
-from pallas_check.exitcodes import ExitCode
-from pallas_check.outfile import OutputError, check_target, same_target, write_report
+from pallas_check.cli.app import app
+from pallas_check.config.exitcodes import ExitCode
+from pallas_check.deliver.outfile import OutputError, check_target, same_target, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER_SCRIPT = """\
@@ -181,7 +181,7 @@ def test_write_report_creates_at_most_one_folder(tmp_path):
 
 def test_the_hooks_report_with_missing_folders_is_refused_before_any_script(project,
                                                                             capsys):
-    from pallas_check.hook import run_hook
+    from pallas_check.cli.hook import run_hook
 
     (project / "pyproject.toml").write_text('[tool.pallas-check]\nscripts = ["k.py"]\n'
                                             'format = "json"\n'

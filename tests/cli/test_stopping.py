@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode
-from pallas_check.outfile import STALE_TEMP_S, TEMP_SUFFIX, write_report
+from pallas_check.config.exitcodes import ExitCode
+from pallas_check.deliver.outfile import STALE_TEMP_S, TEMP_SUFFIX, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RACE = ROOT / "tests" / "scripts" / "long_race.py"
@@ -33,7 +33,7 @@ RACE_LINE = 26  # long_race.py: copy.start(), the DMA whose write races with the
 # After a stop signal the watchdog ends a run whose main thread has not finished it within
 # its grace (3 s): a run blocked inside JAX. The runs here are not blocked, and their
 # report must be the main thread's however slowly a loaded machine unwinds them.
-UNHURRIED = "import pallas_check.watchdog as w; w.GRACE_S = 600.0\n"
+UNHURRIED = "import pallas_check.process.watchdog as w; w.GRACE_S = 600.0\n"
 
 # `schedule N done` on stdout once the engine has counted the N-th schedule of a call as
 # finished (what the report's `schedules_done` reads).
@@ -55,7 +55,7 @@ def start(args: list[str], cwd: Path, setup: str = UNHURRIED) -> subprocess.Pope
                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                f"{setup}\n"
                "sys.argv = ['pallas-check', *sys.argv[1:]]\n"
-               "from pallas_check.cli import main; main()")
+               "from pallas_check.cli.app import main; main()")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-c", program, *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -218,7 +218,7 @@ def test_the_stall_watchdog_reports_the_call_it_stops_with_its_findings(tmp_path
     # A 2 s stall limit, whose clock starts when the call reaches grid step 50 (where its
     # callback never returns): a slow start of the call on a loaded machine is no stall.
     setup = textwrap.dedent("""\
-        import pallas_check.watchdog as w
+        import pallas_check.process.watchdog as w
         from pallas_check.engine.runtime import progress
         w.STALL_S = 2.0
         since_beat = progress.seconds_since_beat
@@ -270,7 +270,7 @@ def test_ctrl_c_while_jax_starts_stops_the_run_before_the_script(tmp_path):
 KILLED_MID_WRITE = """\
 import os, signal, sys
 from pathlib import Path
-from pallas_check import outfile
+from pallas_check.deliver import outfile
 
 report = Path(sys.argv[1])
 outfile.write_report(report, "old report\\n")

@@ -12,11 +12,11 @@ import pytest
 import typer
 
 from pallas_check import pytest_plugin
-from pallas_check.cli import app, run
+from pallas_check.cli.app import app, run
 from pallas_check.config import Config
 from pallas_check.config.layers import load_settings
 from pallas_check.config.options import RUN_OPTIONS, Option
-from pallas_check.report.model import replay_command
+from pallas_check.report.run_report import replay_command
 
 IDS = [o.key for o in RUN_OPTIONS]
 

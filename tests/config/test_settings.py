@@ -15,11 +15,11 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from pallas_check.cli import app, run
+from pallas_check.cli.app import app, run
 from pallas_check.config import DmaMode
 from pallas_check.config.layers import (SettingsError, find_pyproject, load_settings,
                                         option_specs)
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 EXPECTED_KEYS = {"dma", "uninit", "skip-floats", "format", "output", "devices", "tpu",
                  "cores", "seed", "races"}
@@ -229,7 +229,7 @@ def test_debug_variable_reads_yes_and_no_words(monkeypatch, value, on):
     """PALLAS_CHECK_DEBUG=0 is off (it was on: any non-empty value was): errors are cut
     to one short line, as with the variable unset."""
     from pallas_check.config.environment import debug_requested
-    from pallas_check.runner import short_error
+    from pallas_check.run.runner import short_error
 
     monkeypatch.setenv("PALLAS_CHECK_DEBUG", value)
     assert debug_requested() is on

@@ -19,7 +19,7 @@ from pallas_check.config import Config
 from pallas_check.engine import events
 from pallas_check.engine.call import event_data, simulate
 from pallas_check.engine.call import state as state_module
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 EVENTS = Path(events.__file__)
 VERDICTS = EVENTS.with_name("verdicts.py")  # the events of what checkers decide

@@ -23,7 +23,7 @@ from hypothesis import event, example, given
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode, TpuGeneration
-from pallas_check.tpu_info import simulated_tpu
+from pallas_check.intercept.tpu_info import simulated_tpu
 
 from .kernels import (
     F32, I32, Dim, Index, Kernel, Op, Term, build, kernels, operands, reference, value_shape,

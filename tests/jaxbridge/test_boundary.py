@@ -20,7 +20,7 @@ _MAPPING_ATTRIBUTES = frozenset({
     "num_scratch_operands", "vmapped_dims", "scratch_avals", "index_map_jaxpr",
     "index_map_out_tree", "transformed_block_aval", "array_aval", "has_trivial_window",
 })
-# JAX modules the bridge hands out to tests only (they look at what tpu_info.py patched);
+# JAX modules the bridge hands out to tests only (they look at what intercept/tpu_info.py patched);
 # pallas-check's own modules call the bridge's functions instead (lowering.py, __init__).
 _TEST_ONLY = frozenset({"jax_tpu_info", "jax_mesh_utils"})
 

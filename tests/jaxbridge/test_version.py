@@ -9,7 +9,7 @@ import re
 import jax
 import pytest
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 from pallas_check.jaxbridge import version
 
 
@@ -34,7 +34,7 @@ def test_versions_inside_the_range_pass(given: str) -> None:
 
 
 def test_the_command_line_prints_it_as_one_line() -> None:
-    from pallas_check.cli import _one_line
+    from pallas_check.cli.app import _one_line
 
     message, code = _one_line(version.UnsupportedJax("jax 0.11.0 is not supported: x"))
     assert message == "pallas-check: error: jax 0.11.0 is not supported: x"

@@ -1,2 +1,2 @@
-"""Tests of pallas_check/report/ and suppress.py: every format, the timeline, suppressions and
+"""Tests of pallas_check/report/ and report/suppress.py: every format, the timeline, suppressions and
 baselines."""

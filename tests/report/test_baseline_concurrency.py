@@ -1,7 +1,7 @@
 """`--update-baseline` by several runs at once (issue 36, item 7): each keeps every other
 run's entries. Two scripts updating one baseline in parallel (CI jobs, a pre-commit hook
 beside a developer's run) had one's fingerprints lost: each wrote the entries it had read
-at its start. Now the update re-reads the file under an exclusive lock (suppress.py
+at its start. Now the update re-reads the file under an exclusive lock (report/suppress.py
 `update_baseline`) and merges."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 import threading
 from pathlib import Path
 
-from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
-from pallas_check.suppress import make_policy
+from pallas_check.findings.finding import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.report.suppress import make_policy
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
@@ -49,7 +49,7 @@ def _finding(file: str) -> Finding:
 def test_the_update_waits_for_the_lock_and_merges_under_it(tmp_path):
     """While another writer holds the baseline's lock, an update waits; once it is
     released the update reads what that writer wrote, and keeps it."""
-    from pallas_check.suppress import update_baseline
+    from pallas_check.report.suppress import update_baseline
 
     baseline = tmp_path / "baseline.json"
     policy = make_policy(None, baseline, True, True)  # no file yet: read nothing

@@ -9,13 +9,13 @@ import io
 import json
 from pathlib import Path
 
-from pallas_check.findings import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.findings.finding import CallSummary, Finding, FindingKind, KernelInfo, SourceFrame
 from pallas_check.report.json import report_dict
-from pallas_check.report.model import RunReport
+from pallas_check.report.run_report import RunReport
 from pallas_check.report.sarif import report_sarif
 from pallas_check.report.table import TableReporter
 from pallas_check.report.text import TextReporter
-from pallas_check.units import findings_in_calls, plural
+from pallas_check.findings.units import findings_in_calls, plural
 
 from report.test_sarif import validate_sarif
 

@@ -15,7 +15,7 @@ import pytest
 from _pty import read_until_closed
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
+from pallas_check.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (80, 100, 110, 120, 140)
@@ -151,7 +151,7 @@ def test_text_format_of_a_clean_run_is_one_summary_line():
 
 
 def test_one_width_probe_columns_then_the_terminal_then_a_file(monkeypatch):
-    from pallas_check.report.console import FILE_WIDTH, terminal_width
+    from pallas_check.config.display import FILE_WIDTH, terminal_width
 
     monkeypatch.setenv("COLUMNS", "97")
     assert terminal_width() == 97
@@ -217,7 +217,7 @@ def test_compile_table_or_a_line_per_call_and_generation(width):
 
 
 def test_a_frames_column_is_shown_but_not_part_of_its_identity():
-    from pallas_check.findings import SourceFrame
+    from pallas_check.findings.finding import SourceFrame
 
     a = SourceFrame("k.py", 3, "k", "y = x[0] + x[1]", column=9)
     b = SourceFrame("k.py", 3, "k", "y = x[0] + x[1]", column=16)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 from pallas_check.report.json import SCHEMA, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]

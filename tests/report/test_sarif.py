@@ -18,10 +18,10 @@ import jsonschema
 import pytest
 
 from _cli_worker import run_cli
-from pallas_check.exitcodes import ExitCode
-from pallas_check.findings import Access, Finding, FindingKind, KernelInfo, SourceFrame
-from pallas_check.report.model import RunReport
-from pallas_check.kinds import CATALOGUE as RULES
+from pallas_check.config.exitcodes import ExitCode
+from pallas_check.findings.finding import Access, Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.report.run_report import RunReport
+from pallas_check.findings.kinds import CATALOGUE as RULES
 from pallas_check.report.sarif import FINGERPRINT, SRCROOT, report_sarif
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
-from pallas_check.exitcodes import ExitCode
-from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
-from pallas_check.report.model import RunReport
+from pallas_check.cli.app import app
+from pallas_check.config.exitcodes import ExitCode
+from pallas_check.findings.finding import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.report.run_report import RunReport
 from pallas_check.report.sarif import FINGERPRINT, SRCROOT, report_sarif, root_uri
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def test_a_baseline_of_an_unknown_version_is_one_line_exit_2(tmp_path, monkeypat
 
 
 def test_a_baseline_of_the_supported_version_is_read(tmp_path):
-    from pallas_check.suppress import read_baseline
+    from pallas_check.report.suppress import read_baseline
 
     path = tmp_path / "b.json"
     path.write_text(json.dumps({"schema": "pallas-check/baseline", "schema_version": 1,
@@ -150,7 +150,7 @@ def test_a_baseline_of_the_supported_version_is_read(tmp_path):
 ])
 def test_the_hook_merges_only_reports_of_its_own_version(tmp_path, capsys, fmt, part,
                                                          message):
-    from pallas_check.hook import _write_merged
+    from pallas_check.cli.hook import _write_merged
 
     part_file = tmp_path / "0.report"
     part_file.write_text(json.dumps(part))

@@ -1,4 +1,4 @@
-"""Suppressions and a baseline (suppress.py): inline by kind, bare, def-line, config (kernel
+"""Suppressions and a baseline (report/suppress.py): inline by kind, bare, def-line, config (kernel
 name and path glob), baseline (fingerprints, not lines), unused comments, every report
 saying what was suppressed, SARIF `suppressions` valid against the schema, exit codes
 counting only what is left; the hook and the pytest plugin honour them."""
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.findings import Access, CallSummary, Finding, FindingKind, KernelInfo, \
+from pallas_check.findings.finding import Access, CallSummary, Finding, FindingKind, KernelInfo, \
     SourceFrame
-from pallas_check.report.model import RunReport
+from pallas_check.report.run_report import RunReport
 from pallas_check.report.sarif import report_sarif
-from pallas_check.suppress import (Policy, SuppressionError, apply, function_span,
+from pallas_check.report.suppress import (Policy, SuppressionError, apply, function_span,
                                    make_policy, parse_rule)
 
 from report.test_sarif import validate_sarif

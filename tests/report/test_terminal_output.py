@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pallas_check.cli import app
+from pallas_check.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -120,7 +120,7 @@ def test_a_gather_from_a_ref_is_a_compile_error_like_on_tpu(tmp_path):
 
 
 def test_long_internal_errors_are_cut_to_one_short_line(monkeypatch):
-    from pallas_check.runner import MAX_ERROR_CHARS, short_error
+    from pallas_check.run.runner import MAX_ERROR_CHARS, short_error
 
     monkeypatch.delenv("PALLAS_CHECK_DEBUG", raising=False)
     message = "JAX failed:\n" + "module @x { ... }\n" * 500

@@ -261,7 +261,7 @@ def test_a_finding_the_timeline_did_not_see_is_marked_after_the_simulation(tmp_p
     """Uninitialized values reaching an output (two fills compared) or, with --keep-going,
     a finding seen only under another seed: an instant on the call's track, after the end."""
     from pallas_check.engine.timeline import Timeline
-    from pallas_check.findings import Finding, FindingKind, KernelInfo
+    from pallas_check.findings.finding import Finding, FindingKind, KernelInfo
     from pallas_check.report.trace import TraceWriter
 
     writer = TraceWriter(tmp_path / "t.json", "k.py")

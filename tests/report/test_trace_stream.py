@@ -14,7 +14,7 @@ from _cli_worker import run_cli
 from cli.test_stopping import LONG_RACE, finish, start, wait_for
 from report.test_trace import _check_flows, _spans, check_trace
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_DMA = ROOT / "tests" / "scripts" / "long_dma.py"
@@ -108,7 +108,7 @@ def test_past_the_finding_marks_a_finding_is_seen_not_drawn(tmp_path, monkeypatc
     """A call's findings past MAX_FINDING_MARKS get no instant, and are not taken for
     findings the timeline never saw (those are drawn after the call's end)."""
     from pallas_check.engine import timeline as timeline_module
-    from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
+    from pallas_check.findings.finding import Finding, FindingKind, KernelInfo, SourceFrame
     from pallas_check.report.trace import TraceWriter
 
     monkeypatch.setattr(timeline_module, "MAX_FINDING_MARKS", 3)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.findings import FindingKind, format_range
+from pallas_check.findings.finding import FindingKind, format_range
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 BUGS = sorted(SAMPLES.glob("*_bug.py"))

@@ -1,4 +1,4 @@
-"""Kernels whose shapes follow the chip they are told they run on (tests/test_generations.py).
+"""Kernels whose shapes follow the chip they are told they run on (tests/intercept/test_generations.py).
 Arguments: which to run, in order.
 
   lanes   a SparseCore kernel over int32 vectors `get_sparse_core_info().num_lanes` wide

@@ -1,6 +1,6 @@
 """Asks which chip it runs on before any kernel runs, then runs the kernel repository's
 wrappers that ask it too (tests/kernel_repo/kernels.py): `pallas-check run|diff --tpu GEN`
-must answer as that chip does (tests/test_tpu_info.py).
+must answer as that chip does (tests/intercept/test_tpu_info.py).
 
 Prints one line `chip: KIND cores=N platform=P version=V rows=R tile=T lanes=L` and
 `which_chip: outputs match`. Arguments: the wrappers to run (default: all three)."""

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MIB = 1024 * 1024
@@ -197,7 +197,7 @@ def test_calls_under_grad_compile_and_repeats_compile_once(monkeypatch):
     from jax.experimental import pallas as pl
 
     from pallas_check.config import Config
-    from pallas_check.session import Session
+    from pallas_check.intercept.session import Session
     from pallas_check.tpu_compile import compiler
     from pallas_check.tpu_compile.stage import compile_session
 

@@ -19,7 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.engine.call import explore
 from pallas_check.engine.jaxpr.mosaic_limits import MOSAIC_LOAD_STORE, MOSAIC_REF_SLICE
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 _VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)

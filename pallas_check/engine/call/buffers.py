@@ -11,11 +11,11 @@ import numpy as np
 
 from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
 from pallas_check.engine.call.event_data import Core
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView,
                                                memory_space_name)
 from pallas_check.engine.memory.usage import EverWritten
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 
 class CallBuffers:

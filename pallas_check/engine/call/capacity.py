@@ -26,8 +26,8 @@ from pallas_check.engine.call import footprint
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.engine.runtime.caches import BoundedCache
-from pallas_check.findings import Finding, FindingKind, KernelInfo, SourceFrame
-from pallas_check.sourceinfo import code_line
+from pallas_check.findings.finding import Finding, FindingKind, KernelInfo, SourceFrame
+from pallas_check.findings.sourceinfo import code_line
 
 
 LARGEST = 3  # allocations a finding names

@@ -31,7 +31,7 @@ from pallas_check.engine.dma.engine import CellKey, Dma, SemCell, complete, sem_
 from pallas_check.engine.memory.buffer import Buffer, IndexDim, MemorySpace
 from pallas_check.jaxbridge.types import Transform
 from pallas_check.engine.memory.region import OutOfBounds, Region
-from pallas_check.findings import IndexRange, KernelInfo, SourceFrame
+from pallas_check.findings.finding import IndexRange, KernelInfo, SourceFrame
 
 
 _handles = itertools.count(1)  # 0: a semaphore with nothing to carry (count 0, no DMAs)

@@ -13,12 +13,12 @@ import numpy as np
 from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
 from pallas_check.jaxbridge.call import CallParams, Block, describe
 from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.program import structure_key
 from pallas_check.engine.memory.buffer import Buffer, memory_space_name
 from pallas_check.engine.runtime.caches import BoundedCache
-from pallas_check.findings import KernelInfo
-from pallas_check.sourceinfo import parse_src_info
+from pallas_check.findings.finding import KernelInfo
+from pallas_check.findings.sourceinfo import parse_src_info
 
 
 def is_semaphore_aval(aval: object) -> bool:

@@ -16,7 +16,7 @@ from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked
 from pallas_check.engine.dma.engine import CellKey, SemCell, sem_name, sem_value
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.dma.engine import Dma, SyncState

@@ -26,7 +26,7 @@ from pallas_check.engine.events import (CallFacts, Checking, Feeds, FindingList,
                                         default_checking)
 from pallas_check.engine.verdicts import (CallSkipped, DmaAddressCompared, FillsCompared,
                                           RevisitLost)
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import (NotLowered, foreign_compiler_params,
                                                      kernel_not_lowered, sparsecore_kernel)
 from pallas_check.engine.memory import usage
@@ -35,7 +35,7 @@ from pallas_check.engine.runtime import caches
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.timeline import Timeline
 from pallas_check.engine.seam import AddressProbe
-from pallas_check.findings import Finding, SourceFrame, UnusedMemory
+from pallas_check.findings.finding import Finding, SourceFrame, UnusedMemory
 
 
 @dataclasses.dataclass
@@ -57,7 +57,7 @@ class DevicesResult:
     untouched: usage.Untouched | None = None
     # The output elements the kernel did not decide in the outputs returned (exposures.py),
     # and the seed of the schedule those outputs come from (a re-run of the program
-    # replays that schedule: pallas_check/judge.py).
+    # replays that schedule: pallas_check/intercept/judge.py).
     exposures: list[Exposure] = dataclasses.field(default_factory=list)
     seed: int = 0
 

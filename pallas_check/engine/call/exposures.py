@@ -5,7 +5,7 @@ depending on memory that was never written. Each is an `Exposure`: which output 
 A call's `unwritten-output` and `uninitialized` findings are about these elements; whether
 they matter is decided one level up, by what the program keeps of them (the session
 re-runs the jitted call around the kernel with these elements changed: pallas_check/
-judge.py). The engine only says which elements and what the other fill makes of them.
+intercept/judge.py). The engine only says which elements and what the other fill makes of them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pallas_check.engine.memory.buffer import fill_value
-from pallas_check.kinds import FindingKind
+from pallas_check.findings.kinds import FindingKind
 
 
 class Exposure(NamedTuple):

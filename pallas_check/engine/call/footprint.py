@@ -31,7 +31,7 @@ from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import CallParams, Block, describe, kernel_of
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
-from pallas_check.units import format_bytes as format_bytes  # noqa: F401  (re-exported: reports use units.py)
+from pallas_check.findings.units import format_bytes as format_bytes  # noqa: F401  (re-exported: reports use findings/units.py)
 
 MIB = 1024 * 1024
 
@@ -44,7 +44,7 @@ VMEM_CAPACITY = {TpuGeneration.V5E: 128 * MIB, TpuGeneration.V5P: 64 * MIB,
                  TpuGeneration.V6E: 128 * MIB, TpuGeneration.V7X: 64 * MIB}
 SMEM_CAPACITY = {generation: MIB for generation in TpuGeneration}
 # Per SparseCore vector subcore (its private VMEM, "TileSPMEM"), as JAX's table has them
-# (tpu_info.py, SparseCoreInfo.vmem_capacity_bytes); v5e has no SparseCore. The capacities
+# (intercept/tpu_info.py, SparseCoreInfo.vmem_capacity_bytes); v5e has no SparseCore. The capacities
 # of VMEM_SHARED and of a subcore's SMEM are not in JAX's table: not checked.
 SPARSECORE_VMEM_CAPACITY = {TpuGeneration.V5P: 512 * 1024, TpuGeneration.V6E: 256 * 1024,
                             TpuGeneration.V7X: 512 * 1024}

@@ -20,7 +20,7 @@ from pallas_check.engine.events import Checking, default_checking
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.seam import AddressProbe
 from pallas_check.engine.timeline import MarkSink
-from pallas_check.findings import KernelInfo
+from pallas_check.findings.finding import KernelInfo
 
 
 @dataclasses.dataclass(frozen=True)

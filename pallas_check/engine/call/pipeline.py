@@ -17,8 +17,8 @@ from pallas_check.engine.dma.engine import DmaCore, Transfer
 from pallas_check.engine.jaxpr.program import runner_for
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.engine.runtime.scheduler import Wait
-from pallas_check.findings import IndexRange, SourceFrame
-from pallas_check.sourceinfo import code_line, parse_src_info
+from pallas_check.findings.finding import IndexRange, SourceFrame
+from pallas_check.findings.sourceinfo import code_line, parse_src_info
 
 
 def _core_body(ctx: CoreContext, jaxpr: Jaxpr, kernel_args: list[RefView],

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, all_written
-from pallas_check.findings import IndexRange, SourceFrame
+from pallas_check.findings.finding import IndexRange, SourceFrame
 
 
 # How many perturbed re-runs at most: NaN first (it flows through arithmetic, as a

@@ -30,14 +30,14 @@ from pallas_check.engine.dma.engine import CellKey
 from pallas_check.engine.call import event_data
 from pallas_check.engine.events import Access, ActorsDeclared, KernelEntered
 from pallas_check.engine.verdicts import CallEnded, OutputUnwritten
-from pallas_check.engine.jaxpr.errors import CallHalted, EngineBug, KernelError
+from pallas_check.engine.jaxpr.halts import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
 from pallas_check.engine.runtime.scheduler import Actor, Deadlock
-from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import code_line
+from pallas_check.findings.finding import SourceFrame
+from pallas_check.findings.sourceinfo import code_line
 from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, ScheduleRun,
                                             SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext

@@ -21,7 +21,7 @@ from pallas_check.engine.events import (
 from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
                                           OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.access_cache import AccessCache
 from pallas_check.jaxbridge.types import JaxprEqn
@@ -33,7 +33,7 @@ from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.engine.seam import AddressProbe, RunningCore
 from pallas_check.engine.timeline import Timeline
-from pallas_check.findings import Finding, IndexRange, SourceFrame
+from pallas_check.findings.finding import Finding, IndexRange, SourceFrame
 
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from pallas_check.engine.dma.engine import DmaCore
-from pallas_check.engine.jaxpr.errors import CallHalted, KernelError
+from pallas_check.engine.jaxpr.halts import CallHalted, KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import RefView
 

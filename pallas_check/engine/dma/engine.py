@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any, Generator, Protocol
 import numpy as np
 
 from pallas_check.jaxbridge.types import SelectTransform, TransformedRef
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.evaluating import Evaluating
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer, RefView, all_written
 from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import same_bits
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.findings import IndexRange, KernelInfo, SourceFrame, format_range
+from pallas_check.findings.finding import IndexRange, KernelInfo, SourceFrame, format_range
 
 # A semaphore cell: its buffer and the index of the one semaphore in it; and its key, by
 # the buffer's id.

@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from pallas_check.jaxbridge.types import NDIndexer, Slice, TransformedRef
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import OutOfBounds, Region
 from pallas_check.engine.memory.views import ElementMap, flat_boxes
-from pallas_check.findings import IndexRange, format_range
+from pallas_check.findings.finding import IndexRange, format_range
 
 
 def indexed_side(src: object, dst: object) -> int | None:

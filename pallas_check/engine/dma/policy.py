@@ -28,7 +28,7 @@ from pallas_check.config import DmaMode
 from pallas_check.engine.dma.engine import (DmaCore, SemCell, SyncState, Transfer, complete,
                                             dma_read, sem_value)
 from pallas_check.engine.runtime.scheduler import Actor, Wait
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 
 class DmaPolicy:

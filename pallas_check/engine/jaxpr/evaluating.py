@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from pallas_check.config import Config
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 from pallas_check.jaxbridge.types import JaxprEqn
 
 

@@ -40,8 +40,8 @@ from pallas_check.jaxbridge.types import (BitcastTransform, ClosedJaxpr, Indices
 
 from pallas_check.engine.memory.buffer import MemorySpace, RefView
 from pallas_check.engine.memory.views import mosaic_element
-from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import user_frames
+from pallas_check.findings.finding import SourceFrame
+from pallas_check.findings.sourceinfo import user_frames
 
 
 # The lowering's own words. A load or store whose indexer holds an array: a ValueError of

@@ -22,15 +22,15 @@ from pallas_check.jaxbridge.types import (AbstractRef, Atom, ClosedJaxpr, DropVa
 
 from pallas_check.engine.jaxpr import segment_order
 from pallas_check.engine.jaxpr.evaluating import Evaluating
-from pallas_check.engine.jaxpr.errors import (CallHalted, EngineBug, KernelError,
+from pallas_check.engine.jaxpr.halts import (CallHalted, EngineBug, KernelError,
                                               UnsupportedPrimitive)
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
 from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
 from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.engine.runtime.scheduler import Wait
-from pallas_check.findings import SourceFrame
-from pallas_check.sourceinfo import user_frames
+from pallas_check.findings.finding import SourceFrame
+from pallas_check.findings.sourceinfo import user_frames
 
 
 # An evaluation: a generator that yields to the scheduler (a `Wait`, or None where another

@@ -18,7 +18,7 @@ from pallas_check.engine.memory.views import (ElementMap, UnsupportedTransform, 
                                               _as_int, _build_map, _maps,
                                               _post_key, _undo_post, has_array_index,
                                               view_dtype, view_transform)
-from pallas_check.findings import IndexRange
+from pallas_check.findings.finding import IndexRange
 
 
 @dataclasses.dataclass

@@ -42,7 +42,7 @@ from typing import Iterable
 import numpy as np
 
 from pallas_check.engine.memory.buffer import Buffer, BufferKey, MemorySpace
-from pallas_check.findings import IndexRange, UnusedMemory
+from pallas_check.findings.finding import IndexRange, UnusedMemory
 
 # The registry keys (CallState.register) of the allocations counted, by their first part.
 _COUNTED_KINDS = ("scratch", "scoped", "block")

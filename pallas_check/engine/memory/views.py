@@ -14,7 +14,7 @@ import numpy as np
 from pallas_check.jaxbridge.types import (BitcastTransform, NDIndexer, ReshapeTransform, Slice,
                                           Transform, TransposeTransform)
 from pallas_check.engine.memory.buffer import Buffer, IndexDim
-from pallas_check.findings import IndexRange
+from pallas_check.findings.finding import IndexRange
 
 
 class ElementMap:

@@ -14,7 +14,7 @@ import numpy as np
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import pl_load_p, pl_swap_p, ref_addupdate_p, ref_get_p, ref_swap_p
 from pallas_check.jaxbridge.types import DropVar, JaxprEqn, NDIndexer, Transform
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import gather_or_scatter
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import RuleFn, rule, specializer

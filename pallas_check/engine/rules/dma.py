@@ -30,7 +30,7 @@ from pallas_check.engine.dma import indirect
 from pallas_check.engine.dma.devices import on_device, target_device
 from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
                                             sem_name, sem_value)
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import indirect_indexer
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import RuleFn, RuleGen, rule, specializer
@@ -43,7 +43,7 @@ from pallas_check.engine.runtime import caches, progress
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.engine.seam import RunningCore
 from pallas_check.engine.verdicts import Frames
-from pallas_check.sourceinfo import user_frames
+from pallas_check.findings.sourceinfo import user_frames
 
 
 # -- rules ----------------------------------------------------------------------------------

@@ -5,11 +5,11 @@ its ref holds (a traced size past the dimension: the call halts there)."""
 from __future__ import annotations
 
 
-from pallas_check.engine.jaxpr.errors import CallHalted
+from pallas_check.engine.jaxpr.halts import CallHalted
 from pallas_check.engine.jaxpr.mosaic_limits import sparsecore_kernel
 from pallas_check.engine.memory.region import Region, in_tile_padding
 from pallas_check.engine.seam import RunningCore
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 
 def tile_padded(ctx: RunningCore, region: Region) -> Region:

@@ -18,7 +18,7 @@ from pallas_check.jaxbridge.types import JaxprEqn, NDIndexer, Slice, Transform, 
 from pallas_check.engine.dma.devices import _core_index
 from pallas_check.engine.events import LoopIteration, ParallelLoop, event_kind
 from pallas_check.engine.verdicts import Where
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.program import current_frames, eval_jaxpr
 from pallas_check.engine.jaxpr.avals import aval_dtype, aval_shape
 from pallas_check.engine.jaxpr.registry import RuleGen, rule

@@ -41,5 +41,5 @@ def engine_device() -> jax.Device:
 
 def started() -> bool:
     """Whether the private client exists in this process (then so do its threads: a
-    process forked from this one cannot use XLA; children.py)."""
+    process forked from this one cannot use XLA; process/children.py)."""
     return _client.cache_info().currsize > 0

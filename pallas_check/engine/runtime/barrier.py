@@ -13,7 +13,7 @@ elsewhere) leaves the others waiting: the scheduler's deadlock, which names it
 
 from __future__ import annotations
 
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 
 class SubcoreBarrier:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from pallas_check.config import Config
-from pallas_check.findings import Finding
+from pallas_check.findings.finding import Finding
 
 
 class Simulating(Protocol):

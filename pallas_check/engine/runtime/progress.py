@@ -23,7 +23,7 @@ def seconds_since_beat() -> float:
 
 
 class GridSteps:
-    """How far the grid walk of one call has got, for a progress line (progress_line.py).
+    """How far the grid walk of one call has got, for a progress line (deliver/progress_line.py).
 
     The pipeline adds one to `done` per grid step and core: an int increment, nothing
     else, so a long call pays nothing measurable; the reader polls it from another thread

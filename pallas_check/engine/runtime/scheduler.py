@@ -17,7 +17,7 @@ from typing import Any, Callable, Generator, Protocol
 
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
-from pallas_check.findings import SourceFrame
+from pallas_check.findings.finding import SourceFrame
 
 
 PRIORITY_CHANGE_POINTS = 3

@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 from _cli_worker import run_cli
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.findings import FindingKind
+from pallas_check.findings.finding import FindingKind
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)

@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 BLOCKS, ROWS = 4, 8
 MODES = [DmaMode.ON_WAIT, DmaMode.EAGER, DmaMode.RANDOM]

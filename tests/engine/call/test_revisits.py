@@ -22,7 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.engine.call import explore
 from pallas_check.config import Config, DmaMode
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 MODES = [DmaMode.ON_WAIT, DmaMode.EAGER, DmaMode.RANDOM]
 UNSORTED = np.array([0, 1, 0, 1], np.int32)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _cli_worker import run_cli
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[3]
 MESH = ROOT / "tests" / "scripts" / "sparsecore_mesh.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_check.exitcodes import ExitCode
+from pallas_check.config.exitcodes import ExitCode
 
 MIB = 1024 * 1024
 ROW = 512  # bytes of one (1, 128) f32 row

@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.findings import FindingKind
+from pallas_check.findings.finding import FindingKind
 
 SPECIAL = [0x3F50F195, 0x7FC00001, 0x7F800001, 0xFFC00123, 0x7FBFFFFF, 0xFFBFFFFF,
            0x00000001, 0x807FFFFF, 0x00400000, 0x80000000, 0x7F800000, 0xFF800000,

@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.dma.engine import Dma
 from pallas_check.engine.runtime.scheduler import Actor
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 STEPS = 300
 COUNTED_AT = (10, 150, STEPS - 1)

@@ -21,7 +21,7 @@ from pallas_check.engine.dma.engine import Dma, SyncState, Transfer
 from pallas_check.engine.dma.policy import (DmaPolicy, EagerDmas, OnWaitDmas, RandomDmas,
                                             policy_for)
 from pallas_check.engine.runtime.scheduler import Actor, Wait
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 
 class FakeTransfer(Transfer):

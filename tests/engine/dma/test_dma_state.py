@@ -20,7 +20,7 @@ from pallas_check.engine.dma.policy import policy_for
 from pallas_check.config import DmaMode
 from pallas_check.engine.dma.engine import (Dma, SyncState, cell_of, complete, dma_read,
                                             dma_write, sem_name, sem_value)
-from pallas_check.engine.jaxpr.errors import KernelError
+from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, fill_value
 from pallas_check.engine.memory.region import Region, index_region
 

@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.engine.events import Access, CallFacts
 from pallas_check.config import Config, DmaMode
-from pallas_check.findings import FindingKind, KernelInfo, format_range
+from pallas_check.findings.finding import FindingKind, KernelInfo, format_range
 
 D = 128  # HBM rows of an indirect DMA are 128-lane aligned (Mosaic SC)
 MODES = [DmaMode.EAGER, DmaMode.ON_WAIT, DmaMode.RANDOM]

@@ -19,7 +19,7 @@ from pallas_check.config import Config, DmaMode
 from pallas_check.engine.dma.indirect import ViewRowsRegion
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.engine.memory.region import resolve
-from pallas_check.findings import FindingKind, format_range
+from pallas_check.findings.finding import FindingKind, format_range
 from jax._src.state import types as state_types  # the oracle: JAX's ref types
 
 D, L = 128, 8  # row width; rows per DMA (v6e's lanes)

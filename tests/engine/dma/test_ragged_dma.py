@@ -16,7 +16,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
 from pallas_check.config import Config, DmaMode
-from pallas_check.findings import FindingKind, format_range
+from pallas_check.findings.finding import FindingKind, format_range
 
 
 def _describe_all(r):

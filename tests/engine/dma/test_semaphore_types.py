@@ -214,7 +214,7 @@ def test_a_regular_semaphore_on_an_smem_dma_is_the_kernels_error(check):
 
 def _assert_engine_error(fn, message):
     """fn(X) stops the run with pallas-check's one-line error saying `message`."""
-    from pallas_check.session import Session
+    from pallas_check.intercept.session import Session
 
     session = Session(Config())
     with pytest.raises(Exception), session.install():

@@ -15,7 +15,7 @@ from pallas_check.engine.memory.region import in_tile_padding, index_region
 from pallas_check.engine.memory.tiling import padded_shape
 from jax._src import core as jax_core  # the oracle: JAX's own types
 from pallas_check.jaxbridge import jax_tpu_info
-from pallas_check.tpu_info import simulated_tpu
+from pallas_check.intercept.tpu_info import simulated_tpu
 
 HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
 

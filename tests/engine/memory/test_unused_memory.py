@@ -161,7 +161,7 @@ def test_every_core_counts_and_schedules_agree(check):
 
 def test_ranges_are_said_when_simple_and_bytes_always():
     from pallas_check.engine.memory.usage import boxes
-    from pallas_check.findings import UnusedMemory
+    from pallas_check.findings.finding import UnusedMemory
 
     mask = np.zeros((16, 128), bool)
     mask[8:16] = True

@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu_sc as plsc
 from pallas_check.config import Config
 from pallas_check.engine.rules import sc_values, sparsecore
 from jax._src.pallas.mosaic import sc_primitives  # the oracle: JAX's primitives
-from pallas_check.session import Session
+from pallas_check.intercept.session import Session
 
 GENS = {"v6e": 8, "v7x": 16}
 gens = pytest.mark.parametrize("gen", list(GENS))

@@ -19,7 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
 import pallas_check
-from pallas_check.findings import FindingKind
+from pallas_check.findings.finding import FindingKind
 
 
 def _mesh(num_cores: int = 1, num_subcores: int = 16):

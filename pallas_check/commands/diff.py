@@ -1,0 +1,392 @@
+"""`pallas-check diff`: every pallas_call run twice, outputs compared call by call.
+
+One side is always ours (the engine with the run's Config; its outputs are what the script
+gets, so the script goes on exactly as under `pallas-check run`). The other side, in the
+same host callback and on the same operands, is one of:
+
+- `native`   the hardware lowering (Mosaic on a TPU, Triton / Mosaic GPU on a GPU). It
+             is compiled into the script's own executable next to the callback, which
+             receives the hardware's outputs (see `intercept._make_native_lowering`);
+- `hlo`      JAX's HLO interpreter (`pallas_call(..., interpret=True)`);
+- `jax-interpret`  JAX's TPU interpreter (`InterpretParams()`, with our uninitialized
+             fill and DMA mode so that a difference is one of the interpreters);
+- another configuration of ours, given as options: `--against "--uninit zero"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import inspect
+import itertools
+import shlex
+import sys
+import threading
+from pathlib import Path
+from typing import Any, ContextManager, Iterator, NamedTuple, NoReturn, Sequence
+
+import jax
+import numpy as np
+
+from pallas_check.jaxbridge.call import describe
+from pallas_check.run import runner
+from pallas_check.config import Config
+from pallas_check.config.options import BY_PARAM
+from pallas_check.engine.call.describe import kernel_arg_names, kernel_info
+from pallas_check.engine.runtime.backend import engine_device
+from pallas_check.config.errors import UsageError, one_line, short_error
+from pallas_check.process.execfile import ScriptOutcome
+from pallas_check.config.exitcodes import ExitCode, exit_code_for
+from pallas_check.findings.finding import SourceFrame
+from pallas_check.intercept.patched_lowering import intercepted
+from pallas_check.jaxbridge import hlo_interpreter, tpu_interpret_params, tpu_interpreter
+from pallas_check.findings.output_diff import OutputDiff, compare
+from pallas_check.config.display import display_for
+from pallas_check.report.comparison import summary_text
+from pallas_check.config.formats import DIFF, render
+from pallas_check.run.runner import Verdict, config_dict, script_traceback
+from pallas_check.intercept.session import Session
+from pallas_check.intercept.tpu_info import simulated_tpu
+from pallas_check.findings.units import plural
+
+
+# ---------------------------------------------------------------- the other side
+
+
+class Side:
+    label = "?"
+    native = False
+
+    def outputs(self, params: dict, operands: Sequence[np.ndarray], device: int,
+                mesh_axes: tuple, native: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def config_dict(self) -> dict | None:
+        return None
+
+
+class NativeSide(Side):
+    label = "native"
+    native = True
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        assert native is not None
+        return [np.asarray(x) for x in native]
+
+
+class _JaxInterpreterSide(Side):
+    """A JAX interpreter, jitted once per lowered call and run on the call's operands."""
+
+    def __init__(self) -> None:
+        self._jitted: dict[int, tuple[dict, Any]] = {}
+        self._lock = threading.Lock()
+
+    def _function(self, params: dict) -> Any:
+        raise NotImplementedError
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        if mesh_axes and int(np.prod([s for _, s in mesh_axes])) > 1:
+            raise RuntimeError(f"a call inside shard_map over several devices cannot be"
+                               f" compared against {self.label}")
+        with self._lock:
+            # `params` is the same dict for every run of one lowered call.
+            entry = self._jitted.get(id(params))
+            if entry is None:
+                entry = self._jitted[id(params)] = (params, jax.jit(self._function(params)))
+        return [np.asarray(x) for x in entry[1](*operands)]
+
+
+def _accepted(fn: Any, params: dict) -> dict:
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in params.items() if k in names}
+
+
+class HloSide(_JaxInterpreterSide):
+    label = "hlo"
+
+    def _function(self, params):
+        fn = hlo_interpreter().pallas_call_hlo_interpret
+        return functools.partial(fn, **_accepted(fn, params))
+
+
+class JaxInterpretSide(_JaxInterpreterSide):
+    label = "jax-interpret"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+
+    def interpret_params(self) -> Any:
+        return tpu_interpret_params()(uninitialized_memory=self.config.uninit.value,
+                               dma_execution_mode=self.config.dma_mode.value)
+
+    def config_dict(self):
+        return {k: v for k, v in dataclasses.asdict(self.interpret_params()).items()
+                if isinstance(v, (int, float, str, bool, type(None)))}
+
+    def _function(self, params):
+        fn = tpu_interpreter().interpret_pallas_call
+        return functools.partial(fn, interpret_params=self.interpret_params(),
+                                 **_accepted(fn, params))
+
+
+class ConfigSide(Side):
+    """Our engine again, with another Config; its findings are not reported."""
+
+    def __init__(self, config: Config, text: str) -> None:
+        self.config = config
+        self.label = text
+        # Not reported, and not heard: the kernels' prints are our own side's to write.
+        self.session = Session(dataclasses.replace(config, check_uninit_outputs=False,
+                                                   quiet_prints=True))
+
+    def outputs(self, params, operands, device, mesh_axes, native):
+        return [np.asarray(x) for x in
+                self.session.handle_call(params, operands, device, mesh_axes)]
+
+    def config_dict(self):
+        return config_dict(self.config)
+
+
+# The options of ours `--against "..."` takes (declared in options.py): those that change
+# what one simulation computes.
+AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "races",
+                                                    "cores", "seed"))
+
+
+def _option_parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # never print, never exit
+            raise UsageError(message)
+
+    p = Parser(prog="--against", add_help=False, allow_abbrev=False)
+    for option in AGAINST_OPTIONS:
+        if option.kind is bool:
+            p.add_argument(option.flags[0], dest=option.param, action="store_true",
+                           default=None)
+            p.add_argument(f"--no-{option.key}", dest=option.param, action="store_false")
+        else:
+            typed: dict[str, Any] = ({"choices": option.choices} if option.choices
+                                     else {"type": option.kind})  # (the other: its default)
+            p.add_argument(option.flags[0], dest=option.param, **typed)
+    return p
+
+
+def _against_help() -> str:
+    return ", ".join(f"--[no-]{o.key}" if o.kind is bool else o.flags[0]
+                     for o in AGAINST_OPTIONS)
+
+
+def parse_against(text: str | None, config: Config) -> Side:
+    """The comparison side named by `--against` (None: the hardware)."""
+    text = (text or "native").strip()
+    if text == "native":
+        return NativeSide()
+    if text == "hlo":
+        return HloSide()
+    if text == "jax-interpret":
+        return JaxInterpretSide(config)
+    if not text.startswith("-"):
+        raise UsageError(f"unknown --against {text!r} (choose native, hlo, jax-interpret or"
+                         f" options of ours such as \"--uninit zero\")")
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--against {text!r}: {exc}") from None
+    try:
+        ns = _option_parser().parse_args(words)
+    except UsageError as exc:
+        raise UsageError(f"--against {text!r}: {exc} (options allowed there:"
+                         f" {_against_help()})") from None
+    changes: dict[str, Any] = {}
+    for option in AGAINST_OPTIONS:
+        value = getattr(ns, option.param)
+        if value is None:
+            continue
+        if option.minimum is not None and value < option.minimum:
+            raise UsageError(f"--against {text!r}: {option.flags[0]} must be at least"
+                             f" {option.minimum}")
+        assert option.config_field is not None  # each of AGAINST_OPTIONS sets one
+        changes[option.config_field] = option.kind(value)
+    other = dataclasses.replace(config, **changes)
+    if other == config:
+        raise UsageError(f"--against {text!r} is the configuration already in use;"
+                         f" nothing would differ")
+    return ConfigSide(other, " ".join(words))
+
+
+# ---------------------------------------------------------------- the session
+
+
+@dataclasses.dataclass
+class CallDiff:
+    index: int
+    device: int
+    kernel: str
+    file: str
+    line: int
+    grid: tuple[int, ...]
+    outputs: list[OutputDiff]
+    error: str | None = None  # the other side could not run this call
+
+    @property
+    def mismatches(self) -> int:
+        return sum(o.mismatches for o in self.outputs)
+
+
+def _output_names(params: dict) -> list[str]:
+    call = describe(params)
+    n_out = len(call.out_avals)
+    try:
+        names = kernel_arg_names(call.kernel)
+        start = call.num_scalars + call.num_inputs
+        return [names[start + j] for j in range(n_out)]
+    except Exception:  # noqa: BLE001 - names are a nicety
+        return [f"out{j}" for j in range(n_out)]
+
+
+@contextlib.contextmanager
+def _on_cpu() -> Iterator[None]:
+    """Our engine and JAX's interpreters run on the engine's own CPU client (whatever the
+    default device is): computations started from inside a callback must not wait for the
+    runtime that waits for the callback."""
+    with jax.default_device(engine_device()):
+        yield
+
+
+class DiffSession:
+    """The interception handler of `pallas-check diff`: ours, then the other side."""
+
+    def __init__(self, config: Config, side: Side, rtol: float | None = None,
+                 atol: float | None = None) -> None:
+        self.config = config
+        self.side = side
+        self.rtol, self.atol = rtol, atol
+        self.ours = Session(config)
+        self.calls: list[CallDiff] = []
+        self.side_error: str | None = None
+        self._seq: dict[int, itertools.count] = {}
+        self._lock = threading.Lock()
+
+    def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
+                    mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
+                    call_site: SourceFrame | None = None) -> list[np.ndarray]:
+        with _on_cpu():
+            ours = self.ours.handle_call(params, operands, device, mesh_axes,
+                                         call_site=call_site)
+            with self._lock:
+                index = next(self._seq.setdefault(device, itertools.count()))
+            kernel = kernel_info(params)
+            grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
+                         for g in describe(params).grid)
+            record = CallDiff(index, device, kernel.name, kernel.file, kernel.line, grid, [])
+            try:
+                theirs = self.side.outputs(params, operands, device, mesh_axes, native)
+            except Exception as exc:  # noqa: BLE001 - reported; the script goes on
+                record.error = one_line(f"{type(exc).__name__}: {exc}")[:500]
+                with self._lock:
+                    if self.side_error is None:
+                        self.side_error = (f"{self.side.label} could not run call {index}"
+                                           f" ({kernel.name}): {record.error}")
+            else:
+                names = _output_names(params)
+                record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j])
+                                  for j, (o, t) in enumerate(zip(ours, theirs))]
+                if len(theirs) != len(ours):
+                    record.error = (f"{self.side.label} returned"
+                                    f" {plural(len(theirs), 'output')},"
+                                    f" ours {len(ours)}")
+            with self._lock:
+                self.calls.append(record)
+        return ours
+
+    @contextlib.contextmanager
+    def install(self) -> Iterator[None]:
+        if self.side.native:  # kernels asking which chip they run on get the real one
+            with intercepted(self.handle_call, mode="alongside"):
+                yield
+            return
+        with (intercepted(self.handle_call, call_sites=True),
+              simulated_tpu(self.config.tpu, self.config.cores)):
+            yield
+
+
+# ---------------------------------------------------------------- the run and its report
+
+
+@dataclasses.dataclass
+class DiffReport:
+    script: str
+    against: str
+    config: dict
+    against_config: dict | None
+    rtol: float | None
+    atol: float | None
+    calls: list[CallDiff]
+    findings: int
+    exit_code: int
+    user_error: str | None = None
+    user_traceback: str | None = None
+    internal_error: str | None = None
+    partial: bool = False
+
+    @property
+    def mismatching_outputs(self) -> int:
+        return sum(1 for c in self.calls for o in c.outputs if o.mismatches)
+
+
+class Tolerance(NamedTuple):
+    """How far apart two outputs' elements may be and still agree (numpy's `isclose`;
+    None: findings/output_diff.py's default for the dtype)."""
+
+    rtol: float | None = None
+    atol: float | None = None
+
+
+def run_diff_and_report(script: str, args: Sequence[str], config: Config, side: Side,
+                        tolerance: Tolerance, fmt: str, output: Path | None) -> ExitCode:
+    """`pallas-check diff`: every call run by ours and by `side`, outputs compared."""
+    return runner.run_command(DiffCommand(script, config, side, *tolerance), script, args,
+                              fmt, output)
+
+
+class DiffCommand:
+    """`pallas-check diff` for runner.run_command: a DiffSession installed while the script
+    runs; the report compares the outputs call by call."""
+
+    def __init__(self, script: str, config: Config, side: Side, rtol: float | None,
+                 atol: float | None) -> None:
+        self.script, self.config, self.side = script, config, side
+        self.rtol, self.atol = rtol, atol
+        self.session = DiffSession(config, side, rtol, atol)
+
+    def installed(self) -> ContextManager[None]:
+        return self.session.install()
+
+    def calls_in_flight(self) -> int:
+        return self.session.ours.calls_in_flight
+
+    def failed(self) -> bool:
+        return self.session.ours.engine_error is not None or self.session.side_error is not None
+
+    def verdict(self, outcome: ScriptOutcome, ours: list[str], fmt: str,
+                to_stdout: bool) -> Verdict:
+        session = self.session
+        error = session.ours.engine_error or (ours[0] if ours else None) or session.side_error
+        error = short_error(error) if error else None
+        user_failed = not outcome.ok and error is None
+        calls = sorted(session.calls, key=lambda c: (c.index, c.device))
+        code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None,
+                             calls=len(calls))
+        report = DiffReport(
+            script=self.script, against=self.side.label, config=config_dict(self.config),
+            against_config=self.side.config_dict(), rtol=self.rtol, atol=self.atol,
+            calls=calls, findings=len(session.ours.findings), exit_code=int(code),
+            user_error=outcome.error if user_failed else None,
+            user_traceback=outcome.traceback if user_failed else None,
+            internal_error=error, partial=outcome.interrupted)
+        text = render(report, fmt, DIFF, display_for(sys.stdout if to_stdout else None))
+        return Verdict(text, code, summary_text(report), error,
+                       script_traceback(outcome) if user_failed else None)

@@ -1,0 +1,122 @@
+"""Two outputs of one call compared element-wise, as `pallas-check diff` does (commands/diff.py):
+per-dtype tolerances, NaN equal to NaN, the first mismatches kept as JSON-friendly scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypedDict, Union
+
+import numpy as np
+
+
+FIRST_MISMATCHES = 5
+
+# One element of an output as the report writes it (`_scalar`): JSON-friendly.
+Scalar = Union[bool, int, float, str]
+
+
+# Default tolerances per float dtype (itemsize; bfloat16 is told apart by name).
+_TOLERANCES = {"bfloat16": (1.6e-2, 1e-3), 2: (1e-3, 1e-5), 4: (1e-5, 1e-6),
+               8: (1e-7, 1e-9)}
+
+
+@dataclasses.dataclass
+class Mismatch:
+    index: tuple[int, ...]
+    ours: Scalar
+    theirs: Scalar
+
+
+@dataclasses.dataclass
+class OutputDiff:
+    output: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    size: int
+    mismatches: int
+    max_abs: float
+    max_rel: float
+    first: list[Mismatch]
+    rtol: float | None = None
+    atol: float | None = None
+    note: str | None = None  # e.g. the other side's shape or dtype, when it differs
+
+
+class _Named(TypedDict):
+    """The fields of an `OutputDiff` that name the output, whatever the comparison found."""
+
+    output: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    size: int
+
+
+def tolerances(dtype: np.dtype, rtol: float | None, atol: float | None
+               ) -> tuple[float, float]:
+    """(rtol, atol) for a dtype: the user's where given, else the dtype's defaults."""
+    if not _is_float(dtype):
+        return 0.0, 0.0
+    key: str | int = "bfloat16" if dtype.name == "bfloat16" else min(dtype.itemsize, 8)
+    if np.issubdtype(dtype, np.complexfloating):
+        key = dtype.itemsize // 2
+    default_rtol, default_atol = _TOLERANCES.get(key, _TOLERANCES[4])
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc" or dtype.name in ("bfloat16",) or "float8" in dtype.name
+
+
+def _scalar(x: np.generic | complex) -> Scalar:
+    """A JSON-friendly scalar: ints and bools as such, non-finite floats as strings."""
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer, int)):
+        return int(x)
+    if isinstance(x, (np.complexfloating, complex)):
+        return str(complex(x))
+    value = float(x)
+    return value if np.isfinite(value) else str(value)
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
+            atol: float | None = None, output: int = 0, name: str = "") -> OutputDiff:
+    """Element-wise comparison; NaN equals NaN, infinities equal themselves."""
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    r, a = tolerances(ours.dtype, rtol, atol)
+    base: _Named = {"output": output, "name": name, "shape": tuple(ours.shape),
+                    "dtype": str(ours.dtype), "size": int(ours.size)}
+    if ours.shape != theirs.shape:
+        return OutputDiff(**base, mismatches=int(ours.size), max_abs=float("inf"),
+                          max_rel=float("inf"), first=[],
+                          note=f"the other side's shape is {tuple(theirs.shape)}")
+    note = (None if ours.dtype == theirs.dtype
+            else f"the other side's dtype is {theirs.dtype}")
+    if _is_float(ours.dtype) or _is_float(theirs.dtype):
+        wide = np.complex128 if (ours.dtype.kind == "c" or theirs.dtype.kind == "c") \
+            else np.float64
+        x, y = ours.astype(wide), theirs.astype(wide)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            err = np.where(same, 0.0, np.abs(x - y))
+            err = np.where(np.isnan(err), np.inf, err)  # NaN against a number, inf - inf
+            close = same | (err <= a + r * np.abs(y))
+            rel = np.where(err == 0, 0.0, err / np.abs(y))
+            rel = np.where(np.isnan(rel), np.inf, rel)  # an infinite error against inf
+    else:
+        x, y = ours, theirs
+        close = x == y
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            err = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            rel = np.where(err == 0, 0.0, err / np.abs(y.astype(np.float64)))
+    bad = np.flatnonzero(~np.asarray(close).ravel())
+    first = [Mismatch(tuple(int(i) for i in np.unravel_index(k, ours.shape)),
+                      _scalar(ours.ravel()[k]), _scalar(theirs.ravel()[k]))
+             for k in bad[:FIRST_MISMATCHES]]
+    max_abs = float(np.max(err)) if err.size else 0.0
+    max_rel = float(np.max(rel)) if rel.size else 0.0
+    return OutputDiff(**base, mismatches=int(bad.size), max_abs=max_abs, max_rel=max_rel,
+                      first=first, rtol=r, atol=a, note=note)

@@ -1,0 +1,193 @@
+"""The jitted call around the kernels: a hook on JAX's dispatch of a top-level call.
+
+A `pallas_call` inside `jax.jit` runs as one host callback of the jitted computation
+(intercept/patched_lowering.py): the callback alone cannot tell what the program keeps of a call's outputs.
+Every top-level dispatch of a jitted computation -- `jax.jit(f)(x)` from Python, and an
+eager primitive such as an eager `pallas_call`, which JAX runs as a jitted computation of
+its own -- goes through one function of JAX's (`_pjit_call_impl_python`: lower, compile,
+run). While installed, a computation that holds a pallas_call is run there between
+`Listener.opened` and `Listener.closed`: closed gets its results and a way to run the
+same executable on the same arguments again (pallas_check/intercept/judge.py uses it to decide
+whether never-written memory reaches what the program keeps). Computations without a
+pallas_call (the engine's own, the script's plain ones) pass through untouched.
+
+JAX's C++ dispatch would run such a computation again without Python (its fast path);
+it is refused for computations that hold a pallas_call, so that each run is seen here.
+A call compiled ahead of time (`jax.jit(f).lower(x).compile()`) runs without this
+function: its kernels are judged at their own boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import sub_jaxprs
+from pallas_check.jaxbridge import jit_dispatch, set_jit_dispatch
+
+# Primitives that run a kernel through the patched pallas_call lowering (`pl.kernel` on a
+# SparseCore mesh binds mpmd_map), matched by name in nested jaxprs too.
+_KERNEL_PRIMITIVES = frozenset({"pallas_call", "mpmd_map"})
+_EAGER_NAMES = frozenset({"wrapped", "pallas_call", "mpmd_map", "prim_fun"})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OuterCall:
+    """A top-level jitted computation that holds a pallas_call: its name (the jitted
+    function's), the names of its side effects, whether it donates an argument, whether
+    it is an eager pallas_call (its one equation is the kernel), and which kernels'
+    outputs are its results."""
+
+    name: str
+    effects: tuple[str, ...] = ()
+    donates: bool = False
+    eager: bool = False
+    # Kernels whose outputs are results as they are: a kernel's jaxpr (by id) that one
+    # equation of the whole computation runs, at its top level -> per output, the
+    # indices of the results that are that output.
+    direct: dict = dataclasses.field(default_factory=dict)
+
+    def cannot_rerun(self) -> str | None:
+        """Why running it again would change what the script sees (None: it would not)."""
+        if self.donates:
+            return f"{self.describe()} donates its arguments, so it cannot be re-run"
+        if self.effects:
+            return (f"{self.describe()} has side effects ({', '.join(self.effects)}),"
+                    " so it is not re-run")
+        return None
+
+    def describe(self) -> str:
+        return "the eager pallas_call" if self.eager else f"jax.jit({self.name})"
+
+
+class Listener(Protocol):
+    def opened(self, call: OuterCall) -> Any:
+        """The computation starts (the value returned is passed to `closed`)."""
+
+    def closed(self, token: Any, outputs: Sequence[Any] | None,
+               rerun: Callable[[], list[np.ndarray]] | None,
+               error: BaseException | None) -> None:
+        """It ended: its results (None if it raised `error`) and `rerun`, which runs it
+        again on the same arguments and returns its results as numpy arrays."""
+
+
+_lock = threading.Lock()
+_saved: dict[str, Any] | None = None
+_listener: Listener | None = None
+# Whether the computation this thread just ran through the hook held a pallas_call: JAX
+# asks for its fast-path data right after running it, on the same thread.
+_last = threading.local()
+_facts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _kernel_facts(closed: Any) -> tuple[bool, dict]:
+    """Whether a closed jaxpr runs a kernel anywhere, and `direct` (see OuterCall);
+    worked out once per jaxpr."""
+    try:
+        return _facts[closed]
+    except (KeyError, TypeError):
+        pass
+    seen: dict[int, int] = {}  # a kernel jaxpr's id -> its equations anywhere
+    _count(closed.jaxpr, seen)
+    outvars = list(closed.jaxpr.outvars)
+    direct = {}
+    for eqn in closed.jaxpr.eqns:
+        kernel = eqn_params.maybe_body(eqn)
+        if eqn.primitive.name in _KERNEL_PRIMITIVES and seen.get(id(kernel)) == 1:
+            direct[id(kernel)] = tuple(tuple(k for k, v in enumerate(outvars) if v is out)
+                                       for out in eqn.outvars)
+    facts = (bool(seen), direct)
+    try:
+        _facts[closed] = facts
+    except TypeError:  # not weakly referenceable: worked out again next time
+        pass
+    return facts
+
+
+def _count(jaxpr: Any, seen: dict[int, int]) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _KERNEL_PRIMITIVES:
+            key = id(eqn_params.maybe_body(eqn))
+            seen[key] = seen.get(key, 0) + 1
+        for sub in sub_jaxprs(eqn):
+            _count(sub, seen)
+
+
+def _describe(params: dict) -> OuterCall:
+    jit = eqn_params.jit_call(params)
+    closed, name = jit.body, jit.name
+    effects = tuple(sorted({type(e).__name__ for e in closed.effects}))
+    eqns = closed.jaxpr.eqns
+    # An eager pallas_call runs as JAX's jit of the call alone (pallas_call's own
+    # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
+    eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
+             and name in _EAGER_NAMES)
+    return OuterCall(name, effects, jit.donates, eager,
+                     _kernel_facts(closed)[1])
+
+
+def _call_impl_python(*args: Any, **params: Any) -> Any:
+    original = _saved["impl"] if _saved is not None else None
+    listener = _listener
+    if original is None or listener is None or not _kernel_facts(eqn_params.jit_body(params))[0]:
+        result = (original or jit_dispatch()[0])(*args, **params)
+        _last.kernel = False
+        return result
+    import jax
+
+    token = listener.opened(_describe(params))
+    try:
+        out_flat, compiled, profiler, const_args = original(*args, **params)
+        jax.block_until_ready(out_flat)  # every callback of the computation has run
+    except BaseException as exc:
+        listener.closed(token, None, None, exc)
+        raise
+
+    def rerun() -> list[np.ndarray]:
+        return [np.asarray(o) for o in compiled.unsafe_call(*const_args, *args)]
+
+    listener.closed(token, out_flat, rerun, None)
+    # Set last: the engine's own computations may have run on this thread meanwhile
+    # (XLA runs a small computation inline), each through this hook.
+    _last.kernel = True
+    return out_flat, compiled, profiler, const_args
+
+
+def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
+    if getattr(_last, "kernel", False):
+        _last.kernel = False
+        return None  # run through Python each time: the hook sees every run
+    saved = _saved
+    original = saved["fastpath"] if saved is not None else jit_dispatch()[1]
+    return original(*args, **kwargs)
+
+
+def install(listener: Listener) -> None:
+    """Tell `listener` of every top-level computation that holds a pallas_call."""
+    global _saved, _listener
+    with _lock:
+        if _saved is not None:
+            raise RuntimeError("pallas-check's jit hook is already installed")
+        impl, fastpath = jit_dispatch()
+        _saved = {"impl": impl, "fastpath": fastpath}
+        _listener = listener
+        set_jit_dispatch((_call_impl_python, _fastpath_data))
+
+
+def listening(listener: Listener) -> bool:
+    """Whether `listener` is the one told of top-level computations now."""
+    return _listener is listener
+
+
+def uninstall() -> None:
+    global _saved, _listener
+    with _lock:
+        if _saved is None:
+            return
+        set_jit_dispatch((_saved["impl"], _saved["fastpath"]))
+        _saved, _listener = None, None

@@ -1,0 +1,1 @@
+"""Tests of pallas_check/commands/: `diff` and `run --native`."""

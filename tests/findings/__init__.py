@@ -1,0 +1,1 @@
+"""Tests of pallas_check/findings/: every kind has its catalogue entry and samples."""

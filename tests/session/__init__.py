@@ -1,2 +1,0 @@
-"""Tests of the session and interception (session.py, intercept.py, hostcall.py): how a user's
-program reaches the engine."""
