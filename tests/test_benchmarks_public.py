@@ -84,7 +84,7 @@ def test_the_check_sees_each_way_of_reaching_inside(tmp_path):
     uses = _private_uses(script, tmp_path)
     assert uses == ["bench.py:2 imports pallas_check.checkers",
                     "bench.py:3 imports from pallas_check.intercept.tpu_info",
-                    "bench.py:4 imports pallas_check.intercept.session",
+                    "bench.py:4 imports from pallas_check.intercept",
                     "bench.py:6 uses pallas_check.engine",
                     "bench.py:7 names 'pallas_check.intercept.session'"]
 
