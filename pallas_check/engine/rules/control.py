@@ -6,7 +6,7 @@ the TPU's stateful PRNG.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, SupportsInt, cast
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,17 @@ from pallas_check.engine.seam import RunningCore
 @rule(program_id_p)
 def _program_id(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return np.int32(ctx.program_id(eqn_params.grid_axis(eqn)))
+
+
+@specializer(program_id_p)
+def _program_id_for(eqn: JaxprEqn) -> RuleFn:
+    """`_program_id` with its axis read once (a kernel asks at every grid step)."""
+    axis = eqn_params.grid_axis(eqn)
+
+    def program_id(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+        return np.int32(ctx.program_id(axis))
+
+    return program_id
 
 
 @rule(num_programs_p)
@@ -105,7 +116,7 @@ def _cond_for(eqn: JaxprEqn) -> _GenRule:
 
     def cond(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         # The branch index (an integer scalar, numpy's or JAX's), clamped as lax.switch does.
-        i = min(max(int(cast(SupportsInt, invals[0])), 0), last)
+        i = min(max(int(invals[0]), 0), last)  # type: ignore[call-overload]  # (no cast call: per step)
         return (yield from runner(ctx, i)(ctx, branches[i].consts, invals[1:]))
 
     return cond
