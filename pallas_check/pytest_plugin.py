@@ -113,10 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.getoption("pallas_check_devices") is not None:
             _use_devices(options.config.devices, options.config.compile)
         # Used as pallas_check.api, ...: the package holds them once imported.
-        from pallas_check import api
-        from pallas_check.commands import retrace
-        from pallas_check.run import runner
-        from pallas_check.intercept import tpu_info  # noqa: F401 lazy: JAX after XLA_FLAGS
+        import pallas_check.api, pallas_check.commands.retrace, pallas_check.intercept.tpu_info, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
         _simulate_the_tpu(config, options.config)
 

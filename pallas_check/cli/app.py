@@ -305,10 +305,7 @@ def _start_the_run(compiling: bool = False) -> None:
     terminal. A Ctrl-C meanwhile stops the run before the script (process/interrupts.py)."""
     with interrupts.handled():
         # Used as pallas_check.run.runner, ...: the package holds them once imported.
-        from pallas_check.commands import diff as compare
-        from pallas_check.commands import compile as compile_command
-        from pallas_check.commands import native
-        from pallas_check.run import runner  # noqa: F401 lazy: JAX after XLA_FLAGS
+        import pallas_check.commands.compile, pallas_check.commands.diff, pallas_check.commands.native, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
         start_backends_quietly(compiling)
 

@@ -60,8 +60,6 @@ def place(call: RecordedCall, outcome: CompileOutcome) -> tuple[SourceFrame | No
 
 def _mosaic_place(call: RecordedCall, outcome: CompileOutcome, names: list[str]
                   ) -> tuple[SourceFrame | None, str]:
-    from pallas_check.tpu_compile.mlirloc import locate
-
     grid = describe(call.params).grid
     if outcome.lowered_ir is None:  # (`place` asks only when there is one)
         return None, ""
