@@ -6,14 +6,14 @@ frames. These builders run only where some listener takes the event (see `Feeds`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted
 from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
                                           SemaphoreLeft, StalledBarrier, Where)
-from pallas_check.engine.dma.engine import CellKey, SemCell, sem_name, sem_value
+from pallas_check.engine.dma.engine import CellKey, Runner, SemCell, sem_name, sem_value
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings.finding import SourceFrame
@@ -24,20 +24,8 @@ if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.runtime.scheduler import Deadlock, Scheduler, Wait
 
 
-class Core(Protocol):
-    """Who runs (state.py's CoreContext)."""
-
-    @property
-    def actor(self) -> str: ...
-
-    @property
-    def device_id(self) -> int: ...
-
-    @property
-    def core_id(self) -> int: ...
-
-    @property
-    def grid_point(self) -> tuple[int, ...] | None: ...
+# Who runs (state.py's CoreContext): the DMA wing's `Runner`.
+Core = Runner
 
 
 def cell(semaphore: SemCell) -> Cell:

@@ -77,12 +77,9 @@ class DmaCall(Protocol):
     def dma_copied_unwritten(self, dma: Dma, unwritten: np.ndarray) -> None: ...
 
 
-class DmaCore(Evaluating, Protocol):
-    """What a DMA and a device id see of the core running kernel code (or that a DMA
-    actor runs for)."""
-
-    @property
-    def call(self) -> DmaCall: ...
+class Runner(Protocol):
+    """Who runs: the actor, its device and core, the grid point (state.py's CoreContext;
+    events name it, engine/call/event_data.py)."""
 
     @property
     def actor(self) -> str: ...
@@ -95,6 +92,14 @@ class DmaCore(Evaluating, Protocol):
 
     @property
     def grid_point(self) -> tuple[int, ...] | None: ...
+
+
+class DmaCore(Evaluating, Runner, Protocol):
+    """What a DMA and a device id see of the core running kernel code (or that a DMA
+    actor runs for)."""
+
+    @property
+    def call(self) -> DmaCall: ...
 
     @property
     def core_coords(self) -> dict[str, int]: ...
