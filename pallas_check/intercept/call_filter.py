@@ -57,10 +57,7 @@ class CallFilter:
         # structure -> calls
         self._seen: collections.Counter[tuple[object, ...]] = collections.Counter()
         self.counts: dict[str, KernelCounts] = {}
-        # The structure text of a call's params, by the params dict's identity (a jitted
-        # call's lowering hands the same dict to every one of its calls): printing a jaxpr
-        # costs about as much as a small call's pass-through.
-        self._static: dict[int, tuple[Mapping[str, object], str]] = {}
+        self._structures = StructureKeys()
 
     @property
     def active(self) -> bool:
@@ -97,6 +94,19 @@ class CallFilter:
 
     def structure(self, params: Mapping[str, object]) -> str:
         """The call's static parameters as text (`static_text`), remembered per params."""
+        return self._structures.of(params)
+
+
+class StructureKeys:
+    """The structure text of a call's params, remembered by the params dict's identity
+    (a jitted call's lowering hands the same dict to every one of its calls): printing a
+    jaxpr costs about as much as a small call's pass-through."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._static: dict[int, tuple[Mapping[str, object], str]] = {}
+
+    def of(self, params: Mapping[str, object]) -> str:
         entry = self._static.get(id(params))
         if entry is not None and entry[0] is params:
             return entry[1]

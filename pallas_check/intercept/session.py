@@ -37,6 +37,7 @@ from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
+from pallas_check.config import errors
 from pallas_check.config.errors import EngineFailure
 from pallas_check.findings.finding import CallSummary, Finding, FindingStore, KernelInfo, SourceFrame
 from pallas_check.intercept.generations import GenerationRun
@@ -46,6 +47,7 @@ from pallas_check.intercept.judge import Judge, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.xla_path import compiled_call
+from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -58,6 +60,12 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
         return describe.kernel_info(params)
     except Exception:  # noqa: BLE001 - the call is listed whatever its params hold
         return _UNNAMED
+
+
+def _tier_fields(tier: str, reason: str) -> dict[str, str]:
+    """A call summary's tier and reason, where the summary has them."""
+    fields = {f.name for f in dataclasses.fields(CallSummary)}
+    return {"tier": tier, "tier_reason": reason} if "tier" in fields else {}
 
 
 def _write_print(line: str) -> None:
@@ -143,6 +151,8 @@ class Session:
         # What a call leaves undecided in its outputs is judged by what the program keeps
         # of it (intercept/judge.py): those findings wait there for the jitted call around the call.
         self.judge = Judge(self)
+        # Which way each checked call runs (intercept/tiers.py): compiled, or the engine.
+        self.tiers = Tiers(config)
         if config.compile:
             self.compile_recorder = CompileRecorder()
 
@@ -227,7 +237,12 @@ class Session:
                                                        self.config.uninit.value, results)
                 self._record(call, len(fits.findings))
                 return outputs
-            result = self._run_engine(call, results, checkers, live)
+            never = (empties.never_written_inputs(params, device_operands[0])
+                     if mesh.num_devices == 1 else frozenset())
+            compiled = self._compiled(call, never, results)
+            if compiled.outputs is not None:
+                return self._compiled_done(call, program, outside, key, compiled.outputs)
+            result = self._run_engine(call, results, checkers, live, never)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -246,19 +261,40 @@ class Session:
         return_freed_memory()
         self._record(call, len(result.findings) + len(fits.findings),
                      races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
-                     unused_memory=result.unused_memory)
+                     unused_memory=result.unused_memory, tier_reason=compiled.reason)
         return result.outputs
 
+    def _compiled(self, call: _Call, never: frozenset[int],
+                  results: Sequence[np.ndarray] | None) -> TierRun:
+        """The call run by the compiled tier (intercept/tiers.py) where it may be; its
+        outputs None when the engine runs it, with the reason. `--tier compiled` and a
+        call the tier cannot run: a one-line error."""
+        refused = self.tiers.refusal(call.params, call.mesh.num_devices, never)
+        if refused is not None:
+            if self.tiers.mode == COMPILED:
+                where = f" at {call.kernel.file}:{call.kernel.line}" if call.kernel.file else ""
+                raise getattr(errors, 'TierRefused', EngineFailure)(f"--tier compiled: {call.kernel.name}{where} cannot run"
+                                  f" compiled: {refused}")
+            return TierRun(None, refused)
+        return self.tiers.run(call.params, call.device_operands[0], results)
+
+    def _compiled_done(self, call: _Call, program: object, outside: object, key: object,
+                       outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """A call the compiled tier ran with a clear verdict: no findings, its outputs."""
+        with self._lock:
+            self._in_flight.pop(call.index, None)
+        self.store.extend(self.judge.received(program, outside, key, call.index, 0, [], []))
+        self._record(call, 0, tier=COMPILED)
+        return [outputs]
+
     def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
-                    checkers: Checkers, live: InFlight) -> explore.DevicesResult:
+                    checkers: Checkers, live: InFlight,
+                    never: frozenset[int]) -> explore.DevicesResult:
         """The checked call, named, simulated by the engine (explore.DevicesResult)."""
         params, device_operands, mesh, index = (call.params, call.device_operands,
                                                 call.mesh, call.index)
         name, call_site = call.kernel.name, call.call_site
         run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
-        # Inputs the script made with jnp.empty: never-written memory (intercept/empties.py).
-        never = (empties.never_written_inputs(params, device_operands[0])
-                 if mesh.num_devices == 1 else frozenset())
         progress = self.progress
         # The engine's own compiled pieces run on a CPU client of its own, whatever the
         # script's backend is, and never queue behind the script's work.
@@ -381,7 +417,8 @@ class Session:
 
     def _record(self, call: _Call, findings: int, *, failed: bool = False,
                 progress: dict[str, int] | None = None, races: dict[str, int] | None = None,
-                unused_memory: list | None = None) -> None:
+                unused_memory: list | None = None, tier: str = ENGINE,
+                tier_reason: str = "") -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         kernel = call.kernel
@@ -397,7 +434,8 @@ class Session:
                                           call.mesh.num_devices, call.call_site, failed,
                                           interrupted=progress is not None,
                                           progress=progress or {}, races=races or {},
-                                          unused_memory=unused_memory or []))
+                                          unused_memory=unused_memory or [],
+                                          **_tier_fields(tier, tier_reason)))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

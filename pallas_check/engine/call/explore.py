@@ -181,6 +181,12 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
+def mosaic_refusal(params: CallParams) -> NotLowered | None:
+    """Why Mosaic would not lower the call (its compiler params, or something in its
+    kernel), or None: a call it refuses is skipped with a `compile-error` finding."""
+    return foreign_compiler_params(params) or _not_lowered(params)
+
+
 def _not_lowered(params: CallParams) -> NotLowered | None:
     """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
     described = describe(params)

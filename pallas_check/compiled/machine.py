@@ -1,0 +1,471 @@
+"""The state a compiled call carries through its computation, and what acts on it.
+
+Everything the engine keeps as Python objects is here an array that XLA carries through
+the grid loop and every loop of the kernel: each buffer's value and, where something can
+leave it unwritten, its written-shadow (a bool per element); the semaphores as one int32
+vector of counts; the DMAs in flight as a fixed-size table; and the verdict bits.
+
+A `Machine` is the state at one point of tracing. Control flow hands its arrays over as a
+pytree (`carry`) and takes them back (`restore`), so a `lax.while_loop` or `lax.switch`
+carries the whole memory the way the engine's Python carries it. Buffers are numbered as
+they are made (the call's operands and scratch, then each `pl.run_scoped` allocation while
+its scope lasts), the same way in every tracing pass.
+
+The DMA table holds, per slot, the DMA's site (its start equation with its static sizes:
+`DmaSite`), its source and destination boxes, its semaphore cell and bytes, whether it has
+landed, and an age. `on_wait`: a wait lands the DMAs on its semaphore newest first until
+the count covers it, as the engine does (engine/dma/policy.py); `eager`: a start lands at
+once. A wait then retires the landed DMAs its bytes cover, newest first; what is left in
+the table at the end was never waited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_check.compiled.verdict import Verdict
+from pallas_check.engine.memory.buffer import fill_value
+
+# The largest rank a buffer may have (boxes in the DMA table are padded to it).
+MAX_RANK = 6
+# DMAs in flight at once; one more sets TABLE_FULL (the engine then runs the call).
+TABLE_SIZE = 32
+
+# A start index while tracing: a Python int (static) or a traced int32 scalar.
+Index = Any
+
+
+class Unsupported(Exception):
+    """The call needs the engine; the message is the reason, a short phrase."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferInfo:
+    """One buffer of the call: the kernel's view of an operand, a block, scratch."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    tracked: bool  # has a written-shadow (else every element counts as written)
+    scratch: bool  # the kernel's own allocation: left partly untouched is UNTOUCHED
+
+
+@dataclasses.dataclass(frozen=True)
+class SemInfo:
+    """A semaphore array: its cells are `base` onward in the machine's count vector."""
+
+    name: str
+    base: int
+    shape: tuple[int, ...]
+
+
+class Ref:
+    """A kernel ref while tracing: a buffer (or semaphore array) and the box of it the
+    ref's indexing selects: per buffer dimension a start, a static size, and whether the
+    dimension is still a dimension of the view (an integer index drops it)."""
+
+    __slots__ = ("buffer", "sem", "starts", "sizes", "kept")
+
+    def __init__(self, buffer: int, sem: bool, starts: tuple[Index, ...],
+                 sizes: tuple[int, ...], kept: tuple[bool, ...]) -> None:
+        self.buffer, self.sem = buffer, sem
+        self.starts, self.sizes, self.kept = starts, sizes, kept
+
+    @classmethod
+    def whole(cls, buffer: int, shape: tuple[int, ...], sem: bool = False) -> Ref:
+        return cls(buffer, sem, (0,) * len(shape), tuple(shape), (True,) * len(shape))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(s for s, k in zip(self.sizes, self.kept) if k)
+
+    def indexed(self, indexer: Any) -> Ref:
+        """The ref after one NDIndexer: a `pl.ds` of static size and stride 1, or an
+        integer, per dimension of the view (anything else needs the engine)."""
+        if tuple(getattr(indexer, "int_indexer_shape", ()) or ()):
+            raise Unsupported("an index array")
+        starts, sizes, kept = list(self.starts), list(self.sizes), list(self.kept)
+        dims = [d for d, k in enumerate(self.kept) if k]
+        if len(indexer.indices) != len(dims):
+            raise Unsupported("an indexer of another rank")
+        for d, index in zip(dims, indexer.indices):
+            if hasattr(index, "size") and hasattr(index, "stride"):  # a Slice
+                if not isinstance(index.size, (int, np.integer)) or index.stride != 1:
+                    raise Unsupported("a slice of traced size or with a stride")
+                starts[d] = _plus(starts[d], index.start)
+                sizes[d] = int(index.size)
+            else:
+                if np.ndim(index) != 0:
+                    raise Unsupported("an index array")
+                starts[d] = _plus(starts[d], index)
+                sizes[d], kept[d] = 1, False
+        return Ref(self.buffer, self.sem, tuple(starts), tuple(sizes), tuple(kept))
+
+
+def _plus(a: Index, b: Index) -> Index:
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return int(a) + int(b)
+    return jnp.asarray(a, jnp.int32) + jnp.asarray(b, jnp.int32)
+
+
+def _i32(x: Index) -> jax.Array:
+    return jnp.asarray(x, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaSite:
+    """A DMA start as traced: its buffers and box sizes are static, its starts are not."""
+
+    src: int
+    dst: int
+    src_sizes: tuple[int, ...]
+    dst_sizes: tuple[int, ...]
+    nbytes: int
+
+
+@dataclasses.dataclass
+class Layout:
+    """What both tracing passes share: the options, and the DMA sites the first pass met
+    (the second builds each landing as a switch over all of them)."""
+
+    races: bool
+    eager: bool
+    fill: str
+    sites: list[DmaSite] = dataclasses.field(default_factory=list)
+    site_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    frozen: bool = False
+
+    def site(self, key: tuple[object, ...], make: DmaSite) -> int:
+        found = self.site_ids.get(key)
+        if found is None:
+            if self.frozen:
+                raise Unsupported("a DMA the first tracing pass did not meet")
+            found = self.site_ids[key] = len(self.sites)
+            self.sites.append(make)
+        return found
+
+
+def _empty_table() -> dict[str, jax.Array]:
+    k, r = TABLE_SIZE, MAX_RANK
+    zeros = functools.partial(jnp.zeros, dtype=jnp.int32)
+    return {"active": jnp.zeros(k, bool), "landed": jnp.zeros(k, bool),
+            "site": zeros(k), "age": zeros(k), "sem": zeros(k), "bytes": zeros(k),
+            "src_buf": zeros(k) - 1, "dst_buf": zeros(k) - 1,
+            "src_start": zeros((k, r)), "src_size": zeros((k, r)),
+            "dst_start": zeros((k, r)), "dst_size": zeros((k, r)), "clock": zeros(())}
+
+
+class Machine:
+    """The call's state at one point of tracing (see the module docstring)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.buffers: list[BufferInfo] = []
+        self.values: list[jax.Array] = []
+        self.shadows: list[jax.Array | None] = []
+        self.semaphores: list[SemInfo] = []
+        self.counts = jnp.zeros((0,), jnp.int32)
+        self.table = _empty_table()
+        self.verdict = jnp.zeros((), jnp.int32)
+
+    # -- the state as a pytree ---------------------------------------------------------
+
+    def carry(self, buffers: Sequence[int] | None = None) -> tuple[Any, ...]:
+        """The state as a pytree: every buffer, or only `buffers` (what a loop or branch
+        may write; the others it reads as they are, closed over)."""
+        ids = range(len(self.values)) if buffers is None else buffers
+        return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
+                self.counts, dict(self.table), self.verdict)
+
+    def restore(self, carry: tuple[Any, ...], buffers: Sequence[int] | None = None) -> None:
+        values, shadows, self.counts, table, self.verdict = carry
+        self.table = dict(table)
+        if buffers is None:
+            self.values, self.shadows = list(values), list(shadows)
+            return
+        for b, value, shadow in zip(buffers, values, shadows):
+            self.values[b], self.shadows[b] = value, shadow
+
+    def snapshot(self) -> tuple[list[jax.Array], list[jax.Array | None]]:
+        return list(self.values), list(self.shadows)
+
+    def reset(self, snapshot: tuple[list[jax.Array], list[jax.Array | None]]) -> None:
+        """Back to the buffers of `snapshot` (what a traced loop body left in the
+        buffers it does not carry belongs to that trace)."""
+        self.values, self.shadows = list(snapshot[0]), list(snapshot[1])
+
+    def landing_targets(self) -> set[int]:
+        """The buffers a wait may land a DMA in (on_wait: any started DMA's)."""
+        return set() if self.layout.eager else {site.dst for site in self.layout.sites}
+
+    def flag(self, condition: Any, bit: Verdict) -> None:
+        """Set `bit` where `condition` (a traced or static bool) holds."""
+        if isinstance(condition, (bool, np.bool_)):
+            if condition:
+                self.verdict = self.verdict | int(bit)
+            return
+        self.verdict = self.verdict | jnp.where(condition, jnp.int32(int(bit)), 0)
+
+    # -- buffers and semaphores --------------------------------------------------------
+
+    def add_buffer(self, info: BufferInfo, value: jax.Array | None = None,
+                   written: bool = False) -> int:
+        """A new buffer (`value`, or the never-written fill), numbered in order."""
+        if len(info.shape) > MAX_RANK:
+            raise Unsupported(f"a buffer of rank {len(info.shape)}")
+        if value is None:
+            value = jnp.full(info.shape, fill_value(info.dtype, self.layout.fill), info.dtype)
+        self.buffers.append(info)
+        self.values.append(value)
+        self.shadows.append(jnp.full(info.shape, written) if info.tracked else None)
+        return len(self.buffers) - 1
+
+    def add_semaphores(self, name: str, shape: tuple[int, ...]) -> int:
+        base = int(self.counts.shape[0])
+        self.semaphores.append(SemInfo(name, base, tuple(shape)))
+        self.counts = jnp.concatenate([self.counts, jnp.zeros(math.prod(shape), jnp.int32)])
+        return len(self.semaphores) - 1
+
+    def free(self, buffers: int, semaphores: int) -> None:
+        """The end of a scope: its allocations, the last made, are checked and dropped."""
+        for _ in range(buffers):
+            info, shadow = self.buffers.pop(), self.shadows.pop()
+            self.values.pop()
+            if info.scratch and shadow is not None:
+                self.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
+        for _ in range(semaphores):
+            sem = self.semaphores.pop()
+            self.flag(jnp.any(self.counts[sem.base:] != 0), Verdict.SEMAPHORE_LEFT)
+            self.counts = self.counts[:sem.base]
+
+    def cell(self, ref: Ref) -> jax.Array:
+        """The count index of the one semaphore `ref` selects."""
+        if not ref.sem:
+            raise Unsupported("a semaphore operation on a buffer")
+        if any(ref.kept) and math.prod(ref.sizes) != 1:
+            raise Unsupported("a semaphore array used whole")
+        sem = self.semaphores[ref.buffer]
+        flat: Index = sem.base
+        stride = 1
+        for start, size in reversed(list(zip(ref.starts, sem.shape))):
+            self.flag(_outside(start, 1, size), Verdict.OUT_OF_BOUNDS)
+            flat = _plus(flat, _times(start, stride))
+            stride *= size
+        return jnp.clip(_i32(flat), sem.base, sem.base + max(math.prod(sem.shape), 1) - 1)
+
+    # -- kernel accesses ----------------------------------------------------------------
+
+    def read(self, ref: Ref, check_written: bool = True) -> jax.Array:
+        b = self._checked(ref, write=False)
+        starts = [_i32(s) for s in ref.starts]
+        value = lax.dynamic_slice(self.values[b], starts, ref.sizes)
+        shadow = self.shadows[b]
+        if check_written and shadow is not None:
+            self.flag(~jnp.all(lax.dynamic_slice(shadow, starts, ref.sizes)),
+                      Verdict.UNINITIALIZED)
+        return value.reshape(ref.shape)
+
+    def write(self, ref: Ref, value: jax.Array) -> None:
+        b = self._checked(ref, write=True)
+        starts = [_i32(s) for s in ref.starts]
+        info = self.buffers[b]
+        value = jnp.asarray(value).astype(info.dtype).reshape(ref.sizes)
+        self.values[b] = lax.dynamic_update_slice(self.values[b], value, starts)
+        shadow = self.shadows[b]
+        if shadow is not None:
+            self.shadows[b] = lax.dynamic_update_slice(
+                shadow, jnp.ones(ref.sizes, bool), starts)
+
+    def _checked(self, ref: Ref, write: bool) -> int:
+        if ref.sem:
+            raise Unsupported("a load or store of a semaphore")
+        b = ref.buffer
+        shape = self.buffers[b].shape
+        self.flag(_any(_outside(s, n, m) for s, n, m in zip(ref.starts, ref.sizes, shape)),
+                  Verdict.OUT_OF_BOUNDS)
+        if self.layout.races:
+            self.flag(self._overlaps_in_flight(b, ref.starts, ref.sizes, write),
+                      Verdict.RACE)
+        return b
+
+    def _overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
+                            write: bool) -> jax.Array:
+        """Whether a box of buffer `b` meets a DMA in flight: its destination (any
+        access), or its source (a write)."""
+        t = self.table
+        start, size = _padded(starts, 0), _padded(sizes, 1)
+        hit = t["active"] & (t["dst_buf"] == b) & _meets(t["dst_start"], t["dst_size"],
+                                                         start, size)
+        if write:
+            hit = hit | (t["active"] & (t["src_buf"] == b)
+                         & _meets(t["src_start"], t["src_size"], start, size))
+        return jnp.any(hit)
+
+    # -- DMAs ---------------------------------------------------------------------------
+
+    def dma_start(self, key: tuple[object, ...], src: Ref, dst: Ref, cell: jax.Array) -> None:
+        """A DMA starts: its boxes checked, a slot of the table taken (eager: it lands)."""
+        src_info, dst_info = self.buffers[src.buffer], self.buffers[dst.buffer]
+        nbytes = math.prod(dst.shape) * dst_info.dtype.itemsize
+        if math.prod(src.shape) != math.prod(dst.shape) or src_info.dtype != dst_info.dtype:
+            raise Unsupported("a DMA between views of other sizes or element types")
+        site = self.layout.site(key, DmaSite(src.buffer, dst.buffer, src.sizes, dst.sizes,
+                                             nbytes))
+        for ref in (src, dst):
+            self.flag(_any(_outside(s, n, m) for s, n, m in
+                           zip(ref.starts, ref.sizes, self.buffers[ref.buffer].shape)),
+                      Verdict.OUT_OF_BOUNDS)
+        if self.layout.races:
+            self.flag(self._overlaps_in_flight(src.buffer, src.starts, src.sizes, False)
+                      | self._overlaps_in_flight(dst.buffer, dst.starts, dst.sizes, True),
+                      Verdict.RACE)
+        t = dict(self.table)
+        self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
+        slot = jnp.argmin(t["active"])
+        entry = {"active": True, "landed": False, "site": site, "age": t["clock"],
+                 "sem": cell, "bytes": nbytes, "src_buf": src.buffer, "dst_buf": dst.buffer,
+                 "src_start": _padded([_i32(s) for s in src.starts], 0),
+                 "src_size": _padded(src.sizes, 1),
+                 "dst_start": _padded([_i32(s) for s in dst.starts], 0),
+                 "dst_size": _padded(dst.sizes, 1)}
+        for name, value in entry.items():
+            t[name] = t[name].at[slot].set(value)
+        t["clock"] = t["clock"] + 1
+        self.table = t
+        if self.layout.eager:
+            self._land(slot)
+
+    def _land(self, slot: jax.Array) -> None:
+        """The DMA in `slot` moves its data and signals its semaphore."""
+        t = self.table
+        targets = sorted({site.dst for site in self.layout.sites})
+        branches = [functools.partial(self._land_site, site, targets)
+                    for site in self.layout.sites]
+        if not branches:
+            return
+        before = self.snapshot()
+        carry = lax.switch(t["site"][slot], branches, self.carry(targets),
+                           t["src_start"][slot], t["dst_start"][slot])
+        self.reset(before)
+        self.restore(carry, targets)
+        t = dict(self.table)
+        self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
+        t["landed"] = t["landed"].at[slot].set(True)
+        self.table = t
+
+    def _land_site(self, site: DmaSite, targets: list[int], carry: tuple[Any, ...],
+                   src_start: jax.Array, dst_start: jax.Array) -> tuple[Any, ...]:
+        self.restore(carry, targets)
+        src_at = [src_start[d] for d in range(len(site.src_sizes))]
+        dst_at = [dst_start[d] for d in range(len(site.dst_sizes))]
+        value = lax.dynamic_slice(self.values[site.src], src_at, site.src_sizes)
+        shadow = self.shadows[site.src]
+        if shadow is not None:
+            self.flag(~jnp.all(lax.dynamic_slice(shadow, src_at, site.src_sizes)),
+                      Verdict.UNINITIALIZED)
+        self.values[site.dst] = lax.dynamic_update_slice(
+            self.values[site.dst], value.reshape(site.dst_sizes), dst_at)
+        dst_shadow = self.shadows[site.dst]
+        if dst_shadow is not None:
+            self.shadows[site.dst] = lax.dynamic_update_slice(
+                dst_shadow, jnp.ones(site.dst_sizes, bool), dst_at)
+        return self.carry(targets)
+
+    def wait(self, cell: jax.Array, wanted: Index, decrement: bool = True) -> None:
+        """A wait for `wanted` on semaphore `cell`: DMAs on it land (on_wait) until the
+        count covers it; a count that cannot is WAIT_UNMET (one core: nothing else will
+        signal); then the count is taken and the DMAs it covers retire."""
+        wanted = _i32(wanted)
+        if not self.layout.eager and self.layout.sites:
+            def pending(t: dict[str, jax.Array]) -> jax.Array:
+                return t["active"] & ~t["landed"] & (t["sem"] == cell)
+
+            targets = sorted(self.landing_targets())
+
+            def more(carry: tuple[Any, ...]) -> jax.Array:
+                counts, t = carry[2], carry[3]
+                return (counts[cell] < wanted) & jnp.any(pending(t))
+
+            def land_newest(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+                self.restore(carry, targets)
+                self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)))
+                return self.carry(targets)
+
+            before = self.snapshot()
+            carry = lax.while_loop(more, land_newest, self.carry(targets))
+            self.reset(before)
+            self.restore(carry, targets)
+        met = self.counts[cell] >= wanted
+        self.flag(~met, Verdict.WAIT_UNMET)
+        if decrement:
+            self.counts = self.counts.at[cell].add(-jnp.where(met, wanted, 0))
+        self._retire(cell, wanted)
+
+    def _retire(self, cell: jax.Array, wanted: jax.Array) -> None:
+        def landed(t: dict[str, jax.Array]) -> jax.Array:
+            return t["active"] & t["landed"] & (t["sem"] == cell)
+
+        def more(carry: tuple[jax.Array, dict[str, jax.Array]]) -> jax.Array:
+            left, t = carry
+            return (left > 0) & jnp.any(landed(t))
+
+        def retire_newest(carry: tuple[jax.Array, dict[str, jax.Array]]
+                          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+            left, t = carry
+            slot = jnp.argmax(jnp.where(landed(t), t["age"], -1))
+            t = dict(t)
+            t["active"] = t["active"].at[slot].set(False)
+            return left - t["bytes"][slot], t
+
+        _, self.table = lax.while_loop(more, retire_newest, (wanted, dict(self.table)))
+
+    def signal(self, cell: jax.Array, amount: Index) -> None:
+        self.counts = self.counts.at[cell].add(_i32(amount))
+
+    def finish(self) -> None:
+        """The kernel's end: DMAs never waited, semaphores left with a count."""
+        self.flag(jnp.any(self.table["active"]), Verdict.DMA_NOT_WAITED)
+        self.flag(jnp.any(self.counts != 0), Verdict.SEMAPHORE_LEFT)
+
+
+def _times(a: Index, k: int) -> Index:
+    return int(a) * k if isinstance(a, (int, np.integer)) else _i32(a) * k
+
+
+def _outside(start: Index, size: int, extent: int) -> Any:
+    """Whether [start, start + size) leaves [0, extent) (static where the start is)."""
+    if isinstance(start, (int, np.integer)):
+        return bool(start < 0 or start + size > extent)
+    s = _i32(start)
+    return (s < 0) | (s + size > extent)
+
+
+def _any(conditions: Any) -> Any:
+    found: Any = False
+    for c in conditions:
+        if isinstance(c, (bool, np.bool_)):
+            if c:
+                return True
+            continue
+        found = c if found is False else (found | c)
+    return found
+
+
+def _padded(values: Sequence[Index], pad: int) -> jax.Array:
+    values = list(values) + [pad] * (MAX_RANK - len(values))
+    return jnp.stack([_i32(v) for v in values])
+
+
+def _meets(starts: jax.Array, sizes: jax.Array, start: jax.Array, size: jax.Array
+           ) -> jax.Array:
+    """Per table slot, whether its box meets the box (start, size) (padded dims meet)."""
+    return jnp.all((starts < start + size) & (start < starts + sizes), axis=-1)

@@ -1,0 +1,236 @@
+"""A call as one computation: the grid loop, the BlockSpec pipeline, the kernel body.
+
+`build(params, config)` traces the call twice (the first pass finds the DMA sites a
+landing switches over) and compiles it for the engine's CPU client; the result takes
+the call's operands and returns its outputs and the verdict.
+
+The pipeline, as one TPU core runs it (what the engine's `engine/call/pipeline.py`
+models, on one core, with nothing racing it): grid points in row-major order; an input's
+block is copied in when its block index changes (a kernel that writes its input block
+keeps what it wrote while the index stays); an output's block starts never-written, is
+written back when its index changes and at the end; an output block visited again after
+another is REVISIT (the engine decides whether work was lost). Block copies are selected,
+not branched: each step slices what it would copy and keeps the old block where the
+index stayed, so XLA updates the arrays in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_check.compiled.eligibility import pipelined
+from pallas_check.compiled.machine import BufferInfo, Layout, Machine, Ref, Unsupported
+from pallas_check.compiled.tracing import Evaluator, allocate
+from pallas_check.compiled.verdict import Verdict
+from pallas_check.config import Config, DmaMode
+from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
+from pallas_check.engine.memory.buffer import fill_value
+from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
+
+# What the compiled call returns: the outputs and the verdict (an int32 of Verdict bits).
+Compiled = Callable[..., tuple[list[jax.Array], jax.Array]]
+
+
+@dataclasses.dataclass
+class _Operand:
+    """A pipelined operand: its array in HBM, its block in VMEM, and its BlockSpec."""
+
+    hbm: int
+    block: int
+    spec: Block
+    output: bool
+
+
+def build(params: CallParams, config: Config) -> Compiled:
+    """The call compiled (raises `Unsupported` with the reason when it cannot be)."""
+    call = describe(params)
+    layout = Layout(races=bool(config.races), eager=config.dma_mode == DmaMode.EAGER,
+                    fill=config.uninit.value)
+    avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in _operand_avals(call)]
+
+    def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+        return _run_call(call, layout, list(operands))
+
+    jax.eval_shape(run, *avals)  # the first pass: the DMA sites
+    layout.frozen = True
+    try:
+        return jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS).lower(
+            *avals).compile()
+    except Unsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call
+        raise Unsupported(f"XLA cannot compile it ({type(exc).__name__})") from exc
+
+
+def _operand_avals(call: CallDescription) -> list[Any]:
+    """The call's operands: scalar prefetch, then the inputs."""
+    scalars = [v.aval for v in call.kernel.invars[:call.num_scalars]]
+    inputs = [jax.ShapeDtypeStruct(b.array_shape, b.array_dtype)
+              for b in call.blocks[:call.num_inputs]]
+    return [getattr(a, "inner_aval", a) for a in scalars] + inputs
+
+
+def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
+              ) -> tuple[list[jax.Array], jax.Array]:
+    machine = Machine(layout)
+    names = _arg_names(call)
+    refs: list[Ref] = []
+    for k in range(call.num_scalars):
+        value = operands[k]
+        refs.append(Ref.whole(machine.add_buffer(
+            BufferInfo(names[k], tuple(value.shape), np.dtype(value.dtype), False, False),
+            value), tuple(value.shape)))
+    scalars = list(refs)
+    piped: list[_Operand] = []
+    outputs: list[int] = []
+    for j, spec in enumerate(call.blocks):
+        output = j >= call.num_inputs
+        name = names[call.num_scalars + j]
+        hbm = machine.add_buffer(
+            BufferInfo(name, spec.array_shape, np.dtype(spec.array_dtype), output, False),
+            None if output else operands[call.num_scalars + j])
+        if output:
+            outputs.append(hbm)
+        if not pipelined(spec):
+            refs.append(Ref.whole(hbm, spec.array_shape))
+            continue
+        block = machine.add_buffer(
+            BufferInfo(name, spec.kernel_shape, np.dtype(spec.array_dtype), output, False))
+        piped.append(_Operand(hbm, block, spec, output))
+        refs.append(Ref.whole(block, spec.kernel_shape))
+    first_scratch = len(machine.buffers)
+    for k, aval in enumerate(call.scratch):
+        refs.append(allocate(machine, names[len(refs)] if len(refs) < len(names)
+                             else f"scratch{k}", aval))
+    _grid_loop(call, machine, refs, scalars, piped)
+    machine.finish()
+    for b in range(first_scratch, len(machine.buffers)):
+        shadow = machine.shadows[b]
+        if shadow is not None:
+            machine.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
+    for b in outputs:
+        shadow = machine.shadows[b]
+        assert shadow is not None
+        machine.flag(~jnp.all(shadow), Verdict.UNWRITTEN_OUTPUT)
+    return [machine.values[b] for b in outputs], machine.verdict
+
+
+def _arg_names(call: CallDescription) -> list[str]:
+    info = getattr(call.kernel, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    return [names[k] if k < len(names) and names[k] else f"arg{k}"
+            for k in range(len(call.kernel.invars))]
+
+
+def _grid_loop(call: CallDescription, machine: Machine, refs: list[Ref], scalars: list[Ref],
+               piped: list[_Operand]) -> None:
+    """Every grid step: the pipeline's copies, then the kernel body."""
+    grid = tuple(int(n) for n in call.grid)
+    total = math.prod(grid)
+    if total == 0:
+        return
+    tracker = [_Tracking.first(op) for op in piped]
+
+    def step(t: jax.Array, carry: Any) -> Any:
+        state, tracking = carry
+        machine.restore(state)
+        point = _grid_point(t, grid)
+        evaluator = Evaluator(machine, point, grid)
+        tracking = [_pipeline_step(evaluator, op, tr, t, scalars)
+                    for op, tr in zip(piped, tracking)]
+        evaluator.run(call.kernel, (), refs)
+        return machine.carry(), tracking
+
+    if total == 1:
+        state, tracking = step(jnp.int32(0), (machine.carry(), tracker))
+    else:
+        state, tracking = lax.fori_loop(0, total, step, (machine.carry(), tracker))
+    machine.restore(state)
+    for op, tr in zip(piped, tracking):
+        if op.output:
+            _write_back(machine, op, tr.index, jnp.bool_(True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Tracking:
+    """What the pipeline remembers of one operand: the block index it holds, and (an
+    output) which blocks it has visited."""
+
+    index: jax.Array  # int32 (rank,)
+    visited: jax.Array  # bool, one per block of the array (an input: a placeholder)
+
+    @classmethod
+    def first(cls, op: _Operand) -> _Tracking:
+        counts = _block_counts(op.spec)
+        return cls(jnp.full(len(counts), -1, jnp.int32),
+                   jnp.zeros(counts if op.output else (1,), bool))
+
+
+def _block_counts(spec: Block) -> tuple[int, ...]:
+    return tuple(n // d.size for n, d in zip(spec.array_shape, spec.dims))
+
+
+def _grid_point(flat: jax.Array, grid: tuple[int, ...]) -> list[jax.Array]:
+    """Row-major grid indices (the last axis fastest) of step `flat`."""
+    point = []
+    for size in reversed(grid):
+        point.append((flat % size).astype(jnp.int32))
+        flat = flat // size
+    return list(reversed(point))
+
+
+def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
+                   scalars: Sequence[Ref]) -> _Tracking:
+    machine = ev.machine
+    spec = op.spec
+    index = jnp.stack([jnp.asarray(i, jnp.int32) for i in ev.run(
+        spec.index_map.jaxpr, spec.index_map.consts, [*ev.point, *scalars])])
+    counts = np.array(_block_counts(spec), np.int32)
+    machine.flag(jnp.any((index < 0) | (index >= counts)), Verdict.OUT_OF_BOUNDS)
+    index = jnp.clip(index, 0, counts - 1)
+    changed = (t == 0) | jnp.any(index != tr.index)
+    sizes = tuple(d.size for d in spec.dims)
+    starts = [index[d] * sizes[d] for d in range(len(sizes))]
+    if not op.output:
+        fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes)
+        machine.values[op.block] = jnp.where(
+            changed, fresh.reshape(spec.kernel_shape), machine.values[op.block])
+        return _Tracking(index, tr.visited)
+    moved = (t > 0) & jnp.any(index != tr.index)
+    _write_back(machine, op, tr.index, moved)
+    idx = tuple(index[d] for d in range(len(sizes)))
+    machine.flag(moved & tr.visited[idx], Verdict.REVISIT)
+    info = machine.buffers[op.block]
+    block_shadow = machine.shadows[op.block]
+    assert block_shadow is not None
+    machine.values[op.block] = jnp.where(
+        moved, jnp.full(info.shape, fill_value(info.dtype, machine.layout.fill), info.dtype),
+        machine.values[op.block])
+    machine.shadows[op.block] = block_shadow & ~moved
+    return _Tracking(index, tr.visited.at[idx].set(True))
+
+
+def _write_back(machine: Machine, op: _Operand, index: jax.Array, when: jax.Array) -> None:
+    """The output block goes to its place in HBM (where `when` holds)."""
+    sizes = tuple(d.size for d in op.spec.dims)
+    starts = [jnp.maximum(index[d], 0) * sizes[d] for d in range(len(sizes))]
+    block = machine.values[op.block].reshape(sizes)
+    block_shadow = machine.shadows[op.block]
+    hbm_shadow = machine.shadows[op.hbm]
+    assert block_shadow is not None and hbm_shadow is not None
+    here = lax.dynamic_slice(machine.values[op.hbm], starts, sizes)
+    here_shadow = lax.dynamic_slice(hbm_shadow, starts, sizes)
+    machine.values[op.hbm] = lax.dynamic_update_slice(
+        machine.values[op.hbm], jnp.where(when, block, here), starts)
+    machine.shadows[op.hbm] = lax.dynamic_update_slice(
+        hbm_shadow, jnp.where(when, block_shadow.reshape(sizes), here_shadow),
+        starts)

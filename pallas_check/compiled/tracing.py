@@ -1,0 +1,420 @@
+"""A kernel jaxpr traced into the compiled call, equation by equation.
+
+Pure equations are bound as they are (their CPU lowering is XLA's). The equations whose
+meaning is the TPU's act on the `Machine`: loads and stores, DMAs and semaphores, the
+grid queries, scoped allocations; control flow carries the machine through `lax.switch`,
+`lax.while_loop` and `lax.scan`. Anything else that touches a ref, another device or a
+core, prints or asserts raises `Unsupported`, and the call runs on the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_check.compiled.machine import BufferInfo, Index, Machine, Ref, Unsupported
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge import primitives as prims
+from pallas_check.jaxbridge.jaxprs import semaphore_dtype
+from pallas_check.jaxbridge.types import (ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
+                                          TransformedRef)
+
+# Primitives of the TPU's own that the compiled tier leaves to the engine, by name
+# (in nested jaxprs too): prints and checks, other devices and cores, PRNG, SparseCore.
+_ENGINE_WORDS = ("print", "callback", "check", "barrier", "device_id", "axis_index",
+                 "core", "prng", "delay", "remote", "touch", "trace_value")
+# SparseCore's vector primitives (some share a name with lax's gather and scatter).
+_SPARSECORE = frozenset(getattr(prims, n) for n in dir(prims) if n.startswith("sc_"))
+
+Rule = Callable[["Evaluator", JaxprEqn, list[Any]], list[Any]]
+RULES: dict[object, Rule] = {}
+
+
+def rule(*primitives: object) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for p in primitives:
+            if p is not None:
+                RULES[p] = fn
+        return fn
+    return register
+
+
+class Evaluator:
+    """Evaluates jaxprs on one machine at one grid point (`point`: the program ids)."""
+
+    def __init__(self, machine: Machine, point: Sequence[Index], grid: Sequence[int]) -> None:
+        self.machine, self.point, self.grid = machine, list(point), list(grid)
+
+    def run(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(atom: Any) -> Any:
+            return atom.val if isinstance(atom, Literal) else env[atom]
+
+        env.update(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            found = RULES.get(eqn.primitive)
+            outs = found(self, eqn, invals) if found is not None else self._pure(eqn, invals)
+            for var, value in zip(eqn.outvars, outs):
+                if not isinstance(var, DropVar):
+                    env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    def _pure(self, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+        name = eqn.primitive.name
+        if eqn.primitive in _SPARSECORE or any(word in name for word in _ENGINE_WORDS):
+            raise Unsupported(f"`{name}`")
+        if any(isinstance(v, (Ref, TransformedRef)) for v in invals):
+            raise Unsupported(f"`{name}` on a ref")
+        out = eqn.primitive.bind(*invals, **eqn_params.bind_params(eqn))
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def resolve(ref: Any, transforms: Sequence[Any] = ()) -> Ref:
+    """A ref and its transforms as one `Ref` (indexers only)."""
+    if isinstance(ref, TransformedRef):
+        return resolve(ref.ref, (*ref.transforms, *transforms))
+    if not isinstance(ref, Ref):
+        raise Unsupported("a ref the compiled tier did not make")
+    for transform in transforms:
+        if not hasattr(transform, "indices"):
+            raise Unsupported(f"a ref transform ({type(transform).__name__})")
+        ref = ref.indexed(transform)
+    return ref
+
+
+def _cast(value: jax.Array, aval: Any) -> jax.Array:
+    dtype = getattr(aval, "dtype", None)
+    return value if dtype is None or value.dtype == dtype else value.astype(dtype)
+
+
+# -- loads and stores ----------------------------------------------------------------------
+
+@rule(prims.ref_get_p)
+def _get(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[1:]))
+    return [_cast(ev.machine.read(ref), eqn.outvars[0].aval)]
+
+
+@rule(prims.ref_swap_p)
+def _swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
+    old = (None if isinstance(eqn.outvars[0], DropVar)
+           else ev.machine.read(ref, check_written=False))
+    ev.machine.write(ref, invals[1])
+    return [old]
+
+
+@rule(prims.ref_addupdate_p)
+def _addupdate(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
+    old = ev.machine.read(ref)
+    ev.machine.write(ref, old + jnp.asarray(invals[1]).astype(old.dtype))
+    return []
+
+
+@rule(prims.pl_load_p)
+def _masked_load(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    ref, transforms, mask, _ = eqn_params.args_tree(eqn).unflatten(invals)
+    if mask is not None:
+        raise Unsupported("a masked load")
+    return [_cast(ev.machine.read(resolve(ref, transforms)), eqn.outvars[0].aval)]
+
+
+@rule(prims.pl_swap_p)
+def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    ref, transforms, value, mask = eqn_params.args_tree(eqn).unflatten(invals)
+    if mask is not None:
+        raise Unsupported("a masked store")
+    view = resolve(ref, transforms)
+    old = (None if isinstance(eqn.outvars[0], DropVar)
+           else ev.machine.read(view, check_written=False))
+    ev.machine.write(view, value)
+    return [old]
+
+
+# -- the grid ------------------------------------------------------------------------------
+
+@rule(prims.program_id_p)
+def _program_id(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    axis = eqn_params.grid_axis(eqn)
+    if axis >= len(ev.point):
+        raise Unsupported("`program_id` outside the grid")
+    return [jnp.asarray(ev.point[axis], jnp.int32)]
+
+
+@rule(prims.num_programs_p)
+def _num_programs(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    return [jnp.int32(ev.grid[eqn_params.grid_axis(eqn)])]
+
+
+@rule(prims.multiple_of_p)
+def _multiple_of(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    return [invals[0]]
+
+
+# -- DMAs and semaphores -------------------------------------------------------------------
+
+@rule(prims.dma_start_p)
+def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    src, dst, dst_sem, src_sem, device_id = eqn_params.dma_arguments(eqn, invals)
+    if device_id is not None or src_sem is not None:
+        raise Unsupported("a remote DMA")
+    if eqn_params.adds(eqn):
+        raise Unsupported("a DMA that adds")
+    src_ref, dst_ref = resolve(src), resolve(dst)
+    machine = ev.machine
+    key = (id(eqn), src_ref.buffer, dst_ref.buffer, src_ref.sizes, dst_ref.sizes)
+    machine.dma_start(key, src_ref, dst_ref, machine.cell(resolve(dst_sem)))
+    return []
+
+
+@rule(prims.dma_wait_p)
+def _dma_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    src, _, dst_sem, src_sem, device_id = eqn_params.dma_arguments(eqn, invals)
+    if device_id is not None or src_sem is not None:
+        raise Unsupported("a remote DMA")
+    src_ref = resolve(src)
+    info = ev.machine.buffers[src_ref.buffer]
+    ev.machine.wait(ev.machine.cell(resolve(dst_sem)),
+                    math.prod(src_ref.shape) * info.dtype.itemsize)
+    return []
+
+
+@rule(prims.semaphore_signal_p)
+def _signal(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    sem, transforms, inc, device_id, core_index = eqn_params.args_tree(eqn).unflatten(invals)
+    if device_id is not None or core_index is not None:
+        raise Unsupported("a signal to another device or core")
+    ev.machine.signal(ev.machine.cell(resolve(sem, transforms)), inc)
+    return []
+
+
+@rule(prims.semaphore_wait_p)
+def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    sem, transforms, value, decrement = eqn_params.args_tree(eqn).unflatten(invals)
+    if decrement is not None and not isinstance(decrement, (bool, np.bool_)):
+        raise Unsupported("a traced decrement")
+    ev.machine.wait(ev.machine.cell(resolve(sem, transforms)), value,
+                    decrement=decrement is None or bool(decrement))
+    return []
+
+
+@rule(prims.semaphore_read_p)
+def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
+    return [ev.machine.counts[ev.machine.cell(resolve(sem, transforms))]]
+
+
+# -- scoped allocations --------------------------------------------------------------------
+
+def allocate(machine: Machine, name: str, aval: Any) -> Ref:
+    """A new buffer or semaphore array for a ref aval (scratch, run_scoped)."""
+    inner = getattr(aval, "inner_aval", aval)
+    shape = tuple(int(n) for n in inner.shape)
+    dtype = getattr(inner, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, semaphore_dtype):
+        if "dma" not in str(dtype).lower():
+            raise Unsupported("a regular semaphore")  # DMAs signal it by count
+        return Ref.whole(machine.add_semaphores(name, shape), shape, sem=True)
+    if dtype is None:
+        raise Unsupported("an allocation with no element type")
+    info = BufferInfo(name, shape, np.dtype(dtype), tracked=True, scratch=True)
+    return Ref.whole(machine.add_buffer(info), shape)
+
+
+@rule(prims.run_scoped_p)
+def _run_scoped(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    body: Jaxpr = eqn_params.body(eqn)
+    machine = ev.machine
+    buffers, sems = len(machine.buffers), len(machine.semaphores)
+    refs = [allocate(machine, f"scoped{k}", v.aval) for k, v in enumerate(body.invars)]
+    outs = ev.run(body, invals[len(invals) - len(body.constvars):], refs)
+    machine.free(len(machine.buffers) - buffers, len(machine.semaphores) - sems)
+    return outs
+
+
+# -- control flow --------------------------------------------------------------------------
+
+def _inline(ev: Evaluator, closed: ClosedJaxpr, invals: list[Any]) -> list[Any]:
+    n = len(closed.jaxpr.invars)
+    return ev.run(closed.jaxpr, closed.consts, invals[len(invals) - n:])
+
+
+@rule(prims.jit_p)
+def _jit(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    return _inline(ev, eqn_params.body(eqn), invals)
+
+
+@rule(prims.closed_call_p)
+def _closed_call(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    return _inline(ev, eqn_params.call_body(eqn), invals)
+
+
+for _custom in prims.custom_call_primitives:
+    RULES[_custom] = lambda ev, eqn, invals: _inline(ev, eqn_params.primal_jaxpr(eqn), invals)
+
+
+class _Slot:
+    """A placeholder for the operand at `position` (where a DMA's destination sits)."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+
+_writes_cache: dict[int, tuple[Jaxpr, frozenset[Any], bool]] = {}
+
+
+def _jaxpr_writes(jaxpr: Jaxpr) -> tuple[frozenset[Any], bool]:
+    """The vars of `jaxpr` (constvars and invars) naming refs it may write, and whether
+    it may land DMAs (a wait): what a loop or branch over it must carry."""
+    entry = _writes_cache.get(id(jaxpr))
+    if entry is not None and entry[0] is jaxpr:
+        return entry[1], entry[2]
+    written: set[Any] = set()
+    lands = False
+    for eqn in jaxpr.eqns:
+        positions, landing = _eqn_writes(eqn)
+        lands = lands or landing
+        written.update(eqn.invars[k] for k in positions)
+    found = frozenset(v for v in written if not isinstance(v, Literal))
+    _writes_cache[id(jaxpr)] = (jaxpr, found, lands)
+    return found, lands
+
+
+def _eqn_writes(eqn: JaxprEqn) -> tuple[set[int], bool]:
+    """The positions among the equation's operands of refs it may write; whether it
+    may land DMAs."""
+    p = eqn.primitive
+    if p in (prims.ref_swap_p, prims.ref_addupdate_p):
+        return {0}, False
+    slots = [_Slot(k) for k in range(len(eqn.invars))]
+    if p is prims.pl_swap_p:
+        return {_slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])}, False
+    if p is prims.dma_start_p:
+        return {_slot_of(eqn_params.dma_arguments(eqn, slots)[1])}, False
+    if p in (prims.dma_wait_p, prims.semaphore_wait_p):
+        return set(), True
+    positions: set[int] = set()
+    lands = False
+    if p is prims.run_scoped_p:
+        body: Jaxpr = eqn_params.body(eqn)
+        written, lands = _jaxpr_writes(body)
+        offset = len(eqn.invars) - len(body.constvars)
+        return {offset + k for k, v in enumerate(body.constvars) if v in written}, lands
+    for inner, outer in eqn_params.nested_with_operands(eqn):
+        written, landing = _jaxpr_writes(inner)
+        lands = lands or landing
+        for var, atom in zip(inner.invars, outer):
+            if var in written:
+                positions.update(k for k, v in enumerate(eqn.invars) if v is atom)
+    return positions, lands
+
+
+def _slot_of(ref: Any) -> int:
+    while isinstance(ref, TransformedRef):
+        ref = ref.ref
+    assert isinstance(ref, _Slot)
+    return ref.position
+
+
+def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[int]:
+    """The buffers a loop or branch may write: its written refs' and, when it waits,
+    every buffer a DMA may land in."""
+    positions, lands = _eqn_writes(eqn)
+    found = ev.machine.landing_targets() if lands else set()
+    for k in positions:
+        value = invals[k]
+        while isinstance(value, TransformedRef):
+            value = value.ref
+        if isinstance(value, Ref) and not value.sem:
+            found.add(value.buffer)
+    return sorted(found)
+
+
+@rule(prims.cond_p)
+def _cond(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    index, *operands = invals
+    machine = ev.machine
+    branches_ = eqn_params.branches(eqn)
+    if len(branches_) == 1:
+        return _inline(ev, branches_[0], operands)
+    carried = carried_buffers(ev, eqn, invals)
+    before = machine.snapshot()
+
+    def branch(closed: ClosedJaxpr) -> Callable[[Any], Any]:
+        def run(carry: Any) -> Any:
+            machine.reset(before)
+            machine.restore(carry, carried)
+            outs = ev.run(closed.jaxpr, closed.consts, operands)
+            return machine.carry(carried), outs
+        return run
+
+    carry, outs = lax.switch(jnp.asarray(index, jnp.int32),
+                             [branch(b) for b in branches_], machine.carry(carried))
+    machine.reset(before)
+    machine.restore(carry, carried)
+    return list(outs)
+
+
+def _reads_state(jaxpr: Jaxpr) -> bool:
+    return any(eqn.primitive in RULES and eqn.primitive not in (prims.jit_p, prims.cond_p)
+               for eqn in jaxpr.eqns)
+
+
+@rule(prims.while_p)
+def _while(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    loop = eqn_params.while_loop(eqn)
+    if _reads_state(loop.cond.jaxpr):
+        raise Unsupported("a while condition that reads a ref")
+    cond_consts = invals[:loop.cond_nconsts]
+    body_consts = invals[loop.cond_nconsts:loop.cond_nconsts + loop.body_nconsts]
+    init = invals[loop.cond_nconsts + loop.body_nconsts:]
+    machine = ev.machine
+    carried = carried_buffers(ev, eqn, invals)
+    before = machine.snapshot()
+
+    def cond(carry: Any) -> Any:
+        return ev.run(loop.cond.jaxpr, loop.cond.consts, [*cond_consts, *carry[1]])[0]
+
+    def body(carry: Any) -> Any:
+        machine.reset(before)
+        machine.restore(carry[0], carried)
+        outs = ev.run(loop.body.jaxpr, loop.body.consts, [*body_consts, *carry[1]])
+        return machine.carry(carried), outs
+
+    state, outs = lax.while_loop(cond, body, (machine.carry(carried), list(init)))
+    machine.reset(before)
+    machine.restore(state, carried)
+    return list(outs)
+
+
+@rule(prims.scan_p)
+def _scan(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    loop = eqn_params.scan_loop(eqn)
+    consts = invals[:loop.num_consts]
+    init = invals[loop.num_consts:loop.num_consts + loop.num_carry]
+    xs = invals[loop.num_consts + loop.num_carry:]
+    machine = ev.machine
+    carried = carried_buffers(ev, eqn, invals)
+    before = machine.snapshot()
+
+    def body(carry: Any, x: Any) -> Any:
+        machine.reset(before)
+        machine.restore(carry[0], carried)
+        outs = ev.run(loop.body.jaxpr, loop.body.consts, [*consts, *carry[1], *x])
+        return (machine.carry(carried), outs[:loop.num_carry]), outs[loop.num_carry:]
+
+    (state, carry), ys = lax.scan(body, (machine.carry(carried), list(init)), list(xs),
+                                  length=loop.length, reverse=loop.reverse)
+    machine.reset(before)
+    machine.restore(state, carried)
+    return [*carry, *ys]
