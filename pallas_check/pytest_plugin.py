@@ -16,7 +16,7 @@ on again in-process as each further one and compiles that run (intercept/generat
 `--pallas-check-tpu-all` checks those runs too.
 
 Options: `--pallas-check-<key>` for each option of `run` that means something in a test
-session (options.py marks them `pytest=True`: dma, uninit, tpu, devices, cores, seed,
+session (options.py marks them `pytest=True`: dma, tier, uninit, tpu, devices, cores, seed,
 races / `--pallas-check-no-races`, schedules, keep-going, kernel, calls, compile), with
 the help of `run`, flags named as the plugin's; the other settings of
 `[tool.pallas-check]` in the pyproject.toml found from pytest's rootdir (and

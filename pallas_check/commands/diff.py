@@ -151,9 +151,10 @@ class ConfigSide(Side):
 
 
 # The options of ours `--against "..."` takes (declared in options.py): those that change
-# what one simulation computes.
-AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats", "races",
-                                                    "cores", "seed"))
+# what one simulation computes, and `--tier` (the compiled tier held to the engine:
+# `--tier compiled --against "--tier engine"`; any difference is ours).
+AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "tier", "uninit", "skip_floats",
+                                                    "races", "cores", "seed"))
 
 
 def _option_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """Configuration of a checking run: one package for one concern.
 
 - `model.py`: the value itself, `Config` (one frozen value from the CLI down to the engine),
-  and the choices it is made of (`DmaMode`, `UninitFill`, `TpuGeneration`).
+  and the choices it is made of (`DmaMode`, `Tier`, `UninitFill`,
+  `TpuGeneration`).
 - `options.py`: the option table: every option of `run`, `diff` and `compile` declared
   once, with the names derived from it (flag, `[tool.pallas-check]` key, `PALLAS_CHECK_*`
   variable), and `config_from`, the one way a `Config` is built from option values.
@@ -16,8 +17,8 @@ Callers that need the table or the layers import `pallas_check.config.options` o
 `pallas_check.config.layers`. Nothing here imports JAX.
 """
 
-from pallas_check.config.model import (DEFAULT_TPU, Config, DmaMode, TpuGeneration,
+from pallas_check.config.model import (DEFAULT_TPU, Config, DmaMode, Tier, TpuGeneration,
                                        UninitFill, parse_generations)
 
-__all__ = ["DEFAULT_TPU", "Config", "DmaMode", "TpuGeneration", "UninitFill",
+__all__ = ["DEFAULT_TPU", "Config", "DmaMode", "Tier", "TpuGeneration", "UninitFill",
            "parse_generations"]

@@ -62,6 +62,14 @@ class OutputError(PallasCheckError):
     exit_code = ExitCode.USAGE
 
 
+class TierRefused(PallasCheckError):
+    """`--tier compiled` and a call the compiled tier cannot run (exit 2): the user asked
+    for that tier by name, so the engine is not quietly used instead. One line, given by
+    the raiser: `--tier compiled: <kernel> at <file:line> cannot run compiled: <reason>`."""
+
+    exit_code = ExitCode.USAGE
+
+
 class SchemaError(PallasCheckError, ValueError):
     """A file that is not the schema, or not a version of it, that this pallas-check reads
     (a baseline, a script's report merged by the hook; exit 2). A ValueError too: what is

@@ -14,6 +14,18 @@ class DmaMode(str, enum.Enum):
     RANDOM = "random"  # read and write at scheduler-chosen points between start and wait
 
 
+class Tier(str, enum.Enum):
+    """Which way a checked call runs. AUTO: the compiled tier (the call as one XLA
+    computation, `pallas_check/compiled/`) where the call is eligible, else the engine;
+    ENGINE: always the engine, the reference every other way is held to; COMPILED: the
+    compiled tier, and a call it cannot run is a one-line error (`TierRefused`), so a user
+    who asked for it learns why instead of silently getting the engine."""
+
+    AUTO = "auto"
+    ENGINE = "engine"
+    COMPILED = "compiled"
+
+
 class UninitFill(str, enum.Enum):
     """What never-written memory (scratch, outputs, padding) holds."""
 
@@ -79,3 +91,4 @@ class Config:
     timeline: bool = False  # record each call's timeline (--trace FILE; engine/timeline.py)
     # With a timeline: the marks a call records before only its findings are (0: all).
     trace_limit: int = 1_000_000
+    tier: Tier = Tier.AUTO  # which way each checked call runs (Tier)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, TypeVar
 
 from pallas_check.config.environment import env_variable
-from pallas_check.config.model import (Config, DmaMode, TpuGeneration, UninitFill,
+from pallas_check.config.model import (Config, DmaMode, Tier, TpuGeneration, UninitFill,
                                        parse_generations)
 from pallas_check.config.formats import COMPILE, DIFF, RUN, Format
 
@@ -101,6 +101,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "When DMAs copy: at their start (eager), at their wait (on_wait), or at"
            " scheduler-chosen points between the two (random).",
            config_field="dma_mode", replayed=True, pytest=True),
+    Option("tier", ("--tier",), Tier, Tier.AUTO,
+           "Which way each checked call runs: auto (the compiled tier, one XLA computation"
+           " per call, where the call is eligible; else the engine), engine (always the"
+           " engine), compiled (an ineligible call is an error).",
+           config_field="tier", replayed=True, pytest=True),
     Option("uninit", ("--uninit",), UninitFill, UninitFill.NAN,
            "Fill of never-written memory.", config_field="uninit", replayed=True,
            pytest=True),
@@ -196,7 +201,7 @@ DIFF_OPTIONS: tuple[Option, ...] = (
     Option("atol", ("--atol",), Optional[float], None,
            "Absolute tolerance (default per dtype; f32: 1e-6).", minimum=0,
            metavar="FLOAT"),
-    *(BY_PARAM[name] for name in ("dma", "uninit", "skip_floats")),
+    *(BY_PARAM[name] for name in ("dma", "tier", "uninit", "skip_floats")),
     Option("fmt", ("--format",), Format.choices(DIFF), Format.default(DIFF), Format.help(DIFF)),
     *(BY_PARAM[name] for name in ("output", "devices", "tpu", "cores", "seed")),
 )

@@ -338,3 +338,11 @@ class CallSummary:
     # Notes (not findings): the kernel's VMEM/SMEM allocations, or parts, that nothing in
     # the call read or wrote (UnusedMemory; engine/memory/usage.py).
     unused_memory: list[UnusedMemory] = field(default_factory=list)
+    # Which way of running produced the call's result (config.Tier): "engine" or
+    # "compiled" (the call as one XLA computation). `tier_reason`: for an engine call, why
+    # the compiled tier did not run it or handed its result to the engine ("remote DMA",
+    # "a verdict bit: out-of-bounds"; empty where there is nothing to say, as under
+    # `--tier engine`); for a compiled call, empty. Reports count the calls per tier, so
+    # a user sees which calls ran which way.
+    tier: str = "engine"
+    tier_reason: str = ""

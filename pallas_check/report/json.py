@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from pallas_check import __version__
 from pallas_check.report.run_report import (RunReport, kernel_counts, replay_command,
-                                       suppressed_counts)
+                                       suppressed_counts, tier_counts)
 from pallas_check.findings.finding import JsonObject
 from pallas_check.report.schema import check_schema
 
@@ -58,6 +58,9 @@ def report_dict(report: RunReport) -> JsonObject:
              "races": getattr(c, "races", None) or None,
              # A note, not a finding: the kernel's memory no read or write touched.
              "unused_memory": [u.to_dict() for u in getattr(c, "unused_memory", ())],
+             # Which way the call ran ("engine" or "compiled"), and why the engine where
+             # the compiled tier did not run it ("" when there is nothing to say).
+             "tier": getattr(c, "tier", "engine"), "reason": getattr(c, "tier_reason", ""),
              "call_site": None if c.call_site is None else
              {"file": c.call_site.file, "line": c.call_site.line,
               "function": c.call_site.function, "code": c.call_site.code}}
@@ -68,7 +71,9 @@ def report_dict(report: RunReport) -> JsonObject:
                     for name, checked, passed in kernel_counts(report)],
         "summary": {"findings": len(report.findings), "by_kind": dict(sorted(by_kind.items())),
                     "suppressed": len(report.suppressed),
-                    "suppressed_by": suppressed_counts(report)},
+                    "suppressed_by": suppressed_counts(report),
+                    # Calls per tier, both keys always present.
+                    "tiers": tier_counts(report)},
         "findings": [
             {**f.to_dict(), "replay": replay_command(report.script, report.config, f.seed,
                                                      report.rerun, report.script_args),

@@ -7,6 +7,7 @@ import shlex
 from typing import Mapping
 
 from pallas_check.findings.finding import CallSummary, Finding, JsonObject, JsonValue
+from pallas_check.findings.units import plural
 from pallas_check.config.options import Option, replay_options
 
 
@@ -61,6 +62,34 @@ def kernel_counts(report: RunReport) -> list[tuple[str, int, int]]:
     names = sorted({*checked, *report.passed_through})
     return [(name, checked.get(name, 0), report.passed_through.get(name, 0))
             for name in names]
+
+
+# The ways a checked call runs (CallSummary.tier), in the order reports list them.
+TIERS = ("engine", "compiled")
+
+
+def tier_counts(report: RunReport) -> dict[str, int]:
+    """How many of the report's calls each tier ran: both tiers always present (a reader
+    never has to ask whether a missing key means none), any other after them."""
+    counts = dict.fromkeys(TIERS, 0)
+    for call in report.calls:
+        tier = getattr(call, "tier", "engine")
+        counts[tier] = counts.get(tier, 0) + 1
+    return counts
+
+
+def tiers_text(report: RunReport) -> str:
+    """`3 of 5 calls ran compiled (one XLA computation each); 2 on the engine`, or "" when
+    no call ran compiled: said only where the compiled tier ran something, so a run that
+    is all engine reads as it always did."""
+    counts = tier_counts(report)
+    compiled = counts["compiled"]
+    if not compiled:
+        return ""
+    total = sum(counts.values())
+    text = f"{compiled} of {plural(total, 'call')} ran compiled (one XLA computation each)"
+    others = total - compiled
+    return text + (f"; {others} on the engine" if others else "")
 
 
 SUPPRESSED_BY = ("inline", "def-line", "config", "baseline")  # the order reports list them

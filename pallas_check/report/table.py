@@ -27,7 +27,7 @@ from pallas_check.findings.finding import Finding, JsonValue, SourceFrame, forma
 from pallas_check.findings.kinds import FindingKind
 from pallas_check.config.display import Display
 from pallas_check.report.run_report import (RunReport, kernel_counts, replay_command,
-                                       suppressed_text)
+                                       suppressed_text, tiers_text)
 from pallas_check.report.paths import display_path, display_text, project_root
 from pallas_check.findings.units import findings_in_calls, plural
 
@@ -144,6 +144,8 @@ class TableReporter:
         _print_unused_memory(console, report)
         for note in report.trace_notes:  # --trace-limit cut a call's timeline short
             print_wrapped(console, Text.styled("note: ", "bold") + Text(note))
+        if tiers := tiers_text(report):  # only when the compiled tier ran a call
+            print_wrapped(console, Text(tiers))
         print_failures(console, report.user_error, report.user_traceback,
                        report.internal_error)
         style = "bold green" if not report.findings else "bold red"

@@ -1,13 +1,16 @@
-"""One line per finding, `path:line[:column]: kind: message`, for editors, grep and quickfix lists,
-each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes) and,
-where the fix is known, a `path:line: help: HOW` line, and a last `pallas-check: N findings in M pallas_calls` line (the only line of a clean run)."""
+"""One line per finding, `path:line[:column]: kind: message`, for editors, grep and quickfix
+lists, each followed by a `path:line: note: replay: COMMAND` line (as compilers add notes)
+and, where the fix is known, a `path:line: help: HOW` line, and a last `pallas-check: N
+findings in M pallas_calls` line (the only line of a clean run on the engine alone; when
+the compiled tier ran calls, a `SCRIPT: note: N of M calls ran compiled ...` line before it)."""
 
 from __future__ import annotations
 
 from typing import TextIO
 
 from pallas_check.findings.finding import Finding, format_range
-from pallas_check.report.run_report import RunReport, replay_command, suppressed_text
+from pallas_check.report.run_report import (RunReport, replay_command, suppressed_text,
+                                            tiers_text)
 from pallas_check.report.paths import display_path, display_text, project_root
 from pallas_check.report.table import summary_line
 
@@ -35,6 +38,8 @@ class TextReporter:
             count, _, parts = suppressed_text(report).partition(" suppressed ")
             noun = "finding" if count == "1" else "findings"
             stream.write(f"{script}: suppressed: {count} {noun} {parts}\n")
+        if tiers := tiers_text(report):  # "k.py: note: 3 of 5 calls ran compiled ..."
+            stream.write(f"{script}: note: {tiers}\n")
         if report.user_error:
             stream.write(f"{script}: script-failed: {report.user_error}\n")
         if report.internal_error:

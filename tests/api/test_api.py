@@ -137,6 +137,7 @@ def test_an_exception_in_the_block_goes_on_and_the_report_says_so():
     ({"tpu": "v9"}, "tpu='v9': --tpu 'v9': expected one or more of v5e, v5p, v6e, v7x"
                     " separated by commas"),
     ({"ignore": ["race"]}, "expected KIND:KERNEL or KIND:PATH-GLOB"),
+    ({"tier": "fast"}, "tier='fast': expected one of auto, engine, compiled, got 'fast'"),
 ])
 def test_a_bad_option_value_is_a_one_line_value_error(options, message):
     with pytest.raises(ValueError) as raised:

@@ -103,11 +103,25 @@ def test_table_report(tmp_path):
     assert "1 of 1 output differs in 1 pallas_call" in result.output
 
 
-@pytest.mark.parametrize("against", ["tpu", "--uninit nan", "--devices 2", "--dma sideways"])
+@pytest.mark.parametrize("against", ["tpu", "--uninit nan", "--devices 2", "--dma sideways",
+                                     "--tier sideways"])
 def test_bad_against_is_a_usage_error(tmp_path, against):
     code, report, output = diff(tmp_path, str(SAMPLES / "add_ok.py"), "--against", against)
     assert code == 2 and report is None
     assert "Traceback" not in output
+
+
+def test_against_another_tier_is_our_side_on_that_tier():
+    """`diff --tier compiled --against "--tier engine"`: the compiled tier held to the
+    engine, call by call; the tier already in use is refused as nothing would differ."""
+    from pallas_check.commands.diff import ConfigSide, parse_against
+    from pallas_check.config import Config, Tier
+    from pallas_check.config.errors import UsageError
+
+    side = parse_against("--tier engine", Config(tier=Tier.COMPILED))
+    assert isinstance(side, ConfigSide) and side.config == Config(tier=Tier.ENGINE)
+    with pytest.raises(UsageError, match="already in use"):
+        parse_against("--tier auto", Config())
 
 
 def test_script_failure_is_exit_3(tmp_path):

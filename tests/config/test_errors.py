@@ -11,7 +11,7 @@ from pallas_check.cli.app import app
 from pallas_check.config.exitcodes import ExitCode
 
 USAGE = [errors.UsageError, errors.SettingsError, errors.SuppressionError,
-         errors.OutputError, errors.SchemaError]
+         errors.OutputError, errors.SchemaError, errors.TierRefused]
 
 
 @pytest.mark.parametrize("error", USAGE, ids=lambda e: e.__name__)

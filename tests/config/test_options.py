@@ -14,6 +14,7 @@ import typer
 from pallas_check import pytest_plugin
 from pallas_check.cli.app import app, run
 from pallas_check.config import Config
+from pallas_check.config.exitcodes import ExitCode
 from pallas_check.config.layers import load_settings
 from pallas_check.config.options import RUN_OPTIONS, Option
 from pallas_check.report.run_report import replay_command
@@ -153,3 +154,23 @@ def test_config_from_of_every_default_is_the_default_config():
 
     assert config_from({o.param: o.default for o in RUN_OPTIONS}) == Config()
     assert config_from({}, timeline=True) == Config(timeline=True)
+
+
+CHOICES = [o for o in RUN_OPTIONS if o.choices]
+
+
+@pytest.mark.parametrize("option", CHOICES, ids=[o.key for o in CHOICES])
+def test_a_choice_that_is_none_is_one_line_and_exit_2(option, tmp_path, monkeypatch):
+    """`--tier bogus` (and every choice's like): the one line naming the choices, exit 2,
+    before the script runs."""
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.py").write_text("open('ran.txt', 'w').close()\n")
+    result = CliRunner().invoke(app, ["run", "k.py", option.flags[0], "bogus"])
+    assert result.exit_code == ExitCode.USAGE
+    choices = ", ".join(f"'{c}'" for c in option.choices)
+    assert result.output.strip() == (
+        f"pallas-check: error: Invalid value for '{option.flags[0]}': Value error, 'bogus'"
+        f" is not one of {choices}.")
+    assert not (tmp_path / "ran.txt").exists()

@@ -81,7 +81,7 @@ def test_json_report_fields(cli, script):
     assert calls[0]["grid"] == [GRID] and calls[0]["file"] == str(script)
     assert all(set(c) == {"index", "kernel", "file", "line", "grid", "findings", "call_site",
                           "failed", "interrupted", "progress", "compiled", "races",
-                          "unused_memory"}
+                          "unused_memory", "tier", "reason"}
                for c in calls)
     # The note of memory never touched: half_kernel's output block, half written.
     assert [c["unused_memory"] for c in calls] == [[], [
@@ -93,6 +93,13 @@ def test_json_report_fields(cli, script):
     assert not any(c["failed"] for c in calls)
     assert all(c["call_site"]["line"] > 0 and c["call_site"]["file"] for c in calls)
 
+    # Which tier ran each call, and the calls per tier (both keys always).
+    assert all(c["tier"] in ("engine", "compiled") and isinstance(c["reason"], str)
+               for c in calls)
+    tiers = report["summary"].pop("tiers")
+    assert tiers == {tier: sum(c["tier"] == tier for c in calls)
+                     for tier in ("engine", "compiled")}
+    assert sum(tiers.values()) == len(calls)
     assert report["summary"] == {"findings": 2,
                                  "by_kind": {"out-of-bounds": 1, "unwritten-output": 1},
                                  "suppressed": 0, "suppressed_by": {}}
