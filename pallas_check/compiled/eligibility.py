@@ -29,6 +29,11 @@ from pallas_check.engine.call.explore import mosaic_refusal
 from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
 
 
+# Block dimensions the pipeline model does not cover, as the user spelled them.
+_DIM_KINDS = {"element": "a pl.Element block dimension",
+              "bounded": "a pl.BoundedSlice block dimension"}
+
+
 def ineligible(params: CallParams, config: Config, devices: int,
                never_written: Collection[int] = ()) -> str | None:
     """Why the call must run on the engine, or None when the compiled tier may run it
@@ -88,7 +93,7 @@ def _block(block: Block) -> str | None:
         return None  # not pipelined: the kernel's own DMAs reach it
     for dim, size in zip(block.dims, block.array_shape):
         if dim.kind not in ("blocked", "squeezed"):
-            return f"a {dim.kind} block dimension"
+            return _DIM_KINDS.get(dim.kind, "a block dimension of another kind")
         if size % dim.size:
             return "a block that does not tile its array"
     return None

@@ -57,6 +57,7 @@ class BufferInfo:
     dtype: np.dtype
     tracked: bool  # has a written-shadow (else every element counts as written)
     scratch: bool  # the kernel's own allocation: left partly untouched is UNTOUCHED
+    serial: int = -1  # the allocation's number in the trace (a freed id is used again)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,7 @@ class SemInfo:
     name: str
     base: int
     shape: tuple[int, ...]
+    counts_bytes: bool  # a DMA semaphore (a regular one counts signals)
 
 
 class Ref:
@@ -127,6 +129,8 @@ class DmaSite:
 
     src: int
     dst: int
+    src_serial: int  # the allocations the site's buffers were when it was traced
+    dst_serial: int
     src_sizes: tuple[int, ...]
     dst_sizes: tuple[int, ...]
     nbytes: int
@@ -176,6 +180,7 @@ class Machine:
         self.counts = jnp.zeros((0,), jnp.int32)
         self.table = _empty_table()
         self.verdict = jnp.zeros((), jnp.int32)
+        self.allocations = 0
 
     # -- the state as a pytree ---------------------------------------------------------
 
@@ -203,9 +208,19 @@ class Machine:
         buffers it does not carry belongs to that trace)."""
         self.values, self.shadows = list(snapshot[0]), list(snapshot[1])
 
+    def live(self, site: DmaSite) -> bool:
+        """Whether the site's buffers are the allocations it was traced with (a site in
+        a scope that has ended moves nothing)."""
+        n = len(self.buffers)
+        return (site.src < n and site.dst < n
+                and self.buffers[site.src].serial == site.src_serial
+                and self.buffers[site.dst].serial == site.dst_serial)
+
     def landing_targets(self) -> set[int]:
         """The buffers a wait may land a DMA in (on_wait: any started DMA's)."""
-        return set() if self.layout.eager else {site.dst for site in self.layout.sites}
+        if self.layout.eager:
+            return set()
+        return {site.dst for site in self.layout.sites if self.live(site)}
 
     def flag(self, condition: Any, bit: Verdict) -> None:
         """Set `bit` where `condition` (a traced or static bool) holds."""
@@ -224,14 +239,16 @@ class Machine:
             raise Unsupported(f"a buffer of rank {len(info.shape)}")
         if value is None:
             value = jnp.full(info.shape, fill_value(info.dtype, self.layout.fill), info.dtype)
+        info = dataclasses.replace(info, serial=self.allocations)
+        self.allocations += 1
         self.buffers.append(info)
         self.values.append(value)
         self.shadows.append(jnp.full(info.shape, written) if info.tracked else None)
         return len(self.buffers) - 1
 
-    def add_semaphores(self, name: str, shape: tuple[int, ...]) -> int:
+    def add_semaphores(self, name: str, shape: tuple[int, ...], counts_bytes: bool) -> int:
         base = int(self.counts.shape[0])
-        self.semaphores.append(SemInfo(name, base, tuple(shape)))
+        self.semaphores.append(SemInfo(name, base, tuple(shape), counts_bytes))
         self.counts = jnp.concatenate([self.counts, jnp.zeros(math.prod(shape), jnp.int32)])
         return len(self.semaphores) - 1
 
@@ -242,6 +259,10 @@ class Machine:
             self.values.pop()
             if info.scratch and shadow is not None:
                 self.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
+        alive = len(self.buffers)  # a DMA in flight to or from a buffer gone: never waited
+        t = self.table
+        self.flag(jnp.any(t["active"] & ((t["src_buf"] >= alive) | (t["dst_buf"] >= alive))),
+                  Verdict.DMA_NOT_WAITED)
         for _ in range(semaphores):
             sem = self.semaphores.pop()
             self.flag(jnp.any(self.counts[sem.base:] != 0), Verdict.SEMAPHORE_LEFT)
@@ -318,8 +339,10 @@ class Machine:
         nbytes = math.prod(dst.shape) * dst_info.dtype.itemsize
         if math.prod(src.shape) != math.prod(dst.shape) or src_info.dtype != dst_info.dtype:
             raise Unsupported("a DMA between views of other sizes or element types")
-        site = self.layout.site(key, DmaSite(src.buffer, dst.buffer, src.sizes, dst.sizes,
-                                             nbytes))
+        site = self.layout.site(
+            (*key, src_info.serial, dst_info.serial),
+            DmaSite(src.buffer, dst.buffer, src_info.serial, dst_info.serial, src.sizes,
+                    dst.sizes, nbytes))
         for ref in (src, dst):
             self.flag(_any(_outside(s, n, m) for s, n, m in
                            zip(ref.starts, ref.sizes, self.buffers[ref.buffer].shape)),
@@ -347,8 +370,10 @@ class Machine:
     def _land(self, slot: jax.Array) -> None:
         """The DMA in `slot` moves its data and signals its semaphore."""
         t = self.table
-        targets = sorted({site.dst for site in self.layout.sites})
-        branches = [functools.partial(self._land_site, site, targets)
+        targets = sorted(self.landing_targets() | {
+            site.dst for site in self.layout.sites if self.live(site)})
+        branches = [functools.partial(self._land_site if self.live(site) else self._no_landing,
+                                      site, targets)
                     for site in self.layout.sites]
         if not branches:
             return
@@ -361,6 +386,11 @@ class Machine:
         self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
         t["landed"] = t["landed"].at[slot].set(True)
         self.table = t
+
+    @staticmethod
+    def _no_landing(site: DmaSite, targets: list[int], carry: tuple[Any, ...],
+                    src_start: jax.Array, dst_start: jax.Array) -> tuple[Any, ...]:
+        return carry
 
     def _land_site(self, site: DmaSite, targets: list[int], carry: tuple[Any, ...],
                    src_start: jax.Array, dst_start: jax.Array) -> tuple[Any, ...]:

@@ -21,7 +21,8 @@ from jax import lax
 from pallas_check.compiled.machine import BufferInfo, Index, Machine, Ref, Unsupported
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
-from pallas_check.jaxbridge.jaxprs import semaphore_dtype
+from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
+                                             semaphore_dtype)
 from pallas_check.jaxbridge.types import (ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
                                           TransformedRef)
 
@@ -170,10 +171,12 @@ def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
         raise Unsupported("a remote DMA")
     if eqn_params.adds(eqn):
         raise Unsupported("a DMA that adds")
-    src_ref, dst_ref = resolve(src), resolve(dst)
+    src_ref, dst_ref, sem_ref = resolve(src), resolve(dst), resolve(dst_sem)
     machine = ev.machine
+    if sem_ref.sem and not machine.semaphores[sem_ref.buffer].counts_bytes:
+        raise Unsupported("a DMA that signals a regular semaphore")
     key = (id(eqn), src_ref.buffer, dst_ref.buffer, src_ref.sizes, dst_ref.sizes)
-    machine.dma_start(key, src_ref, dst_ref, machine.cell(resolve(dst_sem)))
+    machine.dma_start(key, src_ref, dst_ref, machine.cell(sem_ref))
     return []
 
 
@@ -222,9 +225,10 @@ def allocate(machine: Machine, name: str, aval: Any) -> Ref:
     shape = tuple(int(n) for n in inner.shape)
     dtype = getattr(inner, "dtype", None)
     if dtype is not None and jnp.issubdtype(dtype, semaphore_dtype):
-        if "dma" not in str(dtype).lower():
-            raise Unsupported("a regular semaphore")  # DMAs signal it by count
-        return Ref.whole(machine.add_semaphores(name, shape), shape, sem=True)
+        if jnp.issubdtype(dtype, barrier_semaphore_dtype):
+            raise Unsupported("a barrier semaphore")
+        counts_bytes = not jnp.issubdtype(dtype, regular_semaphore_dtype)
+        return Ref.whole(machine.add_semaphores(name, shape, counts_bytes), shape, sem=True)
     if dtype is None:
         raise Unsupported("an allocation with no element type")
     info = BufferInfo(name, shape, np.dtype(dtype), tracked=True, scratch=True)

@@ -26,7 +26,7 @@ from pallas_check.intercept import outer
 from pallas_check.jaxbridge.call import describe as describe_call
 from pallas_check.intercept.call_filter import CallFilter
 from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
-from pallas_check.config import Config, TpuGeneration
+from pallas_check.config import Config, Tier, TpuGeneration
 from pallas_check.deliver.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
 from pallas_check.engine.call.explore import CallSetting
@@ -37,13 +37,12 @@ from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
-from pallas_check.config import errors
-from pallas_check.config.errors import EngineFailure
+from pallas_check.config.errors import EngineFailure, PallasCheckError, TierRefused
 from pallas_check.findings.finding import CallSummary, Finding, FindingStore, KernelInfo, SourceFrame
 from pallas_check.intercept.generations import GenerationRun
 from pallas_check.process.host_memory import collector_paused, return_freed_memory
 from pallas_check.intercept.patched_lowering import intercepted
-from pallas_check.intercept.judge import Judge, replay_call
+from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.xla_path import compiled_call
@@ -60,12 +59,6 @@ def _kernel_or_unnamed(params: dict) -> KernelInfo:
         return describe.kernel_info(params)
     except Exception:  # noqa: BLE001 - the call is listed whatever its params hold
         return _UNNAMED
-
-
-def _tier_fields(tier: str, reason: str) -> dict[str, str]:
-    """A call summary's tier and reason, where the summary has them."""
-    fields = {f.name for f in dataclasses.fields(CallSummary)}
-    return {"tier": tier, "tier_reason": reason} if "tier" in fields else {}
 
 
 def _write_print(line: str) -> None:
@@ -102,6 +95,8 @@ class Session:
         self.store = FindingStore()
         self.calls: list[CallSummary] = []
         self.engine_error: str | None = None
+        # The exit code of that error when it is not ours but a request refused (exit 2).
+        self.error_code: int | None = None
         # Ctrl-C arrived while a call was being simulated (the host callback runs on the
         # main thread); JAX hands the script its own runtime error instead.
         self.interrupted = False
@@ -242,7 +237,9 @@ class Session:
             compiled = self._compiled(call, never, results)
             if compiled.outputs is not None:
                 return self._compiled_done(call, program, outside, key, compiled.outputs)
+            started = time.perf_counter()
             result = self._run_engine(call, results, checkers, live, never)
+            self.tiers.engine_ran(params, time.perf_counter() - started, compiled.reason)
         except KeyboardInterrupt:
             self._stopped(index)
             raise
@@ -271,15 +268,16 @@ class Session:
         call the tier cannot run: a one-line error."""
         refused = self.tiers.refusal(call.params, call.mesh.num_devices, never)
         if refused is not None:
-            if self.tiers.mode == COMPILED:
+            if self.tiers.mode is Tier.COMPILED:
                 where = f" at {call.kernel.file}:{call.kernel.line}" if call.kernel.file else ""
-                raise getattr(errors, 'TierRefused', EngineFailure)(f"--tier compiled: {call.kernel.name}{where} cannot run"
+                raise TierRefused(f"--tier compiled: {call.kernel.name}{where} cannot run"
                                   f" compiled: {refused}")
             return TierRun(None, refused)
         return self.tiers.run(call.params, call.device_operands[0], results)
 
-    def _compiled_done(self, call: _Call, program: object, outside: object, key: object,
-                       outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    def _compiled_done(self, call: _Call, program: Program | None, outside: str,
+                       key: tuple[Any, ...] | None, outputs: list[np.ndarray]
+                       ) -> list[list[np.ndarray]]:
         """A call the compiled tier ran with a clear verdict: no findings, its outputs."""
         with self._lock:
             self._in_flight.pop(call.index, None)
@@ -385,6 +383,9 @@ class Session:
         self._write_prints(getattr(exc, "prints", []))  # what the kernel printed till then
         if isinstance(exc, KernelError):
             self._fail(f"{call.kernel.name}: {exc.located()}")
+        elif isinstance(exc, PallasCheckError) and not isinstance(exc, EngineFailure):
+            if self._fail(str(exc)):  # the user's request refused (--tier compiled): its code
+                self.error_code = exc.exit_code
         else:  # our bug: keep the message, the runner exits 4
             # An EngineBug says itself what failed and where (the primitive, the line).
             what = str(exc) if isinstance(exc, EngineBug) else f"{type(exc).__name__}: {exc}"
@@ -435,7 +436,7 @@ class Session:
                                           interrupted=progress is not None,
                                           progress=progress or {}, races=races or {},
                                           unused_memory=unused_memory or [],
-                                          **_tier_fields(tier, tier_reason)))
+                                          tier=tier, tier_reason=tier_reason))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

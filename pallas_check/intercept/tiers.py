@@ -13,6 +13,7 @@ its executable or the reason it has none: a jitted loop's calls share it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from typing import Collection, Sequence
 
@@ -24,12 +25,51 @@ from pallas_check.compiled.eligibility import ineligible
 from pallas_check.compiled.machine import Unsupported
 from pallas_check.compiled.program import Compiled, build
 from pallas_check.compiled.verdict import describe as describe_verdict
-from pallas_check.config import Config
+from pallas_check.config import Config, Tier
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.intercept.call_filter import StructureKeys
-from pallas_check.jaxbridge.call import CallParams
+from pallas_check.jaxbridge.call import CallDescription, CallParams, describe
+from pallas_check.jaxbridge.jaxprs import sub_jaxprs
+from pallas_check.jaxbridge.params import scan_loop
+from pallas_check.jaxbridge.primitives import scan_p, while_p
+from pallas_check.jaxbridge.types import Jaxpr
 
-ENGINE, COMPILED = "engine", "compiled"
+ENGINE, COMPILED = Tier.ENGINE.value, Tier.COMPILED.value
+# Why a small structure's call ran on the engine (it is compiled once it has cost enough).
+_NOT_YET = "not compiled yet: the engine's time on it is below a compile's"
+
+# Compiling a structure costs about 0.3-2 s of tracing and XLA (benchmarks/README.md,
+# "Compiled tier"). Under `auto` a structure is compiled once the engine has spent about
+# that long on it (a ski rental: never more than twice the better choice's cost): at its
+# first call when the engine's estimate for one call (`engine_seconds`) reaches it, else
+# when the engine's measured time on its calls so far does.
+COMPILE_SECONDS = 0.3
+# The engine's cost per grid step and per equation evaluated (measured: about 145 us a
+# step of a small kernel, 140 us a DMA start and wait, benchmarks/README.md).
+_ENGINE_STEP_SECONDS, _ENGINE_EQUATION_SECONDS = 145e-6, 15e-6
+# A while loop's trips when they are not known before it runs.
+_WHILE_TRIPS_GUESS = 8
+
+
+def engine_seconds(call: CallDescription) -> float:
+    """About how long the engine takes on one call of this structure."""
+    steps = math.prod(int(n) for n in call.grid) if all(
+        isinstance(n, int) for n in call.grid) else 1
+    return steps * (_ENGINE_STEP_SECONDS + _ENGINE_EQUATION_SECONDS * _evaluated(call.kernel))
+
+
+def _evaluated(jaxpr: Jaxpr) -> int:
+    """Equations one run of `jaxpr` evaluates, loops counted by their trips."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        inner = [_evaluated(sub) for sub in sub_jaxprs(eqn)]
+        if eqn.primitive is scan_p:
+            total += scan_loop(eqn).length * sum(inner)
+        elif eqn.primitive is while_p:
+            total += _WHILE_TRIPS_GUESS * sum(inner)
+        else:
+            total += 1 + max(inner, default=0)
+    return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,17 +86,17 @@ class Tiers:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        import os
-        self.mode = os.environ.get("PCT_TIER") or str(getattr(getattr(config, "tier", "auto"), "value",
-                                getattr(config, "tier", "auto")))
+        self.mode = Tier(config.tier)
         self._structures = StructureKeys()
         self._built: dict[str, Compiled | str] = {}
+        # Per structure not yet built: the engine's seconds on it (estimated, then measured).
+        self._spent: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def refusal(self, params: CallParams, devices: int,
                 never_written: Collection[int]) -> str | None:
         """Why the compiled tier will not run this call (None: it will try)."""
-        if self.mode == ENGINE:
+        if self.mode is Tier.ENGINE:
             return "--tier engine"
         found = ineligible(params, self.config, devices, never_written)
         if found is not None:
@@ -83,9 +123,23 @@ class Tiers:
                     arrays[k] = target
         return TierRun(arrays, "")
 
+    def engine_ran(self, params: CallParams, seconds: float, reason: str) -> None:
+        """The engine ran a call for `reason`, in `seconds`: a structure not compiled
+        because it was small counts toward its compile."""
+        if reason == _NOT_YET:
+            key = self._structures.of(params)
+            with self._lock:
+                self._spent[key] = self._spent.get(key, 0.0) + seconds
+
     def _executable(self, params: CallParams) -> Compiled | str:
         key = self._structures.of(params)
         found = self._built.get(key)
+        if found is None and self.mode is Tier.AUTO:
+            spent = self._spent.get(key)
+            if spent is None:
+                spent = self._spent[key] = engine_seconds(describe(params))
+            if spent < COMPILE_SECONDS:
+                return _NOT_YET
         if found is None:
             try:
                 with jax.default_device(engine_device()):

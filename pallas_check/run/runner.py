@@ -302,6 +302,8 @@ def finished_report(session: Session, outcome: ScriptOutcome, ours: list[str],
                          calls=len(calls))
     if refused is not None:
         code = refused[1]
+    if session.error_code is not None and engine_error == short_error(session.engine_error or ""):
+        code = ExitCode(session.error_code)
     report = RunReport(
         script=origin.script, config=config_dict(session.config), findings=kept.active,
         calls=calls, exit_code=int(code),

@@ -1,0 +1,154 @@
+"""The compiled tier through the session: which calls it runs, what stands of its run, and
+that a call it hands back is reported by the engine exactly as `--tier engine` reports it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_check.config import Config, DmaMode, Tier
+from pallas_check.intercept import tiers
+from pallas_check.intercept.session import Session
+
+
+def _dma_loop(x_hbm, o_ref, buf, sem, *, steps: int, last: int):
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    def body(i, carry):
+        copy = pltpu.make_async_copy(x_hbm.at[i], buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] += buf[...]
+        return carry
+
+    jax.lax.fori_loop(0, steps, body, 0)
+    # `last` past the end of x: the DMA's source box leaves the array.
+    pltpu.sync_copy(x_hbm.at[last], buf)
+    o_ref[...] += buf[...]
+
+
+def dma_call(steps: int, last: int):
+    return pl.pallas_call(
+        functools.partial(_dma_loop, steps=steps, last=last),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+
+
+def _blocked_add(x_ref, y_ref, o_ref, acc_ref):
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += x_ref[...] * y_ref[...]
+    o_ref[...] = acc_ref[...]
+
+
+def reduce_call(rows: int, k: int):
+    spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+    return pl.pallas_call(
+        _blocked_add, grid=(rows // 8, k),
+        in_specs=[spec, spec], out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])
+
+
+def checked(fn, *args, **config):
+    session = Session(Config(**config))
+    with session.install():
+        value = jax.block_until_ready(fn(*args))
+    return np.asarray(value), session
+
+
+def findings(session: Session) -> list[tuple]:
+    return sorted((f.kind.value, f.buffer, str(f.index_range),
+                   tuple((s.file, s.line) for s in f.frames)) for f in session.findings)
+
+
+@pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
+def test_a_clean_dma_loop_runs_compiled_with_the_engines_outputs(mode):
+    x = jax.random.normal(jax.random.key(0), (16, 8, 128), jnp.float32)
+    call = dma_call(16, 3)
+    got, compiled = checked(call, x, tier=Tier.COMPILED, races=True, dma_mode=mode)
+    want, engine = checked(call, x, tier=Tier.ENGINE, races=True, dma_mode=mode)
+    assert [c.tier for c in compiled.calls] == ["compiled"]
+    assert [(c.tier, c.tier_reason) for c in engine.calls] == [("engine", "--tier engine")]
+    assert compiled.findings == [] and engine.findings == []
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, np.asarray(x).sum(0) + np.asarray(x)[3], rtol=1e-5)
+
+
+def test_a_buggy_call_is_reported_by_the_engine_as_under_tier_engine():
+    """The source box of the last DMA leaves the array: the compiled run sets its
+    out-of-bounds bit, and the engine reports the call, finding for finding."""
+    x = jnp.ones((4, 8, 128), jnp.float32)
+    call = dma_call(4, 4)
+    _, compiled = checked(call, x, tier=Tier.COMPILED)
+    _, engine = checked(call, x, tier=Tier.ENGINE)
+    assert [c.tier for c in compiled.calls] == ["engine"]
+    assert compiled.calls[0].tier_reason == "the compiled run saw out-of-bounds"
+    assert findings(compiled) == findings(engine)
+    assert [k for k, *_ in findings(engine)] == ["out-of-bounds"]
+
+
+def test_grid_pipeline_and_scratch_compiled():
+    x = jax.random.normal(jax.random.key(1), (32, 512), jnp.float32)
+    y = jax.random.normal(jax.random.key(2), (32, 512), jnp.float32)
+    call = reduce_call(32, 4)
+    got, session = checked(call, x, y, tier=Tier.COMPILED, races=True)
+    assert [c.tier for c in session.calls] == ["compiled"] and session.findings == []
+    want = (np.asarray(x) * np.asarray(y)).reshape(32, 4, 128).sum(1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_output_block_revisited_goes_to_the_engine():
+    """k outer, rows inner: each output block is visited once per k, after the others."""
+    spec = pl.BlockSpec((8, 128), lambda j, i: (i, j))
+    call = pl.pallas_call(
+        _blocked_add, grid=(4, 4), in_specs=[spec, spec],
+        out_specs=pl.BlockSpec((8, 128), lambda j, i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])
+    x = jnp.ones((32, 512), jnp.float32)
+    _, compiled = checked(call, x, x, tier=Tier.COMPILED)
+    _, engine = checked(call, x, x, tier=Tier.ENGINE)
+    assert "revisit" in compiled.calls[0].tier_reason
+    assert compiled.calls[0].tier == "engine"
+    assert findings(compiled) == findings(engine) != []
+
+
+def test_auto_compiles_a_structure_once_the_engine_has_spent_a_compile_on_it(monkeypatch):
+    x = jnp.ones((32, 512), jnp.float32)
+    call = jax.jit(reduce_call(32, 4))
+    session = Session(Config(tier=Tier.AUTO))
+    monkeypatch.setattr(tiers, "COMPILE_SECONDS", float("inf"))
+    with session.install():
+        for _ in range(3):
+            jax.block_until_ready(call(x, x))
+        assert [c.tier for c in session.calls] == ["engine"] * 3
+        assert session.calls[0].tier_reason.startswith("not compiled yet")
+        monkeypatch.setattr(tiers, "COMPILE_SECONDS", 0.0)
+        jax.block_until_ready(call(x, x))
+    assert [c.tier for c in session.calls] == ["engine"] * 3 + ["compiled"]
+
+
+def test_tier_compiled_refuses_an_ineligible_call_in_one_line():
+    call = pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), input_output_aliases={0: 0})
+    session = Session(Config(tier=Tier.COMPILED))
+    with pytest.raises(Exception):
+        with session.install():
+            jax.block_until_ready(call(jnp.ones((8, 128), jnp.float32)))
+    assert session.error_code == 2
+    assert session.engine_error is not None
+    assert session.engine_error.endswith("cannot run compiled: input_output_aliases")
+    assert "\n" not in session.engine_error
