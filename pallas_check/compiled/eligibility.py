@@ -1,7 +1,7 @@
 """Which calls the compiled tier may run, decided from the call's static description.
 
 The tier models one core running a grid in order, its own DMAs and semaphores, and the
-BlockSpec pipeline of blocks that tile their arrays. What it does not model runs on the
+BlockSpec pipeline (an edge block's padding as never-written memory). What it does not model runs on the
 engine, and the reason is the call's `tier_reason` in the report:
 
 - several devices or cores, SparseCore meshes, `core_map` kernels (other actors: the
@@ -9,8 +9,7 @@ engine, and the reason is the call's `tier_reason` in the report:
 - `--dma random` or several `--schedules` (interleavings are the engine's);
 - `--skip-floats`, `--trace` (the engine's timeline);
 - scalar-prefetch-free dynamic grids, vmap's grid axes, a reordered grid;
-- blocks that do not tile their arrays (the edge block's padding), `pl.Element` and
-  bounded dims, blocks with ref transforms or a `pl.Buffered` pipeline mode, input/output
+- `pl.Element` and bounded dims, blocks with ref transforms or a `pl.Buffered` pipeline mode, input/output
   aliases, semaphore operands (semaphores carried between calls);
 - inputs made by `jnp.empty` (never-written memory the engine tracks);
 - a kernel Mosaic would not lower (the engine reports it as a compile error).
@@ -91,11 +90,9 @@ def _block(block: Block) -> str | None:
         return "a pipeline mode (pl.Buffered)"
     if pipelined(block) is False:
         return None  # not pipelined: the kernel's own DMAs reach it
-    for dim, size in zip(block.dims, block.array_shape):
+    for dim in block.dims:
         if dim.kind not in ("blocked", "squeezed"):
             return _DIM_KINDS.get(dim.kind, "a block dimension of another kind")
-        if size % dim.size:
-            return "a block that does not tile its array"
     return None
 
 

@@ -32,16 +32,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_check.compiled.boxes import (MAX_RANK, Index, any_of, i32, meets, outside, padded,
+                                         plus, times)
 from pallas_check.compiled.verdict import Verdict
 from pallas_check.engine.memory.buffer import fill_value
 
-# The largest rank a buffer may have (boxes in the DMA table are padded to it).
-MAX_RANK = 6
 # DMAs in flight at once; one more sets TABLE_FULL (the engine then runs the call).
 TABLE_SIZE = 32
 
-# A start index while tracing: a Python int (static) or a traced int32 scalar.
-Index = Any
+# The machine's state as a pytree (`Machine.carry`): buffers, shadows, counts, table, verdict.
+Carry = tuple[Any, ...]
 
 
 class Unsupported(Exception):
@@ -103,24 +103,14 @@ class Ref:
             if hasattr(index, "size") and hasattr(index, "stride"):  # a Slice
                 if not isinstance(index.size, (int, np.integer)) or index.stride != 1:
                     raise Unsupported("a slice of traced size or with a stride")
-                starts[d] = _plus(starts[d], index.start)
+                starts[d] = plus(starts[d], index.start)
                 sizes[d] = int(index.size)
             else:
                 if np.ndim(index) != 0:
                     raise Unsupported("an index array")
-                starts[d] = _plus(starts[d], index)
+                starts[d] = plus(starts[d], index)
                 sizes[d], kept[d] = 1, False
         return Ref(self.buffer, self.sem, tuple(starts), tuple(sizes), tuple(kept))
-
-
-def _plus(a: Index, b: Index) -> Index:
-    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
-        return int(a) + int(b)
-    return jnp.asarray(a, jnp.int32) + jnp.asarray(b, jnp.int32)
-
-
-def _i32(x: Index) -> jax.Array:
-    return jnp.asarray(x, jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,14 +174,14 @@ class Machine:
 
     # -- the state as a pytree ---------------------------------------------------------
 
-    def carry(self, buffers: Sequence[int] | None = None) -> tuple[Any, ...]:
+    def carry(self, buffers: Sequence[int] | None = None) -> Carry:
         """The state as a pytree: every buffer, or only `buffers` (what a loop or branch
         may write; the others it reads as they are, closed over)."""
         ids = range(len(self.values)) if buffers is None else buffers
         return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
                 self.counts, dict(self.table), self.verdict)
 
-    def restore(self, carry: tuple[Any, ...], buffers: Sequence[int] | None = None) -> None:
+    def restore(self, carry: Carry, buffers: Sequence[int] | None = None) -> None:
         values, shadows, self.counts, table, self.verdict = carry
         self.table = dict(table)
         if buffers is None:
@@ -278,16 +268,16 @@ class Machine:
         flat: Index = sem.base
         stride = 1
         for start, size in reversed(list(zip(ref.starts, sem.shape))):
-            self.flag(_outside(start, 1, size), Verdict.OUT_OF_BOUNDS)
-            flat = _plus(flat, _times(start, stride))
+            self.flag(outside(start, 1, size), Verdict.OUT_OF_BOUNDS)
+            flat = plus(flat, times(start, stride))
             stride *= size
-        return jnp.clip(_i32(flat), sem.base, sem.base + max(math.prod(sem.shape), 1) - 1)
+        return jnp.clip(i32(flat), sem.base, sem.base + max(math.prod(sem.shape), 1) - 1)
 
     # -- kernel accesses ----------------------------------------------------------------
 
     def read(self, ref: Ref, check_written: bool = True) -> jax.Array:
         b = self._checked(ref, write=False)
-        starts = [_i32(s) for s in ref.starts]
+        starts = [i32(s) for s in ref.starts]
         value = lax.dynamic_slice(self.values[b], starts, ref.sizes)
         shadow = self.shadows[b]
         if check_written and shadow is not None:
@@ -297,7 +287,7 @@ class Machine:
 
     def write(self, ref: Ref, value: jax.Array) -> None:
         b = self._checked(ref, write=True)
-        starts = [_i32(s) for s in ref.starts]
+        starts = [i32(s) for s in ref.starts]
         info = self.buffers[b]
         value = jnp.asarray(value).astype(info.dtype).reshape(ref.sizes)
         self.values[b] = lax.dynamic_update_slice(self.values[b], value, starts)
@@ -311,7 +301,7 @@ class Machine:
             raise Unsupported("a load or store of a semaphore")
         b = ref.buffer
         shape = self.buffers[b].shape
-        self.flag(_any(_outside(s, n, m) for s, n, m in zip(ref.starts, ref.sizes, shape)),
+        self.flag(any_of(outside(s, n, m) for s, n, m in zip(ref.starts, ref.sizes, shape)),
                   Verdict.OUT_OF_BOUNDS)
         if self.layout.races:
             self.flag(self._overlaps_in_flight(b, ref.starts, ref.sizes, write),
@@ -323,12 +313,12 @@ class Machine:
         """Whether a box of buffer `b` meets a DMA in flight: its destination (any
         access), or its source (a write)."""
         t = self.table
-        start, size = _padded(starts, 0), _padded(sizes, 1)
-        hit = t["active"] & (t["dst_buf"] == b) & _meets(t["dst_start"], t["dst_size"],
+        start, size = padded(starts, 0), padded(sizes, 1)
+        hit = t["active"] & (t["dst_buf"] == b) & meets(t["dst_start"], t["dst_size"],
                                                          start, size)
         if write:
             hit = hit | (t["active"] & (t["src_buf"] == b)
-                         & _meets(t["src_start"], t["src_size"], start, size))
+                         & meets(t["src_start"], t["src_size"], start, size))
         return jnp.any(hit)
 
     # -- DMAs ---------------------------------------------------------------------------
@@ -344,7 +334,7 @@ class Machine:
             DmaSite(src.buffer, dst.buffer, src_info.serial, dst_info.serial, src.sizes,
                     dst.sizes, nbytes))
         for ref in (src, dst):
-            self.flag(_any(_outside(s, n, m) for s, n, m in
+            self.flag(any_of(outside(s, n, m) for s, n, m in
                            zip(ref.starts, ref.sizes, self.buffers[ref.buffer].shape)),
                       Verdict.OUT_OF_BOUNDS)
         if self.layout.races:
@@ -356,10 +346,10 @@ class Machine:
         slot = jnp.argmin(t["active"])
         entry = {"active": True, "landed": False, "site": site, "age": t["clock"],
                  "sem": cell, "bytes": nbytes, "src_buf": src.buffer, "dst_buf": dst.buffer,
-                 "src_start": _padded([_i32(s) for s in src.starts], 0),
-                 "src_size": _padded(src.sizes, 1),
-                 "dst_start": _padded([_i32(s) for s in dst.starts], 0),
-                 "dst_size": _padded(dst.sizes, 1)}
+                 "src_start": padded([i32(s) for s in src.starts], 0),
+                 "src_size": padded(src.sizes, 1),
+                 "dst_start": padded([i32(s) for s in dst.starts], 0),
+                 "dst_size": padded(dst.sizes, 1)}
         for name, value in entry.items():
             t[name] = t[name].at[slot].set(value)
         t["clock"] = t["clock"] + 1
@@ -388,12 +378,12 @@ class Machine:
         self.table = t
 
     @staticmethod
-    def _no_landing(site: DmaSite, targets: list[int], carry: tuple[Any, ...],
-                    src_start: jax.Array, dst_start: jax.Array) -> tuple[Any, ...]:
+    def _no_landing(site: DmaSite, targets: list[int], carry: Carry,
+                    src_start: jax.Array, dst_start: jax.Array) -> Carry:
         return carry
 
-    def _land_site(self, site: DmaSite, targets: list[int], carry: tuple[Any, ...],
-                   src_start: jax.Array, dst_start: jax.Array) -> tuple[Any, ...]:
+    def _land_site(self, site: DmaSite, targets: list[int], carry: Carry,
+                   src_start: jax.Array, dst_start: jax.Array) -> Carry:
         self.restore(carry, targets)
         src_at = [src_start[d] for d in range(len(site.src_sizes))]
         dst_at = [dst_start[d] for d in range(len(site.dst_sizes))]
@@ -414,18 +404,18 @@ class Machine:
         """A wait for `wanted` on semaphore `cell`: DMAs on it land (on_wait) until the
         count covers it; a count that cannot is WAIT_UNMET (one core: nothing else will
         signal); then the count is taken and the DMAs it covers retire."""
-        wanted = _i32(wanted)
+        wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
             def pending(t: dict[str, jax.Array]) -> jax.Array:
                 return t["active"] & ~t["landed"] & (t["sem"] == cell)
 
             targets = sorted(self.landing_targets())
 
-            def more(carry: tuple[Any, ...]) -> jax.Array:
+            def more(carry: Carry) -> jax.Array:
                 counts, t = carry[2], carry[3]
                 return (counts[cell] < wanted) & jnp.any(pending(t))
 
-            def land_newest(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            def land_newest(carry: Carry) -> Carry:
                 self.restore(carry, targets)
                 self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)))
                 return self.carry(targets)
@@ -459,43 +449,9 @@ class Machine:
         _, self.table = lax.while_loop(more, retire_newest, (wanted, dict(self.table)))
 
     def signal(self, cell: jax.Array, amount: Index) -> None:
-        self.counts = self.counts.at[cell].add(_i32(amount))
+        self.counts = self.counts.at[cell].add(i32(amount))
 
     def finish(self) -> None:
         """The kernel's end: DMAs never waited, semaphores left with a count."""
         self.flag(jnp.any(self.table["active"]), Verdict.DMA_NOT_WAITED)
         self.flag(jnp.any(self.counts != 0), Verdict.SEMAPHORE_LEFT)
-
-
-def _times(a: Index, k: int) -> Index:
-    return int(a) * k if isinstance(a, (int, np.integer)) else _i32(a) * k
-
-
-def _outside(start: Index, size: int, extent: int) -> Any:
-    """Whether [start, start + size) leaves [0, extent) (static where the start is)."""
-    if isinstance(start, (int, np.integer)):
-        return bool(start < 0 or start + size > extent)
-    s = _i32(start)
-    return (s < 0) | (s + size > extent)
-
-
-def _any(conditions: Any) -> Any:
-    found: Any = False
-    for c in conditions:
-        if isinstance(c, (bool, np.bool_)):
-            if c:
-                return True
-            continue
-        found = c if found is False else (found | c)
-    return found
-
-
-def _padded(values: Sequence[Index], pad: int) -> jax.Array:
-    values = list(values) + [pad] * (MAX_RANK - len(values))
-    return jnp.stack([_i32(v) for v in values])
-
-
-def _meets(starts: jax.Array, sizes: jax.Array, start: jax.Array, size: jax.Array
-           ) -> jax.Array:
-    """Per table slot, whether its box meets the box (start, size) (padded dims meet)."""
-    return jnp.all((starts < start + size) & (start < starts + sizes), axis=-1)

@@ -94,16 +94,20 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
     for j, spec in enumerate(call.blocks):
         output = j >= call.num_inputs
         name = names[call.num_scalars + j]
-        hbm = machine.add_buffer(
-            BufferInfo(name, spec.array_shape, np.dtype(spec.array_dtype), output, False),
-            None if output else operands[call.num_scalars + j])
-        if output:
-            outputs.append(hbm)
         if not pipelined(spec):
+            hbm = machine.add_buffer(
+                BufferInfo(name, spec.array_shape, np.dtype(spec.array_dtype), output, False),
+                None if output else operands[call.num_scalars + j])
+            outputs += [hbm] if output else []
             refs.append(Ref.whole(hbm, spec.array_shape))
             continue
-        block = machine.add_buffer(
-            BufferInfo(name, spec.kernel_shape, np.dtype(spec.array_dtype), output, False))
+        padded = _padded_shape(spec) != spec.array_shape
+        hbm = _pipelined_array(machine, name, spec, None if output else
+                               operands[call.num_scalars + j])
+        outputs += [hbm] if output else []
+        block = machine.add_buffer(BufferInfo(name, spec.kernel_shape,
+                                              np.dtype(spec.array_dtype),
+                                              output or padded, False))
         piped.append(_Operand(hbm, block, spec, output))
         refs.append(Ref.whole(block, spec.kernel_shape))
     first_scratch = len(machine.buffers)
@@ -116,11 +120,37 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
         shadow = machine.shadows[b]
         if shadow is not None:
             machine.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
-    for b in outputs:
+    results = []
+    for b, aval in zip(outputs, call.out_avals):
+        valid = tuple(slice(0, n) for n in aval.shape)  # (a padded array's own part)
         shadow = machine.shadows[b]
         assert shadow is not None
-        machine.flag(~jnp.all(shadow), Verdict.UNWRITTEN_OUTPUT)
-    return [machine.values[b] for b in outputs], machine.verdict
+        machine.flag(~jnp.all(shadow[valid]), Verdict.UNWRITTEN_OUTPUT)
+        results.append(machine.values[b][valid])
+    return results, machine.verdict
+
+
+def _padded_shape(spec: Block) -> tuple[int, ...]:
+    """The array grown to whole blocks (an edge block's padding lies past its end)."""
+    return tuple(-(-n // d.size) * d.size for n, d in zip(spec.array_shape, spec.dims))
+
+
+def _pipelined_array(machine: Machine, name: str, spec: Block, value: jax.Array | None
+                     ) -> int:
+    """A pipelined operand's array in HBM, grown to whole blocks where its blocks do not
+    tile it: the padding is never-written memory (an input's is read from the block the
+    pipeline copies in; an output's is never written back)."""
+    shape, dtype = _padded_shape(spec), np.dtype(spec.array_dtype)
+    output = value is None
+    if shape == spec.array_shape:
+        return machine.add_buffer(BufferInfo(name, shape, dtype, output, False), value)
+    valid = tuple(slice(0, n) for n in spec.array_shape)
+    grown = jnp.full(shape, fill_value(dtype, machine.layout.fill), dtype)
+    b = machine.add_buffer(BufferInfo(name, shape, dtype, True, False),
+                           grown if value is None else grown.at[valid].set(value))
+    if value is not None:
+        machine.shadows[b] = jnp.zeros(shape, bool).at[valid].set(True)
+    return b
 
 
 def _arg_names(call: CallDescription) -> list[str]:
@@ -176,7 +206,7 @@ class _Tracking:
 
 
 def _block_counts(spec: Block) -> tuple[int, ...]:
-    return tuple(n // d.size for n, d in zip(spec.array_shape, spec.dims))
+    return tuple(-(-n // d.size) for n, d in zip(spec.array_shape, spec.dims))
 
 
 def _grid_point(flat: jax.Array, grid: tuple[int, ...]) -> list[jax.Array]:
@@ -204,6 +234,11 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
         fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes)
         machine.values[op.block] = jnp.where(
             changed, fresh.reshape(spec.kernel_shape), machine.values[op.block])
+        hbm_shadow, block_shadow = machine.shadows[op.hbm], machine.shadows[op.block]
+        if hbm_shadow is not None and block_shadow is not None:  # padding: never written
+            machine.shadows[op.block] = jnp.where(
+                changed, lax.dynamic_slice(hbm_shadow, starts, sizes).reshape(
+                    spec.kernel_shape), block_shadow)
         return _Tracking(index, tr.visited)
     moved = (t > 0) & jnp.any(index != tr.index)
     _write_back(machine, op, tr.index, moved)

@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.machine import BufferInfo, Index, Machine, Ref, Unsupported
+from pallas_check.compiled.machine import BufferInfo, Carry, Index, Machine, Ref, Unsupported
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
 from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
                                              semaphore_dtype)
-from pallas_check.jaxbridge.types import (ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
+from pallas_check.jaxbridge.types import (Atom, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
                                           TransformedRef)
 
 # Primitives of the TPU's own that the compiled tier leaves to the engine, by name
@@ -33,7 +33,11 @@ _ENGINE_WORDS = ("print", "callback", "check", "barrier", "device_id", "axis_ind
 # SparseCore's vector primitives (some share a name with lax's gather and scatter).
 _SPARSECORE = frozenset(getattr(prims, n) for n in dir(prims) if n.startswith("sc_"))
 
-Rule = Callable[["Evaluator", JaxprEqn, list[Any]], list[Any]]
+# An equation's operands or results while tracing: traced arrays, `Ref`s, literals, None.
+Values = list[Any]
+# A loop's or branch's carry: the machine's, and the jaxpr's own values.
+LoopCarry = tuple[Carry, Values]
+Rule = Callable[["Evaluator", JaxprEqn, Values], Values]
 RULES: dict[object, Rule] = {}
 
 
@@ -52,10 +56,10 @@ class Evaluator:
     def __init__(self, machine: Machine, point: Sequence[Index], grid: Sequence[int]) -> None:
         self.machine, self.point, self.grid = machine, list(point), list(grid)
 
-    def run(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    def run(self, jaxpr: Jaxpr, consts: Sequence[object], args: Sequence[object]) -> Values:
         env: dict[Any, Any] = {}
 
-        def read(atom: Any) -> Any:
+        def read(atom: Atom) -> Any:
             return atom.val if isinstance(atom, Literal) else env[atom]
 
         env.update(zip(jaxpr.constvars, consts))
@@ -69,7 +73,7 @@ class Evaluator:
                     env[var] = value
         return [read(v) for v in jaxpr.outvars]
 
-    def _pure(self, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+    def _pure(self, eqn: JaxprEqn, invals: Values) -> Values:
         name = eqn.primitive.name
         if eqn.primitive in _SPARSECORE or any(word in name for word in _ENGINE_WORDS):
             raise Unsupported(f"`{name}`")
@@ -100,13 +104,13 @@ def _cast(value: jax.Array, aval: Any) -> jax.Array:
 # -- loads and stores ----------------------------------------------------------------------
 
 @rule(prims.ref_get_p)
-def _get(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _get(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[1:]))
     return [_cast(ev.machine.read(ref), eqn.outvars[0].aval)]
 
 
 @rule(prims.ref_swap_p)
-def _swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
     old = (None if isinstance(eqn.outvars[0], DropVar)
            else ev.machine.read(ref, check_written=False))
@@ -115,7 +119,7 @@ def _swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.ref_addupdate_p)
-def _addupdate(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _addupdate(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
     old = ev.machine.read(ref)
     ev.machine.write(ref, old + jnp.asarray(invals[1]).astype(old.dtype))
@@ -123,7 +127,7 @@ def _addupdate(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.pl_load_p)
-def _masked_load(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _masked_load(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref, transforms, mask, _ = eqn_params.args_tree(eqn).unflatten(invals)
     if mask is not None:
         raise Unsupported("a masked load")
@@ -131,7 +135,7 @@ def _masked_load(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.pl_swap_p)
-def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref, transforms, value, mask = eqn_params.args_tree(eqn).unflatten(invals)
     if mask is not None:
         raise Unsupported("a masked store")
@@ -145,7 +149,7 @@ def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 # -- the grid ------------------------------------------------------------------------------
 
 @rule(prims.program_id_p)
-def _program_id(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _program_id(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     axis = eqn_params.grid_axis(eqn)
     if axis >= len(ev.point):
         raise Unsupported("`program_id` outside the grid")
@@ -153,19 +157,19 @@ def _program_id(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.num_programs_p)
-def _num_programs(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _num_programs(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     return [jnp.int32(ev.grid[eqn_params.grid_axis(eqn)])]
 
 
 @rule(prims.multiple_of_p)
-def _multiple_of(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _multiple_of(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     return [invals[0]]
 
 
 # -- DMAs and semaphores -------------------------------------------------------------------
 
 @rule(prims.dma_start_p)
-def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     src, dst, dst_sem, src_sem, device_id = eqn_params.dma_arguments(eqn, invals)
     if device_id is not None or src_sem is not None:
         raise Unsupported("a remote DMA")
@@ -181,7 +185,7 @@ def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.dma_wait_p)
-def _dma_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _dma_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     src, _, dst_sem, src_sem, device_id = eqn_params.dma_arguments(eqn, invals)
     if device_id is not None or src_sem is not None:
         raise Unsupported("a remote DMA")
@@ -193,7 +197,7 @@ def _dma_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.semaphore_signal_p)
-def _signal(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _signal(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms, inc, device_id, core_index = eqn_params.args_tree(eqn).unflatten(invals)
     if device_id is not None or core_index is not None:
         raise Unsupported("a signal to another device or core")
@@ -202,7 +206,7 @@ def _signal(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.semaphore_wait_p)
-def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms, value, decrement = eqn_params.args_tree(eqn).unflatten(invals)
     if decrement is not None and not isinstance(decrement, (bool, np.bool_)):
         raise Unsupported("a traced decrement")
@@ -212,7 +216,7 @@ def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.semaphore_read_p)
-def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
     return [ev.machine.counts[ev.machine.cell(resolve(sem, transforms))]]
 
@@ -236,7 +240,7 @@ def allocate(machine: Machine, name: str, aval: Any) -> Ref:
 
 
 @rule(prims.run_scoped_p)
-def _run_scoped(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _run_scoped(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     body: Jaxpr = eqn_params.body(eqn)
     machine = ev.machine
     buffers, sems = len(machine.buffers), len(machine.semaphores)
@@ -248,18 +252,18 @@ def _run_scoped(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 # -- control flow --------------------------------------------------------------------------
 
-def _inline(ev: Evaluator, closed: ClosedJaxpr, invals: list[Any]) -> list[Any]:
+def _inline(ev: Evaluator, closed: ClosedJaxpr, invals: Values) -> Values:
     n = len(closed.jaxpr.invars)
     return ev.run(closed.jaxpr, closed.consts, invals[len(invals) - n:])
 
 
 @rule(prims.jit_p)
-def _jit(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _jit(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     return _inline(ev, eqn_params.body(eqn), invals)
 
 
 @rule(prims.closed_call_p)
-def _closed_call(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _closed_call(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     return _inline(ev, eqn_params.call_body(eqn), invals)
 
 
@@ -330,7 +334,7 @@ def _slot_of(ref: Any) -> int:
     return ref.position
 
 
-def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[int]:
+def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> list[int]:
     """The buffers a loop or branch may write: its written refs' and, when it waits,
     every buffer a DMA may land in."""
     positions, lands = _eqn_writes(eqn)
@@ -345,7 +349,7 @@ def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[int
 
 
 @rule(prims.cond_p)
-def _cond(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _cond(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     index, *operands = invals
     machine = ev.machine
     branches_ = eqn_params.branches(eqn)
@@ -354,8 +358,8 @@ def _cond(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
 
-    def branch(closed: ClosedJaxpr) -> Callable[[Any], Any]:
-        def run(carry: Any) -> Any:
+    def branch(closed: ClosedJaxpr) -> Callable[[Carry], LoopCarry]:
+        def run(carry: Carry) -> LoopCarry:
             machine.reset(before)
             machine.restore(carry, carried)
             outs = ev.run(closed.jaxpr, closed.consts, operands)
@@ -375,7 +379,7 @@ def _reads_state(jaxpr: Jaxpr) -> bool:
 
 
 @rule(prims.while_p)
-def _while(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _while(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     loop = eqn_params.while_loop(eqn)
     if _reads_state(loop.cond.jaxpr):
         raise Unsupported("a while condition that reads a ref")
@@ -386,10 +390,10 @@ def _while(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
 
-    def cond(carry: Any) -> Any:
+    def cond(carry: LoopCarry) -> Any:
         return ev.run(loop.cond.jaxpr, loop.cond.consts, [*cond_consts, *carry[1]])[0]
 
-    def body(carry: Any) -> Any:
+    def body(carry: LoopCarry) -> LoopCarry:
         machine.reset(before)
         machine.restore(carry[0], carried)
         outs = ev.run(loop.body.jaxpr, loop.body.consts, [*body_consts, *carry[1]])
@@ -402,7 +406,7 @@ def _while(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
 
 
 @rule(prims.scan_p)
-def _scan(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
+def _scan(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     loop = eqn_params.scan_loop(eqn)
     consts = invals[:loop.num_consts]
     init = invals[loop.num_consts:loop.num_consts + loop.num_carry]
@@ -411,7 +415,7 @@ def _scan(ev: Evaluator, eqn: JaxprEqn, invals: list[Any]) -> list[Any]:
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
 
-    def body(carry: Any, x: Any) -> Any:
+    def body(carry: LoopCarry, x: Values) -> tuple[LoopCarry, Values]:
         machine.reset(before)
         machine.restore(carry[0], carried)
         outs = ev.run(loop.body.jaxpr, loop.body.consts, [*consts, *carry[1], *x])

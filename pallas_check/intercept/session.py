@@ -26,7 +26,7 @@ from pallas_check.intercept import outer
 from pallas_check.jaxbridge.call import describe as describe_call
 from pallas_check.intercept.call_filter import CallFilter
 from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
-from pallas_check.config import Config, Tier, TpuGeneration
+from pallas_check.config import Config, TpuGeneration
 from pallas_check.deliver.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
 from pallas_check.engine.call.explore import CallSetting
@@ -37,7 +37,7 @@ from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
-from pallas_check.config.errors import EngineFailure, PallasCheckError, TierRefused
+from pallas_check.config.errors import EngineFailure, PallasCheckError
 from pallas_check.findings.finding import CallSummary, Finding, FindingStore, KernelInfo, SourceFrame
 from pallas_check.intercept.generations import GenerationRun
 from pallas_check.process.host_memory import collector_paused, return_freed_memory
@@ -46,7 +46,7 @@ from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.xla_path import compiled_call
-from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
+from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -234,7 +234,9 @@ class Session:
                 return outputs
             never = (empties.never_written_inputs(params, device_operands[0])
                      if mesh.num_devices == 1 else frozenset())
-            compiled = self._compiled(call, never, results)
+            where = f" at {kernel.file}:{kernel.line}" if kernel.file else ""
+            compiled = self.tiers.attempt(params, mesh.num_devices, never, device_operands[0],
+                                          results, f"{kernel.name}{where}")
             if compiled.outputs is not None:
                 return self._compiled_done(call, program, outside, key, compiled.outputs)
             started = time.perf_counter()
@@ -258,22 +260,8 @@ class Session:
         return_freed_memory()
         self._record(call, len(result.findings) + len(fits.findings),
                      races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
-                     unused_memory=result.unused_memory, tier_reason=compiled.reason)
+                     unused_memory=result.unused_memory, tier=(ENGINE, compiled.reason))
         return result.outputs
-
-    def _compiled(self, call: _Call, never: frozenset[int],
-                  results: Sequence[np.ndarray] | None) -> TierRun:
-        """The call run by the compiled tier (intercept/tiers.py) where it may be; its
-        outputs None when the engine runs it, with the reason. `--tier compiled` and a
-        call the tier cannot run: a one-line error."""
-        refused = self.tiers.refusal(call.params, call.mesh.num_devices, never)
-        if refused is not None:
-            if self.tiers.mode is Tier.COMPILED:
-                where = f" at {call.kernel.file}:{call.kernel.line}" if call.kernel.file else ""
-                raise TierRefused(f"--tier compiled: {call.kernel.name}{where} cannot run"
-                                  f" compiled: {refused}")
-            return TierRun(None, refused)
-        return self.tiers.run(call.params, call.device_operands[0], results)
 
     def _compiled_done(self, call: _Call, program: Program | None, outside: str,
                        key: tuple[Any, ...] | None, outputs: list[np.ndarray]
@@ -282,7 +270,7 @@ class Session:
         with self._lock:
             self._in_flight.pop(call.index, None)
         self.store.extend(self.judge.received(program, outside, key, call.index, 0, [], []))
-        self._record(call, 0, tier=COMPILED)
+        self._record(call, 0, tier=(COMPILED, ""))
         return [outputs]
 
     def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
@@ -418,8 +406,8 @@ class Session:
 
     def _record(self, call: _Call, findings: int, *, failed: bool = False,
                 progress: dict[str, int] | None = None, races: dict[str, int] | None = None,
-                unused_memory: list | None = None, tier: str = ENGINE,
-                tier_reason: str = "") -> None:
+                unused_memory: list | None = None, tier: tuple[str, str] = (ENGINE, "")
+                ) -> None:
         """The call's line in the report (a call the engine failed on is marked so, and a
         call the run stopped in, with its `progress`; `races`: what race checking covered)."""
         kernel = call.kernel
@@ -436,7 +424,7 @@ class Session:
                                           interrupted=progress is not None,
                                           progress=progress or {}, races=races or {},
                                           unused_memory=unused_memory or [],
-                                          tier=tier, tier_reason=tier_reason))
+                                          tier=tier[0], tier_reason=tier[1]))
 
     def _fail(self, message: str) -> bool:
         """Keep the run's first engine error; whether this was it."""

@@ -26,6 +26,7 @@ from pallas_check.compiled.machine import Unsupported
 from pallas_check.compiled.program import Compiled, build
 from pallas_check.compiled.verdict import describe as describe_verdict
 from pallas_check.config import Config, Tier
+from pallas_check.config.errors import TierRefused
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.intercept.call_filter import StructureKeys
 from pallas_check.jaxbridge.call import CallDescription, CallParams, describe
@@ -92,6 +93,19 @@ class Tiers:
         # Per structure not yet built: the engine's seconds on it (estimated, then measured).
         self._spent: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def attempt(self, params: CallParams, devices: int, never_written: Collection[int],
+                operands: Sequence[np.ndarray], results: Sequence[np.ndarray] | None,
+                kernel: str) -> TierRun:
+        """The call run compiled where the tier may run it (its outputs None when the
+        engine runs it, with the reason). `--tier compiled` and a call the tier cannot
+        run: `TierRefused`, one line naming `kernel` (its name and where it is defined)."""
+        refused = self.refusal(params, devices, never_written)
+        if refused is None:
+            return self.run(params, operands, results)
+        if self.mode is Tier.COMPILED:
+            raise TierRefused(f"--tier compiled: {kernel} cannot run compiled: {refused}")
+        return TierRun(None, refused)
 
     def refusal(self, params: CallParams, devices: int,
                 never_written: Collection[int]) -> str | None:

@@ -1,0 +1,61 @@
+"""Box arithmetic while tracing: start indices that are Python ints where they are
+static (so that a static box is checked once, at trace time) and traced int32 scalars
+where they are not; the tests of a box against its buffer and against the DMA table."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+# A start index while tracing: a Python int (static) or a traced int32 scalar.
+Index = Any
+# The largest rank a buffer may have (boxes in the DMA table are padded to it).
+MAX_RANK = 6
+
+
+def plus(a: Index, b: Index) -> Index:
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return int(a) + int(b)
+    return jnp.asarray(a, jnp.int32) + jnp.asarray(b, jnp.int32)
+
+
+def i32(x: Index) -> jax.Array:
+    return jnp.asarray(x, jnp.int32)
+
+
+def times(a: Index, k: int) -> Index:
+    return int(a) * k if isinstance(a, (int, np.integer)) else i32(a) * k
+
+
+def outside(start: Index, size: int, extent: int) -> Any:
+    """Whether [start, start + size) leaves [0, extent) (static where the start is)."""
+    if isinstance(start, (int, np.integer)):
+        return bool(start < 0 or start + size > extent)
+    s = i32(start)
+    return (s < 0) | (s + size > extent)
+
+
+def any_of(conditions: Any) -> Any:
+    found: Any = False
+    for c in conditions:
+        if isinstance(c, (bool, np.bool_)):
+            if c:
+                return True
+            continue
+        found = c if found is False else (found | c)
+    return found
+
+
+def padded(values: Sequence[Index], pad: int) -> jax.Array:
+    values = list(values) + [pad] * (MAX_RANK - len(values))
+    return jnp.stack([i32(v) for v in values])
+
+
+def meets(starts: jax.Array, sizes: jax.Array, start: jax.Array, size: jax.Array
+           ) -> jax.Array:
+    """Per table slot, whether its box meets the box (start, size) (padded dims meet)."""
+    return jnp.all((starts < start + size) & (start < starts + sizes), axis=-1)
