@@ -22,7 +22,6 @@ the table at the end was never waited.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Sequence
 
@@ -137,6 +136,10 @@ class Layout:
     sites: list[DmaSite] = dataclasses.field(default_factory=list)
     site_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
     frozen: bool = False
+    # Whether a landing was traced before every site was known (the trace is then traced
+    # again, with all of them: `program.build`).
+    landed: bool = False
+    stale: bool = False
 
     def site(self, key: tuple[object, ...], make: DmaSite) -> int:
         found = self.site_ids.get(key)
@@ -145,17 +148,53 @@ class Layout:
                 raise Unsupported("a DMA the first tracing pass did not meet")
             found = self.site_ids[key] = len(self.sites)
             self.sites.append(make)
+            self.stale = self.stale or self.landed
         return found
 
 
-def _empty_table() -> dict[str, jax.Array]:
-    k, r = TABLE_SIZE, MAX_RANK
-    zeros = functools.partial(jnp.zeros, dtype=jnp.int32)
-    return {"active": jnp.zeros(k, bool), "landed": jnp.zeros(k, bool),
-            "site": zeros(k), "age": zeros(k), "sem": zeros(k), "bytes": zeros(k),
-            "src_buf": zeros(k) - 1, "dst_buf": zeros(k) - 1,
-            "src_start": zeros((k, r)), "src_size": zeros((k, r)),
-            "dst_start": zeros((k, r)), "dst_size": zeros((k, r)), "clock": zeros(())}
+# The DMA table's columns: one int32 row per slot (one scatter writes a started DMA).
+_COLUMNS = {"active": 0, "landed": 1, "site": 2, "age": 3, "sem": 4, "bytes": 5,
+            "src_buf": 6, "dst_buf": 7}
+_BOXES = {"src_start": 8, "src_size": 8 + MAX_RANK, "dst_start": 8 + 2 * MAX_RANK,
+          "dst_size": 8 + 3 * MAX_RANK}
+_WIDTH = 8 + 4 * MAX_RANK
+
+
+@jax.tree_util.register_pytree_node_class
+class Table:
+    """The DMAs in flight: a row per slot (`_COLUMNS`, `_BOXES`) and the clock that ages
+    them; read by column name."""
+
+    def __init__(self, rows: jax.Array, clock: jax.Array) -> None:
+        self.rows, self.clock = rows, clock
+
+    @classmethod
+    def empty(cls) -> Table:
+        rows = jnp.zeros((TABLE_SIZE, _WIDTH), jnp.int32)
+        rows = rows.at[:, _COLUMNS["src_buf"]].set(-1).at[:, _COLUMNS["dst_buf"]].set(-1)
+        return cls(rows, jnp.zeros((), jnp.int32))
+
+    def tree_flatten(self) -> tuple[tuple[jax.Array, jax.Array], None]:
+        return (self.rows, self.clock), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[jax.Array, jax.Array]) -> Table:
+        return cls(*children)
+
+    def __getitem__(self, name: str) -> jax.Array:
+        if name in _COLUMNS:
+            column = self.rows[:, _COLUMNS[name]]
+            return column.astype(bool) if name in ("active", "landed") else column
+        at = _BOXES[name]
+        return self.rows[:, at:at + MAX_RANK]
+
+    def set(self, slot: jax.Array, name: str, value: Any) -> Table:
+        return Table(self.rows.at[slot, _COLUMNS[name]].set(jnp.asarray(value, jnp.int32)),
+                     self.clock)
+
+    def started(self, slot: jax.Array, row: jax.Array) -> Table:
+        """A DMA in `slot` (its row), one tick older than the last."""
+        return Table(self.rows.at[slot].set(row), self.clock + 1)
 
 
 class Machine:
@@ -168,7 +207,7 @@ class Machine:
         self.shadows: list[jax.Array | None] = []
         self.semaphores: list[SemInfo] = []
         self.counts = jnp.zeros((0,), jnp.int32)
-        self.table = _empty_table()
+        self.table = Table.empty()
         self.verdict = jnp.zeros((), jnp.int32)
         self.allocations = 0
 
@@ -179,11 +218,10 @@ class Machine:
         may write; the others it reads as they are, closed over)."""
         ids = range(len(self.values)) if buffers is None else buffers
         return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
-                self.counts, dict(self.table), self.verdict)
+                self.counts, self.table, self.verdict)
 
     def restore(self, carry: Carry, buffers: Sequence[int] | None = None) -> None:
-        values, shadows, self.counts, table, self.verdict = carry
-        self.table = dict(table)
+        values, shadows, self.counts, self.table, self.verdict = carry
         if buffers is None:
             self.values, self.shadows = list(values), list(shadows)
             return
@@ -210,6 +248,7 @@ class Machine:
         """The buffers a wait may land a DMA in (on_wait: any started DMA's)."""
         if self.layout.eager:
             return set()
+        self.layout.landed = True
         return {site.dst for site in self.layout.sites if self.live(site)}
 
     def flag(self, condition: Any, bit: Verdict) -> None:
@@ -341,64 +380,51 @@ class Machine:
             self.flag(self._overlaps_in_flight(src.buffer, src.starts, src.sizes, False)
                       | self._overlaps_in_flight(dst.buffer, dst.starts, dst.sizes, True),
                       Verdict.RACE)
-        t = dict(self.table)
+        t = self.table
         self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
         slot = jnp.argmin(t["active"])
-        entry = {"active": True, "landed": False, "site": site, "age": t["clock"],
-                 "sem": cell, "bytes": nbytes, "src_buf": src.buffer, "dst_buf": dst.buffer,
-                 "src_start": padded([i32(s) for s in src.starts], 0),
-                 "src_size": padded(src.sizes, 1),
-                 "dst_start": padded([i32(s) for s in dst.starts], 0),
-                 "dst_size": padded(dst.sizes, 1)}
-        for name, value in entry.items():
-            t[name] = t[name].at[slot].set(value)
-        t["clock"] = t["clock"] + 1
-        self.table = t
+        row = jnp.concatenate([
+            jnp.stack([i32(1), i32(0), i32(site), t.clock, i32(cell), i32(nbytes),
+                       i32(src.buffer), i32(dst.buffer)]),
+            padded(src.starts, 0), padded(src.sizes, 1), padded(dst.starts, 0),
+            padded(dst.sizes, 1)])
+        self.table = t.started(slot, row)
         if self.layout.eager:
             self._land(slot)
 
     def _land(self, slot: jax.Array) -> None:
-        """The DMA in `slot` moves its data and signals its semaphore."""
+        """The DMA in `slot` moves its data and signals its semaphore. Each live site's
+        copy is written where the slot's site is that site and leaves its box as it was
+        elsewhere: straight-line code that XLA updates in place (a switch over the sites
+        copied the buffers it carried at every landing)."""
+        self.layout.landed = True
         t = self.table
-        targets = sorted(self.landing_targets() | {
-            site.dst for site in self.layout.sites if self.live(site)})
-        branches = [functools.partial(self._land_site if self.live(site) else self._no_landing,
-                                      site, targets)
-                    for site in self.layout.sites]
-        if not branches:
-            return
-        before = self.snapshot()
-        carry = lax.switch(t["site"][slot], branches, self.carry(targets),
-                           t["src_start"][slot], t["dst_start"][slot])
-        self.reset(before)
-        self.restore(carry, targets)
-        t = dict(self.table)
+        site_of = t["site"][slot]
+        src_start, dst_start = t["src_start"][slot], t["dst_start"][slot]
+        for k, site in enumerate(self.layout.sites):
+            if self.live(site):
+                self._land_site(site, site_of == k, src_start, dst_start)
+        t = self.table
         self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
-        t["landed"] = t["landed"].at[slot].set(True)
-        self.table = t
+        self.table = t.set(slot, "landed", 1)
 
-    @staticmethod
-    def _no_landing(site: DmaSite, targets: list[int], carry: Carry,
-                    src_start: jax.Array, dst_start: jax.Array) -> Carry:
-        return carry
-
-    def _land_site(self, site: DmaSite, targets: list[int], carry: Carry,
-                   src_start: jax.Array, dst_start: jax.Array) -> Carry:
-        self.restore(carry, targets)
+    def _land_site(self, site: DmaSite, this: jax.Array, src_start: jax.Array,
+                   dst_start: jax.Array) -> None:
         src_at = [src_start[d] for d in range(len(site.src_sizes))]
         dst_at = [dst_start[d] for d in range(len(site.dst_sizes))]
         value = lax.dynamic_slice(self.values[site.src], src_at, site.src_sizes)
         shadow = self.shadows[site.src]
         if shadow is not None:
-            self.flag(~jnp.all(lax.dynamic_slice(shadow, src_at, site.src_sizes)),
+            self.flag(this & ~jnp.all(lax.dynamic_slice(shadow, src_at, site.src_sizes)),
                       Verdict.UNINITIALIZED)
+        old = lax.dynamic_slice(self.values[site.dst], dst_at, site.dst_sizes)
         self.values[site.dst] = lax.dynamic_update_slice(
-            self.values[site.dst], value.reshape(site.dst_sizes), dst_at)
+            self.values[site.dst], jnp.where(this, value.reshape(site.dst_sizes), old), dst_at)
         dst_shadow = self.shadows[site.dst]
         if dst_shadow is not None:
+            old_shadow = lax.dynamic_slice(dst_shadow, dst_at, site.dst_sizes)
             self.shadows[site.dst] = lax.dynamic_update_slice(
-                dst_shadow, jnp.ones(site.dst_sizes, bool), dst_at)
-        return self.carry(targets)
+                dst_shadow, old_shadow | this, dst_at)
 
     def wait(self, cell: jax.Array, wanted: Index, decrement: bool = True) -> None:
         """A wait for `wanted` on semaphore `cell`: DMAs on it land (on_wait) until the
@@ -406,7 +432,7 @@ class Machine:
         signal); then the count is taken and the DMAs it covers retire."""
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
-            def pending(t: dict[str, jax.Array]) -> jax.Array:
+            def pending(t: Table) -> jax.Array:
                 return t["active"] & ~t["landed"] & (t["sem"] == cell)
 
             targets = sorted(self.landing_targets())
@@ -431,22 +457,19 @@ class Machine:
         self._retire(cell, wanted)
 
     def _retire(self, cell: jax.Array, wanted: jax.Array) -> None:
-        def landed(t: dict[str, jax.Array]) -> jax.Array:
+        def landed(t: Table) -> jax.Array:
             return t["active"] & t["landed"] & (t["sem"] == cell)
 
-        def more(carry: tuple[jax.Array, dict[str, jax.Array]]) -> jax.Array:
+        def more(carry: tuple[jax.Array, Table]) -> jax.Array:
             left, t = carry
             return (left > 0) & jnp.any(landed(t))
 
-        def retire_newest(carry: tuple[jax.Array, dict[str, jax.Array]]
-                          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        def retire_newest(carry: tuple[jax.Array, Table]) -> tuple[jax.Array, Table]:
             left, t = carry
             slot = jnp.argmax(jnp.where(landed(t), t["age"], -1))
-            t = dict(t)
-            t["active"] = t["active"].at[slot].set(False)
-            return left - t["bytes"][slot], t
+            return left - t["bytes"][slot], t.set(slot, "active", 0)
 
-        _, self.table = lax.while_loop(more, retire_newest, (wanted, dict(self.table)))
+        _, self.table = lax.while_loop(more, retire_newest, (wanted, self.table))
 
     def signal(self, cell: jax.Array, amount: Index) -> None:
         self.counts = self.counts.at[cell].add(i32(amount))

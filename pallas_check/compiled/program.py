@@ -1,7 +1,7 @@
 """A call as one computation: the grid loop, the BlockSpec pipeline, the kernel body.
 
-`build(params, config)` traces the call twice (the first pass finds the DMA sites a
-landing switches over) and compiles it for the engine's CPU client; the result takes
+`build(params, config)` traces the call (twice when a landing was traced before a DMA
+site it must cover was met) and compiles it for the engine's CPU client; the result takes
 the call's operands and returns its outputs and the verdict.
 
 The pipeline, as one TPU core runs it (what the engine's `engine/call/pipeline.py`
@@ -59,11 +59,13 @@ def build(params: CallParams, config: Config) -> Compiled:
     def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array]:
         return _run_call(call, layout, list(operands))
 
-    jax.eval_shape(run, *avals)  # the first pass: the DMA sites
-    layout.frozen = True
+    jitted = jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
+    traced = jitted.trace(*avals)
+    if layout.stale:  # a landing traced before a DMA site was met: again, knowing them all
+        layout.frozen, layout.landed = True, False
+        traced = jitted.trace(*avals)
     try:
-        return jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS).lower(
-            *avals).compile()
+        return traced.lower().compile()
     except Unsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call

@@ -179,7 +179,9 @@ def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     machine = ev.machine
     if sem_ref.sem and not machine.semaphores[sem_ref.buffer].counts_bytes:
         raise Unsupported("a DMA that signals a regular semaphore")
-    key = (id(eqn), src_ref.buffer, dst_ref.buffer, src_ref.sizes, dst_ref.sizes)
+    # A site is what a landing does: which box sizes move between which buffers (the
+    # starts are the DMA's own); DMA starts that move alike share one branch of it.
+    key = (src_ref.buffer, dst_ref.buffer, src_ref.sizes, dst_ref.sizes)
     machine.dma_start(key, src_ref, dst_ref, machine.cell(sem_ref))
     return []
 
