@@ -209,6 +209,9 @@ class Machine:
         self.counts = jnp.zeros((0,), jnp.int32)
         self.table = Table.empty()
         self.verdict = jnp.zeros((), jnp.int32)
+        # Races on, what the race check covered: the accesses checked against the DMAs in
+        # flight, and the most DMAs in flight at once (the JSON report's `races`).
+        self.coverage = jnp.zeros((2,), jnp.int32)
         self.allocations = 0
 
     # -- the state as a pytree ---------------------------------------------------------
@@ -218,10 +221,10 @@ class Machine:
         may write; the others it reads as they are, closed over)."""
         ids = range(len(self.values)) if buffers is None else buffers
         return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
-                self.counts, self.table, self.verdict)
+                self.counts, self.table, self.verdict, self.coverage)
 
     def restore(self, carry: Carry, buffers: Sequence[int] | None = None) -> None:
-        values, shadows, self.counts, self.table, self.verdict = carry
+        values, shadows, self.counts, self.table, self.verdict, self.coverage = carry
         if buffers is None:
             self.values, self.shadows = list(values), list(shadows)
             return
@@ -345,6 +348,7 @@ class Machine:
         if self.layout.races:
             self.flag(self._overlaps_in_flight(b, ref.starts, ref.sizes, write),
                       Verdict.RACE)
+            self.coverage = self.coverage.at[0].add(1)
         return b
 
     def _overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
@@ -389,6 +393,9 @@ class Machine:
             padded(src.starts, 0), padded(src.sizes, 1), padded(dst.starts, 0),
             padded(dst.sizes, 1)])
         self.table = t.started(slot, row)
+        if self.layout.races:  # its read and its write
+            in_flight = jnp.sum(self.table["active"].astype(jnp.int32))
+            self.coverage = self.coverage.at[0].add(2).at[1].max(in_flight)
         if self.layout.eager:
             self._land(slot)
 

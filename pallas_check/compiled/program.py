@@ -35,8 +35,9 @@ from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
 from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
 
-# What the compiled call returns: the outputs and the verdict (an int32 of Verdict bits).
-Compiled = Callable[..., tuple[list[jax.Array], jax.Array]]
+# What the compiled call returns: the outputs, the verdict (an int32 of Verdict bits) and
+# what the race check covered (accesses checked, most DMAs in flight at once).
+Compiled = Callable[..., tuple[list[jax.Array], jax.Array, jax.Array]]
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ def build(params: CallParams, config: Config) -> Compiled:
                     fill=config.uninit.value)
     avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in _operand_avals(call)]
 
-    def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+    def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array, jax.Array]:
         return _run_call(call, layout, list(operands))
 
     jitted = jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
@@ -81,7 +82,7 @@ def _operand_avals(call: CallDescription) -> list[Any]:
 
 
 def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
-              ) -> tuple[list[jax.Array], jax.Array]:
+              ) -> tuple[list[jax.Array], jax.Array, jax.Array]:
     machine = Machine(layout)
     names = _arg_names(call)
     refs: list[Ref] = []
@@ -129,7 +130,7 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
         assert shadow is not None
         machine.flag(~jnp.all(shadow[valid]), Verdict.UNWRITTEN_OUTPUT)
         results.append(machine.values[b][valid])
-    return results, machine.verdict
+    return results, machine.verdict, machine.coverage
 
 
 def _padded_shape(spec: Block) -> tuple[int, ...]:

@@ -46,7 +46,7 @@ from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.xla_path import compiled_call
-from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers
+from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -238,7 +238,7 @@ class Session:
             compiled = self.tiers.attempt(params, mesh.num_devices, never, device_operands[0],
                                           results, f"{kernel.name}{where}")
             if compiled.outputs is not None:
-                return self._compiled_done(call, program, outside, key, compiled.outputs)
+                return self._compiled_done(call, program, outside, key, compiled)
             started = time.perf_counter()
             result = self._run_engine(call, results, checkers, live, never)
             self.tiers.engine_ran(params, time.perf_counter() - started, compiled.reason)
@@ -264,14 +264,15 @@ class Session:
         return result.outputs
 
     def _compiled_done(self, call: _Call, program: Program | None, outside: str,
-                       key: tuple[Any, ...] | None, outputs: list[np.ndarray]
+                       key: tuple[Any, ...] | None, compiled: TierRun
                        ) -> list[list[np.ndarray]]:
         """A call the compiled tier ran with a clear verdict: no findings, its outputs."""
         with self._lock:
             self._in_flight.pop(call.index, None)
         self.store.extend(self.judge.received(program, outside, key, call.index, 0, [], []))
-        self._record(call, 0, tier=(COMPILED, ""))
-        return [outputs]
+        self._record(call, 0, tier=(COMPILED, ""), races=compiled.races)
+        assert compiled.outputs is not None
+        return [compiled.outputs]
 
     def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
                     checkers: Checkers, live: InFlight,

@@ -80,6 +80,8 @@ class TierRun:
 
     outputs: list[np.ndarray] | None
     reason: str
+    # Races on: what the race check covered (the JSON report's `races` of the call).
+    races: dict[str, int] | None = None
 
 
 class Tiers:
@@ -125,8 +127,9 @@ class Tiers:
         executable = self._executable(params)
         assert not isinstance(executable, str)
         with jax.default_device(engine_device()):
-            outputs, verdict = executable(*operands)
+            outputs, verdict, coverage = executable(*operands)
             bits = int(verdict)
+            covered = np.asarray(coverage)
         if bits:
             return TierRun(None, f"the compiled run saw {describe_verdict(bits)}")
         arrays = [np.asarray(o) for o in outputs]
@@ -135,7 +138,9 @@ class Tiers:
                 if target.shape == value.shape and target.dtype == value.dtype:
                     target[...] = value
                     arrays[k] = target
-        return TierRun(arrays, "")
+        races = ({"accesses_checked": int(covered[0]), "longest_history": int(covered[1])}
+                 if self.config.races else None)
+        return TierRun(arrays, "", races)
 
     def engine_ran(self, params: CallParams, seconds: float, reason: str) -> None:
         """The engine ran a call for `reason`, in `seconds`: a structure not compiled
