@@ -230,7 +230,8 @@ class Session:
                     self._in_flight.pop(index, None)  # never started: not in flight
                 outputs = capacity.unsimulated_outputs(params, device_operands,
                                                        self.config.uninit.value, results)
-                self._record(call, len(fits.findings))
+                self._record(call, len(fits.findings),
+                             tier=(ENGINE, "not run: it does not fit the chip"))
                 return outputs
             never = (empties.never_written_inputs(params, device_operands[0])
                      if mesh.num_devices == 1 else frozenset())

@@ -24,8 +24,8 @@ from pallas_check.intercept.session import Session
 from .kernels import Kernel, build, kernels, operands
 
 # The ci profile's examples are shared by every fuzz test; this property runs each kernel
-# four times (two tiers, two DMA modes), so it takes fewer of them.
-_EXAMPLES = min(settings.default.max_examples, 6)
+# four times (two tiers, two DMA modes), so it takes fewer of them (deep: 200).
+_EXAMPLES = min(settings.default.max_examples, 3)
 
 
 def check_tiers(check, desc: Kernel, modes: tuple[DmaMode, ...]) -> None:
