@@ -32,24 +32,46 @@ from pallas_check.intercept.call_filter import StructureKeys
 from pallas_check.jaxbridge.call import CallDescription, CallParams, describe
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
 from pallas_check.jaxbridge.params import scan_loop
-from pallas_check.jaxbridge.primitives import scan_p, while_p
+from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p, scan_p, while_p
 from pallas_check.jaxbridge.types import Jaxpr
 
 ENGINE, COMPILED = Tier.ENGINE.value, Tier.COMPILED.value
 # Why a small structure's call ran on the engine (it is compiled once it has cost enough).
 _NOT_YET = "not compiled yet: the engine's time on it is below a compile's"
 
-# Compiling a structure costs about 0.3-2 s of tracing and XLA (benchmarks/README.md,
-# "Compiled tier"). Under `auto` a structure is compiled once the engine has spent about
-# that long on it (a ski rental: never more than twice the better choice's cost): at its
+# Compiling a structure costs 0.35-5.6 s of tracing and XLA more than the engine's first
+# call (benchmarks/README.md, "Compiled tier"): about this much, plus per equation of the
+# kernel and more per DMA start or wait (each is a table row, a landing, a retirement).
+# Under `auto` a structure is compiled once the engine has spent about what its compile
+# would cost (a ski rental: never much more than twice the better choice's cost): at its
 # first call when the engine's estimate for one call (`engine_seconds`) reaches it, else
 # when the engine's measured time on its calls so far does.
 COMPILE_SECONDS = 0.3
+_COMPILE_EQUATION_SECONDS, _COMPILE_DMA_SECONDS = 2e-3, 60e-3
 # The engine's cost per grid step and per equation evaluated (measured: about 145 us a
 # step of a small kernel, 140 us a DMA start and wait, benchmarks/README.md).
 _ENGINE_STEP_SECONDS, _ENGINE_EQUATION_SECONDS = 145e-6, 15e-6
 # A while loop's trips when they are not known before it runs.
 _WHILE_TRIPS_GUESS = 8
+
+
+def compile_seconds(call: CallDescription) -> float:
+    """About what compiling the structure costs beyond the engine's first call."""
+    equations, dmas = _size(call.kernel)
+    return (COMPILE_SECONDS + _COMPILE_EQUATION_SECONDS * equations
+            + _COMPILE_DMA_SECONDS * dmas)
+
+
+def _size(jaxpr: Jaxpr) -> tuple[int, int]:
+    """The kernel's equations and its DMA starts and waits, nested ones included."""
+    equations = dmas = 0
+    for eqn in jaxpr.eqns:
+        equations += 1
+        dmas += eqn.primitive in (dma_start_p, dma_wait_p)
+        for sub in sub_jaxprs(eqn):
+            inner = _size(sub)
+            equations, dmas = equations + inner[0], dmas + inner[1]
+    return equations, dmas
 
 
 def engine_seconds(call: CallDescription) -> float:
@@ -157,7 +179,7 @@ class Tiers:
             spent = self._spent.get(key)
             if spent is None:
                 spent = self._spent[key] = engine_seconds(describe(params))
-            if spent < COMPILE_SECONDS:
+            if spent < compile_seconds(describe(params)):
                 return _NOT_YET
         if found is None:
             try:
