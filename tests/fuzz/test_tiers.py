@@ -25,7 +25,7 @@ from .kernels import Kernel, build, kernels, operands
 
 # The ci profile's examples are shared by every fuzz test; this property runs each kernel
 # four times (two tiers, two DMA modes), so it takes fewer of them (deep: 200).
-_EXAMPLES = 3 if settings.default.max_examples <= 12 else settings.default.max_examples
+_EXAMPLES = 2 if settings.default.max_examples <= 12 else settings.default.max_examples
 
 
 def check_tiers(check, desc: Kernel, modes: tuple[DmaMode, ...]) -> None:
