@@ -114,6 +114,7 @@ class Tiers:
         self.mode = Tier(config.tier)
         self._structures = StructureKeys()
         self._built: dict[str, Compiled | str] = {}
+        self._ineligible: dict[str, str | None] = {}  # structure -> why not, or None
         # Per structure not yet built: the engine's seconds on it (estimated, then measured).
         self._spent: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -136,7 +137,12 @@ class Tiers:
         """Why the compiled tier will not run this call (None: it will try)."""
         if self.mode is Tier.ENGINE:
             return "--tier engine"
-        found = ineligible(params, self.config, devices, never_written)
+        if devices != 1 or never_written:  # (the operands' own: asked per call)
+            return ineligible(params, self.config, devices, never_written)
+        key = self._structures.of(params)
+        found = self._ineligible.get(key, "")
+        if found == "":  # the structure's static answer, once per structure
+            found = self._ineligible[key] = ineligible(params, self.config, 1)
         if found is not None:
             return found
         built = self._executable(params)
