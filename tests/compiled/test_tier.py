@@ -19,16 +19,13 @@ from pallas_check.intercept.session import Session
 
 
 def _dma_loop(x_hbm, o_ref, buf, sem, *, steps: int, last: int):
-    o_ref[...] = jnp.zeros_like(o_ref)
+    """Sums x's slabs one DMA at a time, then adds slab `last` once more."""
 
-    def body(i, carry):
-        copy = pltpu.make_async_copy(x_hbm.at[i], buf, sem)
-        copy.start()
-        copy.wait()
-        o_ref[...] += buf[...]
-        return carry
+    def add_slab(i, total):
+        pltpu.async_copy(x_hbm.at[i], buf, sem).wait()
+        return total + buf[...]
 
-    jax.lax.fori_loop(0, steps, body, 0)
+    o_ref[...] = jax.lax.fori_loop(0, steps, add_slab, jnp.zeros(o_ref.shape, o_ref.dtype))
     # `last` past the end of x: the DMA's source box leaves the array.
     pltpu.sync_copy(x_hbm.at[last], buf)
     o_ref[...] += buf[...]
