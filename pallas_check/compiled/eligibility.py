@@ -27,13 +27,12 @@ import jax
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.call.describe import dimension_semantics, is_semaphore_aval
 from pallas_check.engine.call.explore import mosaic_refusal
-from pallas_check.jaxbridge.version import parse
+from pallas_check.jaxbridge.version import compiled_tier_refusal
 from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
 
 
-# The running JAX: jaxlib 0.9.2's XLA segfaults compiling the tier's computation from
-# inside the call's host callback (seen on oob_dma_ok.py), so the tier needs jax >= 0.10.
-_JAX = parse(jax.__version__) or (0, 0, 0)
+# The running JAX may not compile inside a host callback (jaxbridge/version.py).
+_JAX_REFUSAL = compiled_tier_refusal(jax.__version__)
 
 # Block dimensions the pipeline model does not cover, as the user spelled them.
 _DIM_KINDS = {"element": "a pl.Element block dimension",
@@ -55,8 +54,8 @@ def ineligible(params: CallParams, config: Config, devices: int,
 
 
 def _options(config: Config) -> str | None:
-    if _JAX < (0, 10, 0):
-        return "jax < 0.10 (its XLA crashes compiling the call inside the host callback)"
+    if _JAX_REFUSAL is not None:
+        return _JAX_REFUSAL
     if config.dma_mode not in (DmaMode.ON_WAIT, DmaMode.EAGER):
         return f"--dma {DmaMode(config.dma_mode).value}"
     if config.schedules > 1:

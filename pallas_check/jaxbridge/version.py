@@ -44,3 +44,14 @@ def check(version: str) -> None:
         raise UnsupportedJax(f"jax {version} is not supported: pallas-check reads JAX's"
                              f" internals and knows jax {SUPPORTED} (tested:"
                              f" {', '.join(TESTED)}); install one of those")
+
+
+def compiled_tier_refusal(version: str) -> str | None:
+    """Why this JAX cannot run the compiled tier, or None when it can. jaxlib 0.9.2's XLA
+    segfaults compiling a computation from inside a pallas_call's host callback (seen on
+    samples/oob_dma_ok.py), which is where the compiled tier compiles: on 0.9 every call
+    runs on the engine, with this reason in the report."""
+    parsed = parse(version)
+    if parsed is not None and parsed < (0, 10, 0):
+        return "jax < 0.10 (its XLA crashes compiling the call inside the host callback)"
+    return None

@@ -8,6 +8,7 @@ import inspect
 import pytest
 
 from pallas_check.jaxbridge import call, types
+from pallas_check.jaxbridge.version import compiled_tier_refusal
 
 
 def test_dict_compiler_params_under_either_key_give_the_semantics() -> None:
@@ -112,3 +113,13 @@ def test_abstract_device_without_a_platform_reads_as_its_kind() -> None:
     newer = jax.sharding.AbstractDevice(**fields)
     assert bridge.abstract_device_platform(newer) == "cpu"
     assert bridge.abstract_device_with_cores(newer, 2).num_cores == 2
+
+
+@pytest.mark.parametrize("version, refused", [("0.9.2", True), ("0.9.9.dev1", True),
+                                              ("0.10.0", False), ("0.10.2", False)])
+def test_the_compiled_tier_needs_jax_0_10(version: str, refused: bool) -> None:
+    """jaxlib 0.9's XLA crashes compiling inside a host callback: below 0.10 the tier
+    refuses every call with one reason, from 0.10 it does not."""
+    reason = compiled_tier_refusal(version)
+    assert (reason == "jax < 0.10 (its XLA crashes compiling the call inside the host"
+            " callback)") if refused else reason is None
