@@ -27,7 +27,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_check.compiled.eligibility import pipelined
-from pallas_check.compiled.machine import BufferInfo, Layout, Machine, Ref, Unsupported
+from pallas_check.compiled.machine import Machine
+from pallas_check.compiled.refs import BufferInfo, Ref, Unsupported
+from pallas_check.compiled.state import Layout
 from pallas_check.compiled.tracing import Evaluator, allocate
 from pallas_check.compiled.verdict import Verdict
 from pallas_check.config import Config, DmaMode

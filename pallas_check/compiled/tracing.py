@@ -18,7 +18,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.machine import BufferInfo, Carry, Index, Machine, Ref, Unsupported
+from pallas_check.compiled.boxes import Index
+from pallas_check.compiled.machine import Machine
+from pallas_check.compiled.refs import BufferInfo, Carry, Ref, Unsupported
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
 from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
@@ -182,7 +184,7 @@ def _dma_start(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     # A site is what a landing does: which box sizes move between which buffers (the
     # starts are the DMA's own); DMA starts that move alike share one branch of it.
     key = (src_ref.buffer, dst_ref.buffer, src_ref.sizes, dst_ref.sizes)
-    machine.dma_start(key, src_ref, dst_ref, machine.cell(sem_ref))
+    machine.dma_start(key, src_ref, dst_ref, sem_ref)
     return []
 
 
@@ -193,8 +195,7 @@ def _dma_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
         raise Unsupported("a remote DMA")
     src_ref = resolve(src)
     info = ev.machine.buffers[src_ref.buffer]
-    ev.machine.wait(ev.machine.cell(resolve(dst_sem)),
-                    math.prod(src_ref.shape) * info.dtype.itemsize)
+    ev.machine.wait(resolve(dst_sem), math.prod(src_ref.shape) * info.dtype.itemsize)
     return []
 
 
@@ -203,7 +204,7 @@ def _signal(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms, inc, device_id, core_index = eqn_params.args_tree(eqn).unflatten(invals)
     if device_id is not None or core_index is not None:
         raise Unsupported("a signal to another device or core")
-    ev.machine.signal(ev.machine.cell(resolve(sem, transforms)), inc)
+    ev.machine.signal(resolve(sem, transforms), inc)
     return []
 
 
@@ -212,7 +213,7 @@ def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms, value, decrement = eqn_params.args_tree(eqn).unflatten(invals)
     if decrement is not None and not isinstance(decrement, (bool, np.bool_)):
         raise Unsupported("a traced decrement")
-    ev.machine.wait(ev.machine.cell(resolve(sem, transforms)), value,
+    ev.machine.wait(resolve(sem, transforms), value,
                     decrement=decrement is None or bool(decrement))
     return []
 

@@ -25,6 +25,7 @@ class Verdict(enum.IntFlag):
     RACE = 128  # races on: an access or DMA overlapping a DMA in flight
     REVISIT = 256  # an output block visited again after other blocks
     UNTOUCHED = 512  # scratch the kernel left partly untouched (the engine's note)
+    COUNT_AHEAD = 1024  # a DMA's wait whose count was met before the DMA landed (dma.py)
 
 
 def describe(bits: int) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 import jax
 
 from pallas_check.compiled.eligibility import ineligible
-from pallas_check.compiled.machine import Unsupported
+from pallas_check.compiled.refs import Unsupported
 from pallas_check.compiled.program import Compiled, build
 from pallas_check.compiled.verdict import describe as describe_verdict
 from pallas_check.config import Config, Tier

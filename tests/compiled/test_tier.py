@@ -149,3 +149,30 @@ def test_tier_compiled_refuses_an_ineligible_call_in_one_line():
     assert session.engine_error is not None
     assert session.engine_error.endswith("cannot run compiled: input_output_aliases")
     assert "\n" not in session.engine_error
+
+
+def _short_wait(x_hbm, o_ref, buf, sem):
+    """The first wait takes half of what its DMA signals: the second DMA's wait is met by
+    what is left, before that DMA lands (on_wait: it never lands, nothing waits for it)."""
+    pltpu.async_copy(x_hbm.at[0:2], buf, sem)
+    pltpu.make_async_copy(x_hbm.at[0], buf.at[0], sem).wait()
+    pltpu.async_copy(x_hbm.at[2], buf.at[1], sem).wait()
+    o_ref[...] = buf[0] + buf[1]
+
+
+def test_a_wait_met_before_its_dma_lands_goes_to_the_engine():
+    """The paired wait (a DMA started and waited in one stretch of code) lands its DMA
+    without searching the table; where the count already covers the wait, the DMA that
+    would land is the engine's to decide: COUNT_AHEAD, and the engine reports the call."""
+    call = pl.pallas_call(
+        _short_wait, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+    x = jax.random.normal(jax.random.key(3), (3, 8, 128), jnp.float32)
+    _, compiled = checked(call, x, tier=Tier.COMPILED, races=True)
+    _, engine = checked(call, x, tier=Tier.ENGINE, races=True)
+    reason = compiled.calls[0].tier_reason
+    assert reason.startswith("the compiled run saw") and "count-ahead" in reason, reason
+    assert findings(compiled) == findings(engine)
+    assert "dma-not-waited" in [k for k, *_ in findings(engine)]

@@ -1,0 +1,191 @@
+"""DMAs and semaphores on the compiled call's state: start, land, wait, retire, signal.
+
+As the engine does it (engine/dma/policy.py), on one core: `on_wait`, a wait lands the DMAs
+on its semaphore cell newest first until the count covers it; `eager`, a start lands at
+once. A wait then takes its count and retires the landed DMAs its bytes cover, newest
+first; what is left in the table at the end was never waited.
+
+Most waits wait for the DMA the same stretch of straight-line code started last on the same
+cell (`copy.start(); ...; copy.wait()`). That DMA is the newest on the cell, so it is the
+one the wait lands, and when its bytes cover the wait it is also the one the wait retires:
+the wait takes it as the trace knows it (`State.started`), with no search of the table,
+no loop, and no table row when none was written. One case needs the search: a count
+that already covers the wait before the DMA lands (what lands is then another's choice):
+it sets COUNT_AHEAD and the engine runs the call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_check.compiled.boxes import Index, any_of, i32, outside
+from pallas_check.compiled.refs import Carry, Ref, Unsupported
+from pallas_check.compiled.state import Started, State
+from pallas_check.compiled.table import DmaSite, Table
+from pallas_check.compiled.verdict import Verdict
+
+
+class Dmas(State):
+    """The state with its DMA engine."""
+
+    def dma_start(self, key: tuple[object, ...], src: Ref, dst: Ref, sem: Ref) -> None:
+        """A DMA starts: its boxes checked, known to the trace as the newest on its cell
+        (written into the table when something reads the table); eager: it lands."""
+        cell = self.cell(sem)
+        src_info, dst_info = self.buffers[src.buffer], self.buffers[dst.buffer]
+        nbytes = math.prod(dst.shape) * dst_info.dtype.itemsize
+        if math.prod(src.shape) != math.prod(dst.shape) or src_info.dtype != dst_info.dtype:
+            raise Unsupported("a DMA between views of other sizes or element types")
+        site_id = self.layout.site(
+            (*key, src_info.serial, dst_info.serial),
+            DmaSite(src.buffer, dst.buffer, src_info.serial, dst_info.serial, src.sizes,
+                    dst.sizes, nbytes))
+        site = self.layout.sites[site_id]
+        for ref in (src, dst):
+            self.flag(any_of(outside(s, n, m) for s, n, m in
+                             zip(ref.starts, ref.sizes, self.buffers[ref.buffer].shape)),
+                      Verdict.OUT_OF_BOUNDS)
+        if self.layout.races:
+            self.flag(self.overlaps_in_flight(src.buffer, src.starts, src.sizes, False)
+                      | self.overlaps_in_flight(dst.buffer, dst.starts, dst.sizes, True),
+                      Verdict.RACE)
+            in_flight = jnp.sum(self.table["active"].astype(jnp.int32)) + 1
+            self.coverage = self.coverage.at[0].add(2).at[1].max(in_flight)  # read, write
+        if self.layout.eager:  # it lands now: its own site, no search
+            self._land_site(site, True, src.starts, dst.starts)
+            self.counts = self.counts.at[cell].add(nbytes)
+        self.write_started(sem.buffer)  # no longer the newest on their cells, maybe
+        self.started = [s for s in self.started if s.sem != sem.buffer]
+        self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
+                                    landed=self.layout.eager))
+
+    def _land(self, slot: jax.Array) -> None:
+        """The DMA in `slot` moves its data and signals its semaphore. Each live site's
+        copy is written where the slot's site is that site and leaves its box as it was
+        elsewhere: straight-line code that XLA updates in place (a switch over the sites
+        copied the buffers it carried at every landing)."""
+        self.layout.landed = True
+        t = self.table
+        site_of = t["site"][slot]
+        src_start, dst_start = t["src_start"][slot], t["dst_start"][slot]
+        for k, site in enumerate(self.layout.sites):
+            if self.live(site):
+                self._land_site(site, site_of == k, src_start, dst_start)
+        t = self.table
+        self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
+        self.table = t.set(slot, "landed", 1)
+
+    def _land_site(self, site: DmaSite, this: Any, src_start: Any, dst_start: Any) -> None:
+        """One site's copy where `this` (a traced bool, or True); its starts a table
+        row's or as traced."""
+        src_at = [i32(src_start[d]) for d in range(len(site.src_sizes))]
+        dst_at = [i32(dst_start[d]) for d in range(len(site.dst_sizes))]
+        value = lax.dynamic_slice(self.values[site.src], src_at, site.src_sizes)
+        shadow = self.shadows[site.src]
+        if shadow is not None:
+            self.flag(this & ~jnp.all(lax.dynamic_slice(shadow, src_at, site.src_sizes)),
+                      Verdict.UNINITIALIZED)
+        value = value.reshape(site.dst_sizes)
+        if this is not True:
+            value = jnp.where(this, value,
+                              lax.dynamic_slice(self.values[site.dst], dst_at, site.dst_sizes))
+        self.values[site.dst] = lax.dynamic_update_slice(self.values[site.dst], value, dst_at)
+        dst_shadow = self.shadows[site.dst]
+        if dst_shadow is not None:
+            written: Any = jnp.ones(site.dst_sizes, bool)
+            if this is not True:
+                written = lax.dynamic_slice(dst_shadow, dst_at, site.dst_sizes) | this
+            self.shadows[site.dst] = lax.dynamic_update_slice(dst_shadow, written, dst_at)
+
+    def wait(self, sem: Ref, wanted: Index, decrement: bool = True) -> None:
+        """A wait for `wanted` on semaphore cell `sem`: DMAs on it land (on_wait) until
+        the count covers it; a count that cannot is WAIT_UNMET (one core: nothing else
+        will signal); then the count is taken and the DMAs it covers retire."""
+        cell = self.cell(sem)
+        paired = next((s for s in self.started if s.waited_by(sem)), None)
+        if paired is not None and isinstance(wanted, (int, np.integer)) \
+                and wanted <= paired.site.nbytes:
+            self.started.remove(paired)
+            self.write_started(sem.buffer)
+            self.started = [s for s in self.started if s.sem != sem.buffer]
+            self._wait_paired(paired, int(wanted), decrement)
+            return
+        self.write_started()
+        wanted = i32(wanted)
+        if not self.layout.eager and self.layout.sites:
+            self._land_until(cell, wanted)
+        met = self.counts[cell] >= wanted
+        self.flag(~met, Verdict.WAIT_UNMET)
+        if decrement:
+            self.counts = self.counts.at[cell].add(-jnp.where(met, wanted, 0))
+        self._retire(cell, wanted)
+
+    def _wait_paired(self, paired: Started, wanted: int, decrement: bool) -> None:
+        """The wait of the DMA `paired`, the newest on its cell, whose bytes cover it: it
+        lands (on_wait) and retires; the count, at least 0 before, covers the wait."""
+        if paired.slot is not None:
+            self.table = self.table.set(paired.slot, "active", 0)
+        taken = wanted if decrement else 0
+        if paired.landed:
+            added = -taken
+        else:
+            self.flag(self.counts[paired.cell] >= wanted, Verdict.COUNT_AHEAD)
+            self._land_site(paired.site, True, paired.src.starts, paired.dst.starts)
+            added = paired.site.nbytes - taken
+        if added:
+            self.counts = self.counts.at[paired.cell].add(added)
+
+    def _land_until(self, cell: jax.Array, wanted: jax.Array) -> None:
+        """on_wait: the DMAs on `cell` land newest first until the count covers the wait."""
+        def pending(t: Table) -> jax.Array:
+            return t["active"] & ~t["landed"] & (t["sem"] == cell)
+
+        targets = sorted(self.landing_targets())
+
+        def more(carry: Carry) -> jax.Array:
+            counts, t = carry[2], carry[3]
+            return (counts[cell] < wanted) & jnp.any(pending(t))
+
+        def land_newest(carry: Carry) -> Carry:
+            self.restore(carry, targets)
+            self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)))
+            return self.carry(targets)
+
+        before = self.snapshot()
+        carry = lax.while_loop(more, land_newest, self.carry(targets))
+        self.reset(before)
+        self.restore(carry, targets)
+
+    def _retire(self, cell: jax.Array, left: jax.Array) -> None:
+        """The landed DMAs on `cell` retire newest first while the wait has bytes left."""
+        def landed(t: Table) -> jax.Array:
+            return t["active"] & t["landed"] & (t["sem"] == cell)
+
+        def more(carry: tuple[jax.Array, Table]) -> jax.Array:
+            left, t = carry
+            return (left > 0) & jnp.any(landed(t))
+
+        def retire_newest(carry: tuple[jax.Array, Table]) -> tuple[jax.Array, Table]:
+            left, t = carry
+            slot = jnp.argmax(jnp.where(landed(t), t["age"], -1))
+            return left - t["bytes"][slot], t.set(slot, "active", 0)
+
+        _, self.table = lax.while_loop(more, retire_newest, (left, self.table))
+
+    def signal(self, sem: Ref, amount: Index) -> None:
+        """A signal. A DMA semaphore's count may only grow (a wait's newest-first landing
+        stops when the count covers it: `_wait_paired` relies on counts of at least 0)."""
+        cell = self.cell(sem)
+        if self.semaphores[sem.buffer].counts_bytes and not (
+                isinstance(amount, (int, np.integer)) and amount >= 0):
+            raise Unsupported("a DMA semaphore signalled by a traced or negative amount")
+        self.write_started(sem.buffer)
+        self.started = [s for s in self.started if s.sem != sem.buffer]
+        self.counts = self.counts.at[cell].add(i32(amount))

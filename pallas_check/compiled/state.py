@@ -1,0 +1,213 @@
+"""The state a compiled call carries through its computation, as one tracing pass sees it.
+
+Everything the engine keeps as Python objects is here an array that XLA carries through
+the grid loop and every loop of the kernel: each buffer's value and, where something can
+leave it unwritten, its written-shadow (a bool per element); the semaphores as one int32
+vector of counts; the DMAs in flight as a fixed-size table (table.py); the verdict bits.
+
+A state is the machine at one point of tracing. Control flow hands its arrays over as a
+pytree (`carry`) and takes them back (`restore`), so a `lax.while_loop` or `lax.switch`
+carries the whole memory the way the engine's Python carries it. Buffers are numbered as
+they are made (the call's operands and scratch, then each `pl.run_scoped` allocation while
+its scope lasts), the same way in every tracing pass.
+
+What the trace itself knows is kept beside the arrays: the DMAs started in the stretch of
+straight-line code being traced (`Started`). Such a DMA is written into the table only
+when something reads the table (a race check, a wait that searches it, control flow, the
+end); a wait on its own cell first takes it as it is (dma.py), so a DMA started and waited
+in one stretch never costs the table anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from pallas_check.compiled.boxes import Index, i32, meets, outside, padded, plus, times
+from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
+from pallas_check.compiled.table import DmaSite, Table
+from pallas_check.compiled.verdict import Verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A DMA started in the stretch of straight-line code being traced and not waited
+    since, the newest on its semaphore cell (`sem`, `sem_starts`, as traced). `slot`:
+    where it is in the table, None while it is not written there."""
+
+    sem: int
+    sem_starts: tuple[Index, ...]
+    cell: jax.Array
+    site_id: int
+    site: DmaSite
+    src: Ref
+    dst: Ref
+    landed: bool  # eager: it landed when it started
+    slot: jax.Array | None = None
+
+    def waited_by(self, sem: Ref) -> bool:
+        """Whether `sem` is the same cell, as traced (the same values, or equal ints)."""
+        return sem.buffer == self.sem and all(
+            a is b or (isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer))
+                       and int(a) == int(b)) for a, b in zip(sem.starts, self.sem_starts))
+
+    def row(self, clock: jax.Array) -> jax.Array:
+        """Its row of the table (table.py's columns)."""
+        return jnp.concatenate([
+            jnp.stack([i32(1), i32(int(self.landed)), i32(self.site_id), clock, self.cell,
+                       i32(self.site.nbytes), i32(self.src.buffer), i32(self.dst.buffer)]),
+            padded(self.src.starts, 0), padded(self.src.sizes, 1),
+            padded(self.dst.starts, 0), padded(self.dst.sizes, 1)])
+
+
+@dataclasses.dataclass
+class Layout:
+    """What both tracing passes share: the options, and the DMA sites the first pass met
+    (the second builds each landing as a switch over all of them)."""
+
+    races: bool
+    eager: bool
+    fill: str
+    sites: list[DmaSite] = dataclasses.field(default_factory=list)
+    site_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
+    frozen: bool = False
+    # Whether a landing was traced before every site was known (the trace is then traced
+    # again, with all of them: `program.build`).
+    landed: bool = False
+    stale: bool = False
+
+    def site(self, key: tuple[object, ...], make: DmaSite) -> int:
+        found = self.site_ids.get(key)
+        if found is None:
+            if self.frozen:
+                raise Unsupported("a DMA the first tracing pass did not meet")
+            found = self.site_ids[key] = len(self.sites)
+            self.sites.append(make)
+            self.stale = self.stale or self.landed
+        return found
+
+
+
+class State:
+    """The call's state at one point of tracing (see the module docstring)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.buffers: list[BufferInfo] = []
+        self.values: list[jax.Array] = []
+        self.shadows: list[jax.Array | None] = []
+        self.semaphores: list[SemInfo] = []
+        self.counts = jnp.zeros((0,), jnp.int32)
+        self.table = Table.empty()
+        self.verdict = jnp.zeros((), jnp.int32)
+        # Races on, what the race check covered: the accesses checked against the DMAs in
+        # flight, and the most DMAs in flight at once (the JSON report's `races`).
+        self.coverage = jnp.zeros((2,), jnp.int32)
+        self.allocations = 0
+        self.started: list[Started] = []
+
+    # -- the state as a pytree ---------------------------------------------------------
+
+    def carry(self, buffers: Sequence[int] | None = None) -> Carry:
+        """The state as a pytree: every buffer, or only `buffers` (what a loop or branch
+        may write; the others it reads as they are, closed over). Control flow follows:
+        the DMAs started are written into the table and the trace forgets them."""
+        self.write_started()
+        self.started = []
+        ids = range(len(self.values)) if buffers is None else buffers
+        return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
+                self.counts, self.table, self.verdict, self.coverage)
+
+    def restore(self, carry: Carry, buffers: Sequence[int] | None = None) -> None:
+        values, shadows, self.counts, self.table, self.verdict, self.coverage = carry
+        self.started = []
+        if buffers is None:
+            self.values, self.shadows = list(values), list(shadows)
+            return
+        for b, value, shadow in zip(buffers, values, shadows):
+            self.values[b], self.shadows[b] = value, shadow
+
+    def snapshot(self) -> tuple[list[jax.Array], list[jax.Array | None]]:
+        return list(self.values), list(self.shadows)
+
+    def reset(self, snapshot: tuple[list[jax.Array], list[jax.Array | None]]) -> None:
+        """Back to the buffers of `snapshot` (what a traced loop body left in the
+        buffers it does not carry belongs to that trace)."""
+        assert all(s.slot is not None for s in self.started), "a DMA the table lacks"
+        self.values, self.shadows = list(snapshot[0]), list(snapshot[1])
+        self.started = []
+
+    # -- the DMAs the trace knows ------------------------------------------------------
+
+    def write_started(self, sem: int | None = None) -> None:
+        """The started DMAs (on semaphore array `sem`, or all) written into the table,
+        in the order they started."""
+        for k, started in enumerate(self.started):
+            if started.slot is None and sem in (None, started.sem):
+                t = self.table
+                self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
+                slot = jnp.argmin(t["active"])
+                self.table = t.started(slot, started.row(t.clock))
+                self.started[k] = dataclasses.replace(started, slot=slot)
+
+    def live(self, site: DmaSite) -> bool:
+        """Whether the site's buffers are the allocations it was traced with (a site in
+        a scope that has ended moves nothing)."""
+        n = len(self.buffers)
+        return (site.src < n and site.dst < n
+                and self.buffers[site.src].serial == site.src_serial
+                and self.buffers[site.dst].serial == site.dst_serial)
+
+    def landing_targets(self) -> set[int]:
+        """The buffers a wait may land a DMA in (on_wait: any started DMA's)."""
+        if self.layout.eager:
+            return set()
+        self.layout.landed = True
+        return {site.dst for site in self.layout.sites if self.live(site)}
+
+    def overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
+                           write: bool) -> jax.Array:
+        """Whether a box of buffer `b` meets a DMA in flight: its destination (any
+        access), or its source (a write)."""
+        self.write_started()
+        t = self.table
+        start, size = padded(starts, 0), padded(sizes, 1)
+        hit = t["active"] & (t["dst_buf"] == b) & meets(t["dst_start"], t["dst_size"],
+                                                         start, size)
+        if write:
+            hit = hit | (t["active"] & (t["src_buf"] == b)
+                         & meets(t["src_start"], t["src_size"], start, size))
+        return jnp.any(hit)
+
+    # -- verdict and semaphores --------------------------------------------------------
+
+    def flag(self, condition: Any, bit: Verdict) -> None:
+        """Set `bit` where `condition` (a traced or static bool) holds."""
+        if isinstance(condition, (bool, np.bool_)):
+            if condition:
+                self.verdict = self.verdict | int(bit)
+            return
+        self.verdict = self.verdict | jnp.where(condition, jnp.int32(int(bit)), 0)
+
+    def cell(self, ref: Ref) -> jax.Array:
+        """The count index of the one semaphore `ref` selects."""
+        if not ref.sem:
+            raise Unsupported("a semaphore operation on a buffer")
+        if any(ref.kept) and math.prod(ref.sizes) != 1:
+            raise Unsupported("a semaphore array used whole")
+        sem = self.semaphores[ref.buffer]
+        flat: Index = sem.base
+        stride = 1
+        for start, size in reversed(list(zip(ref.starts, sem.shape))):
+            self.flag(outside(start, 1, size), Verdict.OUT_OF_BOUNDS)
+            flat = plus(flat, times(start, stride))
+            stride *= size
+        return jnp.clip(i32(flat), sem.base, sem.base + max(math.prod(sem.shape), 1) - 1)
+
+

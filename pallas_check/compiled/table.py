@@ -1,0 +1,77 @@
+"""The DMAs a compiled call has in flight, as arrays XLA carries: the table, its rows' sites.
+
+A DMA start is traced once per site (`DmaSite`: its buffers and static box sizes); the
+table holds per slot the site, the boxes' starts and sizes, the semaphore cell and bytes,
+whether it has landed, and an age (newest first is the order on_wait lands and retires).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_check.compiled.boxes import MAX_RANK
+
+# DMAs in flight at once; one more sets TABLE_FULL (the engine then runs the call).
+TABLE_SIZE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaSite:
+    """A DMA start as traced: its buffers and box sizes are static, its starts are not."""
+
+    src: int
+    dst: int
+    src_serial: int  # the allocations the site's buffers were when it was traced
+    dst_serial: int
+    src_sizes: tuple[int, ...]
+    dst_sizes: tuple[int, ...]
+    nbytes: int
+
+
+# The DMA table's columns: one int32 row per slot (one scatter writes a started DMA).
+_COLUMNS = {"active": 0, "landed": 1, "site": 2, "age": 3, "sem": 4, "bytes": 5,
+            "src_buf": 6, "dst_buf": 7}
+_BOXES = {"src_start": 8, "src_size": 8 + MAX_RANK, "dst_start": 8 + 2 * MAX_RANK,
+          "dst_size": 8 + 3 * MAX_RANK}
+_WIDTH = 8 + 4 * MAX_RANK
+
+
+@jax.tree_util.register_pytree_node_class
+class Table:
+    """The DMAs in flight: a row per slot (`_COLUMNS`, `_BOXES`) and the clock that ages
+    them; read by column name."""
+
+    def __init__(self, rows: jax.Array, clock: jax.Array) -> None:
+        self.rows, self.clock = rows, clock
+
+    @classmethod
+    def empty(cls) -> Table:
+        rows = jnp.zeros((TABLE_SIZE, _WIDTH), jnp.int32)
+        rows = rows.at[:, _COLUMNS["src_buf"]].set(-1).at[:, _COLUMNS["dst_buf"]].set(-1)
+        return cls(rows, jnp.zeros((), jnp.int32))
+
+    def tree_flatten(self) -> tuple[tuple[jax.Array, jax.Array], None]:
+        return (self.rows, self.clock), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[jax.Array, jax.Array]) -> Table:
+        return cls(*children)
+
+    def __getitem__(self, name: str) -> jax.Array:
+        if name in _COLUMNS:
+            column = self.rows[:, _COLUMNS[name]]
+            return column.astype(bool) if name in ("active", "landed") else column
+        at = _BOXES[name]
+        return self.rows[:, at:at + MAX_RANK]
+
+    def set(self, slot: jax.Array, name: str, value: Any) -> Table:
+        return Table(self.rows.at[slot, _COLUMNS[name]].set(jnp.asarray(value, jnp.int32)),
+                     self.clock)
+
+    def started(self, slot: jax.Array, row: jax.Array) -> Table:
+        """A DMA in `slot` (its row), one tick older than the last."""
+        return Table(self.rows.at[slot].set(row), self.clock + 1)
