@@ -58,9 +58,8 @@ class Dmas(State):
                       Verdict.RACE)
             in_flight = jnp.sum(self.table["active"].astype(jnp.int32)) + 1
             self.coverage = self.coverage.at[0].add(2).at[1].max(in_flight)  # read, write
-        if self.layout.eager:  # it lands now: its own site, no search
-            self._land_site(site, True, src.starts, dst.starts)
-            self.counts = self.counts.at[cell].add(nbytes)
+        if self.layout.eager:  # it lands now: its own site, no search (its count is
+            self._land_site(site, True, src.starts, dst.starts)  # added with its row)
         self.write_started(sem.buffer)  # no longer the newest on their cells, maybe
         self.started = [s for s in self.started if s.sem != sem.buffer]
         self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
@@ -133,12 +132,11 @@ class Dmas(State):
         if paired.slot is not None:
             self.table = self.table.set(paired.slot, "active", 0)
         taken = wanted if decrement else 0
-        if paired.landed:
-            added = -taken
-        else:
+        if not paired.landed:
             self.flag(self.counts[paired.cell] >= wanted, Verdict.COUNT_AHEAD)
             self._land_site(paired.site, True, paired.src.starts, paired.dst.starts)
-            added = paired.site.nbytes - taken
+        counted = paired.landed and paired.slot is not None  # eager: added with its row
+        added = (0 if counted else paired.site.nbytes) - taken
         if added:
             self.counts = self.counts.at[paired.cell].add(added)
 
@@ -178,6 +176,11 @@ class Dmas(State):
             return left - t["bytes"][slot], t.set(slot, "active", 0)
 
         _, self.table = lax.while_loop(more, retire_newest, (left, self.table))
+
+    def count(self, sem: Ref) -> jax.Array:
+        """A semaphore's count as the kernel reads it (eager DMAs' counts added)."""
+        self.write_started(sem.buffer)
+        return self.counts[self.cell(sem)]
 
     def signal(self, sem: Ref, amount: Index) -> None:
         """A signal. A DMA semaphore's count may only grow (a wait's newest-first landing

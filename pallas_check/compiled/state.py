@@ -48,7 +48,7 @@ class Started:
     site: DmaSite
     src: Ref
     dst: Ref
-    landed: bool  # eager: it landed when it started
+    landed: bool  # eager: it landed when it started (its count waits for its row)
     slot: jax.Array | None = None
 
     def waited_by(self, sem: Ref) -> bool:
@@ -147,9 +147,11 @@ class State:
 
     def write_started(self, sem: int | None = None) -> None:
         """The started DMAs (on semaphore array `sem`, or all) written into the table,
-        in the order they started."""
+        in the order they started; eager: the count of each, landed at its start."""
         for k, started in enumerate(self.started):
             if started.slot is None and sem in (None, started.sem):
+                if started.landed:
+                    self.counts = self.counts.at[started.cell].add(started.site.nbytes)
                 t = self.table
                 self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
                 slot = jnp.argmin(t["active"])

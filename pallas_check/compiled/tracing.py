@@ -221,7 +221,7 @@ def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 @rule(prims.semaphore_read_p)
 def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
-    return [ev.machine.counts[ev.machine.cell(resolve(sem, transforms))]]
+    return [ev.machine.count(resolve(sem, transforms))]
 
 
 # -- scoped allocations --------------------------------------------------------------------
