@@ -44,9 +44,9 @@ class Dmas(State):
         if math.prod(src.shape) != math.prod(dst.shape) or src_info.dtype != dst_info.dtype:
             raise Unsupported("a DMA between views of other sizes or element types")
         site_id = self.layout.site(
-            (*key, src_info.serial, dst_info.serial),
+            (*key, src_info.serial, dst_info.serial, sem.buffer),
             DmaSite(src.buffer, dst.buffer, src_info.serial, dst_info.serial, src.sizes,
-                    dst.sizes, nbytes))
+                    dst.sizes, nbytes, sem.buffer))
         site = self.layout.sites[site_id]
         for ref in (src, dst):
             self.flag(any_of(outside(s, n, m) for s, n, m in
@@ -65,17 +65,17 @@ class Dmas(State):
         self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
                                     landed=self.layout.eager))
 
-    def _land(self, slot: jax.Array) -> None:
-        """The DMA in `slot` moves its data and signals its semaphore. Each live site's
-        copy is written where the slot's site is that site and leaves its box as it was
-        elsewhere: straight-line code that XLA updates in place (a switch over the sites
-        copied the buffers it carried at every landing)."""
+    def _land(self, slot: jax.Array, sem: int) -> None:
+        """The DMA in `slot` (one on semaphore array `sem`) moves its data and signals its
+        semaphore. Each live site of `sem` writes its copy where the slot's site is that
+        site and leaves its box as it was elsewhere: straight-line code that XLA updates
+        in place (a switch over the sites copied the buffers it carried)."""
         self.layout.landed = True
         t = self.table
         site_of = t["site"][slot]
         src_start, dst_start = t["src_start"][slot], t["dst_start"][slot]
         for k, site in enumerate(self.layout.sites):
-            if self.live(site):
+            if site.sem == sem and self.live(site):
                 self._land_site(site, site_of == k, src_start, dst_start)
         t = self.table
         self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
@@ -119,7 +119,7 @@ class Dmas(State):
         self.write_started()
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
-            self._land_until(cell, wanted)
+            self._land_until(cell, wanted, sem.buffer)
         met = self.counts[cell] >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:
@@ -140,7 +140,7 @@ class Dmas(State):
         if added:
             self.counts = self.counts.at[paired.cell].add(added)
 
-    def _land_until(self, cell: jax.Array, wanted: jax.Array) -> None:
+    def _land_until(self, cell: jax.Array, wanted: jax.Array, sem: int) -> None:
         """on_wait: the DMAs on `cell` land newest first until the count covers the wait."""
         def pending(t: Table) -> jax.Array:
             return t["active"] & ~t["landed"] & (t["sem"] == cell)
@@ -153,7 +153,7 @@ class Dmas(State):
 
         def land_newest(carry: Carry) -> Carry:
             self.restore(carry, targets)
-            self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)))
+            self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)), sem)
             return self.carry(targets)
 
         before = self.snapshot()

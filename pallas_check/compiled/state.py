@@ -93,7 +93,6 @@ class Layout:
         return found
 
 
-
 class State:
     """The call's state at one point of tracing (see the module docstring)."""
 

@@ -30,6 +30,7 @@ class DmaSite:
     src_sizes: tuple[int, ...]
     dst_sizes: tuple[int, ...]
     nbytes: int
+    sem: int  # the semaphore array it signals (a wait on it can land only its sites)
 
 
 # The DMA table's columns: one int32 row per slot (one scatter writes a started DMA).
