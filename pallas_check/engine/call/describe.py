@@ -14,6 +14,7 @@ from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jax
 from pallas_check.jaxbridge.call import CallParams, Block, describe
 from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
 from pallas_check.engine.jaxpr.halts import KernelError
+from pallas_check.engine.jaxpr.points import NotByNumpy, numpy_index_map
 from pallas_check.engine.jaxpr.program import structure_key
 from pallas_check.engine.memory.buffer import Buffer, memory_space_name
 from pallas_check.engine.runtime.caches import BoundedCache
@@ -108,6 +109,7 @@ def unvisited_blocks(op: Operand, limit: int = 4
 # eager call traces its index maps anew every time).
 _index_maps_seen = BoundedCache(512)
 _index_map_fns = BoundedCache(512)
+_numpy_maps = BoundedCache(512)
 
 
 def _index_map_fn(index_map_jaxpr: ClosedJaxpr, num_grid: int, num_scalars: int) -> Any:
@@ -339,10 +341,25 @@ def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) 
             _discharged(index_map))(*scalars)[: len(index_map.jaxpr.outvars)]
         stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
     else:
-        outs = fn(*cols, *scalars)
-        stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in outs], axis=1)
+        found = _by_numpy(index_map, cols) if not scalars else None
+        columns = found if found is not None else fn(*cols, *scalars)
+        stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in columns],
+                           axis=1)
     order = _index_columns(block)
     return stacked if order is None else _reorder(stacked, order)
+
+
+def _by_numpy(index_map: ClosedJaxpr, cols: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The block indices by numpy (engine/jaxpr/points.py: no XLA compile on a
+    structure's first call), or None where the compiled map must answer."""
+    run = _numpy_maps.for_object(index_map, len(cols), lambda: (numpy_index_map(
+        index_map, len(index_map.jaxpr.outvars)),))[0]
+    if run is None:
+        return None
+    try:
+        return run(cols)
+    except NotByNumpy:
+        return None
 
 
 class _Column:

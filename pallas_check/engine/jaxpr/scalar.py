@@ -60,10 +60,10 @@ def _convert(x: np.generic, dtype: np.dtype) -> np.generic:
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^",
            "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _CALLS = {"div": "_div", "rem": "_rem", "max": "_max", "min": "_min", "select_n": "_select",
-          "clamp": "_clamp"}
+          "clamp": "_clamp", "sign": "_sign"}  # (`sign`: jnp's `//` on integers)
 _UNARY = {"neg": "-", "not": "~"}
 _HELPERS = {"_div": _div, "_rem": _rem, "_select": _select, "_convert": _convert,
-            "_clamp": _clamp, "_max": np.maximum, "_min": np.minimum}
+            "_clamp": _clamp, "_max": np.maximum, "_min": np.minimum, "_sign": np.sign}
 SUPPORTED = frozenset(_BINARY) | frozenset(_CALLS) | frozenset(_UNARY) | {
     "convert_element_type"}
 
