@@ -139,7 +139,7 @@ def run_one(case: Case, mode: str, cap: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         argv = [PYTHON, str(WORKER), "--mode", mode, "--case", case.name,
-                "--path", str(case.path), "--options", case.options, "--out", str(out)]
+                "--path", str(case.path), f"--options={case.options}", "--out", str(out)]
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, cwd=REPO, env=child_env(case.options),
@@ -225,6 +225,14 @@ def summary(summed: dict[str, Any], modes: tuple[str, ...]) -> list[str]:
     seconds = ", ".join(f"{HEADERS[m].removesuffix(' s')} {s:.1f} s"
                         for m, s in summed["all_ok_seconds"].items())
     lines = [f"Cases every mode ran OK ({summed['all_ok_cases']}): {seconds}"]
+    every = summed["all_ok_seconds"]
+    if {"pc", "tpu-interp", "hlo"} <= set(every):
+        # The scripts' own work (inputs, references, output checks) is in every column;
+        # the HLO interpreter's time is about what running the script costs.
+        lines.append(
+            f"Over running it (HLO interpreter), same cases: pallas-check"
+            f" {every['pc'] - every['hlo']:+.1f} s, TPU interpreter races"
+            f" {every['tpu-interp'] - every['hlo']:+.1f} s")
     if "pc_tpu_cases" not in summed:
         return lines
     ratio = summed["pc_over_tpu"]
