@@ -94,3 +94,19 @@ def test_shipped_all_gather_is_clean_when_dmas_land_at_their_start(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK all_gather" in proc.stdout
     assert data["findings"] == []
+
+
+# The shipped kernels the compiled tier runs whole: each call compiled from its first,
+# outputs checked against the case's own reference, no finding (as on the engine, above).
+COMPILED = ["example_kernel", "flash_attention", "random"]
+
+
+@pytest.mark.parametrize("case", COMPILED)
+def test_shipped_kernel_runs_compiled_clean_and_correct(cli, case):
+    result = cli("run", "--tier", "compiled", str(CASES / f"case_{case}.py"))
+    assert result.report is not None, result.output
+    assert result.report["user_error"] is None, result.report["user_traceback"]
+    assert f"OK {case}" in result.output
+    assert result.findings == [] and result.exit_code == 0
+    assert [c["tier"] for c in result.report["calls"]] == ["compiled"] * len(
+        result.report["calls"]) != []
