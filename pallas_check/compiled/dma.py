@@ -60,8 +60,7 @@ class Dmas(State):
             self.coverage = self.coverage.at[0].add(2).at[1].max(in_flight)  # read, write
         if self.layout.eager:  # it lands now: its own site, no search (its count is
             self._land_site(site, True, src.starts, dst.starts)  # added with its row)
-        self.write_started(sem.buffer)  # no longer the newest on their cells, maybe
-        self.started = [s for s in self.started if s.sem != sem.buffer]
+        self.forget(sem.buffer)  # (no longer the newest on their cells, maybe)
         self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
                                     landed=self.layout.eager))
 
@@ -112,8 +111,7 @@ class Dmas(State):
         if paired is not None and isinstance(wanted, (int, np.integer)) \
                 and wanted <= paired.site.nbytes:
             self.started.remove(paired)
-            self.write_started(sem.buffer)
-            self.started = [s for s in self.started if s.sem != sem.buffer]
+            self.forget(sem.buffer)
             self._wait_paired(paired, int(wanted), decrement)
             return
         self.write_started()
@@ -189,6 +187,5 @@ class Dmas(State):
         if self.semaphores[sem.buffer].counts_bytes and not (
                 isinstance(amount, (int, np.integer)) and amount >= 0):
             raise Unsupported("a DMA semaphore signalled by a traced or negative amount")
-        self.write_started(sem.buffer)
-        self.started = [s for s in self.started if s.sem != sem.buffer]
+        self.forget(sem.buffer)
         self.counts = self.counts.at[cell].add(i32(amount))

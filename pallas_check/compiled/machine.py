@@ -49,8 +49,7 @@ class Machine(Dmas):
     def free(self, buffers: int, semaphores: int) -> None:
         """The end of a scope: its allocations, the last made, are checked and dropped
         (the DMAs started in it are written into the table first, then forgotten)."""
-        self.write_started()
-        self.started = []
+        self.forget()
         for _ in range(buffers):
             info, shadow = self.buffers.pop(), self.shadows.pop()
             self.values.pop()

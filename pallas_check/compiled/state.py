@@ -69,7 +69,7 @@ class Started:
 @dataclasses.dataclass
 class Layout:
     """What both tracing passes share: the options, and the DMA sites the first pass met
-    (the second builds each landing as a switch over all of them)."""
+    (a landing from the table writes each site's copy where the DMA is that site's)."""
 
     races: bool
     eager: bool
@@ -117,8 +117,7 @@ class State:
         """The state as a pytree: every buffer, or only `buffers` (what a loop or branch
         may write; the others it reads as they are, closed over). Control flow follows:
         the DMAs started are written into the table and the trace forgets them."""
-        self.write_started()
-        self.started = []
+        self.forget()
         ids = range(len(self.values)) if buffers is None else buffers
         return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
                 self.counts, self.table, self.verdict, self.coverage)
@@ -156,6 +155,12 @@ class State:
                 slot = jnp.argmin(t["active"])
                 self.table = t.started(slot, started.row(t.clock))
                 self.started[k] = dataclasses.replace(started, slot=slot)
+
+    def forget(self, sem: int | None = None) -> None:
+        """The started DMAs on semaphore array `sem` (or all) are no longer known to be
+        the newest on their cells: written into the table, then forgotten."""
+        self.write_started(sem)
+        self.started = [s for s in self.started if sem is not None and s.sem != sem]
 
     def live(self, site: DmaSite) -> bool:
         """Whether the site's buffers are the allocations it was traced with (a site in
