@@ -114,6 +114,7 @@ class Dmas(State):
             self.forget(sem.buffer)
             self._wait_paired(paired, int(wanted), decrement)
             return
+        self.forget(sem.buffer)  # (this wait may land and retire them)
         self.write_started()
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:

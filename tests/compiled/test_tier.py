@@ -176,3 +176,34 @@ def test_a_wait_met_before_its_dma_lands_goes_to_the_engine():
     assert reason.startswith("the compiled run saw") and "count-ahead" in reason, reason
     assert findings(compiled) == findings(engine)
     assert "dma-not-waited" in [k for k, *_ in findings(engine)]
+
+
+def _one_wait_too_many(x_hbm, o_ref, buf, sem):
+    """Two slabs' DMAs on one semaphore, one wait for both, then a wait for the second
+    again: nothing is left to meet it (one core: the engine reports a deadlock)."""
+    first = pltpu.make_async_copy(x_hbm.at[0], buf.at[0], sem)
+    second = pltpu.make_async_copy(x_hbm.at[1], buf.at[1], sem)
+    first.start()
+    second.start()
+    pltpu.make_async_copy(x_hbm.at[0:2], buf, sem).wait()
+    second.wait()
+    o_ref[...] = buf[0] + buf[1]
+
+
+@pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
+def test_a_wait_after_a_wider_wait_took_its_dma_goes_to_the_engine(mode):
+    """The wider wait searches the table and retires both DMAs; the DMA the second wait
+    names is gone, so that wait cannot be met: the compiled run must not take the DMA
+    again as its own (the trace forgets what a searching wait may have taken)."""
+    call = pl.pallas_call(
+        _one_wait_too_many, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+    x = jax.random.normal(jax.random.key(4), (2, 8, 128), jnp.float32)
+    _, compiled = checked(call, x, tier=Tier.COMPILED, dma_mode=mode)
+    _, engine = checked(call, x, tier=Tier.ENGINE, dma_mode=mode)
+    assert compiled.calls[0].tier == "engine", compiled.calls[0].tier_reason
+    assert "wait-unmet" in compiled.calls[0].tier_reason
+    assert findings(compiled) == findings(engine)
+    assert "deadlock" in [k for k, *_ in findings(engine)]
