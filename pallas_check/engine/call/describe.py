@@ -333,7 +333,6 @@ def _grid_points(grid: tuple[int, ...]) -> np.ndarray:
 def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) -> np.ndarray:
     num_grid = points.shape[1]
     index_map = block.index_map
-    fn = _index_map_fn(index_map, num_grid, len(scalars))
     cols = [points[:, d] for d in range(num_grid)]
     if num_grid == 0:
         # vmap needs a mapped axis: evaluate once.
@@ -342,7 +341,8 @@ def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) 
         stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
     else:
         found = _by_numpy(index_map, cols) if not scalars else None
-        columns = found if found is not None else fn(*cols, *scalars)
+        columns = found if found is not None else _index_map_fn(
+            index_map, num_grid, len(scalars))(*cols, *scalars)
         stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in columns],
                            axis=1)
     order = _index_columns(block)

@@ -75,7 +75,7 @@ def numpy_index_map(closed: ClosedJaxpr, num_outputs: int
     when an equation is not scalar integer arithmetic. The function raises `NotByNumpy`
     for points numpy could answer differently from XLA."""
     jaxpr = closed.jaxpr
-    if jaxpr.constvars or not all(eqn_qualifies(eqn) for eqn in jaxpr.eqns):
+    if jaxpr.constvars or not _runs(jaxpr):
         return None
 
     def run(columns: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -85,6 +85,18 @@ def numpy_index_map(closed: ClosedJaxpr, num_outputs: int
         return [np.broadcast_to(o, (n,)) for o in outs[:num_outputs]]
 
     return run
+
+
+def _runs(jaxpr: Jaxpr) -> bool:
+    """Whether every equation is scalar integer arithmetic (scalar.py's test) of an
+    operation this module has (its own set: a name scalar.py adds is not one here)."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if not eqn_qualifies(eqn) or not (name in _OPS or name == "convert_element_type"
+                                          or (name in ("jit", "pjit")
+                                              and _runs(eqn_params.body(eqn).jaxpr))):
+            return False
+    return True
 
 
 def _evaluate(jaxpr: Jaxpr, args: Sequence[np.ndarray]) -> list[np.ndarray]:
