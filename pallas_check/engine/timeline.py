@@ -3,8 +3,8 @@
 A listener of the engine's events (engine/events.py) and the scheduler's observer; it
 never changes what the simulation does, and it prints nothing. Its clock is logical: one
 tick per scheduler step and per recorded moment, so every moment has its own time and the
-order is exactly the simulation's. Each moment is handed, as a `Mark`, to the timeline's
-sink as it happens, in time order (a flow arrow starts where its source is and ends where
+order is exactly the simulation's. Each moment's marks (`Mark`s) are handed to the
+timeline's sink together as it happens, in time order (a flow arrow starts where its source is and ends where
 its target is: an arrow whose end never comes, a signal no wait consumed, has its start
 only); `report/trace.py`'s sink writes it to the Chrome trace-event file at once. The
 timeline itself keeps only what is open now (spans, DMAs and copies in flight, signals not
@@ -23,8 +23,9 @@ are marked (at most MAX_FINDING_MARKS of them per call; the rest are only `seen`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence, TypeVar, cast
 
 from pallas_check.engine.events import (ActorsDeclared, Cell, CopyMoved, CopyStarted,
                                         CopyWaited, CoreDone, DmaMoved, DmaStarted, Found,
@@ -77,17 +78,43 @@ class Mark:
 
 
 class MarkSink(Protocol):
-    """Where a timeline's marks go as they happen (report/trace.py's writer)."""
+    """Where a timeline's marks go as they happen (report/trace.py's writer): one moment's
+    marks together (a DMA landing ends its `sending` phase, ends the arrow from its start
+    and begins its `landed` phase), so that a stop (Ctrl-C, SIGTERM), which raises
+    wherever the run is, finds each moment in the file whole or not at all."""
 
-    def add(self, mark: Mark) -> None: ...
+    def add(self, marks: Sequence[Mark]) -> None: ...
 
 
 class Marks(list[Mark]):
     """A sink that keeps every mark in memory: a timeline no file is written for (tests,
     a `Session` with `Config.timeline` and no trace writer)."""
 
-    def add(self, mark: Mark) -> None:
-        self.append(mark)
+    def add(self, marks: Sequence[Mark]) -> None:
+        self.extend(marks)
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., None])
+
+
+def _one_moment(handler: _Handler) -> _Handler:
+    """A method whose marks are one moment: handed to the sink together when it returns,
+    and not at all when a stop raises inside it (the sink never saw any of them)."""
+
+    @functools.wraps(handler)
+    def whole(self: "Timeline", *args: Any) -> None:
+        if self._moment is not None:  # (inside another moment: part of it)
+            handler(self, *args)
+            return
+        moment: list[Mark] = []
+        self._moment = moment
+        try:
+            handler(self, *args)
+        finally:
+            self._moment = None
+        if moment:
+            self.sink.add(moment)
+    return cast(_Handler, whole)
 
 
 class Timeline(Listener):
@@ -114,6 +141,7 @@ class Timeline(Listener):
         self._dmas: dict[int, tuple[CellKey, str, int]] = {}
         self._copies: dict[str, int] = {}  # pipeline copy in flight -> its arrow
         self._flows = itertools.count(1)
+        self._moment: list[Mark] | None = None  # the marks of the moment being recorded
 
     # -- the clock and the primitive marks ------------------------------------------------
     def _tick(self) -> int:
@@ -133,7 +161,10 @@ class Timeline(Listener):
                               where[0], where[1], name, "flow", {}, flow, None))
 
     def _put(self, mark: Mark) -> Mark:
-        self.sink.add(mark)
+        if self._moment is not None:
+            self._moment.append(mark)
+        else:
+            self.sink.add((mark,))
         self.recorded += 1
         return mark
 
@@ -191,6 +222,7 @@ class Timeline(Listener):
         self._open.clear()
 
     # -- the scheduler --------------------------------------------------------------------
+    @_one_moment
     def scheduled(self, actor: str) -> None:
         """The scheduler picked `actor` (one logical step)."""
         self.steps += 1
@@ -201,6 +233,7 @@ class Timeline(Listener):
         if where is not None and (self._top(where) or "").startswith("blocked"):
             self._end(where)
 
+    @_one_moment
     def blocked(self, actor: str, wait: Blocking) -> None:
         """`actor` cannot go on until `wait` holds."""
         where = self._actors.get(actor)
@@ -224,6 +257,7 @@ class Timeline(Listener):
                                            or f"core {core}")
         return where
 
+    @_one_moment
     def on_grid_step(self, event: GridStep) -> None:
         self.grid_steps += 1
         if self._stopped():
@@ -234,11 +268,13 @@ class Timeline(Listener):
         self._begin(where, f"grid {event.point}", "grid-step",
                     {"grid_point": list(event.point)})
 
+    @_one_moment
     def on_core_done(self, event: CoreDone) -> None:
         where = self._actors.get(event.actor)
         if where is not None and not self._stopped():
             self._end(where)
 
+    @_one_moment
     def on_dma_started(self, event: DmaStarted) -> None:
         if self._stopped():
             return
@@ -258,6 +294,7 @@ class Timeline(Listener):
         if event.carried and event.read_done:  # carried in, already past its read
             self._dma_read(event.id, event.actor, ())
 
+    @_one_moment
     def on_dma_moved(self, event: DmaMoved) -> None:
         if event.replayed or self._stopped():  # (replayed: landed in an earlier call)
             return
@@ -289,6 +326,7 @@ class Timeline(Listener):
             self._signalled(cell, track)
         self._begin(track, "landed, not yet waited", "dma-phase")
 
+    @_one_moment
     def on_copy_started(self, event: CopyStarted) -> None:
         """A BlockSpec pipeline copy started: a lifetime slice on the track of the VMEM
         buffer it fills or drains (`pipeline x_ref buffer 1`, one per double buffer)."""
@@ -304,6 +342,7 @@ class Timeline(Listener):
         self._begin(track, name, "dma", {"started_by": event.actor})
         self._begin(track, "queued", "dma-phase")
 
+    @_one_moment
     def on_copy_moved(self, event: CopyMoved) -> None:
         """The copy read HBM (a copy-in) or wrote it (a write-back)."""
         if self._stopped():
@@ -316,6 +355,7 @@ class Timeline(Listener):
         self._flow_end(flow, track, "DMA start -> landing")
         self._begin(track, "landed, not yet waited", "dma-phase")
 
+    @_one_moment
     def on_copy_waited(self, event: CopyWaited) -> None:
         if self._stopped():
             return
@@ -325,6 +365,7 @@ class Timeline(Listener):
         self._end(track)
         self._end(track, {"waited_by": event.actor})
 
+    @_one_moment
     def on_signalled(self, event: Signalled) -> None:
         if self._stopped():
             return
@@ -340,6 +381,7 @@ class Timeline(Listener):
         if len(pending) > MAX_PENDING_SIGNALS:
             del pending[0]
 
+    @_one_moment
     def on_waited(self, event: Waited) -> None:
         """A wait completed: arrows from the signals it consumed; the DMAs it accounted for
         in full end (and their tracks with them)."""
@@ -362,6 +404,7 @@ class Timeline(Listener):
     def on_found(self, event: Found) -> None:
         self.finding(event.finding)
 
+    @_one_moment
     def finding(self, finding: Finding) -> None:
         """An instant where the finding was found, on its actor's track (past
         MAX_FINDING_MARKS, only `seen`: the sink knows it was found during the run)."""
@@ -381,6 +424,7 @@ class Timeline(Listener):
                     "actor": finding.actor}, finding=finding)
 
     # -- the end --------------------------------------------------------------------------
+    @_one_moment
     def finish(self) -> None:
         """The schedule is over: the spans still open (a deadlock's blocked actors, DMAs
         never waited) end after the last moment, innermost first."""

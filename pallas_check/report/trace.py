@@ -79,9 +79,10 @@ class TraceMark(Protocol):
 
 
 class TraceSink(Protocol):
-    """Where one schedule of a call writes its marks (engine/timeline.py's MarkSink)."""
+    """Where one schedule of a call writes its marks, a moment's together
+    (engine/timeline.py's MarkSink)."""
 
-    def add(self, mark: TraceMark) -> None: ...
+    def add(self, marks: Sequence[TraceMark]) -> None: ...
 
 
 class TracedTimeline(Protocol):
@@ -241,7 +242,7 @@ class TraceWriter:
 class _Nowhere:
     """A sink for a trace that cannot be written (said when the run ends)."""
 
-    def add(self, mark: TraceMark) -> None:
+    def add(self, marks: Sequence[TraceMark]) -> None:
         pass
 
 
@@ -255,7 +256,7 @@ class _Spool:
     module docstring). It keeps the tracks it named (a DMA's only while the DMA is in
     flight) and how many spans are open on each.
 
-    A stop (Ctrl-C, SIGTERM) raises wherever the engine is, in `add` too: a mark's lines
+    A stop (Ctrl-C, SIGTERM) raises wherever the engine is, in `add` too: a moment's lines
     are written by one `write`, what the spool knows after it is applied after it (by
     assignments: applying twice is applying once), and what was being added is kept
     until then, so that `finish` can tell whether the lines went out and apply their
@@ -277,24 +278,45 @@ class _Spool:
         self.capped_note = ""
         self._done = False
         self._tids = itertools.count(1)
-        self._adding: tuple[int, _Effect] | None = None  # (file size before, effect)
+        # (file size before, the effects) of the moment being written
+        self._adding: tuple[int, list[_Effect]] | None = None
         self.size = 0  # bytes written
 
-    def add(self, mark: TraceMark) -> None:
+    def add(self, marks: Sequence[TraceMark]) -> None:
+        """One moment's marks, written by one `write`: a stop finds the moment in the file
+        whole or not at all (never a DMA's landing arrow without the phase it lands in).
+        Each mark is rendered as the spool will be after the ones before it (on copies of
+        what it knows: a stop while rendering leaves it as it was)."""
         with self.writer.lock:
             if self._done:
                 return
-            if mark.finding is not None:
-                self.marked.add(self.writer._serial(mark.finding))
-            if mark.kind == "seen":
+            chunks: list[bytes] = []
+            effects: list[_Effect] = []
+            known = self.tracks, self.depth, self.devices, self.last, self.step
+            self.tracks, self.depth, self.devices = (dict(self.tracks), dict(self.depth),
+                                                     set(self.devices))
+            try:
+                for mark in marks:
+                    if mark.finding is not None:
+                        self.marked.add(self.writer._serial(mark.finding))
+                    if mark.kind == "seen":
+                        continue
+                    if mark.category == "capped":  # (engine/timeline.py's instant at the cap)
+                        self.capped = {"limit": mark.args["limit"],
+                                       "grid_steps": mark.args["grid_steps"],
+                                       "step": mark.step}
+                    lines, effect = self._render(mark)
+                    self._apply(effect)
+                    chunks.append(lines)
+                    effects.append(effect)
+            finally:
+                self.tracks, self.depth, self.devices, self.last, self.step = known
+            if not chunks:
                 return
-            if mark.category == "capped":  # (engine/timeline.py's instant at the cap)
-                self.capped = {"limit": mark.args["limit"],
-                               "grid_steps": mark.args["grid_steps"], "step": mark.step}
-            lines, effect = self._render(mark)
-            self._adding = (self.size, effect)
-            self.size += self.file.write(lines)
-            self._apply(effect)
+            self._adding = (self.size, effects)
+            self.size += self.file.write(b"".join(chunks))
+            for effect in effects:
+                self._apply(effect)
             self._adding = None
 
     def _render(self, mark: TraceMark) -> tuple[bytes, _Effect]:
@@ -360,9 +382,10 @@ class _Spool:
     def _recover(self) -> None:
         """The effect of a mark a stop cut short: applied if its lines went out."""
         if self._adding is not None:
-            before, effect = self._adding
+            before, effects = self._adding
             if self.file.tell() > before:  # (the write went out, `size` not yet counted)
-                self._apply(effect)
+                for effect in effects:  # (each an assignment: applying again is harmless)
+                    self._apply(effect)
             self._adding = None
 
     def finish(self, timeline: TracedTimeline | None, late: Sequence[Finding]) -> None:

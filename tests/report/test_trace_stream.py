@@ -10,6 +10,8 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from _cli_worker import run_cli
 from cli.test_stopping import LONG_RACE, finish, start, wait_for
 from report.test_trace import _check_flows, _spans, check_trace
@@ -126,3 +128,61 @@ def test_past_the_finding_marks_a_finding_is_seen_not_drawn(tmp_path, monkeypatc
     marks = [e for e in trace["traceEvents"] if e.get("cat") == "finding"]
     assert [m["args"]["message"] for m in marks] == ["at line 1", "at line 2", "at line 3"]
     assert len({f["finding"] for f in trace["otherData"]["findings"]}) == 5
+
+
+def _dma_events():
+    from pallas_check.engine.events import Cell, DmaMoved, DmaStarted
+
+    sem = Cell((7, (0,)), "sem", 0)
+    return (DmaStarted(1, "dma 1", "core 0", 0, 0, "x", "buf", 512, (), None, sem, False,
+                       False),
+            DmaMoved(1, "dma 1", False, (), None), DmaMoved(1, "dma 1", True, (), sem))
+
+
+def _dma_track(trace: dict) -> list[tuple[str, str]]:
+    """The DMA's track as (phase, name): its begins, ends and arrow ends, in order."""
+    tids = {e["tid"] for e in trace["traceEvents"]
+            if e["ph"] == "M" and e["args"].get("name") == "DMA #1"}
+    return [(e["ph"], e.get("name", "")) for e in trace["traceEvents"]
+            if e["tid"] in tids and e["ph"] in "BEf"]
+
+
+def test_a_stop_inside_a_moment_leaves_none_of_it(tmp_path, monkeypatch):
+    """A stop raises wherever the run is: here, as the DMA lands, after its `sending`
+    phase ended and its arrow from the start ended, before its `landed` phase began. The
+    moment reaches the file whole or not at all: the DMA is left `sending`, ended
+    unfinished, with no arrow landing (before, the arrow landed in the lifetime itself)."""
+    from pallas_check.engine import timeline as timeline_module
+    from pallas_check.report.trace import TraceWriter
+
+    started, read, landed = _dma_events()
+    whole = TraceWriter(tmp_path / "whole.json", "k.py")
+    timeline = timeline_module.Timeline("k", 0, seed=0, sink=whole.sink("k", 0, 0))
+    for event in (started, read, landed):
+        getattr(timeline, f"on_{'dma_started' if event is started else 'dma_moved'}")(event)
+    whole.close([], [])
+    assert _dma_track(json.loads((tmp_path / "whole.json").read_text())) == [
+        ("B", "DMA #1 x -> buf"), ("B", "queued"), ("E", ""), ("B", "sending"), ("E", ""),
+        ("f", "DMA start -> landing"), ("B", "landed, not yet waited"), ("E", ""),
+        ("E", "")]
+
+    begin = timeline_module.Timeline._begin
+
+    def stopped_at_landing(self, where, name, category, args=None):
+        if name == "landed, not yet waited":
+            raise KeyboardInterrupt
+        begin(self, where, name, category, args)
+
+    monkeypatch.setattr(timeline_module.Timeline, "_begin", stopped_at_landing)
+    cut = TraceWriter(tmp_path / "cut.json", "k.py")
+    timeline = timeline_module.Timeline("k", 0, seed=0, sink=cut.sink("k", 0, 0))
+    timeline.on_dma_started(started)
+    timeline.on_dma_moved(read)
+    with pytest.raises(KeyboardInterrupt):
+        timeline.on_dma_moved(landed)
+    cut.close([], [])
+    data = json.loads((tmp_path / "cut.json").read_text())
+    assert _dma_track(data) == [("B", "DMA #1 x -> buf"), ("B", "queued"), ("E", ""),
+                                ("B", "sending"), ("E", ""), ("E", "")]
+    assert [e["args"] for e in data["traceEvents"] if e["ph"] == "E"][-2:] == [
+        {"unfinished": True, "step": 0}, {"unfinished": True, "step": 0}]
