@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from hypothesis import event, example, given
+from hypothesis import event, example, given, settings
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode, TpuGeneration
@@ -172,12 +172,21 @@ VMAP_BATCHED_PREFETCH = Kernel(
     ops=(), acc="none", store="whole", chunk=0, seed=0, wrap="vmap_all")
 
 
+# The ci profile's 12 examples, scaled by what a kernel costs here: the TPU interpreter the
+# DMA kernels are compared with takes about a second and a half per kernel (deep: 200 each).
+_CI = settings.default.max_examples <= 12
+_HLO_EXAMPLES = 8 if _CI else settings.default.max_examples
+_TPU_EXAMPLES = 6 if _CI else settings.default.max_examples
+
+
+@settings(max_examples=_HLO_EXAMPLES)
 @given(desc=kernels(dma=False))
 @example(desc=VMAP_BATCHED_PREFETCH)
 def test_kernels_match_hlo_interpreter(check, desc):
     check_no_dma(check, desc)
 
 
+@settings(max_examples=_TPU_EXAMPLES)
 @given(desc=kernels(dma=True))
 @example(desc=NON_PREFIX_PARALLEL)
 @example(desc=VMAP_ANY_OUTPUT_TWO_CORES)
