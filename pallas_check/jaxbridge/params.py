@@ -144,6 +144,11 @@ def axis_name(eqn: JaxprEqn) -> Any:
     return eqn.params["axis_name"]
 
 
+def slice_sizes(eqn: JaxprEqn) -> tuple[int, ...]:
+    """The static sizes of `lax.dynamic_slice` (a ref read, once its state is discharged)."""
+    return tuple(int(n) for n in eqn.params["slice_sizes"])
+
+
 def result_shape(eqn: JaxprEqn) -> tuple[int, ...]:
     """The shape of a primitive that makes a value from nothing (PRNG bits)."""
     return tuple(eqn.params["shape"])

@@ -340,7 +340,7 @@ def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) 
             _discharged(index_map))(*scalars)[: len(index_map.jaxpr.outvars)]
         stacked = np.array([[int(np.asarray(o)) for o in outs]], dtype=np.int64)
     else:
-        found = _by_numpy(index_map, cols) if not scalars else None
+        found = _by_numpy(index_map, cols, scalars)
         columns = found if found is not None else _index_map_fn(
             index_map, num_grid, len(scalars))(*cols, *scalars)
         stacked = np.stack([np.asarray(o).astype(np.int64).reshape(-1) for o in columns],
@@ -349,15 +349,16 @@ def _block_indices(block: Block, points: np.ndarray, scalars: list[np.ndarray]) 
     return stacked if order is None else _reorder(stacked, order)
 
 
-def _by_numpy(index_map: ClosedJaxpr, cols: list[np.ndarray]) -> list[np.ndarray] | None:
+def _by_numpy(index_map: ClosedJaxpr, cols: list[np.ndarray],
+              scalars: list[np.ndarray]) -> list[np.ndarray] | None:
     """The block indices by numpy (engine/jaxpr/points.py: no XLA compile on a
     structure's first call), or None where the compiled map must answer."""
     run = _numpy_maps.for_object(index_map, len(cols), lambda: (numpy_index_map(
-        index_map, len(index_map.jaxpr.outvars)),))[0]
+        _discharged(index_map), len(index_map.jaxpr.outvars), len(cols)),))[0]
     if run is None:
         return None
     try:
-        return run(cols)
+        return run(cols, scalars)
     except NotByNumpy:
         return None
 

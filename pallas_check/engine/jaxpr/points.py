@@ -8,6 +8,11 @@ the grid coordinates in microseconds, with XLA's integer semantics (division tow
 the remainder with the dividend's sign, wrapping overflow). What numpy might answer
 differently (a division by zero, the most negative value divided by -1, a `select_n` case
 out of range) and every equation outside that set leave the map to the compiled path.
+
+An index map that reads scalar-prefetch operands (splash attention's block tables, paged
+attention's page indices) reads them, once their refs are discharged, as one-element
+`dynamic_slice`s: numpy indexes the operand with every point's indices at once, clamped
+into the array as XLA clamps a slice's start.
 """
 
 from __future__ import annotations
@@ -68,35 +73,72 @@ _OPS: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
-def numpy_index_map(closed: ClosedJaxpr, num_outputs: int
-                    ) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]] | None:
+def numpy_index_map(closed: ClosedJaxpr, num_outputs: int, num_grid: int | None = None
+                    ) -> Callable[..., list[np.ndarray]] | None:
     """The map as a function of the grid coordinates' columns (each an int32 array over
-    the points) returning its first `num_outputs` results as arrays over the points; None
-    when an equation is not scalar integer arithmetic. The function raises `NotByNumpy`
-    for points numpy could answer differently from XLA."""
+    the points) and its array operands (the scalar-prefetch values: `closed`'s inputs after
+    the first `num_grid`), returning its first `num_outputs` results as arrays over the
+    points; None when an equation is not scalar integer arithmetic or a one-element read
+    of an array operand. The function raises `NotByNumpy` for points numpy could answer
+    differently from XLA."""
     jaxpr = closed.jaxpr
-    if jaxpr.constvars or not _runs(jaxpr):
+    arrays = frozenset(jaxpr.invars[num_grid:]) if num_grid is not None else frozenset()
+    if jaxpr.constvars or not _runs(jaxpr, arrays):
         return None
 
-    def run(columns: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(columns: Sequence[np.ndarray], operands: Sequence[np.ndarray] = ()
+            ) -> list[np.ndarray]:
         with np.errstate(over="ignore"):
-            outs = _evaluate(jaxpr, [np.asarray(c, np.int32) for c in columns])
+            outs = _evaluate(jaxpr, [np.asarray(c, np.int32) for c in columns]
+                             + [np.asarray(a) for a in operands])
         n = len(columns[0]) if columns else 1
         return [np.broadcast_to(o, (n,)) for o in outs[:num_outputs]]
 
     return run
 
 
-def _runs(jaxpr: Jaxpr) -> bool:
+def _is_int(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and np.dtype(dtype).kind in "biu"
+
+
+def _reads_one(eqn: Any, arrays: frozenset[Any]) -> bool:
+    """A one-element `dynamic_slice` of an array operand at integer scalar indices."""
+    operand, *starts = eqn.invars
+    return (not isinstance(operand, Literal) and operand in arrays
+            and _is_int(operand.aval) and all(n == 1 for n in eqn_params.slice_sizes(eqn))
+            and all(_is_int(s.aval) and s.aval.shape == () for s in starts))
+
+
+def _runs(jaxpr: Jaxpr, arrays: frozenset[Any] = frozenset()) -> bool:
     """Whether every equation is scalar integer arithmetic (scalar.py's test) of an
-    operation this module has (its own set: a name scalar.py adds is not one here)."""
+    operation this module has (its own set: a name scalar.py adds is not one here), or
+    a one-element read of an array operand and its squeeze (the arrays read no other way)."""
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        if name == "dynamic_slice":
+            if not _reads_one(eqn, arrays):
+                return False
+            continue
+        if any(not isinstance(v, Literal) and v in arrays for v in eqn.invars):
+            return False
+        if name == "squeeze":
+            aval = eqn.invars[0].aval
+            if not (_is_int(aval) and np.prod(getattr(aval, "shape", (0,))) == 1):
+                return False
+            continue
         if not eqn_qualifies(eqn) or not (name in _OPS or name == "convert_element_type"
                                           or (name in ("jit", "pjit")
                                               and _runs(eqn_params.body(eqn).jaxpr))):
             return False
     return True
+
+
+def _read(operand: np.ndarray, *starts: np.ndarray) -> np.ndarray:
+    """One element per point, its indices clamped into the operand (XLA clamps a
+    dynamic slice's start so that the slice fits)."""
+    at = tuple(np.clip(s.astype(np.int64), 0, n - 1) for s, n in zip(starts, operand.shape))
+    return np.asarray(operand[at])
 
 
 def _evaluate(jaxpr: Jaxpr, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -114,6 +156,10 @@ def _evaluate(jaxpr: Jaxpr, args: Sequence[np.ndarray]) -> list[np.ndarray]:
             outs = _evaluate(eqn_params.body(eqn).jaxpr, invals)
         elif name == "convert_element_type":
             outs = [_convert(eqn, invals[0])]
+        elif name == "dynamic_slice":
+            outs = [_read(*invals)]
+        elif name == "squeeze":  # (of one element per point: the values as they are)
+            outs = [invals[0]]
         else:
             outs = [np.asarray(_OPS[name](*invals))]
         env.update(zip(eqn.outvars, outs))
