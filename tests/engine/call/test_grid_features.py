@@ -181,6 +181,18 @@ def test_scalar_prefetch(check, num_scalars):
     run_checked(check, fn, idx, *extra, x, reference=[gather, scatter.reshape(32, 128)])
 
 
+def test_scalar_prefetch_index_maps_compile_nothing(check, monkeypatch):
+    """Index maps that read the prefetched scalars run by numpy (engine/jaxpr/points.py):
+    with the compiled path made to fail, the gather and the scatter still come out right."""
+    from pallas_check.engine.call import describe
+
+    def compiled(*args: object) -> None:
+        raise AssertionError("an index map was compiled")
+
+    monkeypatch.setattr(describe, "_index_map_fn", compiled)
+    test_scalar_prefetch(check, 2)
+
+
 # ---------------------------------------------------------------------------------------
 # input_output_aliases: untouched elements keep the input's values.
 
