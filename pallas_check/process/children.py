@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Protocol, Sequence
 
 from pallas_check.deliver.delivery import flush_streams, note
+from pallas_check.process import interrupts
 from pallas_check.process.execfile import ScriptOutcome
 
 if TYPE_CHECKING:
@@ -143,15 +144,33 @@ def _after_fork_in_child() -> None:
     if not _run:  # no run active: a fork outside one is none of ours
         return
     _state["child"] = True
+    # Undone first, before anything slower: until the watchdog's wakeup socket and the
+    # signal handlers are the child's own, a signal the child gets (Pool.terminate's
+    # SIGTERM to a worker it just forked) reaches the owner's watchdog, which ends the run
+    # as interrupted, and raises KeyboardInterrupt here, which cut the undoing short.
+    stopped = _undo_in_child()
     if _jax_started():
         _state["jax_refused"] = True
         _refuse_compiles()
+    if stopped is not None:  # (the child's own handler is back: it acts as it would have)
+        os.kill(os.getpid(), stopped)
+
+
+def _undo_in_child() -> int | None:
+    """Each undo step, newest first; a stop that interrupts one (our handler, not yet
+    undone) is taken, the step done again, and its signal returned to be sent again."""
+    stopped: int | None = None
     undo, _undo[:] = list(reversed(_undo)), []
     for step in undo:
-        try:
-            step()
-        except Exception:  # noqa: BLE001 - a child goes on with what could be undone
-            pass
+        for _ in range(3):
+            try:
+                step()
+                break
+            except KeyboardInterrupt:
+                stopped = interrupts.latest() or signal.SIGINT
+            except Exception:  # noqa: BLE001 - a child goes on with what could be undone
+                break
+    return stopped
 
 
 def _jax_started() -> bool:

@@ -47,6 +47,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def latest() -> int | None:
+    """The stop signal this run received last (None: none)."""
+    return _received[-1] if _received else None
+
+
 def requested() -> bool:
     """Whether a stop signal arrived during this run."""
     return bool(_received)
