@@ -34,6 +34,42 @@ STALL_S = 300.0
 LISTEN_S = 0.25  # how long the thread waits for a signal before it looks at the clocks
 
 
+# The watchdogs entered, innermost last, and whether a fork has the wakeup socket detached.
+_watching: list["Watchdog"] = []
+_detached = [False]
+
+
+def _before_fork() -> None:
+    """About to fork: no wakeup socket while the child is made. The child inherits the
+    socket the C-level signal handler writes to; until it undoes the run
+    (children.undone_in_child), a signal it gets (Pool.terminate's SIGTERM to a worker it
+    just forked) would be read by the owner's watchdog as the owner's own stop."""
+    if _watching and _watching[-1]._writer is not None:
+        try:
+            signal.set_wakeup_fd(-1)
+            _detached[0] = True
+        except ValueError:  # (a fork from another thread: the socket stays; the child
+            pass  # detaches it first thing, see children._after_fork_in_child)
+
+
+def _after_fork_in_parent() -> None:
+    if _detached[0]:
+        _detached[0] = False
+        writer = _watching[-1]._writer if _watching else None
+        if writer is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+
+def _after_fork_in_child() -> None:
+    _detached[0] = False  # (the child's wakeup fd is -1 already)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
 class Watchdog:
     def __init__(self, emergency: Callable[[str], bool], calls_in_flight: Callable[[], int],
                  grace_s: float | None = None, stall_s: float | None = None) -> None:
@@ -62,6 +98,7 @@ class Watchdog:
                                                       warn_on_full_buffer=False)
             except ValueError:  # not the main thread of the main interpreter
                 self._reader = self._writer = None
+        _watching.append(self)
         self._thread = threading.Thread(target=self._watch, name="pallas-check-watchdog",
                                         daemon=True)
         self._thread.start()
@@ -79,6 +116,8 @@ class Watchdog:
 
     def __exit__(self, *exc: object) -> None:
         self._in_child.__exit__(None, None, None)
+        with contextlib.suppress(ValueError):
+            _watching.remove(self)
         self._stop.set()
         if self._writer is not None:  # wake the thread from its wait for a signal now,
             with contextlib.suppress(OSError):  # not at the end of its LISTEN_S: every

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import pytest
+
 from pallas_check.findings.finding import CallSummary, Finding
 from pallas_check.process.children import ChildFindings, adopt_children
 
@@ -37,6 +39,7 @@ def test_a_childs_calls_keep_their_tier_and_its_reason(tmp_path: Path) -> None:
     assert not folder.exists()  # the owner reports once
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # (the child runs no JAX)
 def test_a_stop_while_a_forked_child_undoes_the_run_comes_back_once_it_is_undone(
         tmp_path: Path) -> None:
     """A child forked during a run first undoes what the run set up (its handlers, the
