@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pallas_check.engine.jaxpr.scalar import eqn_qualifies
+from pallas_check.engine.jaxpr.scalar import eqn_qualifies, is_int_scalar, is_integer
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, Literal
 
@@ -97,17 +97,12 @@ def numpy_index_map(closed: ClosedJaxpr, num_outputs: int, num_grid: int | None 
     return run
 
 
-def _is_int(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and np.dtype(dtype).kind in "biu"
-
-
 def _reads_one(eqn: Any, arrays: frozenset[Any]) -> bool:
     """A one-element `dynamic_slice` of an array operand at integer scalar indices."""
     operand, *starts = eqn.invars
     return (not isinstance(operand, Literal) and operand in arrays
-            and _is_int(operand.aval) and all(n == 1 for n in eqn_params.slice_sizes(eqn))
-            and all(_is_int(s.aval) and s.aval.shape == () for s in starts))
+            and is_integer(operand.aval) and all(n == 1 for n in eqn_params.slice_sizes(eqn))
+            and all(is_int_scalar(s.aval) for s in starts))
 
 
 def _runs(jaxpr: Jaxpr, arrays: frozenset[Any] = frozenset()) -> bool:
@@ -124,7 +119,7 @@ def _runs(jaxpr: Jaxpr, arrays: frozenset[Any] = frozenset()) -> bool:
             return False
         if name == "squeeze":
             aval = eqn.invars[0].aval
-            if not (_is_int(aval) and np.prod(getattr(aval, "shape", (0,))) == 1):
+            if not (is_integer(aval) and np.prod(getattr(aval, "shape", (0,))) == 1):
                 return False
             continue
         if not eqn_qualifies(eqn) or not (name in _OPS or name == "convert_element_type"

@@ -68,10 +68,14 @@ SUPPORTED = frozenset(_BINARY) | frozenset(_CALLS) | frozenset(_UNARY) | {
     "convert_element_type"}
 
 
-def _is_int_scalar(aval: object) -> bool:
+def is_integer(aval: object) -> bool:
+    """An integer or boolean value, of any shape."""
     dtype = getattr(aval, "dtype", None)
-    return (getattr(aval, "shape", None) == () and dtype is not None
-            and np.dtype(dtype).kind in "biu")
+    return dtype is not None and np.dtype(dtype).kind in "biu"
+
+
+def is_int_scalar(aval: object) -> bool:
+    return getattr(aval, "shape", None) == () and is_integer(aval)
 
 
 # Calls whose body is inlined when all of it qualifies (`jnp.where` on scalars is a jit).
@@ -83,18 +87,18 @@ def eqn_qualifies(eqn: JaxprEqn) -> bool:
     if eqn.primitive.name in _INLINED:
         closed = eqn_params.maybe_body(eqn)
         return (isinstance(closed, ClosedJaxpr) and not closed.jaxpr.constvars
-                and all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars))
+                and all(is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars))
                 and all(eqn_qualifies(inner) for inner in closed.jaxpr.eqns))
     if eqn.primitive.name not in SUPPORTED or eqn.primitive.multiple_results:
         return False
-    if not all(_is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+    if not all(is_int_scalar(v.aval) for v in (*eqn.invars, *eqn.outvars)):
         return False
     return not (eqn.primitive.name == "convert_element_type"
                 and not eqn_params.is_plain_conversion(eqn))
 
 
 def _qualifies(eqns: Sequence[JaxprEqn], invars: Sequence[Var]) -> bool:
-    return (all(_is_int_scalar(v.aval) for v in invars)
+    return (all(is_int_scalar(v.aval) for v in invars)
             and all(eqn_qualifies(eqn) for eqn in eqns))
 
 
