@@ -21,9 +21,18 @@ _COMMON = dict(
                            HealthCheck.function_scoped_fixture,
                            HealthCheck.large_base_example],
 )
-# max_examples is per test; the fuzz tests scale it per test with `examples(weight)`.
-settings.register_profile("ci", max_examples=12, derandomize=True, **_COMMON)
+# max_examples is per test; a fuzz test whose examples cost more takes fewer in ci with
+# `examples(in_ci)`.
+CI_EXAMPLES = 12
+settings.register_profile("ci", max_examples=CI_EXAMPLES, derandomize=True, **_COMMON)
 settings.register_profile("deep", max_examples=200, **_COMMON)
+
+
+def examples(in_ci: int) -> int:
+    """A test's examples: `in_ci` under the ci profile (fewer where one example costs
+    more), the loaded profile's own count otherwise (deep: 200)."""
+    default = settings.default.max_examples
+    return in_ci if default <= CI_EXAMPLES else default
 
 
 def pytest_configure(config):

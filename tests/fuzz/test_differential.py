@@ -25,6 +25,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_check.config import Config, DmaMode, TpuGeneration
 from pallas_check.intercept.tpu_info import simulated_tpu
 
+from .conftest import examples
 from .kernels import (
     F32, I32, Dim, Index, Kernel, Op, Term, build, kernels, operands, reference, value_shape,
 )
@@ -172,11 +173,10 @@ VMAP_BATCHED_PREFETCH = Kernel(
     ops=(), acc="none", store="whole", chunk=0, seed=0, wrap="vmap_all")
 
 
-# The ci profile's 12 examples, scaled by what a kernel costs here: the TPU interpreter the
-# DMA kernels are compared with takes about a second and a half per kernel (deep: 200 each).
-_CI = settings.default.max_examples <= 12
-_HLO_EXAMPLES = 8 if _CI else settings.default.max_examples
-_TPU_EXAMPLES = 6 if _CI else settings.default.max_examples
+# Fewer than the ci profile's 12 where a kernel costs more: the TPU interpreter the DMA
+# kernels are compared with takes about a second and a half per kernel (deep: 200 each).
+_HLO_EXAMPLES = examples(8)
+_TPU_EXAMPLES = examples(6)
 
 
 @settings(max_examples=_HLO_EXAMPLES)

@@ -21,11 +21,12 @@ from hypothesis import event, given, settings
 from pallas_check.config import Config, DmaMode, Tier
 from pallas_check.intercept.session import Session
 
+from .conftest import examples
 from .kernels import Kernel, build, kernels, operands
 
 # The ci profile's examples are shared by every fuzz test; this property runs each kernel
 # four times (two tiers, two DMA modes), so it takes fewer of them (deep: 200).
-_EXAMPLES = 2 if settings.default.max_examples <= 12 else settings.default.max_examples
+_EXAMPLES = examples(2)
 
 
 def check_tiers(check, desc: Kernel, modes: tuple[DmaMode, ...]) -> None:
