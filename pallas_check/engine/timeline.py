@@ -4,12 +4,12 @@ A listener of the engine's events (engine/events.py) and the scheduler's observe
 never changes what the simulation does, and it prints nothing. Its clock is logical: one
 tick per scheduler step and per recorded moment, so every moment has its own time and the
 order is exactly the simulation's. Each moment's marks (`Mark`s) are handed to the
-timeline's sink together as it happens, in time order (a flow arrow starts where its source is and ends where
-its target is: an arrow whose end never comes, a signal no wait consumed, has its start
-only); `report/trace.py`'s sink writes it to the Chrome trace-event file at once. The
-timeline itself keeps only what is open now (spans, DMAs and copies in flight, signals not
-yet waited), so that its memory is bounded by what is in flight, not by the length of
-the call.
+timeline's sink together as it happens, in time order (a flow arrow starts where its
+source is and ends where its target is: an arrow whose end never comes, a signal no wait
+consumed, has its start only); `report/trace.py`'s sink writes it to the Chrome
+trace-event file at once. The timeline itself keeps only what is open now (spans, DMAs
+and copies in flight, signals not yet waited), so that its memory is bounded by what is in
+flight, not by the length of the call.
 
 Tracks are the cores (`core 0`, per device) and the DMAs (`DMA #3`). Spans nest per track:
 a core's grid steps hold its blocked waits; a DMA's lifetime holds its phases (queued ->
