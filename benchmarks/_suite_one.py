@@ -14,6 +14,10 @@ Modes:
   tpu-interp  `pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(detect_races=True,
               dma_execution_mode=..., num_cores_or_threads=cores))`
   hlo         every `pl.pallas_call` gets `interpret=True` (JAX's HLO interpreter)
+  floor       every pallas_call answered with the outputs `record` saved for its inputs
+              (a host callback looks them up): the script's own work, with no kernel run
+  record      (untimed, for `floor`) the script under the TPU interpreter, races off,
+              saving each pallas_call's outputs keyed by its name, shapes and input bytes
 
 JAX's two modes run inside `pallas_check.simulated_tpu(generation, cores)`: a kernel that
 asks which TPU it runs on (`emit_pipeline`, `get_tpu_info`, megacore kernels asking for
@@ -39,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-MODES = ("pc", "tpu-interp", "hlo")
+MODES = ("pc", "tpu-interp", "hlo", "floor", "record")
 
 
 def _api_flags() -> dict[str, Any]:
@@ -96,7 +100,8 @@ def api_options(options: str) -> tuple[dict[str, Any], int, str | None]:
     return keywords, devices, None
 
 
-def _jax_setup(mode: str, keywords: dict[str, Any]) -> tuple[contextlib.ExitStack, list[str]]:
+def _jax_setup(mode: str, keywords: dict[str, Any],
+               recording: Path | None = None) -> tuple[contextlib.ExitStack, list[str]]:
     """The context JAX's interpreters run the script in, and what of the case's options
     they cannot mirror (reported, not hidden)."""
     import pallas_check
@@ -108,14 +113,21 @@ def _jax_setup(mode: str, keywords: dict[str, Any]) -> tuple[contextlib.ExitStac
     generation = str(keywords.get("tpu", "v5e")).split(",")[0]
     stack = contextlib.ExitStack()
     stack.enter_context(pallas_check.simulated_tpu(generation, cores))
-    if mode == "tpu-interp":
+    if mode in ("tpu-interp", "record"):
         dma: Literal["eager", "on_wait"] = ("eager" if keywords.get("dma") == "eager"
                                             else "on_wait")
         if keywords.get("dma") not in (None, "eager", "on_wait"):
             notes.append(f"dma={keywords['dma']} run as on_wait")
-        params = pltpu.InterpretParams(detect_races=True, dma_execution_mode=dma,
-                                       num_cores_or_threads=cores)
+        params = pltpu.InterpretParams(detect_races=mode == "tpu-interp",
+                                       dma_execution_mode=dma, num_cores_or_threads=cores)
         stack.enter_context(pltpu.force_tpu_interpret_mode(params))
+        if mode == "record":
+            stack.enter_context(_recording(recording))
+    elif mode == "floor":
+        # The interpreter's mode turns a core_map into a pallas_call (whose bind is
+        # replayed): no kernel is interpreted.
+        stack.enter_context(pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()))
+        stack.enter_context(_replaying(recording))
     else:
         if cores > 1:
             notes.append(f"cores={cores}: the HLO interpreter has no TensorCores")
@@ -144,6 +156,108 @@ def _hlo_pallas_call(pl: Any) -> Iterator[None]:
         yield
     finally:
         pl.pallas_call = original
+
+
+def _call_key(params: dict[str, Any], arrays: Any) -> str:
+    """What identifies one pallas_call's answer: the kernel's name, its output shapes and
+    the bytes of every input. A deterministic script gives the same inputs in every run,
+    whatever order its calls run in (two calls of one program may run in either order)."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha1()
+    # The kernel function and where it is defined (two kernels may take the same inputs).
+    kernels = [params.get("jaxpr")] + list(params.get("jaxprs") or ())
+    where = [getattr(getattr(k, "debug_info", None), "func_src_info", None) for k in kernels]
+    digest.update(repr((params.get("name"), where,
+                        [(a.shape, str(a.dtype)) for a in params["out_avals"]])).encode())
+    for array in arrays:
+        value = np.asarray(array)
+        digest.update(repr((value.shape, str(value.dtype))).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _recording(path: Path | None) -> Iterator[None]:
+    """Every pallas_call bound while the script runs also hands its inputs and outputs to a
+    host callback, which keeps the outputs under `_call_key`; written to `path` at the end
+    (pickle). The primitive's `bind` is wrapped, so calls that no `pl.pallas_call` makes
+    (core_map, pl.kernel) are kept too."""
+    import pickle
+
+    import jax
+    import numpy as np
+
+    assert path is not None
+    kept: dict[str, list[list[Any]]] = {}
+
+    def wrap(original: Any) -> Any:
+        def bind(*args: Any, **params: Any) -> Any:
+            outs = original(*args, **params)
+            count = len(args)
+
+            def keep(*arrays: Any) -> None:
+                kept.setdefault(_call_key(params, arrays[:count]), []).append(
+                    [np.asarray(a) for a in arrays[count:]])
+
+            jax.debug.callback(keep, *args, *outs)
+            return outs
+        return bind
+
+    with _binds_replaced(wrap):
+        try:
+            yield
+            jax.effects_barrier()
+        finally:
+            path.write_bytes(pickle.dumps(kept))
+
+
+@contextlib.contextmanager
+def _replaying(path: Path | None) -> Iterator[None]:
+    """Every pallas_call becomes a host callback that returns the outputs `_recording` kept
+    for the same inputs: the script runs its own work (inputs, references, checks, the
+    compiles of its programs) and no kernel. An answer never recorded raises."""
+    import pickle
+
+    import jax
+
+    assert path is not None
+    kept: dict[str, list[list[Any]]] = pickle.loads(path.read_bytes())
+
+    def wrap(_original: Any) -> Any:
+        def bind(*args: Any, **params: Any) -> Any:
+            shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in params["out_avals"]]
+
+            def answer(*arrays: Any) -> list[Any]:
+                key = _call_key(params, arrays)
+                if key not in kept:
+                    raise LookupError(f"no recorded outputs for kernel {params.get('name')}")
+                return kept[key][0]
+
+            return jax.pure_callback(answer, shapes, *args, vmap_method="sequential")
+        return bind
+
+    with _binds_replaced(wrap):
+        yield
+
+
+@contextlib.contextmanager
+def _binds_replaced(wrap: Any) -> Iterator[None]:
+    """The `bind` of both kernel primitives (pallas_call; mpmd_map, which core_map and
+    pl.kernel become) replaced by `wrap(original bind)` while the block runs."""
+    from jax._src.pallas.mpmd import mpmd_map_p
+    from jax._src.pallas.pallas_call import pallas_call_p
+
+    primitives = (pallas_call_p, mpmd_map_p)
+    for primitive in primitives:
+        primitive.bind = wrap(primitive.bind)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for primitive in primitives:
+            del primitive.bind
 
 
 def _short(exc: BaseException) -> str:
@@ -196,11 +310,12 @@ def _run_pc(path: Path, keywords: dict[str, Any],
     return seconds, error
 
 
-def _run_jax(mode: str, path: Path, keywords: dict[str, Any],
-             result: dict[str, Any]) -> tuple[float, str | None]:
-    """The script under one of JAX's interpreters; what of the case's options they cannot
-    mirror goes into `result["notes"]`, and for the TPU interpreter whether it found races."""
-    stack, notes = _jax_setup(mode, keywords)
+def _run_jax(mode: str, path: Path, keywords: dict[str, Any], result: dict[str, Any],
+             recording: Path | None = None) -> tuple[float, str | None]:
+    """The script under one of JAX's interpreters (or recorded, or replayed); what of the
+    case's options they cannot mirror goes into `result["notes"]`, and for the TPU
+    interpreter whether it found races."""
+    stack, notes = _jax_setup(mode, keywords, recording)
     result["notes"] = notes
     with stack:
         seconds, error = _run_script(path)
@@ -209,7 +324,8 @@ def _run_jax(mode: str, path: Path, keywords: dict[str, Any],
     return seconds, error
 
 
-def run_case(case: str, mode: str, path: Path, options: str) -> dict[str, Any]:
+def run_case(case: str, mode: str, path: Path, options: str,
+             recording: Path | None = None) -> dict[str, Any]:
     """The case under the mode: the result the driver reads."""
     keywords, _devices, skip = api_options(options)
     result: dict[str, Any] = {"case": case, "mode": mode, "seconds": None, "ok": False,
@@ -222,7 +338,7 @@ def run_case(case: str, mode: str, path: Path, options: str) -> dict[str, Any]:
     outer = time.perf_counter()
     try:
         seconds, error = (_run_pc(path, keywords, result) if mode == "pc"
-                          else _run_jax(mode, path, keywords, result))
+                          else _run_jax(mode, path, keywords, result, recording))
     except Exception as exc:  # the mode's own setup or teardown failed: reported
         seconds, error = None, f"{mode} setup: {_short(exc)}"
     result.update(seconds=seconds, ok=error is None, error=error,
@@ -237,8 +353,13 @@ def main() -> None:
     parser.add_argument("--path", required=True, type=Path)
     parser.add_argument("--options", default="")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--recording", type=Path,
+                        help="record: where the outputs go; floor: where they come from")
     args = parser.parse_args()
-    result = run_case(args.case, args.mode, args.path.resolve(), args.options)
+    if args.mode in ("record", "floor") and args.recording is None:
+        parser.error(f"--mode {args.mode} needs --recording")
+    result = run_case(args.case, args.mode, args.path.resolve(), args.options,
+                      args.recording)
     line = json.dumps(result)
     if args.out is not None:
         args.out.write_text(line)

@@ -41,8 +41,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "_suite_one.py"
 PYTHON = sys.executable
-MODES = ("pc", "tpu-interp", "hlo")
-HEADERS = {"pc": "pc s", "tpu-interp": "TPU interp races s", "hlo": "HLO s"}
+MODES = ("pc", "tpu-interp", "hlo", "floor")
+HEADERS = {"pc": "pc s", "tpu-interp": "TPU interp races s", "hlo": "HLO s",
+           "floor": "floor s"}
 TARGET_RATIO = 1 / 3
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # The shipped all_gather is run by tests/scenarios/test_shipped_kernels.py outside its
@@ -133,13 +134,17 @@ def _tail(text: str, limit: int = 200) -> str:
     return last if len(last) <= limit else "..." + last[-limit + 3:]
 
 
-def run_one(case: Case, mode: str, cap: float) -> dict[str, Any]:
-    """The case under the mode in a fresh worker process, killed after `cap` seconds.
-    The result always has `status`: ok, error, skipped, timeout or `exit N`."""
+def run_one(case: Case, mode: str, cap: float,
+            recording: Path | None = None) -> dict[str, Any]:
+    """The case under the mode in a fresh worker process, killed after `cap` seconds
+    (`recording`: the file `record` writes and `floor` reads). The result always has
+    `status`: ok, error, skipped, timeout or `exit N`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         argv = [PYTHON, str(WORKER), "--mode", mode, "--case", case.name,
                 "--path", str(case.path), f"--options={case.options}", "--out", str(out)]
+        if recording is not None:
+            argv += ["--recording", str(recording)]
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, cwd=REPO, env=child_env(case.options),
@@ -161,6 +166,14 @@ def run_one(case: Case, mode: str, cap: float) -> dict[str, Any]:
     return result
 
 
+def _unrecorded(case: Case, record: dict[str, Any]) -> dict[str, Any]:
+    """The floor of a case whose outputs could not be recorded (the TPU interpreter does
+    not run it): not run, with the recording's error."""
+    return {"case": case.name, "mode": "floor", "seconds": None, "ok": False,
+            "error": f"not recorded: {record['error']}", "status": "skipped",
+            "options": case.options, "process_seconds": 0.0}
+
+
 def cell(result: dict[str, Any] | None) -> str:
     """A table cell: seconds, with `!N` where pallas-check had N findings, or the status."""
     if result is None:
@@ -177,15 +190,27 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
     return f"{a['seconds'] / b['seconds']:.2f}x" if b["seconds"] > 0 else "-"
 
 
+def _over_floor(pc: dict[str, Any] | None, tpu: dict[str, Any] | None,
+                floor: dict[str, Any] | None) -> str:
+    """What pallas-check adds to the script over what the TPU interpreter adds, each
+    mode's time less the floor's (the script with no kernel run)."""
+    if any(r is None or r["status"] != "ok" for r in (pc, tpu, floor)):
+        return "-"
+    assert pc is not None and tpu is not None and floor is not None
+    added = tpu["seconds"] - floor["seconds"]
+    return f"{(pc['seconds'] - floor['seconds']) / added:.2f}x" if added > 0 else "-"
+
+
 def table(cases: list[Case], results: dict[tuple[str, str], dict[str, Any]],
           modes: tuple[str, ...]) -> list[str]:
     """The row's table as text lines: case, each mode's seconds, pc/TPU, pc/HLO."""
-    header = ["case", *(HEADERS[m] for m in modes), "pc/TPU", "pc/HLO"]
+    header = ["case", *(HEADERS[m] for m in modes), "pc/TPU", "pc/HLO", "over floor pc/TPU"]
     rows = [header]
     for case in cases:
         got = {m: results.get((case.name, m)) for m in MODES}
         rows.append([case.name, *(cell(got[m]) for m in modes),
-                     _ratio(got["pc"], got["tpu-interp"]), _ratio(got["pc"], got["hlo"])])
+                     _ratio(got["pc"], got["tpu-interp"]), _ratio(got["pc"], got["hlo"]),
+                     _over_floor(got["pc"], got["tpu-interp"], got["floor"])])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(v.ljust(w) if i == 0 else v.rjust(w)
                         for i, (v, w) in enumerate(zip(row, widths))) for row in rows]
@@ -217,6 +242,14 @@ def totals(cases: list[Case], results: dict[tuple[str, str], dict[str, Any]],
                   > results[(n, "tpu-interp")]["seconds"]]
         out.update(pc_tpu_cases=len(both), pc_seconds=pc, tpu_seconds=tpu,
                    pc_over_tpu=pc / tpu if tpu else None, slower_than_tpu=slower)
+        floored = [n for n in both if _ok(results, n, "floor")]
+        if "floor" in modes and floored:
+            floor = total(floored, "floor")
+            pc_added = total(floored, "pc") - floor
+            tpu_added = total(floored, "tpu-interp") - floor
+            out.update(floor_cases=len(floored), floor_seconds=floor,
+                       pc_added_seconds=pc_added, tpu_added_seconds=tpu_added,
+                       pc_added_over_tpu_added=pc_added / tpu_added if tpu_added > 0 else None)
     return out
 
 
@@ -246,6 +279,17 @@ def summary(summed: dict[str, Any], modes: tuple[str, ...]) -> list[str]:
         + f" (target <= 0.333: {verdict})",
         f"Cases slower under pallas-check than under the TPU interpreter: {len(slower)}"
         f" (target 0){': ' + ', '.join(slower) if slower else ''}"]
+    if "floor_cases" in summed:
+        added = summed["pc_added_over_tpu_added"]
+        lines.append(
+            f"What running the kernels adds to the script (each mode less the floor, the"
+            f" script with every kernel call answered from a recording), over the"
+            f" {summed['floor_cases']} cases pc, TPU and floor ran OK: floor"
+            f" {summed['floor_seconds']:.1f} s; pallas-check adds"
+            f" {summed['pc_added_seconds']:.1f} s, TPU interpreter races"
+            f" {summed['tpu_added_seconds']:.1f} s, ratio "
+            + (f"{added:.3f}" if added is not None else "-")
+            + f" (<= 0.333: {'-' if added is None else 'met' if added <= TARGET_RATIO else 'NOT met'})")
     return lines
 
 
@@ -288,11 +332,18 @@ def main() -> int:
         return 2
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for i, case in enumerate(cases, 1):
-        for mode in args.modes:
-            result = run_one(case, mode, args.cap)
-            results[(case.name, mode)] = result
-            print(f"[{i}/{len(cases)}] {case.name} {mode}: {cell(result)}"
-                  f" ({result['process_seconds']:.1f} s in all)", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            recording = Path(tmp) / "outputs.pickle"
+            steps = (("record",) if "floor" in args.modes else ()) + args.modes
+            for mode in steps:
+                result = (_unrecorded(case, results[(case.name, "record")])
+                          if mode == "floor" and not _ok(results, case.name, "record")
+                          else run_one(case, mode, args.cap,
+                                       recording if mode in ("record", "floor") else None))
+                results[(case.name, mode)] = result
+                print(f"[{i}/{len(cases)}] {case.name} {mode}: {cell(result)}"
+                      f" ({result['process_seconds']:.1f} s in all)", file=sys.stderr,
+                      flush=True)
     lines = table(cases, results, args.modes)
     summed = totals(cases, results, args.modes)
     print("\n".join(lines + [""] + summary(summed, args.modes)
