@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +28,15 @@ import pallas_check.engine.call.simulate  # noqa: E402,F401
 # The fuzz tests' hypothesis profiles must exist before hypothesis' pytest plugin reads
 # --hypothesis-profile (while pytest configures, before tests/fuzz/conftest.py loads).
 import fuzz.conftest  # noqa: E402,F401  (tests/ is on sys.path: this folder's conftest)
+
+# pallas-check keeps its compiled programs on disk between processes
+# (engine/runtime/disk_cache.py). The tests keep theirs in a folder of this run's own, never
+# the developer's: the process that makes it (pytest, or xdist's controller, whose workers
+# inherit it) removes it at exit.
+if "PALLAS_CHECK_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="pallas-check-test-cache-")
+    os.environ["PALLAS_CHECK_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

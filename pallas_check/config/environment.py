@@ -2,7 +2,8 @@
 
 Each option of the table (options.py) is also a variable: `PALLAS_CHECK_` and its settings
 key in capitals (`skip-floats` -> PALLAS_CHECK_SKIP_FLOATS; read by layers.py). One more
-variable is no option: PALLAS_CHECK_DEBUG, for bug reports. Imports nothing of ours, so
+variables are no option: PALLAS_CHECK_DEBUG, for bug reports, and PALLAS_CHECK_CACHE_DIR,
+where compiled programs are kept between processes. Imports nothing of ours, so
 that any module (the TPU compile stage too) can ask whether debugging was asked for.
 """
 
@@ -15,6 +16,9 @@ ENV_PREFIX = "PALLAS_CHECK_"
 # Our one variable that is no option: a traceback instead of a one-line error, errors not
 # shortened, libtpu's start-up output kept.
 DEBUG_VARIABLE = ENV_PREFIX + "DEBUG"
+# Where our own compiled programs are kept between processes (engine/runtime/disk_cache.py);
+# `off` keeps none.
+CACHE_VARIABLE = ENV_PREFIX + "CACHE_DIR"
 
 
 def env_variable(key: str) -> str:

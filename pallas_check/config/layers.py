@@ -22,15 +22,16 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pallas_check.config.environment import (DEBUG_VARIABLE, ENV_PREFIX, env_variable,
-                                              parse_flag)
+from pallas_check.config.environment import (CACHE_VARIABLE, DEBUG_VARIABLE, ENV_PREFIX,
+                                              env_variable, parse_flag)
 from pallas_check.config.options import Option
 from pallas_check.config.errors import SettingsError
 
 TABLE = "pallas-check"
 HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`
-# Variables with our prefix that are not options: a traceback for bug reports.
-OTHER_VARIABLES = (DEBUG_VARIABLE,)
+# Variables with our prefix that are not options: a traceback for bug reports, and where
+# compiled programs are kept.
+OTHER_VARIABLES = (DEBUG_VARIABLE, CACHE_VARIABLE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,169 @@
+"""Our own XLA executables kept on disk between processes.
+
+Why: a test suite runs each kernel's first call in a fresh process (every pytest run,
+every xdist worker), and the compiled tier's executable for one call structure takes
+0.7-2 s of XLA compile (paged attention: 2.1 s of a 2.8 s build). The same structure
+lowers to the same program in every process, so its executable is compiled once and read
+back later (about a millisecond).
+
+Only pallas-check's own programs are kept, never the user's: JAX's persistent cache is
+process-wide and would cache (and change the behaviour of) the script's compiles too.
+
+Safe to share: an entry's key is the program's text, the compile options, the JAX and
+jaxlib versions and this machine's CPU (XLA compiles for the host's instruction set), so
+nothing compiled elsewhere or by another JAX is read. Entries are written to a temporary
+file and renamed (xdist workers may write one key at once); an entry that cannot be read
+is removed and compiled again; past `_LIMIT_BYTES` the least recently used go.
+
+`PALLAS_CHECK_CACHE_DIR` names the folder (default `$XDG_CACHE_HOME/pallas-check/xla`,
+else `~/.cache/pallas-check/xla`); `off` turns the cache off. A folder that cannot be
+written is no error: the program is compiled as it would be without a cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pickle
+import platform
+import tempfile
+import threading
+from pathlib import Path
+from typing import Mapping
+
+import jax
+import jaxlib
+from jax.experimental import serialize_executable
+
+from pallas_check.config.environment import CACHE_VARIABLE
+
+ENV = CACHE_VARIABLE
+_LIMIT_BYTES = 512 * 2**20
+_SUFFIX = ".xla"
+
+
+@dataclasses.dataclass
+class CacheCounts:
+    """What the cache did in this process (tests and benchmarks read it)."""
+
+    hits: int = 0
+    misses: int = 0
+    written: int = 0
+    unreadable: int = 0
+
+
+counts = CacheCounts()
+_lock = threading.Lock()
+
+
+def folder() -> Path | None:
+    """Where entries live (None: the cache is off)."""
+    configured = os.environ.get(ENV)
+    if configured is not None:
+        return None if configured.strip().lower() in ("off", "") else Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pallas-check" / "xla"
+
+
+def _machine() -> str:
+    """This CPU as XLA sees it when compiling for the host: its model and feature flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            lines = [line for line in info if line.startswith(("flags", "model name"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def key(program_text: str, options: Mapping[str, str] | None) -> str:
+    """The entry's name: everything that decides what XLA makes of the program."""
+    digest = hashlib.sha256()
+    for part in (jax.__version__, jaxlib.__version__, platform.machine(), _machine(),
+                 repr(options), program_text):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
+                   options: Mapping[str, str] | None = None) -> jax.stages.Compiled:
+    """`lowered.compile()`, read from the disk cache when this program was compiled before
+    (here or in another process), else compiled and written there. `device`: the one device
+    the program runs on (the engine's or JAX's CPU device; an entry is loaded onto it);
+    `options`: the compile options the program was lowered with (part of the key)."""
+    where = folder()
+    if where is None:
+        return lowered.compile()
+    path = where / (key(lowered.as_text(), options) + _SUFFIX)
+    found = _read(path, device)
+    if found is not None:
+        return found
+    compiled = lowered.compile()
+    _write(path, compiled)
+    return compiled
+
+
+def _read(path: Path, device: jax.Device) -> jax.stages.Compiled | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        with _lock:
+            counts.misses += 1
+        return None
+    try:
+        serialized, in_tree, out_tree = pickle.loads(data)
+        compiled: jax.stages.Compiled = serialize_executable.deserialize_and_load(
+            serialized, in_tree, out_tree, backend=device.client, execution_devices=[device])
+    except Exception:  # noqa: BLE001 - a torn or foreign entry: compiled again
+        with _lock:
+            counts.unreadable += 1
+            counts.misses += 1
+        _remove(path)
+        return None
+    try:
+        os.utime(path)  # recently used: the last to go
+    except OSError:
+        pass
+    with _lock:
+        counts.hits += 1
+    return compiled
+
+
+def _write(path: Path, compiled: jax.stages.Compiled) -> None:
+    try:
+        data = pickle.dumps(serialize_executable.serialize(compiled))
+    except Exception:  # noqa: BLE001 - not serializable (a host callback): not kept
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        return
+    with _lock:
+        counts.written += 1
+    _prune(path.parent)
+
+
+def _prune(where: Path) -> None:
+    """Remove the least recently used entries while the folder holds over the limit."""
+    try:
+        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in where.glob("*" + _SUFFIX)]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= _LIMIT_BYTES:
+            break
+        _remove(path)
+        total -= size
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
