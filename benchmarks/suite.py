@@ -124,6 +124,7 @@ def child_env(options: str) -> dict[str, str]:
     _keywords, devices, _skip = api_options(options)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CASE_", "PALLAS_CHECK_"))}
+    env["PALLAS_CHECK_CACHE_DIR"] = "off"  # cold: no compiled program read back from disk
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
     if devices > 1:
         flags.append(f"{_DEVICE_FLAG}={devices}")

@@ -44,7 +44,8 @@ def pre_commit() -> None:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALLAS_CHECK_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PALLAS_CHECK_") or k == "PALLAS_CHECK_CACHE_DIR"}
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.update(extra)
     return env

@@ -30,7 +30,7 @@ def _clean_env(monkeypatch):
     import os
 
     for name in list(os.environ):
-        if name.startswith("PALLAS_CHECK_"):
+        if name.startswith("PALLAS_CHECK_") and name != "PALLAS_CHECK_CACHE_DIR":
             monkeypatch.delenv(name)
 
 

@@ -85,7 +85,8 @@ LONG_CALL = textwrap.dedent("""\
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PALLAS_CHECK_", "NO_COLOR", "FORCE_COLOR", "COLUMNS"))}
+           if not k.startswith(("PALLAS_CHECK_", "NO_COLOR", "FORCE_COLOR", "COLUMNS"))
+           or k == "PALLAS_CHECK_CACHE_DIR"}
     env.update(PYTHONPATH=str(ROOT), TERM="xterm-256color")
     return env
 

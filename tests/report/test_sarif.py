@@ -117,7 +117,8 @@ def expected_line(sample: Path) -> int:
 def run_sarif(out: Path, sample: str, *args: str, cwd: Path = ROOT) -> tuple[int, dict]:
     """`pallas-check run SAMPLE --format sarif -o OUT` in a worker process (tests/
     _cli_worker.py), from `cwd`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PALLAS_CHECK_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PALLAS_CHECK_") or k == "PALLAS_CHECK_CACHE_DIR"}
     try:
         proc = run_cli(
             ["run", sample, "--format", "sarif",
