@@ -27,7 +27,9 @@ from pallas_check.engine.jaxpr.halts import (CallHalted, EngineBug, KernelError,
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
 from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
+from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.caches import BoundedCache
+from pallas_check.engine.runtime.disk_cache import compile_cached
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings.finding import SourceFrame
 from pallas_check.findings.sourceinfo import user_frames
@@ -241,7 +243,46 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:
                     env[v] = value
         return [env[v] for v in outvars]
 
-    return jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
+    jitted = jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
+    # (JAX leaves ShapeDtypeStruct unannotated and types avals as AbstractValue)
+    avals = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
+        v.aval.shape, v.aval.dtype,  # type: ignore[attr-defined]
+        weak_type=getattr(v.aval, "weak_type", False)) for v in invars]
+    return _DiskCachedSegment(jitted, avals)
+
+
+class _DiskCachedSegment:
+    """A segment compiled for its inputs' types on the engine's device, read from the disk
+    cache when another process compiled the same program (a test suite's next run pays no
+    segment compile). Called anywhere else, or with inputs of other types, it is the plain
+    jitted function, which compiles what it needs as JAX does."""
+
+    def __init__(self, jitted: Callable[..., list[object]],
+                 avals: list[jax.ShapeDtypeStruct]) -> None:
+        self.jitted = jitted
+        self.avals = avals
+        self.run: Callable[..., list[object]] = self._first
+
+    def __call__(self, *args: object) -> list[object]:
+        try:
+            return self.run(*args)
+        except (TypeError, ValueError):  # inputs of other types or devices than compiled for
+            if self.run is self.jitted:
+                raise
+            self.run = self.jitted
+            return self.jitted(*args)
+
+    def _first(self, *args: object) -> list[object]:
+        """The first call: compile (or read back) for the engine's device, then run."""
+        self.run = self.jitted
+        device = engine_device()
+        if getattr(jax.config, "jax_default_device", None) is device:
+            try:
+                lowered = self.jitted.lower(*self.avals)  # type: ignore[attr-defined]
+                self.run = compile_cached(lowered, device, SEGMENT_COMPILER_OPTIONS)
+            except Exception:  # noqa: BLE001 - JAX compiles (and reports) it as it did
+                self.run = self.jitted
+        return self.run(*args)
 
 
 # ---------------------------------------------------------------------------------------

@@ -141,3 +141,41 @@ def test_the_compiled_tier_reads_a_structure_back_in_a_new_session(cache_dir):
     np.testing.assert_array_equal(first, again)
     want = (np.asarray(x) * np.asarray(y)).reshape(32, 4, 128).sum(1)
     np.testing.assert_allclose(again, want, rtol=1e-5, atol=1e-5)
+
+
+_ENGINE_PROCESS = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import pallas as pl
+    import pallas_check
+    from pallas_check.engine.runtime import disk_cache
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.tanh(x_ref[...]) * 2.0 + x_ref[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    call = pl.pallas_call(kernel, grid=(4,), in_specs=[spec], out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))
+    x = jnp.linspace(-3, 3, 32 * 128, dtype=jnp.float32).reshape(32, 128)
+    with pallas_check.checking(tier="engine", project=False) as run:
+        out = np.asarray(call(x))
+    print(json.dumps({"hits": disk_cache.counts.hits, "written": disk_cache.counts.written,
+                      "findings": len(run.findings), "out": out.tolist()}))
+""")
+
+
+def test_the_engines_segments_are_read_back_in_the_next_process(cache_dir):
+    """A test suite's next run pays no segment compile: the engine's second process reads
+    every segment the first compiled, and computes the same outputs."""
+    env = {**os.environ, disk_cache.ENV: str(cache_dir)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _ENGINE_PROCESS], env=env,
+                                      check=True, capture_output=True,
+                                      text=True).stdout.splitlines()[-1])
+            for _ in range(2)]
+    written = runs[0]["written"]
+    assert written >= 1 and runs[0]["hits"] == 0
+    assert (runs[1]["hits"], runs[1]["written"]) == (written, 0)
+    assert runs[0]["findings"] == runs[1]["findings"] == 0
+    x = np.linspace(-3, 3, 32 * 128, dtype=np.float32).reshape(32, 128)
+    np.testing.assert_allclose(runs[1]["out"], np.tanh(x) * 2.0 + x, rtol=1e-5, atol=1e-5)
+    assert runs[0]["out"] == runs[1]["out"]
