@@ -16,9 +16,9 @@ Modes: `pc` (pallas-check, races on), `tpu-interp` (JAX's TPU interpreter, races
 `hlo` (JAX's HLO interpreter, `interpret=True`), `floor` (the script with every kernel call
 answered from outputs an untimed `record` run of the TPU interpreter kept: the script's
 own work, no kernel; each mode less the floor is what its kernels add). Cases run one
-after the other, the modes
-of a case one after the other (interleaved, so that a drift of the machine touches every
-mode alike). A case that fails under a mode (raises, exits non-zero, runs past `--cap`,
+after the other, the modes of a case one after the other (interleaved, so that a drift of
+the machine touches every mode alike). pallas-check's disk cache of its compiled programs
+is off (cold); `--cache DIR` times a suite's next run instead (run twice with one DIR). A case that fails under a mode (raises, exits non-zero, runs past `--cap`,
 or has an option pallas-check's API cannot take) is shown with that status and left out
 of the totals, never hidden.
 
@@ -112,7 +112,7 @@ def all_cases(only: list[str]) -> list[Case]:
     return [c for c in cases if not only or wanted(c.name)]
 
 
-def child_env(options: str) -> dict[str, str]:
+def child_env(options: str, cache: str = "off") -> dict[str, str]:
     """The worker's environment: XLA_FLAGS asks for the case's `--devices` CPU devices
     before JAX starts (any inherited device count removed); the shipped cases' own
     interpreter switches and pallas-check's variables removed, so that only the mode
@@ -124,7 +124,8 @@ def child_env(options: str) -> dict[str, str]:
     _keywords, devices, _skip = api_options(options)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CASE_", "PALLAS_CHECK_"))}
-    env["PALLAS_CHECK_CACHE_DIR"] = "off"  # cold: no compiled program read back from disk
+    # Cold by default: no compiled program of pallas-check's read back from disk.
+    env["PALLAS_CHECK_CACHE_DIR"] = cache
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
     if devices > 1:
         flags.append(f"{_DEVICE_FLAG}={devices}")
@@ -139,8 +140,8 @@ def _tail(text: str, limit: int = 200) -> str:
     return last if len(last) <= limit else "..." + last[-limit + 3:]
 
 
-def run_one(case: Case, mode: str, cap: float,
-            recording: Path | None = None) -> dict[str, Any]:
+def run_one(case: Case, mode: str, cap: float, recording: Path | None = None,
+            cache: str = "off") -> dict[str, Any]:
     """The case under the mode in a fresh worker process, killed after `cap` seconds
     (`recording`: the file `record` writes and `floor` reads). The result always has
     `status`: ok, error, skipped, timeout or `exit N`."""
@@ -152,7 +153,7 @@ def run_one(case: Case, mode: str, cap: float,
             argv += ["--recording", str(recording)]
         start = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=REPO, env=child_env(case.options),
+            proc = subprocess.run(argv, cwd=REPO, env=child_env(case.options, cache),
                                   capture_output=True, text=True, timeout=cap)
         except subprocess.TimeoutExpired:
             return {"case": case.name, "mode": mode, "seconds": None, "ok": False,
@@ -320,6 +321,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cap", type=float, default=300.0,
                         help="seconds a case's process may run under a mode (default 300)")
     parser.add_argument("--json", type=Path, help="also write every result here")
+    parser.add_argument("--cache", default="off",
+                        help="PALLAS_CHECK_CACHE_DIR for the workers (default off: cold; a"
+                             " folder: a suite's next run reads back pallas-check's programs)")
     args = parser.parse_args()
     args.modes = tuple(m for m in args.modes.split(",") if m)
     unknown = set(args.modes) - set(MODES)
@@ -344,7 +348,8 @@ def main() -> int:
                 result = (_unrecorded(case, results[(case.name, "record")])
                           if mode == "floor" and not _ok(results, case.name, "record")
                           else run_one(case, mode, args.cap,
-                                       recording if mode in ("record", "floor") else None))
+                                       recording if mode in ("record", "floor") else None,
+                                       args.cache))
                 results[(case.name, mode)] = result
                 print(f"[{i}/{len(cases)}] {case.name} {mode}: {cell(result)}"
                       f" ({result['process_seconds']:.1f} s in all)", file=sys.stderr,
