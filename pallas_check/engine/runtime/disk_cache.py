@@ -9,7 +9,8 @@ back later (about a millisecond).
 Only pallas-check's own programs are kept, never the user's: JAX's persistent cache is
 process-wide and would cache (and change the behaviour of) the script's compiles too.
 
-Safe to share: an entry's key is the program's text, the compile options, the JAX and
+Safe to share: an entry's key is the program's text and signature (its arguments' and
+results' types: the text drops an unused argument), the compile options, the JAX and
 jaxlib versions and this machine's CPU (XLA compiles for the host's instruction set), so
 nothing compiled elsewhere or by another JAX is read. Entries are written to a temporary
 file and renamed (xdist workers may write one key at once); an entry that cannot be read
@@ -95,7 +96,10 @@ def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
     where = folder()
     if where is None:
         return lowered.compile()
-    path = where / (key(lowered.as_text(), options) + _SUFFIX)
+    # The program's text leaves out what it does not use (an unused argument is dropped),
+    # and the executable checks every argument: the signature is part of the key.
+    signature = repr((lowered.args_info, lowered.out_info))
+    path = where / (key(signature + "\n" + lowered.as_text(), options) + _SUFFIX)
     found = _read(path, device)
     if found is not None:
         return found

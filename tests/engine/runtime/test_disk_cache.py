@@ -179,3 +179,24 @@ def test_the_engines_segments_are_read_back_in_the_next_process(cache_dir):
     x = np.linspace(-3, 3, 32 * 128, dtype=np.float32).reshape(32, 128)
     np.testing.assert_allclose(runs[1]["out"], np.tanh(x) * 2.0 + x, rtol=1e-5, atol=1e-5)
     assert runs[0]["out"] == runs[1]["out"]
+
+
+def test_programs_that_differ_only_in_an_unused_argument_are_two_entries(cache_dir):
+    """XLA's program drops an argument it does not use, so two programs can have one text
+    and take different arguments (the tier fuzzer met it: the executable of one was read
+    back for the other, which it refused). The signature is part of the key."""
+    def program(x, unused):
+        return x * 2.0
+
+    with jax.default_device(engine_device()):
+        lowered = [jax.jit(program).lower(jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                                          jax.ShapeDtypeStruct(shape, jnp.float32))
+                   for shape in ((1, 205, 35), (1, 35, 205))]
+    assert lowered[0].as_text() == lowered[1].as_text()
+    first = disk_cache.compile_cached(lowered[0], engine_device())
+    second = disk_cache.compile_cached(lowered[1], engine_device())
+    assert disk_cache.counts.hits == 0 and len(list(cache_dir.glob("*.xla"))) == 2
+    np.testing.assert_array_equal(np.asarray(second(X, np.zeros((1, 35, 205), np.float32))),
+                                  X * 2.0)
+    np.testing.assert_array_equal(np.asarray(first(X, np.zeros((1, 205, 35), np.float32))),
+                                  X * 2.0)
