@@ -36,6 +36,11 @@ from __future__ import annotations
 
 import os
 
+# Hermetic numbers: no compiled program of pallas-check's read back from a disk cache
+# another run left (what a next process gains from it is measured by suite.py --cache).
+# Set PALLAS_CHECK_CACHE_DIR to measure with it.
+os.environ.setdefault("PALLAS_CHECK_CACHE_DIR", "off")
+
 _FLAG = "--xla_force_host_platform_device_count=4"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
