@@ -24,6 +24,7 @@ written is no error: the program is compiled as it would be without a cache.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import pickle
@@ -67,8 +68,10 @@ def folder() -> Path | None:
     return Path(base) / "pallas-check" / "xla"
 
 
+@functools.cache
 def _machine() -> str:
-    """This CPU as XLA sees it when compiling for the host: its model and feature flags."""
+    """This CPU as XLA sees it when compiling for the host: its model and feature flags
+    (read once: every segment compile asks)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             lines = [line for line in info if line.startswith(("flags", "model name"))]
@@ -139,13 +142,16 @@ def _write(path: Path, compiled: jax.stages.Compiled) -> None:
         data = pickle.dumps(serialize_executable.serialize(compiled))
     except Exception:  # noqa: BLE001 - not serializable (a host callback): not kept
         return
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(handle, "wb") as out:
             out.write(data)
         os.replace(temporary, path)
-    except OSError:
+    except OSError:  # (a full disk: no half-written file is left behind)
+        if temporary is not None:
+            _remove(Path(temporary))
         return
     with _lock:
         counts.written += 1
@@ -154,10 +160,13 @@ def _write(path: Path, compiled: jax.stages.Compiled) -> None:
 
 def _prune(where: Path) -> None:
     """Remove the least recently used entries while the folder holds over the limit."""
-    try:
-        entries = [(p.stat().st_mtime, p.stat().st_size, p) for p in where.glob("*" + _SUFFIX)]
-    except OSError:
-        return
+    entries = []
+    for path in where.glob("*" + _SUFFIX):
+        try:
+            status = path.stat()
+        except OSError:  # (removed meanwhile by another process)
+            continue
+        entries.append((status.st_mtime, status.st_size, path))
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries, key=lambda e: e[0]):
         if total <= _LIMIT_BYTES:
