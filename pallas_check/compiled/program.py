@@ -2,7 +2,9 @@
 
 `build(params, config)` traces the call (twice when a landing was traced before a DMA
 site it must cover was met) and compiles it for the engine's CPU client; the result takes
-the call's operands and returns its outputs and the verdict.
+the call's operands and returns its outputs and the verdict. It also holds the traced
+function itself, which intercept/patched_lowering.py lowers into the script's own program
+(a call run inline, with no host callback of its own).
 
 The pipeline, as one TPU core runs it (what the engine's `engine/call/pipeline.py`
 models, on one core, with nothing racing it): grid points in row-major order; an input's
@@ -44,6 +46,16 @@ from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, desc
 Compiled = Callable[..., tuple[list[jax.Array], jax.Array, jax.Array]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A call structure built: its executable on the engine's CPU client, and the same
+    computation as a jitted function of the call's operands, to be traced into another
+    program (its DMA sites all known: tracing it again gives the same computation)."""
+
+    executable: Compiled
+    function: Compiled
+
+
 @dataclasses.dataclass
 class _Operand:
     """A pipelined operand: its array in HBM, its block in VMEM, and its BlockSpec."""
@@ -54,7 +66,7 @@ class _Operand:
     output: bool
 
 
-def build(params: CallParams, config: Config) -> Compiled:
+def build(params: CallParams, config: Config) -> Built:
     """The call compiled (raises `Unsupported` with the reason when it cannot be)."""
     call = describe(params)
     layout = Layout(races=bool(config.races), eager=config.dma_mode == DmaMode.EAGER,
@@ -69,14 +81,18 @@ def build(params: CallParams, config: Config) -> Compiled:
     if layout.stale:  # a landing traced before a DMA site was met: again, knowing them all
         layout.frozen, layout.landed = True, False
         traced = jitted.trace(*avals)
+    layout.frozen = True  # every DMA site met: a later trace (inline) is this one
     try:
         # Read back when another process compiled the same program (a test suite's
         # processes each meet the structure's first call).
-        return compile_cached(traced.lower(), engine_device(), SEGMENT_COMPILER_OPTIONS)
+        executable = compile_cached(traced.lower(), engine_device(), SEGMENT_COMPILER_OPTIONS)
     except Unsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call
         raise Unsupported(f"XLA cannot compile it ({type(exc).__name__})") from exc
+    # A jit of its own, traced when first inlined: the layout is final now, and `jitted`'s
+    # trace cache may hold the first pass's trace.
+    return Built(executable, jax.jit(run))
 
 
 def _operand_avals(call: CallDescription) -> list[Any]:

@@ -403,7 +403,7 @@ def replay_call(session: Session, program: Program, key: tuple, params: dict,
     seed, index = program.seeds.get(key, (config.seed, -1))
     try:
         if session.call_filter is not None and not session.checks(params, device_operands[0]):
-            outputs, _ = session.unchecked_outputs(params, device_operands, mesh, results,
+            outputs, _ = session.unchecked.outputs(params, device_operands, mesh, results,
                                                    index, program.replay_carried)
         elif not capacity.check(params, config, kernel_info(params), index, None).simulated:
             outputs = capacity.unsimulated_outputs(params, device_operands,

@@ -15,6 +15,13 @@ JAX's C++ dispatch would run such a computation again without Python (its fast p
 it is refused for computations that hold a pallas_call, so that each run is seen here.
 A call compiled ahead of time (`jax.jit(f).lower(x).compile()`) runs without this
 function: its kernels are judged at their own boundary.
+
+Installed with `passes_off`, which names XLA passes (as `xla_disable_hlo_passes` takes
+them) for a computation given its kernels' params (None: none), such a computation is
+compiled with those passes disabled, and `compiled_here()` tells the pallas_call lowering,
+while it runs, that its module is compiled so: a kernel lowered inline
+(intercept/patched_lowering.py) keeps the arithmetic the engine's own programs have
+(pallas_check/engine/jaxpr/program.py, `SEGMENT_COMPILER_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -79,21 +86,25 @@ class Listener(Protocol):
 _lock = threading.Lock()
 _saved: dict[str, Any] | None = None
 _listener: Listener | None = None
+# passes_off(kernels' params) -> XLA passes to disable, or None (see the module).
+PassesOff = Callable[[Sequence[Mapping[str, Any]]], "str | None"]
+_passes_off: PassesOff | None = None
 # Whether the computation this thread just ran through the hook held a pallas_call: JAX
 # asks for its fast-path data right after running it, on the same thread.
 _last = threading.local()
 _facts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _kernel_facts(closed: Any) -> tuple[bool, dict]:
-    """Whether a closed jaxpr runs a kernel anywhere, and `direct` (see OuterCall);
-    worked out once per jaxpr."""
+def _kernel_facts(closed: Any) -> tuple[bool, dict, list[Mapping[str, Any]]]:
+    """Whether a closed jaxpr runs a kernel anywhere, `direct` (see OuterCall) and the
+    params of each kernel equation; worked out once per jaxpr."""
     try:
         return _facts[closed]
     except (KeyError, TypeError):
         pass
     seen: dict[int, int] = {}  # a kernel jaxpr's id -> its equations anywhere
-    _count(closed.jaxpr, seen)
+    kernels: list[Mapping[str, Any]] = []
+    _count(closed.jaxpr, seen, kernels)
     outvars = list(closed.jaxpr.outvars)
     direct = {}
     for eqn in closed.jaxpr.eqns:
@@ -101,7 +112,7 @@ def _kernel_facts(closed: Any) -> tuple[bool, dict]:
         if eqn.primitive.name in _KERNEL_PRIMITIVES and seen.get(id(kernel)) == 1:
             direct[id(kernel)] = tuple(tuple(k for k, v in enumerate(outvars) if v is out)
                                        for out in eqn.outvars)
-    facts = (bool(seen), direct)
+    facts = (bool(seen), direct, kernels)
     try:
         _facts[closed] = facts
     except TypeError:  # not weakly referenceable: worked out again next time
@@ -109,13 +120,14 @@ def _kernel_facts(closed: Any) -> tuple[bool, dict]:
     return facts
 
 
-def _count(jaxpr: Any, seen: dict[int, int]) -> None:
+def _count(jaxpr: Any, seen: dict[int, int], kernels: list[Mapping[str, Any]]) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _KERNEL_PRIMITIVES:
             key = id(eqn_params.maybe_body(eqn))
             seen[key] = seen.get(key, 0) + 1
+            kernels.append(eqn_params.kernel_call_params(eqn))
         for sub in sub_jaxprs(eqn):
-            _count(sub, seen)
+            _count(sub, seen, kernels)
 
 
 def _describe(params: dict) -> OuterCall:
@@ -141,10 +153,17 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
     import jax
 
     token = listener.opened(_describe(params))
+    passes = (_passes_off(_kernel_facts(eqn_params.jit_body(params))[2])
+              if _passes_off is not None else None)
+    if passes is not None:
+        params = dict(eqn_params.with_passes_disabled(params, passes))
+    _last.compiling = passes is not None
     try:
         out_flat, compiled, profiler, const_args = original(*args, **params)
+        _last.compiling = False
         jax.block_until_ready(out_flat)  # every callback of the computation has run
     except BaseException as exc:
+        _last.compiling = False
         listener.closed(token, None, None, exc)
         raise
 
@@ -167,15 +186,22 @@ def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
     return original(*args, **kwargs)
 
 
-def install(listener: Listener) -> None:
-    """Tell `listener` of every top-level computation that holds a pallas_call."""
-    global _saved, _listener
+def compiled_here() -> bool:
+    """Whether a computation holding a pallas_call is being lowered on this thread now, to
+    be compiled with the hook's `passes_off` disabled."""
+    return bool(getattr(_last, "compiling", False))
+
+
+def install(listener: Listener, passes_off: PassesOff | None = None) -> None:
+    """Tell `listener` of every top-level computation that holds a pallas_call (compiled
+    with `passes_off` disabled, when given)."""
+    global _saved, _listener, _passes_off
     with _lock:
         if _saved is not None:
             raise RuntimeError("pallas-check's jit hook is already installed")
         impl, fastpath = jit_dispatch()
         _saved = {"impl": impl, "fastpath": fastpath}
-        _listener = listener
+        _listener, _passes_off = listener, passes_off
         set_jit_dispatch((_call_impl_python, _fastpath_data))
 
 
@@ -185,9 +211,9 @@ def listening(listener: Listener) -> bool:
 
 
 def uninstall() -> None:
-    global _saved, _listener
+    global _saved, _listener, _passes_off
     with _lock:
         if _saved is None:
             return
         set_jit_dispatch((_saved["impl"], _saved["fastpath"]))
-        _saved, _listener = None, None
+        _saved, _listener, _passes_off = None, None, None

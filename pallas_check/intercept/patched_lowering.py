@@ -3,6 +3,13 @@
 While installed, every pallas_call that is lowered (eagerly, under jit, vmap, grad or
 shard_map) becomes ONE host callback carrying the call's operands to a handler, which runs
 our engine and returns the outputs. The user's own `interpret=` argument is ignored.
+
+A call the compiled tier runs (pallas_check/compiled/) may instead be lowered inline
+(`Inline`): its computation traced into the script's own program, followed by a host
+callback taking only its verdict (and the operands, lent), which says whether that run
+stands; where it does not, the handler's callback runs the call, in a branch XLA takes
+only then. A clean call so costs its computation and one small callback, with no
+operand or output crossing to Python.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Hashable, Iterator, Sequence, cast
+from typing import Any, Callable, Hashable, Iterator, Sequence, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +46,22 @@ CallHandler = Callable[..., Sequence[np.ndarray]]
 
 # The named mesh axes of a shard_map, (name, size) pairs, row-major.
 MeshAxes = tuple[tuple[Hashable, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inline:
+    """How one call site is lowered inline. `run(*operands)` is traced into the program
+    and returns the outputs, the verdict (int32) and what its race check covered;
+    `decide(verdict, coverage, *operands)` runs on the host (numpy arrays, the operands
+    lent read-only) and returns 0 when the inline run stands (the call is recorded there),
+    1 when the handler runs the call instead."""
+
+    run: Callable[..., tuple[Sequence[jax.Array], jax.Array, jax.Array]]
+    decide: Callable[..., int]
+
+
+# inline(params, call_site) -> Inline, or None: the call goes through the handler.
+InlineHook = Callable[[dict, SourceFrame | None], Inline | None]
 
 _lock = threading.Lock()
 
@@ -145,8 +168,15 @@ def _host_call(host: Callable[..., Sequence[np.ndarray]],
     """Call `host` on the host with `args` as (read-only) numpy arrays; it returns numpy
     arrays of `result_shapes`."""
     avals = tuple(ShapedArray(s.shape, s.dtype) for s in result_shapes)
+    return _host_call_p.bind(*args, host=_reporting(host), result_avals=avals)
 
-    def reporting_host(*arrays: np.ndarray, **kwargs: object) -> Sequence[np.ndarray]:
+
+_Host = TypeVar("_Host", bound=Callable[..., Any])
+
+
+def _reporting(host: _Host) -> _Host:
+    """`host`, telling the failure listeners of what it raises."""
+    def reporting_host(*arrays: np.ndarray, **kwargs: object) -> Any:
         try:
             return host(*arrays, **kwargs)
         except BaseException as exc:
@@ -156,7 +186,7 @@ def _host_call(host: Callable[..., Sequence[np.ndarray]],
                 listener(exc)
             raise
 
-    return _host_call_p.bind(*args, host=reporting_host, result_avals=avals)
+    return cast(_Host, reporting_host)
 
 
 def _device_index(axes: MeshAxes) -> jax.Array:
@@ -172,8 +202,8 @@ def _mesh_axes() -> MeshAxes:
                  for name, size in axis_sizes().items())
 
 
-def _make_lowering(handler: CallHandler, fills_results: bool,
-                   call_sites: bool) -> Callable[..., _Lowered]:
+def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
+                   inline: InlineHook | None = None) -> Callable[..., _Lowered]:
     def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
         params.pop("interpret", None)
         # Semaphore-typed operands and results (a semaphore passed from one call to the
@@ -186,6 +216,9 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
         # Where the script made the call (the innermost frame of the user's code).
         frames = _user_frames_of(ctx.traceback)
         call_site = frames[0] if frames else None
+        # Inline only where the operands can be lent to `decide` (one CPU device).
+        plan = (inline(params, call_site)
+                if inline is not None and jax_lowering.one_cpu_device(ctx) else None)
 
         def impl(*args: jax.Array) -> list[jax.Array]:
             axes = _mesh_axes()
@@ -199,7 +232,12 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
                 return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
-            return _host_call(host, result_shapes, _device_index(axes), *args)
+            def handled() -> list[jax.Array]:
+                return _host_call(host, result_shapes, _device_index(axes), *args)
+
+            if plan is None or axes:
+                return handled()
+            return _inlined(plan, result_shapes, handled, args)
 
         lowered = jax_lowering.lower_fun(impl, ctx, *in_nodes)
         if ctx.tokens_out is not None:  # effects of the call (set on the context given)
@@ -207,6 +245,41 @@ def _make_lowering(handler: CallHandler, fills_results: bool,
         return lowered
 
     return lowering
+
+
+def _inlined(plan: Inline, result_shapes: Sequence[jax.ShapeDtypeStruct],
+             handled: Callable[[], list[jax.Array]], args: Sequence[jax.Array]
+             ) -> list[jax.Array]:
+    """The call's computation in the program; its outputs stand unless `decide` says
+    the handler runs the call (a branch taken only then)."""
+    outputs, verdict, coverage = plan.run(*args)
+    ran = [jnp.asarray(o).astype(s.dtype).reshape(s.shape)
+           for o, s in zip(outputs, result_shapes)]
+    to_handler = _decide_p.bind(verdict, coverage, *args, decide=_reporting(plan.decide))
+    return list(jax.lax.cond(to_handler != 0, handled, lambda: ran))
+
+
+# The verdict of a call run inline, read on the host by one XLA FFI call
+# (intercept/hostcall.py): a ctypes call with the operands lent, about a tenth of what
+# JAX's Python callback costs (its operands copied to numpy arrays, its results back).
+_decide_p = Primitive("pallas_check_inline_verdict")
+_decide_p.def_abstract_eval(lambda *args, decide: ShapedArray((), np.int32))
+
+
+def _decide_lowering(ctx: LoweringRuleContext, *args: Any,
+                     decide: Callable[..., int]) -> _Lowered:
+    def target(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
+        results[0][...] = decide(*operands)
+
+    target_id = hostcall.add_target(target, ctx.avals_in, ctx.avals_out)
+    with _lock:
+        if _saved is not None:
+            _saved.targets.append(target_id)
+    ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
+    return cast(_Lowered, ffi_call(ctx, *args, index=np.uint64(target_id)).results)
+
+
+jax_lowering.register_lowering(_decide_p, _decide_lowering)
 
 
 def _physical(aval: AbstractValue) -> AbstractValue:
@@ -294,13 +367,14 @@ def native_function(params: dict[str, Any]) -> jax.stages.Wrapped:
 
 
 def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
-            call_sites: bool = False) -> None:
+            call_sites: bool = False, inline: InlineHook | None = None) -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
     and "observe" keep the hardware lowering too (see `_make_native_lowering`).
     fills_results / call_sites (replace mode): the handler also takes `results=` /
-    `call_site=` (see CallHandler)."""
+    `call_site=` (see CallHandler); `inline` (replace mode): which call sites are lowered
+    inline (see `Inline`)."""
     global _saved
 
     with _lock:
@@ -311,7 +385,7 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
         if mode != "replace" and not jax_lowering.pallas_call_lowering_is_plain():
             raise RuntimeError("this JAX's pallas_call lowering is not the one pallas-check"
                                " knows how to wrap")
-        rule = (_make_lowering(handler, fills_results, call_sites) if mode == "replace"
+        rule = (_make_lowering(handler, fills_results, call_sites, inline) if mode == "replace"
                 else _make_native_lowering(handler, mode,
                                            jax_lowering.pallas_call_lowering()))
         # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
@@ -340,8 +414,8 @@ def uninstall() -> None:
 
 @contextlib.contextmanager
 def intercepted(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
-                call_sites: bool = False) -> Iterator[None]:
-    install(handler, mode, fills_results, call_sites)
+                call_sites: bool = False, inline: InlineHook | None = None) -> Iterator[None]:
+    install(handler, mode, fills_results, call_sites, inline)
     try:
         yield
     finally:

@@ -42,10 +42,11 @@ from pallas_check.findings.finding import CallSummary, Finding, FindingStore, Ke
 from pallas_check.intercept.generations import GenerationRun
 from pallas_check.process.host_memory import collector_paused, return_freed_memory
 from pallas_check.intercept.patched_lowering import intercepted
+from pallas_check.intercept.inline import InlineCalls
 from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
-from pallas_check.intercept.xla_path import compiled_call
+from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 
 
@@ -122,13 +123,11 @@ class Session:
         # (tpu_compile.stage.compile_session).
         # --kernel / --calls: which calls are checked (intercept/call_filter.py); None: every call.
         self.call_filter: CallFilter | None = CallFilter(config.kernels, config.calls)
+        # How a call they do not check runs (intercept/unchecked.py).
+        self.unchecked = Unchecked(config, self.call_filter)
+        self._xla_paths = self.unchecked.xla_paths
         if not self.call_filter.active:
             self.call_filter = None
-        # What a call passed through runs with: every check that costs time off.
-        self._unchecked = dataclasses.replace(
-            config, races=False, schedules=1, keep_going=False, check_uninit_outputs=False,
-            timeline=False, compile=False)
-        self._xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
         # In a process the script started during a run (process/children.py): where each call's
         # findings go for the run's owner to report; or, in one forked after JAX started,
         # why no call can run there.
@@ -275,6 +274,19 @@ class Session:
         assert compiled.outputs is not None
         return [compiled.outputs]
 
+    def record_inline(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+                      operands: Sequence[np.ndarray], races: dict[str, int] | None) -> None:
+        """A call run inline whose run stands (intercept/inline.py): listed as the
+        compiled tier's, numbered and keyed in its program as a handled call is."""
+        program, outside = self.judge.program()
+        with self._lock:
+            index = next(self._counter)
+        key = program.key(params) if program is not None else None
+        call = _Call(index, kernel, params, [list(operands)], time.perf_counter(),
+                     MeshInfo(()), call_site)
+        self._compiled_done(call, program, outside, key, TierRun([], "", races))
+        self.tell_owner()
+
     def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
                     checkers: Checkers, live: InFlight,
                     never: frozenset[int]) -> explore.DevicesResult:
@@ -321,39 +333,12 @@ class Session:
         call = _Call(index, _kernel_or_unnamed(params), params, device_operands,
                      time.perf_counter(), mesh, call_site)
         try:
-            outputs, prints = self.unchecked_outputs(params, device_operands, mesh, results,
+            outputs, prints = self.unchecked.outputs(params, device_operands, mesh, results,
                                                      index, self.carried)
         except Exception as exc:
             raise self._failed(exc, call) from exc
         self._write_prints(prints)
         return outputs
-
-    def unchecked_outputs(self, params: dict, device_operands: list, mesh: MeshInfo,
-                          results: Sequence[np.ndarray] | None, index: int,
-                          carried: dict | None = None) -> tuple[list[list[np.ndarray]], list]:
-        """A call's outputs and prints with every check off (see `_pass_through`)."""
-        run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
-        # XLA computes what the engine does, save --skip-floats' inf (and several devices
-        # meet in the engine's rendezvous).
-        with jax.default_device(engine_device()):
-            fast = (self._xla_path(params)
-                    if mesh.num_devices == 1 and not self.config.skip_floats else None)
-            if fast is not None:
-                return [[np.asarray(o) for o in fast(*device_operands[0])]], []
-        with jax.default_device(engine_device()), collector_paused():
-            result = run_call_devices(params, device_operands, self._unchecked, index,
-                                      CallSetting(mesh, carried if carried is not None
-                                                  else {}, CHECKERS), results=results)
-        return result.outputs, result.prints
-
-    def _xla_path(self, params: dict) -> Any:
-        """The call compiled by XLA (intercept/xla_path.py) when its kernel needs nothing of the
-        engine, else None; made once per call structure."""
-        assert self.call_filter is not None
-        key = self.call_filter.structure(params)
-        if key not in self._xla_paths:
-            self._xla_paths[key] = compiled_call(params, self.config.uninit.value)
-        return self._xla_paths[key]
 
     def _write_prints(self, prints: list) -> None:
         """What a call's kernel printed (engine/events.KernelPrint), in simulated order."""
@@ -479,11 +464,13 @@ class Session:
     def install(self) -> Iterator[None]:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
-        with (intercepted(self.handle_call, fills_results=True, call_sites=True),
+        inline = InlineCalls(self)
+        with (intercepted(self.handle_call, fills_results=True, call_sites=True,
+                          inline=inline.lowered),
               simulated_tpu(self.config.tpu, self.config.cores),
               children.undone_in_child(self._forked)):
             self.questions_from = questions()
-            outer.install(self.judge)
+            outer.install(self.judge, inline.passes_off)
             empties.install()
             try:
                 yield

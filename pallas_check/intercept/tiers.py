@@ -23,7 +23,7 @@ import jax
 
 from pallas_check.compiled.eligibility import ineligible
 from pallas_check.compiled.refs import Unsupported
-from pallas_check.compiled.program import Compiled, build
+from pallas_check.compiled.program import Built, Compiled, build
 from pallas_check.compiled.verdict import describe as describe_verdict
 from pallas_check.config import Config, Tier
 from pallas_check.config.errors import TierRefused
@@ -113,7 +113,7 @@ class Tiers:
         self.config = config
         self.mode = Tier(config.tier)
         self._structures = StructureKeys()
-        self._built: dict[str, Compiled | str] = {}
+        self._built: dict[str, Built | str] = {}
         self._ineligible: dict[str, str | None] = {}  # structure -> why not, or None
         # Per structure not yet built: the engine's seconds on it (estimated, then measured).
         self._spent: dict[str, float] = {}
@@ -152,10 +152,10 @@ class Tiers:
             results: Sequence[np.ndarray] | None) -> TierRun:
         """The call run compiled (after `refusal` said it may be): its outputs (in
         `results` where given) when the verdict is clear."""
-        executable = self._executable(params)
-        assert not isinstance(executable, str)
+        built = self._executable(params)
+        assert not isinstance(built, str)
         with jax.default_device(engine_device()):
-            outputs, verdict, coverage = executable(*operands)
+            outputs, verdict, coverage = built.executable(*operands)
             bits = int(verdict)
             covered = np.asarray(coverage)
         if bits:
@@ -166,9 +166,21 @@ class Tiers:
                 if target.shape == value.shape and target.dtype == value.dtype:
                     target[...] = value
                     arrays[k] = target
-        races = ({"accesses_checked": int(covered[0]), "longest_history": int(covered[1])}
-                 if self.config.races else None)
-        return TierRun(arrays, "", races)
+        return TierRun(arrays, "", self.coverage(covered))
+
+    def coverage(self, covered: np.ndarray) -> dict[str, int] | None:
+        """Races on: what the compiled run's race check covered (the call's `races`)."""
+        return ({"accesses_checked": int(covered[0]), "longest_history": int(covered[1])}
+                if self.config.races else None)
+
+    def inline_function(self, params: CallParams) -> Compiled | None:
+        """The structure's computation as a function to trace into the script's program
+        (intercept/patched_lowering.py), when the tier runs this structure (built now if
+        the policy says so); None: its calls go through the host callback."""
+        if self.refusal(params, 1, ()) is not None:
+            return None
+        built = self._executable(params)
+        return None if isinstance(built, str) else built.function
 
     def engine_ran(self, params: CallParams, seconds: float, reason: str) -> None:
         """The engine ran a call for `reason`, in `seconds`: a structure not compiled
@@ -178,7 +190,7 @@ class Tiers:
             with self._lock:
                 self._spent[key] = self._spent.get(key, 0.0) + seconds
 
-    def _executable(self, params: CallParams) -> Compiled | str:
+    def _executable(self, params: CallParams) -> Built | str:
         key = self._structures.of(params)
         found = self._built.get(key)
         if found is None and self.mode is Tier.AUTO:

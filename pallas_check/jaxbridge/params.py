@@ -167,6 +167,11 @@ def maybe_body(eqn: JaxprEqn) -> Any:
     return eqn.params.get("jaxpr")
 
 
+def kernel_call_params(eqn: JaxprEqn) -> Params:
+    """A kernel equation's params, as the pallas_call lowering is handed them."""
+    return eqn.params
+
+
 def call_body(eqn: JaxprEqn) -> ClosedJaxpr:
     """The body of a closed_call (`call_jaxpr`)."""
     found: ClosedJaxpr = eqn.params["call_jaxpr"]
@@ -279,6 +284,15 @@ def jit_body(params: Params) -> ClosedJaxpr:
 def jit_call(params: Params) -> JitCall:
     return JitCall(params["jaxpr"], str(params.get("name", "")),
                    any(params.get("donated_invars", ())))
+
+
+def with_passes_disabled(params: Params, passes: str) -> Params:
+    """A jitted call's params, compiled with XLA's `passes` (comma-separated) disabled as
+    well as any the call disables itself."""
+    options = dict(params.get("compiler_options_kvs", ()))
+    already = options.get("xla_disable_hlo_passes")
+    options["xla_disable_hlo_passes"] = f"{already},{passes}" if already else passes
+    return {**params, "compiler_options_kvs": tuple(options.items())}
 
 
 # -- prints and checks ---------------------------------------------------------------------
