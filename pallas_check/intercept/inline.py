@@ -97,7 +97,10 @@ class InlineCalls:
             return 1
         program, _ = session.judge.program()
         if program is not None and program.replay is not None:
-            return 0  # a re-run of the program: its outputs are the first run's
+            # A re-run of the program: its outputs are the first run's, and the site's
+            # count goes on as it did then (a later call of it is keyed as it was).
+            program.key(params)
+            return 0
         session.record_inline(params, kernel, call_site, operands,
                               session.tiers.coverage(np.asarray(coverage)))
         return 0

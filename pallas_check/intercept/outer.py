@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge import lowering
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
 from pallas_check.jaxbridge import jit_dispatch, set_jit_dispatch
 
@@ -93,6 +94,15 @@ _passes_off: PassesOff | None = None
 # asks for its fast-path data right after running it, on the same thread.
 _last = threading.local()
 _facts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+# A program's jaxpr -> the passes it was last compiled without.
+_compiled_with: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def _remember_passes(body: Any, passes: str) -> None:
+    try:
+        _compiled_with[body] = passes
+    except TypeError:  # not weakly referenceable: the modules are forgotten each run
+        pass
 
 
 def _kernel_facts(closed: Any) -> tuple[bool, dict, list[Mapping[str, Any]]]:
@@ -153,10 +163,15 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
     import jax
 
     token = listener.opened(_describe(params))
-    passes = (_passes_off(_kernel_facts(eqn_params.jit_body(params))[2])
-              if _passes_off is not None else None)
+    body = eqn_params.jit_body(params)
+    passes = _passes_off(_kernel_facts(body)[2]) if _passes_off is not None else None
     if passes is not None:
         params = dict(eqn_params.with_passes_disabled(params, passes))
+        if _compiled_with.get(body) != passes:
+            # JAX keeps the module it lowered per jaxpr, whatever the options: lowered
+            # again, a kernel that now runs inline is lowered so.
+            lowering.forget_lowered_modules()
+            _remember_passes(body, passes)
     _last.compiling = passes is not None
     try:
         out_flat, compiled, profiler, const_args = original(*args, **params)

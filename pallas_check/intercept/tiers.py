@@ -53,6 +53,12 @@ _COMPILE_EQUATION_SECONDS, _COMPILE_DMA_SECONDS = 2e-3, 60e-3
 _ENGINE_STEP_SECONDS, _ENGINE_EQUATION_SECONDS = 145e-6, 15e-6
 # A while loop's trips when they are not known before it runs.
 _WHILE_TRIPS_GUESS = 8
+# What a compiled call's host callback costs beside its computation (a Python callback,
+# its operands handed to the engine's client, its outputs copied back: 0.3-0.8 ms measured
+# on paged attention), which a call lowered inline does not pay. Inlining costs the
+# structure's computation compiled again inside each program that holds it, so a
+# structure is inlined once its calls have paid about a compile in callbacks.
+_HOST_CALL_SECONDS = 0.4e-3
 
 
 def compile_seconds(call: CallDescription) -> float:
@@ -60,6 +66,12 @@ def compile_seconds(call: CallDescription) -> float:
     equations, dmas = _size(call.kernel)
     return (COMPILE_SECONDS + _COMPILE_EQUATION_SECONDS * equations
             + _COMPILE_DMA_SECONDS * dmas)
+
+
+def inline_seconds(call: CallDescription) -> float:
+    """About what inlining the structure costs: its computation compiled again, inside the
+    program that holds it (as much as the tier's own compile of it)."""
+    return compile_seconds(call)
 
 
 def _size(jaxpr: Jaxpr) -> tuple[int, int]:
@@ -117,6 +129,8 @@ class Tiers:
         self._ineligible: dict[str, str | None] = {}  # structure -> why not, or None
         # Per structure not yet built: the engine's seconds on it (estimated, then measured).
         self._spent: dict[str, float] = {}
+        self._compiled_calls: dict[str, int] = {}  # structure -> calls its callback ran
+        self._inline_cost: dict[str, float] = {}  # structure -> its compile's estimate
         self._lock = threading.Lock()
 
     def attempt(self, params: CallParams, devices: int, never_written: Collection[int],
@@ -161,6 +175,9 @@ class Tiers:
         if bits:
             return TierRun(None, f"the compiled run saw {describe_verdict(bits)}")
         arrays = [np.asarray(o) for o in outputs]
+        key = self._structures.of(params)
+        with self._lock:
+            self._compiled_calls[key] = self._compiled_calls.get(key, 0) + 1
         if results is not None:
             for k, (target, value) in enumerate(zip(results, arrays)):
                 if target.shape == value.shape and target.dtype == value.dtype:
@@ -175,8 +192,16 @@ class Tiers:
 
     def inline_function(self, params: CallParams) -> Compiled | None:
         """The structure's computation as a function to trace into the script's program
-        (intercept/patched_lowering.py), when the tier runs this structure (built now if
-        the policy says so); None: its calls go through the host callback."""
+        (intercept/inline.py), once the tier runs this structure and its calls have paid
+        about that compile in host callbacks (`--tier compiled` too: both ways run the
+        tier's computation); None: its calls go through the host callback. Asked at every
+        run of a program holding the kernel: cheap."""
+        key = self._structures.of(params)
+        cost = self._inline_cost.get(key)
+        if cost is None:
+            cost = self._inline_cost[key] = inline_seconds(describe(params))
+        if self._compiled_calls.get(key, 0) * _HOST_CALL_SECONDS < cost:
+            return None
         if self.refusal(params, 1, ()) is not None:
             return None
         built = self._executable(params)

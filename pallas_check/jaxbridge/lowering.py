@@ -18,6 +18,7 @@ from jax._src import callback as _callback
 from jax._src import ffi as _ffi
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import pxla as _pxla
 from jax._src.pallas import pallas_call as _pallas_call
 
 # The context JAX gives a lowering rule (its avals, module context, tokens).
@@ -44,6 +45,15 @@ def emit_host_callback(ctx: LoweringRuleContext, fn: Callable[..., Any], operand
         ctx, fn, None, list(operands), list(avals_in), list(avals_out),
         has_side_effect=True, returns_token=False, sharding=sharding)
     return list(results)
+
+
+def forget_lowered_modules() -> None:
+    """Drop JAX's cache of lowered modules (keyed by the jaxpr, not by the compile
+    options): a program compiled again with other options is lowered again, and the
+    pallas_call lowering asked again (intercept/outer.py, when a call goes inline)."""
+    cached = getattr(_pxla, "_cached_lowering_to_hlo", None)
+    if cached is not None:
+        cached.cache_clear()
 
 
 def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:

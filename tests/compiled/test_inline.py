@@ -36,6 +36,11 @@ def _counting_inline_runs(monkeypatch) -> list[int]:
     return answers
 
 
+def _inlined_at_once(monkeypatch) -> None:
+    """Inline from a structure's first call (not once its callbacks paid a compile)."""
+    monkeypatch.setattr(tiers, "inline_seconds", lambda call: 0.0)
+
+
 def _no_host_path(monkeypatch) -> None:
     def refused(*args, **kwargs):
         raise AssertionError("the compiled tier ran through the host callback")
@@ -53,6 +58,7 @@ def test_a_clean_call_runs_inline_once_per_run_with_the_engines_outputs(monkeypa
         return looped + call(x)
 
     want, engine = checked(program, x, tier=Tier.ENGINE)
+    _inlined_at_once(monkeypatch)
     answers = _counting_inline_runs(monkeypatch)
     _no_host_path(monkeypatch)
     got, inline = checked(program, x, tier=Tier.COMPILED, races=True)
@@ -72,6 +78,7 @@ def test_a_call_whose_verdict_is_set_goes_to_the_engine_finding_for_finding(monk
     x = jnp.ones((4, 8, 128), jnp.float32)
     program = jax.jit(lambda x: dma_call(4, 4)(x) * 2)
     _, engine = checked(program, x, tier=Tier.ENGINE)
+    _inlined_at_once(monkeypatch)
     answers = _counting_inline_runs(monkeypatch)
     _, compiled = checked(program, x, tier=Tier.COMPILED)
     assert answers == [1]
@@ -91,6 +98,7 @@ def test_an_input_made_empty_goes_to_the_engine(monkeypatch):
     call = pl.pallas_call(_copy_in, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
     program = jax.jit(lambda x: call(x))
     monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)
+    _inlined_at_once(monkeypatch)
     answers = _counting_inline_runs(monkeypatch)
     session = Session(Config(tier=Tier.AUTO))
     with session.install():
@@ -115,6 +123,7 @@ def test_a_nan_a_mask_multiplies_stays_nan_inline_as_on_the_engine(monkeypatch):
     y = jnp.full((8, 128), -1.0, jnp.float32).at[0, 0].set(1.0)
     program = jax.jit(lambda x, y: call(x, y))
     want, _ = checked(program, x, y, tier=Tier.ENGINE)
+    _inlined_at_once(monkeypatch)
     answers = _counting_inline_runs(monkeypatch)
     got, inline = checked(program, x, y, tier=Tier.COMPILED)
     assert answers == [0] and [c.tier for c in inline.calls] == ["compiled"]
@@ -138,3 +147,23 @@ def test_a_program_with_no_call_inline_compiles_as_without_pallas_check():
     plain = jax.jit(lambda x, mask: x * mask.astype(jnp.float32))(x, mask)
     np.testing.assert_array_equal(np.asarray(masked), np.asarray(plain))
     assert np.asarray(masked).max() == 0.0  # the simplifier's select: the NaN dropped
+
+
+def test_a_structure_is_inlined_once_its_callbacks_have_paid_a_compile(monkeypatch):
+    """A structure's calls go through the host callback until they have cost
+    about what compiling it into the program costs; the program is then compiled again,
+    with the call inline, and its later runs are decided on the host by the verdict."""
+    x = jax.random.normal(jax.random.key(4), (16, 8, 128), jnp.float32)
+    program = jax.jit(lambda x: dma_call(16, 3)(x) + 1.0)
+    monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)  # built at once
+    monkeypatch.setattr(tiers, "inline_seconds", lambda call: 2.5 * tiers._HOST_CALL_SECONDS)
+    answers = _counting_inline_runs(monkeypatch)
+    session = Session(Config(tier=Tier.AUTO))
+    with session.install():
+        outputs = [np.asarray(jax.block_until_ready(program(x))) for _ in range(6)]
+    assert [c.tier for c in session.calls] == ["compiled"] * 6
+    assert answers == [0, 0, 0]  # calls 1-3 through the callback, 4-6 inline
+    for got in outputs[1:]:
+        np.testing.assert_array_equal(got, outputs[0])
+    np.testing.assert_allclose(outputs[0], np.asarray(x).sum(0) + np.asarray(x)[3] + 1.0,
+                               rtol=1e-5)
