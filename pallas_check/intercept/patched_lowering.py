@@ -5,11 +5,11 @@ shard_map) becomes ONE host callback carrying the call's operands to a handler, 
 our engine and returns the outputs. The user's own `interpret=` argument is ignored.
 
 A call the compiled tier runs (pallas_check/compiled/) may instead be lowered inline
-(`Inline`): its computation traced into the script's own program, followed by a host
-callback taking only its verdict (and the operands, lent), which says whether that run
+(`Inline`): its computation traced into the script's own program, followed by one FFI
+call taking only its verdict (and the operands, lent), which says whether that run
 stands; where it does not, the handler's callback runs the call, in a branch XLA takes
-only then. A clean call so costs its computation and one small callback, with no
-operand or output crossing to Python.
+only then. A clean call so costs its computation and that small call, with no operand
+or output crossing to Python.
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ def _inlined(plan: Inline, result_shapes: Sequence[jax.ShapeDtypeStruct],
 
 
 # The verdict of a call run inline, read on the host by one XLA FFI call
-# (intercept/hostcall.py): a ctypes call with the operands lent, about a tenth of what
-# JAX's Python callback costs (its operands copied to numpy arrays, its results back).
+# (intercept/hostcall.py): a ctypes call with the operands lent (measured: 35-50 us over
+# a program without it, where JAX's Python callback of one scalar costs 70-120 us).
 _decide_p = Primitive("pallas_check_inline_verdict")
 _decide_p.def_abstract_eval(lambda *args, decide: ShapedArray((), np.int32))
 

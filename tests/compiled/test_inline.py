@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from compiled.test_tier import checked, dma_call, findings
 from pallas_check.config import Config, Tier
@@ -167,3 +168,40 @@ def test_a_structure_is_inlined_once_its_callbacks_have_paid_a_compile(monkeypat
         np.testing.assert_array_equal(got, outputs[0])
     np.testing.assert_allclose(outputs[0], np.asarray(x).sum(0) + np.asarray(x)[3] + 1.0,
                                rtol=1e-5)
+
+
+def _first_rows(n_ref, x_ref, o_ref):
+    """Writes the first n rows of the output (n from SMEM), leaves the rest unwritten."""
+    for row in range(8):
+        @pl.when(row < n_ref[0])
+        def _(row=row):
+            o_ref[row] = x_ref[row] * 2.0
+
+
+def test_a_rerun_keys_a_sites_calls_as_the_first_run_did(monkeypatch):
+    """One site, twice in a loop: the first call writes every row and runs inline; the
+    second leaves rows unwritten and goes to the engine, whose finding waits for the
+    program. The program keeps those rows (it sums the outputs), so its re-run, with the
+    rows holding other values, changes its result and the finding stands: the re-run
+    counts the inline call as the first run did, and the exposures reach the second."""
+    call = pl.pallas_call(
+        _first_rows, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pltpu.VMEM)])
+    x = jax.random.normal(jax.random.key(5), (8, 128), jnp.float32)
+    counts = jnp.array([[8], [5]], jnp.int32)
+
+    @jax.jit
+    def program(x, counts):
+        return jax.lax.fori_loop(0, 2, lambda i, acc: acc + call(counts[i], x),
+                                 jnp.zeros((8, 128), jnp.float32))
+
+    _inlined_at_once(monkeypatch)
+    answers = _counting_inline_runs(monkeypatch)
+    session = Session(Config(tier=Tier.COMPILED))
+    with session.install():
+        jax.block_until_ready(program(x, counts))
+    assert answers[:2] == [0, 1]
+    assert [c.tier for c in sorted(session.calls, key=lambda c: c.index)] == [
+        "compiled", "engine"]
+    found = [(f.kind.value, f.call_index) for f in session.findings]
+    assert found == [("unwritten-output", 1)], found
