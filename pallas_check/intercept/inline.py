@@ -62,10 +62,10 @@ class InlineCalls:
         except Exception:  # noqa: BLE001 - the handler meets (and reports) it per call
             return None
 
-    def lowered(self, params: dict, call_site: SourceFrame | None) -> Inline | None:
+    def lowered(self, params: dict[str, Any], call_site: SourceFrame | None) -> Inline | None:
         """How a call site is lowered inline (None: through the handler), asked once per
         lowering; what only a call shows (the verdict, an input made empty) is decided
-        at each call (`_decide`)."""
+        at each call (`_decide`). (`params`: the pallas_call primitive's, any values.)"""
         session = self._session
         if (session.refused is not None or session.call_filter is not None
                 or session.compile_recorder is not None or not outer.compiled_here()):
@@ -85,7 +85,7 @@ class InlineCalls:
             return None
         return Inline(function, functools.partial(self._decide, params, kernel, call_site))
 
-    def _decide(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+    def _decide(self, params: dict[str, Any], kernel: KernelInfo, call_site: SourceFrame | None,
                 verdict: np.ndarray, coverage: np.ndarray, *operands: np.ndarray) -> int:
         """0: the inline run stands (the call is recorded); 1: the handler runs the call
         (a verdict bit set, or an input made empty)."""

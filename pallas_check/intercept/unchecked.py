@@ -19,6 +19,7 @@ from pallas_check.config import Config
 from pallas_check.engine.call import explore
 from pallas_check.engine.call.describe import MeshInfo
 from pallas_check.engine.call.explore import CallSetting
+from pallas_check.engine.events import KernelPrint
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.intercept.call_filter import CallFilter
 from pallas_check.intercept.xla_path import compiled_call
@@ -36,10 +37,12 @@ class Unchecked:
         self._call_filter = call_filter
         self.xla_paths: dict[str, Any] = {}  # call structure -> xla_path.compiled_call
 
-    def outputs(self, params: dict, device_operands: list, mesh: MeshInfo,
-                results: Sequence[np.ndarray] | None, index: int,
-                carried: dict | None = None) -> tuple[list[list[np.ndarray]], list]:
-        """A call's outputs and prints with every check off."""
+    def outputs(self, params: dict[str, Any], device_operands: Sequence[Sequence[np.ndarray]],
+                mesh: MeshInfo, results: Sequence[np.ndarray] | None, index: int,
+                carried: dict[tuple[object, ...], object] | None = None
+                ) -> tuple[list[list[np.ndarray]], list[KernelPrint]]:
+        """A call's outputs and prints with every check off (`params`: the pallas_call
+        primitive's, JAX's own values of any kind)."""
         run_call_devices = explore.run_call_devices  # looked up per call (tests replace it)
         with jax.default_device(engine_device()):
             fast = (self._xla_path(params)
@@ -52,7 +55,7 @@ class Unchecked:
                                                   else {}, CHECKERS), results=results)
         return result.outputs, result.prints
 
-    def _xla_path(self, params: dict) -> Any:
+    def _xla_path(self, params: dict[str, Any]) -> Any:
         """The call compiled by XLA (intercept/xla_path.py) when its kernel needs nothing
         of the engine, else None; made once per call structure."""
         key = self._call_filter.structure(params)
