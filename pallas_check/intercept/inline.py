@@ -45,12 +45,17 @@ class InlineCalls:
     def __init__(self, session: Session) -> None:
         self._session = session
 
+    def _handler_only(self) -> bool:
+        """Whether every call needs the handler: `--tier engine`, a filter counts the
+        calls, --compile records them, or a fork refuses them."""
+        session = self._session
+        return (Tier(session.config.tier) is Tier.ENGINE or session.call_filter is not None
+                or session.compile_recorder is not None or session.refused is not None)
+
     def passes_off(self, kernels: Sequence[Mapping[str, Any]]) -> str | None:
         """What a program holding these kernels is compiled without: the simplifier,
         when one of them will run inline (intercept/outer.py asks at each run)."""
-        session = self._session
-        if (Tier(session.config.tier) is Tier.ENGINE or session.call_filter is not None
-                or session.config.compile or session.refused is not None):
+        if self._handler_only():
             return None
         inlined = any(self._compiled(params) is not None for params in kernels)
         return SEGMENT_COMPILER_OPTIONS["xla_disable_hlo_passes"] if inlined else None
@@ -66,16 +71,12 @@ class InlineCalls:
         """How a call site is lowered inline (None: through the handler), asked once per
         lowering; what only a call shows (the verdict, an input made empty) is decided
         at each call (`_decide`). (`params`: the pallas_call primitive's, any values.)"""
-        session = self._session
-        if (session.refused is not None or session.call_filter is not None
-                or session.compile_recorder is not None or not outer.compiled_here()):
-            # A call needs the handler (a filter counts it, --compile records it, a fork
-            # refuses it), or the module keeps the simplifier (see the module).
-            return None
+        if self._handler_only() or not outer.compiled_here():
+            return None  # (not compiled here: the module keeps the simplifier)
         try:
             kernel = describe.kernel_info(params)
             # A call that overflows a chip is reported per call (engine/call/capacity.py).
-            fits = capacity.check(params, session.config, kernel, -1, call_site)
+            fits = capacity.check(params, self._session.config, kernel, -1, call_site)
             if fits.findings or not fits.simulated:
                 return None
         except Exception:  # noqa: BLE001 - the handler meets (and reports) it per call
@@ -95,12 +96,12 @@ class InlineCalls:
         progress.beat()
         if int(verdict) or empties.never_written_inputs(params, operands):
             return 1
-        program, _ = session.judge.program()
+        program, outside = session.judge.program()
         if program is not None and program.replay is not None:
             # A re-run of the program: its outputs are the first run's, and the site's
             # count goes on as it did then (a later call of it is keyed as it was).
             program.key(params)
             return 0
-        session.record_inline(params, kernel, call_site, operands,
+        session.record_inline(program, outside, params, kernel, call_site, operands,
                               session.tiers.coverage(np.asarray(coverage)))
         return 0

@@ -156,15 +156,16 @@ def _describe(params: dict) -> OuterCall:
 def _call_impl_python(*args: Any, **params: Any) -> Any:
     original = _saved["impl"] if _saved is not None else None
     listener = _listener
-    if original is None or listener is None or not _kernel_facts(eqn_params.jit_body(params))[0]:
+    body = eqn_params.jit_body(params)
+    facts = _kernel_facts(body)
+    if original is None or listener is None or not facts[0]:
         result = (original or jit_dispatch()[0])(*args, **params)
         _last.kernel = False
         return result
     import jax
 
     token = listener.opened(_describe(params))
-    body = eqn_params.jit_body(params)
-    passes = _passes_off(_kernel_facts(body)[2]) if _passes_off is not None else None
+    passes = _passes_off(facts[2]) if _passes_off is not None else None
     if passes is not None:
         params = dict(eqn_params.with_passes_disabled(params, passes))
         if _compiled_with.get(body) != passes:

@@ -103,13 +103,10 @@ def _host_call_lowering(ctx: LoweringRuleContext, *args: Any,
         return jax_lowering.emit_host_callback(ctx, host, args, ctx.avals_in, ctx.avals_out)
     ticket_aval = ShapedArray((), np.int32)
     outputs = list(ctx.avals_out)
-    lend_target = hostcall.add_target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
-    give_back_target = hostcall.add_target(
+    lend_target = _target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
+    give_back_target = _target(
         hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in, *outputs], outputs,
         operands_read=2, results_read=0)  # it reads the ticket only
-    with _lock:
-        if _saved is not None:
-            _saved.targets += [lend_target, give_back_target]
     ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
     ticket, *buffers = ffi_call(ctx.replace(avals_out=[ticket_aval, *outputs]), *args,
                                 index=np.uint64(lend_target)).results
@@ -133,6 +130,18 @@ def _host_call_lowering(ctx: LoweringRuleContext, *args: Any,
     return give_back(
         ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in, *outputs]),
         done, ticket, *args, *buffers, index=np.uint64(give_back_target)).results
+
+
+def _target(host: hostcall.HostFunction, operand_avals: Sequence[object],
+            result_avals: Sequence[object], operands_read: int | None = None,
+            results_read: int | None = None) -> int:
+    """A hostcall target for one call site, dropped when this installation ends."""
+    target_id = hostcall.add_target(host, operand_avals, result_avals, operands_read,
+                                    results_read)
+    with _lock:
+        if _saved is not None:
+            _saved.targets.append(target_id)
+    return target_id
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -271,10 +280,7 @@ def _decide_lowering(ctx: LoweringRuleContext, *args: Any,
     def target(operands: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> None:
         results[0][...] = decide(*operands)
 
-    target_id = hostcall.add_target(target, ctx.avals_in, ctx.avals_out)
-    with _lock:
-        if _saved is not None:
-            _saved.targets.append(target_id)
+    target_id = _target(target, ctx.avals_in, ctx.avals_out)
     ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
     return cast(_Lowered, ffi_call(ctx, *args, index=np.uint64(target_id)).results)
 

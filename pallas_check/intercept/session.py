@@ -274,11 +274,12 @@ class Session:
         assert compiled.outputs is not None
         return [compiled.outputs]
 
-    def record_inline(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+    def record_inline(self, program: Program | None, outside: str, params: dict,
+                      kernel: KernelInfo, call_site: SourceFrame | None,
                       operands: Sequence[np.ndarray], races: dict[str, int] | None) -> None:
-        """A call run inline whose run stands (intercept/inline.py): listed as the
-        compiled tier's, numbered and keyed in its program as a handled call is."""
-        program, outside = self.judge.program()
+        """A call run inline whose run stands (intercept/inline.py), in `program` (or
+        none, `outside` saying why): listed as the compiled tier's, numbered and keyed in
+        its program as a handled call is."""
         with self._lock:
             index = next(self._counter)
         key = program.key(params) if program is not None else None
