@@ -50,6 +50,21 @@ def any_of(conditions: Any) -> Any:
     return found
 
 
+def boxes_meet(a_starts: Sequence[Index], a_sizes: Sequence[int],
+               b_starts: Sequence[Index], b_sizes: Sequence[int]) -> Any:
+    """Whether two boxes of one buffer meet (a Python bool where every start is static,
+    else a traced bool)."""
+    found: Any = True
+    for a, n, b, m in zip(a_starts, a_sizes, b_starts, b_sizes):
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+            if not (a < b + m and b < a + n):
+                return False
+            continue
+        here = (i32(a) < i32(b) + m) & (i32(b) < i32(a) + n)
+        found = here if found is True else (found & here)
+    return found
+
+
 def padded(values: Sequence[Index], pad: int) -> jax.Array:
     values = list(values) + [pad] * (MAX_RANK - len(values))
     return jnp.stack([i32(v) for v in values])

@@ -31,6 +31,10 @@ from pallas_check.compiled.state import Started, State
 from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
 
+# A wait that can land or retire at most this many DMAs is traced as straight-line code,
+# one guarded landing or retirement each; more, and it is an XLA while loop.
+_UNROLLED_TRIPS = 4
+
 
 class Dmas(State):
     """The state with its DMA engine."""
@@ -56,29 +60,36 @@ class Dmas(State):
             self.flag(self.overlaps_in_flight(src.buffer, src.starts, src.sizes, False)
                       | self.overlaps_in_flight(dst.buffer, dst.starts, dst.sizes, True),
                       Verdict.RACE)
-            in_flight = jnp.sum(self.table["active"].astype(jnp.int32)) + 1
-            self.coverage = self.coverage.at[0].add(2).at[1].max(in_flight)  # read, write
+            self.note_checked(2, self.in_flight() + 1)  # its read and its write
         if self.layout.eager:  # it lands now: its own site, no search (its count is
             self._land_site(site, True, src.starts, dst.starts)  # added with its row)
         self.forget(sem.buffer)  # (no longer the newest on their cells, maybe)
         self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
                                     landed=self.layout.eager))
 
-    def _land(self, slot: jax.Array, sem: int) -> None:
+    def _land(self, slot: jax.Array, sem: int, go: Any = True) -> None:
         """The DMA in `slot` (one on semaphore array `sem`) moves its data and signals its
-        semaphore. Each live site of `sem` writes its copy where the slot's site is that
-        site and leaves its box as it was elsewhere: straight-line code that XLA updates
-        in place (a switch over the sites copied the buffers it carried)."""
+        semaphore, where `go` (a traced bool, or True) holds. Each live site of `sem`
+        writes its copy where the slot's site is that site and leaves its box as it was
+        elsewhere: straight-line code that XLA updates in place (a switch over the sites
+        copied the buffers it carried)."""
         self.layout.landed = True
         t = self.table
         site_of = t["site"][slot]
         src_start, dst_start = t["src_start"][slot], t["dst_start"][slot]
+        moved: Any = False  # whether a site this trace knows moved the slot's data
         for k, site in enumerate(self.layout.sites):
             if site.sem == sem and self.live(site):
-                self._land_site(site, site_of == k, src_start, dst_start)
+                this = site_of == k
+                self._land_site(site, this if go is True else this & go,
+                                src_start, dst_start)
+                moved = this if moved is False else (moved | this)
+        if moved is False:  # no site could move it: nothing lands (the wait is unmet)
+            return
+        go = moved if go is True else (moved & go)
         t = self.table
-        self.counts = self.counts.at[t["sem"][slot]].add(t["bytes"][slot])
-        self.table = t.set(slot, "landed", 1)
+        self.counts = self.counts.at[t["sem"][slot]].add(jnp.where(go, t["bytes"][slot], 0))
+        self.table = t.set_where(slot, "landed", 1, go)
 
     def _land_site(self, site: DmaSite, this: Any, src_start: Any, dst_start: Any) -> None:
         """One site's copy where `this` (a traced bool, or True); its starts a table
@@ -116,14 +127,16 @@ class Dmas(State):
             return
         self.forget(sem.buffer)  # (this wait may land and retire them)
         self.write_started()
+        trips = (self.layout.trips(sem.buffer, int(wanted))
+                 if isinstance(wanted, (int, np.integer)) else None)
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
-            self._land_until(cell, wanted, sem.buffer)
+            self._land_until(cell, wanted, sem.buffer, trips)
         met = self.counts[cell] >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:
             self.counts = self.counts.at[cell].add(-jnp.where(met, wanted, 0))
-        self._retire(cell, wanted)
+        self._retire(cell, wanted, trips)
 
     def _wait_paired(self, paired: Started, wanted: int, decrement: bool) -> None:
         """The wait of the DMA `paired`, the newest on its cell, whose bytes cover it: it
@@ -139,11 +152,20 @@ class Dmas(State):
         if added:
             self.counts = self.counts.at[paired.cell].add(added)
 
-    def _land_until(self, cell: jax.Array, wanted: jax.Array, sem: int) -> None:
-        """on_wait: the DMAs on `cell` land newest first until the count covers the wait."""
+    def _land_until(self, cell: jax.Array, wanted: jax.Array, sem: int,
+                    trips: int | None) -> None:
+        """on_wait: the DMAs on `cell` land newest first until the count covers the wait.
+        When at most `trips` (a few) can land, the loop is unrolled: each trip lands the
+        newest pending DMA where the count is still short (no XLA loop to run)."""
         def pending(t: Table) -> jax.Array:
             return t["active"] & ~t["landed"] & (t["sem"] == cell)
 
+        if trips is not None and trips <= _UNROLLED_TRIPS:
+            for _ in range(trips):
+                waiting = pending(self.table)
+                self._land(jnp.argmax(jnp.where(waiting, self.table["age"], -1)), sem,
+                           (self.counts[cell] < wanted) & jnp.any(waiting))
+            return
         targets = sorted(self.landing_targets())
 
         def more(carry: Carry) -> jax.Array:
@@ -160,10 +182,20 @@ class Dmas(State):
         self.reset(before)
         self.restore(carry, targets)
 
-    def _retire(self, cell: jax.Array, left: jax.Array) -> None:
-        """The landed DMAs on `cell` retire newest first while the wait has bytes left."""
+    def _retire(self, cell: jax.Array, left: jax.Array, trips: int | None) -> None:
+        """The landed DMAs on `cell` retire newest first while the wait has bytes left
+        (unrolled, as a landing is, when at most a few can retire)."""
         def landed(t: Table) -> jax.Array:
             return t["active"] & t["landed"] & (t["sem"] == cell)
+
+        if trips is not None and trips <= _UNROLLED_TRIPS:
+            for _ in range(trips):
+                t, done = self.table, landed(self.table)
+                slot = jnp.argmax(jnp.where(done, t["age"], -1))
+                go = (left > 0) & jnp.any(done)
+                left = left - jnp.where(go, t["bytes"][slot], 0)
+                self.table = t.set_where(slot, "active", 0, go)
+            return
 
         def more(carry: tuple[jax.Array, Table]) -> jax.Array:
             left, t = carry

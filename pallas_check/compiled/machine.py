@@ -57,8 +57,10 @@ class Machine(Dmas):
                 self.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
         alive = len(self.buffers)  # a DMA in flight to or from a buffer gone: never waited
         t = self.table
-        self.flag(jnp.any(t["active"] & ((t["src_buf"] >= alive) | (t["dst_buf"] >= alive))),
-                  Verdict.DMA_NOT_WAITED)
+        if self.maybe_active:
+            self.flag(jnp.any(t["active"] & ((t["src_buf"] >= alive)
+                                             | (t["dst_buf"] >= alive))),
+                      Verdict.DMA_NOT_WAITED)
         for _ in range(semaphores):
             sem = self.semaphores.pop()
             self.flag(jnp.any(self.counts[sem.base:] != 0), Verdict.SEMAPHORE_LEFT)
@@ -97,11 +99,13 @@ class Machine(Dmas):
         if self.layout.races:
             self.flag(self.overlaps_in_flight(b, ref.starts, ref.sizes, write),
                       Verdict.RACE)
-            self.coverage = self.coverage.at[0].add(1)
+            self.note_checked(1)
         return b
 
     def finish(self) -> None:
         """The kernel's end: DMAs never waited, semaphores left with a count."""
         self.write_started()
-        self.flag(jnp.any(self.table["active"]), Verdict.DMA_NOT_WAITED)
+        self.flush_coverage()
+        if self.maybe_active:
+            self.flag(jnp.any(self.table["active"]), Verdict.DMA_NOT_WAITED)
         self.flag(jnp.any(self.counts != 0), Verdict.SEMAPHORE_LEFT)

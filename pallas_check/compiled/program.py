@@ -73,14 +73,17 @@ def build(params: CallParams, config: Config) -> Built:
                     fill=config.uninit.value)
     avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in _operand_avals(call)]
 
-    def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array, jax.Array]:
-        return _run_call(call, layout, list(operands))
+    def function() -> Compiled:
+        """The call as a new function object each time: JAX keeps a function's traces, so
+        a pass traced through the same object would be handed the first pass's trace."""
+        def run(*operands: jax.Array) -> tuple[list[jax.Array], jax.Array, jax.Array]:
+            return _run_call(call, layout, list(operands))
+        return run
 
-    jitted = jax.jit(run, compiler_options=SEGMENT_COMPILER_OPTIONS)
-    traced = jitted.trace(*avals)
+    traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
     if layout.stale:  # a landing traced before a DMA site was met: again, knowing them all
         layout.frozen, layout.landed = True, False
-        traced = jitted.trace(*avals)
+        traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
     layout.frozen = True  # every DMA site met: a later trace (inline) is this one
     try:
         # Read back when another process compiled the same program (a test suite's
@@ -90,9 +93,8 @@ def build(params: CallParams, config: Config) -> Built:
         raise
     except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call
         raise Unsupported(f"XLA cannot compile it ({type(exc).__name__})") from exc
-    # A jit of its own, traced when first inlined: the layout is final now, and `jitted`'s
-    # trace cache may hold the first pass's trace.
-    return Built(executable, jax.jit(run))
+    # A function of its own, traced when first inlined, with the final layout.
+    return Built(executable, jax.jit(function()))
 
 
 def _operand_avals(call: CallDescription) -> list[Any]:
@@ -193,22 +195,31 @@ def _grid_loop(call: CallDescription, machine: Machine, refs: list[Ref], scalars
     if total == 0:
         return
     tracker = [_Tracking.first(op) for op in piped]
+    start = machine.carry()
+    counted: list[tuple[int, int]] = []
 
-    def step(t: jax.Array, carry: Any) -> Any:
-        state, tracking = carry
-        machine.restore(state)
-        point = _grid_point(t, grid)
-        evaluator = Evaluator(machine, point, grid)
-        tracking = [_pipeline_step(evaluator, op, tr, t, scalars)
-                    for op, tr in zip(piped, tracking)]
-        evaluator.run(call.kernel, (), refs)
-        return machine.carry(), tracking
+    def trace(assumed: bool, exits: list[bool]) -> Any:
+        def step(t: jax.Array, carry: Any) -> Any:
+            state, tracking = carry
+            machine.restore(state)
+            machine.maybe_active = assumed
+            point = _grid_point(t, grid)
+            evaluator = Evaluator(machine, point, grid)
+            tracking = [_pipeline_step(evaluator, op, tr, t, scalars)
+                        for op, tr in zip(piped, tracking)]
+            evaluator.run(call.kernel, (), refs)
+            counted.append(machine.take_counted())  # (added once, times the steps)
+            out = machine.carry()
+            exits.append(machine.maybe_active)
+            return out, tracking
 
-    if total == 1:
-        state, tracking = step(jnp.int32(0), (machine.carry(), tracker))
-    else:
-        state, tracking = lax.fori_loop(0, total, step, (machine.carry(), tracker))
+        if total == 1:
+            return step(jnp.int32(0), (start, tracker))
+        return lax.fori_loop(0, total, step, (start, tracker))
+
+    state, tracking = machine.loop(trace)
     machine.restore(state)
+    machine.note_checked(counted[-1][0] * total, counted[-1][1])
     for op, tr in zip(piped, tracking):
         if op.output:
             _write_back(machine, op, tr.index, jnp.bool_(True))

@@ -16,23 +16,35 @@ straight-line code being traced (`Started`). Such a DMA is written into the tabl
 when something reads the table (a race check, a wait that searches it, control flow, the
 end); a wait on its own cell first takes it as it is (dma.py), so a DMA started and waited
 in one stretch never costs the table anything.
+
+The trace also knows when the table holds no DMA (`maybe_active` false: nothing was
+written into it on any path to this point). A race check then compares an access with the
+stretch's own DMAs, box against box, and reads no table: a kernel whose DMAs are all
+started and waited in one stretch (or that has none) pays nothing for the table with races
+on. A loop's body is traced knowing what the table held before the loop; a body that
+writes rows is traced again, not knowing (the next trip sees what this one left).
+What race checking covered is counted at trace time where it can be and added to the
+traced `coverage` once a stretch ends.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 
-from pallas_check.compiled.boxes import Index, i32, meets, outside, padded, plus, times
+from pallas_check.compiled.boxes import (Index, any_of, boxes_meet, i32, meets, outside,
+                                          padded, plus, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
 from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
+
+_Traced = TypeVar("_Traced")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +104,18 @@ class Layout:
             self.stale = self.stale or self.landed
         return found
 
+    def trips(self, sem: int, wanted: int) -> int | None:
+        """How many DMAs on semaphore array `sem` a wait for `wanted` bytes can land or
+        retire at most, when that is known from the sites (each moves at least the
+        smallest site's bytes, and a DMA semaphore's count is never below 0); None when
+        no site signals `sem`. The answer depends on the sites known, so a site met
+        later makes the trace stale, as a landing does."""
+        smallest = min((s.nbytes for s in self.sites if s.sem == sem), default=0)
+        self.landed = True
+        if smallest <= 0:
+            return None
+        return max(1, -(-wanted // smallest))
+
 
 class State:
     """The call's state at one point of tracing (see the module docstring)."""
@@ -110,6 +134,12 @@ class State:
         self.coverage = jnp.zeros((2,), jnp.int32)
         self.allocations = 0
         self.started: list[Started] = []
+        # Whether the table may hold an active row here (false: no row was written on any
+        # path to this point of the trace).
+        self.maybe_active = False
+        # Coverage this stretch counted at trace time, not yet in `coverage`: accesses
+        # checked, and the most DMAs in flight at once.
+        self.checked, self.most_in_flight = 0, 0
 
     # -- the state as a pytree ---------------------------------------------------------
 
@@ -118,6 +148,7 @@ class State:
         may write; the others it reads as they are, closed over). Control flow follows:
         the DMAs started are written into the table and the trace forgets them."""
         self.forget()
+        self.flush_coverage()
         ids = range(len(self.values)) if buffers is None else buffers
         return (tuple(self.values[b] for b in ids), tuple(self.shadows[b] for b in ids),
                 self.counts, self.table, self.verdict, self.coverage)
@@ -125,11 +156,57 @@ class State:
     def restore(self, carry: Carry, buffers: Sequence[int] | None = None) -> None:
         values, shadows, self.counts, self.table, self.verdict, self.coverage = carry
         self.started = []
+        self.checked, self.most_in_flight = 0, 0  # (the carry's counts hold them)
         if buffers is None:
             self.values, self.shadows = list(values), list(shadows)
             return
         for b, value, shadow in zip(buffers, values, shadows):
             self.values[b], self.shadows[b] = value, shadow
+
+    def loop(self, trace: Callable[[bool, list[bool]], _Traced]) -> _Traced:
+        """A loop traced by `trace(assumed, exits)`: its body starts with `maybe_active`
+        set to `assumed` and appends to `exits` what it is at the body's end. A body may
+        follow itself, so one that leaves rows where it assumed none is traced again,
+        assuming some (the first trace is dropped)."""
+        entry = self.maybe_active
+        exits: list[bool] = []
+        result = trace(entry, exits)
+        if not entry and any(exits):
+            exits.clear()
+            result = trace(True, exits)
+        self.maybe_active = entry or any(exits)
+        return result
+
+    def flush_coverage(self) -> None:
+        """What this stretch counted at trace time, added to the traced coverage."""
+        if self.checked or self.most_in_flight:
+            self.coverage = jnp.stack([self.coverage[0] + self.checked,
+                                       jnp.maximum(self.coverage[1], self.most_in_flight)])
+        self.checked, self.most_in_flight = 0, 0
+
+    def take_counted(self) -> tuple[int, int]:
+        """What this stretch counted at trace time, taken out of it: a loop of known trips
+        adds its body's count once, times the trips (`note_checked`), not on each trip."""
+        counted = (self.checked, self.most_in_flight)
+        self.checked, self.most_in_flight = 0, 0
+        return counted
+
+    def note_checked(self, accesses: int, in_flight: Any = None) -> None:
+        """Races on: `accesses` checked against the DMAs in flight; `in_flight`, how many
+        there are with a DMA just started (a Python int where the trace knows it)."""
+        self.checked += accesses
+        if isinstance(in_flight, int):
+            self.most_in_flight = max(self.most_in_flight, in_flight)
+        elif in_flight is not None:
+            self.coverage = self.coverage.at[1].max(in_flight)
+
+    def in_flight(self) -> Any:
+        """How many DMAs are in flight: the stretch's own not in the table, and the
+        table's active rows when it may hold any."""
+        own = sum(1 for s in self.started if s.slot is None)
+        if not self.maybe_active:
+            return own
+        return jnp.sum(self.table["active"].astype(jnp.int32)) + own
 
     def snapshot(self) -> tuple[list[jax.Array], list[jax.Array | None]]:
         return list(self.values), list(self.shadows)
@@ -151,10 +228,12 @@ class State:
                 if started.landed:
                     self.counts = self.counts.at[started.cell].add(started.site.nbytes)
                 t = self.table
-                self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
+                if self.maybe_active:
+                    self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
                 slot = jnp.argmin(t["active"])
                 self.table = t.started(slot, started.row(t.clock))
                 self.started[k] = dataclasses.replace(started, slot=slot)
+                self.maybe_active = True
 
     def forget(self, sem: int | None = None) -> None:
         """The started DMAs on semaphore array `sem` (or all) are no longer known to be
@@ -178,18 +257,27 @@ class State:
         return {site.dst for site in self.layout.sites if self.live(site)}
 
     def overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
-                           write: bool) -> jax.Array:
+                           write: bool) -> Any:
         """Whether a box of buffer `b` meets a DMA in flight: its destination (any
-        access), or its source (a write)."""
-        self.write_started()
-        t = self.table
-        start, size = padded(starts, 0), padded(sizes, 1)
-        hit = t["active"] & (t["dst_buf"] == b) & meets(t["dst_start"], t["dst_size"],
-                                                         start, size)
-        if write:
-            hit = hit | (t["active"] & (t["src_buf"] == b)
-                         & meets(t["src_start"], t["src_size"], start, size))
-        return jnp.any(hit)
+        access), or its source (a write). The stretch's own DMAs are compared box
+        against box (nothing to compute for another buffer's); the table is read only
+        when it may hold a row. A traced bool, or a Python one."""
+        hits: list[Any] = []
+        for started in self.started:
+            if started.slot is None:  # (a row's DMA is the table's to compare)
+                for ref in (started.dst, started.src) if write else (started.dst,):
+                    if ref.buffer == b:
+                        hits.append(boxes_meet(ref.starts, ref.sizes, starts, sizes))
+        if self.maybe_active:
+            t = self.table
+            start, size = padded(starts, 0), padded(sizes, 1)
+            hit = t["active"] & (t["dst_buf"] == b) & meets(t["dst_start"], t["dst_size"],
+                                                             start, size)
+            if write:
+                hit = hit | (t["active"] & (t["src_buf"] == b)
+                             & meets(t["src_start"], t["src_size"], start, size))
+            hits.append(jnp.any(hit))
+        return any_of(hits)
 
     # -- verdict and semaphores --------------------------------------------------------
 

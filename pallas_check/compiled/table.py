@@ -73,6 +73,13 @@ class Table:
         return Table(self.rows.at[slot, _COLUMNS[name]].set(jnp.asarray(value, jnp.int32)),
                      self.clock)
 
+    def set_where(self, slot: jax.Array, name: str, value: Any, when: jax.Array) -> Table:
+        """`set`, where `when` holds (the slot's column as it was elsewhere)."""
+        column = _COLUMNS[name]
+        return Table(self.rows.at[slot, column].set(
+            jnp.where(when, jnp.asarray(value, jnp.int32), self.rows[slot, column])),
+            self.clock)
+
     def started(self, slot: jax.Array, row: jax.Array) -> Table:
         """A DMA in `slot` (its row), one tick older than the last."""
         return Table(self.rows.at[slot].set(row), self.clock + 1)

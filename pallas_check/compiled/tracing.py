@@ -360,19 +360,25 @@ def _cond(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
         return _inline(ev, branches_[0], operands)
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
+    init = machine.carry(carried)
+    entry, exits = machine.maybe_active, []
 
     def branch(closed: ClosedJaxpr) -> Callable[[Carry], LoopCarry]:
         def run(carry: Carry) -> LoopCarry:
             machine.reset(before)
             machine.restore(carry, carried)
+            machine.maybe_active = entry
             outs = ev.run(closed.jaxpr, closed.consts, operands)
-            return machine.carry(carried), outs
+            out = machine.carry(carried)
+            exits.append(machine.maybe_active)
+            return out, outs
         return run
 
     carry, outs = lax.switch(jnp.asarray(index, jnp.int32),
-                             [branch(b) for b in branches_], machine.carry(carried))
+                             [branch(b) for b in branches_], init)
     machine.reset(before)
     machine.restore(carry, carried)
+    machine.maybe_active = entry or any(exits)
     return list(outs)
 
 
@@ -392,17 +398,23 @@ def _while(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     machine = ev.machine
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
+    start = machine.carry(carried)
 
     def cond(carry: LoopCarry) -> Any:
         return ev.run(loop.cond.jaxpr, loop.cond.consts, [*cond_consts, *carry[1]])[0]
 
-    def body(carry: LoopCarry) -> LoopCarry:
-        machine.reset(before)
-        machine.restore(carry[0], carried)
-        outs = ev.run(loop.body.jaxpr, loop.body.consts, [*body_consts, *carry[1]])
-        return machine.carry(carried), outs
+    def trace(assumed: bool, exits: list[bool]) -> LoopCarry:
+        def body(carry: LoopCarry) -> LoopCarry:
+            machine.reset(before)
+            machine.restore(carry[0], carried)
+            machine.maybe_active = assumed
+            outs = ev.run(loop.body.jaxpr, loop.body.consts, [*body_consts, *carry[1]])
+            out = machine.carry(carried)
+            exits.append(machine.maybe_active)
+            return out, outs
+        return lax.while_loop(cond, body, (start, list(init)))
 
-    state, outs = lax.while_loop(cond, body, (machine.carry(carried), list(init)))
+    state, outs = machine.loop(trace)
     machine.reset(before)
     machine.restore(state, carried)
     return list(outs)
@@ -417,15 +429,25 @@ def _scan(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     machine = ev.machine
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
+    start = machine.carry(carried)
+    counted: list[tuple[int, int]] = []
 
-    def body(carry: LoopCarry, x: Values) -> tuple[LoopCarry, Values]:
-        machine.reset(before)
-        machine.restore(carry[0], carried)
-        outs = ev.run(loop.body.jaxpr, loop.body.consts, [*consts, *carry[1], *x])
-        return (machine.carry(carried), outs[:loop.num_carry]), outs[loop.num_carry:]
+    def trace(assumed: bool, exits: list[bool]) -> tuple[LoopCarry, Values]:
+        def body(carry: LoopCarry, x: Values) -> tuple[LoopCarry, Values]:
+            machine.reset(before)
+            machine.restore(carry[0], carried)
+            machine.maybe_active = assumed
+            outs = ev.run(loop.body.jaxpr, loop.body.consts, [*consts, *carry[1], *x])
+            counted.append(machine.take_counted())  # (added once, times the trips)
+            out = machine.carry(carried)
+            exits.append(machine.maybe_active)
+            return (out, outs[:loop.num_carry]), outs[loop.num_carry:]
+        return lax.scan(body, (start, list(init)), list(xs), length=loop.length,
+                        reverse=loop.reverse)
 
-    (state, carry), ys = lax.scan(body, (machine.carry(carried), list(init)), list(xs),
-                                  length=loop.length, reverse=loop.reverse)
+    (state, carry), ys = machine.loop(trace)
     machine.reset(before)
     machine.restore(state, carried)
+    if loop.length:
+        machine.note_checked(counted[-1][0] * loop.length, counted[-1][1])
     return [*carry, *ys]

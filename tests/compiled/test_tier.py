@@ -207,3 +207,73 @@ def test_a_wait_after_a_wider_wait_took_its_dma_goes_to_the_engine(mode):
     assert "wait-unmet" in compiled.calls[0].tier_reason
     assert findings(compiled) == findings(engine)
     assert "deadlock" in [k for k, *_ in findings(engine)]
+
+
+def test_race_coverage_is_counted_once_per_loop_as_on_each_trip():
+    """What race checking covered, counted at trace time and multiplied by a loop's trips:
+    3 checked accesses a trip of the DMA loop (its start's read and write, the read of
+    buf) plus 8 after it; the blocked reduction's count is the engine's own."""
+    for steps in (4, 16):
+        x = jnp.ones((steps, 8, 128), jnp.float32)
+        _, session = checked(dma_call(steps, 1), x, tier=Tier.COMPILED, races=True)
+        assert [(c.tier, c.races) for c in session.calls] == [
+            ("compiled", {"accesses_checked": 3 * steps + 8, "longest_history": 1})]
+    x = jax.random.normal(jax.random.key(5), (32, 512), jnp.float32)
+    _, compiled = checked(reduce_call(32, 4), x, x, tier=Tier.COMPILED, races=True)
+    _, engine = checked(reduce_call(32, 4), x, x, tier=Tier.ENGINE, races=True)
+    assert compiled.calls[0].tier == "compiled"
+    assert (compiled.calls[0].races["accesses_checked"]
+            == engine.calls[0].races["accesses_checked"] > 0)
+
+
+def _prefetching_loop(x_hbm, o_ref, buf, sem, *, racy: bool):
+    """Trip i adds slab i and starts slab i+1's DMA, which the next trip waits for: a DMA
+    in flight across the loop's trips (its row is in the table when the next trip
+    starts; before the loop the table is empty). `racy` reads buf before that wait."""
+    steps = x_hbm.shape[0]
+    pltpu.sync_copy(x_hbm.at[0], buf)
+
+    def trip(i, total):
+        if racy:
+            total = total + buf[...]
+
+        @pl.when(i > 0)
+        def _():
+            pltpu.make_async_copy(x_hbm.at[i], buf, sem).wait()
+
+        if not racy:
+            total = total + buf[...]
+
+        @pl.when(i + 1 < steps)
+        def _():
+            pltpu.make_async_copy(x_hbm.at[i + 1], buf, sem).start()
+
+        return total
+
+    o_ref[...] = jax.lax.fori_loop(0, steps, trip, jnp.zeros(o_ref.shape, o_ref.dtype))
+
+
+@pytest.mark.parametrize("racy", [False, True])
+def test_a_dma_in_flight_across_loop_trips_is_race_checked(racy):
+    """The loop's body is traced first as the table is before the loop (empty); it leaves
+    a row, so it is traced again knowing the table may hold one: the racy read at the
+    trip's start is checked against the DMA the previous trip started (the engine then
+    reports the race), and the clean loop stands compiled."""
+    call = pl.pallas_call(
+        functools.partial(_prefetching_loop, racy=racy),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+    x = jax.random.normal(jax.random.key(6), (6, 8, 128), jnp.float32)
+    got, compiled = checked(call, x, tier=Tier.COMPILED, races=True)
+    want, engine = checked(call, x, tier=Tier.ENGINE, races=True)
+    assert findings(compiled) == findings(engine)
+    if not racy:
+        assert [c.tier for c in compiled.calls] == ["compiled"] and engine.findings == []
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, np.asarray(x).sum(0), rtol=1e-5)
+        return
+    assert compiled.calls[0].tier == "engine"
+    assert "race" in compiled.calls[0].tier_reason, compiled.calls[0].tier_reason
+    assert "race" in [k for k, *_ in findings(engine)]
