@@ -28,7 +28,7 @@ from jax import lax
 from pallas_check.compiled.boxes import Index, any_of, i32, outside
 from pallas_check.compiled.refs import Carry, Ref, Unsupported
 from pallas_check.compiled.state import Started, State
-from pallas_check.compiled.table import DmaSite, Table
+from pallas_check.compiled.table import DmaSite, Table, added_at
 from pallas_check.compiled.verdict import Verdict
 
 # A wait that can land or retire at most this many DMAs is traced as straight-line code,
@@ -88,7 +88,7 @@ class Dmas(State):
             return
         go = moved if go is True else (moved & go)
         t = self.table
-        self.counts = self.counts.at[t["sem"][slot]].add(jnp.where(go, t["bytes"][slot], 0))
+        self.counts = added_at(self.counts, t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
         self.table = t.set_where(slot, "landed", 1, go)
 
     def _land_site(self, site: DmaSite, this: Any, src_start: Any, dst_start: Any) -> None:
@@ -135,7 +135,7 @@ class Dmas(State):
         met = self.counts[cell] >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:
-            self.counts = self.counts.at[cell].add(-jnp.where(met, wanted, 0))
+            self.counts = added_at(self.counts, cell, -jnp.where(met, wanted, 0))
         self._retire(cell, wanted, trips)
 
     def _wait_paired(self, paired: Started, wanted: int, decrement: bool) -> None:
@@ -150,7 +150,7 @@ class Dmas(State):
         counted = paired.landed and paired.slot is not None  # eager: added with its row
         added = (0 if counted else paired.site.nbytes) - taken
         if added:
-            self.counts = self.counts.at[paired.cell].add(added)
+            self.counts = added_at(self.counts, paired.cell, added)
 
     def _land_until(self, cell: jax.Array, wanted: jax.Array, sem: int,
                     trips: int | None) -> None:
@@ -221,4 +221,4 @@ class Dmas(State):
                 isinstance(amount, (int, np.integer)) and amount >= 0):
             raise Unsupported("a DMA semaphore signalled by a traced or negative amount")
         self.forget(sem.buffer)
-        self.counts = self.counts.at[cell].add(i32(amount))
+        self.counts = added_at(self.counts, cell, i32(amount))

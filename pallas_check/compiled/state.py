@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from pallas_check.compiled.boxes import (Index, any_of, boxes_meet, i32, meets, outside,
                                           padded, plus, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
-from pallas_check.compiled.table import DmaSite, Table
+from pallas_check.compiled.table import DmaSite, Table, added_at
 from pallas_check.compiled.verdict import Verdict
 
 _Traced = TypeVar("_Traced")
@@ -226,7 +226,7 @@ class State:
         for k, started in enumerate(self.started):
             if started.slot is None and sem in (None, started.sem):
                 if started.landed:
-                    self.counts = self.counts.at[started.cell].add(started.site.nbytes)
+                    self.counts = added_at(self.counts, started.cell, started.site.nbytes)
                 t = self.table
                 if self.maybe_active:
                     self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_check.compiled.boxes import MAX_RANK
 
@@ -69,17 +70,35 @@ class Table:
         at = _BOXES[name]
         return self.rows[:, at:at + MAX_RANK]
 
-    def set(self, slot: jax.Array, name: str, value: Any) -> Table:
-        return Table(self.rows.at[slot, _COLUMNS[name]].set(jnp.asarray(value, jnp.int32)),
-                     self.clock)
+    # Writes select over the whole (small) table rather than scatter into it: an
+    # elementwise select is one fused loop that leaves the old table readable, where a
+    # scatter updates in place and XLA copies the table first whenever the old one is
+    # still read (a row's column read, then the row updated: most writes here).
 
-    def set_where(self, slot: jax.Array, name: str, value: Any, when: jax.Array) -> Table:
+    def set(self, slot: jax.Array, name: str, value: Any) -> Table:
+        return self.set_where(slot, name, value, True)
+
+    def set_where(self, slot: jax.Array, name: str, value: Any, when: Any) -> Table:
         """`set`, where `when` holds (the slot's column as it was elsewhere)."""
-        column = _COLUMNS[name]
-        return Table(self.rows.at[slot, column].set(
-            jnp.where(when, jnp.asarray(value, jnp.int32), self.rows[slot, column])),
-            self.clock)
+        here = _cell_mask(slot, _COLUMNS[name])
+        if when is not True:
+            here = here & when
+        return Table(jnp.where(here, jnp.asarray(value, jnp.int32), self.rows), self.clock)
 
     def started(self, slot: jax.Array, row: jax.Array) -> Table:
         """A DMA in `slot` (its row), one tick older than the last."""
-        return Table(self.rows.at[slot].set(row), self.clock + 1)
+        here = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, 1), 0) == slot
+        return Table(jnp.where(here, row[None, :], self.rows), self.clock + 1)
+
+
+def _cell_mask(slot: jax.Array, column: int) -> jax.Array:
+    rows = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, _WIDTH), 0)
+    columns = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, _WIDTH), 1)
+    return (rows == slot) & (columns == column)
+
+
+def added_at(vector: jax.Array, at: Any, amount: Any) -> jax.Array:
+    """`vector` with `amount` added at index `at`, as one elementwise select-add (see
+    above: no scatter, no copy of a vector still read)."""
+    here = lax.broadcasted_iota(jnp.int32, vector.shape, 0) == at
+    return vector + jnp.where(here, jnp.asarray(amount, vector.dtype), 0)
