@@ -28,7 +28,7 @@ from jax import lax
 from pallas_check.compiled.boxes import Index, any_of, i32, outside
 from pallas_check.compiled.refs import Carry, Ref, Unsupported
 from pallas_check.compiled.state import Started, State
-from pallas_check.compiled.table import DmaSite, Table, added_at
+from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
 
 # A wait that can land or retire at most this many DMAs is traced as straight-line code,
@@ -88,7 +88,7 @@ class Dmas(State):
             return
         go = moved if go is True else (moved & go)
         t = self.table
-        self.counts = added_at(self.counts, t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
+        self.add_count(t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
         self.table = t.set_where(slot, "landed", 1, go)
 
     def _land_site(self, site: DmaSite, this: Any, src_start: Any, dst_start: Any) -> None:
@@ -135,7 +135,7 @@ class Dmas(State):
         met = self.counts[cell] >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:
-            self.counts = added_at(self.counts, cell, -jnp.where(met, wanted, 0))
+            self.add_count(cell, -jnp.where(met, wanted, 0))
         self._retire(cell, wanted, trips)
 
     def _wait_paired(self, paired: Started, wanted: int, decrement: bool) -> None:
@@ -150,7 +150,7 @@ class Dmas(State):
         counted = paired.landed and paired.slot is not None  # eager: added with its row
         added = (0 if counted else paired.site.nbytes) - taken
         if added:
-            self.counts = added_at(self.counts, paired.cell, added)
+            self.add_count(paired.cell, added)
 
     def _land_until(self, cell: jax.Array, wanted: jax.Array, sem: int,
                     trips: int | None) -> None:
@@ -160,25 +160,25 @@ class Dmas(State):
         def pending(t: Table) -> jax.Array:
             return t["active"] & ~t["landed"] & (t["sem"] == cell)
 
+        def short(counts: jax.Array, t: Table) -> jax.Array:
+            return (counts[cell] < wanted) & jnp.any(pending(t))
+
+        def land_newest(go: Any) -> None:
+            self._land(self.table.newest(pending(self.table)), sem, go)
+
         if trips is not None and trips <= _UNROLLED_TRIPS:
             for _ in range(trips):
-                waiting = pending(self.table)
-                self._land(jnp.argmax(jnp.where(waiting, self.table["age"], -1)), sem,
-                           (self.counts[cell] < wanted) & jnp.any(waiting))
+                land_newest(short(self.counts, self.table))
             return
         targets = sorted(self.landing_targets())
 
-        def more(carry: Carry) -> jax.Array:
-            counts, t = carry[2], carry[3]
-            return (counts[cell] < wanted) & jnp.any(pending(t))
-
-        def land_newest(carry: Carry) -> Carry:
+        def trip(carry: Carry) -> Carry:
             self.restore(carry, targets)
-            self._land(jnp.argmax(jnp.where(pending(self.table), self.table["age"], -1)), sem)
+            land_newest(True)
             return self.carry(targets)
 
         before = self.snapshot()
-        carry = lax.while_loop(more, land_newest, self.carry(targets))
+        carry = lax.while_loop(lambda c: short(c[2], c[3]), trip, self.carry(targets))
         self.reset(before)
         self.restore(carry, targets)
 
@@ -188,25 +188,19 @@ class Dmas(State):
         def landed(t: Table) -> jax.Array:
             return t["active"] & t["landed"] & (t["sem"] == cell)
 
-        if trips is not None and trips <= _UNROLLED_TRIPS:
-            for _ in range(trips):
-                t, done = self.table, landed(self.table)
-                slot = jnp.argmax(jnp.where(done, t["age"], -1))
-                go = (left > 0) & jnp.any(done)
-                left = left - jnp.where(go, t["bytes"][slot], 0)
-                self.table = t.set_where(slot, "active", 0, go)
-            return
-
-        def more(carry: tuple[jax.Array, Table]) -> jax.Array:
-            left, t = carry
+        def uncovered(left: jax.Array, t: Table) -> jax.Array:
             return (left > 0) & jnp.any(landed(t))
 
-        def retire_newest(carry: tuple[jax.Array, Table]) -> tuple[jax.Array, Table]:
-            left, t = carry
-            slot = jnp.argmax(jnp.where(landed(t), t["age"], -1))
-            return left - t["bytes"][slot], t.set(slot, "active", 0)
+        def retire_newest(left: jax.Array, t: Table, go: Any) -> tuple[jax.Array, Table]:
+            slot = t.newest(landed(t))
+            return left - jnp.where(go, t["bytes"][slot], 0), t.set_where(slot, "active", 0, go)
 
-        _, self.table = lax.while_loop(more, retire_newest, (left, self.table))
+        if trips is not None and trips <= _UNROLLED_TRIPS:
+            for _ in range(trips):
+                left, self.table = retire_newest(left, self.table, uncovered(left, self.table))
+            return
+        _, self.table = lax.while_loop(lambda c: uncovered(*c),
+                                       lambda c: retire_newest(*c, True), (left, self.table))
 
     def count(self, sem: Ref) -> jax.Array:
         """A semaphore's count as the kernel reads it (eager DMAs' counts added)."""
@@ -221,4 +215,4 @@ class Dmas(State):
                 isinstance(amount, (int, np.integer)) and amount >= 0):
             raise Unsupported("a DMA semaphore signalled by a traced or negative amount")
         self.forget(sem.buffer)
-        self.counts = added_at(self.counts, cell, i32(amount))
+        self.add_count(cell, i32(amount))

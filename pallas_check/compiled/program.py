@@ -201,17 +201,14 @@ def _grid_loop(call: CallDescription, machine: Machine, refs: list[Ref], scalars
     def trace(assumed: bool, exits: list[bool]) -> Any:
         def step(t: jax.Array, carry: Any) -> Any:
             state, tracking = carry
-            machine.restore(state)
-            machine.maybe_active = assumed
+            machine.enter(state, None, assumed)
             point = _grid_point(t, grid)
             evaluator = Evaluator(machine, point, grid)
             tracking = [_pipeline_step(evaluator, op, tr, t, scalars)
                         for op, tr in zip(piped, tracking)]
             evaluator.run(call.kernel, (), refs)
             counted.append(machine.take_counted())  # (added once, times the steps)
-            out = machine.carry()
-            exits.append(machine.maybe_active)
-            return out, tracking
+            return machine.leave(None, exits), tracking
 
         if total == 1:
             return step(jnp.int32(0), (start, tracker))

@@ -37,11 +37,12 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_check.compiled.boxes import (Index, any_of, boxes_meet, i32, meets, outside,
                                           padded, plus, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
-from pallas_check.compiled.table import DmaSite, Table, added_at
+from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
 
 _Traced = TypeVar("_Traced")
@@ -163,6 +164,19 @@ class State:
         for b, value, shadow in zip(buffers, values, shadows):
             self.values[b], self.shadows[b] = value, shadow
 
+    def enter(self, carry: Carry, buffers: Sequence[int] | None, assumed: bool) -> None:
+        """A loop body's or branch's start: the state it is handed, and what it may take
+        the table to hold (`loop`)."""
+        self.restore(carry, buffers)
+        self.maybe_active = assumed
+
+    def leave(self, buffers: Sequence[int] | None, exits: list[bool]) -> Carry:
+        """A loop body's or branch's end: the state it hands on; `exits` notes whether the
+        table may hold a row now."""
+        carry = self.carry(buffers)
+        exits.append(self.maybe_active)
+        return carry
+
     def loop(self, trace: Callable[[bool, list[bool]], _Traced]) -> _Traced:
         """A loop traced by `trace(assumed, exits)`: its body starts with `maybe_active`
         set to `assumed` and appends to `exits` what it is at the body's end. A body may
@@ -200,6 +214,13 @@ class State:
         elif in_flight is not None:
             self.coverage = self.coverage.at[1].max(in_flight)
 
+    def add_count(self, cell: Any, amount: Any) -> None:
+        """`amount` added to semaphore cell `cell`'s count, as one elementwise select-add
+        over the (small) vector: a scatter would be preceded by a copy wherever the old
+        counts are still read."""
+        here = lax.broadcasted_iota(jnp.int32, self.counts.shape, 0) == cell
+        self.counts = self.counts + jnp.where(here, jnp.asarray(amount, jnp.int32), 0)
+
     def in_flight(self) -> Any:
         """How many DMAs are in flight: the stretch's own not in the table, and the
         table's active rows when it may hold any."""
@@ -226,7 +247,7 @@ class State:
         for k, started in enumerate(self.started):
             if started.slot is None and sem in (None, started.sem):
                 if started.landed:
-                    self.counts = added_at(self.counts, started.cell, started.site.nbytes)
+                    self.add_count(started.cell, started.site.nbytes)
                 t = self.table
                 if self.maybe_active:
                     self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)

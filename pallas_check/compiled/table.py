@@ -85,6 +85,10 @@ class Table:
             here = here & when
         return Table(jnp.where(here, jnp.asarray(value, jnp.int32), self.rows), self.clock)
 
+    def newest(self, among: jax.Array) -> jax.Array:
+        """The slot of the newest DMA among the rows `among` selects."""
+        return jnp.argmax(jnp.where(among, self["age"], -1))
+
     def started(self, slot: jax.Array, row: jax.Array) -> Table:
         """A DMA in `slot` (its row), one tick older than the last."""
         here = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, 1), 0) == slot
@@ -95,10 +99,3 @@ def _cell_mask(slot: jax.Array, column: int) -> jax.Array:
     rows = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, _WIDTH), 0)
     columns = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, _WIDTH), 1)
     return (rows == slot) & (columns == column)
-
-
-def added_at(vector: jax.Array, at: Any, amount: Any) -> jax.Array:
-    """`vector` with `amount` added at index `at`, as one elementwise select-add (see
-    above: no scatter, no copy of a vector still read)."""
-    here = lax.broadcasted_iota(jnp.int32, vector.shape, 0) == at
-    return vector + jnp.where(here, jnp.asarray(amount, vector.dtype), 0)

@@ -361,17 +361,14 @@ def _cond(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     carried = carried_buffers(ev, eqn, invals)
     before = machine.snapshot()
     init = machine.carry(carried)
-    entry, exits = machine.maybe_active, []
+    entry, exits = machine.maybe_active, list[bool]()
 
     def branch(closed: ClosedJaxpr) -> Callable[[Carry], LoopCarry]:
         def run(carry: Carry) -> LoopCarry:
             machine.reset(before)
-            machine.restore(carry, carried)
-            machine.maybe_active = entry
+            machine.enter(carry, carried, entry)
             outs = ev.run(closed.jaxpr, closed.consts, operands)
-            out = machine.carry(carried)
-            exits.append(machine.maybe_active)
-            return out, outs
+            return machine.leave(carried, exits), outs
         return run
 
     carry, outs = lax.switch(jnp.asarray(index, jnp.int32),
@@ -406,12 +403,9 @@ def _while(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     def trace(assumed: bool, exits: list[bool]) -> LoopCarry:
         def body(carry: LoopCarry) -> LoopCarry:
             machine.reset(before)
-            machine.restore(carry[0], carried)
-            machine.maybe_active = assumed
+            machine.enter(carry[0], carried, assumed)
             outs = ev.run(loop.body.jaxpr, loop.body.consts, [*body_consts, *carry[1]])
-            out = machine.carry(carried)
-            exits.append(machine.maybe_active)
-            return out, outs
+            return machine.leave(carried, exits), outs
         return lax.while_loop(cond, body, (start, list(init)))
 
     state, outs = machine.loop(trace)
@@ -435,13 +429,11 @@ def _scan(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     def trace(assumed: bool, exits: list[bool]) -> tuple[LoopCarry, Values]:
         def body(carry: LoopCarry, x: Values) -> tuple[LoopCarry, Values]:
             machine.reset(before)
-            machine.restore(carry[0], carried)
-            machine.maybe_active = assumed
+            machine.enter(carry[0], carried, assumed)
             outs = ev.run(loop.body.jaxpr, loop.body.consts, [*consts, *carry[1], *x])
             counted.append(machine.take_counted())  # (added once, times the trips)
-            out = machine.carry(carried)
-            exits.append(machine.maybe_active)
-            return (out, outs[:loop.num_carry]), outs[loop.num_carry:]
+            state = machine.leave(carried, exits)
+            return (state, outs[:loop.num_carry]), outs[loop.num_carry:]
         return lax.scan(body, (start, list(init)), list(xs), length=loop.length,
                         reverse=loop.reverse)
 
