@@ -12,9 +12,8 @@ import dataclasses
 import math
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from pallas_check.compiled.boxes import MAX_RANK, any_of, i32, outside
+from pallas_check.compiled.boxes import MAX_RANK, all_set, any_of, outside, put, take
 from pallas_check.compiled.dma import Dmas
 from pallas_check.compiled.refs import BufferInfo, Ref, SemInfo, Unsupported
 from pallas_check.compiled.verdict import Verdict
@@ -54,7 +53,7 @@ class Machine(Dmas):
             info, shadow = self.buffers.pop(), self.shadows.pop()
             self.values.pop()
             if info.scratch and shadow is not None:
-                self.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
+                self.flag(~all_set(shadow), Verdict.UNTOUCHED)
         alive = len(self.buffers)  # a DMA in flight to or from a buffer gone: never waited
         t = self.table
         if self.maybe_active:
@@ -70,24 +69,20 @@ class Machine(Dmas):
 
     def read(self, ref: Ref, check_written: bool = True) -> jax.Array:
         b = self._checked(ref, write=False)
-        starts = [i32(s) for s in ref.starts]
-        value = lax.dynamic_slice(self.values[b], starts, ref.sizes)
+        value = take(self.values[b], ref.starts, ref.sizes)
         shadow = self.shadows[b]
         if check_written and shadow is not None:
-            self.flag(~jnp.all(lax.dynamic_slice(shadow, starts, ref.sizes)),
-                      Verdict.UNINITIALIZED)
+            self.flag(~all_set(take(shadow, ref.starts, ref.sizes)), Verdict.UNINITIALIZED)
         return value.reshape(ref.shape)
 
     def write(self, ref: Ref, value: jax.Array) -> None:
         b = self._checked(ref, write=True)
-        starts = [i32(s) for s in ref.starts]
         info = self.buffers[b]
         value = jnp.asarray(value).astype(info.dtype).reshape(ref.sizes)
-        self.values[b] = lax.dynamic_update_slice(self.values[b], value, starts)
+        self.values[b] = put(self.values[b], value, ref.starts)
         shadow = self.shadows[b]
         if shadow is not None:
-            self.shadows[b] = lax.dynamic_update_slice(
-                shadow, jnp.ones(ref.sizes, bool), starts)
+            self.shadows[b] = put(shadow, jnp.ones(ref.sizes, bool), ref.starts)
 
     def _checked(self, ref: Ref, write: bool) -> int:
         if ref.sem:

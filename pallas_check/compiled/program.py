@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_check.compiled.boxes import all_set
 from pallas_check.compiled.eligibility import pipelined
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Ref, Unsupported
@@ -146,13 +147,13 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
     for b in range(first_scratch, len(machine.buffers)):
         shadow = machine.shadows[b]
         if shadow is not None:
-            machine.flag(~jnp.all(shadow), Verdict.UNTOUCHED)
+            machine.flag(~all_set(shadow), Verdict.UNTOUCHED)
     results = []
     for b, aval in zip(outputs, call.out_avals):
         valid = tuple(slice(0, n) for n in aval.shape)  # (a padded array's own part)
         shadow = machine.shadows[b]
         assert shadow is not None
-        machine.flag(~jnp.all(shadow[valid]), Verdict.UNWRITTEN_OUTPUT)
+        machine.flag(~all_set(shadow[valid]), Verdict.UNWRITTEN_OUTPUT)
         results.append(machine.values[b][valid])
     return results, machine.verdict, machine.coverage
 
