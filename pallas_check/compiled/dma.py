@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import Index, all_set, any_of, i32, outside, put, take
+from pallas_check.compiled.boxes import Index, any_of, i32, outside, put, take
 from pallas_check.compiled.refs import Carry, Ref, Unsupported
 from pallas_check.compiled.state import Started, State
 from pallas_check.compiled.table import DmaSite, Table
@@ -97,20 +97,14 @@ class Dmas(State):
         src_at = [src_start[d] for d in range(len(site.src_sizes))]
         dst_at = [dst_start[d] for d in range(len(site.dst_sizes))]
         value = take(self.values[site.src], src_at, site.src_sizes)
-        shadow = self.shadows[site.src]
-        if shadow is not None:
-            self.flag(this & ~all_set(take(shadow, src_at, site.src_sizes)),
+        if self.shadows[site.src] is not None:
+            self.flag(this & ~self.written_in(site.src, src_at, site.src_sizes),
                       Verdict.UNINITIALIZED)
         value = value.reshape(site.dst_sizes)
         if this is not True:
             value = jnp.where(this, value, take(self.values[site.dst], dst_at, site.dst_sizes))
         self.values[site.dst] = put(self.values[site.dst], value, dst_at)
-        dst_shadow = self.shadows[site.dst]
-        if dst_shadow is not None:
-            written: Any = jnp.ones(site.dst_sizes, bool)
-            if this is not True:
-                written = take(dst_shadow, dst_at, site.dst_sizes) | this
-            self.shadows[site.dst] = put(dst_shadow, written, dst_at)
+        self.mark_written(site.dst, dst_at, site.dst_sizes, this)
 
     def wait(self, sem: Ref, wanted: Index, decrement: bool = True) -> None:
         """A wait for `wanted` on semaphore cell `sem`: DMAs on it land (on_wait) until

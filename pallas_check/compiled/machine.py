@@ -26,8 +26,10 @@ class Machine(Dmas):
     # -- buffers and semaphores --------------------------------------------------------
 
     def add_buffer(self, info: BufferInfo, value: jax.Array | None = None,
-                   written: bool = False) -> int:
-        """A new buffer (`value`, or the never-written fill), numbered in order."""
+                   written: bool = False, whole_shadow: bool = False) -> int:
+        """A new buffer (`value`, or the never-written fill), numbered in order.
+        `whole_shadow`: its shadow may be one bool (a scratch buffer or an output block,
+        which the kernel mostly reads and writes whole; `State.written_in`)."""
         if len(info.shape) > MAX_RANK:
             raise Unsupported(f"a buffer of rank {len(info.shape)}")
         if value is None:
@@ -36,7 +38,9 @@ class Machine(Dmas):
         self.allocations += 1
         self.buffers.append(info)
         self.values.append(value)
-        self.shadows.append(jnp.full(info.shape, written) if info.tracked else None)
+        coarse = whole_shadow and info.serial not in self.layout.fine_shadows
+        self.shadows.append(jnp.full(() if coarse else info.shape, written)
+                            if info.tracked else None)
         return len(self.buffers) - 1
 
     def add_semaphores(self, name: str, shape: tuple[int, ...], counts_bytes: bool) -> int:
@@ -70,9 +74,8 @@ class Machine(Dmas):
     def read(self, ref: Ref, check_written: bool = True) -> jax.Array:
         b = self._checked(ref, write=False)
         value = take(self.values[b], ref.starts, ref.sizes)
-        shadow = self.shadows[b]
-        if check_written and shadow is not None:
-            self.flag(~all_set(take(shadow, ref.starts, ref.sizes)), Verdict.UNINITIALIZED)
+        if check_written and self.shadows[b] is not None:
+            self.flag(~self.written_in(b, ref.starts, ref.sizes), Verdict.UNINITIALIZED)
         return value.reshape(ref.shape)
 
     def write(self, ref: Ref, value: jax.Array) -> None:
@@ -80,9 +83,7 @@ class Machine(Dmas):
         info = self.buffers[b]
         value = jnp.asarray(value).astype(info.dtype).reshape(ref.sizes)
         self.values[b] = put(self.values[b], value, ref.starts)
-        shadow = self.shadows[b]
-        if shadow is not None:
-            self.shadows[b] = put(shadow, jnp.ones(ref.sizes, bool), ref.starts)
+        self.mark_written(b, ref.starts, ref.sizes)
 
     def _checked(self, ref: Ref, write: bool) -> int:
         if ref.sem:

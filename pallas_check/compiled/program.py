@@ -67,6 +67,11 @@ class _Operand:
     output: bool
 
 
+# Tracing passes after the first (each learns DMA sites or per-element shadows; the
+# first usually learns everything there is).
+_MAX_RETRACES = 3
+
+
 def build(params: CallParams, config: Config) -> Built:
     """The call compiled (raises `Unsupported` with the reason when it cannot be)."""
     call = describe(params)
@@ -82,9 +87,18 @@ def build(params: CallParams, config: Config) -> Built:
         return run
 
     traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
-    if layout.stale:  # a landing traced before a DMA site was met: again, knowing them all
-        layout.frozen, layout.landed = True, False
+    for _ in range(_MAX_RETRACES):
+        # Again where a pass learnt something the trace depends on: a landing traced
+        # before a DMA site was met (again, knowing them all), or a buffer kept with one
+        # bool for its shadow that the kernel accessed in part (again, per element).
+        if not (layout.stale or layout.refine):
+            break
+        if layout.stale:
+            layout.frozen, layout.landed = True, False
+        layout.stale = layout.refine = False
         traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
+    if layout.stale or layout.refine:
+        raise Unsupported("its trace did not settle (DMA sites or buffer shadows)")
     layout.frozen = True  # every DMA site met: a later trace (inline) is this one
     try:
         # Read back when another process compiled the same program (a test suite's
@@ -135,7 +149,8 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
         outputs += [hbm] if output else []
         block = machine.add_buffer(BufferInfo(name, spec.kernel_shape,
                                               np.dtype(spec.array_dtype),
-                                              output or padded, False))
+                                              output or padded, False),
+                                   whole_shadow=output)
         piped.append(_Operand(hbm, block, spec, output))
         refs.append(Ref.whole(block, spec.kernel_shape))
     first_scratch = len(machine.buffers)
@@ -301,5 +316,6 @@ def _write_back(machine: Machine, op: _Operand, index: jax.Array, when: jax.Arra
     machine.values[op.hbm] = lax.dynamic_update_slice(
         machine.values[op.hbm], jnp.where(when, block, here), starts)
     machine.shadows[op.hbm] = lax.dynamic_update_slice(
-        hbm_shadow, jnp.where(when, block_shadow.reshape(sizes), here_shadow),
+        hbm_shadow, jnp.where(when, jnp.broadcast_to(block_shadow, op.spec.kernel_shape)
+                              .reshape(sizes), here_shadow),
         starts)

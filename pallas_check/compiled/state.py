@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import (Index, any_of, boxes_meet, i32, meets, outside,
-                                          padded, plus, times)
+from pallas_check.compiled.boxes import (Index, all_set, any_of, boxes_meet, i32, meets,
+                                          outside, padded, plus, put, take, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
 from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
@@ -94,6 +94,12 @@ class Layout:
     # again, with all of them: `program.build`).
     landed: bool = False
     stale: bool = False
+    # The buffers (by allocation serial) whose written-shadow must be kept per element: a
+    # kernel accessed part of them. Any other scratch buffer or output block keeps one
+    # bool, whether it is all written (`State.written_in`); a pass that finds a part
+    # accessed adds the buffer here and sets `refine` (the call is traced again).
+    fine_shadows: set[int] = dataclasses.field(default_factory=set)
+    refine: bool = False
 
     def site(self, key: tuple[object, ...], make: DmaSite) -> int:
         found = self.site_ids.get(key)
@@ -299,6 +305,43 @@ class State:
                              & meets(t["src_start"], t["src_size"], start, size))
             hits.append(jnp.any(hit))
         return any_of(hits)
+
+    # -- written-shadows ----------------------------------------------------------------
+
+    def _coarse(self, b: int, sizes: Sequence[int]) -> bool:
+        """Whether buffer `b` keeps one bool for its shadow; a box of part of such a
+        buffer asks for a per-element shadow in the next pass (until then the one bool
+        answers for the box: at worst a verdict bit the engine's run clears)."""
+        shadow = self.shadows[b]
+        if shadow is None or shadow.ndim or not self.buffers[b].shape:
+            return False
+        if tuple(sizes) != tuple(self.buffers[b].shape):
+            self.layout.fine_shadows.add(self.buffers[b].serial)
+            self.layout.refine = True
+        return True
+
+    def written_in(self, b: int, starts: Sequence[Index], sizes: Sequence[int]) -> Any:
+        """Whether every element of a box of buffer `b` (one with a shadow) is written."""
+        shadow = self.shadows[b]
+        assert shadow is not None
+        if self._coarse(b, sizes):
+            return shadow
+        return all_set(take(shadow, starts, sizes))
+
+    def mark_written(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
+                     where: Any = True) -> None:
+        """A box of buffer `b` written (where `where`, a traced bool, holds)."""
+        shadow = self.shadows[b]
+        if shadow is None:
+            return
+        if self._coarse(b, sizes):
+            if tuple(sizes) == tuple(self.buffers[b].shape):
+                self.shadows[b] = jnp.bool_(True) if where is True else (shadow | where)
+            return
+        written: Any = jnp.ones(tuple(sizes), bool)
+        if where is not True:
+            written = take(shadow, starts, sizes) | where
+        self.shadows[b] = put(shadow, written, starts)
 
     # -- verdict and semaphores --------------------------------------------------------
 

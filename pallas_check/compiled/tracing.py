@@ -239,7 +239,7 @@ def allocate(machine: Machine, name: str, aval: Any) -> Ref:
     if dtype is None:
         raise Unsupported("an allocation with no element type")
     info = BufferInfo(name, shape, np.dtype(dtype), tracked=True, scratch=True)
-    return Ref.whole(machine.add_buffer(info), shape)
+    return Ref.whole(machine.add_buffer(info, whole_shadow=True), shape)
 
 
 @rule(prims.run_scoped_p)

@@ -277,3 +277,50 @@ def test_a_dma_in_flight_across_loop_trips_is_race_checked(racy):
     assert compiled.calls[0].tier == "engine"
     assert "race" in compiled.calls[0].tier_reason, compiled.calls[0].tier_reason
     assert "race" in [k for k, *_ in findings(engine)]
+
+
+def _halves(x_ref, o_ref, acc_ref, *, skip_second: bool, whole_output: bool):
+    """The scratch written in two halves, then read whole; the output written whole or
+    in two halves. Scratch and output blocks keep one bool for their shadow until a
+    pass sees part of them accessed (compiled/state.py, `written_in`)."""
+    acc_ref[0:4, :] = x_ref[0:4, :] * 2.0
+    if not skip_second:
+        acc_ref[4:8, :] = x_ref[4:8, :] + 1.0
+    if whole_output:
+        o_ref[...] = acc_ref[...]
+    else:
+        o_ref[0:4, :] = acc_ref[0:4, :]
+        o_ref[4:8, :] = acc_ref[4:8, :]
+
+
+def halves_call(skip_second: bool, whole_output: bool):
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        functools.partial(_halves, skip_second=skip_second, whole_output=whole_output),
+        grid=(3,), in_specs=[spec], out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct((24, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])
+
+
+@pytest.mark.parametrize("whole_output", [True, False])
+def test_a_buffer_written_in_parts_and_read_whole_stays_compiled(whole_output):
+    x = jax.random.normal(jax.random.key(5), (24, 128), jnp.float32)
+    got, session = checked(halves_call(False, whole_output), x, tier=Tier.COMPILED)
+    assert [c.tier for c in session.calls] == ["compiled"] and session.findings == []
+    want = np.asarray(x).reshape(3, 8, 128).copy()
+    want[:, :4] *= 2.0
+    want[:, 4:] += 1.0
+    np.testing.assert_array_equal(got, want.reshape(24, 128))
+
+
+def test_a_read_of_a_half_never_written_is_reported_as_under_tier_engine():
+    x = jnp.ones((24, 128), jnp.float32)
+    call = halves_call(True, True)
+    _, compiled = checked(call, x, tier=Tier.COMPILED)
+    _, engine = checked(call, x, tier=Tier.ENGINE)
+    assert compiled.calls[0].tier == "engine"
+    assert compiled.calls[0].tier_reason.startswith("the compiled run saw uninitialized")
+    assert findings(compiled) == findings(engine)
+    # The rows never written, read at `o_ref[...] = acc_ref[...]`.
+    assert [(k, b, r) for k, b, r, _ in findings(engine)] == [
+        ("uninitialized", "acc_ref", "((4, 8), (0, 128))")]
