@@ -67,12 +67,13 @@ class Dmas(State):
         self.started.append(Started(sem.buffer, sem.starts, cell, site_id, site, src, dst,
                                     landed=self.layout.eager))
 
-    def _land(self, slot: jax.Array, sem: int, go: Any = True) -> None:
+    def _land(self, slot: jax.Array, sem: int, go: Any = True, book: bool = True) -> Any:
         """The DMA in `slot` (one on semaphore array `sem`) moves its data and signals its
         semaphore, where `go` (a traced bool, or True) holds. Each live site of `sem`
         writes its copy where the slot's site is that site and leaves its box as it was
         elsewhere: straight-line code that XLA updates in place (a switch over the sites
-        copied the buffers it carried)."""
+        copied the buffers it carried). Returns where it landed (False: nowhere); with
+        `book` false the caller adds its bytes to the count and marks its row."""
         self.layout.landed = True
         t = self.table
         site_of = t["site"][slot]
@@ -85,11 +86,13 @@ class Dmas(State):
                                 src_start, dst_start)
                 moved = this if moved is False else (moved | this)
         if moved is False:  # no site could move it: nothing lands (the wait is unmet)
-            return
+            return False
         go = moved if go is True else (moved & go)
-        t = self.table
-        self.add_count(t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
-        self.table = t.set_where(slot, "landed", 1, go)
+        if book:
+            t = self.table
+            self.add_count(t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
+            self.table = t.set_where(slot, "landed", 1, go)
+        return go
 
     def _land_site(self, site: DmaSite, this: Any, src_start: Any, dst_start: Any) -> None:
         """One site's copy where `this` (a traced bool, or True); its starts a table
@@ -122,6 +125,9 @@ class Dmas(State):
         self.write_started()
         trips = (self.layout.trips(sem.buffer, int(wanted))
                  if isinstance(wanted, (int, np.integer)) else None)
+        if trips == 1 and int(wanted) > 0:
+            self._wait_one(cell, int(wanted), sem.buffer, decrement)
+            return
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
             self._land_until(cell, wanted, sem.buffer, trips)
@@ -130,6 +136,37 @@ class Dmas(State):
         if decrement:
             self.add_count(cell, -jnp.where(met, wanted, 0))
         self._retire(cell, wanted, trips)
+
+    def _wait_one(self, cell: jax.Array, wanted: int, sem: int, decrement: bool) -> None:
+        """A wait that one DMA covers (each DMA on its semaphore moves at least `wanted`
+        bytes): the newest DMA on the cell lands (on_wait) and retires, with one search
+        of the table and one write of its row and of the count. That is the general
+        wait's outcome whenever the newest DMA on the cell is still pending and the count
+        short of the wait; otherwise (a DMA landed before its wait, or a count already
+        covering it) what lands is the engine's to say: COUNT_AHEAD. Eager, every DMA
+        in the table has landed and the newest retires, as in the general wait."""
+        t = self.table
+        mine = t["active"] & (t["sem"] == cell)
+        slot = t.newest(mine)
+        has = mine[slot]
+        if self.layout.eager:
+            landed: Any = has
+            added: Any = 0
+        else:
+            before = t["landed"][slot]
+            short = self.counts[cell] < wanted
+            self.flag(has & (before | ~short), Verdict.COUNT_AHEAD)
+            landed = (self._land(slot, sem, has & short & ~before, book=False)
+                      if self.layout.sites else False)
+            added = jnp.where(landed, self.table["bytes"][slot], 0) if landed is not False \
+                else 0
+        met = self.counts[cell] + added >= wanted
+        self.flag(~met, Verdict.WAIT_UNMET)
+        taken = jnp.where(met, wanted, 0) if decrement else 0
+        if not (isinstance(added, int) and isinstance(taken, int) and added == taken == 0):
+            self.add_count(cell, added - taken)
+        if landed is not False:  # it retires (the wait's bytes, > 0, are left for it)
+            self.table = self.table.set_where(slot, "active", 0, landed)
 
     def _wait_paired(self, paired: Started, wanted: int, decrement: bool) -> None:
         """The wait of the DMA `paired`, the newest on its cell, whose bytes cover it: it

@@ -324,3 +324,52 @@ def test_a_read_of_a_half_never_written_is_reported_as_under_tier_engine():
     # The rows never written, read at `o_ref[...] = acc_ref[...]`.
     assert [(k, b, r) for k, b, r, _ in findings(engine)] == [
         ("uninitialized", "acc_ref", "((4, 8), (0, 128))")]
+
+
+def _halves_waited(flag_ref, x_hbm, o_ref, buf, sem, *, dmas: int):
+    """`dmas` DMAs of two slabs each on one semaphore, started in a branch (so they are
+    in the DMA table when waited), then waited one slab's bytes at a time."""
+    @pl.when(flag_ref[0] > 0)
+    def _():
+        for k in range(dmas):
+            pltpu.make_async_copy(x_hbm.at[2 * k:2 * k + 2], buf.at[2 * k:2 * k + 2],
+                                  sem).start()
+
+    for k in range(2 * dmas):
+        pltpu.make_async_copy(x_hbm.at[0], buf.at[0], sem).wait()
+    o_ref[...] = jnp.sum(buf[...], axis=0)
+
+
+def halves_waited_call(dmas: int):
+    return pl.pallas_call(
+        functools.partial(_halves_waited, dmas=dmas),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((2 * dmas, 8, 128), jnp.float32),
+                        pltpu.SemaphoreType.DMA])
+
+
+@pytest.mark.parametrize("mode", [DmaMode.ON_WAIT, DmaMode.EAGER])
+def test_waits_of_part_of_a_dma_in_the_table(mode):
+    """A wait that one DMA covers lands and retires the newest DMA on its cell with one
+    search of the table. One DMA waited in two halves: the first half lands and retires
+    it, the second finds the count left: it stays compiled. Two DMAs so waited: the
+    second wait finds its count met while the older DMA is still pending, which only
+    the engine's search says what to do with (COUNT_AHEAD, on_wait): the engine runs it,
+    and it is clean there too."""
+    flag = jnp.ones((1,), jnp.int32)
+    for dmas, stands in ((1, True), (2, mode is DmaMode.EAGER)):
+        x = jax.random.normal(jax.random.key(dmas), (2 * dmas, 8, 128), jnp.float32)
+        call = halves_waited_call(dmas)
+        got, compiled = checked(call, flag, x, tier=Tier.COMPILED, dma_mode=mode, races=True)
+        want, engine = checked(call, flag, x, tier=Tier.ENGINE, dma_mode=mode, races=True)
+        assert compiled.findings == engine.findings == []
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, np.asarray(x).sum(0), rtol=1e-6)
+        call_run = compiled.calls[0]
+        if stands:
+            assert call_run.tier == "compiled", call_run.tier_reason
+        else:
+            assert call_run.tier == "engine"
+            assert call_run.tier_reason == "the compiled run saw count-ahead"
