@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import (Index, all_set, any_of, boxes_meet, i32, meets,
-                                          outside, padded, plus, put, take, times)
+from pallas_check.compiled.boxes import (MAX_RANK, Index, all_set, any_of, boxes_meet, i32,
+                                          meets, outside, padded, plus, put, take, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
 from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
@@ -70,13 +70,15 @@ class Started:
             a is b or (isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer))
                        and int(a) == int(b)) for a, b in zip(sem.starts, self.sem_starts))
 
-    def row(self, clock: jax.Array) -> jax.Array:
-        """Its row of the table (table.py's columns)."""
-        return jnp.concatenate([
-            jnp.stack([i32(1), i32(int(self.landed)), i32(self.site_id), clock, self.cell,
-                       i32(self.site.nbytes), i32(self.src.buffer), i32(self.dst.buffer)]),
-            padded(self.src.starts, 0), padded(self.src.sizes, 1),
-            padded(self.dst.starts, 0), padded(self.dst.sizes, 1)])
+    def row(self, clock: jax.Array) -> list[Index]:
+        """Its row of the table (table.py's columns), a value per column: ints where the
+        trace knows them (`Table.started` makes one constant of those)."""
+        def pad(values: Sequence[Index], fill: int) -> list[Index]:
+            return list(values) + [fill] * (MAX_RANK - len(values))
+
+        return [1, int(self.landed), self.site_id, clock, self.cell, self.site.nbytes,
+                self.src.buffer, self.dst.buffer, *pad(self.src.starts, 0),
+                *pad(self.src.sizes, 1), *pad(self.dst.starts, 0), *pad(self.dst.sizes, 1)]
 
 
 @dataclasses.dataclass

@@ -8,7 +8,9 @@ whether it has landed, and an age (newest first is the order on_wait lands and r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -89,10 +91,20 @@ class Table:
         """The slot of the newest DMA among the rows `among` selects."""
         return jnp.argmax(jnp.where(among, self["age"], -1))
 
-    def started(self, slot: jax.Array, row: jax.Array) -> Table:
-        """A DMA in `slot` (its row), one tick older than the last."""
+    def started(self, slot: jax.Array, row: Sequence[Any]) -> Table:
+        """A DMA in `slot` (its row: a value per column, ints where known), one tick
+        older than the last. The row is a constant with the traced values selected in
+        by column, which XLA fuses into the one select that writes it (a concatenate
+        of the values was an operation of its own at every DMA start)."""
+        known = np.array([int(v) if isinstance(v, (int, np.integer)) else 0 for v in row],
+                         np.int32)
+        value: jax.Array = jnp.asarray(known)[None, :]
+        columns = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
+        for k, v in enumerate(row):
+            if not isinstance(v, (int, np.integer)):
+                value = jnp.where(columns == k, jnp.asarray(v, jnp.int32), value)
         here = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, 1), 0) == slot
-        return Table(jnp.where(here, row[None, :], self.rows), self.clock + 1)
+        return Table(jnp.where(here, value, self.rows), self.clock + 1)
 
 
 def _cell_mask(slot: jax.Array, column: int) -> jax.Array:
