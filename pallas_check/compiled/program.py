@@ -296,9 +296,10 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
     info = machine.buffers[op.block]
     block_shadow = machine.shadows[op.block]
     assert block_shadow is not None
-    machine.values[op.block] = jnp.where(
-        moved, jnp.full(info.shape, fill_value(info.dtype, machine.layout.fill), info.dtype),
-        machine.values[op.block])
+    if machine.layout.swaps_read:  # (else nothing reads the fill unchecked: Layout)
+        machine.values[op.block] = jnp.where(
+            moved, jnp.full(info.shape, fill_value(info.dtype, machine.layout.fill),
+                            info.dtype), machine.values[op.block])
     machine.shadows[op.block] = block_shadow & ~moved
     return _Tracking(index, tr.visited.at[idx].set(True))
 

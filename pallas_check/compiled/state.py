@@ -102,6 +102,16 @@ class Layout:
     # accessed adds the buffer here and sets `refine` (the call is traced again).
     fine_shadows: set[int] = dataclasses.field(default_factory=set)
     refine: bool = False
+    # Whether the kernel uses the old value a swap returns, which reads an element
+    # without the written check: an output block that moves is then refilled with the
+    # never-written fill, as the engine's is (otherwise no standing run can tell: a read
+    # of an element not written since is flagged, and so is its write-back).
+    swaps_read: bool = False
+
+    def swap_read(self) -> None:
+        """A swap whose old value the kernel uses (traced again, refilling blocks)."""
+        if not self.swaps_read:
+            self.swaps_read = self.refine = True
 
     def site(self, key: tuple[object, ...], make: DmaSite) -> int:
         found = self.site_ids.get(key)

@@ -114,8 +114,10 @@ def _get(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 @rule(prims.ref_swap_p)
 def _swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
-    old = (None if isinstance(eqn.outvars[0], DropVar)
-           else ev.machine.read(ref, check_written=False))
+    old = None
+    if not isinstance(eqn.outvars[0], DropVar):
+        ev.machine.layout.swap_read()
+        old = ev.machine.read(ref, check_written=False)
     ev.machine.write(ref, invals[1])
     return [old]
 
@@ -142,8 +144,10 @@ def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     if mask is not None:
         raise Unsupported("a masked store")
     view = resolve(ref, transforms)
-    old = (None if isinstance(eqn.outvars[0], DropVar)
-           else ev.machine.read(view, check_written=False))
+    old = None
+    if not isinstance(eqn.outvars[0], DropVar):
+        ev.machine.layout.swap_read()
+        old = ev.machine.read(view, check_written=False)
     ev.machine.write(view, value)
     return [old]
 

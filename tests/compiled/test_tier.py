@@ -373,3 +373,25 @@ def test_waits_of_part_of_a_dma_in_the_table(mode):
         else:
             assert call_run.tier == "engine"
             assert call_run.tier_reason == "the compiled run saw count-ahead"
+
+
+def _swap_old(x_ref, o_ref):
+    """The old value of the output block, as a swap returns it: never written in this
+    visit, so the never-written fill (NaN by default) at every grid step."""
+    old = o_ref.swap(x_ref[...])
+    o_ref[...] = x_ref[...] + jnp.where(jnp.isnan(old), 1.0, 2.0)
+
+
+def test_an_output_block_read_by_a_swap_is_refilled_when_it_moves():
+    """A moved output block is refilled with the never-written fill only where the
+    kernel uses a swap's old value (any other read of it is checked); here it does."""
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    call = pl.pallas_call(_swap_old, grid=(3,), in_specs=[spec], out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct((24, 128), jnp.float32))
+    x = jax.random.normal(jax.random.key(6), (24, 128), jnp.float32)
+    got, compiled = checked(call, x, tier=Tier.COMPILED)
+    want, engine = checked(call, x, tier=Tier.ENGINE)
+    assert [c.tier for c in compiled.calls] == ["compiled"]
+    assert findings(compiled) == findings(engine)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, np.asarray(x) + 1.0)
