@@ -156,10 +156,9 @@ class Dmas(State):
             before = t["landed"][slot]
             short = self.counts[cell] < wanted
             self.flag(has & (before | ~short), Verdict.COUNT_AHEAD)
-            landed = (self._land(slot, sem, has & short & ~before, book=False)
-                      if self.layout.sites else False)
-            added = jnp.where(landed, self.table["bytes"][slot], 0) if landed is not False \
-                else 0
+            # (one trip means a site signals `sem`: `Layout.trips`)
+            landed = self._land(slot, sem, has & short & ~before, book=False)
+            added = 0 if landed is False else jnp.where(landed, t["bytes"][slot], 0)
         met = self.counts[cell] + added >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         taken = jnp.where(met, wanted, 0) if decrement else 0
