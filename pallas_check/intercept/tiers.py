@@ -27,7 +27,7 @@ from pallas_check.compiled.program import Built, Compiled, build
 from pallas_check.compiled.verdict import describe as describe_verdict
 from pallas_check.config import Config, Tier
 from pallas_check.config.errors import TierRefused
-from pallas_check.engine.runtime.backend import engine_device
+from pallas_check.engine.runtime.backend import engine_device, lend_to_engine
 from pallas_check.intercept.call_filter import StructureKeys
 from pallas_check.jaxbridge.call import CallDescription, CallParams, describe
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
@@ -170,10 +170,9 @@ class Tiers:
         assert not isinstance(built, str)
         with jax.default_device(engine_device()):
             # Lent, not copied, where XLA's alignment allows (the operands are XLA's own
-            # buffers, read-only and valid for the call: intercept/hostcall.py); one
-            # batched put costs less than the executable's own put of each numpy array.
-            arrays = jax.device_put(list(operands), engine_device(), may_alias=True)
-            outputs, verdict, coverage = built.executable(*arrays)
+            # buffers, read-only and valid for the call: intercept/hostcall.py).
+            lent = lend_to_engine(operands)
+            outputs, verdict, coverage = built.executable(*lent)
             # (through numpy: `int()` of a jax.Array costs 50-100 us more)
             bits = int(np.asarray(verdict))
             covered = np.asarray(coverage)
