@@ -15,8 +15,10 @@ import threading
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 
 from pallas_check.jaxbridge import xla_client
+from pallas_check.jaxbridge.types import ShapedArray
 
 if TYPE_CHECKING:  # only for annotations
     import jax
@@ -54,10 +56,6 @@ def lend_to_engine(arrays: Sequence[np.ndarray]) -> list[jax.Array]:
     every run, and `jax.device_put`'s own dispatch (tree flattening, abstracting each
     value, sharding checks) costs 4-5x the puts themselves (paged attention's five
     operands: about 180 us against 45). The arrays lent must outlive what is made of them."""
-    from jax.sharding import SingleDeviceSharding
-
-    from pallas_check.jaxbridge.types import ShapedArray
-
     device = engine_device()
     sharding = _sharding_of(device, SingleDeviceSharding)
     put = xla_client().batched_device_put
