@@ -57,14 +57,13 @@ def lend_to_engine(arrays: Sequence[np.ndarray]) -> list[jax.Array]:
     value, sharding checks) costs 4-5x the puts themselves (paged attention's five
     operands: about 180 us against 45). The arrays lent must outlive what is made of them."""
     device = engine_device()
-    sharding = _sharding_of(device, SingleDeviceSharding)
+    sharding = _placement(device)
     put = xla_client().batched_device_put
     return [put(ShapedArray(array.shape, array.dtype), sharding, [array], [device], True)
             for array in arrays]
 
 
 @functools.cache
-def _sharding_of(device: jax.Device, kind: type) -> jax.sharding.Sharding:
-    """The one sharding that places an array on `device` (made once: its hash is cached)."""
-    sharding: jax.sharding.Sharding = kind(device)
-    return sharding
+def _placement(device: jax.Device) -> SingleDeviceSharding:
+    """The sharding that places an array on `device`, made once (it caches its hash)."""
+    return SingleDeviceSharding(device)
