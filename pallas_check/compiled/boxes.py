@@ -18,18 +18,26 @@ Index = Any
 MAX_RANK = 6
 
 
+# The arithmetic on traced indices and flags is `lax`'s, not `jax.numpy`'s operators: the
+# same operations, without numpy's type promotion at each (a call's trace makes
+# thousands; paged attention's build traced 30-40 % faster).
+
+
 def plus(a: Index, b: Index) -> Index:
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
         return int(a) + int(b)
-    return jnp.asarray(a, jnp.int32) + jnp.asarray(b, jnp.int32)
+    return lax.add(i32(a), i32(b))
 
 
 def i32(x: Index) -> jax.Array:
+    """`x` as an int32 scalar of the trace (a traced int32 as it is)."""
+    if isinstance(x, jax.Array) and x.dtype == np.int32:
+        return x
     return jnp.asarray(x, jnp.int32)
 
 
 def times(a: Index, k: int) -> Index:
-    return int(a) * k if isinstance(a, (int, np.integer)) else i32(a) * k
+    return int(a) * k if isinstance(a, (int, np.integer)) else lax.mul(i32(a), np.int32(k))
 
 
 def outside(start: Index, size: int, extent: int) -> Any:
@@ -37,7 +45,17 @@ def outside(start: Index, size: int, extent: int) -> Any:
     if isinstance(start, (int, np.integer)):
         return bool(start < 0 or start + size > extent)
     s = i32(start)
-    return (s < 0) | (s + size > extent)
+    return lax.bitwise_or(lax.lt(s, np.int32(0)),
+                          lax.gt(lax.add(s, np.int32(size)), np.int32(extent)))
+
+
+def either(a: Any, b: Any) -> Any:
+    """`a | b` of two flags or verdicts (traced arrays of one shape and type, or Python
+    values)."""
+    if (isinstance(a, jax.Array) and isinstance(b, jax.Array) and a.shape == b.shape
+            and a.dtype == b.dtype):
+        return lax.bitwise_or(a, b)
+    return a | b
 
 
 def any_of(conditions: Any) -> Any:
@@ -47,7 +65,7 @@ def any_of(conditions: Any) -> Any:
             if c:
                 return True
             continue
-        found = c if found is False else (found | c)
+        found = c if found is False else either(found, c)
     return found
 
 
@@ -61,33 +79,45 @@ def boxes_meet(a_starts: Sequence[Index], a_sizes: Sequence[int],
             if not (a < b + m and b < a + n):
                 return False
             continue
-        here = (i32(a) < i32(b) + m) & (i32(b) < i32(a) + n)
-        found = here if found is True else (found & here)
+        a32, b32 = i32(a), i32(b)
+        here = lax.bitwise_and(lax.lt(a32, lax.add(b32, np.int32(m))),
+                               lax.lt(b32, lax.add(a32, np.int32(n))))
+        found = here if found is True else lax.bitwise_and(found, here)
     return found
 
 
 def take(array: jax.Array, starts: Sequence[Index], sizes: Sequence[int]) -> jax.Array:
-    """The box of `array` at `starts` (a negative start counted from the end, then
-    clamped into the array, as `lax.dynamic_slice` does). The whole array is the array
-    itself and a static box a static slice: the compiled tier runs without XLA's
-    algebraic simplifier (engine/jaxpr/program.py), which is what would otherwise drop a
-    whole-array dynamic slice (flash attention: a copy of its block at each load)."""
+    """The box of `array` at `starts`, clamped into the array as XLA clamps (a box that
+    leaves it is flagged out-of-bounds where it is made, so its run does not stand: a
+    negative start is not counted from the end, which spares each traced start the
+    trace's test and select). The whole array is the array itself and a static box a
+    static slice: the compiled tier runs without XLA's algebraic simplifier
+    (engine/jaxpr/program.py), which is what would otherwise drop a whole-array dynamic
+    slice (flash attention: a copy of its block at each load)."""
     sizes = tuple(int(n) for n in sizes)
     if sizes == tuple(array.shape):
         return array
     if all(isinstance(s, (int, np.integer)) for s in starts):
-        at = [min(max(int(s) + (n if s < 0 else 0), 0), n - m)  # (as JAX: -1 is the last)
-              for s, n, m in zip(starts, array.shape, sizes)]
+        at = [min(max(int(s), 0), n - m) for s, n, m in zip(starts, array.shape, sizes)]
         return lax.slice(array, at, [a + m for a, m in zip(at, sizes)])
-    return lax.dynamic_slice(array, [i32(s) for s in starts], sizes)
+    return lax.dynamic_slice(array, [i32(s) for s in starts], sizes,
+                             allow_negative_indices=False)
 
 
 def put(array: jax.Array, value: jax.Array, starts: Sequence[Index]) -> jax.Array:
-    """`array` with the box at `starts` replaced by `value` (of the box's shape); a box
-    that is the whole array is `value` itself (see `take`)."""
+    """`array` with the box at `starts` replaced by `value` (of the box's shape), clamped
+    as `take` clamps; a box that is the whole array is `value` itself (see `take`)."""
     if tuple(value.shape) == tuple(array.shape):
         return value
-    return lax.dynamic_update_slice(array, value, [i32(s) for s in starts])
+    return lax.dynamic_update_slice(array, value, [i32(s) for s in starts],
+                                    allow_negative_indices=False)
+
+
+def at(array: jax.Array, slot: jax.Array) -> jax.Array:
+    """`array[slot]` along its first axis, for a traced slot known to lie in it (a table
+    slot): one dynamic slice, with no test for a negative index."""
+    return lax.dynamic_index_in_dim(array, slot, keepdims=False,
+                                    allow_negative_indices=False)
 
 
 def all_set(flags: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import Index, any_of, i32, outside, put, take
+from pallas_check.compiled.boxes import Index, any_of, at, i32, outside, put, take
 from pallas_check.compiled.refs import Carry, Ref, Unsupported
 from pallas_check.compiled.state import Started, State
 from pallas_check.compiled.table import DmaSite, Table
@@ -76,8 +76,8 @@ class Dmas(State):
         `book` false the caller adds its bytes to the count and marks its row."""
         self.layout.landed = True
         t = self.table
-        site_of = t["site"][slot]
-        src_start, dst_start = t["src_start"][slot], t["dst_start"][slot]
+        site_of = t.at(slot, "site")
+        src_start, dst_start = t.at(slot, "src_start"), t.at(slot, "dst_start")
         moved: Any = False  # whether a site this trace knows moved the slot's data
         for k, site in enumerate(self.layout.sites):
             if site.sem == sem and self.live(site):
@@ -90,7 +90,7 @@ class Dmas(State):
         go = moved if go is True else (moved & go)
         if book:
             t = self.table
-            self.add_count(t["sem"][slot], jnp.where(go, t["bytes"][slot], 0))
+            self.add_count(t.at(slot, "sem"), jnp.where(go, t.at(slot, "bytes"), 0))
             self.table = t.set_where(slot, "landed", 1, go)
         return go
 
@@ -131,7 +131,7 @@ class Dmas(State):
         wanted = i32(wanted)
         if not self.layout.eager and self.layout.sites:
             self._land_until(cell, wanted, sem.buffer, trips)
-        met = self.counts[cell] >= wanted
+        met = at(self.counts, cell) >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:
             self.add_count(cell, -jnp.where(met, wanted, 0))
@@ -148,18 +148,18 @@ class Dmas(State):
         t = self.table
         mine = t["active"] & (t["sem"] == cell)
         slot = t.newest(mine)
-        has = mine[slot]
+        has = at(mine, slot)
         if self.layout.eager:
             landed: Any = has
             added: Any = 0
         else:
-            before = t["landed"][slot]
-            short = self.counts[cell] < wanted
+            before = t.at(slot, "landed")
+            short = at(self.counts, cell) < wanted
             self.flag(has & (before | ~short), Verdict.COUNT_AHEAD)
             # (one trip means a site signals `sem`: `Layout.trips`)
             landed = self._land(slot, sem, has & short & ~before, book=False)
-            added = 0 if landed is False else jnp.where(landed, t["bytes"][slot], 0)
-        met = self.counts[cell] + added >= wanted
+            added = 0 if landed is False else jnp.where(landed, t.at(slot, "bytes"), 0)
+        met = at(self.counts, cell) + added >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         taken = jnp.where(met, wanted, 0) if decrement else 0
         if not (isinstance(added, int) and isinstance(taken, int) and added == taken == 0):
@@ -174,7 +174,7 @@ class Dmas(State):
             self.table = self.table.set(paired.slot, "active", 0)
         taken = wanted if decrement else 0
         if not paired.landed:
-            self.flag(self.counts[paired.cell] >= wanted, Verdict.COUNT_AHEAD)
+            self.flag(at(self.counts, paired.cell) >= wanted, Verdict.COUNT_AHEAD)
             self._land_site(paired.site, True, paired.src.starts, paired.dst.starts)
         counted = paired.landed and paired.slot is not None  # eager: added with its row
         added = (0 if counted else paired.site.nbytes) - taken
@@ -190,7 +190,7 @@ class Dmas(State):
             return t["active"] & ~t["landed"] & (t["sem"] == cell)
 
         def short(counts: jax.Array, t: Table) -> jax.Array:
-            return (counts[cell] < wanted) & jnp.any(pending(t))
+            return (at(counts, cell) < wanted) & jnp.any(pending(t))
 
         def land_newest(go: Any) -> None:
             self._land(self.table.newest(pending(self.table)), sem, go)
@@ -222,7 +222,7 @@ class Dmas(State):
 
         def retire_newest(left: jax.Array, t: Table, go: Any) -> tuple[jax.Array, Table]:
             slot = t.newest(landed(t))
-            return left - jnp.where(go, t["bytes"][slot], 0), t.set_where(slot, "active", 0, go)
+            return left - jnp.where(go, t.at(slot, "bytes"), 0), t.set_where(slot, "active", 0, go)
 
         if trips is not None and trips <= _UNROLLED_TRIPS:
             for _ in range(trips):
@@ -234,7 +234,7 @@ class Dmas(State):
     def count(self, sem: Ref) -> jax.Array:
         """A semaphore's count as the kernel reads it (eager DMAs' counts added)."""
         self.write_started(sem.buffer)
-        return self.counts[self.cell(sem)]
+        return at(self.counts, self.cell(sem))
 
     def signal(self, sem: Ref, amount: Index) -> None:
         """A signal. A DMA semaphore's count may only grow (a wait's newest-first landing

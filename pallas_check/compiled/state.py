@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import (MAX_RANK, Index, all_set, any_of, boxes_meet, i32,
-                                          meets, outside, padded, plus, put, take, times)
+from pallas_check.compiled.boxes import (MAX_RANK, Index, all_set, any_of, boxes_meet, either,
+                                          i32, meets, outside, padded, plus, put, take, times)
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, SemInfo, Unsupported
 from pallas_check.compiled.table import DmaSite, Table
 from pallas_check.compiled.verdict import Verdict
@@ -363,7 +363,8 @@ class State:
             if condition:
                 self.verdict = self.verdict | int(bit)
             return
-        self.verdict = self.verdict | jnp.where(condition, jnp.int32(int(bit)), 0)
+        raised = jnp.where(condition, jnp.int32(int(bit)), 0)
+        self.verdict = either(self.verdict, raised)
 
     def cell(self, ref: Ref) -> jax.Array:
         """The count index of the one semaphore `ref` selects."""

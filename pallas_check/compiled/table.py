@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import MAX_RANK
+from pallas_check.compiled.boxes import MAX_RANK, at
 
 # DMAs in flight at once; one more sets TABLE_FULL (the engine then runs the call).
 TABLE_SIZE = 32
@@ -67,10 +67,14 @@ class Table:
 
     def __getitem__(self, name: str) -> jax.Array:
         if name in _COLUMNS:
-            column = self.rows[:, _COLUMNS[name]]
-            return column.astype(bool) if name in ("active", "landed") else column
-        at = _BOXES[name]
-        return self.rows[:, at:at + MAX_RANK]
+            column = lax.index_in_dim(self.rows, _COLUMNS[name], axis=1, keepdims=False)
+            return lax.ne(column, np.int32(0)) if name in ("active", "landed") else column
+        start = _BOXES[name]
+        return lax.slice_in_dim(self.rows, start, start + MAX_RANK, axis=1)
+
+    def at(self, slot: jax.Array, name: str) -> jax.Array:
+        """The column's value in `slot` (a row of starts or sizes for a box column)."""
+        return at(self[name], slot)
 
     # Writes select over the whole (small) table rather than scatter into it: an
     # elementwise select is one fused loop that leaves the old table readable, where a
