@@ -116,8 +116,10 @@ def put(array: jax.Array, value: jax.Array, starts: Sequence[Index]) -> jax.Arra
 def at(array: jax.Array, slot: jax.Array) -> jax.Array:
     """`array[slot]` along its first axis, for a traced slot known to lie in it (a table
     slot): one dynamic slice, with no test for a negative index."""
-    return lax.dynamic_index_in_dim(array, slot, keepdims=False,
-                                    allow_negative_indices=False)
+    starts = [i32(slot)] + [np.int32(0)] * (array.ndim - 1)
+    row = lax.dynamic_slice(array, starts, (1, *array.shape[1:]),
+                            allow_negative_indices=False)
+    return lax.squeeze(row, (0,))
 
 
 def all_set(flags: jax.Array) -> jax.Array:

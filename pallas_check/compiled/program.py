@@ -278,7 +278,8 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
     index = jnp.clip(index, 0, counts - 1)
     changed = (t == 0) | jnp.any(index != tr.index)
     sizes = tuple(d.size for d in spec.dims)
-    starts = [index[d] * sizes[d] for d in range(len(sizes))]
+    starts = [lax.mul(lax.index_in_dim(index, d, keepdims=False), np.int32(sizes[d]))
+              for d in range(len(sizes))]
     if not op.output:
         fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes, allow_negative_indices=False)
         machine.values[op.block] = jnp.where(
@@ -307,7 +308,8 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
 def _write_back(machine: Machine, op: _Operand, index: jax.Array, when: jax.Array) -> None:
     """The output block goes to its place in HBM (where `when` holds)."""
     sizes = tuple(d.size for d in op.spec.dims)
-    starts = [jnp.maximum(index[d], 0) * sizes[d] for d in range(len(sizes))]
+    starts = [lax.mul(lax.max(lax.index_in_dim(index, d, keepdims=False), np.int32(0)),
+                      np.int32(sizes[d])) for d in range(len(sizes))]
     block = machine.values[op.block].reshape(sizes)
     block_shadow = machine.shadows[op.block]
     hbm_shadow = machine.shadows[op.hbm]

@@ -363,7 +363,10 @@ class State:
             if condition:
                 self.verdict = self.verdict | int(bit)
             return
-        raised = jnp.where(condition, jnp.int32(int(bit)), 0)
+        if isinstance(condition, jax.Array) and condition.shape == ():
+            raised = lax.select(condition, np.int32(int(bit)), np.int32(0))
+        else:
+            raised = jnp.where(condition, jnp.int32(int(bit)), 0)
         self.verdict = either(self.verdict, raised)
 
     def cell(self, ref: Ref) -> jax.Array:
@@ -379,6 +382,7 @@ class State:
             self.flag(outside(start, 1, size), Verdict.OUT_OF_BOUNDS)
             flat = plus(flat, times(start, stride))
             stride *= size
-        return jnp.clip(i32(flat), sem.base, sem.base + max(math.prod(sem.shape), 1) - 1)
+        last = sem.base + max(math.prod(sem.shape), 1) - 1
+        return lax.clamp(np.int32(sem.base), i32(flat), np.int32(last))
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import MAX_RANK, at
+from pallas_check.compiled.boxes import MAX_RANK, at, i32
 
 # DMAs in flight at once; one more sets TABLE_FULL (the engine then runs the call).
 TABLE_SIZE = 32
@@ -106,9 +106,14 @@ class Table:
         columns = lax.broadcasted_iota(jnp.int32, (1, _WIDTH), 1)
         for k, v in enumerate(row):
             if not isinstance(v, (int, np.integer)):
-                value = jnp.where(columns == k, jnp.asarray(v, jnp.int32), value)
-        here = lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, 1), 0) == slot
-        return Table(jnp.where(here, value, self.rows), self.clock + 1)
+                value = lax.select(lax.eq(columns, lax.full((1, _WIDTH), np.int32(k))),
+                                   lax.full((1, _WIDTH), i32(v)), value)
+        here = lax.eq(lax.broadcasted_iota(jnp.int32, (TABLE_SIZE, 1), 0),
+                      lax.full((TABLE_SIZE, 1), i32(slot)))
+        shape = (TABLE_SIZE, _WIDTH)
+        rows = lax.select(lax.broadcast_in_dim(here, shape, (0, 1)),
+                          lax.broadcast_in_dim(value, shape, (0, 1)), self.rows)
+        return Table(rows, lax.add(self.clock, np.int32(1)))
 
 
 def _cell_mask(slot: jax.Array, column: int) -> jax.Array:
