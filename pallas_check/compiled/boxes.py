@@ -19,8 +19,9 @@ MAX_RANK = 6
 
 
 # The arithmetic on traced indices and flags is `lax`'s, not `jax.numpy`'s operators: the
-# same operations, without numpy's type promotion at each (a call's trace makes
-# thousands; paged attention's build traced 30-40 % faster).
+# same operations, but each `jax.numpy` operator on a tracer is a jitted function of its
+# own (a trace-cache lookup, then its jaxpr inlined), and a call's build makes thousands
+# (paged attention's build: in 60 % of the time, benchmarks/README.md).
 
 
 def plus(a: Index, b: Index) -> Index:

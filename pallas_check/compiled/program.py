@@ -281,14 +281,16 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
     starts = [lax.mul(lax.index_in_dim(index, d, keepdims=False), np.int32(sizes[d]))
               for d in range(len(sizes))]
     if not op.output:
-        fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes, allow_negative_indices=False)
+        fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes,
+                                  allow_negative_indices=False)
         machine.values[op.block] = jnp.where(
             changed, fresh.reshape(spec.kernel_shape), machine.values[op.block])
         hbm_shadow, block_shadow = machine.shadows[op.hbm], machine.shadows[op.block]
         if hbm_shadow is not None and block_shadow is not None:  # padding: never written
+            fresh_shadow = lax.dynamic_slice(hbm_shadow, starts, sizes,
+                                             allow_negative_indices=False)
             machine.shadows[op.block] = jnp.where(
-                changed, lax.dynamic_slice(hbm_shadow, starts, sizes, allow_negative_indices=False).reshape(
-                    spec.kernel_shape), block_shadow)
+                changed, fresh_shadow.reshape(spec.kernel_shape), block_shadow)
         return _Tracking(index, tr.visited)
     moved = (t > 0) & jnp.any(index != tr.index)
     _write_back(machine, op, tr.index, moved)
@@ -314,7 +316,8 @@ def _write_back(machine: Machine, op: _Operand, index: jax.Array, when: jax.Arra
     block_shadow = machine.shadows[op.block]
     hbm_shadow = machine.shadows[op.hbm]
     assert block_shadow is not None and hbm_shadow is not None
-    here = lax.dynamic_slice(machine.values[op.hbm], starts, sizes, allow_negative_indices=False)
+    here = lax.dynamic_slice(machine.values[op.hbm], starts, sizes,
+                             allow_negative_indices=False)
     here_shadow = lax.dynamic_slice(hbm_shadow, starts, sizes, allow_negative_indices=False)
     machine.values[op.hbm] = lax.dynamic_update_slice(
         machine.values[op.hbm], jnp.where(when, block, here), starts,
