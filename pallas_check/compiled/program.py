@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_check.compiled.boxes import all_set
+from pallas_check.compiled.boxes import all_set, put, take
 from pallas_check.compiled.eligibility import pipelined
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Ref, Unsupported
@@ -278,23 +278,21 @@ def _pipeline_step(ev: Evaluator, op: _Operand, tr: _Tracking, t: jax.Array,
     index = jnp.clip(index, 0, counts - 1)
     changed = (t == 0) | jnp.any(index != tr.index)
     sizes = tuple(d.size for d in spec.dims)
-    starts = [lax.mul(lax.index_in_dim(index, d, keepdims=False), np.int32(sizes[d]))
-              for d in range(len(sizes))]
+    block_at = [lax.index_in_dim(index, d, keepdims=False) for d in range(len(sizes))]
+    starts = [lax.mul(i, np.int32(n)) for i, n in zip(block_at, sizes)]
     if not op.output:
-        fresh = lax.dynamic_slice(machine.values[op.hbm], starts, sizes,
-                                  allow_negative_indices=False)
+        fresh = take(machine.values[op.hbm], starts, sizes)
         machine.values[op.block] = jnp.where(
             changed, fresh.reshape(spec.kernel_shape), machine.values[op.block])
         hbm_shadow, block_shadow = machine.shadows[op.hbm], machine.shadows[op.block]
         if hbm_shadow is not None and block_shadow is not None:  # padding: never written
-            fresh_shadow = lax.dynamic_slice(hbm_shadow, starts, sizes,
-                                             allow_negative_indices=False)
             machine.shadows[op.block] = jnp.where(
-                changed, fresh_shadow.reshape(spec.kernel_shape), block_shadow)
+                changed, take(hbm_shadow, starts, sizes).reshape(spec.kernel_shape),
+                block_shadow)
         return _Tracking(index, tr.visited)
     moved = (t > 0) & jnp.any(index != tr.index)
     _write_back(machine, op, tr.index, moved)
-    idx = tuple(index[d] for d in range(len(sizes)))
+    idx = tuple(block_at)
     machine.flag(moved & tr.visited[idx], Verdict.REVISIT)
     info = machine.buffers[op.block]
     block_shadow = machine.shadows[op.block]
@@ -316,13 +314,9 @@ def _write_back(machine: Machine, op: _Operand, index: jax.Array, when: jax.Arra
     block_shadow = machine.shadows[op.block]
     hbm_shadow = machine.shadows[op.hbm]
     assert block_shadow is not None and hbm_shadow is not None
-    here = lax.dynamic_slice(machine.values[op.hbm], starts, sizes,
-                             allow_negative_indices=False)
-    here_shadow = lax.dynamic_slice(hbm_shadow, starts, sizes, allow_negative_indices=False)
-    machine.values[op.hbm] = lax.dynamic_update_slice(
-        machine.values[op.hbm], jnp.where(when, block, here), starts,
-        allow_negative_indices=False)
-    machine.shadows[op.hbm] = lax.dynamic_update_slice(
+    here = take(machine.values[op.hbm], starts, sizes)
+    here_shadow = take(hbm_shadow, starts, sizes)
+    machine.values[op.hbm] = put(machine.values[op.hbm], jnp.where(when, block, here), starts)
+    machine.shadows[op.hbm] = put(
         hbm_shadow, jnp.where(when, jnp.broadcast_to(block_shadow, op.spec.kernel_shape)
-                              .reshape(sizes), here_shadow),
-        starts, allow_negative_indices=False)
+                              .reshape(sizes), here_shadow), starts)
