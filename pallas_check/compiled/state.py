@@ -107,6 +107,11 @@ class Layout:
     # never-written fill, as the engine's is (otherwise no standing run can tell: a read
     # of an element not written since is flagged, and so is its write-back).
     swaps_read: bool = False
+    # Races on: the buffers (allocation serial, and whether for a write) an access was
+    # not compared with the DMA table for, because no known site had them as its
+    # destination (or, for a write, its source). A site met later that has one makes the
+    # trace stale.
+    unreached: set[tuple[int, bool]] = dataclasses.field(default_factory=set)
 
     def swap_read(self) -> None:
         """A swap whose old value the kernel uses (traced again, refilling blocks)."""
@@ -120,8 +125,21 @@ class Layout:
                 raise Unsupported("a DMA the first tracing pass did not meet")
             found = self.site_ids[key] = len(self.sites)
             self.sites.append(make)
-            self.stale = self.stale or self.landed
+            self.stale = (self.stale or self.landed or (make.dst_serial, False) in self.unreached
+                          or (make.dst_serial, True) in self.unreached
+                          or (make.src_serial, True) in self.unreached)
         return found
+
+    def reaches(self, serial: int, write: bool) -> bool:
+        """Whether a DMA site known has the buffer of allocation `serial` as its
+        destination (or, `write`, its source): else no DMA in flight can meet an access
+        of it. The answer is remembered (a site met later that has it makes the trace
+        stale)."""
+        if any(s.dst_serial == serial or (write and s.src_serial == serial)
+               for s in self.sites):
+            return True
+        self.unreached.add((serial, write))
+        return False
 
     def trips(self, sem: int, wanted: int) -> int | None:
         """How many DMAs on semaphore array `sem` a wait for `wanted` bytes can land or
@@ -153,6 +171,14 @@ class State:
         self.coverage = jnp.zeros((2,), jnp.int32)
         self.allocations = 0
         self.started: list[Started] = []
+        # Races on: the rows written into the table by the latest run of DMA starts (the
+        # table is `_appended_to` plus them, while it is `_appended_tip`): a race check
+        # compares an access with `_appended_to` and with these box against box, so that
+        # XLA does not fuse the chain of row writes into every check that reads the table
+        # (a check per DMA start: quadratic in a run of starts).
+        self._appended: list[Started] = []
+        self._appended_to: Table | None = None
+        self._appended_tip: Table | None = None
         # Whether the table may hold an active row here (false: no row was written on any
         # path to this point of the trace).
         self.maybe_active = False
@@ -270,9 +296,14 @@ class State:
                 if self.maybe_active:
                     self.flag(jnp.all(t["active"]), Verdict.TABLE_FULL)
                 slot = jnp.argmin(t["active"])
+                if t is not self._appended_tip:  # (changed otherwise since: a new run)
+                    self._appended_to = t if self.maybe_active else None
+                    self._appended = []
                 self.table = t.started(slot, started.row(t.clock))
                 self.started[k] = dataclasses.replace(started, slot=slot)
                 self.maybe_active = True
+                self._appended.append(self.started[k])
+                self._appended_tip = self.table
 
     def forget(self, sem: int | None = None) -> None:
         """The started DMAs on semaphore array `sem` (or all) are no longer known to be
@@ -299,16 +330,21 @@ class State:
                            write: bool) -> Any:
         """Whether a box of buffer `b` meets a DMA in flight: its destination (any
         access), or its source (a write). The stretch's own DMAs are compared box
-        against box (nothing to compute for another buffer's); the table is read only
-        when it may hold a row. A traced bool, or a Python one."""
+        against box (nothing to compute for another buffer's), and so are the rows the
+        latest run of starts wrote, the table compared as it was before them; the table is
+        read only when it may hold a row and some DMA site can move the buffer (a
+        scalar-prefetch ref, a block no DMA touches: nothing to compare). A traced bool,
+        or a Python one."""
         hits: list[Any] = []
-        for started in self.started:
-            if started.slot is None:  # (a row's DMA is the table's to compare)
-                for ref in (started.dst, started.src) if write else (started.dst,):
-                    if ref.buffer == b:
-                        hits.append(boxes_meet(ref.starts, ref.sizes, starts, sizes))
-        if self.maybe_active:
-            t = self.table
+        t: Table | None = self.table if self.maybe_active else None
+        own = [s for s in self.started if s.slot is None]  # (a row's is the table's)
+        if self.table is self._appended_tip:
+            t, own = self._appended_to, own + self._appended
+        for started in own:
+            for ref in (started.dst, started.src) if write else (started.dst,):
+                if ref.buffer == b:
+                    hits.append(boxes_meet(ref.starts, ref.sizes, starts, sizes))
+        if t is not None and self.layout.reaches(self.buffers[b].serial, write):
             start, size = padded(starts, 0), padded(sizes, 1)
             hit = t["active"] & (t["dst_buf"] == b) & meets(t["dst_start"], t["dst_size"],
                                                              start, size)

@@ -395,3 +395,63 @@ def test_an_output_block_read_by_a_swap_is_refilled_when_it_moves():
     assert findings(compiled) == findings(engine)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, np.asarray(x) + 1.0)
+
+
+def _slices_in_flight(x_hbm, dst_ref, o_ref, side, acc, sem, side_sem, *, racy: bool):
+    """Trip i starts the DMA of slab i into slab i of `dst_ref` (an input block, whose
+    written-shadow is per element from the start); all are waited after the loop. A DMA
+    on another semaphore is in flight across the loop, so the loop's body is traced once,
+    knowing the table may hold a row. `racy` reads slab i-1 while the DMA the previous
+    trip started into it is in flight: that read is traced before the trace meets any
+    DMA into `dst_ref`. The clean loop reads and writes `acc`, which no DMA moves (its
+    accesses are compared with nothing)."""
+    steps = x_hbm.shape[0]
+    side_copy = pltpu.make_async_copy(x_hbm.at[0], side, side_sem)
+    side_copy.start()
+    acc[...] = jnp.zeros_like(acc)
+
+    def trip(i, total):
+        if racy:
+            total = total + dst_ref[jnp.maximum(i - 1, 0)]
+        else:
+            acc[...] += 1.0
+        pltpu.make_async_copy(x_hbm.at[i], dst_ref.at[i], sem).start()
+        return total
+
+    total = jax.lax.fori_loop(0, steps, trip, jnp.zeros(o_ref.shape, o_ref.dtype))
+    for i in range(steps):
+        pltpu.make_async_copy(x_hbm.at[i], dst_ref.at[i], sem).wait()
+    side_copy.wait()
+    o_ref[...] = total + jnp.sum(dst_ref[...], axis=0) + acc[...] + side[...]
+
+
+@pytest.mark.parametrize("racy", [False, True])
+def test_an_access_traced_before_the_first_dma_into_its_buffer_is_race_checked(racy):
+    """An access is compared with the DMA table only where some DMA site the trace knows
+    moves its buffer; a site met later that does makes the trace stale, and the call is
+    traced again knowing it (here nothing else would trace it again): the racy read is
+    then checked (the engine reports the race) and the clean loop, whose accesses no DMA
+    can meet, stands compiled."""
+    steps = 4
+    call = pl.pallas_call(
+        functools.partial(_slices_in_flight, racy=racy),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.VMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.VMEM((8, 128), jnp.float32),
+                        pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    x = jax.random.normal(jax.random.key(7), (steps, 8, 128), jnp.float32)
+    zeros = jnp.zeros_like(x)
+    got, compiled = checked(call, x, zeros, tier=Tier.COMPILED, races=True)
+    want, engine = checked(call, x, zeros, tier=Tier.ENGINE, races=True)
+    assert findings(compiled) == findings(engine)
+    if not racy:
+        assert [c.tier for c in compiled.calls] == ["compiled"] and engine.findings == []
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, np.asarray(x).sum(0) + steps + np.asarray(x)[0],
+                                   rtol=1e-5)
+        return
+    assert compiled.calls[0].tier == "engine"
+    assert "race" in compiled.calls[0].tier_reason, compiled.calls[0].tier_reason
+    assert [k for k, *_ in findings(engine)] == ["race"]
+
