@@ -26,7 +26,7 @@ from pallas_check.jaxbridge import primitives as prims
 from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
                                              semaphore_dtype)
 from pallas_check.jaxbridge.types import (Atom, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
-                                          TransformedRef)
+                                          TransformedRef, Var)
 
 # Primitives of the TPU's own that the compiled tier leaves to the engine, by name
 # (in nested jaxprs too): prints and checks, other devices and cores, PRNG, SparseCore.
@@ -57,6 +57,9 @@ class Evaluator:
 
     def __init__(self, machine: Machine, point: Sequence[Index], grid: Sequence[int]) -> None:
         self.machine, self.point, self.grid = machine, list(point), list(grid)
+        # The variables nothing reads in the jaxpr whose equation is being evaluated (a
+        # swap's old value there is not read: `_swap`).
+        self.unread: frozenset[Var] = frozenset()
 
     def run(self, jaxpr: Jaxpr, consts: Sequence[object], args: Sequence[object]) -> Values:
         env: dict[Any, Any] = {}
@@ -66,8 +69,10 @@ class Evaluator:
 
         env.update(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
+        unread = _unread(jaxpr)
         for eqn in jaxpr.eqns:
             invals = [read(v) for v in eqn.invars]
+            self.unread = unread  # (again at each equation: a nested jaxpr's run sets it)
             found = RULES.get(eqn.primitive)
             outs = found(self, eqn, invals) if found is not None else self._pure(eqn, invals)
             for var, value in zip(eqn.outvars, outs):
@@ -83,6 +88,16 @@ class Evaluator:
             raise Unsupported(f"`{name}` on a ref")
         out = eqn.primitive.bind(*invals, **eqn_params.bind_params(eqn))
         return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _unread(jaxpr: Jaxpr) -> frozenset[Var]:
+    """The variables an equation of `jaxpr` defines that no equation and no output
+    reads: a jaxpr as traced keeps them (a `ref[...] += x` in a loop body is a swap whose
+    old value is a named variable nothing uses)."""
+    read = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, Var)}
+    read.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    return frozenset(v for eqn in jaxpr.eqns for v in eqn.outvars
+                     if not isinstance(v, DropVar) and v not in read)
 
 
 def resolve(ref: Any, transforms: Sequence[Any] = ()) -> Ref:
@@ -115,11 +130,21 @@ def _get(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 def _swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     ref = resolve(invals[0], eqn_params.operand_tree(eqn).unflatten(invals[2:]))
     old = None
-    if not isinstance(eqn.outvars[0], DropVar):
+    if not isinstance(eqn.outvars[0], DropVar) and eqn.outvars[0] not in ev.unread:
         ev.machine.layout.swap_read()
         old = ev.machine.read(ref, check_written=False)
+    elif ev.machine.layout.races:
+        _count_old_read(ev)
     ev.machine.write(ref, invals[1])
     return [old]
+
+
+def _count_old_read(ev: Evaluator) -> None:
+    """A swap whose old value nothing reads: its read is counted as checked, as the
+    engine counts a swap (a read and a write), but not made: the write's race check
+    covers it (a box a DMA moves into meets both), and reading would make the trace keep
+    the never-written fill for it (`Layout.swap_read`)."""
+    ev.machine.note_checked(1)
 
 
 @rule(prims.ref_addupdate_p)
@@ -145,9 +170,11 @@ def _masked_swap(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
         raise Unsupported("a masked store")
     view = resolve(ref, transforms)
     old = None
-    if not isinstance(eqn.outvars[0], DropVar):
+    if not isinstance(eqn.outvars[0], DropVar) and eqn.outvars[0] not in ev.unread:
         ev.machine.layout.swap_read()
         old = ev.machine.read(view, check_written=False)
+    elif ev.machine.layout.races:
+        _count_old_read(ev)
     ev.machine.write(view, value)
     return [old]
 

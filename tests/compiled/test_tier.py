@@ -455,3 +455,38 @@ def test_an_access_traced_before_the_first_dma_into_its_buffer_is_race_checked(r
     assert "race" in compiled.calls[0].tier_reason, compiled.calls[0].tier_reason
     assert [k for k, *_ in findings(engine)] == ["race"]
 
+
+@pytest.mark.parametrize("kernel", ["slices", "reduce"])
+def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monkeypatch):
+    """A store whose old value nothing reads (`ref[...] += x` in a loop or branch body
+    keeps that value as a named variable) does not read it, so no second tracing pass
+    refills output blocks; a grid of one step is straight-line code, traced once though
+    it leaves DMA rows in the table. Each grid step traced is one grid point made."""
+    from pallas_check.compiled import program
+
+    made = []
+    grid_point = program._grid_point
+    monkeypatch.setattr(program, "_grid_point",
+                        lambda flat, grid: made.append(grid) or grid_point(flat, grid))
+    if kernel == "slices":
+        steps = 4
+        call = pl.pallas_call(
+            functools.partial(_slices_in_flight, racy=False),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY),
+                      pl.BlockSpec(memory_space=pltpu.VMEM)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32),
+                            pltpu.VMEM((8, 128), jnp.float32),
+                            pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+        x = jax.random.normal(jax.random.key(8), (steps, 8, 128), jnp.float32)
+        args = (x, jnp.zeros_like(x))
+    else:
+        call = reduce_call(32, 4)
+        x = jax.random.normal(jax.random.key(9), (32, 512), jnp.float32)
+        args = (x, x)
+    got, compiled = checked(call, *args, tier=Tier.COMPILED, races=True)
+    assert [c.tier for c in compiled.calls] == ["compiled"]
+    assert len(made) == 1, made
+    want, _ = checked(call, *args, tier=Tier.ENGINE, races=True)
+    np.testing.assert_array_equal(got, want)
