@@ -74,7 +74,7 @@ class Dmas(State):
         elsewhere: straight-line code that XLA updates in place (a switch over the sites
         copied the buffers it carried). Returns where it landed (False: nowhere); with
         `book` false the caller adds its bytes to the count and marks its row."""
-        self.layout.landed = True
+        self.layout.lands_on(sem)
         t = self.table
         site_of = t.at(slot, "site")
         src_start, dst_start = t.at(slot, "src_start"), t.at(slot, "dst_start")
@@ -129,6 +129,7 @@ class Dmas(State):
             self._wait_one(cell, int(wanted), sem.buffer, decrement)
             return
         wanted = i32(wanted)
+        self.layout.lands_on(sem.buffer)  # (as the sites on it are known: maybe none)
         if not self.layout.eager and self.layout.sites:
             self._land_until(cell, wanted, sem.buffer, trips)
         met = at(self.counts, cell) >= wanted

@@ -94,7 +94,7 @@ def build(params: CallParams, config: Config) -> Built:
         if not (layout.stale or layout.refine):
             break
         if layout.stale:
-            layout.frozen, layout.landed = True, False
+            layout.frozen = True
         layout.stale = layout.refine = False
         traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
     if layout.stale or layout.refine:

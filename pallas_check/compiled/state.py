@@ -92,10 +92,15 @@ class Layout:
     sites: list[DmaSite] = dataclasses.field(default_factory=list)
     site_ids: dict[tuple[object, ...], int] = dataclasses.field(default_factory=dict)
     frozen: bool = False
-    # Whether a landing was traced before every site was known (the trace is then traced
-    # again, with all of them: `program.build`).
-    landed: bool = False
+    # Whether the trace took something from the sites that a site met later changes (it
+    # is then traced again, with all of them: `program.build`; see `_changes`).
     stale: bool = False
+    # What the trace took from the sites known when it was traced: the semaphore arrays a
+    # wait landed DMAs on or counted its trips for (a landing writes the copy of each
+    # site on its semaphore), and the buffers (allocation serials) a loop or branch that
+    # may land DMAs carried (a landing into another buffer would be lost at its end).
+    landed_on: set[int] = dataclasses.field(default_factory=set)
+    carried: set[frozenset[int]] = dataclasses.field(default_factory=set)
     # The buffers (by allocation serial) whose written-shadow must be kept per element: a
     # kernel accessed part of them. Any other scratch buffer or output block keeps one
     # bool, whether it is all written (`State.written_in`); a pass that finds a part
@@ -109,8 +114,7 @@ class Layout:
     swaps_read: bool = False
     # Races on: the buffers (allocation serial, and whether for a write) an access was
     # not compared with the DMA table for, because no known site had them as its
-    # destination (or, for a write, its source). A site met later that has one makes the
-    # trace stale.
+    # destination (or, for a write, its source).
     unreached: set[tuple[int, bool]] = dataclasses.field(default_factory=set)
 
     def swap_read(self) -> None:
@@ -125,10 +129,20 @@ class Layout:
                 raise Unsupported("a DMA the first tracing pass did not meet")
             found = self.site_ids[key] = len(self.sites)
             self.sites.append(make)
-            self.stale = (self.stale or self.landed or (make.dst_serial, False) in self.unreached
-                          or (make.dst_serial, True) in self.unreached
-                          or (make.src_serial, True) in self.unreached)
+            self.stale = self.stale or self._changes(make)
         return found
+
+    def _changes(self, site: DmaSite) -> bool:
+        """Whether a site met now changes what the trace took from the sites before it."""
+        return (site.sem in self.landed_on
+                or any(site.dst_serial not in serials for serials in self.carried)
+                or (site.dst_serial, False) in self.unreached
+                or (site.dst_serial, True) in self.unreached
+                or (site.src_serial, True) in self.unreached)
+
+    def lands_on(self, sem: int) -> None:
+        """A wait on semaphore array `sem` traced as the sites on it are known."""
+        self.landed_on.add(sem)
 
     def reaches(self, serial: int, write: bool) -> bool:
         """Whether a DMA site known has the buffer of allocation `serial` as its
@@ -148,7 +162,7 @@ class Layout:
         no site signals `sem`. The answer depends on the sites known, so a site met
         later makes the trace stale, as a landing does."""
         smallest = min((s.nbytes for s in self.sites if s.sem == sem), default=0)
-        self.landed = True
+        self.lands_on(sem)
         if smallest <= 0:
             return None
         return max(1, -(-wanted // smallest))
@@ -319,12 +333,16 @@ class State:
                 and self.buffers[site.src].serial == site.src_serial
                 and self.buffers[site.dst].serial == site.dst_serial)
 
-    def landing_targets(self) -> set[int]:
-        """The buffers a wait may land a DMA in (on_wait: any started DMA's)."""
+    def landing_targets(self, carried_with: set[int] | frozenset[int] = frozenset()
+                        ) -> set[int]:
+        """The buffers a wait may land a DMA in (on_wait: any started DMA's), which a loop
+        or branch that may land DMAs carries, with `carried_with`."""
         if self.layout.eager:
             return set()
-        self.layout.landed = True
-        return {site.dst for site in self.layout.sites if self.live(site)}
+        found = {site.dst for site in self.layout.sites if self.live(site)}
+        self.layout.carried.add(frozenset(self.buffers[b].serial
+                                          for b in found | set(carried_with)))
+        return found
 
     def overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],
                            write: bool) -> Any:

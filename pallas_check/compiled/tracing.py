@@ -372,13 +372,15 @@ def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> list[int]:
     """The buffers a loop or branch may write: its written refs' and, when it waits,
     every buffer a DMA may land in."""
     positions, lands = _eqn_writes(eqn)
-    found = ev.machine.landing_targets() if lands else set()
+    found: set[int] = set()
     for k in positions:
         value = invals[k]
         while isinstance(value, TransformedRef):
             value = value.ref
         if isinstance(value, Ref) and not value.sem:
             found.add(value.buffer)
+    if lands:
+        found |= ev.machine.landing_targets(found)
     return sorted(found)
 
 

@@ -456,12 +456,14 @@ def test_an_access_traced_before_the_first_dma_into_its_buffer_is_race_checked(r
     assert [k for k, *_ in findings(engine)] == ["race"]
 
 
-@pytest.mark.parametrize("kernel", ["slices", "reduce"])
+@pytest.mark.parametrize("kernel", ["slices", "reduce", "dma"])
 def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monkeypatch):
     """A store whose old value nothing reads (`ref[...] += x` in a loop or branch body
     keeps that value as a named variable) does not read it, so no second tracing pass
     refills output blocks; a grid of one step is straight-line code, traced once though
-    it leaves DMA rows in the table. Each grid step traced is one grid point made."""
+    it leaves DMA rows in the table; a loop whose waits may land DMAs carries the buffers
+    its own DMA starts write, so a site met in its body changes nothing the trace took
+    (the DMA loop). Each grid step traced is one grid point made."""
     from pallas_check.compiled import program
 
     made = []
@@ -481,10 +483,13 @@ def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monk
                             pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
         x = jax.random.normal(jax.random.key(8), (steps, 8, 128), jnp.float32)
         args = (x, jnp.zeros_like(x))
-    else:
+    elif kernel == "reduce":
         call = reduce_call(32, 4)
         x = jax.random.normal(jax.random.key(9), (32, 512), jnp.float32)
         args = (x, x)
+    else:
+        call = dma_call(6, 2)
+        args = (jax.random.normal(jax.random.key(10), (6, 8, 128), jnp.float32),)
     got, compiled = checked(call, *args, tier=Tier.COMPILED, races=True)
     assert [c.tier for c in compiled.calls] == ["compiled"]
     assert len(made) == 1, made
