@@ -33,7 +33,7 @@ from pallas_check.compiled.eligibility import pipelined
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Ref, Unsupported
 from pallas_check.compiled.state import Layout
-from pallas_check.compiled.tracing import Evaluator, allocate
+from pallas_check.compiled.tracing import Evaluator, accessed_in_part, allocate
 from pallas_check.compiled.verdict import Verdict
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
@@ -76,7 +76,7 @@ def build(params: CallParams, config: Config) -> Built:
     """The call compiled (raises `Unsupported` with the reason when it cannot be)."""
     call = describe(params)
     layout = Layout(races=bool(config.races), eager=config.dma_mode == DmaMode.EAGER,
-                    fill=config.uninit.value)
+                    fill=config.uninit.value, accessed_in_part=accessed_in_part(call.kernel))
     avals = [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in _operand_avals(call)]
 
     def function() -> Compiled:
@@ -147,16 +147,18 @@ def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
         hbm = _pipelined_array(machine, name, spec, None if output else
                                operands[call.num_scalars + j])
         outputs += [hbm] if output else []
+        var = call.kernel.invars[call.num_scalars + j]
         block = machine.add_buffer(BufferInfo(name, spec.kernel_shape,
                                               np.dtype(spec.array_dtype),
                                               output or padded, False),
-                                   whole_shadow=output)
+                                   whole_shadow=output
+                                   and var not in machine.layout.accessed_in_part)
         piped.append(_Operand(hbm, block, spec, output))
         refs.append(Ref.whole(block, spec.kernel_shape))
     first_scratch = len(machine.buffers)
     for k, aval in enumerate(call.scratch):
         refs.append(allocate(machine, names[len(refs)] if len(refs) < len(names)
-                             else f"scratch{k}", aval))
+                             else f"scratch{k}", aval, call.kernel.invars[len(refs)]))
     _grid_loop(call, machine, refs, scalars, piped)
     machine.finish()
     for b in range(first_scratch, len(machine.buffers)):

@@ -107,6 +107,10 @@ class Layout:
     # accessed adds the buffer here and sets `refine` (the call is traced again).
     fine_shadows: set[int] = dataclasses.field(default_factory=set)
     refine: bool = False
+    # The kernel's ref variables some access covers only in part (found before tracing:
+    # `tracing.accessed_in_part`): their scratch buffers and output blocks start with a
+    # shadow per element.
+    accessed_in_part: frozenset[Any] = frozenset()
     # Whether the kernel uses the old value a swap returns, which reads an element
     # without the written check: an output block that moves is then refilled with the
     # never-written fill, as the engine's is (otherwise no standing run can tell: a read

@@ -257,8 +257,9 @@ def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 
 # -- scoped allocations --------------------------------------------------------------------
 
-def allocate(machine: Machine, name: str, aval: Any) -> Ref:
-    """A new buffer or semaphore array for a ref aval (scratch, run_scoped)."""
+def allocate(machine: Machine, name: str, aval: Any, var: Any = None) -> Ref:
+    """A new buffer or semaphore array for a ref aval (scratch, run_scoped), allocated for
+    the kernel's variable `var`."""
     inner = getattr(aval, "inner_aval", aval)
     shape = tuple(int(n) for n in inner.shape)
     dtype = getattr(inner, "dtype", None)
@@ -270,7 +271,8 @@ def allocate(machine: Machine, name: str, aval: Any) -> Ref:
     if dtype is None:
         raise Unsupported("an allocation with no element type")
     info = BufferInfo(name, shape, np.dtype(dtype), tracked=True, scratch=True)
-    return Ref.whole(machine.add_buffer(info, whole_shadow=True), shape)
+    whole = var not in machine.layout.accessed_in_part
+    return Ref.whole(machine.add_buffer(info, whole_shadow=whole), shape)
 
 
 @rule(prims.run_scoped_p)
@@ -278,7 +280,7 @@ def _run_scoped(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     body: Jaxpr = eqn_params.body(eqn)
     machine = ev.machine
     buffers, sems = len(machine.buffers), len(machine.semaphores)
-    refs = [allocate(machine, f"scoped{k}", v.aval) for k, v in enumerate(body.invars)]
+    refs = [allocate(machine, f"scoped{k}", v.aval, v) for k, v in enumerate(body.invars)]
     outs = ev.run(body, invals[len(invals) - len(body.constvars):], refs)
     machine.free(len(machine.buffers) - buffers, len(machine.semaphores) - sems)
     return outs
@@ -303,6 +305,74 @@ def _closed_call(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 
 for _custom in prims.custom_call_primitives:
     RULES[_custom] = lambda ev, eqn, invals: _inline(ev, eqn_params.primal_jaxpr(eqn), invals)
+
+
+def accessed_in_part(jaxpr: Jaxpr) -> frozenset[Var]:
+    """The ref variables of `jaxpr` (and the refs allocated in jaxprs nested in it) that
+    a load, a store or a DMA covers only in part. A scratch buffer or output block kept
+    with one bool for its written-shadow would ask for a tracing pass again, per element,
+    once such an access is met (`State.written_in`); these start per element."""
+    found: set[Var] = set()
+    for eqn in jaxpr.eqns:
+        for ref, transforms in _ref_accesses(eqn):
+            if isinstance(ref, Var) and _in_part(ref, transforms):
+                found.add(ref)
+        if eqn.primitive is prims.run_scoped_p:
+            body: Jaxpr = eqn_params.body(eqn)
+            inner = accessed_in_part(body)
+            found |= inner  # (its allocations, by their own variables)
+            offset = len(eqn.invars) - len(body.constvars)
+            found.update(v for k, c in enumerate(body.constvars)
+                         if c in inner and isinstance(v := eqn.invars[offset + k], Var))
+            continue
+        for nested, outer in eqn_params.nested_with_operands(eqn):
+            inner = accessed_in_part(nested)
+            found |= inner
+            found.update(atom for var, atom in zip(nested.invars, outer)
+                         if var in inner and isinstance(atom, Var))
+    return frozenset(found)
+
+
+def _ref_accesses(eqn: JaxprEqn) -> list[tuple[Any, Any]]:
+    """The refs an equation loads, stores or moves by DMA, each with its transforms."""
+    p = eqn.primitive
+    if p is prims.ref_get_p:
+        return [(eqn.invars[0], eqn_params.operand_tree(eqn).unflatten(eqn.invars[1:]))]
+    if p in (prims.ref_swap_p, prims.ref_addupdate_p):
+        return [(eqn.invars[0], eqn_params.operand_tree(eqn).unflatten(eqn.invars[2:]))]
+    if p in (prims.pl_load_p, prims.pl_swap_p):
+        ref, transforms, *_ = eqn_params.args_tree(eqn).unflatten(eqn.invars)
+        return [(ref, transforms)]
+    if p is prims.dma_start_p:
+        found = []
+        for ref in eqn_params.dma_arguments(eqn, eqn.invars)[:2]:
+            applied: tuple[Any, ...] = ()
+            while isinstance(ref, TransformedRef):
+                ref, applied = ref.ref, (*ref.transforms, *applied)
+            found.append((ref, applied))
+        return found
+    return []
+
+
+def _in_part(ref: Var, transforms: Any) -> bool:
+    """Whether the transforms select less than the whole ref (statically: a slice
+    shorter than its dimension, or an integer index into a dimension longer than 1)."""
+    aval: Any = getattr(ref.aval, "inner_aval", ref.aval)
+    view = list(aval.shape)
+    for transform in transforms or ():
+        indices = getattr(transform, "indices", None)
+        if indices is None or len(indices) != len(view):
+            return True
+        kept = []
+        for n, index in zip(view, indices):
+            if hasattr(index, "size") and hasattr(index, "stride"):  # a Slice
+                if not isinstance(index.size, (int, np.integer)) or index.size != n:
+                    return True
+                kept.append(n)
+            elif np.ndim(getattr(index, "aval", index)) != 0 or n != 1:
+                return True
+        view = kept
+    return False
 
 
 class _Slot:

@@ -456,14 +456,16 @@ def test_an_access_traced_before_the_first_dma_into_its_buffer_is_race_checked(r
     assert [k for k, *_ in findings(engine)] == ["race"]
 
 
-@pytest.mark.parametrize("kernel", ["slices", "reduce", "dma"])
+@pytest.mark.parametrize("kernel", ["slices", "reduce", "dma", "halves"])
 def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monkeypatch):
     """A store whose old value nothing reads (`ref[...] += x` in a loop or branch body
     keeps that value as a named variable) does not read it, so no second tracing pass
     refills output blocks; a grid of one step is straight-line code, traced once though
     it leaves DMA rows in the table; a loop whose waits may land DMAs carries the buffers
     its own DMA starts write, so a site met in its body changes nothing the trace took
-    (the DMA loop). Each grid step traced is one grid point made."""
+    (the DMA loop); a scratch buffer that an access covers in part keeps a shadow per
+    element from the first pass, found in the jaxpr before tracing (the halves). Each
+    grid step traced is one grid point made."""
     from pallas_check.compiled import program
 
     made = []
@@ -487,9 +489,12 @@ def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monk
         call = reduce_call(32, 4)
         x = jax.random.normal(jax.random.key(9), (32, 512), jnp.float32)
         args = (x, x)
-    else:
+    elif kernel == "dma":
         call = dma_call(6, 2)
         args = (jax.random.normal(jax.random.key(10), (6, 8, 128), jnp.float32),)
+    else:
+        call = halves_call(skip_second=False, whole_output=False)
+        args = (jax.random.normal(jax.random.key(11), (24, 128), jnp.float32),)
     got, compiled = checked(call, *args, tier=Tier.COMPILED, races=True)
     assert [c.tier for c in compiled.calls] == ["compiled"]
     assert len(made) == 1, made
