@@ -74,7 +74,7 @@ class Dmas(State):
         elsewhere: straight-line code that XLA updates in place (a switch over the sites
         copied the buffers it carried). Returns where it landed (False: nowhere); with
         `book` false the caller adds its bytes to the count and marks its row."""
-        self.layout.lands_on(sem)
+        self.layout.lands_on(sem, self.allocations)
         t = self.table
         site_of = t.at(slot, "site")
         src_start, dst_start = t.at(slot, "src_start"), t.at(slot, "dst_start")
@@ -129,7 +129,8 @@ class Dmas(State):
             self._wait_one(cell, int(wanted), sem.buffer, decrement)
             return
         wanted = i32(wanted)
-        self.layout.lands_on(sem.buffer)  # (as the sites on it are known: maybe none)
+        if not self.layout.eager and not self.layout.sites:
+            self.layout.lands_on(sem.buffer)  # (no site known: nothing lands)
         if not self.layout.eager and self.layout.sites:
             self._land_until(cell, wanted, sem.buffer, trips)
         met = at(self.counts, cell) >= wanted
@@ -200,7 +201,7 @@ class Dmas(State):
             for _ in range(trips):
                 land_newest(short(self.counts, self.table))
             return
-        targets = sorted(self.landing_targets())
+        targets = sorted(self.landing_targets(sems={sem}))
 
         def trip(carry: Carry) -> Carry:
             self.restore(carry, targets)

@@ -98,9 +98,16 @@ class Layout:
     # What the trace took from the sites known when it was traced: the semaphore arrays a
     # wait landed DMAs on or counted its trips for (a landing writes the copy of each
     # site on its semaphore), and the buffers (allocation serials) a loop or branch that
-    # may land DMAs carried (a landing into another buffer would be lost at its end).
-    landed_on: set[int] = dataclasses.field(default_factory=set)
-    carried: set[frozenset[int]] = dataclasses.field(default_factory=set)
+    # may land DMAs carried, with the semaphores its waits are on (None: any; a landing
+    # into another buffer would be lost at its end). Each with the number of allocations
+    # made by then: a site of a buffer allocated later was not live there (a landing
+    # moves only live sites' DMAs), so it changes nothing.
+    landed_on: dict[int, float] = dataclasses.field(default_factory=dict)
+    # The smallest site's bytes a wait's trip count on a semaphore array was reckoned
+    # from (a site met later that moves fewer changes it).
+    trips_from: dict[int, float] = dataclasses.field(default_factory=dict)
+    carried: set[tuple[frozenset[int], frozenset[int] | None, int]] = dataclasses.field(
+        default_factory=set)
     # The buffers (by allocation serial) whose written-shadow must be kept per element: a
     # kernel accessed part of them. Any other scratch buffer or output block keeps one
     # bool, whether it is all written (`State.written_in`); a pass that finds a part
@@ -138,15 +145,19 @@ class Layout:
 
     def _changes(self, site: DmaSite) -> bool:
         """Whether a site met now changes what the trace took from the sites before it."""
-        return (site.sem in self.landed_on
-                or any(site.dst_serial not in serials for serials in self.carried)
+        newest = max(site.dst_serial, site.src_serial)
+        return (newest < self.landed_on.get(site.sem, -1)
+                or site.nbytes < self.trips_from.get(site.sem, -1)
+                or any(site.dst_serial not in serials and (sems is None or site.sem in sems)
+                       and newest < allocations for serials, sems, allocations in self.carried)
                 or (site.dst_serial, False) in self.unreached
                 or (site.dst_serial, True) in self.unreached
                 or (site.src_serial, True) in self.unreached)
 
-    def lands_on(self, sem: int) -> None:
-        """A wait on semaphore array `sem` traced as the sites on it are known."""
-        self.landed_on.add(sem)
+    def lands_on(self, sem: int, allocations: float = math.inf) -> None:
+        """A wait on semaphore array `sem` traced as the sites on it are known (those of
+        the first `allocations` buffers, where it lands only live sites' DMAs)."""
+        self.landed_on[sem] = max(self.landed_on.get(sem, -1), allocations)
 
     def reaches(self, serial: int, write: bool) -> bool:
         """Whether a DMA site known has the buffer of allocation `serial` as its
@@ -164,9 +175,10 @@ class Layout:
         retire at most, when that is known from the sites (each moves at least the
         smallest site's bytes, and a DMA semaphore's count is never below 0); None when
         no site signals `sem`. The answer depends on the sites known, so a site met
-        later makes the trace stale, as a landing does."""
+        later moving fewer bytes makes the trace stale."""
         smallest = min((s.nbytes for s in self.sites if s.sem == sem), default=0)
-        self.lands_on(sem)
+        self.trips_from[sem] = min(self.trips_from.get(sem, math.inf),
+                                   smallest if smallest > 0 else math.inf)
         if smallest <= 0:
             return None
         return max(1, -(-wanted // smallest))
@@ -337,15 +349,18 @@ class State:
                 and self.buffers[site.src].serial == site.src_serial
                 and self.buffers[site.dst].serial == site.dst_serial)
 
-    def landing_targets(self, carried_with: set[int] | frozenset[int] = frozenset()
-                        ) -> set[int]:
-        """The buffers a wait may land a DMA in (on_wait: any started DMA's), which a loop
-        or branch that may land DMAs carries, with `carried_with`."""
+    def landing_targets(self, carried_with: set[int] | frozenset[int] = frozenset(),
+                        sems: set[int] | None = None) -> set[int]:
+        """The buffers a wait on semaphore arrays `sems` (None: any) may land a DMA in
+        (on_wait: a DMA's on them), which a loop or branch that may land DMAs carries,
+        with `carried_with`."""
         if self.layout.eager:
             return set()
-        found = {site.dst for site in self.layout.sites if self.live(site)}
-        self.layout.carried.add(frozenset(self.buffers[b].serial
-                                          for b in found | set(carried_with)))
+        found = {site.dst for site in self.layout.sites
+                 if self.live(site) and (sems is None or site.sem in sems)}
+        self.layout.carried.add((frozenset(self.buffers[b].serial
+                                           for b in found | set(carried_with)),
+                                 None if sems is None else frozenset(sems), self.allocations))
         return found
 
     def overlaps_in_flight(self, b: int, starts: Sequence[Index], sizes: Sequence[int],

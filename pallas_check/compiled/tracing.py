@@ -9,6 +9,7 @@ core, prints or asserts raises `Unsupported`, and the call runs on the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
@@ -382,53 +383,87 @@ class _Slot:
         self.position = position
 
 
-_writes_cache: dict[int, tuple[Jaxpr, frozenset[Any], bool]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Writes:
+    """What a jaxpr may write, in the names of its own variables: the refs it stores to
+    or starts DMAs into, whether it waits (and so may land DMAs), and the semaphore refs
+    its waits are on (None: some wait is on a semaphore it allocates itself)."""
+
+    refs: frozenset[Any]
+    waits: bool
+    waited: frozenset[Any] | None
 
 
-def _jaxpr_writes(jaxpr: Jaxpr) -> tuple[frozenset[Any], bool]:
-    """The vars of `jaxpr` (constvars and invars) naming refs it may write, and whether
-    it may land DMAs (a wait): what a loop or branch over it must carry."""
+_writes_cache: dict[int, tuple[Jaxpr, _Writes]] = {}
+
+
+def _jaxpr_writes(jaxpr: Jaxpr) -> _Writes:
+    """What a loop or branch over `jaxpr` must carry (see `_Writes`)."""
     entry = _writes_cache.get(id(jaxpr))
     if entry is not None and entry[0] is jaxpr:
-        return entry[1], entry[2]
+        return entry[1]
     written: set[Any] = set()
-    lands = False
+    waits = False
+    waited: set[Any] | None = set()
     for eqn in jaxpr.eqns:
-        positions, landing = _eqn_writes(eqn)
-        lands = lands or landing
+        positions, eqn_waits, eqn_waited = _eqn_writes(eqn)
         written.update(eqn.invars[k] for k in positions)
-    found = frozenset(v for v in written if not isinstance(v, Literal))
-    _writes_cache[id(jaxpr)] = (jaxpr, found, lands)
-    return found, lands
+        waits = waits or eqn_waits
+        if waited is not None:
+            waited = None if eqn_waited is None else waited | {eqn.invars[k]
+                                                               for k in eqn_waited}
+    found = _Writes(frozenset(v for v in written if not isinstance(v, Literal)), waits,
+                    None if waited is None else frozenset(waited))
+    _writes_cache[id(jaxpr)] = (jaxpr, found)
+    return found
 
 
-def _eqn_writes(eqn: JaxprEqn) -> tuple[set[int], bool]:
+def _eqn_writes(eqn: JaxprEqn) -> tuple[set[int], bool, set[int] | None]:
     """The positions among the equation's operands of refs it may write; whether it
-    may land DMAs."""
+    may land DMAs (a wait); the positions of the semaphore refs its waits are on (None:
+    a semaphore that is not an operand, one it allocates)."""
     p = eqn.primitive
     if p in (prims.ref_swap_p, prims.ref_addupdate_p):
-        return {0}, False
+        return {0}, False, set()
     slots = [_Slot(k) for k in range(len(eqn.invars))]
     if p is prims.pl_swap_p:
-        return {_slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])}, False
+        return {_slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])}, False, set()
     if p is prims.dma_start_p:
-        return {_slot_of(eqn_params.dma_arguments(eqn, slots)[1])}, False
-    if p in (prims.dma_wait_p, prims.semaphore_wait_p):
-        return set(), True
-    positions: set[int] = set()
-    lands = False
+        return {_slot_of(eqn_params.dma_arguments(eqn, slots)[1])}, False, set()
+    if p is prims.dma_wait_p:
+        return set(), True, {_slot_of(eqn_params.dma_arguments(eqn, slots)[2])}
+    if p is prims.semaphore_wait_p:
+        return set(), True, {_slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])}
     if p is prims.run_scoped_p:
         body: Jaxpr = eqn_params.body(eqn)
-        written, lands = _jaxpr_writes(body)
+        inner = _jaxpr_writes(body)
         offset = len(eqn.invars) - len(body.constvars)
-        return {offset + k for k, v in enumerate(body.constvars) if v in written}, lands
-    for inner, outer in eqn_params.nested_with_operands(eqn):
-        written, landing = _jaxpr_writes(inner)
-        lands = lands or landing
-        for var, atom in zip(inner.invars, outer):
-            if var in written:
+        closed_over = {v: offset + k for k, v in enumerate(body.constvars)}
+        return ({closed_over[v] for v in inner.refs if v in closed_over}, inner.waits,
+                _outer_positions(inner.waited, closed_over))
+    positions: set[int] = set()
+    waits = False
+    waited: set[int] | None = set()
+    for nested, operands in eqn_params.nested_with_operands(eqn):
+        inner = _jaxpr_writes(nested)
+        waits = waits or inner.waits
+        outer: dict[Any, int] = {}
+        for var, atom in zip(nested.invars, operands):
+            found = next((k for k, v in enumerate(eqn.invars) if v is atom), None)
+            if found is not None:
+                outer[var] = found
+            if var in inner.refs:
                 positions.update(k for k, v in enumerate(eqn.invars) if v is atom)
-    return positions, lands
+        here = _outer_positions(inner.waited, outer)
+        waited = None if waited is None or here is None else waited | here
+    return positions, waits, waited
+
+
+def _outer_positions(inner: frozenset[Any] | None, outer: dict[Any, int]) -> set[int] | None:
+    """The operand positions of a nested jaxpr's variables (None: one is not an operand)."""
+    if inner is None or any(v not in outer for v in inner):
+        return None
+    return {outer[v] for v in inner}
 
 
 def _slot_of(ref: Any) -> int:
@@ -441,7 +476,7 @@ def _slot_of(ref: Any) -> int:
 def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> list[int]:
     """The buffers a loop or branch may write: its written refs' and, when it waits,
     every buffer a DMA may land in."""
-    positions, lands = _eqn_writes(eqn)
+    positions, lands, waited = _eqn_writes(eqn)
     found: set[int] = set()
     for k in positions:
         value = invals[k]
@@ -450,8 +485,17 @@ def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> list[int]:
         if isinstance(value, Ref) and not value.sem:
             found.add(value.buffer)
     if lands:
-        found |= ev.machine.landing_targets(found)
+        named = [_semaphore_of(invals[k]) for k in waited] if waited is not None else [None]
+        sems = None if None in named else {k for k in named if k is not None}
+        found |= ev.machine.landing_targets(found, sems)
     return sorted(found)
+
+
+def _semaphore_of(value: Any) -> int | None:
+    """The semaphore array a ref operand names (None: not one the trace can name)."""
+    while isinstance(value, TransformedRef):
+        value = value.ref
+    return value.buffer if isinstance(value, Ref) and value.sem else None
 
 
 @rule(prims.cond_p)

@@ -456,16 +456,29 @@ def test_an_access_traced_before_the_first_dma_into_its_buffer_is_race_checked(r
     assert [k for k, *_ in findings(engine)] == ["race"]
 
 
-@pytest.mark.parametrize("kernel", ["slices", "reduce", "dma", "halves"])
+def _loop_then_write_back(x_hbm, o_hbm, buf, out_buf, sem):
+    """A loop that waits on `sem`, then a DMA on a semaphore of its own (sync_copy's)
+    into the output, which the loop does not carry: the loop's waits cannot land it."""
+    def trip(i, total):
+        pltpu.make_async_copy(x_hbm.at[i], buf, sem).start()
+        pltpu.make_async_copy(x_hbm.at[i], buf, sem).wait()
+        return total + buf[...]
+
+    out_buf[...] = jax.lax.fori_loop(0, x_hbm.shape[0], trip, jnp.zeros(buf.shape, buf.dtype))
+    pltpu.sync_copy(out_buf, o_hbm)
+
+
+@pytest.mark.parametrize("kernel", ["slices", "reduce", "dma", "halves", "write_back"])
 def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monkeypatch):
     """A store whose old value nothing reads (`ref[...] += x` in a loop or branch body
     keeps that value as a named variable) does not read it, so no second tracing pass
     refills output blocks; a grid of one step is straight-line code, traced once though
     it leaves DMA rows in the table; a loop whose waits may land DMAs carries the buffers
     its own DMA starts write, so a site met in its body changes nothing the trace took
-    (the DMA loop); a scratch buffer that an access covers in part keeps a shadow per
-    element from the first pass, found in the jaxpr before tracing (the halves). Each
-    grid step traced is one grid point made."""
+    (the DMA loop), and a site met later matters to it only on a semaphore its waits are
+    on (the write-back); a scratch buffer that an access covers in part keeps a shadow
+    per element from the first pass, found in the jaxpr before tracing (the halves).
+    Each grid step traced is one grid point made."""
     from pallas_check.compiled import program
 
     made = []
@@ -492,9 +505,18 @@ def test_a_call_is_traced_once_where_nothing_calls_for_another_pass(kernel, monk
     elif kernel == "dma":
         call = dma_call(6, 2)
         args = (jax.random.normal(jax.random.key(10), (6, 8, 128), jnp.float32),)
-    else:
+    elif kernel == "halves":
         call = halves_call(skip_second=False, whole_output=False)
         args = (jax.random.normal(jax.random.key(11), (24, 128), jnp.float32),)
+    else:
+        call = pl.pallas_call(
+            _loop_then_write_back,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32),
+                            pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+        args = (jax.random.normal(jax.random.key(12), (5, 8, 128), jnp.float32),)
     got, compiled = checked(call, *args, tier=Tier.COMPILED, races=True)
     assert [c.tier for c in compiled.calls] == ["compiled"]
     assert len(made) == 1, made
