@@ -33,7 +33,8 @@ from pallas_check.compiled.eligibility import pipelined
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Ref, Unsupported
 from pallas_check.compiled.state import Layout
-from pallas_check.compiled.tracing import Evaluator, accessed_in_part, allocate
+from pallas_check.compiled.jaxpr_facts import accessed_in_part
+from pallas_check.compiled.tracing import Evaluator, allocate
 from pallas_check.compiled.verdict import Verdict
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS

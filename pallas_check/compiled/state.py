@@ -115,7 +115,7 @@ class Layout:
     fine_shadows: set[int] = dataclasses.field(default_factory=set)
     refine: bool = False
     # The kernel's ref variables some access covers only in part (found before tracing:
-    # `tracing.accessed_in_part`): their scratch buffers and output blocks start with a
+    # `jaxpr_facts.accessed_in_part`): their scratch buffers and output blocks start with a
     # shadow per element.
     accessed_in_part: frozenset[Any] = frozenset()
     # Whether the kernel uses the old value a swap returns, which reads an element

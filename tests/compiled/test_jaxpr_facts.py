@@ -1,4 +1,4 @@
-"""What the compiled tier reads off a kernel's jaxpr before tracing it."""
+"""What the compiled tier reads off a kernel's jaxpr without tracing it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_check.compiled.tracing import accessed_in_part
+from pallas_check.compiled.jaxpr_facts import accessed_in_part
 
 
 def _kernel(x_hbm, o_ref, whole, pages, halves, sem):
