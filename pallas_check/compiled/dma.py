@@ -129,10 +129,10 @@ class Dmas(State):
             self._wait_one(cell, int(wanted), sem.buffer, decrement)
             return
         wanted = i32(wanted)
-        if not self.layout.eager and not self.layout.sites:
-            self.layout.lands_on(sem.buffer)  # (no site known: nothing lands)
         if not self.layout.eager and self.layout.sites:
             self._land_until(cell, wanted, sem.buffer, trips)
+        elif not self.layout.eager:
+            self.layout.lands_on(sem.buffer)  # (no site known: nothing lands)
         met = at(self.counts, cell) >= wanted
         self.flag(~met, Verdict.WAIT_UNMET)
         if decrement:

@@ -10,7 +10,7 @@ not read). Knowing them before tracing spares a tracing pass that would learn th
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -39,19 +39,11 @@ def accessed_in_part(jaxpr: Jaxpr) -> frozenset[Var]:
         for ref, transforms in _ref_accesses(eqn):
             if isinstance(ref, Var) and _in_part(ref, transforms):
                 found.add(ref)
-        if eqn.primitive is prims.run_scoped_p:
-            body: Jaxpr = eqn_params.body(eqn)
-            inner = accessed_in_part(body)
-            found |= inner  # (its allocations, by their own variables)
-            offset = len(eqn.invars) - len(body.constvars)
-            found.update(v for k, c in enumerate(body.constvars)
-                         if c in inner and isinstance(v := eqn.invars[offset + k], Var))
-            continue
-        for nested, outer in eqn_params.nested_with_operands(eqn):
+        for nested, bound in _bindings(eqn):
             inner = accessed_in_part(nested)
-            found |= inner
-            found.update(atom for var, atom in zip(nested.invars, outer)
-                         if var in inner and isinstance(atom, Var))
+            found |= inner  # (a scoped body's allocations, by their own variables)
+            found.update(v for var, k in bound.items()
+                         if var in inner and isinstance(v := eqn.invars[k], Var))
     return frozenset(found)
 
 
@@ -155,29 +147,34 @@ def eqn_writes(eqn: JaxprEqn) -> tuple[set[int], bool, set[int] | None]:
         return set(), True, {_slot_of(eqn_params.dma_arguments(eqn, slots)[2])}
     if p is prims.semaphore_wait_p:
         return set(), True, {_slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])}
-    if p is prims.run_scoped_p:
-        body: Jaxpr = eqn_params.body(eqn)
-        inner = _jaxpr_writes(body)
-        offset = len(eqn.invars) - len(body.constvars)
-        closed_over = {v: offset + k for k, v in enumerate(body.constvars)}
-        return ({closed_over[v] for v in inner.refs if v in closed_over}, inner.waits,
-                _outer_positions(inner.waited, closed_over))
     positions: set[int] = set()
     waits = False
     waited: set[int] | None = set()
-    for nested, operands in eqn_params.nested_with_operands(eqn):
+    for nested, bound in _bindings(eqn):
         inner = _jaxpr_writes(nested)
         waits = waits or inner.waits
-        outer: dict[Any, int] = {}
+        positions.update(k for var, k in bound.items() if var in inner.refs)
+        here = _outer_positions(inner.waited, bound)
+        waited = None if waited is None or here is None else waited | here
+    return positions, waits, waited
+
+
+def _bindings(eqn: JaxprEqn) -> Iterator[tuple[Jaxpr, dict[Any, int]]]:
+    """Each jaxpr nested in the equation, with the operand position that each of its
+    variables naming an outer operand receives (a run_scoped body: the constvars it closes
+    over; its invars are the refs it allocates)."""
+    if eqn.primitive is prims.run_scoped_p:
+        body: Jaxpr = eqn_params.body(eqn)
+        offset = len(eqn.invars) - len(body.constvars)
+        yield body, {v: offset + k for k, v in enumerate(body.constvars)}
+        return
+    for nested, operands in eqn_params.nested_with_operands(eqn):
+        bound: dict[Any, int] = {}
         for var, atom in zip(nested.invars, operands):
             found = next((k for k, v in enumerate(eqn.invars) if v is atom), None)
             if found is not None:
-                outer[var] = found
-            if var in inner.refs:
-                positions.update(k for k, v in enumerate(eqn.invars) if v is atom)
-        here = _outer_positions(inner.waited, outer)
-        waited = None if waited is None or here is None else waited | here
-    return positions, waits, waited
+                bound[var] = found
+        yield nested, bound
 
 
 def _outer_positions(inner: frozenset[Any] | None, outer: dict[Any, int]) -> set[int] | None:

@@ -233,12 +233,7 @@ def _grid_loop(call: CallDescription, machine: Machine, refs: list[Ref], scalars
             return step(jnp.int32(0), (start, tracker))
         return lax.fori_loop(0, total, step, (start, tracker))
 
-    if total == 1:  # straight-line code: no step follows another (traced once)
-        exits: list[bool] = []
-        state, tracking = trace(machine.maybe_active, exits)
-        machine.maybe_active = exits[-1]
-    else:
-        state, tracking = machine.loop(trace)
+    state, tracking = machine.loop(trace, total)
     machine.restore(state)
     machine.note_checked(counted[-1][0] * total, counted[-1][1])
     for op, tr in zip(piped, tracking):

@@ -251,14 +251,19 @@ class State:
         exits.append(self.maybe_active)
         return carry
 
-    def loop(self, trace: Callable[[bool, list[bool]], _Traced]) -> _Traced:
-        """A loop traced by `trace(assumed, exits)`: its body starts with `maybe_active`
-        set to `assumed` and appends to `exits` what it is at the body's end. A body may
-        follow itself, so one that leaves rows where it assumed none is traced again,
-        assuming some (the first trace is dropped)."""
+    def loop(self, trace: Callable[[bool, list[bool]], _Traced],
+             trips: int | None = None) -> _Traced:
+        """A loop of `trips` trips (None: not known) traced by `trace(assumed, exits)`: its
+        body starts with `maybe_active` set to `assumed` and appends to `exits` what it is
+        at the body's end. A body may follow itself, so one that leaves rows where it
+        assumed none is traced again, assuming some (the first trace is dropped); one
+        trip is straight-line code, traced once."""
         entry = self.maybe_active
         exits: list[bool] = []
         result = trace(entry, exits)
+        if trips == 1:
+            self.maybe_active = exits[-1]
+            return result
         if not entry and any(exits):
             exits.clear()
             result = trace(True, exits)

@@ -310,8 +310,8 @@ def carried_buffers(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> list[int]:
         if isinstance(value, Ref) and not value.sem:
             found.add(value.buffer)
     if lands:
-        named = [_semaphore_of(invals[k]) for k in waited] if waited is not None else [None]
-        sems = None if None in named else {k for k in named if k is not None}
+        named = {_semaphore_of(invals[k]) for k in waited or ()}
+        sems = None if waited is None or None in named else {k for k in named if k is not None}
         found |= ev.machine.landing_targets(found, sems)
     return sorted(found)
 
@@ -409,7 +409,7 @@ def _scan(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
         return lax.scan(body, (start, list(init)), list(xs), length=loop.length,
                         reverse=loop.reverse)
 
-    (state, carry), ys = machine.loop(trace)
+    (state, carry), ys = machine.loop(trace, loop.length)
     machine.reset(before)
     machine.restore(state, carried)
     if loop.length:
