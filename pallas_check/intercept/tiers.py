@@ -34,6 +34,7 @@ from pallas_check.jaxbridge.jaxprs import sub_jaxprs
 from pallas_check.jaxbridge.params import scan_loop
 from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p, scan_p, while_p
 from pallas_check.jaxbridge.types import Jaxpr
+from pallas_check.process.host_memory import return_freed_memory
 
 ENGINE, COMPILED = Tier.ENGINE.value, Tier.COMPILED.value
 # Why a small structure's call ran on the engine (it is compiled once it has cost enough).
@@ -234,6 +235,10 @@ class Tiers:
                     found = build(params, self.config)
             except Unsupported as exc:
                 found = str(exc)
+            # The compile's freed memory back to the OS before the call runs: left in the
+            # heap, it sat under the call's buffers (add at grid 4096, races on: peak RSS
+            # 447 -> 420 MiB; benchmarks/README.md, session 27).
+            return_freed_memory(at_once=True)
             with self._lock:
                 self._built[key] = found
         return found

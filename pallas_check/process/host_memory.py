@@ -18,12 +18,15 @@ TRIM_INTERVAL_S = 0.25
 _last_trim = [float("-inf")]
 
 
-def return_freed_memory() -> None:
+def return_freed_memory(at_once: bool = False) -> None:
     """Hand the memory calls freed back to the OS (glibc keeps freed blocks of up to its
     adaptive mmap threshold, which a call's large arrays raise, in the heap: without this
-    a long script's resident memory grows by the size of its largest calls)."""
+    a long script's resident memory grows by the size of its largest calls). `at_once`:
+    whatever the interval, after work that freed much and is rare (an XLA compile of the
+    compiled tier frees tens of MiB that would otherwise stay resident under the call
+    that follows it, raising the process's peak)."""
     now = time.monotonic()
-    if now - _last_trim[0] < TRIM_INTERVAL_S:
+    if not at_once and now - _last_trim[0] < TRIM_INTERVAL_S:
         return
     trim = _malloc_trim()
     if trim is not None:
