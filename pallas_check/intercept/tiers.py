@@ -237,7 +237,7 @@ class Tiers:
                 found = str(exc)
             # The compile's freed memory back to the OS before the call runs: left in the
             # heap, it sat under the call's buffers (add at grid 4096, races on: peak RSS
-            # 447 -> 420 MiB; benchmarks/README.md, session 27).
+            # 455-468 -> 418-444 MiB; benchmarks/README.md, "Latest results").
             return_freed_memory(at_once=True)
             with self._lock:
                 self._built[key] = found
