@@ -24,14 +24,21 @@ def return_freed_memory(at_once: bool = False) -> None:
     a long script's resident memory grows by the size of its largest calls). `at_once`:
     whatever the interval, after work that freed much and is rare (an XLA compile of the
     compiled tier frees tens of MiB that would otherwise stay resident under the call
-    that follows it, raising the process's peak)."""
-    now = time.monotonic()
-    if not at_once and now - _last_trim[0] < TRIM_INTERVAL_S:
+    that follows it, raising the process's peak); such a trim does not count toward the
+    interval, so the trim after that call, which frees the call's own buffers, still runs."""
+    if at_once:
+        _trim()
         return
+    if time.monotonic() - _last_trim[0] < TRIM_INTERVAL_S:
+        return
+    _trim()
+    _last_trim[0] = time.monotonic()
+
+
+def _trim() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
-    _last_trim[0] = time.monotonic()
 
 
 @functools.cache

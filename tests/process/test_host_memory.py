@@ -30,6 +30,30 @@ def test_freed_memory_is_returned_at_most_once_per_interval(monkeypatch):
     assert trims == [0, 0]
 
 
+def test_a_trim_at_once_runs_within_the_interval_and_leaves_the_schedule_as_it_was(monkeypatch):
+    """The compiled tier trims at once after a build (intercept/tiers.py): that trim runs
+    whatever the interval, and the trim after the call that follows still runs."""
+    trims: list[int] = []
+    clock = [1000.0]
+    monkeypatch.setattr(session, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(session, "_last_trim", [float("-inf")])
+    monkeypatch.setattr(session, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    session.return_freed_memory()  # a call
+    clock[0] += 0.02
+    session.return_freed_memory(at_once=True)  # a build, within the interval
+    assert trims == [0, 0]
+    # The call after the build, less than the interval after the build's trim but not
+    # after the last scheduled one.
+    clock[0] += session.TRIM_INTERVAL_S - 0.01
+    session.return_freed_memory()
+    assert trims == [0, 0, 0]
+    clock[0] += 0.02
+    session.return_freed_memory(at_once=True)  # another build
+    session.return_freed_memory()  # its call, quick: within the interval of the last one
+    assert trims == [0, 0, 0, 0]
+
+
 def test_the_collector_is_paused_during_a_call_and_restored_after():
     import gc
 
