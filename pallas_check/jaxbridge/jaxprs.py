@@ -49,6 +49,17 @@ def structure_text(jaxpr: Jaxpr) -> str:
     return str(_core.pp_jaxpr(jaxpr, _core.JaxprPpContext(), _PP_SETTINGS).format())
 
 
+_PP_STABLE = _core.JaxprPpSettings(source_info=False, name_stack=False,
+                                   custom_pp_eqn_rules=False, print_effects=False)
+
+
+def stable_text(jaxpr: Jaxpr) -> str:
+    """A jaxpr's equations as text equal in every process (a hardware recording's
+    fingerprint, commands/recording.py): as `structure_text`, without the effects, a set
+    printed in an order that changes between processes (the equations imply them)."""
+    return str(_core.pp_jaxpr(jaxpr, _core.JaxprPpContext(), _PP_STABLE).format())
+
+
 # jax 0.10 discharges a ClosedJaxpr (`discharge_state(closed)`); jax 0.9's
 # `discharge_state(jaxpr, consts)` takes an open one, and its ClosedJaxpr form is
 # `discharge_state2`.
