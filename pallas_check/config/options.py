@@ -229,6 +229,13 @@ RECORD_OPTIONS: tuple[Option, ...] = (
 )
 
 
+# `pallas-check replay FILE`: diff's tolerances and the options of ours it takes; the other
+# side is the recording.
+REPLAY_OPTIONS: tuple[Option, ...] = (
+    *(o for o in DIFF_OPTIONS if o.param not in ("against", "native")),
+)
+
+
 def typer_parameters(options: tuple[Option, ...]) -> list[inspect.Parameter]:
     """The options as parameters of a typer command function."""
     import typer
