@@ -22,8 +22,9 @@ from pallas_check.config import TpuGeneration, parse_generations
 from pallas_check.config.environment import debug_requested
 from pallas_check.config import layers  # (layers.load_settings: looked up per run, tests replace it)
 from pallas_check.config.layers import check_other_variables, default_map
-from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS,
-                                         config_from, with_options)
+from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RECORD_OPTIONS,
+                                         REPLAY_OPTIONS, RUN_OPTIONS, config_from,
+                                         with_options)
 from pallas_check.deliver.delivery import note
 from pallas_check.config.errors import InternalError, PallasCheckError, UsageError
 from pallas_check.config.exitcodes import ExitCode
@@ -305,7 +306,7 @@ def _start_the_run(compiling: bool = False) -> None:
     terminal. A Ctrl-C meanwhile stops the run before the script (process/interrupts.py)."""
     with interrupts.handled():
         # Used as pallas_check.run.runner, ...: the package holds them once imported.
-        import pallas_check.commands.compile, pallas_check.commands.diff, pallas_check.commands.native, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
+        import pallas_check.commands.compile, pallas_check.commands.diff, pallas_check.commands.native, pallas_check.commands.record, pallas_check.commands.replay, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
         start_backends_quietly(compiling)
 
@@ -395,6 +396,60 @@ def diff(script: Path, script_args: Optional[List[str]] = None,
     tolerance = compare.Tolerance(options["rtol"], options["atol"])
     raise _guarded(lambda: compare.run_diff_and_report(str(script), _script_args(script_args),
                                                        config, side, tolerance, fmt, output))
+
+
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
+@with_options(RECORD_OPTIONS, _SCRIPT_PARAMETERS)
+def record(script: Path, script_args: Optional[List[str]] = None, *, output: Path,
+           fmt: Format) -> None:
+    """Run SCRIPT on a TPU; keep every pallas_call's operands and the chip's outputs in one
+    file (-o) that `pallas-check replay` checks the simulation against on any CPU."""
+    fmt_name = Format(fmt).value  # only the formats record's report has (formats.py)
+    if not script.exists():
+        raise fail(f"script not found: {script}")
+    if not script.is_file():
+        raise fail(f"not a file: {script}")
+    if is_stdout(output) or stream_descriptor(output) is not None:
+        raise fail(f"--output {output}: a recording is a file (the report goes to stdout)")
+    target = _check_output(output, script)
+    assert target is not None  # (a path given: never None)
+    _start_the_run()
+    recorder = pallas_check.commands.record
+    reason = recorder.record_unavailable()
+    if reason:
+        raise fail(reason)
+    raise _guarded(lambda: recorder.run_record_and_report(
+        str(script), _script_args(script_args), target, fmt_name))
+
+
+_RECORDING_PARAMETERS = [
+    inspect.Parameter("recording", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Path,
+                      default=typer.Argument(..., metavar="FILE",
+                                             help="A recording `pallas-check record`"
+                                                  " wrote.")),
+]
+
+
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": True})
+@with_options(REPLAY_OPTIONS, _RECORDING_PARAMETERS)
+def replay(recording: Path, **options: Any) -> None:  # Any: each option's own type
+    """Run a recording's script under the simulation, each pallas_call on the recorded
+    operands; compare with the chip's recorded outputs (exit 1 on a disagreement)."""
+    fmt = Format(options["fmt"]).value  # the formats diff's report has (formats.py)
+    if not recording.exists():
+        raise fail(f"recording not found: {recording}")
+    if not recording.is_file():
+        raise fail(f"not a file: {recording}")
+    _generations(options["tpu"], False)
+    output = _check_output(options["output"], recording)
+    _set_device_count(options["devices"])
+    _start_the_run()
+    replaying = pallas_check.commands.replay
+    made = replaying.load(recording)  # not a recording, or its script not here: exit 2
+    config = config_from(options, REPLAY_OPTIONS, races=False)
+    tolerance = pallas_check.commands.diff.Tolerance(options["rtol"], options["atol"])
+    raise _guarded(lambda: replaying.run_replay_and_report(recording, made, config, tolerance,
+                                                           fmt, output))
 
 
 def main() -> None:

@@ -16,9 +16,11 @@ same host callback and on the same operands, is one of:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import inspect
 import itertools
 import shlex
@@ -40,7 +42,9 @@ from pallas_check.config.errors import UsageError, one_line, short_error
 from pallas_check.process.execfile import ScriptOutcome
 from pallas_check.config.exitcodes import ExitCode, exit_code_for
 from pallas_check.findings.finding import SourceFrame
+from pallas_check.intercept import empties, outer
 from pallas_check.intercept.patched_lowering import intercepted
+from pallas_check.engine.call.exposures import differs
 from pallas_check.jaxbridge import hlo_interpreter, tpu_interpret_params, tpu_interpreter
 from pallas_check.findings.output_diff import OutputDiff, compare
 from pallas_check.config.display import display_for
@@ -55,9 +59,23 @@ from pallas_check.findings.units import plural
 # ---------------------------------------------------------------- the other side
 
 
+class NotCompared(Exception):
+    """A call the other side has no outputs for, by design (a recording without it): the
+    call is listed as not compared, with this message; not a failure of the side."""
+
+
 class Side:
     label = "?"
     native = False
+    # Whether the script gets this side's outputs (a recording: the script goes on as it
+    # did on the chip) instead of ours.
+    feeds_script = False
+
+    def inputs_for(self, params: dict, operands: Sequence[np.ndarray], device: int,
+                   index: int, record: CallDiff) -> Sequence[np.ndarray]:
+        """The operands both sides run this call on (the script's, but for a recording:
+        the recorded ones); may note on `record` what it knows of the call."""
+        return operands
 
     def outputs(self, params: dict, operands: Sequence[np.ndarray], device: int,
                 mesh_axes: tuple, native: Sequence[np.ndarray] | None) -> list[np.ndarray]:
@@ -231,6 +249,12 @@ class CallDiff:
     grid: tuple[int, ...]
     outputs: list[OutputDiff]
     error: str | None = None  # the other side could not run this call
+    # `replay`: why this call disagrees with the recording beyond its outputs (a call the
+    # recording does not have, another fingerprint, the chip failed and ours found nothing)
+    disagreement: str | None = None
+    note: str | None = None  # what else is known of the call (the chip failed here, ...)
+    ours_index: int | None = None  # the call's index in our session (its findings)
+    findings: int = 0  # what our session reported for this call (set with the report)
 
     @property
     def mismatches(self) -> int:
@@ -257,8 +281,21 @@ def _on_cpu() -> Iterator[None]:
         yield
 
 
+def _digest(arrays: Sequence[np.ndarray]) -> bytes:
+    digest = hashlib.sha1()
+    for x in arrays:
+        digest.update(np.ascontiguousarray(x).view(np.uint8).ravel().tobytes())
+    return digest.digest()
+
+
 class DiffSession:
-    """The interception handler of `pallas-check diff`: ours, then the other side."""
+    """The interception handler of `pallas-check diff`: ours, then the other side.
+
+    Ours is a whole `Session` with `run`'s judge (intercept/judge.py): a finding about
+    output elements is dropped when the jitted program around the call does not keep them,
+    as `run` decides, by re-running that program. A re-run's calls are the first run's
+    again: ours only, not compared twice, each given what the first run gave the script
+    (a side that feeds the script, the recording, with what ours changed in the re-run)."""
 
     def __init__(self, config: Config, side: Side, rtol: float | None = None,
                  atol: float | None = None) -> None:
@@ -270,30 +307,36 @@ class DiffSession:
         self.side_error: str | None = None
         self._seq: dict[int, itertools.count] = {}
         self._lock = threading.Lock()
+        # A side that feeds the script: per call (params, device, operands' digest), the
+        # operands ours ran on, ours' outputs and what the script got (for a re-run).
+        self._fed: dict[tuple[int, int, bytes], tuple[Sequence[np.ndarray],
+                                                      list[np.ndarray],
+                                                      list[np.ndarray]]] = {}
 
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
                     mesh_axes: tuple = (), native: Sequence[np.ndarray] | None = None,
                     call_site: SourceFrame | None = None) -> list[np.ndarray]:
         with _on_cpu():
-            ours = self.ours.handle_call(params, operands, device, mesh_axes,
-                                         call_site=call_site)
+            if self.ours.judge.replaying():
+                return self._again(params, operands, device, mesh_axes, call_site)
             with self._lock:
                 index = next(self._seq.setdefault(device, itertools.count()))
             kernel = kernel_info(params)
             grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
                          for g in describe(params).grid)
             record = CallDiff(index, device, kernel.name, kernel.file, kernel.line, grid, [])
-            try:
-                theirs = self.side.outputs(params, operands, device, mesh_axes, native)
-            except Exception as exc:  # noqa: BLE001 - reported; the script goes on
-                record.error = one_line(f"{type(exc).__name__}: {exc}")[:500]
-                with self._lock:
-                    if self.side_error is None:
-                        self.side_error = (f"{self.side.label} could not run call {index}"
-                                           f" ({kernel.name}): {record.error}")
-            else:
+            inputs = self.side.inputs_for(params, operands, device, index, record)
+            ours = self.ours.handle_call(params, inputs, device, mesh_axes,
+                                         call_site=call_site)
+            last = self.ours.last_call()
+            never = last[1] if last is not None else {}
+            record.ours_index = last[0] if last is not None else None
+            theirs = self._theirs(params, inputs, device, mesh_axes, native, record)
+            if theirs is not None:
                 names = _output_names(params)
-                record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j])
+                at = device if mesh_axes else 0
+                record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j],
+                                          never.get((at, j)))
                                   for j, (o, t) in enumerate(zip(ours, theirs))]
                 if len(theirs) != len(ours):
                     record.error = (f"{self.side.label} returned"
@@ -301,17 +344,59 @@ class DiffSession:
                                     f" ours {len(ours)}")
             with self._lock:
                 self.calls.append(record)
-        return ours
+            if not self.side.feeds_script or theirs is None or len(theirs) != len(ours):
+                return ours
+            given = [np.asarray(t, dtype=o.dtype).reshape(o.shape)
+                     for o, t in zip(ours, theirs)]
+            with self._lock:
+                self._fed[(id(params), device, _digest(operands))] = (inputs, ours, given)
+            return given
+
+    def _theirs(self, params: dict, inputs: Sequence[np.ndarray], device: int,
+                mesh_axes: tuple, native: Sequence[np.ndarray] | None,
+                record: CallDiff) -> list[np.ndarray] | None:
+        """The other side's outputs, or None (and why, in `record.error`)."""
+        try:
+            return self.side.outputs(params, inputs, device, mesh_axes, native)
+        except Exception as exc:  # noqa: BLE001 - reported; the script goes on
+            record.error = one_line(f"{type(exc).__name__}: {exc}")[:500]
+            if isinstance(exc, NotCompared):
+                record.error = str(exc)
+                return None
+            with self._lock:
+                if self.side_error is None:
+                    self.side_error = (f"{self.side.label} could not run call"
+                                       f" {record.index} ({record.kernel}): {record.error}")
+            return None
+
+    def _again(self, params: dict, operands: Sequence[np.ndarray], device: int,
+               mesh_axes: tuple, call_site: SourceFrame | None) -> list[np.ndarray]:
+        """A call of a program the judge re-runs: ours again, on the operands it first ran
+        on; where the first run gave the script the side's outputs, those again, with the
+        elements the re-run changed (the judge's other values) taken from ours."""
+        with self._lock:
+            kept = self._fed.get((id(params), device, _digest(operands)))
+        inputs = kept[0] if kept is not None else operands
+        again = self.ours.handle_call(params, inputs, device, mesh_axes, call_site=call_site)
+        if kept is None:
+            return again
+        return [np.where(differs(a, o), a, g) for a, o, g in zip(again, kept[1], kept[2])]
 
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:
-        if self.side.native:  # kernels asking which chip they run on get the real one
-            with intercepted(self.handle_call, mode="alongside"):
+        with contextlib.ExitStack() as stack:
+            if self.side.native:  # kernels asking which chip they run on get the real one
+                stack.enter_context(intercepted(self.handle_call, mode="alongside"))
+            else:
+                stack.enter_context(intercepted(self.handle_call, call_sites=True))
+                stack.enter_context(simulated_tpu(self.config.tpu, self.config.cores))
+            outer.install(self.ours.judge)  # `run`'s judge of unwritten outputs
+            empties.install()
+            try:
                 yield
-            return
-        with (intercepted(self.handle_call, call_sites=True),
-              simulated_tpu(self.config.tpu, self.config.cores)):
-            yield
+            finally:
+                empties.uninstall()
+                outer.uninstall()
 
 
 # ---------------------------------------------------------------- the run and its report
@@ -332,6 +417,8 @@ class DiffReport:
     user_traceback: str | None = None
     internal_error: str | None = None
     partial: bool = False
+    disagreements: list[str] = dataclasses.field(default_factory=list)  # replay's
+    recording: dict | None = None  # replay: where the recording was made
 
     @property
     def mismatching_outputs(self) -> int:
@@ -379,6 +466,9 @@ class DiffCommand:
         error = short_error(error) if error else None
         user_failed = not outcome.ok and error is None
         calls = sorted(session.calls, key=lambda c: (c.index, c.device))
+        by_call = collections.Counter(f.call_index for f in session.ours.findings)
+        for call in calls:
+            call.findings = by_call[call.ours_index] if call.ours_index is not None else 0
         code = exit_code_for(sum(c.mismatches for c in calls), user_failed, error is not None,
                              calls=len(calls))
         report = DiffReport(

@@ -40,6 +40,7 @@ RUN = "run"  # pallas-check run: the findings (report/run_report.py's RunReport)
 DIFF = "diff"  # pallas-check diff: ours against another side, output by output
 NATIVE = "native"  # pallas-check run --native: each call timed on the hardware
 COMPILE = "compile"  # pallas-check compile: each call built for real TPU generations
+RECORD = "record"  # pallas-check record: the calls kept in a hardware recording
 
 
 class Reporter(Protocol):
@@ -91,11 +92,13 @@ class Format(str, enum.Enum):
     TABLE = _Spec("table", "a table for people",
                   {RUN: "table:TableReporter", DIFF: "comparison:DiffTableReporter",
                    NATIVE: "timings:NativeTableReporter",
-                   COMPILE: "builds:CompileTableReporter"},
+                   COMPILE: "builds:CompileTableReporter",
+                   RECORD: "recordings:RecordTableReporter"},
                   merge="table:merge_reports", for_people=True, progress_beside=True)
     JSON = _Spec("json", "json",
                  {RUN: "json:JsonReporter", DIFF: "comparison:DiffJsonReporter",
-                  NATIVE: "timings:NativeJsonReporter", COMPILE: "builds:CompileJsonReporter"},
+                  NATIVE: "timings:NativeJsonReporter", COMPILE: "builds:CompileJsonReporter",
+                  RECORD: "recordings:RecordJsonReporter"},
                  merge="json:merge_reports", part_check="json:check_part")
     SARIF = _Spec("sarif", "sarif", {RUN: "sarif:SarifReporter"},
                   merge="sarif:merge_reports", part_check="sarif:check_part")

@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional, TypeVar
 from pallas_check.config.environment import env_variable
 from pallas_check.config.model import (Config, DmaMode, Tier, TpuGeneration, UninitFill,
                                        parse_generations)
-from pallas_check.config.formats import COMPILE, DIFF, RUN, Format
+from pallas_check.config.formats import COMPILE, DIFF, RECORD, RUN, Format
 
 
 # A command function that `with_options` gives its declared options.
@@ -215,6 +215,24 @@ COMPILE_OPTIONS: tuple[Option, ...] = (
     Option("fmt", ("--format",), Format.choices(COMPILE), Format.default(COMPILE),
            Format.help(COMPILE)),
     *(BY_PARAM[name] for name in ("output", "devices")),
+)
+
+
+# `pallas-check record`: the script on a TPU, every call kept in one file (the `-o`
+# target, required: the report goes to stdout). No option of ours: nothing is simulated.
+RECORD_OPTIONS: tuple[Option, ...] = (
+    Option("output", ("--output", "-o"), Path, ...,
+           "The recording to write (one .npz file; replaced atomically).",
+           metavar="PATH"),
+    Option("fmt", ("--format",), Format.choices(RECORD), Format.default(RECORD),
+           Format.help(RECORD)),
+)
+
+
+# `pallas-check replay FILE`: diff's tolerances and the options of ours it takes; the other
+# side is the recording.
+REPLAY_OPTIONS: tuple[Option, ...] = (
+    *(o for o in DIFF_OPTIONS if o.param not in ("against", "native")),
 )
 
 

@@ -42,6 +42,9 @@ class OutputDiff:
     rtol: float | None = None
     atol: float | None = None
     note: str | None = None  # e.g. the other side's shape or dtype, when it differs
+    # Elements ours never wrote (the fill, against whatever the other side left there):
+    # counted here, never as mismatches (see `compare`).
+    never_written: int = 0
 
 
 class _Named(TypedDict):
@@ -83,8 +86,12 @@ def _scalar(x: np.generic | complex) -> Scalar:
 
 
 def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
-            atol: float | None = None, output: int = 0, name: str = "") -> OutputDiff:
-    """Element-wise comparison; NaN equals NaN, infinities equal themselves."""
+            atol: float | None = None, output: int = 0, name: str = "",
+            never: np.ndarray | None = None) -> OutputDiff:
+    """Element-wise comparison; NaN equals NaN, infinities equal themselves. `never`: the
+    elements ours never wrote (the engine's written-shadow): what a kernel leaves unwritten
+    holds our fill on our side and whatever memory held on a chip, so they are counted
+    apart (`never_written`) and take no part in the mismatches or the errors."""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     r, a = tolerances(ours.dtype, rtol, atol)
     base: _Named = {"output": output, "name": name, "shape": tuple(ours.shape),
@@ -112,6 +119,12 @@ def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             err = np.abs(x.astype(np.float64) - y.astype(np.float64))
             rel = np.where(err == 0, 0.0, err / np.abs(y.astype(np.float64)))
+    unwritten = 0
+    if never is not None and never.shape == ours.shape:
+        unwritten = int(np.count_nonzero(never))
+        close = np.asarray(close) | never
+        err = np.where(never, 0.0, err)
+        rel = np.where(never, 0.0, rel)
     bad = np.flatnonzero(~np.asarray(close).ravel())
     first = [Mismatch(tuple(int(i) for i in np.unravel_index(k, ours.shape)),
                       _scalar(ours.ravel()[k]), _scalar(theirs.ravel()[k]))
@@ -119,4 +132,4 @@ def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
     max_abs = float(np.max(err)) if err.size else 0.0
     max_rel = float(np.max(rel)) if rel.size else 0.0
     return OutputDiff(**base, mismatches=int(bad.size), max_abs=max_abs, max_rel=max_rel,
-                      first=first, rtol=r, atol=a, note=note)
+                      first=first, rtol=r, atol=a, note=note, never_written=unwritten)

@@ -117,6 +117,11 @@ class Judge:
         self._open: list[Program] = []
         self._replaying = False
 
+    def replaying(self) -> bool:
+        """Whether a program is being re-run now (commands/diff.py: a re-run's calls are
+        the first run's again, not new calls to compare)."""
+        return self._replaying
+
     # -- outer.Listener ------------------------------------------------------------------
     def opened(self, call: OuterCall) -> Program:
         with self._lock:

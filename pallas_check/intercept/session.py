@@ -30,6 +30,7 @@ from pallas_check.config import Config, TpuGeneration
 from pallas_check.deliver.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
 from pallas_check.engine.call.explore import CallSetting
+from pallas_check.engine.call.exposures import NeverWritten, never_written
 from pallas_check.engine.call.carried import forget, never_taken
 from pallas_check.engine.call.describe import MeshInfo, resolve_grid
 from pallas_check.engine.jaxpr.halts import EngineBug, KernelError
@@ -147,6 +148,9 @@ class Session:
         self.judge = Judge(self)
         # Which way each checked call runs (intercept/tiers.py): compiled, or the engine.
         self.tiers = Tiers(config)
+        # Per thread, its last call simulated and checked: (index, never-written output
+        # elements); None after any other (commands/diff.py compares outputs by it).
+        self._last = threading.local()
         if config.compile:
             self.compile_recorder = CompileRecorder()
 
@@ -172,6 +176,12 @@ class Session:
             progress.beat()
             self.tell_owner()
 
+    def last_call(self) -> tuple[int, NeverWritten] | None:
+        """This thread's last call, when it was simulated and checked: its index and the
+        output elements it never wrote; None for a call passed through or re-run."""
+        last: tuple[int, NeverWritten] | None = getattr(self._last, "call", None)
+        return last
+
     def tell_owner(self) -> None:
         """In a process the script started (process/children.py): what this process has found so
         far, for the run's owner (after each call, and when intercept/judge.py keeps a finding)."""
@@ -195,6 +205,7 @@ class Session:
     def _simulate(self, params: dict, device_operands: list, mesh: MeshInfo,
                   results: Sequence[np.ndarray] | None = None,
                   call_site: SourceFrame | None = None) -> list[list[np.ndarray]]:
+        self._last.call = None
         program, outside = self.judge.program()
         key = program.key(params) if program is not None else None
         if program is not None and program.replay is not None:  # a re-run of the program
@@ -237,7 +248,8 @@ class Session:
             where = f" at {kernel.file}:{kernel.line}" if kernel.file else ""
             compiled = self.tiers.attempt(params, mesh.num_devices, never, device_operands[0],
                                           results, f"{kernel.name}{where}")
-            if compiled.outputs is not None:
+            if compiled.outputs is not None:  # a clear verdict: every output written
+                self._last.call = (index, {})
                 return self._compiled_done(call, program, outside, key, compiled)
             started = time.perf_counter()
             result = self._run_engine(call, results, checkers, live, never)
@@ -255,6 +267,7 @@ class Session:
         self.store.extend(self.judge.received(program, outside, key, index, result.seed,
                                               result.findings, result.exposures))
         self._write_prints(result.prints)
+        self._last.call = (index, never_written(result.exposures))
         if result.timeline is not None and self.trace is not None:
             self.trace.keep(result.timeline, [*fits.findings, *result.findings])
         return_freed_memory()

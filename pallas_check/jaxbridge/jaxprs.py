@@ -49,6 +49,40 @@ def structure_text(jaxpr: Jaxpr) -> str:
     return str(_core.pp_jaxpr(jaxpr, _core.JaxprPpContext(), _PP_SETTINGS).format())
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """A param value whose text is the same in every process (no object, no counter)."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN) or type(value).__name__ in ("dtype", "DType")
+
+
+def stable_text(jaxpr: Jaxpr) -> str:
+    """A jaxpr's structure as text equal in every process that traces the same code on the
+    same shapes (a hardware recording's fingerprint, commands/recording.py): per equation,
+    nested ones included, its primitive, its operands' and results' types, and its params
+    whose values are plain (numbers, strings, dtypes). Left out: literal values and other
+    params, which may hold a process's own counters or objects (checkify numbers each
+    `pl.debug_check` from a per-process count, and keeps a traceback object)."""
+    lines: list[str] = []
+
+    def walk(inner: Jaxpr, depth: int) -> None:
+        lines.append(f"{'  ' * depth}in {[str(v.aval) for v in inner.invars]}")
+        for eqn in inner.eqns:
+            params = {k: v for k, v in sorted(eqn.params.items()) if _plain(v)}
+            lines.append(f"{'  ' * depth}{eqn.primitive.name}"
+                         f" {[str(v.aval) for v in eqn.invars]}"
+                         f" -> {[str(v.aval) for v in eqn.outvars]} {params}")
+            for sub in sub_jaxprs(eqn):
+                walk(sub, depth + 1)
+        lines.append(f"{'  ' * depth}out {[str(v.aval) for v in inner.outvars]}")
+
+    walk(jaxpr, 0)
+    return "\n".join(lines)
+
+
 # jax 0.10 discharges a ClosedJaxpr (`discharge_state(closed)`); jax 0.9's
 # `discharge_state(jaxpr, consts)` takes an open one, and its ClosedJaxpr form is
 # `discharge_state2`.

@@ -45,6 +45,12 @@ class DiffedCall(Protocol):
     def error(self) -> str | None: ...  # the other side could not run this call
     @property
     def mismatches(self) -> int: ...
+    @property
+    def disagreement(self) -> str | None: ...  # replay: why the call disagrees otherwise
+    @property
+    def note(self) -> str | None: ...
+    @property
+    def findings(self) -> int: ...
 
 
 class DiffedRun(Protocol):
@@ -79,6 +85,10 @@ class DiffedRun(Protocol):
     def partial(self) -> bool: ...
     @property
     def mismatching_outputs(self) -> int: ...
+    @property
+    def disagreements(self) -> Sequence[str]: ...  # replay: beyond the calls' outputs
+    @property
+    def recording(self) -> Mapping[str, JsonValue] | None: ...  # replay: where it was made
 
 
 # A row of the table: a call and one of its outputs, or None for a call not compared.
@@ -101,18 +111,21 @@ def diff_dict(report: DiffedRun) -> JsonObject:
                 "output": o.output, "name": o.name, "shape": list(o.shape), "dtype": o.dtype,
                 "size": o.size, "mismatches": o.mismatches, "max_abs": _number(o.max_abs),
                 "max_rel": _number(o.max_rel), "rtol": o.rtol, "atol": o.atol,
-                "note": o.note,
+                "note": o.note, "never_written": o.never_written,
                 "first_mismatches": [{"index": list(m.index), "ours": m.ours,
                                       "theirs": m.theirs} for m in o.first],
             })
         calls.append({"index": c.index, "device": c.device, "kernel": c.kernel,
                       "file": c.file, "line": c.line, "grid": list(c.grid),
-                      "mismatches": c.mismatches, "error": c.error, "outputs": outputs})
+                      "mismatches": c.mismatches, "error": c.error,
+                      "disagreement": c.disagreement, "note": c.note,
+                      "findings": c.findings, "outputs": outputs})
     return {
         **header(SCHEMA, SCHEMA_VERSION, report.script),
         "ours": report.config,
         "against": report.against,
         "against_config": report.against_config,
+        "recording": report.recording,
         "rtol": report.rtol,
         "atol": report.atol,
         "exit_code": report.exit_code,
@@ -126,7 +139,11 @@ def diff_dict(report: DiffedRun) -> JsonObject:
             "mismatching_outputs": report.mismatching_outputs,
             "mismatching_elements": sum(c.mismatches for c in report.calls),
             "findings": report.findings,
+            "never_written_elements": never_written(report),
+            "disagreements": len(report.disagreements)
+            + sum(1 for c in report.calls if c.disagreement),
         },
+        "disagreements": list(report.disagreements),
         "calls": calls,
     }
 
@@ -141,11 +158,11 @@ def _rows(report: DiffedRun) -> tuple[list[_Row], int]:
     """(call, output or None for a call not compared) in order, and how many matching
     outputs are left out (beyond MATCHING_ROWS rows only mismatches are listed)."""
     rows: list[_Row] = [(c, o) for c in report.calls for o in c.outputs]
-    rows += [(c, None) for c in report.calls if c.error]
+    rows += [(c, None) for c in report.calls if c.error or c.disagreement or c.note]
     rows.sort(key=lambda r: (r[0].index, r[0].device, -1 if r[1] is None else r[1].output))
     if len(rows) <= MATCHING_ROWS:
         return rows, 0
-    kept = [(c, o) for c, o in rows if o is None or o.mismatches]
+    kept = [(c, o) for c, o in rows if o is None or o.mismatches or o.never_written]
     return kept, len(rows) - len(kept)
 
 
@@ -157,7 +174,21 @@ def _first(o: OutputDiff) -> str:
         first += "\n…"
     if o.note:
         first = (first + "\n" if first else "") + o.note
+    if o.never_written:
+        first = ((first + "\n" if first else "")
+                 + f"never written: {plural(o.never_written, 'element')} (not compared)")
     return first
+
+
+def _call_text(c: DiffedCall) -> tuple[str, Text]:
+    """A call's row without an output: what it says, and its state (not compared, or
+    disagrees, or a note)."""
+    words = [w for w in (c.disagreement, c.error, c.note) if w]
+    if c.disagreement:
+        return "; ".join(words), Text("disagrees", style="bold red")
+    if c.error:
+        return "; ".join(words), Text("not compared", style="bold red")
+    return "; ".join(words), Text("agrees", style="green")
 
 
 def _count(o: OutputDiff) -> Text:
@@ -173,9 +204,9 @@ def _table(console: Console, report: DiffedRun, rows: list[_Row], root: Path,
         call = Text(f"{c.index}" + (f" (device {c.device})" if c.device else ""))
         kernel = Text(f"{c.kernel}\n{display_path(c.file, root)}:{c.line}")
         if o is None:
-            cells.append([call, kernel, Text(""), Text(""), Text(""),
-                          Text("not compared", style="bold red"), Text(""), Text(""),
-                          Text(c.error or "")])
+            said, state = _call_text(c)
+            cells.append([call, kernel, Text(""), Text(""), Text(""), state, Text(""),
+                          Text(""), Text(said)])
             continue
         cells.append([call, kernel, Text(o.name), Text(str(tuple(o.shape))), Text(o.dtype),
                       _count(o), Text(_fmt(o.max_abs)), Text(_fmt(o.max_rel)),
@@ -203,12 +234,14 @@ def _print_blocks(console: Console, rows: list[_Row], root: Path,
         head = (Text(f"{display_path(c.file, root)}:{c.line}", style="cyan")
                 + Text(f": call {c.index}{device} {c.kernel}: "))
         if o is None:
-            print_wrapped(console, head + Text("not compared", style="bold red")
-                          + Text(f": {c.error or ''}"))
+            said, state = _call_text(c)
+            print_wrapped(console, head + state + Text(f": {said}"))
             continue
         head += Text(f"output {o.name} (shape {tuple(o.shape)}, {o.dtype}): ")
         if not o.mismatches:
-            print_wrapped(console, head + Text("all match", style="green"))
+            unwritten = (f" (never written: {plural(o.never_written, 'element')}, not"
+                         f" compared)" if o.never_written else "")
+            print_wrapped(console, head + Text("all match", style="green") + Text(unwritten))
             continue
         print_wrapped(console, head + _count(o) + Text(f" differ, max abs {_fmt(o.max_abs)},"
                                                        f" max rel {_fmt(o.max_rel)}"))
@@ -234,9 +267,12 @@ def render_table(report: DiffedRun, stream: TextIO, display: Display | None = No
     if report.findings:
         print_wrapped(console, Text(f"Our run also reported {plural(report.findings, 'finding')};"
                                     f" `pallas-check run` shows them.", style="yellow"))
+    for line in report.disagreements:
+        print_wrapped(console, Text("Disagrees: ", style="bold red") + Text(line))
     print_failures(console, report.user_error, report.user_traceback,
                    report.internal_error)
     bad = report.mismatching_outputs
+    bad += len(report.disagreements) + sum(1 for c in report.calls if c.disagreement)
     summary = f"{summary_text(report)} (ours vs {report.against})"
     if report.partial:
         summary += " (partial: the run did not finish)"
@@ -263,10 +299,23 @@ class DiffJsonReporter:
 __all__ = ["DiffJsonReporter", "DiffTableReporter", "diff_dict"]
 
 
+def never_written(report: DiffedRun) -> int:
+    """The output elements ours never wrote, over the run (not compared)."""
+    return sum(o.never_written for c in report.calls for o in c.outputs)
+
+
 def summary_text(report: DiffedRun) -> str:
     """`1 of 3 outputs differs in 2 pallas_calls`: the report's summary line, and the
-    stderr line when the report went to a file."""
+    stderr line when the report went to a file (`; never written: N elements` when ours
+    left some, `; 2 disagreements` for a replay's other disagreements)."""
     outputs = sum(len(c.outputs) for c in report.calls)
     bad = report.mismatching_outputs
-    return (f"{bad} of {plural(outputs, 'output')} {'differs' if bad == 1 else 'differ'}"
+    text = (f"{bad} of {plural(outputs, 'output')} {'differs' if bad == 1 else 'differ'}"
             f" in {plural(len(report.calls), 'pallas_call')}")
+    unwritten = never_written(report)
+    if unwritten:
+        text += f"; never written: {plural(unwritten, 'element')} (not compared)"
+    others = len(report.disagreements) + sum(1 for c in report.calls if c.disagreement)
+    if others:
+        text += f"; {plural(others, 'other disagreement')}"
+    return text

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 from pallas_check.cli.app import app
 from pallas_check.config.exitcodes import ExitCode
-from pallas_check.config.options import COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS
+from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RECORD_OPTIONS,
+                                         RUN_OPTIONS)
 
-COMMANDS = {"run": RUN_OPTIONS, "compile": COMPILE_OPTIONS, "diff": DIFF_OPTIONS}
+COMMANDS = {"run": RUN_OPTIONS, "compile": COMPILE_OPTIONS, "diff": DIFF_OPTIONS,
+            "record": RECORD_OPTIONS}
 
 
 def _help(*command: str) -> str:
@@ -22,7 +24,7 @@ def _help(*command: str) -> str:
     return result.output
 
 
-@pytest.mark.parametrize("command", ["run", "compile", "diff", "hook"])
+@pytest.mark.parametrize("command", ["run", "compile", "diff", "record", "hook"])
 def test_no_python_type_in_the_help(command):
     text = _help(command)
     # typer's words: <path>, <str>, <int range>, <list[str]>, <eager|on_wait>, {script}
@@ -33,6 +35,7 @@ def test_no_python_type_in_the_help(command):
     ("run", "[OPTIONS] SCRIPT [ARGS]..."),
     ("compile", "[OPTIONS] SCRIPT [ARGS]..."),
     ("diff", "[OPTIONS] SCRIPT [ARGS]..."),
+    ("record", "[OPTIONS] SCRIPT [ARGS]..."),
     ("hook", "[OPTIONS] [FILES]..."),
 ])
 def test_the_usage_line_names_the_arguments(command, usage):

@@ -214,3 +214,20 @@ def test_run_native_plumbing(tmp_path, hlo_as_hardware):
         assert call["not_timed"] is None
         assert call["runs"] == 5 and 0 < call["best_s"] <= call["median_s"]
         assert call["compile_s"] > 0
+
+
+def test_never_written_elements_are_counted_apart(tmp_path):
+    # The last 8 rows are never written: NaN on our side, 0.0 under `--uninit zero` (as a
+    # chip leaves what memory held). Not mismatches; and the caller slices them off, so
+    # ours reports no finding, as `run` does.
+    sample = str(SAMPLES / "unwritten_padding_sliced_ok.py")
+    code, report, output = diff(tmp_path, sample, "--against", "--uninit zero")
+    assert code == 0, output
+    out = only_output(report)
+    assert (out["mismatches"], out["never_written"]) == (0, 8 * 128)
+    assert report["summary"]["never_written_elements"] == 1024
+    assert report["summary"]["findings"] == 0
+    result = CliRunner().invoke(app, ["diff", sample, "--against", "hlo"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "Our run also reported" not in result.output

@@ -12,10 +12,11 @@ import json
 
 import pytest
 
-from pallas_check.config.options import COMPILE_OPTIONS, DIFF_OPTIONS, RUN_OPTIONS
-from pallas_check.config.formats import COMPILE, DIFF, NATIVE, RUN, Format
+from pallas_check.config.options import (COMPILE_OPTIONS, DIFF_OPTIONS, RECORD_OPTIONS,
+                                         RUN_OPTIONS)
+from pallas_check.config.formats import COMPILE, DIFF, NATIVE, RECORD, RUN, Format
 
-REPORTS = (RUN, DIFF, NATIVE, COMPILE)
+REPORTS = (RUN, DIFF, NATIVE, COMPILE, RECORD)
 
 
 @pytest.mark.parametrize("fmt,report", [(f, r) for f in Format for r in f.reporters],
@@ -37,7 +38,8 @@ def test_a_report_without_the_format_is_refused():
 
 
 @pytest.mark.parametrize("options,report", [(RUN_OPTIONS, RUN), (DIFF_OPTIONS, DIFF),
-                                            (COMPILE_OPTIONS, COMPILE)])
+                                            (COMPILE_OPTIONS, COMPILE),
+                                            (RECORD_OPTIONS, RECORD)])
 def test_each_command_offers_the_formats_of_its_report(options, report):
     (fmt,) = [o for o in options if o.param == "fmt"]
     offered = [member.value for member in fmt.kind]

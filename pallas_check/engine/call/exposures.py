@@ -89,3 +89,18 @@ def dependent(names: Sequence[str], outputs: Sequence[Sequence[np.ndarray]],
                 found.append(Exposure(FindingKind.UNINITIALIZED, names[j], device, j,
                                       changed, np.asarray(other[device][j])[changed]))
     return found
+
+
+# Per (device, output): the elements a call never wrote (commands/diff.py compares them
+# apart: a chip leaves whatever was there, ours the fill).
+NeverWritten = dict[tuple[int, int], np.ndarray]
+
+
+def never_written(found: Sequence[Exposure]) -> NeverWritten:
+    """The never-written output elements among a call's exposures, by (device, output):
+    the engine's written-shadow of each output, exact and already computed."""
+    masks: NeverWritten = {}
+    for exposure in found:
+        if exposure.kind is FindingKind.UNWRITTEN_OUTPUT:
+            masks[(exposure.device, exposure.output)] = np.asarray(exposure.mask, bool)
+    return masks
