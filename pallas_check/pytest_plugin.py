@@ -110,8 +110,11 @@ def pytest_configure(config: pytest.Config) -> None:
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
+        elif options.config.chip_compile and libtpu_missing() is None:
+            quiet_environment(compiling=True)  # each call compiled as it is made
         if config.getoption("pallas_check_devices") is not None:
-            _use_devices(options.config.devices, options.config.compile)
+            _use_devices(options.config.devices,
+                         options.config.compile or options.config.chip_compile)
         # Used as pallas_check.api, ...: the package holds them once imported.
         import pallas_check.api, pallas_check.commands.retrace, pallas_check.intercept.tpu_info, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
