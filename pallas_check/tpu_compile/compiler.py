@@ -62,8 +62,16 @@ class Raised:
     args: tuple[object, ...]
 
     def exception(self) -> Exception:
-        """A new instance. Made without the class's `__init__`: some (Pallas's
-        `VerificationError`) prefix their message there, and `args` already holds it."""
+        """A new instance: the class called with the arguments (jaxlib's
+        `JaxRuntimeError` keeps its message only so), or, where that does not give back
+        those arguments (Pallas's `VerificationError` prefixes its message again), made
+        without the class's `__init__`."""
+        try:
+            made = self.cls(*self.args)
+            if made.args == self.args:
+                return made
+        except Exception:  # noqa: BLE001 - a class that takes other arguments
+            pass
         exc = self.cls.__new__(self.cls, *self.args)
         Exception.__init__(exc, *self.args)
         return exc
