@@ -208,6 +208,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if run is None or run.report is None:  # the block never began
         raise failure if failure is not None else RuntimeError("pallas-check: no report")
     report = run.report
+    # A call the chip refused raised in the test (intercept/chip.py); a test that passed
+    # caught it -- it asserts the refusal, as it would on a TPU: no finding of this test.
+    caught = [f for f in report.findings if "raised" in f.details] if failure is None else []
+    if caught:
+        report = dataclasses.replace(report, findings=[f for f in report.findings
+                                                       if "raised" not in f.details])
+    item.user_properties.append(("pallas_check_refusals_caught", len(caught)))
     item.user_properties.append(("pallas_check_calls", len(report.calls)))
     item.user_properties.append(("pallas_check_findings", len(report.findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))
