@@ -20,7 +20,7 @@ from scenarios.test_samples import SAMPLES
 
 KERNELS = Path(__file__).parent / "chip_kernels"
 
-pytestmark = pytest.mark.skipif(libtpu_missing() is not None, reason="needs libtpu")
+needs_libtpu = pytest.mark.skipif(libtpu_missing() is not None, reason="needs libtpu")
 
 # form -> the class the chip raises (checked against each script's own docstring).
 RAISES = {
@@ -41,6 +41,7 @@ def _refused_line(path: Path) -> int:
                 if "# REFUSED" in line)
 
 
+@needs_libtpu
 @pytest.mark.parametrize("form", sorted(RAISES))
 def test_a_default_run_reports_what_the_chip_refuses_and_the_program_sees_it_raised(cli, form):
     path = KERNELS / f"{form}.py"
@@ -58,6 +59,7 @@ def test_a_default_run_reports_what_the_chip_refuses_and_the_program_sees_it_rai
     assert call["reason"] == "not run: v5e's compiler refuses it"
 
 
+@needs_libtpu
 def test_no_compile_leaves_it_to_the_simulation(cli):
     """--no-compile: the call runs simulated, nothing raises (the old behaviour)."""
     result = cli("run", str(KERNELS / "lane_block.py"), "--no-compile")
@@ -65,9 +67,22 @@ def test_no_compile_leaves_it_to_the_simulation(cli):
     assert "raised" not in result.output
 
 
+@needs_libtpu
 def test_a_kernel_the_chip_builds_runs_as_before_and_its_vmem_is_the_compilers(cli):
     """A clean kernel: compiled (once), simulated, no finding; the reckoned VMEM of a call
     that compiled is withdrawn (engine/call/capacity.py's estimate), none here to withdraw."""
     result = cli("run", str(SAMPLES / "compile_block_shape_ok.py"), "--chip-compile")
     assert result.exit_code == ExitCode.CLEAN, result.output
     assert result.findings == []
+
+
+def test_without_libtpu_the_report_says_once_that_the_compile_was_not_checked(cli, monkeypatch):
+    from pallas_check.tpu_compile import toolchain
+
+    monkeypatch.setattr(toolchain, "libtpu_missing", lambda: "no libtpu")
+    result = cli("run", str(KERNELS / "lane_block.py"), "--chip-compile", json_report=False)
+    assert result.exit_code == ExitCode.CLEAN, result.output
+    assert result.output.count("the TPU compile was not checked") == 1
+    assert 'pip install "pallas-check[tpu]"' in result.output
+    off = cli("run", str(KERNELS / "lane_block.py"), "--no-compile", json_report=False)
+    assert "not checked" not in off.output
