@@ -188,7 +188,7 @@ def checked(options: Options, label: str, rerun: str | None = None,
                            " checking() block): checking() blocks do not nest")
     # As `pallas-check run` does: JAX's backends started with libtpu's start-up chatter
     # kept off stderr (a no-op once the process has started them).
-    start_backends_quietly(compiling=options.config.compile)
+    start_backends_quietly(compiling=options.config.compile or options.config.chip_compile)
     run = Run(options, label)
     session = Session(options.config)  # not kept by the Run: the report is all it keeps
     session.retrace = retrace

@@ -110,8 +110,11 @@ def pytest_configure(config: pytest.Config) -> None:
             if missing:
                 raise pytest.UsageError(f"pallas-check: {missing}")
             quiet_environment(compiling=True)  # before libtpu loads
+        elif options.config.chip_compile and libtpu_missing() is None:
+            quiet_environment(compiling=True)  # each call compiled as it is made
         if config.getoption("pallas_check_devices") is not None:
-            _use_devices(options.config.devices, options.config.compile)
+            _use_devices(options.config.devices,
+                         options.config.compile or options.config.chip_compile)
         # Used as pallas_check.api, ...: the package holds them once imported.
         import pallas_check.api, pallas_check.commands.retrace, pallas_check.intercept.tpu_info, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
@@ -205,6 +208,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if run is None or run.report is None:  # the block never began
         raise failure if failure is not None else RuntimeError("pallas-check: no report")
     report = run.report
+    # A call the chip refused raised in the test (intercept/chip.py); a test that passed
+    # caught it -- it asserts the refusal, as it would on a TPU: no finding of this test.
+    caught = [f for f in report.findings if "raised" in f.details] if failure is None else []
+    if caught:
+        report = dataclasses.replace(report, findings=[f for f in report.findings
+                                                       if "raised" not in f.details])
+    item.user_properties.append(("pallas_check_refusals_caught", len(caught)))
     item.user_properties.append(("pallas_check_calls", len(report.calls)))
     item.user_properties.append(("pallas_check_findings", len(report.findings)))
     item.user_properties.append(("pallas_check_suppressed", len(report.suppressed)))

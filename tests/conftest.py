@@ -38,6 +38,12 @@ if "PALLAS_CHECK_CACHE_DIR" not in os.environ:
     os.environ["PALLAS_CHECK_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# Every run compiles each distinct call for the chip where libtpu is installed
+# (intercept/chip.py). The suite's hundreds of runs are about the simulation: they leave it
+# off, and the tests of that compile (tests/intercept/test_chip.py, the kernel repository's
+# tests/api/test_pytest_plugin.py case) turn it on with `--chip-compile`, which outranks it.
+os.environ.setdefault("PALLAS_CHECK_CHIP_COMPILE", "0")
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 

@@ -266,7 +266,7 @@ def run(script: Path, script_args: Optional[List[str]] = None,
                                  options["races"], script)
     trace = _check_output(trace, script, "--trace")
     _set_device_count(options["devices"])
-    _start_the_run(options["compile"])
+    _start_the_run(options["compile"] or options["chip_compile"])
     if options["native"]:
         _run_native(script, script_args, fmt_name, output)
     config = config_from(options, RUN_OPTIONS, timeline=trace is not None)

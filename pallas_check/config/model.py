@@ -76,6 +76,11 @@ class Config:
     schedules: int = 1  # seeds seed, seed+1, ... tried per call (schedule exploration)
     keep_going: bool = False  # with schedules > 1: try them all, not stop at a finding
     compile: bool = False  # also compile every call for the real TPUs named by `tpu`
+    # Each distinct call compiled for the first generation of `tpu` as it is lowered, where
+    # libtpu is installed (intercept/chip.py): what the chip refuses is a finding and raises
+    # in the program. On in `run`, the plugin and the API (config/options.py `--no-compile`
+    # turns it off); off in a Config built directly (the engine's own tests).
+    chip_compile: bool = False
     # Several generations in `tpu`: each further one's own trace (the script run again as
     # that chip) simulated and checked too, not only compiled.
     tpu_all: bool = False

@@ -177,6 +177,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Also compile every call for the real TPU generation(s) of --tpu with libtpu"
            " (no TPU needed): compile errors and VMEM overflows become findings.",
            config_field="compile", replayed=True, pytest=True),
+    # On by default where libtpu is installed: a kernel the chip cannot build is the first
+    # thing a TPU says about it (intercept/chip.py).
+    Option("chip_compile", ("--chip-compile",), bool, True,
+           "Compile each distinct call for the first --tpu generation as it is made, with"
+           " libtpu (no TPU needed; cached across runs): what the chip refuses is a finding"
+           " and raises in the program as on a TPU; on unless --no-compile (without libtpu"
+           " the report says the compile was not checked).",
+           config_field="chip_compile", pytest=True, negative="--no-compile"),
     Option("tpu_all", ("--tpu-all",), bool, False,
            "With several --tpu generations: the script runs once more per further"
            " generation, traced as that chip, and each run's calls are simulated and"

@@ -63,6 +63,27 @@ class Inline:
 # inline(params, call_site) -> Inline, or None: the call goes through the handler.
 InlineHook = Callable[[dict, SourceFrame | None], Inline | None]
 
+# chip(params, operand avals ((shape, dtype name), ...), mesh_axes, call_site): called as
+# each call is lowered, before anything of it is emitted; what it raises is what the
+# lowering of the user's program raises (intercept/chip.py: the chip's compile error).
+ChipHook = Callable[[dict, tuple[tuple[tuple[int, ...], str], ...], "MeshAxes",
+                     SourceFrame | None], None]
+
+# Set on a thread that compiles a call for a real TPU while the interception is installed
+# (intercept/chip.py): there every pallas_call gets JAX's own lowering.
+_real = threading.local()
+
+
+@contextlib.contextmanager
+def real_lowering() -> Iterator[None]:
+    """While active on this thread, pallas_calls lowered here get JAX's own lowering."""
+    before = getattr(_real, "on", False)
+    _real.on = True
+    try:
+        yield
+    finally:
+        _real.on = before
+
 _lock = threading.Lock()
 
 # What a lowering rule returns: per result, its IR value (or values) (JAX's MLIR types,
@@ -212,8 +233,11 @@ def _mesh_axes() -> MeshAxes:
 
 
 def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
-                   inline: InlineHook | None = None) -> Callable[..., _Lowered]:
+                   inline: InlineHook | None = None, chip: ChipHook | None = None
+                   ) -> Callable[..., _Lowered]:
     def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
+        if getattr(_real, "on", False) and _saved is not None:  # compiling for a TPU
+            return cast(_Lowered, _saved.lowering.module_lowering(ctx, *in_nodes, **params))
         params.pop("interpret", None)
         # Semaphore-typed operands and results (a semaphore passed from one call to the
         # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
@@ -225,6 +249,9 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         # Where the script made the call (the innermost frame of the user's code).
         frames = _user_frames_of(ctx.traceback)
         call_site = frames[0] if frames else None
+        avals = _operand_avals(outer.avals_in) if chip is not None else None
+        if chip is not None and avals is not None:
+            chip(params, avals, _mesh_axes(), call_site)
         # Inline only where the operands can be lent to `decide` (one CPU device).
         plan = (inline(params, call_site)
                 if inline is not None and jax_lowering.one_cpu_device(ctx) else None)
@@ -286,6 +313,23 @@ def _decide_lowering(ctx: LoweringRuleContext, *args: Any,
 
 
 jax_lowering.register_lowering(_decide_p, _decide_lowering)
+
+
+def _operand_avals(avals: Sequence[AbstractValue]
+                   ) -> tuple[tuple[tuple[int, ...], str], ...] | None:
+    """The operands as (shape, dtype name) pairs, as the chip compiles them; None when one
+    is not a plain array (a semaphore or key passed between calls: not compiled alone)."""
+    pairs = []
+    for aval in avals:
+        raw = getattr(aval, "dtype", None)
+        try:
+            dtype = np.dtype(raw) if raw is not None else None
+        except TypeError:
+            dtype = None
+        if dtype is None:
+            return None
+        pairs.append((tuple(int(d) for d in cast(ShapedArray, aval).shape), str(dtype)))
+    return tuple(pairs)
 
 
 def _physical(aval: AbstractValue) -> AbstractValue:
@@ -373,14 +417,16 @@ def native_function(params: dict[str, Any]) -> jax.stages.Wrapped:
 
 
 def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
-            call_sites: bool = False, inline: InlineHook | None = None) -> None:
+            call_sites: bool = False, inline: InlineHook | None = None,
+            chip: ChipHook | None = None) -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
     and "observe" keep the hardware lowering too (see `_make_native_lowering`).
     fills_results / call_sites (replace mode): the handler also takes `results=` /
     `call_site=` (see CallHandler); `inline` (replace mode): which call sites are lowered
-    inline (see `Inline`)."""
+    inline (see `Inline`); `chip` (replace mode): asked of each call as it is lowered (see
+    `ChipHook`)."""
     global _saved
 
     with _lock:
@@ -391,7 +437,8 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
         if mode != "replace" and not jax_lowering.pallas_call_lowering_is_plain():
             raise RuntimeError("this JAX's pallas_call lowering is not the one pallas-check"
                                " knows how to wrap")
-        rule = (_make_lowering(handler, fills_results, call_sites, inline) if mode == "replace"
+        rule = (_make_lowering(handler, fills_results, call_sites, inline, chip)
+                if mode == "replace"
                 else _make_native_lowering(handler, mode,
                                            jax_lowering.pallas_call_lowering()))
         # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
@@ -420,8 +467,9 @@ def uninstall() -> None:
 
 @contextlib.contextmanager
 def intercepted(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
-                call_sites: bool = False, inline: InlineHook | None = None) -> Iterator[None]:
-    install(handler, mode, fills_results, call_sites, inline)
+                call_sites: bool = False, inline: InlineHook | None = None,
+                chip: ChipHook | None = None) -> Iterator[None]:
+    install(handler, mode, fills_results, call_sites, inline, chip)
     try:
         yield
     finally:

@@ -49,6 +49,7 @@ from pallas_check.tpu_compile.stage import CompileRecorder
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
+from pallas_check.intercept.chip import ChipCheck
 
 
 # A call's name in the report while its kernel is not named (naming it failed).
@@ -153,6 +154,8 @@ class Session:
         self._last = threading.local()
         if config.compile:
             self.compile_recorder = CompileRecorder()
+        # The first generation's compile at each call's lowering (intercept/chip.py).
+        self.chip = ChipCheck(config, self._refused_by_chip)
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -233,7 +236,8 @@ class Session:
                                              kernel, call_site)
             # Checked against the chips of --tpu before anything is allocated: a call no
             # chip could run is reported and not simulated (engine/call/capacity.py).
-            fits = capacity.check(params, self.config, kernel, index, call_site)
+            fits = self.chip.fits(capacity.check(params, self.config, kernel, index, call_site),
+                                  params, device_operands[0], mesh.axes)
             self.store.extend(fits.findings)
             if not fits.simulated:
                 with self._lock:
@@ -275,6 +279,18 @@ class Session:
                      races=checkers.race_cost() if isinstance(checkers, RaceCounting) else None,
                      unused_memory=result.unused_memory, tier=(ENGINE, compiled.reason))
         return result.outputs
+
+    def _refused_by_chip(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+                         mesh_axes: tuple, finding: Callable[[int], Finding]) -> int:
+        """A call the chip's compiler refused as it was lowered (intercept/chip.py): listed
+        as not run, with its finding; its index."""
+        with self._lock:
+            index = next(self._counter)
+        self.store.extend([finding(index)])
+        self._record(_Call(index, kernel, params, [[]], time.perf_counter(),
+                           MeshInfo(tuple(mesh_axes)), call_site), 1,
+                     tier=(ENGINE, f"not run: {self.chip.generation.value}'s compiler refuses it"))
+        return index
 
     def _compiled_done(self, call: _Call, program: Program | None, outside: str,
                        key: tuple[Any, ...] | None, compiled: TierRun
@@ -480,7 +496,7 @@ class Session:
         kernels that ask which chip they run on."""
         inline = InlineCalls(self)
         with (intercepted(self.handle_call, fills_results=True, call_sites=True,
-                          inline=inline.lowered),
+                          inline=inline.lowered, chip=self.chip.check if self.chip.on else None),
               simulated_tpu(self.config.tpu, self.config.cores),
               children.undone_in_child(self._forked)):
             self.questions_from = questions()

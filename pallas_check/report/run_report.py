@@ -46,6 +46,8 @@ class RunReport:
     suppressed: list[tuple[Finding, Suppression]] = dataclasses.field(default_factory=list)
     trace: str | None = None  # the --trace file written, if any
     trace_notes: list[str] = dataclasses.field(default_factory=list)  # capped calls
+    # What the run could not check, said once (the TPU compile without libtpu).
+    notes: list[str] = dataclasses.field(default_factory=list)
     # --kernel / --calls: the calls run unchecked, per kernel name (intercept/call_filter.py).
     passed_through: dict[str, int] = dataclasses.field(default_factory=dict)
     # Several --tpu generations with --compile or --tpu-all: per further generation, how

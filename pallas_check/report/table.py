@@ -142,7 +142,7 @@ class TableReporter:
         _print_compiled(console, report)
         _print_traces(console, report)
         _print_unused_memory(console, report)
-        for note in report.trace_notes:  # --trace-limit cut a call's timeline short
+        for note in [*report.trace_notes, *report.notes]:  # (trace: --trace-limit)
             print_wrapped(console, Text.styled("note: ", "bold") + Text(note))
         if tiers := tiers_text(report):  # only when the compiled tier ran a call
             print_wrapped(console, Text(tiers))

@@ -40,6 +40,8 @@ class TextReporter:
             stream.write(f"{script}: suppressed: {count} {noun} {parts}\n")
         if tiers := tiers_text(report):  # "k.py: note: 3 of 5 calls ran compiled ..."
             stream.write(f"{script}: note: {tiers}\n")
+        for note in report.notes:  # what the run could not check
+            stream.write(f"{script}: note: {note}\n")
         if report.user_error:
             stream.write(f"{script}: script-failed: {report.user_error}\n")
         if report.internal_error:

@@ -31,6 +31,7 @@ from pallas_check.report import Format, reporter_for
 from pallas_check.config.display import display_for
 from pallas_check.report.run_report import RunReport, suppressed_text
 from pallas_check.report.trace import TraceWriter
+from pallas_check.intercept.chip import NOT_CHECKED
 from pallas_check.intercept.session import Session
 from pallas_check.run.spawned import start_spawned_child
 from pallas_check.findings.units import findings_in_calls, plural
@@ -170,7 +171,8 @@ class CheckCommand:
         report.trace_notes = self.session.trace.notes if trace_written else []
         text = rendered(report, fmt, to_stdout)
         summary = findings_summary(report)
-        failure = script_traceback(done.outcome) if done.user_failed else None
+        failure = (script_traceback(done.outcome) if done.user_failed or done.chip_stop
+                   else None)
         if done.user_failed and done.outcome.interrupted:  # one line: how it stopped, where
             stopped = stopped_text(done.outcome.error, report.calls)
             summary = f"{stopped}; {summary}"
@@ -272,6 +274,7 @@ class Finished:
     user_failed: bool
     finished: bool  # ran to its end with no failure: its findings are complete
     wrong_chip: str | None = None  # the script's SparseCore mesh does not fit --tpu
+    chip_stop: bool = False  # the script ended in a call the chip refuses (intercept/chip.py)
 
 
 def finished_report(session: Session, outcome: ScriptOutcome, ours: list[str],
@@ -289,7 +292,11 @@ def finished_report(session: Session, outcome: ScriptOutcome, ours: list[str],
     engine_error = session.engine_error or (ours[0] if ours else None) or compile_error
     if engine_error is not None:
         engine_error = short_error(engine_error)
-    user_failed = not outcome.ok and engine_error is None
+    # A script that ended in the chip's refusal of a call (intercept/chip.py) ended on a
+    # finding, not a bug of its own: exit 1, its traceback still shown.
+    chip_stop = (not outcome.ok and engine_error is None
+                 and session.chip.ended_program(outcome.exception))
+    user_failed = not outcome.ok and engine_error is None and not chip_stop
     refused = sparsecore_refusal(outcome, session.config.tpu) if user_failed else None
     wrong_chip = refused[0] if refused is not None else None
     if wrong_chip is not None:  # one line, not the traceback of JAX's mesh constructor
@@ -307,15 +314,17 @@ def finished_report(session: Session, outcome: ScriptOutcome, ours: list[str],
     report = RunReport(
         script=origin.script, config=config_dict(session.config), findings=kept.active,
         calls=calls, exit_code=int(code),
-        user_error=outcome.error if user_failed else None,
-        user_traceback=outcome.traceback if user_failed else None,
+        user_error=outcome.error if user_failed or chip_stop else None,
+        user_traceback=outcome.traceback if user_failed or chip_stop else None,
         internal_error=engine_error, partial=outcome.interrupted, rerun=origin.rerun,
         script_args=origin.args, suppressed=kept.suppressed,
         passed_through=(session.call_filter.passed_through()
                         if session.call_filter is not None else {}),
-        traces=dict(session.traces))
+        traces=dict(session.traces),
+        notes=[NOT_CHECKED] if session.chip.not_checked else [])
     return Finished(report, kept, outcome, user_failed,
-                    finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip)
+                    finished=outcome.ok and engine_error is None, wrong_chip=wrong_chip,
+                    chip_stop=chip_stop)
 
 
 def sparsecore_refusal(outcome: ScriptOutcome, tpu: TpuGeneration | str

@@ -23,7 +23,7 @@ from pallas_check.findings.finding import JsonObject
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
 from pallas_check.jaxbridge import call as call_bridge
-from pallas_check.tpu_compile import toolchain
+from pallas_check.tpu_compile import outcome_cache, toolchain
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
 # One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
 from pallas_check.engine.call.footprint import (
@@ -52,6 +52,35 @@ OperandAvals = tuple[tuple[tuple[int, ...], str], ...]
 MeshAxes = tuple[tuple[Hashable, int], ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class Raised:
+    """The exception the chip's toolchain raised for a call: its class and arguments, so
+    that the user's program can be given a fresh one of the same class and message at each
+    call that fails (intercept/chip.py), as a TPU raises it again at each."""
+
+    cls: type[Exception]
+    args: tuple[object, ...]
+
+    def exception(self) -> Exception:
+        """A new instance: the class called with the arguments (jaxlib's
+        `JaxRuntimeError` keeps its message only so), or, where that does not give back
+        those arguments (Pallas's `VerificationError` prefixes its message again), made
+        without the class's `__init__`."""
+        try:
+            made = self.cls(*self.args)
+            if made.args == self.args:
+                return made
+        except Exception:  # noqa: BLE001 - a class that takes other arguments
+            pass
+        exc = self.cls.__new__(self.cls, *self.args)
+        Exception.__init__(exc, *self.args)
+        return exc
+
+    @property
+    def name(self) -> str:
+        return self.cls.__name__
+
+
 @dataclasses.dataclass
 class CompileOutcome:
     """One call for one generation."""
@@ -66,6 +95,7 @@ class CompileOutcome:
     scratch_bytes: int = 0
     capacity: int = 0
     allocations: tuple[Allocation, ...] = ()
+    raised: Raised | None = None  # what the toolchain raised, when it failed
 
     @property
     def ok(self) -> bool:
@@ -176,17 +206,27 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
     try:
         with jax.default_device(device):
             lowered = jax.jit(fn).lower(*args)
+            # The disk's verdict on this exact module (tpu_compile/outcome_cache.py).
+            lowered_text = lowered.as_text()
+            known = outcome_cache.read(lowered_text, generation.value)
+            if known is not None:
+                outcome.scoped_bytes = known
+                outcome.seconds = time.perf_counter() - started
+                return outcome
             outcome.lowered_ir = lowered.compiler_ir("stablehlo")
             compiled = toolchain.quietly(lowered.compile)
     except Exception as exc:  # noqa: BLE001 - the compiler's verdict on the user's kernel
         outcome.seconds = time.perf_counter() - started
         outcome.error_text = f"{type(exc).__name__}: {exc}"
         outcome.diagnosis = diagnose(str(exc) or _unsaid(params, exc))
+        outcome.raised = Raised(type(exc), tuple(exc.args))
         return outcome
     outcome.seconds = time.perf_counter() - started
     outcome.lowered_ir = None  # kept only to place a failure
     text = compiled.as_text()  # None where the backend gives none: use unknown
     outcome.scoped_bytes = _scoped_use(text) if text is not None else None
+    if outcome.scoped_bytes is not None:
+        outcome_cache.write(lowered_text, generation.value, outcome.scoped_bytes)
     return outcome
 
 
@@ -221,3 +261,11 @@ def _scoped_use(hlo_text: str) -> int:
             if str(entry.get("memory_space")) == "1":
                 used = max(used, int(entry.get("size", 0)))
     return used
+
+
+def cached_outcome(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
+                   generation: TpuGeneration) -> CompileOutcome | None:
+    """The outcome of a compile this process already made of the call, or None (no
+    compile is started: the simulation asks what the call's lowering found)."""
+    with _cache_lock:
+        return _cache.get((_params_key(params), avals, mesh_axes, generation))

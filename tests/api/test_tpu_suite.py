@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pallas_check.tpu_compile.toolchain import libtpu_missing
+
 # pytester's in-process runs drop the modules a run imported; imported here first, JAX's
 # Pallas TPU modules (which register primitives once per process) and ours are kept.
 import jax.experimental.pallas.tpu  # noqa: F401
@@ -24,8 +26,8 @@ pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1] / "kernel_repo"
 PER_CHIP = Path(__file__).resolve().parents[1] / "scripts" / "per_chip.py"
-TESTS = ["test_scale_rows", "test_scale_rows_jitted", "test_double_per_core",
-         "test_add_tiled", "test_scale_tokens_drops_the_padding"]
+TESTS = ["test_scale_rows", "test_scale_rows_jitted", "test_gpu_params_are_refused",
+         "test_double_per_core", "test_add_tiled", "test_scale_tokens_drops_the_padding"]
 
 
 @pytest.fixture
@@ -41,11 +43,15 @@ def test_the_suite_skips_itself_without_a_tpu(repo):
     result.assert_outcomes(skipped=len(TESTS))
 
 
+@pytest.mark.skipif(libtpu_missing() is not None, reason="the chip's compile needs libtpu")
 def test_the_suite_runs_green_as_a_v6e(repo):
+    """With the chip's compile on (the default where libtpu is installed; the rest of our
+    suite turns it off): the test asserting that a TPU refuses Triton's params passes, the
+    refusal it caught counted apart and not a finding of that test."""
     junit = repo.path / "junit.xml"
     result = repo.runpytest_subprocess(
-        "--pallas-check", "--pallas-check-tpu", "v6e", "-p", "no:cacheprovider",
-        f"--junitxml={junit}", "tpu_suite.py")
+        "--pallas-check", "--pallas-check-tpu", "v6e", "--pallas-check-chip-compile",
+        "-p", "no:cacheprovider", f"--junitxml={junit}", "tpu_suite.py")
     result.assert_outcomes(passed=len(TESTS))
     assert result.ret == pytest.ExitCode.OK
     calls = {case.get("name"): {p.get("name"): int(p.get("value"))
@@ -55,6 +61,8 @@ def test_the_suite_runs_green_as_a_v6e(repo):
     for name, properties in calls.items():
         assert properties["pallas_check_calls"] == 1, name
         assert properties["pallas_check_findings"] == 0, name
+        assert properties["pallas_check_refusals_caught"] == (
+            1 if name == "test_gpu_params_are_refused" else 0), name
 
 
 SPILL = """\

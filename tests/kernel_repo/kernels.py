@@ -11,7 +11,10 @@ tests/api/test_tpu_suite.py).
   rows as a quarter of the chip's VMEM holds for its double-buffered blocks;
 - `scale_tokens` runs over a token buffer padded to whole blocks, writes only the blocks
   that hold tokens, and hands its caller `out[:num_tokens]` (the padding rows it never
-  wrote are dropped inside the jitted wrapper: no defect).
+  wrote are dropped inside the jitted wrapper: no defect);
+- `scale_rows_gpu_params` is `scale_rows` as ported from the GPU, Triton's compiler params
+  left on: a TPU refuses it (its lowering asserts the params are Mosaic's), and the suite
+  asserts that refusal (`pytest.raises(AssertionError)`).
 """
 
 import functools
@@ -48,6 +51,18 @@ def scale_rows(x: jax.Array, factor: float) -> jax.Array:
     return pl.pallas_call(kernel, grid=(x.shape[0] // rows,), in_specs=[spec],
                           out_specs=spec,
                           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def scale_rows_gpu_params(x: jax.Array, factor: float) -> jax.Array:
+    from jax.experimental.pallas import triton as pltriton
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * factor
+
+    spec = pl.BlockSpec((block_rows(), x.shape[1]), lambda i: (i, 0))
+    return pl.pallas_call(kernel, grid=(x.shape[0] // block_rows(),), in_specs=[spec],
+                          out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          compiler_params=pltriton.CompilerParams(num_warps=4))(x)
 
 
 def double_per_core(x: jax.Array) -> jax.Array:

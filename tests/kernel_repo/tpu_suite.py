@@ -27,6 +27,12 @@ def test_scale_rows_jitted():
                                rtol=1e-6)
 
 
+def test_gpu_params_are_refused():
+    """A TPU refuses Triton's compiler params as the call is made."""
+    with pytest.raises(AssertionError):
+        kernels.scale_rows_gpu_params(jnp.asarray(X[:32]), 2.0)
+
+
 def test_double_per_core():
     np.testing.assert_array_equal(np.asarray(kernels.double_per_core(jnp.asarray(X[:16]))),
                                   X[:16] * 2)
