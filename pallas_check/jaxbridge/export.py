@@ -33,6 +33,7 @@ def exported(jitted: Any, avals: Sequence[jax.ShapeDtypeStruct]) -> tuple[bytes,
 def compile_exported(blob: bytes, options: Mapping[str, str] | None) -> jax.stages.Compiled:
     """A program `exported` made, compiled for this process's CPU with `options`."""
     found: Any = pickle.loads(blob)
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in found.in_avals]
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype)  # type: ignore[no-untyped-call]
+             for a in found.in_avals]
     lowered = jax.jit(found.call).lower(*avals)
     return lowered.compile(compiler_options=dict(options) if options else None)

@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Mapping
 
+from pallas_check.engine.runtime.disk_cache import write_entry
+from pallas_check.jaxbridge.export import compile_exported
+
 # How often the parent looks at the worker's time and resident memory while it compiles.
 _POLL_S = 0.05
 _HEADER = struct.Struct("<Q")
@@ -133,18 +136,16 @@ def compile_bounded(blob: bytes, options: Mapping[str, str] | None, path: Path,
 def _serve() -> None:
     """The worker: each job compiled and written where the parent said; the answer is
     None, or XLA's refusal as text."""
-    from pallas_check.engine.runtime.disk_cache import write_entry  # (the worker only)
-    from pallas_check.jaxbridge.export import compile_exported
-
     jobs, answers = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
             job = _receive(jobs)
         except EOFError:
             return
-        blob, options, path = job  # type: ignore[misc]
+        assert isinstance(job, tuple) and len(job) == 3
+        blob, options, path = job
         try:
-            write_entry(Path(path), compile_exported(blob, options))
+            write_entry(Path(str(path)), compile_exported(bytes(blob), dict(options)))
             answer: str | None = None
         except Exception as exc:  # noqa: BLE001 - XLA's refusal goes back as text
             answer = f"XLA cannot compile it ({type(exc).__name__})"
