@@ -1,7 +1,7 @@
 """A call as one computation: the grid loop, the BlockSpec pipeline, the kernel body.
 
-`build(params, config)` traces the call (twice when a landing was traced before a DMA
-site it must cover was met) and compiles it for the engine's CPU client; the result takes
+`build(params, config)` traces the call (`trace`: twice when a landing was traced before a
+DMA site it must cover was met) and compiles it for the engine's CPU client; the result takes
 the call's operands and returns its outputs and the verdict. It also holds the traced
 function itself, which intercept/patched_lowering.py lowers into the script's own program
 (a call run inline, with no host callback of its own).
@@ -73,8 +73,43 @@ class _Operand:
 _MAX_RETRACES = 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A call structure traced, not compiled: the jitted function whose trace `traced` is
+    (exported from it, the trace is reused), the operands' avals, and a factory of the
+    same computation as a new function object (for the function a build keeps)."""
+
+    jitted: Any
+    traced: Any  # jax.stages.Traced
+    avals: list[jax.ShapeDtypeStruct]
+    function: Callable[[], Compiled]
+
+
 def build(params: CallParams, config: Config) -> Built:
-    """The call compiled (raises `Unsupported` with the reason when it cannot be)."""
+    """The call compiled in this process (raises `Unsupported` with the reason when it
+    cannot be): what `--tier compiled` waits for; under `auto` intercept/builds.py
+    compiles `trace`'s result in a worker process, under a budget."""
+    found = trace(params, config)
+    try:
+        # Read back when another process compiled the same program (a test suite's
+        # processes each meet the structure's first call).
+        executable = compile_cached(found.traced.lower(), engine_device(),
+                                    SEGMENT_COMPILER_OPTIONS)
+    except Unsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call
+        raise Unsupported(f"XLA cannot compile it ({type(exc).__name__})") from exc
+    return built(found, executable)
+
+
+def built(found: Traced, executable: Compiled) -> Built:
+    """`found` with its executable: kept with a function of its own, traced when first
+    inlined, with the final layout."""
+    return Built(executable, jax.jit(found.function()))
+
+
+def trace(params: CallParams, config: Config) -> Traced:
+    """The call traced until its layout settles (raises `Unsupported` with the reason)."""
     call = describe(params)
     layout = Layout(races=bool(config.races), eager=config.dma_mode == DmaMode.EAGER,
                     fill=config.uninit.value, accessed_in_part=accessed_in_part(call.kernel))
@@ -87,7 +122,8 @@ def build(params: CallParams, config: Config) -> Built:
             return _run_call(call, layout, list(operands))
         return run
 
-    traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
+    jitted = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS)
+    traced = jitted.trace(*avals)
     for _ in range(_MAX_RETRACES):
         # Again where a pass learnt something the trace depends on: a landing traced
         # before a DMA site was met (again, knowing them all), or a buffer kept with one
@@ -97,20 +133,12 @@ def build(params: CallParams, config: Config) -> Built:
         if layout.stale:
             layout.frozen = True
         layout.stale = layout.refine = False
-        traced = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS).trace(*avals)
+        jitted = jax.jit(function(), compiler_options=SEGMENT_COMPILER_OPTIONS)
+        traced = jitted.trace(*avals)
     if layout.stale or layout.refine:
         raise Unsupported("its trace did not settle (DMA sites or buffer shadows)")
     layout.frozen = True  # every DMA site met: a later trace (inline) is this one
-    try:
-        # Read back when another process compiled the same program (a test suite's
-        # processes each meet the structure's first call).
-        executable = compile_cached(traced.lower(), engine_device(), SEGMENT_COMPILER_OPTIONS)
-    except Unsupported:
-        raise
-    except Exception as exc:  # noqa: BLE001 - XLA's refusal: the engine runs the call
-        raise Unsupported(f"XLA cannot compile it ({type(exc).__name__})") from exc
-    # A function of its own, traced when first inlined, with the final layout.
-    return Built(executable, jax.jit(function()))
+    return Traced(jitted, traced, avals, function)
 
 
 def _operand_avals(call: CallDescription) -> list[Any]:

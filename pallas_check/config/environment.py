@@ -1,10 +1,10 @@
 """The names of pallas-check's environment variables, in one place.
 
 Each option of the table (options.py) is also a variable: `PALLAS_CHECK_` and its settings
-key in capitals (`skip-floats` -> PALLAS_CHECK_SKIP_FLOATS; read by layers.py). One more
-variables are no option: PALLAS_CHECK_DEBUG, for bug reports, and PALLAS_CHECK_CACHE_DIR,
-where compiled programs are kept between processes. Imports nothing of ours, so
-that any module (the TPU compile stage too) can ask whether debugging was asked for.
+key in capitals (`skip-floats` -> PALLAS_CHECK_SKIP_FLOATS; read by layers.py). Three
+variables are no option: PALLAS_CHECK_DEBUG, for bug reports, PALLAS_CHECK_CACHE_DIR,
+where compiled programs are kept between processes, and PALLAS_CHECK_COMPILE_BUDGET, the
+compiled tier's build budget. Imports nothing of ours, so that any module (the TPU compile stage too) can ask whether debugging was asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ DEBUG_VARIABLE = ENV_PREFIX + "DEBUG"
 # Where our own compiled programs are kept between processes (engine/runtime/disk_cache.py);
 # `off` keeps none.
 CACHE_VARIABLE = ENV_PREFIX + "CACHE_DIR"
+# The time budget, in seconds, of every compiled tier build under `--tier auto`
+# (intercept/builds.py), in place of the one derived from the engine's time: tests make a
+# build overrun with 0.
+COMPILE_BUDGET_VARIABLE = ENV_PREFIX + "COMPILE_BUDGET"
 
 
 def env_variable(key: str) -> str:

@@ -7,7 +7,11 @@ engine stays the only writer of findings. `--tier engine` always runs the engine
 `--tier compiled` makes an ineligible call a one-line error.
 
 A structure is built once (eligibility, two tracing passes, an XLA compile) and kept,
-its executable or the reason it has none: a jitted loop's calls share it.
+its executable or the reason it has none: a jitted loop's calls share it. Under `auto`
+the build runs in the background under a budget (intercept/builds.py) while the engine
+serves the structure's calls, which switch to the tier when it is ready; a build that
+overran is remembered on disk, and `--tier compiled` (which waits for its own builds)
+refuses such a structure with that reason.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import jax
 from pallas_check.compiled.eligibility import ineligible
 from pallas_check.compiled.refs import Unsupported
 from pallas_check.compiled.program import Built, Compiled, build
+from pallas_check.intercept.builds import Builds
 from pallas_check.compiled.verdict import describe as describe_verdict
 from pallas_check.config import Config, Tier
 from pallas_check.config.errors import TierRefused
@@ -39,6 +44,8 @@ from pallas_check.process.host_memory import return_freed_memory
 ENGINE, COMPILED = Tier.ENGINE.value, Tier.COMPILED.value
 # Why a small structure's call ran on the engine (it is compiled once it has cost enough).
 _NOT_YET = "not compiled yet: the engine's time on it is below a compile's"
+# Why a call ran on the engine while its structure's build runs (intercept/builds.py).
+_BUILDING = "not compiled yet: its build is running in the background"
 
 # Compiling a structure costs 0.35-5.6 s of tracing and XLA more than the engine's first
 # call (benchmarks/README.md, "Compiled tier"): about this much, plus per equation of the
@@ -122,6 +129,10 @@ class TierRun:
 class Tiers:
     """The run's choice of tier per call structure (safe across callback threads)."""
 
+    # Whether a call under `auto` waits for the build it started (tests that are about
+    # what follows a build; a run never waits: intercept/builds.py).
+    wait_for_builds = False
+
     def __init__(self, config: Config) -> None:
         self.config = config
         self.mode = Tier(config.tier)
@@ -133,6 +144,11 @@ class Tiers:
         self._compiled_calls: dict[str, int] = {}  # structure -> calls its callback ran
         self._inline_cost: dict[str, float] = {}  # structure -> its compile's estimate
         self._lock = threading.Lock()
+        self._builds = Builds(config, lambda key: self._spent.get(key, 0.0))
+
+    def settle(self) -> None:
+        """Wait for the builds in flight (tests: the call after them sees their result)."""
+        self._builds.settle()
 
     def attempt(self, params: CallParams, devices: int, never_written: Collection[int],
                 operands: Sequence[np.ndarray], results: Sequence[np.ndarray] | None,
@@ -215,30 +231,43 @@ class Tiers:
     def engine_ran(self, params: CallParams, seconds: float, reason: str) -> None:
         """The engine ran a call for `reason`, in `seconds`: a structure not compiled
         because it was small counts toward its compile."""
-        if reason == _NOT_YET:
+        if reason in (_NOT_YET, _BUILDING):
             key = self._structures.of(params)
             with self._lock:
                 self._spent[key] = self._spent.get(key, 0.0) + seconds
 
     def _executable(self, params: CallParams) -> Built | str:
+        """The structure's build, or why the engine runs this call. `auto`: once the
+        engine has spent about a compile on it, built in the background (`_BUILDING` until
+        ready); `compiled`: built here, at once, unless a build of it was abandoned."""
         key = self._structures.of(params)
         found = self._built.get(key)
-        if found is None and self.mode is Tier.AUTO:
+        if found is not None:
+            return found
+        if self.mode is Tier.AUTO:
             spent = self._spent.get(key)
             if spent is None:
                 spent = self._spent[key] = engine_seconds(describe(params))
             if spent < compile_seconds(describe(params)):
                 return _NOT_YET
-        if found is None:
-            try:
-                with jax.default_device(engine_device()):
-                    found = build(params, self.config)
-            except Unsupported as exc:
-                found = str(exc)
-            # The compile's freed memory back to the OS before the call runs: left in the
-            # heap, it sat under the call's buffers (add at grid 4096, races on: peak RSS
-            # 455-468 -> 418-444 MiB; benchmarks/README.md, "Latest results").
-            return_freed_memory(at_once=True)
-            with self._lock:
-                self._built[key] = found
+            found = self._builds.poll(key, params)
+            if found is None and self.wait_for_builds:
+                self._builds.settle()
+                found = self._builds.poll(key, params)
+            if found is None:
+                return _BUILDING
+        else:
+            found = self._builds.abandoned(key)
+            if found is None:
+                try:
+                    with jax.default_device(engine_device()):
+                        found = build(params, self.config)
+                except Unsupported as exc:
+                    found = str(exc)
+                # The compile's freed memory back to the OS before the call runs: left in
+                # the heap, it sat under the call's buffers (add at grid 4096, races on:
+                # peak RSS 455-468 -> 418-444 MiB; benchmarks/README.md, "Latest results").
+                return_freed_memory(at_once=True)
+        with self._lock:
+            self._built[key] = found
         return found

@@ -37,6 +37,12 @@ def _counting_inline_runs(monkeypatch) -> list[int]:
     return answers
 
 
+def _built_at_once(monkeypatch) -> None:
+    """Under `auto`, a structure built at its first call, which waits for its build."""
+    monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)
+    monkeypatch.setattr(tiers.Tiers, "wait_for_builds", True)
+
+
 def _inlined_at_once(monkeypatch) -> None:
     """Inline from a structure's first call (not once its callbacks paid a compile)."""
     monkeypatch.setattr(tiers, "inline_seconds", lambda call: 0.0)
@@ -98,7 +104,7 @@ def test_an_input_made_empty_goes_to_the_engine(monkeypatch):
     the host decision sends the call to the engine, which finds the read."""
     call = pl.pallas_call(_copy_in, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
     program = jax.jit(lambda x: call(x))
-    monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)
+    _built_at_once(monkeypatch)
     _inlined_at_once(monkeypatch)
     answers = _counting_inline_runs(monkeypatch)
     session = Session(Config(tier=Tier.AUTO))
@@ -156,7 +162,7 @@ def test_a_structure_is_inlined_once_its_callbacks_have_paid_a_compile(monkeypat
     with the call inline, and its later runs are decided on the host by the verdict."""
     x = jax.random.normal(jax.random.key(4), (16, 8, 128), jnp.float32)
     program = jax.jit(lambda x: dma_call(16, 3)(x) + 1.0)
-    monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)  # built at once
+    _built_at_once(monkeypatch)
     monkeypatch.setattr(tiers, "inline_seconds", lambda call: 2.5 * tiers._HOST_CALL_SECONDS)
     answers = _counting_inline_runs(monkeypatch)
     session = Session(Config(tier=Tier.AUTO))

@@ -16,6 +16,11 @@ nothing compiled elsewhere or by another JAX is read. Entries are written to a t
 file and renamed (xdist workers may write one key at once); an entry that cannot be read
 is removed and compiled again; past `_LIMIT_BYTES` the least recently used go.
 
+A structure whose build overran its budget (intercept/builds.py) is recorded here too, as a
+small `<key>.abandoned` file keyed like an entry (the structure, the versions, this CPU and
+the tier's own code), so that no later process tries that compile again (`abandon`,
+`abandoned`).
+
 `PALLAS_CHECK_CACHE_DIR` names the folder (default `$XDG_CACHE_HOME/pallas-check/xla`,
 else `~/.cache/pallas-check/xla`); `off` turns the cache off. A folder that cannot be
 written is no error: the program is compiled as it would be without a cache.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import pickle
 import platform
@@ -43,6 +49,7 @@ from pallas_check.config.environment import CACHE_VARIABLE
 ENV = CACHE_VARIABLE
 _LIMIT_BYTES = 512 * 2**20
 _SUFFIX = ".xla"
+_ABANDONED = ".abandoned"
 
 
 @dataclasses.dataclass
@@ -107,8 +114,20 @@ def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
     if found is not None:
         return found
     compiled = lowered.compile()
-    _write(path, compiled)
+    write_entry(path, compiled)
     return compiled
+
+
+def entry_path(program_text: str, options: Mapping[str, str] | None) -> Path | None:
+    """Where the executable of `program_text` (its signature included) is kept (None: the
+    cache is off)."""
+    where = folder()
+    return None if where is None else where / (key(program_text, options) + _SUFFIX)
+
+
+def read_entry(path: Path, device: jax.Device) -> jax.stages.Compiled | None:
+    """The executable kept at `path`, loaded onto `device` (None: none there, or torn)."""
+    return _read(path, device)
 
 
 def _read(path: Path, device: jax.Device) -> jax.stages.Compiled | None:
@@ -137,11 +156,22 @@ def _read(path: Path, device: jax.Device) -> jax.stages.Compiled | None:
     return compiled
 
 
-def _write(path: Path, compiled: jax.stages.Compiled) -> None:
+def write_entry(path: Path, compiled: jax.stages.Compiled) -> None:
+    """`compiled` kept at `path` (atomically: a reader finds it whole or not at all); a
+    compile worker (engine/runtime/bounded_compile.py) writes its result so."""
     try:
         data = pickle.dumps(serialize_executable.serialize(compiled))
     except Exception:  # noqa: BLE001 - not serializable (a host callback): not kept
         return
+    if _replace(path, data):
+        with _lock:
+            counts.written += 1
+        _prune(path.parent)
+
+
+def _replace(path: Path, data: bytes) -> bool:
+    """`data` written to `path` through a temporary file and a rename (concurrent writers
+    of one key each leave a whole file); False when the folder cannot be written."""
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,10 +182,45 @@ def _write(path: Path, compiled: jax.stages.Compiled) -> None:
     except OSError:  # (a full disk: no half-written file is left behind)
         if temporary is not None:
             _remove(Path(temporary))
-        return
-    with _lock:
-        counts.written += 1
-    _prune(path.parent)
+        return False
+    return True
+
+
+def _stamp() -> dict[str, str]:
+    """What an abandonment record must match to be trusted (its key holds them too; a
+    file that does not say them, torn or written by something else, is not trusted)."""
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "machine": hashlib.sha256(_machine().encode()).hexdigest()[:16]}
+
+
+def abandon(record: str, reason: str) -> None:
+    """Record that the build keyed `record` (`key` of the structure and what decides its
+    program) overran its budget, with the reason (nothing when the cache is off)."""
+    where = folder()
+    if where is not None:
+        _replace(where / (record + _ABANDONED),
+                 json.dumps({**_stamp(), "reason": reason}).encode())
+
+
+def abandoned(record: str) -> str | None:
+    """Why the build keyed `record` was abandoned by an earlier process (None: it was
+    not, the cache is off, or the record is not to be trusted and is removed)."""
+    where = folder()
+    if where is None:
+        return None
+    path = where / (record + _ABANDONED)
+    try:
+        found = json.loads(path.read_bytes())
+    except OSError:
+        return None
+    except ValueError:  # torn: never trusted
+        _remove(path)
+        return None
+    if not isinstance(found, dict) or any(found.get(k) != v for k, v in _stamp().items()) \
+            or not isinstance(found.get("reason"), str):
+        _remove(path)
+        return None
+    return str(found["reason"])
 
 
 def _prune(where: Path) -> None:

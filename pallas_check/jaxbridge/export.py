@@ -1,0 +1,39 @@
+"""A traced program carried to another process and compiled there (the compiled tier's
+bounded builds: engine/runtime/bounded_compile.py).
+
+Why `jax.export` and pickle: an XLA compile cannot be interrupted inside a thread, so a
+compile that may overrun its budget runs in a child process, which cannot retrace the
+kernel (a pallas_call's jaxpr does not pickle). `jax.export` lowers the traced program to
+a StableHLO module with its argument and result trees; `Exported.serialize` needs the
+`flatbuffers` package, which JAX does not install, so the `Exported` itself is pickled,
+less its vjp closure (a local function: never needed to compile). The child compiles it
+through `jax.jit(exported.call)`; its executable takes the same arguments and returns the
+same tree as the parent's own compile would, and is read back through the disk cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any, Mapping, Sequence
+
+import jax
+
+
+def exported(jitted: Any, avals: Sequence[jax.ShapeDtypeStruct]) -> tuple[bytes, str]:
+    """`jitted` (a `jax.jit` function, traced on `avals` before: its trace is reused)
+    exported for the CPU, as bytes for `compile_exported`, and its module's text with its
+    signature (what the disk cache keys the executable by)."""
+    found = jax.export.export(jitted, platforms=["cpu"])(*avals)
+    signature = repr((found.in_avals, found.out_avals, found.in_tree, found.out_tree))
+    blob = pickle.dumps(dataclasses.replace(found, _get_vjp=None))
+    return blob, signature + "\n" + found.mlir_module()
+
+
+def compile_exported(blob: bytes, options: Mapping[str, str] | None) -> jax.stages.Compiled:
+    """A program `exported` made, compiled for this process's CPU with `options`."""
+    found: Any = pickle.loads(blob)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype)  # type: ignore[no-untyped-call]
+             for a in found.in_avals]
+    lowered = jax.jit(found.call).lower(*avals)
+    return lowered.compile(compiler_options=dict(options) if options else None)
