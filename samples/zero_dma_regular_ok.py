@@ -1,12 +1,15 @@
 """Ragged copies on a REGULAR semaphore, some of them empty.
 
 Each of 4 entries copies LENS[i] rows of x (read from SMEM at run time) into its own rows
-of `buf`; entry 2 is padding and copies nothing. A DMA adds one to a regular semaphore
-(TPU v6+) when it lands, and a DMA that moves no bytes signals nothing at all: the
-kernel waits once per copy that moves data (`pl.when(n > 0)`), then writes buf out.
+of `buf`; entry 2 is padding and copies nothing. A DMA that moves no bytes signals nothing
+(measured on a TPU v5e); one that moves data adds the chip's count: its byte count / 32 on
+a v5e (measured), one on TPU v6+ (JAX's tests; not measured here). The kernel waits once per
+copy that moves data (`pl.when(n > 0)`), for that copy's count, then writes buf out. (The
+version that waited 1 per copy on every chip halted a v5e core: "Semaphore ... has a nonzero
+value upon exit from a Mosaic kernel".)
 
-Run: pallas-check run samples/zero_dma_regular_ok.py --tpu v6e
-Expected findings: none.
+Run: pallas-check run samples/zero_dma_regular_ok.py
+Expected findings: none (also with --tpu v6e).
 """
 
 import jax
@@ -25,10 +28,11 @@ def ragged_kernel(starts_ref, lens_ref, x_hbm, o_hbm, buf, sem):
     for i in range(ENTRIES):
         rows = pl.ds(starts_ref[i], lens_ref[i])
         pltpu.async_copy(x_hbm.at[rows], buf.at[rows], sem)
+    v5 = jax.devices()[0].device_kind.startswith("TPU v5")
     for i in range(ENTRIES):
         @pl.when(lens_ref[i] > 0)  # an empty copy never signals: no wait for it
         def _wait():
-            pl.semaphore_wait(sem, 1)
+            pl.semaphore_wait(sem, lens_ref[i] * 128 * 4 // 32 if v5 else 1)
     pltpu.sync_copy(buf, o_hbm)
 
 

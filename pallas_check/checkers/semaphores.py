@@ -104,7 +104,16 @@ def dma_not_waited_finding(checker: Checker, dma: DmaNotWaited) -> Finding:
     sem, count = dma.semaphore, dma.semaphore_count
     what = (f"DMA #{dma.id} {dma.src}{format_range(dma.src_range)}"
             f" -> {dma.dst}{format_range(dma.dst_range)}")
-    if dma.waited_bytes:
+    if dma.signal not in (-1, dma.nbytes):  # a regular semaphore's count
+        message = (f"{what} ({dma.nbytes} bytes) added {dma.signal} to regular semaphore"
+                   f" {sem}, and waits took {dma.waited_bytes} of it: semaphore {sem} ends"
+                   f" the kernel with count {count}")
+        help = (f"a DMA adds its byte count / 32 ({dma.signal} here) to a REGULAR semaphore"
+                f" on a TPU v5e, not one (measured on the chip; one per DMA is v6e+):"
+                f" wait with the DMA's own descriptor (`.wait()`) or"
+                f" `pl.semaphore_wait({sem}, {dma.signal})`, or signal a DMA semaphore"
+                if dma.signal > 1 else None)
+    elif dma.waited_bytes:
         message = (f"{what} ({dma.nbytes} bytes) was waited for only {dma.waited_bytes}"
                    f" of its bytes: {dma.nbytes - dma.waited_bytes} bytes were never"
                    f" waited, and semaphore {sem} ends the kernel with count {count} (a"

@@ -243,7 +243,12 @@ def _sem_wait(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 @rule(prims.semaphore_read_p)
 def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
-    return [ev.machine.count(resolve(sem, transforms))]
+    ref = resolve(sem, transforms)
+    if ev.machine.semaphores[ref.buffer].counts_bytes:
+        # what a kernel reads of a DMA semaphore is in the generation's unit
+        # (engine/dma/counts.py); the engine knows the generation
+        raise Unsupported("a read of a DMA semaphore's count")
+    return [ev.machine.count(ref)]
 
 
 # -- scoped allocations --------------------------------------------------------------------

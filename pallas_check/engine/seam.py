@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from pallas_check.config import TpuGeneration
 from pallas_check.engine.dma.engine import Dma, DmaCall, DmaCore, SemCell
 from pallas_check.engine.dma.policy import DmaPolicy
 from pallas_check.engine.events import Access, Event, Feeds
@@ -60,6 +61,11 @@ class RunningCall(DmaCall, Protocol):
 
     @property
     def dma_policy(self) -> DmaPolicy: ...
+
+    @property
+    def tpu(self) -> TpuGeneration:
+        """The generation the call is simulated as (what a DMA adds to a regular
+        semaphore differs: engine/dma/counts.py)."""
 
     @property
     def subcore_barriers(self) -> dict[tuple[int, int], SubcoreBarrier]: ...

@@ -141,13 +141,14 @@ class DmaNotWaited(NamedTuple):
     dst_range: IndexRange
     dst_space: str
     nbytes: int
-    waited_bytes: int
+    waited_bytes: int  # in `signal`'s units
     semaphore: str
     semaphore_count: int
     origin: tuple[int, str] | None  # (call index, kernel name) of a DMA carried in
     actor: str
     grid_point: GridPoint
     frames: Frames
+    signal: int = -1  # what it added to its semaphore: its bytes, or a regular one's count
 
 
 class OutputUnwritten(NamedTuple):

@@ -147,5 +147,5 @@ def dmas_not_waited(sync: SyncState) -> list[DmaNotWaited]:
             dma.id, dma.src.buffer.name, dma.src.index_range(), dma.dst.buffer.name,
             dma.dst.index_range(), dma.dst.buffer.space, dma.nbytes, dma.waited_bytes,
             sem.name, sem_value(dma.dst_sem), origin, dma.actor,
-            dma.grid_point, dma.frames))
+            dma.grid_point, dma.frames, dma.signal))
     return found

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from pallas_check.config import parse_generations
 from pallas_check.engine.call.describe import MeshInfo
 from pallas_check.engine.call.parts import CallPlace, Handover, Simulation
 from pallas_check.engine.call.revisit import RevisitRecord
@@ -48,6 +49,7 @@ class CallState(CallBuffers):
                  handover: Handover = Handover()) -> None:
         config, kernel, call_index = run.config, run.kernel, run.call_index
         self.config = config
+        self.tpu = parse_generations(config.tpu)[0]
         self.checking = run.checking  # what makes the listeners of a re-run too
         self.fill_mode = run.fill
         self.kernel = kernel

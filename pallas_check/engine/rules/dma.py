@@ -8,9 +8,10 @@ A wait takes the bytes of the waited ref off its semaphore. When the events happ
 DMA mode's (engine/dma/policy.py): the rules tell the call's policy that a DMA started
 (`started`) and that a wait finds its semaphore short (`land_for`). DMAs never waited
 complete at kernel end.
-A DMA that signals a regular semaphore counts one per DMA, and `pl.semaphore_wait` on it
-lands DMAs as a DMA wait does (`signal_count`). A DMA that moves no bytes (a traced size
-of 0) signals nothing on either type.
+A DMA that signals a regular semaphore adds what the generation's chip adds (its 32-byte
+count on a v5e, as measured; one per DMA on v6e+: engine/dma/counts.py), and
+`pl.semaphore_wait` on it lands DMAs as a DMA wait does (`signal_count`). A DMA that moves
+no bytes (a traced size of 0) signals nothing on either type.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from __future__ import annotations
 import math
 from typing import Generator, Sequence
 
-import jax.numpy as jnp
 from jax.tree_util import PyTreeDef
 import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
-from pallas_check.jaxbridge.jaxprs import barrier_semaphore_dtype, regular_semaphore_dtype
+from pallas_check.engine.dma.counts import is_regular, regular_signal
 from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p
 from pallas_check.jaxbridge.types import Indices, JaxprEqn, TransformedRef
 from pallas_check.engine.dma import indirect
@@ -93,10 +93,11 @@ def _arg_region_made(ctx: RunningCore, layout: index_plan.ArgLayout, leaves: Seq
 @caches.by_identity
 def signal_count(eqn: JaxprEqn) -> int:
     """What a DMA start adds to its semaphores, by their type in the kernel's jaxpr: its
-    bytes (-1) on DMA semaphores, 1 on a regular semaphore (`pltpu.SemaphoreType.REGULAR`,
-    which a DMA may signal on TPU v6+ per JAX's tests, waited with one
-    `pl.semaphore_wait(sem, 1)` per DMA; Mosaic lowers a barrier semaphore to the same
-    type). Every generation we simulate takes it: libtpu 0.0.42 compiles such a DMA for
+    bytes (-1) on DMA semaphores; on a regular semaphore (`pltpu.SemaphoreType.REGULAR`;
+    Mosaic lowers a barrier semaphore to the same type) 1, meaning the generation's count
+    (`engine/dma/counts.py` `regular_signal`: the DMA's 32-byte count on a v5e, as
+    measured; one per DMA on v6e+ per JAX's tests, unverified). Every generation we
+    simulate takes it: libtpu 0.0.42 compiles such a DMA for
     v5e, v5p, v6e and v7x alike and rejects only older chips ("Regular semaphores in
     EnqueueDMA are not supported on this target": v4). What Mosaic's verifier rejects on
     every chip is the kernel's error, raised here at the DMA's line."""
@@ -106,8 +107,8 @@ def signal_count(eqn: JaxprEqn) -> int:
     def aval(at: tuple[int, int, PyTreeDef, object]) -> object:
         return at[2].unflatten(avals[at[0]:at[1]])
 
-    regular = _regular_semaphore(aval(dst_sem_at))
-    if src_sem_at[1] > src_sem_at[0] and _regular_semaphore(aval(src_sem_at)) != regular:
+    regular = is_regular(aval(dst_sem_at))
+    if src_sem_at[1] > src_sem_at[0] and is_regular(aval(src_sem_at)) != regular:
         raise KernelError("DMA source and target semaphore must have the same type (Mosaic):"
                           " both DMA semaphores or both regular ones",
                           user_frames(eqn.source_info))
@@ -120,16 +121,6 @@ def signal_count(eqn: JaxprEqn) -> int:
                               " involving SMEM\"): use a pltpu.SemaphoreType.DMA",
                               user_frames(eqn.source_info))
     return 1
-
-
-def _regular_semaphore(aval: object) -> bool:
-    """Whether a semaphore ref's type counts signals (regular, barrier), not bytes."""
-    dtype = getattr(aval, "dtype", None)
-    try:
-        return dtype is not None and (jnp.issubdtype(dtype, regular_semaphore_dtype)
-                                      or jnp.issubdtype(dtype, barrier_semaphore_dtype))
-    except TypeError:
-        return False
 
 
 @rule(dma_start_p, generator=True)
@@ -183,11 +174,12 @@ def _begin_dma(ctx: RunningCore, src: Region, dst: Region,
         call.out_of_bounds(ctx, src, "DMA source", None)
     if dst.oob:
         call.out_of_bounds(ctx, dst, "DMA destination", None)
-    # A DMA that moves no bytes signals nothing, on any semaphore type: a DMA semaphore
-    # gets its 0 bytes, a regular one no count (JAX's interpreter signals a DMA's bytes
-    # on every semaphore; such a kernel runs clean on a v6e). Nothing is left to wait.
+    # A DMA that moves no bytes signals nothing, on any semaphore type (measured on a
+    # v5e: engine/dma/counts.py): a DMA semaphore gets its 0 bytes, a regular one no count
+    # (JAX's interpreter signals a DMA's bytes on every semaphore). A non-empty DMA adds
+    # to a regular semaphore what the generation's chip adds (`regular_signal`).
     dma = Dma(call.sync.next_id(), src, dst, dst_sem, src_sem, nbytes, ctx.actor, frames,
-              ctx.grid_point, nbytes if signal < 0 or nbytes == 0 else signal,
+              ctx.grid_point, nbytes if signal < 0 else regular_signal(nbytes, call.tpu),
               atomic_add=atomic_add)
     if call.address_probe is not None and dma.id in call.address_probe:
         call.address_probe[dma.id] = (src.index_range(), dst.index_range())
@@ -315,6 +307,8 @@ def _dma_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         key = [invals[src_start], *invals[sem_start:sem_end]]
     nbytes, cell = ctx.call.accesses.get_or_make(
         eqn, key, lambda: _wait_descriptor(ctx, layout, invals))
+    if signal_count(eqn) > 0:  # a regular semaphore: the chip's count, not bytes
+        nbytes = regular_signal(nbytes, ctx.call.tpu)
     frames = current_frames(ctx)
     if not _wait_ready(ctx, cell, nbytes):
         yield _wait_request(ctx, cell, nbytes, frames)
@@ -355,12 +349,15 @@ def _planned_dma_wait(eqn: JaxprEqn) -> RuleFn | None:
         return None
     _, _, sem_at, _, _ = _dma_layout(eqn)
     sem_lo, sem_hi = sem_at[0], sem_at[1]
-    _, _, _, nbytes, frames = static
+    _, _, _, descriptor_bytes, frames = static
+    regular = signal_count(eqn) > 0
 
     def planned_dma_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
         cell = ctx.call.accesses.get_or_make(
             eqn, invals[sem_lo:sem_hi],
             lambda: cell_of(ctx, _arg_region_made(ctx, sem_at, invals[sem_lo:sem_hi])))
+        nbytes = (regular_signal(descriptor_bytes, ctx.call.tpu) if regular
+                  else descriptor_bytes)
         if not _wait_ready(ctx, cell, nbytes):
             yield _wait_request(ctx, cell, nbytes, frames)
         _end_wait(ctx, cell, nbytes, frames)

@@ -15,6 +15,7 @@ from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.seam import RunningCore
 from pallas_check.engine.jaxpr.registry import RuleGen, rule
 from pallas_check.engine.rules import sparsecore
+from pallas_check.engine.dma.counts import is_regular, read_dma_semaphore
 from pallas_check.engine.rules.dma import _account_wait, _wait_ready
 from pallas_check.engine.runtime.scheduler import Wait
 
@@ -59,7 +60,10 @@ def _semaphore_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> Ru
 def _semaphore_read(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     sem, transforms = eqn_params.args_tree(eqn).unflatten(invals)
     view = as_view(sem).with_transforms(tuple(transforms or ()))
-    return np.int32(sem_value(semaphore_cell(ctx, view)))
+    value = sem_value(semaphore_cell(ctx, view))
+    if not is_regular(eqn.invars[0].aval):  # a DMA semaphore: kept in bytes
+        value = read_dma_semaphore(value, ctx.call.tpu)
+    return np.int32(value)
 
 
 @rule(get_barrier_semaphore_p)

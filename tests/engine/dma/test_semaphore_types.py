@@ -1,11 +1,13 @@
 """What a semaphore counts and whose it is: DMAs that signal a REGULAR semaphore (one count
-per DMA, TPU v6+ in JAX's tests; none for a DMA of no bytes), `pl.select_ref` (a DMA's ref
+per DMA, TPU v6+ in JAX's tests; the DMA's byte count / 32 on a v5e, measured on the chip;
+none for a DMA of no bytes), `pl.select_ref` (a DMA's ref
 chosen by a traced index), and `pl.semaphore_signal(..., core_index=i)` (another core's
 semaphore). Expectations come from Mosaic's lowering and JAX's TPU tests, each checked
 against a numpy reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +53,7 @@ def _jax_regular_dma_kernel(x_hbm_ref, y_hbm_ref):
                   pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.REGULAR)
 
 
-@pytest.mark.parametrize("tpu", ["v5e", "v6e", "v7x"])
+@pytest.mark.parametrize("tpu", ["v6e", "v7x"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_a_dma_adds_one_to_a_regular_semaphore(check, mode, tpu):
     """Before: the DMA added its 8192 bytes (on_wait: deadlock, as the wait did not land
@@ -60,6 +62,61 @@ def test_a_dma_adds_one_to_a_regular_semaphore(check, mode, tpu):
                     tpu=tpu)
     out = _clean(check(_hbm_call(_jax_regular_dma_kernel, (16, 128)), X, config=config))
     np.testing.assert_array_equal(out, X)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_on_a_v5e_a_dma_adds_its_32_byte_count_to_a_regular_semaphore(check, mode):
+    """The chip (hardware/README.md, probe semaphores.py): a DMA of 8192 bytes adds 256 to
+    the regular semaphore it signals on a v5e. JAX's one-wait-per-DMA kernel leaves
+    counts behind there (the chip halts the core at the kernel's exit); waiting the count
+    is clean."""
+    config = Config(dma_mode=mode, tpu="v5e", schedules=5 if mode == DmaMode.RANDOM else 1)
+    found = check(_hbm_call(_jax_regular_dma_kernel, (16, 128)), X, config=config).findings
+    nw = [f for f in found if f.kind.value == "dma-not-waited"]
+    assert [(f.buffer, f.details["bytes"]) for f in nw] == [("x_ref", 8192), ("y_hbm_ref", 8192)]
+    assert "added 256 to regular semaphore sem" in nw[0].message
+    assert "pl.semaphore_wait(sem, 256)" in (nw[0].help or "")
+
+    def counted(x_hbm_ref, y_hbm_ref):
+        def body(x_ref, y_ref, sem):
+            pltpu.async_copy(x_hbm_ref, x_ref, sem)
+            pl.semaphore_wait(sem, 16 * 128 * 4 // 32)
+            y_ref[...] = x_ref[...]
+            pltpu.async_copy(y_ref, y_hbm_ref, sem)
+            pl.semaphore_wait(sem, 16 * 128 * 4 // 32)
+        pl.run_scoped(body, pltpu.VMEM((16, 128), jnp.float32),
+                      pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.REGULAR)
+    out = _clean(check(_hbm_call(counted, (16, 128)), X,
+                       config=dataclasses.replace(config, races=True)))
+    np.testing.assert_array_equal(out, X)
+
+
+@pytest.mark.parametrize("tpu,rows,want", [("v5e", 8, 128), ("v5e", 3, 48), ("v5e", 0, 0),
+                                           ("v6e", 8, 4096)])
+def test_a_dma_semaphore_reads_as_the_chip_counts(check, tpu, rows, want):
+    """`pl.semaphore_read` of a DMA semaphore once its DMA landed: the byte count / 32 on a
+    v5e, as the chip read it (8 rows of float32: 128, 3 rows: 48, none: 0); bytes on v6e
+    (not measured: unverified)."""
+    def kernel(n_ref, x_hbm, o_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n_ref[0])], buf.at[pl.ds(0, n_ref[0])],
+                                     sem)
+        copy.start()
+        o_ref[0] = pl.semaphore_read(sem)
+
+        @pl.when(n_ref[0] > 0)
+        def _():
+            copy.wait()
+        o_ref[1] = pl.semaphore_read(sem)
+
+    call = lambda n, x: pl.pallas_call(  # noqa: E731
+        kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+            scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.DMA]),
+        out_shape=jax.ShapeDtypeStruct((2,), jnp.int32))(n, x)
+    out = _clean(check(call, jnp.array([rows], jnp.int32), X,
+                       config=Config(dma_mode=DmaMode.EAGER, tpu=tpu)))
+    assert out.tolist() == [want, 0]
 
 
 def test_a_regular_semaphore_wait_of_two_lands_two_dmas(check):
@@ -72,7 +129,7 @@ def test_a_regular_semaphore_wait_of_two_lands_two_dmas(check):
 
     call = _hbm_call(kernel, (16, 128), pltpu.VMEM((16, 128), jnp.float32),
                      pltpu.SemaphoreType.REGULAR)
-    out = _clean(check(call, X, config=Config(races=True)))
+    out = _clean(check(call, X, config=Config(races=True, tpu="v6e")))
     np.testing.assert_array_equal(out, np.concatenate([X[8:], X[:8]]) + 1.0)
 
 
@@ -87,7 +144,7 @@ def test_a_regular_semaphore_dma_never_waited_is_dma_not_waited(check):
 
     call = _hbm_call(kernel, (16, 128), pltpu.VMEM((16, 128), jnp.float32),
                      pltpu.SemaphoreType.REGULAR)
-    result = check(call, X, config=Config(dma_mode=DmaMode.EAGER))
+    result = check(call, X, config=Config(dma_mode=DmaMode.EAGER, tpu="v6e"))
     assert [(f.kind.value, f.buffer, f.index_range) for f in result.findings] == [
         ("dma-not-waited", "buf", ((8, 16), (0, 128)))]
     assert "count 1" in result.findings[0].message
@@ -193,7 +250,7 @@ def test_a_remote_copy_signals_regular_send_and_receive_semaphores_once(check):
         pltpu.sync_copy(theirs, o_hbm.at[pl.ds(core * 8, 8)])
 
     for mode in MODES:
-        out = _clean(check(swap, X, config=Config(dma_mode=mode, races=True)))
+        out = _clean(check(swap, X, config=Config(dma_mode=mode, races=True, tpu="v7x")))
         np.testing.assert_array_equal(out, np.concatenate([X[8:], X[:8]]))
 
 
