@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 
 def gram_kernel(x_ref, y_ref, o_ref):
     o_ref[...] = jax.lax.dot_general(x_ref[...], y_ref[...], (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
+                                     precision="highest")
 
 
 def gram(x, y):

@@ -32,7 +32,7 @@ def group_combine_kernel(group_ref, x_ref, w_ref, o_ref):
     def _():
         o_ref[...] = jnp.zeros_like(o_ref)
 
-    o_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision="highest")
 
 
 def group_combine(x, w, groups):

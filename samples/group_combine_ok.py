@@ -31,7 +31,7 @@ def group_combine_kernel(group_ref, first_ref, x_ref, w_ref, o_ref, acc_ref):
     def _():
         acc_ref[g] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
 
-    acc_ref[g] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    acc_ref[g] += jnp.dot(x_ref[...], w_ref[...], precision="highest")
     o_ref[...] = acc_ref[g]
 
 

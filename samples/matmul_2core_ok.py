@@ -23,7 +23,7 @@ def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
     def _():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], precision="highest")
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():

@@ -31,7 +31,7 @@ def nested_matmul_kernel(x_hbm, w_hbm, o_hbm, *, slab, block_k, block_n):
         def _zero():
             o_ref[...] = jnp.zeros_like(o_ref)
 
-        o_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+        o_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision="highest")
 
     pltpu.emit_pipeline(
         inner, grid=(n_blocks, k_blocks),

@@ -53,6 +53,7 @@ from pallas_check.config.formats import DIFF, render
 from pallas_check.run.runner import Verdict, config_dict, script_traceback
 from pallas_check.intercept.session import Session
 from pallas_check.intercept.tpu_info import simulated_tpu
+from pallas_check.jaxbridge.matmul import chip_matmul
 from pallas_check.findings.units import plural
 
 
@@ -390,6 +391,9 @@ class DiffSession:
             else:
                 stack.enter_context(intercepted(self.handle_call, call_sites=True))
                 stack.enter_context(simulated_tpu(self.config.tpu, self.config.cores))
+            # ours on the CPU rounds products as the chip does (the native side's program
+            # runs on the chip, which rounds its own)
+            stack.enter_context(chip_matmul(self.config.chip_matmul))
             outer.install(self.ours.judge)  # `run`'s judge of unwritten outputs
             empties.install()
             try:
