@@ -8,8 +8,8 @@ and the semaphore ends the kernel at 254 -- on the chip the core halts ("Semapho
 a nonzero value upon exit from a Mosaic kernel", recorded in hardware/recordings/).
 
 Run: pallas-check run samples/regular_sem_v5e_bug.py
-Expected finding: kind=dma-not-waited buffer=buf range=[0:8, 0:128] line=24
-Expected finding: kind=dma-not-waited buffer=o_hbm range=[0:8, 0:128] line=27
+Expected finding: kind=dma-not-waited buffer=buf range=[0:8, 0:128] line=25
+Expected finding: kind=dma-not-waited buffer=o_hbm range=[0:8, 0:128] line=28
 """
 
 import jax

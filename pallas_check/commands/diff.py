@@ -68,6 +68,7 @@ class NotCompared(Exception):
 class Side:
     label = "?"
     native = False
+    chip = False  # its outputs are a chip's: compared within the chip's own noise
     # Whether the script gets this side's outputs (a recording: the script goes on as it
     # did on the chip) instead of ours.
     feeds_script = False
@@ -89,6 +90,7 @@ class Side:
 class NativeSide(Side):
     label = "native"
     native = True
+    chip = True
 
     def outputs(self, params, operands, device, mesh_axes, native):
         assert native is not None
@@ -336,8 +338,8 @@ class DiffSession:
             if theirs is not None:
                 names = _output_names(params)
                 at = device if mesh_axes else 0
-                record.outputs = [compare(o, t, self.rtol, self.atol, j, names[j],
-                                          never.get((at, j)))
+                record.outputs = [compare(o, t, self.rtol, self.atol, (j, names[j]),
+                                          never.get((at, j)), chip=self.side.chip)
                                   for j, (o, t) in enumerate(zip(ours, theirs))]
                 if len(theirs) != len(ours):
                     record.error = (f"{self.side.label} returned"

@@ -48,6 +48,7 @@ class RecordedSide(Side):
     """The chip, as recorded: each call's outputs are the recording's (see the module)."""
 
     feeds_script = True
+    chip = True
 
     def __init__(self, made: Recording, path: Path) -> None:
         self.recording, self.path = made, path

@@ -57,6 +57,32 @@ class _Named(TypedDict):
     size: int
 
 
+# Against a chip (`diff` against native, `replay`): its own noise, measured on a TPU v5e
+# (hardware/README.md): float32 transcendentals up to 6.6e-6 relative (exp) and 4.3e-5 of
+# their output's largest magnitude (log1p, tanh), an approximate reciprocal 1.6e-5, matrix
+# products' accumulation order about 3e-7 of the largest output. Per float kind: rtol and
+# atol as a fraction of the chip output's largest finite magnitude.
+_CHIP_TOLERANCES = {"bfloat16": (1.6e-2, 4e-3), 2: (1e-3, 1e-3), 4: (3e-5, 1e-4),
+                    8: (3e-5, 1e-4)}
+
+
+def chip_tolerances(dtype: np.dtype, theirs: np.ndarray, rtol: float | None,
+                    atol: float | None) -> tuple[float, float]:
+    """(rtol, atol) against a chip's output `theirs`: the user's where given, else the
+    dtype's defaults widened to the chip's measured noise (`_CHIP_TOLERANCES`)."""
+    r, a = tolerances(dtype, rtol, atol)
+    if not _is_float(dtype):
+        return r, a
+    key: str | int = "bfloat16" if dtype.name == "bfloat16" else min(dtype.itemsize, 8)
+    chip_r, chip_a = _CHIP_TOLERANCES.get(key, _CHIP_TOLERANCES[4])
+    with np.errstate(invalid="ignore"):
+        y = np.abs(np.asarray(theirs).astype(np.float64, copy=False))
+    finite = y[np.isfinite(y)]
+    scale = float(finite.max()) if finite.size else 0.0
+    return (max(r, chip_r) if rtol is None else r), (max(a, chip_a * scale) if atol is None
+                                                     else a)
+
+
 def tolerances(dtype: np.dtype, rtol: float | None, atol: float | None
                ) -> tuple[float, float]:
     """(rtol, atol) for a dtype: the user's where given, else the dtype's defaults."""
@@ -86,15 +112,22 @@ def _scalar(x: np.generic | complex) -> Scalar:
 
 
 def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
-            atol: float | None = None, output: int = 0, name: str = "",
-            never: np.ndarray | None = None) -> OutputDiff:
+            atol: float | None = None, output: tuple[int, str] = (0, ""),
+            never: np.ndarray | None = None, chip: bool = False) -> OutputDiff:
     """Element-wise comparison; NaN equals NaN, infinities equal themselves. `never`: the
     elements ours never wrote (the engine's written-shadow): what a kernel leaves unwritten
     holds our fill on our side and whatever memory held on a chip, so they are counted
-    apart (`never_written`) and take no part in the mismatches or the errors."""
+    apart (`never_written`) and take no part in the mismatches or the errors. `output`:
+    its position and name among the call's outputs. `chip`:
+    `theirs` is a chip's output, compared within the chip's own noise (`chip_tolerances`)."""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
-    r, a = tolerances(ours.dtype, rtol, atol)
-    base: _Named = {"output": output, "name": name, "shape": tuple(ours.shape),
+    if chip and ours.shape == theirs.shape:
+        written = theirs if never is None or never.shape != theirs.shape else np.where(
+            never, 0, theirs)
+        r, a = chip_tolerances(ours.dtype, written, rtol, atol)
+    else:
+        r, a = tolerances(ours.dtype, rtol, atol)
+    base: _Named = {"output": output[0], "name": output[1], "shape": tuple(ours.shape),
                     "dtype": str(ours.dtype), "size": int(ours.size)}
     if ours.shape != theirs.shape:
         return OutputDiff(**base, mismatches=int(ours.size), max_abs=float("inf"),

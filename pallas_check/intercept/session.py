@@ -51,18 +51,7 @@ from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 from pallas_check.intercept.chip import ChipCheck
-
-
-# A call's name in the report while its kernel is not named (naming it failed).
-_UNNAMED = KernelInfo("pallas_call")
-
-
-def _kernel_or_unnamed(params: dict) -> KernelInfo:
-    """The call's kernel, for listing a call that failed outside the engine."""
-    try:
-        return describe.kernel_info(params)
-    except Exception:  # noqa: BLE001 - the call is listed whatever its params hold
-        return _UNNAMED
+from pallas_check.intercept.call_record import UNNAMED, Call, CallInFlight, kernel_or_unnamed
 
 
 def _write_print(line: str) -> None:
@@ -70,25 +59,6 @@ def _write_print(line: str) -> None:
     stdout is closed or its reader has gone: no failure of the call)."""
     write_stdout(line + "\n")
 
-
-@dataclasses.dataclass
-class _Call:
-    """What a call's line in the report is made of (Session._record), known as it starts
-    (its kernel named as soon as it is known)."""
-
-    index: int
-    kernel: KernelInfo  # _UNNAMED until named
-    params: dict
-    device_operands: list
-    started: float  # time.perf_counter() when it began
-    mesh: MeshInfo
-    call_site: SourceFrame | None
-
-
-@dataclasses.dataclass
-class _CallInFlight:
-    call: _Call
-    live: InFlight  # what the call found so far
 
 
 class Session:
@@ -114,7 +84,7 @@ class Session:
         self.progress: Callable[[int, str, int, int], None] | None = None
         self.calls_in_flight = 0  # host callbacks inside handle_call now (the watchdog)
         # Calls being simulated, by index: what a report made while they run lists.
-        self._in_flight: dict[int, _CallInFlight] = {}
+        self._in_flight: dict[int, CallInFlight] = {}
         # With --trace: report/trace.py's TraceWriter (the runner's), which each call's
         # timeline (engine/timeline.py) is written to as it is recorded.
         self.trace: Any = None
@@ -202,7 +172,7 @@ class Session:
             if self._fail(str(exc)):  # every waiting device times out: list the call once
                 with self._lock:
                     index = next(self._counter)
-                self._record(_Call(index, _kernel_or_unnamed(params), params, [operands],
+                self._record(Call(index, kernel_or_unnamed(params), params, [operands],
                                    time.perf_counter(), mesh, call_site), 0, failed=True)
             raise EngineFailure(self.engine_error) from exc
 
@@ -221,7 +191,7 @@ class Session:
             return self._pass_through(params, device_operands, mesh, results, index,
                                       call_site)
         # Unnamed until named: a failure from here on still lists the call.
-        call = _Call(index, _UNNAMED, params, device_operands, time.perf_counter(), mesh,
+        call = Call(index, UNNAMED, params, device_operands, time.perf_counter(), mesh,
                      call_site)
         live = InFlight(max(1, self.config.schedules))
         # Races on: what race checking covered goes in the call's summary.
@@ -231,7 +201,7 @@ class Session:
             if self.trace is not None and self.config.timeline:
                 live.trace = functools.partial(self.trace.sink, kernel.name, index)
             with self._lock:  # listed, with what it found, if the run stops inside it
-                self._in_flight[index] = _CallInFlight(call, live)
+                self._in_flight[index] = CallInFlight(call, live)
             if self.compile_recorder is not None:
                 self.compile_recorder.record(index, params, device_operands[0], mesh.axes,
                                              kernel, call_site)
@@ -288,12 +258,12 @@ class Session:
         with self._lock:
             index = next(self._counter)
         self.store.extend([finding(index)])
-        self._record(_Call(index, kernel, params, [[]], time.perf_counter(),
+        self._record(Call(index, kernel, params, [[]], time.perf_counter(),
                            MeshInfo(tuple(mesh_axes)), call_site), 1,
                      tier=(ENGINE, f"not run: {self.chip.generation.value}'s compiler refuses it"))
         return index
 
-    def _compiled_done(self, call: _Call, program: Program | None, outside: str,
+    def _compiled_done(self, call: Call, program: Program | None, outside: str,
                        key: tuple[Any, ...] | None, compiled: TierRun
                        ) -> list[list[np.ndarray]]:
         """A call the compiled tier ran with a clear verdict: no findings, its outputs."""
@@ -313,12 +283,12 @@ class Session:
         with self._lock:
             index = next(self._counter)
         key = program.key(params) if program is not None else None
-        call = _Call(index, kernel, params, [list(operands)], time.perf_counter(),
+        call = Call(index, kernel, params, [list(operands)], time.perf_counter(),
                      MeshInfo(()), call_site)
         self._compiled_done(call, program, outside, key, TierRun([], "", races))
         self.tell_owner()
 
-    def _run_engine(self, call: _Call, results: Sequence[np.ndarray] | None,
+    def _run_engine(self, call: Call, results: Sequence[np.ndarray] | None,
                     checkers: Checkers, live: InFlight,
                     never: frozenset[int]) -> explore.DevicesResult:
         """The checked call, named, simulated by the engine (explore.DevicesResult)."""
@@ -352,7 +322,7 @@ class Session:
     def _checked(self, params: dict, operands: Sequence[np.ndarray]) -> bool:
         """Whether --kernel and --calls have this call checked (intercept/call_filter.py)."""
         assert self.call_filter is not None
-        return self.call_filter.checks(_kernel_or_unnamed(params), params, operands)
+        return self.call_filter.checks(kernel_or_unnamed(params), params, operands)
 
     def _pass_through(self, params: dict, device_operands: list, mesh: MeshInfo,
                       results: Sequence[np.ndarray] | None, index: int,
@@ -361,7 +331,7 @@ class Session:
         race detection, no second fill, no capacity check, one schedule), its findings
         dropped; its outputs and the kernel's prints are the script's as in a checked
         run, and a kernel that fails still fails the run."""
-        call = _Call(index, _kernel_or_unnamed(params), params, device_operands,
+        call = Call(index, kernel_or_unnamed(params), params, device_operands,
                      time.perf_counter(), mesh, call_site)
         try:
             outputs, prints = self.unchecked.outputs(params, device_operands, mesh, results,
@@ -376,7 +346,7 @@ class Session:
         for kernel_print in prints:
             self.print_sink(kernel_print.line())
 
-    def _failed(self, exc: Exception, call: _Call) -> BaseException:
+    def _failed(self, exc: Exception, call: Call) -> BaseException:
         """What a call that raised `exc` raises: KeyboardInterrupt when the user stopped
         the run (a Ctrl-C that reached the engine through a callback of the kernel's
         comes back as JAX's error), else EngineFailure with our one-line error (exit 4),
@@ -422,7 +392,7 @@ class Session:
             self._record(stopped_call.call, len(findings),
                          progress=stopped_call.live.progress())
 
-    def _record(self, call: _Call, findings: int, *, failed: bool = False,
+    def _record(self, call: Call, findings: int, *, failed: bool = False,
                 progress: dict[str, int] | None = None, races: dict[str, int] | None = None,
                 unused_memory: list | None = None, tier: tuple[str, str] = (ENGINE, "")
                 ) -> None:

@@ -22,7 +22,7 @@ rounded. Other generations: the v5e's rule, unverified.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,11 +33,13 @@ from jax._src.lax import lax as _lax
 from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo as _hlo
 
+from pallas_check.jaxbridge.lowering import LoweringRuleContext, forget_lowered_modules
+
 _ROUNDED_PRESETS = frozenset({"BF16_BF16_F32", "BF16_BF16_BF16"})  # one bfloat16 pass
 _ONE_PASS = frozenset({lax.Precision.DEFAULT})
 
 
-def rounds_operand(precision: Any, which: int) -> bool:
+def rounds_operand(precision: object, which: int) -> bool:
     """Whether operand `which` (0: lhs, 1: rhs) of a float32 product at `precision` (the
     equation's param: None, a pair of `lax.Precision`, a `DotAlgorithmPreset`) is rounded
     to bfloat16 on the chip."""
@@ -52,20 +54,22 @@ def rounds_operand(precision: Any, which: int) -> bool:
     return False  # a DotAlgorithm spelled out: left as asked
 
 
-def _to_bfloat16_and_back(value: Any, aval: Any) -> Any:
+def _to_bfloat16_and_back(value: object, shape: tuple[int, ...]) -> object:
     """The float32 value of `value` rounded to bfloat16 (nearest even), as HLO."""
-    shape = tuple(aval.shape)
     bf16 = _ir.RankedTensorType.get(shape, _mlir.dtype_to_ir_type(np.dtype(jnp.bfloat16)))
     f32 = _ir.RankedTensorType.get(shape, _mlir.dtype_to_ir_type(np.dtype(np.float32)))
-    return _hlo.convert(f32, _hlo.convert(bf16, value))
+    return _hlo.convert(f32, _hlo.convert(bf16, cast(Any, value)))
 
 
-def _rule(original: Any) -> Any:
-    def lowering(ctx: Any, lhs: Any, rhs: Any, *, precision: Any, **params: Any) -> Any:
+# The lowering rule's values and params are JAX's own (MLIR values): passed through.
+def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
+    def lowering(ctx: LoweringRuleContext, lhs: object, rhs: object, *, precision: object,
+                 **params: object) -> Sequence[object]:
         operands = [lhs, rhs]
         for which, aval in enumerate(ctx.avals_in):
-            if aval.dtype == np.float32 and rounds_operand(precision, which):
-                operands[which] = _to_bfloat16_and_back(operands[which], aval)
+            dtype, shape = getattr(aval, "dtype", None), tuple(getattr(aval, "shape", ()))
+            if dtype == np.float32 and rounds_operand(precision, which):
+                operands[which] = _to_bfloat16_and_back(operands[which], shape)
         return original(ctx, *operands, precision=precision, **params)
     return lowering
 
@@ -80,8 +84,8 @@ def chip_matmul(on: bool = True) -> Iterator[None]:
     saved = rules.get(_lax.dot_general_p)
     original = (saved.rule if saved is not None
                 else _mlir._lowerings[_lax.dot_general_p].rule)
-    _mlir.register_lowering(_lax.dot_general_p, _rule(original), platform="cpu")
-    _forget()
+    _mlir.register_lowering(_lax.dot_general_p, cast(Any, _rule(original)), platform="cpu")
+    forget_lowered_modules()  # JAX keeps lowered modules by jaxpr: lowered again
     try:
         yield
     finally:
@@ -89,11 +93,6 @@ def chip_matmul(on: bool = True) -> Iterator[None]:
             rules[_lax.dot_general_p] = saved
         else:
             rules.pop(_lax.dot_general_p, None)
-        _forget()
+        forget_lowered_modules()
 
 
-def _forget() -> None:
-    """JAX keeps lowered modules by jaxpr: a program lowered before the switch is lowered
-    again after it."""
-    from pallas_check.jaxbridge.lowering import forget_lowered_modules
-    forget_lowered_modules()

@@ -48,8 +48,7 @@ class CallState(CallBuffers):
     def __init__(self, run: Simulation, place: CallPlace = CallPlace(),
                  handover: Handover = Handover()) -> None:
         config, kernel, call_index = run.config, run.kernel, run.call_index
-        self.config = config
-        self.tpu = parse_generations(config.tpu)[0]
+        self.config, self.tpu = config, parse_generations(config.tpu)[0]
         self.checking = run.checking  # what makes the listeners of a re-run too
         self.fill_mode = run.fill
         self.kernel = kernel
