@@ -53,7 +53,7 @@ from pallas_check.config.formats import DIFF, render
 from pallas_check.run.runner import Verdict, config_dict, script_traceback
 from pallas_check.intercept.session import Session
 from pallas_check.intercept.tpu_info import simulated_tpu
-from pallas_check.jaxbridge.matmul import chip_matmul
+from pallas_check.jaxbridge.chip_arithmetic import chip_arithmetic
 from pallas_check.findings.units import plural
 
 
@@ -395,7 +395,7 @@ class DiffSession:
                 stack.enter_context(simulated_tpu(self.config.tpu, self.config.cores))
             # ours on the CPU rounds products as the chip does (the native side's program
             # runs on the chip, which rounds its own)
-            stack.enter_context(chip_matmul(self.config.chip_matmul))
+            stack.enter_context(chip_arithmetic(self.config.chip_arithmetic))
             outer.install(self.ours.judge)  # `run`'s judge of unwritten outputs
             empties.install()
             try:

@@ -81,11 +81,12 @@ class Config:
     # in the program. On in `run`, the plugin and the API (config/options.py `--no-compile`
     # turns it off); off in a Config built directly (the engine's own tests).
     chip_compile: bool = False
-    # Float32 matrix products rounded as the simulated TPU's MXU rounds them (operands to
-    # bfloat16 at the default precision; jaxbridge/matmul.py), in the kernels and in the
-    # program's own products alike. On in `run`, the plugin and the API
-    # (`--exact-matmul` turns it off); off in a Config built directly.
-    chip_matmul: bool = False
+    # Arithmetic as the TPU computes it where it differs beyond noise (float32 products'
+    # operands rounded to bfloat16 at the default precision, the approximate reciprocal;
+    # jaxbridge/chip_arithmetic.py), in the kernels and in the program alike. On in `run`,
+    # the plugin and the API (`--exact-arithmetic` turns it off); off in a Config built
+    # directly.
+    chip_arithmetic: bool = False
     # Several generations in `tpu`: each further one's own trace (the script run again as
     # that chip) simulated and checked too, not only compiled.
     tpu_all: bool = False

@@ -185,12 +185,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
            " and raises in the program as on a TPU; on unless --no-compile (without libtpu"
            " the report says the compile was not checked).",
            config_field="chip_compile", pytest=True, negative="--no-compile"),
-    Option("chip_matmul", ("--chip-matmul",), bool, True,
-           "Round float32 matrix products as the TPU's MXU does (operands to bfloat16 at the"
-           " default precision, measured on a v5e), in kernels and in the program's own"
-           " products alike, so results match the chip's; --exact-matmul computes them"
-           " exactly in float32.",
-           config_field="chip_matmul", replayed=True, pytest=True, negative="--exact-matmul"),
+    Option("chip_arithmetic", ("--chip-arithmetic",), bool, True,
+           "Compute as the TPU does where it differs beyond noise (measured on a v5e):"
+           " float32 matrix products round their operands to bfloat16 at the default"
+           " precision, in kernels and in the program's own products alike; an approximate"
+           " reciprocal is the chip's; --exact-arithmetic computes in float32.",
+           config_field="chip_arithmetic", replayed=True, pytest=True,
+           negative="--exact-arithmetic"),
     Option("tpu_all", ("--tpu-all",), bool, False,
            "With several --tpu generations: the script runs once more per further"
            " generation, traced as that chip, and each run's calls are simulated and"

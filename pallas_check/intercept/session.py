@@ -46,7 +46,7 @@ from pallas_check.intercept.patched_lowering import intercepted
 from pallas_check.intercept.inline import InlineCalls
 from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
-from pallas_check.jaxbridge.matmul import chip_matmul
+from pallas_check.jaxbridge.chip_arithmetic import chip_arithmetic
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
@@ -469,7 +469,7 @@ class Session:
         with (intercepted(self.handle_call, fills_results=True, call_sites=True,
                           inline=inline.lowered, chip=self.chip.check if self.chip.on else None),
               simulated_tpu(self.config.tpu, self.config.cores),
-              chip_matmul(self.config.chip_matmul),
+              chip_arithmetic(self.config.chip_arithmetic),
               children.undone_in_child(self._forked)):
             self.questions_from = questions()
             outer.install(self.judge, inline.passes_off)

@@ -154,9 +154,9 @@ def test_config_from_sets_the_field_of_each_option(option):
 
 # On in every run (the option's default: `run`, the plugin and the API read the table) but
 # off in a Config built directly, as the engine's own tests build theirs: the chip's
-# compile at each call (intercept/chip.py) and the MXU's rounding (jaxbridge/matmul.py)
+# compile at each call (intercept/chip.py) and the MXU's rounding (jaxbridge/chip_arithmetic.py)
 # are the run's, not the engine's.
-BUILT_OFF = {"chip_compile": True, "chip_matmul": True}
+BUILT_OFF = {"chip_compile": True, "chip_arithmetic": True}
 
 
 def test_config_from_of_every_default_is_the_default_config():

@@ -2,7 +2,7 @@
 
 hardware/chip/v5e/matmul.npz holds the operands of hardware/probes/numerics.py's products
 (x's first 16 rows, y) and the chip's results for those rows: Mosaic's (`kernel.*`) and
-XLA:TPU's (`xla.*`), per precision. Under `chip_matmul` a product on the CPU must land
+XLA:TPU's (`xla.*`), per precision. Under `chip_arithmetic` a product on the CPU must land
 within the chip's accumulation-order noise of the chip's result (1e-4 on results of
 magnitude about 50), where the exact product is 0.05 or more away.
 """
@@ -18,7 +18,7 @@ import pytest
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_check.jaxbridge.matmul import chip_matmul, rounds_operand
+from pallas_check.jaxbridge.chip_arithmetic import chip_arithmetic, rounds_operand
 
 CHIP = np.load(Path(__file__).resolve().parents[2] / "hardware" / "chip" / "v5e" / "matmul.npz")
 NOISE = 1e-4
@@ -39,7 +39,7 @@ def test_a_product_rounds_as_the_chip_did(side, name, precision):
     x, y, chip = CHIP["x"], CHIP["y"], CHIP[f"{side}.f32.{name}"]
     fn = (jax.jit(lambda a, b: jnp.dot(a, b, precision=precision)) if side == "xla"
           else jax.jit(_kernel_dot(precision)))
-    with chip_matmul():
+    with chip_arithmetic():
         ours = np.asarray(fn(x, y))
     exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
     assert np.abs(ours - chip).max() <= NOISE
@@ -47,7 +47,7 @@ def test_a_product_rounds_as_the_chip_did(side, name, precision):
         assert np.abs(exact - chip).max() > 0.05  # the rounding is what the test sees
 
 
-def test_outside_chip_matmul_a_product_is_exact_float32():
+def test_outside_chip_arithmetic_a_product_is_exact_float32():
     x, y = CHIP["x"], CHIP["y"]
     ours = np.asarray(jax.jit(lambda a, b: a @ b)(x, y))
     exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
@@ -69,7 +69,7 @@ def test_integer_and_bfloat16_products_are_left_exact():
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (8, 256)).astype(np.int8)
     b = rng.integers(-128, 128, (256, 128)).astype(np.int8)
-    with chip_matmul():
+    with chip_arithmetic():
         got = np.asarray(jnp.dot(a, b, preferred_element_type=jnp.int32))
         xb = jnp.asarray(CHIP["x"], jnp.bfloat16)
         yb = jnp.asarray(CHIP["y"], jnp.bfloat16)

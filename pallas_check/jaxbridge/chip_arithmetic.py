@@ -1,0 +1,116 @@
+"""Arithmetic on the CPU as a TPU computes it, where the two differ beyond rounding noise.
+
+Measured on a TPU v5e (hardware/probes/numerics.py, hardware/README.md):
+
+- **Matrix products.** A product of float32 operands at the default precision
+  (`precision=None`, `DEFAULT`) rounds each operand to bfloat16 (round to nearest even) and
+  accumulates the exact products in float32, in a Pallas kernel (Mosaic) and in the
+  program's own XLA ops (XLA:TPU) alike; `HIGHEST` is float32 (about 1e-7 relative); a
+  float32 operand beside a bfloat16 one is rounded too; bfloat16, int8 and float8 operands
+  are exact. XLA:CPU computes every float32 product exactly, so a kernel's output and a
+  test's `jnp.dot` reference would both differ from the chip's -- and a test comparing them
+  with a `HIGHEST` or numpy reference would pass here and fail there.
+- **`pl.reciprocal(x, approx=True)`.** The chip's is within 1.6e-5 of 1/x; JAX's lowering
+  for other platforms takes the reciprocal of x rounded to bfloat16 (errors of 4e-3): here
+  it is the float32 reciprocal, within the chip's noise.
+
+`chip_arithmetic()` replaces XLA's CPU lowerings of `dot_general` (the operands the chip
+rounds, rounded before the product) and of the approximate reciprocal while it is open:
+every product of the process lowered meanwhile (the script's program, the engine's
+evaluation of a kernel, the compiled tier) computes what the chip computes, within the
+chip's own accumulation-order noise. `HIGH` (which XLA:TPU computes in three bfloat16
+passes and Mosaic refuses) stays exact here: the closer of the two without the chip's
+exact algorithm. Convolutions are not rounded; the chip's other transcendental functions
+differ from XLA:CPU's by up to 4e-5 of their largest value, which `diff` and `replay`
+allow (findings/output_diff.py). Other generations: the v5e's rules, unverified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence, cast
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax._src.interpreters import mlir as _mlir
+from jax._src.lax import lax as _lax
+from jax._src.pallas import primitives as _pallas_primitives
+from jax._src.lib.mlir import ir as _ir
+from jax._src.lib.mlir.dialects import hlo as _hlo
+
+from pallas_check.jaxbridge.lowering import LoweringRuleContext, forget_lowered_modules
+
+_ROUNDED_PRESETS = frozenset({"BF16_BF16_F32", "BF16_BF16_BF16"})  # one bfloat16 pass
+_ONE_PASS = frozenset({lax.Precision.DEFAULT})
+
+
+def rounds_operand(precision: object, which: int) -> bool:
+    """Whether operand `which` (0: lhs, 1: rhs) of a float32 product at `precision` (the
+    equation's param: None, a pair of `lax.Precision`, a `DotAlgorithmPreset`) is rounded
+    to bfloat16 on the chip."""
+    if precision is None:
+        return True
+    if isinstance(precision, lax.DotAlgorithmPreset):
+        return precision.name in _ROUNDED_PRESETS or precision.name == "DEFAULT"
+    if isinstance(precision, (tuple, list)) and len(precision) == 2:
+        return precision[which] in _ONE_PASS
+    if isinstance(precision, lax.Precision):
+        return precision in _ONE_PASS
+    return False  # a DotAlgorithm spelled out: left as asked
+
+
+def _to_bfloat16_and_back(value: object, shape: tuple[int, ...]) -> object:
+    """The float32 value of `value` rounded to bfloat16 (nearest even), as HLO."""
+    bf16 = _ir.RankedTensorType.get(shape, _mlir.dtype_to_ir_type(np.dtype(jnp.bfloat16)))
+    f32 = _ir.RankedTensorType.get(shape, _mlir.dtype_to_ir_type(np.dtype(np.float32)))
+    return _hlo.convert(f32, _hlo.convert(bf16, cast(Any, value)))
+
+
+# The lowering rule's values and params are JAX's own (MLIR values): passed through.
+def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
+    def lowering(ctx: LoweringRuleContext, lhs: object, rhs: object, *, precision: object,
+                 **params: object) -> Sequence[object]:
+        operands = [lhs, rhs]
+        for which, aval in enumerate(ctx.avals_in):
+            dtype, shape = getattr(aval, "dtype", None), tuple(getattr(aval, "shape", ()))
+            if dtype == np.float32 and rounds_operand(precision, which):
+                operands[which] = _to_bfloat16_and_back(operands[which], shape)
+        return original(ctx, *operands, precision=precision, **params)
+    return lowering
+
+
+@contextlib.contextmanager
+def chip_arithmetic(on: bool = True) -> Iterator[None]:
+    """While open, XLA:CPU's float32 products round their operands as the MXU does and an
+    approximate reciprocal is the chip's (see the module)."""
+    if not on:
+        yield
+        return
+    rules = _mlir._platform_specific_lowerings["cpu"]
+    primitives = (_lax.dot_general_p, _pallas_primitives.reciprocal_p)
+    saved = {p: rules.get(p) for p in primitives}
+    original = saved[_lax.dot_general_p] or _mlir._lowerings[_lax.dot_general_p]
+    _mlir.register_lowering(_lax.dot_general_p, cast(Any, _rule(original.rule)),
+                            platform="cpu")
+    _mlir.register_lowering(_pallas_primitives.reciprocal_p, cast(Any, _reciprocal),
+                            platform="cpu")
+    forget_lowered_modules()  # JAX keeps lowered modules by jaxpr: lowered again
+    try:
+        yield
+    finally:
+        for primitive, entry in saved.items():
+            if entry is not None:
+                rules[primitive] = entry
+            else:
+                rules.pop(primitive, None)
+        forget_lowered_modules()
+
+
+def _reciprocal(ctx: LoweringRuleContext, x: object, **params: object) -> Sequence[object]:
+    """`pl.reciprocal`, approximate or not: the float32 reciprocal (see the module)."""
+    one = _mlir.full_like_aval(ctx, 1, cast(Any, ctx.avals_in[0]))
+    return [_hlo.divide(one, cast(Any, x))]
+
+
