@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pathlib
 import re
 import shlex
+import subprocess
 import sys
 from typing import TYPE_CHECKING, Callable, Generator, cast
 
@@ -60,12 +62,15 @@ SECTION = "pallas-check"
 
 _OPTIONS_KEY: "pytest.StashKey[Options]" = pytest.StashKey()
 
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pallas-check", "pallas-check: check Pallas kernels on CPU")
     group.addoption("--pallas-check", action="store_true", default=False,
                     help="Run each test with every pallas_call simulated and checked by"
                          " pallas-check; findings fail the test.")
+    group.addoption("--pallas-check-replay", action="store_true", default=False,
+                    help="Collect each hardware recording (`pallas-check record`, *.npz) in"
+                         " the folders pytest collects as a test that replays it on the CPU"
+                         " (`pallas-check replay`); a disagreement with the chip fails it.")
     for option in PYTEST_OPTIONS:  # declared in options.py
         name, dest = plugin_flag(option.flags[0]), f"pallas_check_{option.param}"
         text = plugin_help(option.help)
@@ -81,15 +86,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             group.addoption(name, choices=option.choices or None, default=None, dest=dest,
                             help=text, metavar=None if option.choices else option.metavar)
 
-
 def plugin_flag(flag: str) -> str:
     """`--dma` of `run` as the plugin's `--pallas-check-dma`."""
     return f"--pallas-check-{flag[2:]}"
 
-
 _PLUGIN_FLAGS = {flag for o in PYTEST_OPTIONS for flag in (o.flags[0], o.negative) if flag}
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
-
 
 def plugin_help(text: str) -> str:
     """An option's help of `run` as the plugin shows it: each flag the plugin has named as
@@ -97,7 +99,6 @@ def plugin_help(text: str) -> str:
     sends a user to a flag pytest does not take (tests/api checks none is left)."""
     return _FLAG.sub(lambda m: plugin_flag(m.group(0)) if m.group(0) in _PLUGIN_FLAGS
                      else m.group(0), text)
-
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -120,7 +121,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
         _simulate_the_tpu(config, options.config)
 
-
 def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
     """The simulated TPU (intercept/tpu_info.py) for the whole session, from before collection to
     the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
@@ -129,7 +129,6 @@ def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
     stack = contextlib.ExitStack()
     stack.enter_context(pallas_check.intercept.tpu_info.simulated_tpu(check.tpu, check.cores))
     config.add_cleanup(stack.close)
-
 
 def _options(config: pytest.Config) -> Options:
     """The Python API's options (api.py): defaults < [tool.pallas-check] of the rootdir's
@@ -156,7 +155,6 @@ option_specs(PYTEST_OPTIONS)["devices"], devices, True, None)
     return dataclasses.replace(options, config=dataclasses.replace(options.config,
                                                                    devices=cast(int, count)))
 
-
 def _use_devices(count: int, compiling: bool) -> None:
     """`--pallas-check-devices N`: N CPU devices, as `pallas-check run --devices N` makes
     them. XLA reads the count when JAX starts its CPU backend; a test session has usually
@@ -177,7 +175,6 @@ def _use_devices(count: int, compiling: bool) -> None:
                                 f" already running with {found} CPU device(s) in this"
                                 " process (something ran JAX before the tests started)")
 
-
 def pytest_report_header(config: pytest.Config) -> str | None:
     options = config.stash.get(_OPTIONS_KEY, None)
     if options is None:
@@ -189,7 +186,6 @@ def pytest_report_header(config: pytest.Config) -> str | None:
                      and (value := getattr(check, o.config_field)) != o.default)
     return (f"pallas-check: on (dma={check.dma_mode.value}, uninit={check.uninit.value},"
             f" races={check.races}{others})")
-
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
@@ -233,7 +229,6 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     pytest.fail(f"pallas-check: {plural(len(report.findings), 'finding')} in {item.nodeid}\n"
                 f"{verdict.text}", pytrace=False)
 
-
 def _retrace(item: pytest.Item, options: Options
              ) -> Callable[[TpuGeneration], GenerationRun]:
     """How the test runs again as a further generation of `tpu` (intercept/generations.py: with
@@ -241,7 +236,6 @@ def _retrace(item: pytest.Item, options: Options
     runs on): its body once more in this process, told that chip."""
     return lambda generation: pallas_check.commands.retrace.rerun_in_process(item.runtest,
                                                                     options.config, generation)
-
 
 def _rerun(item: pytest.Item) -> str:
     """The start of the replay command of a test's findings: pytest on this one test, from
@@ -251,7 +245,6 @@ def _rerun(item: pytest.Item) -> str:
     root = str(item.config.rootpath)
     cd = "" if here == root else f"cd {shlex.quote(root)} && "
     return f"{cd}pytest {shlex.quote(item.nodeid)} --pallas-check"
-
 
 class _CallCounter:
     """`pytest --pallas-check` that checked no pallas_call at all exits 5, pytest's "no
@@ -283,3 +276,42 @@ class _CallCounter:
         if self.none_checked:
             terminalreporter.write_line("pallas-check: no pallas_call was checked: the tests"
                                         f" made none (exit {int(ExitCode.NO_CALLS)})")
+
+# -- hardware recordings as tests (`pytest --pallas-check-replay DIR`) ---------------------
+
+def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector
+                        ) -> pytest.Collector | None:
+    """A recording under a collected folder, with --pallas-check-replay: one test."""
+    if file_path.suffix != ".npz" or not parent.config.getoption("pallas_check_replay"):
+        return None
+    return _RecordingFile.from_parent(parent, path=file_path)
+
+class _RecordingFile(pytest.File):
+    def collect(self) -> list[pytest.Item]:
+        return [_ReplayItem.from_parent(self, name=f"replay[{self.path.name}]")]
+
+class ReplayDisagrees(AssertionError):
+    """`pallas-check replay` found ours and the chip apart (or could not replay)."""
+
+class _ReplayItem(pytest.Item):
+    """`pallas-check replay FILE` in a process of its own (a replay runs the recorded script
+    as `__main__`, with its own interception: never inside this pytest process), from the
+    rootdir, where a recording's script path is relative to; its report is the failure."""
+
+    def runtest(self) -> None:
+
+        proc = subprocess.run([sys.executable, "-m", "pallas_check", "replay", str(self.path),
+                               "--format", "table"], cwd=self.config.rootpath,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ReplayDisagrees(f"pallas-check replay {self.path.name} exited"
+                                  f" {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: object = None) -> str:
+        if isinstance(excinfo.value, ReplayDisagrees):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[pathlib.Path, int, str]:
+        return self.path, 0, f"replay of {self.path.name}"
