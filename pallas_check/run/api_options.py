@@ -87,5 +87,9 @@ def _plain(value: object) -> object:
 def _config(values: Mapping[str, object]) -> Config:
     """The Config of the options that mean something here (a `devices` set in the
     project's table does not: JAX already chose its device count)."""
-    return config_from({name: value for name, value in values.items()
+    # An option not given takes its own default, as on the command line: where that differs
+    # from a bare Config's (the chip's compile and arithmetic, on in every run), the run's.
+    given = {o.param: o.default for o in RUN_OPTIONS if o.config_field is not None}
+    given.update(values)
+    return config_from({name: value for name, value in given.items()
                         if name not in _NOT_HERE})

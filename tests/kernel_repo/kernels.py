@@ -122,3 +122,18 @@ def scale_tokens(tokens: jax.Array, num_tokens: int, factor: float) -> jax.Array
     out = pl.pallas_call(kernel, grid=(used,), in_specs=[spec], out_specs=spec,
                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
     return out[:num_tokens]
+
+
+def matmul(x: jax.Array, y: jax.Array, precision: object = None) -> jax.Array:
+    """x @ y in blocks of 64 rows, float32 out, at the product precision asked."""
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...], precision=precision,
+                             preferred_element_type=jnp.float32)
+
+    rows = 64
+    return pl.pallas_call(
+        kernel, grid=(x.shape[0] // rows,),
+        in_specs=[pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0)),
+                  pl.BlockSpec(y.shape, lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((rows, y.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), jnp.float32))(x, y)
