@@ -22,6 +22,8 @@ from pallas_check.compiled.boxes import Index
 from pallas_check.compiled.jaxpr_facts import eqn_writes, unread_variables
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, Unsupported
+from pallas_check.engine.jaxpr.avals import aval_dtype
+from pallas_check.engine.rules import conversions
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
 from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
@@ -188,6 +190,27 @@ def _num_programs(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 @rule(prims.multiple_of_p)
 def _multiple_of(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
     return [invals[0]]
+
+
+# -- the TPU's own conversions (no CPU lowering: one definition with the engine's) ------------
+
+@rule(prims.pack_elementwise_p)
+def _pack(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
+    return [conversions.pack(invals, eqn_params.packed_dtype(eqn), aval_dtype(eqn.outvars[0]),
+                             jnp)]
+
+
+@rule(prims.unpack_elementwise_p)
+def _unpack(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
+    return [conversions.unpack(invals[0], eqn_params.unpack_index(eqn),
+                               eqn_params.packed_dtype(eqn), eqn_params.unpacked_dtype(eqn),
+                               jnp)]
+
+
+@rule(prims.stochastic_round_p)
+def _stochastic_round(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
+    return [conversions.stochastic_round(invals[0], invals[1],
+                                         eqn_params.rounding_target(eqn), jnp)]
 
 
 # -- DMAs and semaphores -------------------------------------------------------------------

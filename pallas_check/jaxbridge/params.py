@@ -132,6 +132,26 @@ def target_dtype(eqn: JaxprEqn) -> Any:
     return params["new_dtype"] if "new_dtype" in params else params["dtype"]
 
 
+def packed_dtype(eqn: JaxprEqn) -> Any:
+    """The narrow dtype of `pltpu.pack_elementwise` / `unpack_elementwise`."""
+    return eqn.params["packed_dtype"]
+
+
+def unpacked_dtype(eqn: JaxprEqn) -> Any:
+    """The dtype `pltpu.unpack_elementwise` produces."""
+    return eqn.params["unpacked_dtype"]
+
+
+def unpack_index(eqn: JaxprEqn) -> int:
+    """Which narrow value of each word `pltpu.unpack_elementwise` takes (0: the lowest)."""
+    return int(eqn.params["index"])
+
+
+def rounding_target(eqn: JaxprEqn) -> Any:
+    """The dtype `pltpu.stochastic_round` rounds to."""
+    return eqn.params["target_dtype"]
+
+
 # -- the grid, devices, PRNG ---------------------------------------------------------------
 
 def grid_axis(eqn: JaxprEqn) -> int:

@@ -54,6 +54,11 @@ prng_random_bits_p: Primitive = _mosaic.prng_random_bits_p
 touch_p: Primitive = _mosaic.touch_p
 trace_value_p: Primitive = _mosaic.trace_value_p
 
+# Conversions of the TPU's own: narrow values packed into wider words, stochastic rounding.
+pack_elementwise_p: Primitive = _mosaic.pack_elementwise_p
+unpack_elementwise_p: Primitive = _mosaic.unpack_elementwise_p
+stochastic_round_p: Primitive = _mosaic.stochastic_round_p
+
 # Control flow and calls (lax, jit).
 cond_p: Primitive = _control_flow.cond_p
 while_p: Primitive = _control_flow.while_p

@@ -76,7 +76,7 @@ COMPILED = frozenset("""
     unwritten_padding_sliced_bug unwritten_select_bug vmem_capacity_bug vmem_headroom_bug
     add_ok deadlock_ok dma_not_waited_ok dma_read_before_wait_ok dma_same_dst_ok
     nested_pipeline_ok oob_dma_ok oob_load_ok semaphore_leak_ok stale_prefetch_ok
-    unwritten_half_ok
+    unwritten_half_ok pack_elementwise_bug pack_elementwise_ok stochastic_round_ok
 """.split()) if compiled_tier_refusal(jax.__version__) is None else frozenset()
 # (On a JAX the tier refuses, jax 0.9, `--tier compiled` would be a one-line refusal: the
 # samples then run as `auto` runs them, all on the engine.)

@@ -1,0 +1,182 @@
+"""The TPU's own conversions: `pltpu.pack_elementwise`, `pltpu.unpack_elementwise` and
+`pltpu.stochastic_round`, as bit arithmetic on uint32 words.
+
+Each value function takes its array module as `xp`: numpy for the engine's rules (below),
+`jax.numpy` for the compiled tier (`compiled/tracing.py`), so both tiers compute the same
+bits from one definition. Everything is integer arithmetic on uint32 plus `astype` between
+float32 and the narrow float types, which numpy (ml_dtypes) and XLA:CPU do alike (round to
+nearest even; an overflow is inf, or NaN where the type has no inf).
+
+Where the semantics come from (JAX 0.10.2; Mosaic's `tpu` dialect as jaxlib 0.10.2 ships
+it): `jax/_src/pallas/mosaic/primitives.py` (`pack_elementwise`, `unpack_elementwise` and
+their docstrings and abstract evaluations; `stochastic_round`'s abstract evaluation),
+`jax/_src/pallas/mosaic/lowering.py` (`_pack_elementwise_lowering_rule`,
+`_unpack_elementwise_lowering_rule`, `_stochastic_round_lowering_rule`, and
+`_dtype_to_ir_type`, which makes every integer type signless), the op descriptions of
+`tpu.pack_elementwise` / `tpu.unpack_elementwise` in `jaxlib/mosaic/python/_tpu_ops_gen.py`,
+and JAX's own chip tests of these ops (`tests/pallas/tpu_ops_test.py`:
+`test_pack_elementwise`, `test_unpack_elementwise`, `test_stochastic_round`).
+None of it has been checked on a chip by pallas-check.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.primitives import (pack_elementwise_p, stochastic_round_p,
+                                               unpack_elementwise_p)
+from pallas_check.jaxbridge.types import JaxprEqn
+from pallas_check.engine.jaxpr.avals import aval_dtype
+from pallas_check.engine.jaxpr.registry import rule
+from pallas_check.engine.seam import RunningCore
+
+
+_NARROW_FLOATS = frozenset(np.dtype(t) for t in (
+    ml_dtypes.bfloat16, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e4m3b11fnuz))
+
+
+def bit_width(dtype: object) -> int:
+    """The bits of one element (4 for int4, which numpy's itemsize cannot say)."""
+    d = np.dtype(dtype)  # type: ignore[call-overload]  # (a dtype, a scalar type or a name)
+    if d.kind == "f" or d in _NARROW_FLOATS:
+        return int(ml_dtypes.finfo(d).bits)  # type: ignore[no-untyped-call]  # (ml_dtypes)
+    return int(ml_dtypes.iinfo(d).bits)  # type: ignore[no-untyped-call]  # (int2/int4 too)
+
+
+def _low_bits(width: int) -> int:
+    return (1 << width) - 1
+
+
+# -- pack / unpack -------------------------------------------------------------------------
+
+def pack(xs: Sequence[object], packed: object, out_dtype: object, xp: ModuleType) -> object:
+    """`pltpu.pack_elementwise(xs, packed_dtype=packed)`, as the op's description states:
+    each element of the result is a word of the sources' width W, holding one value of
+    each source, `xs[j]` in bits [j*w, (j+1)*w) (w the packed width: xs[0] lowest).
+
+    - integers: the low w bits of each source's two's complement (the higher bits are
+      dropped: int8 xxxx'1001 and yyyy'0011 packed to int4 make 0011'1001, the op's
+      example);
+    - float32 into bfloat16: each source rounded to bfloat16 to nearest, ties to even (as
+      `astype` rounds: JAX's chip test compares with `astype(bfloat16)`), its 16 bits
+      placed so; a NaN stays a NaN (its payload, and whether the chip flushes subnormals,
+      not checked on a chip).
+
+    The result is uint{W} (`out_dtype`), as the abstract evaluation makes it.
+    """
+    w = bit_width(packed)
+    words = None
+    for j, x in enumerate(xs):
+        source = xp.asarray(x)
+        if source.dtype == np.float32:
+            bits = source.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+        else:
+            bits = source.astype(np.uint32) & _low_bits(w)
+        placed = bits << (j * w)
+        words = placed if words is None else words | placed
+    return xp.asarray(words).astype(out_dtype)
+
+
+def unpack(x: object, index: int, packed: object, unpacked: object, xp: ModuleType) -> object:
+    """`pltpu.unpack_elementwise(x, index=index, packed_dtype=packed,
+    unpacked_dtype=unpacked)`: from each word of x, the w-bit field at bits
+    [index*w, (index+1)*w) (index 0: the lowest bits, the op's description), widened:
+
+    - to float32 from bfloat16: the field is a bfloat16's bits, widened exactly (its 16
+      bits become the float32's high half);
+    - to an integer: sign-extended from bit w-1 (the op's description: "s_y'y'", the sign
+      of y repeated). Mosaic's integer types are signless (`_dtype_to_ir_type`), so an
+      unsigned `packed_dtype` is sign-extended too (uint8 0xC8 unpacks to int32 -56, to
+      uint32 0xFFFFFFC8): derived from the lowering, not checked on a chip.
+    """
+    w = bit_width(packed)
+    field = (xp.asarray(x).astype(np.uint32) >> (index * w)) & _low_bits(w)
+    if np.dtype(unpacked) == np.float32:  # type: ignore[call-overload]  # (a dtype)
+        return (field << 16).view(np.float32)
+    if w >= 32:
+        return field.astype(unpacked)
+    value = field.astype(np.int32)
+    value = value - ((value & (1 << (w - 1))) << 1)
+    return value.astype(unpacked)
+
+
+# -- stochastic rounding ---------------------------------------------------------------------
+
+def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleType) -> object:
+    """`pltpu.stochastic_round(x, random_bits, target_dtype=target)`: float32 x rounded to
+    one of its two neighbours in `target` (bfloat16, float8_e5m2, float8_e4m3fn or
+    float8_e4m3b11fnuz), the one away from zero when the uint32 `random_bits` of its
+    element are below its fraction.
+
+    JAX 0.10.2 fixes the operands (float32 x, uint32 bits of x's shape: the abstract
+    evaluation and lowering), and its chip test the result: `lo` (x rounded toward zero
+    onto the target's grid) or `hi` (the next grid value away from zero), x itself when x
+    is on the grid, NaN for NaN. How the chip combines the random bits with the mantissa
+    is stated nowhere in JAX or the `tpu` dialect (`tpu.stochastic_convert` has no
+    description). This rule takes the one published definition of the family, XLA's
+    StochasticConvert (`xla/hlo/transforms/expanders/stochastic_convert_decomposer.cc`:
+    the fraction as an unsigned integer whose top bit is 2^-1, compared unsigned with the
+    random value, rounded away from zero when random < fraction), with the fraction
+    measured in the target's spacing at x:
+
+        fraction = floor((|x| - |lo|) / (|hi| - |lo|) * 2^32);  result = hi if bits < fraction
+
+    So all 32 bits count, the top ones first: for bfloat16 the fraction is x's low 16
+    mantissa bits times 2^16, and the result depends only on bits >> 16; bits 0 always
+    round away from zero when x is off the grid, bits 0xFFFFFFFF never do. Over uniform
+    bits the mean is exactly x (the probability is fraction / 2^32). Below the target's
+    normal range the spacing is its subnormals'. A result beyond the target's largest
+    finite value is what a plain conversion makes of it: inf for bfloat16 and
+    float8_e5m2, NaN for the float8 types without inf (the chip may saturate); ±inf
+    converts as `astype` does; NaN gives NaN. Not checked on a chip: the comparison, its
+    bit order and the overflow are this rule's reading.
+    """
+    finfo = ml_dtypes.finfo(target)  # type: ignore[no-untyped-call]  # (ml_dtypes)
+    mant, emin = int(finfo.nmant), int(finfo.minexp)
+    u = xp.asarray(x).view(np.uint32)
+    sign, mag = u & np.uint32(0x80000000), u & np.uint32(0x7FFFFFFF)
+    field = mag >> 23
+    significand = (mag & np.uint32(0x7FFFFF)) | xp.where(field > 0, np.uint32(1 << 23),
+                                                          np.uint32(0))
+    exponent = xp.maximum(field, np.uint32(1)).astype(np.int32) - 127
+    # The significand's low bits the target drops: k = (23 - mant) + how far x is below
+    # the target's normal range (at least 16: mant <= 7).
+    below = xp.maximum(emin - exponent, 0).astype(np.uint32)
+    k = below + np.uint32(23 - mant)
+    in_mantissa = k <= 23
+    kept = xp.minimum(k, np.uint32(23))
+    step = xp.left_shift(np.uint32(1), kept)
+    low = step - np.uint32(1)
+    rem = xp.where(in_mantissa, significand & low, significand)
+    fraction = xp.where(k <= 32, rem << xp.subtract(np.uint32(32), xp.minimum(k, np.uint32(32))),
+                        rem >> xp.minimum(k - np.uint32(32), np.uint32(31)))
+    lo = xp.where(in_mantissa, mag & ~low, np.uint32(0))
+    spacing = np.float32(2.0 ** (emin - mant)).view(np.uint32)
+    hi = xp.where(in_mantissa, lo + step, spacing)
+    rounded = xp.where(xp.asarray(random_bits).astype(np.uint32) < fraction, hi, lo)
+    rounded = xp.where(field == 255, mag, rounded)  # inf and NaN pass as they are
+    return (sign | rounded).view(np.float32).astype(target)
+
+
+# -- the engine's rules ----------------------------------------------------------------------
+
+@rule(pack_elementwise_p)
+def _pack(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+    return pack(invals, eqn_params.packed_dtype(eqn), aval_dtype(eqn.outvars[0]), np)
+
+
+@rule(unpack_elementwise_p)
+def _unpack(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+    return unpack(invals[0], eqn_params.unpack_index(eqn), eqn_params.packed_dtype(eqn),
+                  eqn_params.unpacked_dtype(eqn), np)
+
+
+@rule(stochastic_round_p)
+def _stochastic_round(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+    return stochastic_round(invals[0], invals[1], eqn_params.rounding_target(eqn), np)
