@@ -25,6 +25,7 @@ import numpy as np
 from pallas_check.jaxbridge.types import AbstractSemaphoreTy, AbstractValue, Primitive, ShapedArray
 from pallas_check.jaxbridge.jaxprs import axis_sizes
 from pallas_check.jaxbridge import lowering as jax_lowering
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.lowering import LoweringRuleContext
 from pallas_check.jaxbridge.primitives import pallas_call_p
 
@@ -265,7 +266,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
                 if fills_results and results is not None:
                     extra["results"] = results
                 outs = handler(params, list(operands), int(device_id), axes, **extra)
-                return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
+                return [np.asarray(keys.to_physical(np.asarray(o)), dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
             def handled() -> list[jax.Array]:
@@ -333,11 +334,12 @@ def _operand_avals(avals: Sequence[AbstractValue]
 
 
 def _physical(aval: AbstractValue) -> AbstractValue:
-    """A semaphore-typed aval as the int32 array XLA represents it by; others unchanged."""
+    """A semaphore-typed aval as the int32 array XLA represents it by, a key-typed one as
+    its uint32 words (jaxbridge/keys.py); others unchanged."""
     dtype = getattr(aval, "dtype", None)
     if isinstance(dtype, AbstractSemaphoreTy):
         return ShapedArray(cast(ShapedArray, aval).shape, np.int32)
-    return aval
+    return keys.physical_aval(aval)
 
 
 def _user_frames_of(traceback: object) -> tuple[SourceFrame, ...]:

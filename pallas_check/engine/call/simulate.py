@@ -24,6 +24,7 @@ from pallas_check.engine.call.describe import (Operand, _block_indices,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
 from pallas_check.engine.call.carried import CarriedDma
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
@@ -42,7 +43,7 @@ from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, Sch
                                             SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext
 # Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
-from pallas_check.engine.rules import access, control, debug, semaphore  # noqa: F401
+from pallas_check.engine.rules import access, control, debug, random, semaphore  # noqa: F401
 from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 from pallas_check.engine.rules import sparsecore  # noqa: F401
 
@@ -148,7 +149,8 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     # Per device: its HBM inputs by operand address (one CPU device), and all of them.
     by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
-        operands = [np.asarray(x) for x in list(call.device_operands[device])[num_bounds:]]
+        operands = _logical(layout, [np.asarray(x) for x in
+                                     list(call.device_operands[device])[num_bounds:]])
         scalars = operands[: layout.first]
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, device, operands[layout.first:],
                                               run.results, call.never_written)
@@ -180,6 +182,16 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     _run(state, contexts, actors, device_hbm_outputs)
     return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs,
                     layout.arg_names[layout.first + layout.n_in:])
+
+
+def _logical(layout: _Layout, operands: list[np.ndarray]) -> list[np.ndarray]:
+    """The inputs as the kernel's refs hold them: a typed PRNG key operand, which arrives
+    as its uint32 words, as keys (jaxbridge/keys.py)."""
+    for k, var in enumerate(layout.block_vars[:layout.n_in]):
+        at = layout.first + k
+        if keys.is_key_aval(var.aval) and operands[at].dtype.fields is None:
+            operands[at] = keys.to_logical(operands[at], var.aval.dtype)
+    return operands
 
 
 def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.ndarray],
@@ -215,12 +227,13 @@ def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.
             continue
         if (results is not None and state.mesh.num_devices == 1
                 and results[j].shape == tuple(aval.shape)
-                and results[j].dtype == np.dtype(aval.dtype)):
+                and results[j].dtype == keys.held_dtype(aval.dtype)):
             data = results[j]  # the call's own output buffer: filled, simulated in
             data[...] = fill_value(aval.dtype, fill)
             buf = Buffer(name, MemorySpace.HBM, data, written=False)
         else:
-            buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
+            buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, keys.held_dtype(aval.dtype),
+                                fill)
         hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
     for buf in hbm_outputs:
         buf.is_output = True  # (an input aliased to an output is one too)
