@@ -184,7 +184,8 @@ _failure_listeners: list[Callable[[BaseException], None]] = []
 
 @contextlib.contextmanager
 def handler_failures(listener: Callable[[BaseException], None]) -> Iterator[None]:
-    """While active, `listener` hears of every exception raised by an installed handler."""
+    """While active, `listener` hears of every exception raised by an installed handler
+    (and of an `InterceptionFailed`, our lowering of a call failing)."""
     with _lock:
         _failure_listeners.append(listener)
     try:
@@ -240,19 +241,27 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         if getattr(_real, "on", False) and _saved is not None:  # compiling for a TPU
             return cast(_Lowered, _saved.lowering.module_lowering(ctx, *in_nodes, **params))
         params.pop("interpret", None)
-        # Semaphore-typed operands and results (a semaphore passed from one call to the
-        # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
-        # to the semaphore's value in them, engine/call/carried.py).
-        outer = ctx
-        ctx = ctx.replace(avals_in=[_physical(a) for a in ctx.avals_in],
-                          avals_out=[_physical(a) for a in ctx.avals_out])
-        result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         # Where the script made the call (the innermost frame of the user's code).
         frames = _user_frames_of(ctx.traceback)
         call_site = frames[0] if frames else None
-        avals = _operand_avals(outer.avals_in) if chip is not None else None
+        avals = _operand_avals(ctx.avals_in) if chip is not None else None
         if chip is not None and avals is not None:
-            chip(params, avals, _mesh_axes(), call_site)
+            chip(params, avals, _mesh_axes(), call_site)  # its refusal is the program's
+        try:
+            return _ours(ctx, in_nodes, params, call_site)
+        except Exception as exc:  # our failure, not the user's: exit 4 (run/runner.py)
+            raise interception_failed(exc) from exc
+
+    def _ours(outer: LoweringRuleContext, in_nodes: Any, params: Any,
+              call_site: SourceFrame | None) -> _Lowered:
+        """The call lowered to our handler (or inline): anything it raises is our bug."""
+        # Semaphore-typed operands and results (a semaphore passed from one call to the
+        # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
+        # to the semaphore's value in them, engine/call/carried.py); typed PRNG keys as
+        # their uint32 words (jaxbridge/keys.py).
+        ctx = outer.replace(avals_in=[_physical(a) for a in outer.avals_in],
+                            avals_out=[_physical(a) for a in outer.avals_out])
+        result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         # Inline only where the operands can be lent to `decide` (one CPU device).
         plan = (inline(params, call_site)
                 if inline is not None and jax_lowering.one_cpu_device(ctx) else None)
@@ -282,6 +291,22 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         return lowered
 
     return lowering
+
+
+class InterceptionFailed(Exception):
+    """pallas-check failed while lowering an intercepted call: our bug, never the script's
+    (the runner reports it as ours, exit 4; the script sees this exception)."""
+
+
+def interception_failed(exc: Exception) -> InterceptionFailed:
+    """`exc`, raised by our lowering of a call, as ours: the failure listeners hear of it."""
+    failed = InterceptionFailed(
+        f"internal error while intercepting a pallas_call: {type(exc).__name__}: {exc}")
+    with _lock:
+        listeners = list(_failure_listeners)
+    for listener in listeners:
+        listener(failed)
+    return failed
 
 
 def _inlined(plan: Inline, result_shapes: Sequence[jax.ShapeDtypeStruct],
