@@ -212,10 +212,7 @@ def _reporting(host: _Host) -> _Host:
         try:
             return host(*arrays, **kwargs)
         except BaseException as exc:
-            with _lock:
-                listeners = list(_failure_listeners)
-            for listener in listeners:
-                listener(exc)
+            _tell_listeners(exc)
             raise
 
     return cast(_Host, reporting_host)
@@ -241,11 +238,9 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         if getattr(_real, "on", False) and _saved is not None:  # compiling for a TPU
             return cast(_Lowered, _saved.lowering.module_lowering(ctx, *in_nodes, **params))
         params.pop("interpret", None)
-        # Where the script made the call (the innermost frame of the user's code).
-        frames = _user_frames_of(ctx.traceback)
+        frames = _user_frames_of(ctx.traceback)  # the innermost frame of the user's code
         call_site = frames[0] if frames else None
-        avals = _operand_avals(ctx.avals_in) if chip is not None else None
-        if chip is not None and avals is not None:
+        if chip is not None and (avals := _operand_avals(ctx.avals_in)) is not None:
             chip(params, avals, _mesh_axes(), call_site)  # its refusal is the program's
         try:
             return _ours(ctx, in_nodes, params, call_site)
@@ -254,11 +249,8 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
 
     def _ours(outer: LoweringRuleContext, in_nodes: Any, params: Any,
               call_site: SourceFrame | None) -> _Lowered:
-        """The call lowered to our handler (or inline): anything it raises is our bug."""
-        # Semaphore-typed operands and results (a semaphore passed from one call to the
-        # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
-        # to the semaphore's value in them, engine/call/carried.py); typed PRNG keys as
-        # their uint32 words (jaxbridge/keys.py).
+        """The call lowered to our handler (or inline): anything it raises is our bug.
+        Semaphore and key operands and results travel as XLA holds them (`_physical`)."""
         ctx = outer.replace(avals_in=[_physical(a) for a in outer.avals_in],
                             avals_out=[_physical(a) for a in outer.avals_out])
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
@@ -294,19 +286,22 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
 
 
 class InterceptionFailed(Exception):
-    """pallas-check failed while lowering an intercepted call: our bug, never the script's
-    (the runner reports it as ours, exit 4; the script sees this exception)."""
+    """Our lowering of an intercepted call failed: our bug (exit 4), not the script's."""
 
 
 def interception_failed(exc: Exception) -> InterceptionFailed:
     """`exc`, raised by our lowering of a call, as ours: the failure listeners hear of it."""
     failed = InterceptionFailed(
         f"internal error while intercepting a pallas_call: {type(exc).__name__}: {exc}")
+    _tell_listeners(failed)
+    return failed
+
+
+def _tell_listeners(exc: BaseException) -> None:
     with _lock:
         listeners = list(_failure_listeners)
     for listener in listeners:
-        listener(failed)
-    return failed
+        listener(exc)
 
 
 def _inlined(plan: Inline, result_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -359,8 +354,9 @@ def _operand_avals(avals: Sequence[AbstractValue]
 
 
 def _physical(aval: AbstractValue) -> AbstractValue:
-    """A semaphore-typed aval as the int32 array XLA represents it by, a key-typed one as
-    its uint32 words (jaxbridge/keys.py); others unchanged."""
+    """A semaphore-typed aval as the int32 array XLA represents it by (the handler puts a
+    handle to its value in it, engine/call/carried.py), a key-typed one as its uint32
+    words (jaxbridge/keys.py); others unchanged."""
     dtype = getattr(aval, "dtype", None)
     if isinstance(dtype, AbstractSemaphoreTy):
         return ShapedArray(cast(ShapedArray, aval).shape, np.int32)

@@ -108,26 +108,30 @@ def from_words(words_: np.ndarray, dtype: object) -> np.ndarray:
 # -- what JAX computes on keys of an implementation other than the Pallas TPU ones --------
 
 def _jax_keys(keys: np.ndarray, dtype: object) -> jax.Array:
-    return jax.random.wrap_key_data(jnp.asarray(words(keys)), impl=_impl(dtype))
+    wrapped: jax.Array = jax.random.wrap_key_data(jnp.asarray(words(keys)), impl=_impl(dtype))
+    return wrapped
 
 
 def jax_seed(seeds: np.ndarray, dtype: object) -> np.ndarray:
     """`random_seed` of `dtype`'s implementation, as JAX computes it."""
-    keys = _prng.random_seed_p.bind(jnp.asarray(seeds), impl=_impl(dtype))
+    keys = _prng.random_seed_p.bind(  # type: ignore[no-untyped-call]
+        jnp.asarray(seeds), impl=_impl(dtype))
     return from_words(np.asarray(jax.random.key_data(keys)), dtype)
 
 
 def jax_fold_in(keys: np.ndarray, data: np.ndarray, dtype: object) -> np.ndarray:
     """`random_fold_in` of `dtype`'s implementation, as JAX computes it."""
-    folded = _prng.random_fold_in_p.bind(_jax_keys(keys, dtype), jnp.asarray(data))
+    folded = _prng.random_fold_in_p.bind(  # type: ignore[no-untyped-call]
+        _jax_keys(keys, dtype), jnp.asarray(data))
     return from_words(np.asarray(jax.random.key_data(folded)), dtype)
 
 
 def jax_bits(keys: np.ndarray, dtype: object, bit_width: int,
              shape: Sequence[int]) -> np.ndarray:
     """`random_bits` of `dtype`'s implementation, as JAX computes it."""
-    return np.asarray(_prng.random_bits_p.bind(_jax_keys(keys, dtype), bit_width=bit_width,
-                                               shape=tuple(shape)))
+    bits = _prng.random_bits_p.bind(  # type: ignore[no-untyped-call]
+        _jax_keys(keys, dtype), bit_width=bit_width, shape=tuple(shape))
+    return np.asarray(bits)
 
 
 def is_pallas_impl_dtype(dtype: object) -> bool:

@@ -17,7 +17,7 @@ from jax.extend.core import Jaxpr, Var
 
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.call.describe import (Operand, _block_indices,
+from pallas_check.engine.call.describe import (Operand, _block_indices, logical_keys,
                                                _grid_points, _operand, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
@@ -149,8 +149,8 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     # Per device: its HBM inputs by operand address (one CPU device), and all of them.
     by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
-        operands = _logical(layout, [np.asarray(x) for x in
-                                     list(call.device_operands[device])[num_bounds:]])
+        operands = logical_keys(layout.block_vars[:layout.n_in], layout.first, [
+            np.asarray(x) for x in list(call.device_operands[device])[num_bounds:]])
         scalars = operands[: layout.first]
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, device, operands[layout.first:],
                                               run.results, call.never_written)
@@ -182,16 +182,6 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     _run(state, contexts, actors, device_hbm_outputs)
     return _outputs(state, device_hbm_outputs, layout.out_to_in, blocked_outputs,
                     layout.arg_names[layout.first + layout.n_in:])
-
-
-def _logical(layout: _Layout, operands: list[np.ndarray]) -> list[np.ndarray]:
-    """The inputs as the kernel's refs hold them: a typed PRNG key operand, which arrives
-    as its uint32 words, as keys (jaxbridge/keys.py)."""
-    for k, var in enumerate(layout.block_vars[:layout.n_in]):
-        at = layout.first + k
-        if keys.is_key_aval(var.aval) and operands[at].dtype.fields is None:
-            operands[at] = keys.to_logical(operands[at], var.aval.dtype)
-    return operands
 
 
 def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.ndarray],

@@ -72,7 +72,7 @@ def _is_key(eqn: JaxprEqn, k: int) -> bool:
 
 
 def _key_dtype(eqn: JaxprEqn) -> object:
-    return eqn.invars[0].aval.dtype  # type: ignore[union-attr]
+    return eqn.invars[0].aval.dtype  # type: ignore[attr-defined]
 
 
 # -- typed keys --------------------------------------------------------------------------
@@ -94,8 +94,8 @@ def _random_seed(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> objec
 @rule(random_bits_p)
 def _random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     dtype = _key_dtype(eqn)
-    shape = tuple(eqn.params["shape"])
-    bit_width = int(eqn.params["bit_width"])
+    shape = eqn_params.result_shape(eqn)
+    bit_width = eqn_params.bit_width(eqn)
     name = keys.impl_name(dtype)
     if name not in (keys.STATEFUL, keys.PALLAS_TPU):
         return keys.jax_bits(np.asarray(invals[0]), dtype, bit_width, shape)
