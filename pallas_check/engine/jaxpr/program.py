@@ -425,9 +425,11 @@ def _dead_after(program: Program) -> dict[int, list[Var]]:
 
 
 def _unsupported(eqn: JaxprEqn) -> UnsupportedPrimitive:
+    avals = [getattr(v, "aval", None) for v in (*eqn.invars, *eqn.outvars)]
+    what = "typed PRNG keys" if any(is_key_aval(a) for a in avals) else "refs"
     return UnsupportedPrimitive(
         f"pallas-check does not support the primitive '{eqn.primitive.name}'"
-        " with refs as operands",
+        f" with {what} as operands",
         user_frames(eqn.source_info),
     )
 

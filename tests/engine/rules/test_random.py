@@ -20,6 +20,7 @@ from pallas_check.config import Config
 from pallas_check.config.model import Tier
 from pallas_check.jaxbridge import keys
 from pallas_check.engine.rules.random import _fold_round
+from pallas_check.intercept.session import Session
 
 BLOCK = (8, 128)
 
@@ -159,3 +160,37 @@ def test_keys_as_words_and_back():
     assert held.shape == (1, 1) and held.dtype == keys.numpy_dtype(dtype)
     np.testing.assert_array_equal(keys.to_physical(held), words)
     np.testing.assert_array_equal(keys.words(held), words)
+
+
+def test_a_threefry_key_made_in_the_kernel_draws_jaxs_bits(check):
+    """A key of another implementation is computed by JAX: the same bits as outside."""
+    def kernel(o_ref):
+        key = jax.random.fold_in(jax.random.key(3), pl.program_id(0))
+        o_ref[...] = jax.random.bits(key, BLOCK)
+
+    def threefry():
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((2 * BLOCK[0], BLOCK[1]), jnp.uint32),
+            grid=(2,), out_specs=pl.BlockSpec(BLOCK, lambda i: (i, 0)))()
+
+    (bits,) = _checked(check, threefry)
+    want = np.concatenate([np.asarray(jax.random.bits(
+        jax.random.fold_in(jax.random.key(3), i), BLOCK)) for i in range(2)])
+    np.testing.assert_array_equal(bits, want)
+
+
+def test_another_operation_on_keys_is_unsupported_with_its_name():
+    def kernel(key_ref, o_ref):
+        both = jnp.broadcast_to(key_ref[0, 0], (2,))
+        o_ref[...] = jax.random.bits(both[1], BLOCK)
+
+    def broadcast(key):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(BLOCK, jnp.uint32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)])(key)
+
+    session = Session(Config())
+    with pytest.raises(Exception), session.install():
+        jax.block_until_ready(broadcast(_pallas_key(0)))
+    assert ("does not support the primitive 'broadcast_in_dim' with typed PRNG keys"
+            in (session.engine_error or "")), session.engine_error
