@@ -27,6 +27,7 @@ import jax
 from pallas_check.config import Config, DmaMode
 from pallas_check.engine.call.describe import dimension_semantics, is_semaphore_aval
 from pallas_check.engine.call.explore import mosaic_refusal
+from pallas_check.jaxbridge.keys import is_key_aval
 from pallas_check.jaxbridge.version import compiled_tier_refusal
 from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
 
@@ -92,6 +93,8 @@ def _call(call: CallDescription, params: CallParams, config: Config) -> str | No
 def _block(block: Block) -> str | None:
     if is_semaphore_aval(block.kernel_aval):
         return "a semaphore operand"
+    if is_key_aval(block.kernel_aval):
+        return "a typed PRNG key operand"
     if block.transformed:
         return "a block with ref transforms"
     if block.pipeline_mode is not None:

@@ -32,9 +32,10 @@ from pallas_check.jaxbridge.types import (Atom, ClosedJaxpr, DropVar, Jaxpr, Jax
                                           TransformedRef, Var)
 
 # Primitives of the TPU's own that the compiled tier leaves to the engine, by name
-# (in nested jaxprs too): prints and checks, other devices and cores, PRNG, SparseCore.
+# (in nested jaxprs too): prints and checks, other devices and cores, the PRNG and typed
+# keys (`random_bits`, `random_fold_in`, ...), SparseCore.
 _ENGINE_WORDS = ("print", "callback", "check", "barrier", "device_id", "axis_index",
-                 "core", "prng", "delay", "remote", "touch", "trace_value")
+                 "core", "prng", "random_", "delay", "remote", "touch", "trace_value")
 # SparseCore's vector primitives (some share a name with lax's gather and scatter).
 _SPARSECORE = frozenset(getattr(prims, n) for n in dir(prims) if n.startswith("sc_"))
 

@@ -25,6 +25,7 @@ import numpy as np
 from pallas_check.jaxbridge.types import AbstractSemaphoreTy, AbstractValue, Primitive, ShapedArray
 from pallas_check.jaxbridge.jaxprs import axis_sizes
 from pallas_check.jaxbridge import lowering as jax_lowering
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.lowering import LoweringRuleContext
 from pallas_check.jaxbridge.primitives import pallas_call_p
 
@@ -183,7 +184,8 @@ _failure_listeners: list[Callable[[BaseException], None]] = []
 
 @contextlib.contextmanager
 def handler_failures(listener: Callable[[BaseException], None]) -> Iterator[None]:
-    """While active, `listener` hears of every exception raised by an installed handler."""
+    """While active, `listener` hears of every exception raised by an installed handler
+    (and of an `InterceptionFailed`, our lowering of a call failing)."""
     with _lock:
         _failure_listeners.append(listener)
     try:
@@ -210,10 +212,7 @@ def _reporting(host: _Host) -> _Host:
         try:
             return host(*arrays, **kwargs)
         except BaseException as exc:
-            with _lock:
-                listeners = list(_failure_listeners)
-            for listener in listeners:
-                listener(exc)
+            _tell_listeners(exc)
             raise
 
     return cast(_Host, reporting_host)
@@ -239,19 +238,22 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         if getattr(_real, "on", False) and _saved is not None:  # compiling for a TPU
             return cast(_Lowered, _saved.lowering.module_lowering(ctx, *in_nodes, **params))
         params.pop("interpret", None)
-        # Semaphore-typed operands and results (a semaphore passed from one call to the
-        # next) travel as what XLA holds them as: int32 arrays (the handler puts a handle
-        # to the semaphore's value in them, engine/call/carried.py).
-        outer = ctx
-        ctx = ctx.replace(avals_in=[_physical(a) for a in ctx.avals_in],
-                          avals_out=[_physical(a) for a in ctx.avals_out])
-        result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
-        # Where the script made the call (the innermost frame of the user's code).
-        frames = _user_frames_of(ctx.traceback)
+        frames = _user_frames_of(ctx.traceback)  # the innermost frame of the user's code
         call_site = frames[0] if frames else None
-        avals = _operand_avals(outer.avals_in) if chip is not None else None
-        if chip is not None and avals is not None:
-            chip(params, avals, _mesh_axes(), call_site)
+        if chip is not None and (avals := _operand_avals(ctx.avals_in)) is not None:
+            chip(params, avals, _mesh_axes(), call_site)  # its refusal is the program's
+        try:
+            return _ours(ctx, in_nodes, params, call_site)
+        except Exception as exc:  # our failure, not the user's: exit 4 (run/runner.py)
+            raise interception_failed(exc) from exc
+
+    def _ours(outer: LoweringRuleContext, in_nodes: Any, params: Any,
+              call_site: SourceFrame | None) -> _Lowered:
+        """The call lowered to our handler (or inline): anything it raises is our bug.
+        Semaphore and key operands and results travel as XLA holds them (`_physical`)."""
+        ctx = outer.replace(avals_in=[_physical(a) for a in outer.avals_in],
+                            avals_out=[_physical(a) for a in outer.avals_out])
+        result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         # Inline only where the operands can be lent to `decide` (one CPU device).
         plan = (inline(params, call_site)
                 if inline is not None and jax_lowering.one_cpu_device(ctx) else None)
@@ -265,7 +267,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
                 if fills_results and results is not None:
                     extra["results"] = results
                 outs = handler(params, list(operands), int(device_id), axes, **extra)
-                return [np.asarray(o, dtype=s.dtype).reshape(s.shape)
+                return [np.asarray(keys.to_physical(np.asarray(o)), dtype=s.dtype).reshape(s.shape)
                         for o, s in zip(outs, result_shapes)]
 
             def handled() -> list[jax.Array]:
@@ -281,6 +283,25 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         return lowered
 
     return lowering
+
+
+class InterceptionFailed(Exception):
+    """Our lowering of an intercepted call failed: our bug (exit 4), not the script's."""
+
+
+def interception_failed(exc: Exception) -> InterceptionFailed:
+    """`exc`, raised by our lowering of a call, as ours: the failure listeners hear of it."""
+    failed = InterceptionFailed(
+        f"internal error while intercepting a pallas_call: {type(exc).__name__}: {exc}")
+    _tell_listeners(failed)
+    return failed
+
+
+def _tell_listeners(exc: BaseException) -> None:
+    with _lock:
+        listeners = list(_failure_listeners)
+    for listener in listeners:
+        listener(exc)
 
 
 def _inlined(plan: Inline, result_shapes: Sequence[jax.ShapeDtypeStruct],
@@ -333,11 +354,13 @@ def _operand_avals(avals: Sequence[AbstractValue]
 
 
 def _physical(aval: AbstractValue) -> AbstractValue:
-    """A semaphore-typed aval as the int32 array XLA represents it by; others unchanged."""
+    """A semaphore-typed aval as the int32 array XLA represents it by (the handler puts a
+    handle to its value in it, engine/call/carried.py), a key-typed one as its uint32
+    words (jaxbridge/keys.py); others unchanged."""
     dtype = getattr(aval, "dtype", None)
     if isinstance(dtype, AbstractSemaphoreTy):
         return ShapedArray(cast(ShapedArray, aval).shape, np.int32)
-    return aval
+    return keys.physical_aval(aval)
 
 
 def _user_frames_of(traceback: object) -> tuple[SourceFrame, ...]:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # JAX is imported where the path is taken (as below)
 # prints and checks): a kernel holding one runs on the engine. Matched on the primitive's
 # name, in nested jaxprs too.
 _ENGINE_ONLY = ("dma", "semaphore", "barrier", "device_id", "run_scoped", "print",
-                "callback", "check", "delay", "prng", "core_map", "get_core", "remote")
+                "callback", "check", "delay", "prng", "random_", "core_map", "get_core", "remote")
 _GRID_PRIMITIVES = ("program_id", "num_programs")
 
 # What the grid loop carries: the outputs and the scratch values.

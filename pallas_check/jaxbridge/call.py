@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from jax._src.pallas import core as _pallas_core
 
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.primitives import pallas_call_p
 from pallas_check.jaxbridge.types import (Blocked, BoundedSlice, ClosedJaxpr, Element, Jaxpr,
                                           ShapedArray, Squeezed)
@@ -50,7 +51,7 @@ class Block:
     index_map: ClosedJaxpr  # grid indices (+ scalar prefetch refs) -> block index
     index_tree: Any  # the pytree of the index map's outputs (a `pl.ds` per bounded dim)
     array_shape: tuple[int, ...]
-    array_dtype: Any  # a numpy dtype, or a semaphore dtype (a semaphore output)
+    array_dtype: Any  # a numpy dtype (a key's structured one, keys.py), or a semaphore dtype
     kernel_aval: Any  # the block as the kernel sees it (its ref's aval, memory space)
     kernel_shape: tuple[int, ...]
     trivial_window: bool  # the block is the whole array, at block index 0
@@ -113,7 +114,7 @@ def _block(bm: Any) -> Block:
     inner = getattr(aval, "inner_aval", aval)
     return Block(tuple(_dim(d) for d in bm.block_shape), bm.index_map_jaxpr,
                  bm.index_map_out_tree, tuple(bm.array_aval.shape),
-                 bm.array_aval.dtype, aval, tuple(inner.shape),
+                 keys.held_dtype(bm.array_aval.dtype), aval, tuple(inner.shape),
                  bool(bm.has_trivial_window()), bool(bm.transforms),
                  getattr(bm, "pipeline_mode", None), getattr(bm, "origin", None))
 

@@ -174,6 +174,11 @@ def result_shape(eqn: JaxprEqn) -> tuple[int, ...]:
     return tuple(eqn.params["shape"])
 
 
+def bit_width(eqn: JaxprEqn) -> int:
+    """The width of the bits `random_bits` draws."""
+    return int(eqn.params["bit_width"])
+
+
 # -- nested jaxprs -------------------------------------------------------------------------
 
 def body(eqn: JaxprEqn) -> Any:

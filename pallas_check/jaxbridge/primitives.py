@@ -16,6 +16,7 @@ from jax._src import checkify as _checkify
 from jax._src import debugging as _debugging
 from jax._src import pjit as _pjit
 from jax._src.lax import control_flow as _control_flow
+from jax._src.random import prng as _prng
 from jax._src.lax import parallel as _parallel
 from jax._src.pallas import pallas_call as _pallas_call
 from jax._src.pallas import primitives as _pallas
@@ -51,6 +52,14 @@ dma_wait_p: Primitive = _mosaic.dma_wait_p
 # The TPU's stateful PRNG and no-op hints.
 prng_seed_p: Primitive = _mosaic.prng_seed_p
 prng_random_bits_p: Primitive = _mosaic.prng_random_bits_p
+# Typed PRNG keys (jax.random on keys; Pallas' own split/join of a key's words).
+random_seed_p: Primitive = _prng.random_seed_p
+random_bits_p: Primitive = _prng.random_bits_p
+random_fold_in_p: Primitive = _prng.random_fold_in_p
+random_wrap_p: Primitive = _prng.random_wrap_p
+random_unwrap_p: Primitive = _prng.random_unwrap_p
+prng_split_p: Primitive = _mosaic.split_key_p
+prng_join_p: Primitive = _mosaic.join_key_p
 touch_p: Primitive = _mosaic.touch_p
 trace_value_p: Primitive = _mosaic.trace_value_p
 

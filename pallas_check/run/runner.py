@@ -23,7 +23,7 @@ from pallas_check.process.execfile import ScriptOutcome, run_script
 from pallas_check.config.exitcodes import ExitCode, exit_code_for
 from pallas_check.findings.finding import CallSummary, JsonObject
 from pallas_check.intercept.generations import after_run, retrace_in_child
-from pallas_check.intercept.patched_lowering import handler_failures
+from pallas_check.intercept.patched_lowering import InterceptionFailed, handler_failures
 from pallas_check.jaxbridge import settle_runtime_tokens
 from pallas_check.deliver.outfile import OutputError, write_report
 from pallas_check.deliver.progress_line import ProgressLine, clear, wanted
@@ -473,7 +473,10 @@ def callback_failures() -> Iterator[list[str]]:
     lock = threading.Lock()
 
     def keep(exc: BaseException) -> None:
-        if not isinstance(exc, (EngineFailure, KeyboardInterrupt)):
+        if isinstance(exc, InterceptionFailed):  # its message says what failed
+            with lock:
+                errors.append(str(exc))
+        elif not isinstance(exc, (EngineFailure, KeyboardInterrupt)):
             with lock:
                 errors.append(f"internal error in pallas-check's host callback:"
                               f" {type(exc).__name__}: {exc}")

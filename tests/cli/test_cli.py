@@ -263,6 +263,26 @@ def test_engine_crash_inside_the_callback_is_exit_4(cli, tmp_path, monkeypatch):
     assert result.report["user_error"] is None
 
 
+def test_type_error_in_our_lowering_of_a_call_is_exit_4(cli, tmp_path, monkeypatch):
+    """A TypeError raised while we lower an intercepted call (before any callback runs:
+    it reaches the script as the jitted call's exception) is ours: exit 4 with our
+    one-line message, never the user's error (issue 54: a key<pl> operand did this)."""
+    from pallas_check.intercept import patched_lowering
+
+    def broken(*args, **kwargs):
+        raise TypeError("Cannot interpret 'injected' as a data type")
+
+    monkeypatch.setattr(patched_lowering, "_host_call", broken)
+    script = write_script(tmp_path, "jax.block_until_ready(jax.jit(half)(X))\n")
+    result = cli("run", str(script))
+    assert result.exit_code == ExitCode.INTERNAL
+    error = result.report["internal_error"]
+    assert error == ("internal error while intercepting a pallas_call: TypeError:"
+                     " Cannot interpret 'injected' as a data type")
+    assert result.stderr.splitlines()[-1] == f"pallas-check: error: {error}"
+    assert result.report["user_error"] is None and result.report["user_traceback"] is None
+
+
 def test_crash_outside_the_engine_but_in_our_callback_is_exit_4(cli, tmp_path, monkeypatch):
     """An exception raised by our handler before the engine runs is still ours."""
     from pallas_check.engine.call import describe

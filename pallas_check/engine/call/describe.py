@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, Block, describe
 from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
 from pallas_check.engine.jaxpr.halts import KernelError
@@ -28,6 +29,17 @@ def is_semaphore_aval(aval: object) -> bool:
         return dtype is not None and jnp.issubdtype(dtype, semaphore_dtype)
     except TypeError:
         return False
+
+
+def logical_keys(input_vars: Sequence[Any], first: int,
+                 operands: list[np.ndarray]) -> list[np.ndarray]:
+    """The operands as the kernel's refs hold them: a typed PRNG key input (its ref var
+    among `input_vars`, its operand at `first` + its index), which arrives as its uint32
+    words, as keys (jaxbridge/keys.py)."""
+    for k, var in enumerate(input_vars):
+        if keys.is_key_aval(var.aval) and operands[first + k].dtype.fields is None:
+            operands[first + k] = keys.to_logical(operands[first + k], var.aval.dtype)
+    return operands
 
 
 @dataclasses.dataclass

@@ -17,13 +17,14 @@ from jax.extend.core import Jaxpr, Var
 
 from pallas_check.config import Config
 from pallas_check.engine.call import carried as carried_semaphores
-from pallas_check.engine.call.describe import (Operand, _block_indices,
+from pallas_check.engine.call.describe import (Operand, _block_indices, logical_keys,
                                                _grid_points, _operand, _read_only,
                                                core_mesh_axes, dimension_semantics,
                                                is_semaphore_aval, kernel_arg_names, resolve_grid,
                                                sparsecore_mesh, split_grid, SparseCoreMesh,
                                                unvisited_blocks)
 from pallas_check.engine.call.carried import CarriedDma
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
@@ -42,7 +43,7 @@ from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, Sch
                                             SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext
 # Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
-from pallas_check.engine.rules import access, control, conversions, debug, semaphore  # noqa: F401
+from pallas_check.engine.rules import access, control, conversions, debug, random, semaphore  # noqa: F401
 from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 from pallas_check.engine.rules import sparsecore  # noqa: F401
 
@@ -148,7 +149,8 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
     # Per device: its HBM inputs by operand address (one CPU device), and all of them.
     by_address: dict[int, tuple[dict[int, Buffer], list[Buffer]]] = {}
     for device in range(mesh.num_devices):
-        operands = [np.asarray(x) for x in list(call.device_operands[device])[num_bounds:]]
+        operands = logical_keys(layout.block_vars[:layout.n_in], layout.first, [
+            np.asarray(x) for x in list(call.device_operands[device])[num_bounds:]])
         scalars = operands[: layout.first]
         hbm_inputs, hbm_outputs = _device_hbm(state, layout, device, operands[layout.first:],
                                               run.results, call.never_written)
@@ -215,12 +217,13 @@ def _device_hbm(state: CallState, layout: _Layout, device: int, arrays: list[np.
             continue
         if (results is not None and state.mesh.num_devices == 1
                 and results[j].shape == tuple(aval.shape)
-                and results[j].dtype == np.dtype(aval.dtype)):
+                and results[j].dtype == keys.held_dtype(aval.dtype)):
             data = results[j]  # the call's own output buffer: filled, simulated in
             data[...] = fill_value(aval.dtype, fill)
             buf = Buffer(name, MemorySpace.HBM, data, written=False)
         else:
-            buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, aval.dtype, fill)
+            buf = Buffer.filled(name, MemorySpace.HBM, aval.shape, keys.held_dtype(aval.dtype),
+                                fill)
         hbm_outputs.append(state.register(buf, device, None, ("hbm", n_in + j)))
     for buf in hbm_outputs:
         buf.is_output = True  # (an input aliased to an output is one too)

@@ -16,6 +16,7 @@ from typing import Callable, Generator, Sequence, cast
 import jax
 import jax.numpy as jnp
 from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.keys import is_key_aval
 from pallas_check.jaxbridge.jaxprs import has_cpu_lowering, open_jaxpr, structure_text, sub_jaxprs
 from pallas_check.jaxbridge.types import (AbstractRef, Atom, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn,
                                          Literal, Var)
@@ -85,11 +86,13 @@ def _eqn_is_pure(eqn: JaxprEqn) -> bool:
     if eqn.primitive in RULES and (eqn.primitive not in BODY_ONLY
                                    or not has_cpu_lowering(eqn.primitive)):
         return False
+    # Refs are ours; typed PRNG keys are numpy arrays of their words (jaxbridge/keys.py),
+    # which only rules read.
     for v in eqn.invars:
-        if _is_ref(getattr(v, "aval", None)):
+        if _is_ref(getattr(v, "aval", None)) or is_key_aval(getattr(v, "aval", None)):
             return False
     for v in eqn.outvars:
-        if _is_ref(v.aval):
+        if _is_ref(v.aval) or is_key_aval(v.aval):
             return False
     for sub in sub_jaxprs(eqn):
         if not all(_eqn_is_pure(e) for e in sub.eqns):
@@ -422,9 +425,11 @@ def _dead_after(program: Program) -> dict[int, list[Var]]:
 
 
 def _unsupported(eqn: JaxprEqn) -> UnsupportedPrimitive:
+    avals = [getattr(v, "aval", None) for v in (*eqn.invars, *eqn.outvars)]
+    what = "typed PRNG keys" if any(is_key_aval(a) for a in avals) else "refs"
     return UnsupportedPrimitive(
         f"pallas-check does not support the primitive '{eqn.primitive.name}'"
-        " with refs as operands",
+        f" with {what} as operands",
         user_frames(eqn.source_info),
     )
 

@@ -80,6 +80,9 @@ def aligned_copy(values: np.ndarray) -> np.ndarray:
 def fill_value(dtype: npt.DTypeLike, fill: str) -> np.ndarray:
     """The value never-written memory holds under a fill mode ('nan' or 'zero')."""
     dtype = np.dtype(dtype)
+    if dtype.fields is not None:  # typed PRNG keys (jaxbridge/keys.py): their words
+        return np.frombuffer(bytes([0 if fill == "zero" else 0xFF]) * dtype.itemsize,
+                             dtype).reshape(())
     if fill == "zero":
         return np.zeros((), dtype)
     if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or "float" in dtype.name:

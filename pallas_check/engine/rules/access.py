@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import pl_load_p, pl_swap_p, ref_addupdate_p, ref_get_p, ref_swap_p
 from pallas_check.jaxbridge.types import DropVar, JaxprEqn, NDIndexer, Transform
@@ -125,7 +126,7 @@ def _resolve(ctx: RunningCore, view: RefView, operation: str = "load") -> Region
 
 
 def _cast(value: np.ndarray, aval: object) -> np.ndarray:
-    dtype = getattr(aval, "dtype", None)
+    dtype = keys.held_dtype(getattr(aval, "dtype", None))  # a key's words (jaxbridge/keys.py)
     if dtype is not None and value.dtype != dtype:
         value = value.astype(dtype)
     return value
@@ -177,7 +178,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
             size is not None for _, _, size, _ in plan.steps[0]):
         return None
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
-    dtype = np.dtype(getattr(out, "dtype"))
+    dtype = np.dtype(keys.held_dtype(getattr(out, "dtype")))
 
     def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
         ref = invals[0]

@@ -1,7 +1,7 @@
-"""Rules for the grid, control-flow, device and PRNG primitives of a kernel jaxpr: program
-ids, jit / cond / while / scan bodies evaluated by our evaluator (so that their ref
-accesses go through our rules), scoped allocations, custom derivatives, the axis index and
-the TPU's stateful PRNG.
+"""Rules for the grid, control-flow and device primitives of a kernel jaxpr: program ids,
+jit / cond / while / scan bodies evaluated by our evaluator (so that their ref accesses go
+through our rules), scoped allocations, custom derivatives and the axis index (the PRNG's
+are in random.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import (axis_index_p, closed_call_p, cond_p,
                                                custom_call_primitives, delay_p, jit_p,
                                                multiple_of_p, num_programs_p,
-                                               prng_random_bits_p, prng_seed_p, program_id_p,
+                                               program_id_p,
                                                run_scoped_p, scan_p, touch_p, trace_value_p,
                                                while_p)
 from pallas_check.jaxbridge.types import ClosedJaxpr, JaxprEqn
@@ -212,18 +212,3 @@ _register_custom_calls()
 def _axis_index(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     return np.int32(ctx.axis_index(eqn_params.axis_name(eqn)))
 
-
-# -- the TPU's stateful PRNG ---------------------------------------------------------------
-
-@rule(prng_seed_p)
-def _prng_seed(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
-    seeds = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in invals]
-    ctx.rng = np.random.default_rng(seeds or [0])
-    return []
-
-
-@rule(prng_random_bits_p)
-def _prng_random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
-    shape = tuple(eqn_params.result_shape(eqn))
-    bits = ctx.rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
-    return bits.view(np.int32)
