@@ -24,8 +24,9 @@ TABLE_FIRST = 3  # mismatching elements shown per output in the table (JSON: all
 MATCHING_ROWS = 40  # beyond this many rows, matching outputs are only counted
 
 
-class DiffedCall(Protocol):
-    """One call of a diff report, as rendered (commands/diff.py's CallDiff)."""
+class PlacedCall(Protocol):
+    """A call as a report names it: its index on its device, its kernel and where the
+    kernel is, its grid (a diff's calls, a recording's)."""
 
     @property
     def index(self) -> int: ...
@@ -39,6 +40,11 @@ class DiffedCall(Protocol):
     def line(self) -> int: ...
     @property
     def grid(self) -> tuple[int, ...]: ...
+
+
+class DiffedCall(PlacedCall, Protocol):
+    """One call of a diff report, as rendered (commands/diff.py's CallDiff)."""
+
     @property
     def outputs(self) -> Sequence[OutputDiff]: ...
     @property

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from pallas_check.findings.finding import JsonObject
 from pallas_check.findings.units import plural
+from pallas_check.report.comparison import PlacedCall
 from pallas_check.report.json import dump, header
 from pallas_check.report.table import print_failures
 
@@ -24,21 +25,9 @@ SCHEMA = "pallas-check/record"
 SCHEMA_VERSION = 1
 
 
-class KeptCall(Protocol):
+class KeptCall(PlacedCall, Protocol):
     """One call of the recording, as reported (commands/recording.py's RecordedCall)."""
 
-    @property
-    def index(self) -> int: ...
-    @property
-    def device(self) -> int: ...
-    @property
-    def kernel(self) -> str: ...
-    @property
-    def file(self) -> str: ...
-    @property
-    def line(self) -> int: ...
-    @property
-    def grid(self) -> tuple[int, ...]: ...
     @property
     def fingerprint(self) -> str: ...
     @property
