@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Sequence, cast
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -68,6 +69,15 @@ def _to_bfloat16_and_back(value: object, shape: tuple[int, ...]) -> object:
     return _hlo.convert(f32, _hlo.convert(bf16, cast(Any, value)))
 
 
+class _Mode:
+    """Which arithmetic the CPU lowerings give now, and whether a lowering that depends on
+    it (a float32 product, a reciprocal) was made in it since JAX's caches last emptied."""
+
+    on = False
+    installed = False
+    lowered = {True: False, False: False}
+
+
 # The lowering rule's values and params are JAX's own (MLIR values): passed through.
 def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
     def lowering(ctx: LoweringRuleContext, lhs: object, rhs: object, *, precision: object,
@@ -75,42 +85,62 @@ def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[o
         operands = [lhs, rhs]
         for which, aval in enumerate(ctx.avals_in):
             dtype, shape = getattr(aval, "dtype", None), tuple(getattr(aval, "shape", ()))
-            if dtype == np.float32 and rounds_operand(precision, which):
-                operands[which] = _to_bfloat16_and_back(operands[which], shape)
+            if dtype == np.float32:
+                _Mode.lowered[_Mode.on] = True
+                if _Mode.on and rounds_operand(precision, which):
+                    operands[which] = _to_bfloat16_and_back(operands[which], shape)
         return original(ctx, *operands, precision=precision, **params)
     return lowering
 
 
 @contextlib.contextmanager
 def chip_arithmetic(on: bool = True) -> Iterator[None]:
-    """While open, XLA:CPU's float32 products round their operands as the MXU does and an
-    approximate reciprocal is the chip's (see the module)."""
-    if not on:
-        yield
-        return
-    rules = _mlir._platform_specific_lowerings["cpu"]
-    primitives = (_lax.dot_general_p, _pallas_primitives.reciprocal_p)
-    saved = {p: rules.get(p) for p in primitives}
-    original = saved[_lax.dot_general_p] or _mlir._lowerings[_lax.dot_general_p]
-    _mlir.register_lowering(_lax.dot_general_p, cast(Any, _rule(original.rule)),
-                            platform="cpu")
-    _mlir.register_lowering(_pallas_primitives.reciprocal_p, cast(Any, _reciprocal),
-                            platform="cpu")
-    forget_lowered_modules()  # JAX keeps lowered modules by jaxpr: lowered again
+    """While open (`on`), XLA:CPU's float32 products round their operands as the MXU does
+    and an approximate reciprocal is the chip's (see the module); `on=False` is float32
+    arithmetic, also inside an open one."""
+    _install()
+    previous = _Mode.on
+    _switch(on)
     try:
         yield
     finally:
-        for primitive, entry in saved.items():
-            if entry is not None:
-                rules[primitive] = entry
-            else:
-                rules.pop(primitive, None)
+        _switch(previous)
+
+
+def _install() -> None:
+    """Our lowerings, once per process: each asks `_Mode` which arithmetic to give, so
+    switching costs nothing where no product was lowered."""
+    if _Mode.installed:
+        return
+    rules = _mlir._platform_specific_lowerings["cpu"]
+    original = rules.get(_lax.dot_general_p) or _mlir._lowerings[_lax.dot_general_p]
+    reciprocal = (rules.get(_pallas_primitives.reciprocal_p)
+                  or _mlir._lowerings[_pallas_primitives.reciprocal_p])
+    _mlir.register_lowering(_lax.dot_general_p, cast(Any, _rule(original.rule)),
+                            platform="cpu")
+    _mlir.register_lowering(_pallas_primitives.reciprocal_p,
+                            cast(Any, _reciprocal_rule(reciprocal.rule)), platform="cpu")
+    _Mode.installed = True
+
+
+def _switch(on: bool) -> None:
+    """JAX keeps what it lowered and compiled by the jaxpr, not by our mode: when a product
+    was lowered in the mode being left, its caches are emptied, so that nothing lowered in
+    one arithmetic is run in the other."""
+    if on != _Mode.on and _Mode.lowered[_Mode.on]:
         forget_lowered_modules()
+        jax.clear_caches()  # type: ignore[no-untyped-call]
+        _Mode.lowered = {True: False, False: False}
+    _Mode.on = on
 
 
-def _reciprocal(ctx: LoweringRuleContext, x: object, **params: object) -> Sequence[object]:
-    """`pl.reciprocal`, approximate or not: the float32 reciprocal (see the module)."""
-    one = _mlir.full_like_aval(ctx, 1, cast(Any, ctx.avals_in[0]))
-    return [_hlo.divide(one, cast(Any, x))]
-
-
+def _reciprocal_rule(original: Callable[..., Sequence[object]]
+                     ) -> Callable[..., Sequence[object]]:
+    def lowering(ctx: LoweringRuleContext, x: object, **params: object) -> Sequence[object]:
+        """`pl.reciprocal`, approximate or not: the float32 reciprocal (see the module)."""
+        _Mode.lowered[_Mode.on] = True
+        if not _Mode.on:
+            return original(ctx, x, **params)
+        one = _mlir.full_like_aval(ctx, 1, cast(Any, ctx.avals_in[0]))
+        return [_hlo.divide(one, cast(Any, x))]
+    return lowering

@@ -77,3 +77,22 @@ def test_integer_and_bfloat16_products_are_left_exact():
     assert (got == a.astype(np.int64) @ b.astype(np.int64)).all()
     want = np.asarray(xb, np.float64) @ np.asarray(yb, np.float64)
     assert np.abs(bf - want).max() <= NOISE
+
+
+def test_one_jitted_function_follows_the_arithmetic_it_is_run_in():
+    """A function compiled in one arithmetic is not run in the other: JAX's caches are
+    emptied when the mode changes after a product was lowered in the mode left."""
+    x, y = CHIP["x"], CHIP["y"]
+    product = jax.jit(lambda a, b: a @ b)
+    exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+    with chip_arithmetic():
+        first = np.asarray(product(x, y))
+    between = np.asarray(product(x, y))
+    with chip_arithmetic():
+        again = np.asarray(product(x, y))
+        with chip_arithmetic(False):
+            inner = np.asarray(product(x, y))
+    for rounded in (first, again):
+        assert np.abs(rounded - CHIP["xla.f32.none"]).max() <= NOISE
+    for plain in (between, inner):
+        assert np.abs(plain - exact).max() <= NOISE
