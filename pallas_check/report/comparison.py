@@ -261,7 +261,8 @@ def render_table(report: DiffedRun, stream: TextIO, display: Display | None = No
     rows, hidden = _rows(report)
     tol = ("per dtype" if report.rtol is None and report.atol is None
            else f"rtol={report.rtol}, atol={report.atol}")
-    title = f"pallas-check diff: ours vs {report.against} ({tol})"
+    command = "diff" if report.recording is None else "replay"
+    title = f"pallas-check {command}: ours vs {report.against} ({tol})"
     if rows:
         table = _table(console, report, rows, root, title)
         if fits(console, table):
