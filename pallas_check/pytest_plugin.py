@@ -48,7 +48,7 @@ from pallas_check.config.layers import checked_value, option_specs
 from pallas_check.config.options import RUN_OPTIONS
 from pallas_check.config.errors import one_line
 from pallas_check.config.exitcodes import ExitCode
-from pallas_check.tpu_compile.toolchain import (libtpu_missing, quiet_environment,
+from pallas_check.tpu_compile.toolchain import (NOT_CHECKED, libtpu_missing, quiet_environment,
                                                 start_backends_quietly)
 from pallas_check.findings.units import plural
 
@@ -61,6 +61,7 @@ MARKER = "pallas_check_skip"
 SECTION = "pallas-check"
 
 _OPTIONS_KEY: "pytest.StashKey[Options]" = pytest.StashKey()
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pallas-check", "pallas-check: check Pallas kernels on CPU")
@@ -86,12 +87,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             group.addoption(name, choices=option.choices or None, default=None, dest=dest,
                             help=text, metavar=None if option.choices else option.metavar)
 
+
 def plugin_flag(flag: str) -> str:
     """`--dma` of `run` as the plugin's `--pallas-check-dma`."""
     return f"--pallas-check-{flag[2:]}"
 
+
 _PLUGIN_FLAGS = {flag for o in PYTEST_OPTIONS for flag in (o.flags[0], o.negative) if flag}
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
+
 
 def plugin_help(text: str) -> str:
     """An option's help of `run` as the plugin shows it: each flag the plugin has named as
@@ -99,6 +103,7 @@ def plugin_help(text: str) -> str:
     sends a user to a flag pytest does not take (tests/api checks none is left)."""
     return _FLAG.sub(lambda m: plugin_flag(m.group(0)) if m.group(0) in _PLUGIN_FLAGS
                      else m.group(0), text)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -121,6 +126,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         _simulate_the_tpu(config, options.config)
 
+
 def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
     """The simulated TPU (intercept/tpu_info.py) for the whole session, from before collection to
     the end: a TPU-only suite's module-level `skipif(no TPU device)`, its fixtures and
@@ -129,6 +135,7 @@ def _simulate_the_tpu(config: pytest.Config, check: Config) -> None:
     stack = contextlib.ExitStack()
     stack.enter_context(pallas_check.intercept.tpu_info.simulated_tpu(check.tpu, check.cores))
     config.add_cleanup(stack.close)
+
 
 def _options(config: pytest.Config) -> Options:
     """The Python API's options (api.py): defaults < [tool.pallas-check] of the rootdir's
@@ -155,6 +162,7 @@ option_specs(PYTEST_OPTIONS)["devices"], devices, True, None)
     return dataclasses.replace(options, config=dataclasses.replace(options.config,
                                                                    devices=cast(int, count)))
 
+
 def _use_devices(count: int, compiling: bool) -> None:
     """`--pallas-check-devices N`: N CPU devices, as `pallas-check run --devices N` makes
     them. XLA reads the count when JAX starts its CPU backend; a test session has usually
@@ -175,17 +183,25 @@ def _use_devices(count: int, compiling: bool) -> None:
                                 f" already running with {found} CPU device(s) in this"
                                 " process (something ran JAX before the tests started)")
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     options = config.stash.get(_OPTIONS_KEY, None)
     if options is None:
         return None
-    check = options.config
+    header = [_options_line(options.config)]
+    if options.config.chip_compile and libtpu_missing() is not None:
+        header.append(f"pallas-check: {NOT_CHECKED}")  # once a session, not once a test
+    return header
+
+
+def _options_line(check: Config) -> str:
     # The plugin's other options where they are not the default (`tpu=v6e, seed=3`).
     others = "".join(f", {o.key}={getattr(value, 'value', value)}" for o in PYTEST_OPTIONS
                      if o.config_field not in (None, "dma_mode", "uninit", "races")
                      and (value := getattr(check, o.config_field)) != o.default)
     return (f"pallas-check: on (dma={check.dma_mode.value}, uninit={check.uninit.value},"
             f" races={check.races}{others})")
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
@@ -229,6 +245,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     pytest.fail(f"pallas-check: {plural(len(report.findings), 'finding')} in {item.nodeid}\n"
                 f"{verdict.text}", pytrace=False)
 
+
 def _retrace(item: pytest.Item, options: Options
              ) -> Callable[[TpuGeneration], GenerationRun]:
     """How the test runs again as a further generation of `tpu` (intercept/generations.py: with
@@ -236,6 +253,7 @@ def _retrace(item: pytest.Item, options: Options
     runs on): its body once more in this process, told that chip."""
     return lambda generation: pallas_check.commands.retrace.rerun_in_process(item.runtest,
                                                                     options.config, generation)
+
 
 def _rerun(item: pytest.Item) -> str:
     """The start of the replay command of a test's findings: pytest on this one test, from
@@ -245,6 +263,7 @@ def _rerun(item: pytest.Item) -> str:
     root = str(item.config.rootpath)
     cd = "" if here == root else f"cd {shlex.quote(root)} && "
     return f"{cd}pytest {shlex.quote(item.nodeid)} --pallas-check"
+
 
 class _CallCounter:
     """`pytest --pallas-check` that checked no pallas_call at all exits 5, pytest's "no
@@ -277,6 +296,7 @@ class _CallCounter:
             terminalreporter.write_line("pallas-check: no pallas_call was checked: the tests"
                                         f" made none (exit {int(ExitCode.NO_CALLS)})")
 
+
 # -- hardware recordings as tests (`pytest --pallas-check-replay DIR`) ---------------------
 
 def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector
@@ -286,12 +306,15 @@ def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector
         return None
     return _RecordingFile.from_parent(parent, path=file_path)
 
+
 class _RecordingFile(pytest.File):
     def collect(self) -> list[pytest.Item]:
         return [_ReplayItem.from_parent(self, name=f"replay[{self.path.name}]")]
 
+
 class ReplayDisagrees(AssertionError):
     """`pallas-check replay` found ours and the chip apart (or could not replay)."""
+
 
 class _ReplayItem(pytest.Item):
     """`pallas-check replay FILE` in a process of its own (a replay runs the recorded script

@@ -33,9 +33,7 @@ from pallas_check.tpu_compile.compiler import (CompileOutcome, OperandAvals, cac
 from pallas_check.tpu_compile.stage import RecordedCall, finding_for
 
 # The report's note when the compile was asked for and libtpu is not there.
-NOT_CHECKED = (f"the TPU compile was not checked (libtpu is not installed): kernels the chip"
-               f" cannot lower or compile are not found; install it with:"
-               f" {toolchain.INSTALL_HINT}")
+NOT_CHECKED = toolchain.NOT_CHECKED
 
 # refused(params, kernel, call_site, mesh_axes, finding-maker) -> the call's index: the
 # session lists the call as not run and keeps the finding the maker builds for that index.

@@ -81,6 +81,8 @@ def report_dict(report: RunReport) -> JsonObject:
             for f, why in [*((f, None) for f in report.findings), *report.suppressed]
         ],
         "trace": report.trace,
+        # What the run could not check, once each (e.g. the TPU compile without libtpu).
+        "notes": list(report.notes),
         # Several --tpu generations: how each further one was traced (no times: the
         # report stays the same run to run).
         "traces": {g: {k: v for k, v in t.items() if k not in ("seconds", "process_seconds")}

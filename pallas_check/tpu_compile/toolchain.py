@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # JAX is imported where a device is needed
 
 INSTALL_HINT = 'pip install "pallas-check[tpu]"'
 
+# A run's note when the compile was asked for and libtpu is not there (intercept/chip.py's
+# reports, the pytest plugin's header: here, where importing it loads no JAX).
+NOT_CHECKED = (f"the TPU compile was not checked (libtpu is not installed): kernels the chip"
+               f" cannot lower or compile are not found; install it with: {INSTALL_HINT}")
+
 # Compile-only topologies: the smallest slice of each generation, and one of 16 chips for
 # shard_map calls over more than 4 devices.
 TOPOLOGIES: dict[TpuGeneration, tuple[str, str]] = {

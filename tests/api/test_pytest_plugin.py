@@ -257,3 +257,18 @@ def test_the_help_names_only_the_plugins_flags():
     assert {"--pallas-check-tpu", "--pallas-check-cores", "--pallas-check-devices",
             "--pallas-check-dma", "--pallas-check-races", "--pallas-check-no-races",
             "--pallas-check-schedules", "--pallas-check-seed"} <= set(registered)
+
+
+def test_without_libtpu_the_header_says_once_that_the_compile_is_not_checked(suite,
+                                                                             monkeypatch):
+    import pallas_check.pytest_plugin as plugin
+    from pallas_check.tpu_compile.toolchain import NOT_CHECKED
+
+    monkeypatch.setattr(plugin, "libtpu_missing", lambda: "no libtpu")
+    suite.makepyfile(test_plain=PLAIN)
+    on = suite.runpytest("--pallas-check", "--pallas-check-chip-compile", "-p",
+                         "no:cacheprovider", "test_plain.py")
+    assert on.stdout.lines.count(f"pallas-check: {NOT_CHECKED}") == 1
+    off = suite.runpytest("--pallas-check", "--pallas-check-no-compile", "-p",
+                          "no:cacheprovider", "test_plain.py")
+    assert f"pallas-check: {NOT_CHECKED}" not in off.stdout.lines

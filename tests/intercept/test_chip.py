@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pallas_check.config.exitcodes import ExitCode
+from pallas_check.intercept.chip import NOT_CHECKED
 from pallas_check.tpu_compile.toolchain import libtpu_missing
 from scenarios.test_samples import SAMPLES
 
@@ -85,5 +86,7 @@ def test_without_libtpu_the_report_says_once_that_the_compile_was_not_checked(cl
     text = " ".join(result.output.split())  # the note wraps at the terminal's width
     assert text.count("the TPU compile was not checked") == 1
     assert 'pip install "pallas-check[tpu]"' in text
+    as_json = cli("run", str(KERNELS / "lane_block.py"), "--chip-compile")
+    assert [n for n in as_json.report["notes"] if "not checked" in n] == [NOT_CHECKED]
     off = cli("run", str(KERNELS / "lane_block.py"), "--no-compile", json_report=False)
     assert "not checked" not in off.output
