@@ -1,8 +1,8 @@
 """A regular semaphore waited for the DMAs' byte count, as if it were a DMA semaphore.
 
-A DMA adds one to a REGULAR semaphore (TPU v6+), whatever its size; the kernel waits for
-the 8192 bytes its two copies move, and the count never gets past 2: on a TPU the kernel
-hangs.
+A DMA adds one to a REGULAR semaphore on v6e (JAX's tests; unverified on a chip; a v5e
+adds bytes/32), whatever its size; the kernel waits for 8192, the count never gets past 2:
+the kernel hangs.
 
 Run: pallas-check run samples/regular_sem_dma_bug.py --tpu v6e
 Expected finding: kind=deadlock buffer=sem line=21
