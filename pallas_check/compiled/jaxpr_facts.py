@@ -16,6 +16,7 @@ import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
+from pallas_check.jaxbridge.jaxprs import value_aval
 from pallas_check.jaxbridge.types import DropVar, Jaxpr, JaxprEqn, Literal, TransformedRef, Var
 
 
@@ -71,7 +72,7 @@ def _ref_accesses(eqn: JaxprEqn) -> list[tuple[Any, Any]]:
 def _in_part(ref: Var, transforms: Any) -> bool:
     """Whether the transforms select less than the whole ref (statically: a slice
     shorter than its dimension, or an integer index into a dimension longer than 1)."""
-    aval: Any = getattr(ref.aval, "inner_aval", ref.aval)
+    aval: Any = value_aval(ref.aval)
     view = list(aval.shape)
     for transform in transforms or ():
         indices = getattr(transform, "indices", None)

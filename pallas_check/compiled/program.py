@@ -42,6 +42,7 @@ from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.disk_cache import compile_cached
 from pallas_check.jaxbridge.call import Block, CallDescription, CallParams, describe
+from pallas_check.jaxbridge.jaxprs import arg_names, value_aval
 
 # What the compiled call returns: the outputs, the verdict (an int32 of Verdict bits) and
 # what the race check covered (accesses checked, most DMAs in flight at once).
@@ -146,7 +147,7 @@ def _operand_avals(call: CallDescription) -> list[Any]:
     scalars = [v.aval for v in call.kernel.invars[:call.num_scalars]]
     inputs = [jax.ShapeDtypeStruct(b.array_shape, b.array_dtype)
               for b in call.blocks[:call.num_inputs]]
-    return [getattr(a, "inner_aval", a) for a in scalars] + inputs
+    return [value_aval(a) for a in scalars] + inputs
 
 
 def _run_call(call: CallDescription, layout: Layout, operands: list[jax.Array]
@@ -228,10 +229,7 @@ def _pipelined_array(machine: Machine, name: str, spec: Block, value: jax.Array 
 
 
 def _arg_names(call: CallDescription) -> list[str]:
-    info = getattr(call.kernel, "debug_info", None)
-    names = list(getattr(info, "arg_names", None) or ())
-    return [names[k] if k < len(names) and names[k] else f"arg{k}"
-            for k in range(len(call.kernel.invars))]
+    return arg_names(call.kernel)
 
 
 def _grid_loop(call: CallDescription, machine: Machine, refs: list[Ref], scalars: list[Ref],

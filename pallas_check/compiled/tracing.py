@@ -27,7 +27,7 @@ from pallas_check.engine.rules import conversions
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import primitives as prims
 from pallas_check.jaxbridge.jaxprs import (barrier_semaphore_dtype, regular_semaphore_dtype,
-                                             semaphore_dtype)
+                                             semaphore_dtype, value_aval)
 from pallas_check.jaxbridge.types import (Atom, ClosedJaxpr, DropVar, Jaxpr, JaxprEqn, Literal,
                                           TransformedRef, Var)
 
@@ -280,7 +280,7 @@ def _sem_read(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 def allocate(machine: Machine, name: str, aval: Any, var: Any = None) -> Ref:
     """A new buffer or semaphore array for a ref aval (scratch, run_scoped), allocated for
     the kernel's variable `var`."""
-    inner = getattr(aval, "inner_aval", aval)
+    inner = value_aval(aval)
     shape = tuple(int(n) for n in inner.shape)
     dtype = getattr(inner, "dtype", None)
     if dtype is not None and jnp.issubdtype(dtype, semaphore_dtype):

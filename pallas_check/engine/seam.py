@@ -14,11 +14,13 @@ them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+import dataclasses
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from pallas_check.config import TpuGeneration
+from pallas_check.jaxbridge.types import AbstractValue
 from pallas_check.engine.dma.engine import Dma, DmaCall, DmaCore, SemCell
 from pallas_check.engine.dma.policy import DmaPolicy
 from pallas_check.engine.events import Access, Event, Feeds
@@ -112,12 +114,21 @@ class RunningCall(DmaCall, Protocol):
                            passed: bool) -> None: ...
 
     # An aval is JAX's abstract value of a `pl.run_scoped` allocation (any ref type).
-    def allocate_scoped(self, ctx: RunningCore, aval: Any, name: str,
+    def allocate_scoped(self, ctx: RunningCore, aval: AbstractValue, name: str,
                         site: tuple[int, int]) -> RefView: ...
 
     def release_scoped(self, ctx: RunningCore, refs: list[RefView]) -> None: ...
 
     def barrier_semaphore(self, ctx: RunningCore) -> RefView: ...
+
+
+@dataclasses.dataclass
+class LoopInProgress:
+    """A SparseCore parallel_loop in progress on a core: the actor that runs it (its
+    iterations are actors of their own) and how many iterations have started."""
+
+    actor: str
+    iterations: int = 0
 
 
 class RunningCore(DmaCore, Protocol):
@@ -132,8 +143,8 @@ class RunningCore(DmaCore, Protocol):
     def call(self) -> RunningCall: ...
 
     @property
-    def parallel_loops(self) -> list[list[Any]]:
-        """SparseCore parallel_loops in progress, innermost last: [actor, iterations]."""
+    def parallel_loops(self) -> list[LoopInProgress]:
+        """SparseCore parallel_loops in progress, innermost last."""
 
     def program_id(self, axis: int) -> int: ...
 

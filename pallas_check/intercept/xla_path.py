@@ -33,7 +33,7 @@ from pallas_check.engine.jaxpr.program import SEGMENT_COMPILER_OPTIONS
 from pallas_check.engine.memory.buffer import fill_value
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.call import Block, CallDescription, describe
-from pallas_check.jaxbridge.jaxprs import discharge_state, sub_jaxprs
+from pallas_check.jaxbridge.jaxprs import discharge_state, sub_jaxprs, value_aval
 from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, DropVar, Jaxpr, Literal, ShapedArray, Var
 
 if TYPE_CHECKING:  # JAX is imported where the path is taken (as below)
@@ -177,7 +177,7 @@ def _run_grid(call: CallDescription, body: ClosedJaxpr, fill: str, *operands: ja
                else jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
                for j, aval in enumerate(call.out_avals)]
     scratch = [jnp.full(aval.shape, fill_value(aval.dtype, fill), aval.dtype)
-               for aval in (getattr(a, "inner_aval", a) for a in call.scratch)]
+               for aval in (value_aval(a) for a in call.scratch)]
     in_maps = call.blocks[: call.num_inputs]
     out_maps = call.blocks[call.num_inputs: call.num_inputs + call.num_outputs]
 

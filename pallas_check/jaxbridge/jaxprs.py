@@ -118,3 +118,37 @@ def open_jaxpr(invars: Sequence[Any], outvars: Sequence[Any], eqns: Sequence[Any
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return Jaxpr([], list(invars), list(outvars), list(eqns))
+
+
+# -- what JAX keeps beside a jaxpr's documented fields ---------------------------------------
+# The documented interface of a jaxpr (JAX's "Understanding jaxprs" page and `jax.extend`) is
+# a Jaxpr's constvars / invars / outvars / eqns / effects, a ClosedJaxpr's jaxpr / consts /
+# in_avals / out_avals, an equation's primitive / invars / outvars / params, a variable's or
+# literal's aval (and val). What JAX keeps beside them (a ref aval's `inner_aval`, a jaxpr's
+# `debug_info` and what it holds) is read only here (tests/jaxbridge/test_boundary.py).
+
+def is_ref_aval(aval: object) -> bool:
+    """Whether the aval is a ref's (a kernel's ref, a scratch buffer, a prefetch ref): it
+    holds the aval of the value the ref holds."""
+    return hasattr(aval, "inner_aval")
+
+
+def value_aval(aval: object) -> Any:
+    """The aval of the value a ref holds, or the aval itself where it is no ref's."""
+    return getattr(aval, "inner_aval", aval)
+
+
+def arg_names(jaxpr: object, unnamed: str = "arg{}") -> list[str]:
+    """One name per input of the jaxpr, as the traced function named its parameters (JAX's
+    debug info); one it does not name is `unnamed` formatted with its position."""
+    info = getattr(jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    count = len(getattr(jaxpr, "invars", ()))
+    return [names[i] if i < len(names) and names[i] else unnamed.format(i) for i in range(count)]
+
+
+def source_text(jaxpr: object) -> str | None:
+    """Where the traced function was defined, as JAX writes it ('name at file:line'), or
+    None where JAX kept no debug info."""
+    text = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None)
+    return text if isinstance(text, str) else None

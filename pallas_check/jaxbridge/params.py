@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
+
 from pallas_check.jaxbridge.types import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, TransformedRef
 
 
@@ -325,6 +327,12 @@ def with_passes_disabled(params: Params, passes: str) -> Params:
 def check_error_tree(eqn: JaxprEqn) -> Any:
     """The pytree of a checkify `check_p`'s error (its operands flattened)."""
     return eqn.params["err_tree"]
+
+
+def any_check_failed(error: Any) -> bool:
+    """Whether a checkify error (`check_error_tree(eqn)` unflattened over its values) holds
+    a failed check: any of its predicates (JAX's private `_pred`) set."""
+    return any(bool(np.any(p)) for p in error._pred.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """JAX behind one adapter: outside pallas_check/jaxbridge/, no module imports `jax._src`,
-reads an equation's or a pallas_call's params by key, or reads a GridMapping/BlockMapping
-attribute; JAX's names reach the rest of pallas-check only through the bridge's modules.
+reads an equation's or a pallas_call's params by key, reads a GridMapping/BlockMapping
+attribute, or reads a private JAX name; JAX's names reach the rest of pallas-check only
+through the bridge's modules.
 
 Read with the AST (comments and docstrings do not count). What is still allowed is listed
 below with the reason, so that the list can only shrink.
@@ -23,6 +24,88 @@ _MAPPING_ATTRIBUTES = frozenset({
 # JAX modules the bridge hands out to tests only (they look at what intercept/tpu_info.py patched);
 # pallas-check's own modules call the bridge's functions instead (lowering.py, __init__).
 _TEST_ONLY = frozenset({"jax_tpu_info", "jax_mesh_utils"})
+
+
+# A private JAX name, read off a JAX object (an attribute, or `getattr`/`hasattr` of the name):
+# (1) a name JAX keeps beside a jaxpr's documented fields (the "Understanding jaxprs" page and
+#     `jax.extend`: a Jaxpr's constvars/invars/outvars/eqns/effects, a ClosedJaxpr's
+#     jaxpr/consts/in_avals/out_avals, an equation's primitive/invars/outvars/params, an aval,
+#     a literal's val): a ref aval's `inner_aval`, a jaxpr's `debug_info` and what it holds;
+# (2) any `_name` (one underscore) that pallas-check does not define itself, read off
+#     anything but `self`/`cls` -- what is left is another library's private name, and the
+#     only library whose objects pallas-check reads is JAX -- less the few of Python's own
+#     listed in _PYTHON_PRIVATE (namedtuple's and enum's documented ones, `sys._getframe`...).
+_JAX_INTERNAL_ATTRIBUTES = frozenset({"inner_aval", "debug_info", "func_src_info"})
+_PYTHON_PRIVATE = frozenset({
+    "_replace", "_make", "_asdict", "_fields", "_value_", "_name_",  # namedtuple, enum
+    "_getframe", "_exit", "_Pointer",  # sys._getframe, os._exit, ctypes._Pointer
+})
+
+
+def _defined_private_names() -> frozenset[str]:
+    """The `_names` pallas-check defines: its functions, classes, attributes it assigns
+    (`self._x = ...`, a class body's `_x = ...`) and parameters."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+    return frozenset(n for n in names if n.startswith("_") and not n.startswith("__"))
+
+
+def private_jax_reads(source: str | ast.Module,
+                      ours: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """(line, name) of each read of a private JAX name in `source` (see above); `ours` is
+    the `_names` pallas-check defines itself."""
+    found = []
+    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
+        name = None
+        if isinstance(node, ast.Attribute) and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            name = node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr") and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            name = node.args[1].value
+        if name is None:
+            continue
+        private = name.startswith("_") and not name.startswith("__") \
+            and name not in ours and name not in _PYTHON_PRIVATE
+        if private or name in _JAX_INTERNAL_ATTRIBUTES:
+            found.append((node.lineno, name))
+    return found
+
+
+def test_the_scan_sees_a_private_jax_read_and_nothing_else() -> None:
+    flagged = ["error._pred.values()", "aval.inner_aval", 'getattr(aval, "inner_aval", aval)',
+               'hasattr(v.aval, "inner_aval")', "jaxpr.debug_info.arg_names",
+               'getattr(kernel, "debug_info", None)', "info.func_src_info",
+               "eqn.ctx._private_thing", 'getattr(closed, "_cache")']
+    for source in flagged:
+        assert private_jax_reads(source) != [], source
+    assert private_jax_reads("x = error._pred") == [(1, "_pred")]
+    unrelated = ["self._cache", "cls._by_mode", "point._replace(x=1)", "sys._getframe(1)",
+                 "os._exit(3)", "closed.jaxpr.outvars", "closed.consts", "eqn.params",
+                 "v.aval.shape", "atom.val", 'getattr(aval, "memory_space", None)',
+                 "region._boxes"]
+    for source in unrelated:
+        assert private_jax_reads(source, frozenset({"_boxes"})) == [], source
+
+
+def test_no_private_jax_name_is_read_outside_the_bridge() -> None:
+    """A ref aval's value aval, a jaxpr's argument names and source, a checkify error's
+    predicates: the bridge's functions (jaxprs.value_aval / is_ref_aval / arg_names /
+    source_text, params.any_check_failed), never the attribute."""
+    ours = _defined_private_names()
+    offenders = [f"{name}:{line} {attr}" for name, tree in _modules()
+                 for line, attr in private_jax_reads(tree, ours)]
+    assert offenders == []
 
 
 def _modules() -> list[tuple[str, ast.Module]]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_check.jaxbridge.types import AbstractValue
 from pallas_check.engine.call.describe import MeshInfo, is_semaphore_aval
 from pallas_check.engine.call.event_data import Core
 from pallas_check.engine.jaxpr.halts import KernelError
@@ -43,7 +44,7 @@ class CallBuffers:
             return buf
         return Buffer.filled(name, space, aval.shape, aval.dtype, self.fill_mode, owner=owner)
 
-    def allocate_scoped(self, ctx: Core, aval: Any, name: str,
+    def allocate_scoped(self, ctx: Core, aval: AbstractValue, name: str,
                         site: tuple[int, int]) -> RefView:
         """A `pl.run_scoped` allocation. The same program allocates in the same order on
         every device and core, so an allocation is at one address for the whole kernel:

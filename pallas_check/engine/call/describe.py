@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_check.jaxbridge.jaxprs import discharge_state, dynamic_grid_dim, jaxpr_as_fun, semaphore_dtype
+from pallas_check.jaxbridge.jaxprs import (arg_names, discharge_state, dynamic_grid_dim, is_ref_aval,
+                                          jaxpr_as_fun, semaphore_dtype, source_text)
 from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, Block, describe
 from pallas_check.jaxbridge.types import ClosedJaxpr, Jaxpr, ScalarSubcoreMesh, Slice, VectorSubcoreMesh
@@ -180,8 +181,7 @@ def _consts_key(consts: Sequence[object]) -> tuple[object, ...]:
 
 def kernel_info(params: CallParams) -> KernelInfo:
     call = describe(params)
-    info = getattr(call.kernel, "debug_info", None)
-    name, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    name, file, line = parse_src_info(source_text(call.kernel))
     if call.name:
         name = call.name
     return KernelInfo(name=name, file=file, line=line)
@@ -327,13 +327,7 @@ def split_grid(points: np.ndarray, grid: tuple[int, ...], semantics: tuple[str, 
 
 
 def kernel_arg_names(jaxpr: Jaxpr) -> list[str]:
-    info = getattr(jaxpr, "debug_info", None)
-    names = list(getattr(info, "arg_names", None) or ())
-    out = []
-    for i in range(len(jaxpr.invars)):
-        name = names[i] if i < len(names) and names[i] else f"arg{i}"
-        out.append(name)
-    return out
+    return arg_names(jaxpr)
 
 
 def _grid_points(grid: tuple[int, ...]) -> np.ndarray:
@@ -411,7 +405,7 @@ def _reorder(stacked: np.ndarray, order: list[tuple[int, int]]) -> np.ndarray:
 
 def _discharged(closed: ClosedJaxpr) -> ClosedJaxpr:
     """The index map with scalar-prefetch refs turned into plain array arguments."""
-    if not any(hasattr(v.aval, "inner_aval") for v in closed.jaxpr.invars):
+    if not any(is_ref_aval(v.aval) for v in closed.jaxpr.invars):
         return closed
     return discharge_state(closed)
 

@@ -28,6 +28,7 @@ from jax.extend.core import Jaxpr
 from numpy.typing import DTypeLike
 
 from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import arg_names, value_aval
 from pallas_check.jaxbridge.call import CallParams, Block, describe, kernel_of
 from pallas_check.config import TpuGeneration
 from pallas_check.engine.call.describe import kernel_arg_names
@@ -103,7 +104,7 @@ def _block_shape(block: Block) -> tuple[int, ...]:
 
 def _array_of(aval: object) -> tuple[tuple[int, ...], DTypeLike] | None:
     """(shape, dtype) of a ref's array, None for a semaphore or another non-array."""
-    inner = getattr(aval, "inner_aval", aval)
+    inner = value_aval(aval)
     if not hasattr(inner, "shape") or not hasattr(inner, "dtype"):
         return None
     try:
@@ -184,9 +185,7 @@ def _scoped_peak(jaxpr: Jaxpr, in_space: Callable[[object], bool],
         if eqn.primitive.name == "run_scoped" and subs:
             body = subs[0]
             # Named as the engine names them (engine/rules/control.py, _run_scoped).
-            info = list(getattr(getattr(body, "debug_info", None), "arg_names", None) or ())
-            names = [info[i] if i < len(info) and info[i] else f"scoped[{i}]"
-                     for i in range(len(body.invars))]
+            names = arg_names(body, "scoped[{}]")
             for var, name in zip(body.invars, names):
                 array = _array_of(var.aval)
                 if array is not None and in_space(var.aval):

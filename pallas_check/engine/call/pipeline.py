@@ -9,6 +9,7 @@ from typing import Any, Generator, Sequence
 
 import numpy as np
 
+from pallas_check.jaxbridge.jaxprs import source_text
 from pallas_check.jaxbridge.types import Jaxpr, NDIndexer, Slice
 from pallas_check.engine.call.describe import Operand
 from pallas_check.engine.call.revisit import Perturbation, RevisitRecord
@@ -465,8 +466,7 @@ def _check_block_bounds(ctx: CoreContext, op: Operand, block_index: tuple[int, .
 
 def _index_map_frames(op: Operand) -> tuple[SourceFrame, ...]:
     """Where the operand's BlockSpec index_map is defined (pipeline copies have no line)."""
-    info = op.mapping.index_map.jaxpr.debug_info
-    _, file, line = parse_src_info(getattr(info, "func_src_info", None))
+    _, file, line = parse_src_info(source_text(op.mapping.index_map.jaxpr))
     return (SourceFrame(file, line, "index_map", code_line(file, line)),) if file else ()
 
 

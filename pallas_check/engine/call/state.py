@@ -32,7 +32,7 @@ from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.engine.seam import AddressProbe, RunningCore
+from pallas_check.engine.seam import AddressProbe, LoopInProgress, RunningCore
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings.finding import Finding, IndexRange, SourceFrame
 
@@ -429,7 +429,7 @@ class CoreContext:
         # Source frames of the enclosing equations being evaluated (see current_frames).
         self.frame_stack: list[tuple[SourceFrame, ...]] = []
         # SparseCore parallel_loops in progress, innermost last (rules/sparsecore.py).
-        self.parallel_loops: list[list[Any]] = []
+        self.parallel_loops: list[LoopInProgress] = []
         call.contexts.append(self)
 
     def fill(self, dtype: np.dtype) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Generator, Protocol
+from typing import TYPE_CHECKING, Generator, Protocol
 
 import numpy as np
 

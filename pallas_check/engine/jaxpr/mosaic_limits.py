@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 from pallas_check.jaxbridge import call as call_bridge
 from pallas_check.jaxbridge import params as eqn_params
-from pallas_check.jaxbridge.jaxprs import transformed_shape
+from pallas_check.jaxbridge.jaxprs import arg_names, transformed_shape
 from pallas_check.jaxbridge.primitives import dma_start_p, pl_load_p, pl_swap_p, ref_get_p, ref_swap_p, run_scoped_p
 from pallas_check.jaxbridge.types import (BitcastTransform, ClosedJaxpr, Indices, Jaxpr, JaxprEqn,
                                          NDIndexer, Slice, Transform, TransformedRef, Var)
@@ -373,10 +373,7 @@ the outer refs it uses)."""
 
 def scoped_names(jaxpr: Jaxpr) -> list[str]:
     """The names of the refs a run_scoped body allocates, as the engine names them."""
-    info = getattr(jaxpr, "debug_info", None)
-    names = list(getattr(info, "arg_names", None) or ())
-    return [names[i] if i < len(names) and names[i] else f"scoped[{i}]"
-            for i in range(len(jaxpr.invars))]
+    return arg_names(jaxpr, "scoped[{}]")
 
 
 def first_not_lowered(jaxpr: Jaxpr, names: Names, space_of: SpaceOf,

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
+from pallas_check.jaxbridge.jaxprs import arg_names
 from pallas_check.jaxbridge.primitives import (axis_index_p, closed_call_p, cond_p,
                                                custom_call_primitives, delay_p, jit_p,
                                                multiple_of_p, num_programs_p,
@@ -172,7 +173,7 @@ def _scan(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
 @rule(run_scoped_p, generator=True)
 def _run_scoped(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     body = eqn_params.body(eqn)
-    names = _arg_names(body, len(body.invars), prefix="scoped")
+    names = arg_names(body, "scoped[{}]")
     refs = [ctx.call.allocate_scoped(ctx, var.aval, name, (id(eqn), position))
             for position, (var, name) in enumerate(zip(body.invars, names))]
     try:
@@ -180,16 +181,6 @@ def _run_scoped(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGe
     finally:
         ctx.call.release_scoped(ctx, refs)
     return outs
-
-
-def _arg_names(jaxpr: object, n: int, prefix: str) -> list[str]:
-    info = getattr(jaxpr, "debug_info", None)
-    names = list(getattr(info, "arg_names", None) or ())
-    out = []
-    for i in range(n):
-        name = names[i] if i < len(names) and names[i] else f"{prefix}[{i}]"
-        out.append(name)
-    return out
 
 
 def _register_custom_calls() -> None:

@@ -39,7 +39,7 @@ def _debug_check(ctx: RunningCore, eqn: JaxprEqn, invals: Sequence[object]) -> l
         return []
     error = jax.tree_util.tree_unflatten(eqn_params.check_error_tree(eqn),
                                          [np.asarray(v) for v in invals])
-    if not any(bool(np.any(p)) for p in error._pred.values()):
+    if not eqn_params.any_check_failed(error):
         return []  # the common case: the check holds
     exception = error.get_exception()
     if exception is None:

@@ -27,7 +27,7 @@ from pallas_check.engine.memory.region import Region, index_region
 from pallas_check.engine.rules import access, sc_values
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Wait
-from pallas_check.engine.seam import RunningCore
+from pallas_check.engine.seam import LoopInProgress, RunningCore
 
 
 # -- barrier / sync (SC-C)
@@ -446,7 +446,7 @@ class IterationClocks:
 
     def loop_started(self, ctx: RunningCore, eqn: JaxprEqn) -> None:
         if ctx.call.feeds.loop_iteration:  # (the race checker's, with races on)
-            ctx.parallel_loops.append([ctx.actor, 0])  # (the loop's actor, iterations)
+            ctx.parallel_loops.append(LoopInProgress(ctx.actor))
         if ctx.call.feeds.parallel_loop:
             event = ParallelLoop(ctx.actor, True)
             for take in ctx.call.feeds.parallel_loop:
@@ -457,11 +457,11 @@ class IterationClocks:
         if not takers:
             return
         loop = ctx.parallel_loops[-1]
-        parent, count = loop
+        parent, count = loop.actor, loop.iterations
         ctx.actor = f"{parent} (parallel_loop iteration i={index})"
         event = LoopIteration(parent, ctx.actor,
                               f"{parent} parallel_loop slot {count % ITERATION_SLOTS}", True)
-        loop[1] = count + 1
+        loop.iterations = count + 1
         for take in takers:
             take(event)
 
@@ -469,7 +469,7 @@ class IterationClocks:
         takers = ctx.call.feeds.loop_iteration
         if not takers:
             return
-        parent = ctx.parallel_loops[-1][0]
+        parent = ctx.parallel_loops[-1].actor
         event = LoopIteration(parent, ctx.actor, "", False)
         for take in takers:
             take(event)
