@@ -283,10 +283,13 @@ def _view_layout(region: Region) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def _wait_descriptor(ctx: RunningCore, layout: tuple[index_plan.ArgLayout, ...],
-                     invals: Sequence[object]) -> tuple[int, SemCell]:
-    """A DMA wait's bytes (its descriptor's source size) and its semaphore cell."""
+                     invals: Sequence[object], regular: bool) -> tuple[int, SemCell]:
+    """What a DMA wait takes off (its descriptor's source bytes; on a regular semaphore
+    the generation's count for them) and its semaphore cell."""
     shape, dtype = _view_layout(_arg_region(ctx, layout[0], invals))
-    return math.prod(shape) * dtype.itemsize, cell_of(ctx, _arg_region(ctx, layout[2], invals))
+    nbytes = math.prod(shape) * dtype.itemsize
+    return (regular_signal(nbytes, ctx.call.tpu) if regular else nbytes,
+            cell_of(ctx, _arg_region(ctx, layout[2], invals)))
 
 
 @rule(dma_wait_p, generator=True)
@@ -306,9 +309,7 @@ def _dma_wait(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen:
     else:
         key = [invals[src_start], *invals[sem_start:sem_end]]
     nbytes, cell = ctx.call.accesses.get_or_make(
-        eqn, key, lambda: _wait_descriptor(ctx, layout, invals))
-    if signal_count(eqn) > 0:  # a regular semaphore: the chip's count, not bytes
-        nbytes = regular_signal(nbytes, ctx.call.tpu)
+        eqn, key, lambda: _wait_descriptor(ctx, layout, invals, signal_count(eqn) > 0))
     frames = current_frames(ctx)
     if not _wait_ready(ctx, cell, nbytes):
         yield _wait_request(ctx, cell, nbytes, frames)
