@@ -1,6 +1,11 @@
 """Fixed debug_check_bug.py: the caller's lengths fit the blocks, so the kernel's own
 assertion (pl.debug_check) holds at every grid step and is silent.
 
+The v5e's compiler refuses this kernel's (1, 128) block of a (4, 128) array (the 8 x 128
+rule, found by the chip's compile of a default run): the sample shows pl.debug_check on the
+simulation, with the compile off.
+
+Run: pallas-check run samples/debug_check_ok.py --no-compile
 Expected findings: none.
 """
 

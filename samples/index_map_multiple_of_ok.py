@@ -1,6 +1,11 @@
 """index_map_multiple_of_bug.py fixed: the segments start at rows 0, 8, 16 and 24, each
 offset still hinted `pl.multiple_of(.., 8)` in the index map; every block lies inside x.
 
+The v5e's compiler refuses its mix of `pl.Element` and blocked dimensions ("All block
+dimensions must be Elements or none of them can be Elements", found by the chip's compile of
+a default run): the sample shows the index-map bounds on the simulation, with the compile off.
+
+Run: pallas-check run samples/index_map_multiple_of_ok.py --no-compile
 Expected findings: none.
 """
 
