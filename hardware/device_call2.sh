@@ -21,4 +21,5 @@ if [ "${ONLY_OK:-0}" != 1 ]; then  # ONLY_OK=1: the recordings of the _ok sample
 fi
 bash hardware/device_batch.sh all 45 "$deadline" "${jobs[@]}"
 grep -c "^done" $OUT/r/all.progress; grep -v "^start\|^done" $OUT/r/all.progress
-tar czf $OUT/results.tar.gz -C $OUT r rec && rm -rf $OUT/r $OUT/rec && ls -la $OUT
+# files come back at most 16 MB each, 8 of them: the tarball split in 15 MB parts (cat them)
+tar czf - -C $OUT r rec | split -b 15m - $OUT/results.tgz.part- && rm -rf $OUT/r $OUT/rec && ls -la $OUT
