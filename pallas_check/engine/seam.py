@@ -25,7 +25,7 @@ from pallas_check.engine.dma.engine import Dma, DmaCall, DmaCore, SemCell
 from pallas_check.engine.dma.policy import DmaPolicy
 from pallas_check.engine.events import Access, Event, Feeds
 from pallas_check.engine.memory.access_cache import AccessCache
-from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.memory.buffer import Buffer, RefView
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings.finding import IndexRange, SourceFrame
@@ -82,6 +82,9 @@ class RunningCall(DmaCall, Protocol):
     def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,
                actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,
                atomic_add: bool = False) -> None: ...
+
+    def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
+                   operation: str) -> None: ...
 
     def on_write(self, ctx: RunningCore, region: Region) -> None: ...
 

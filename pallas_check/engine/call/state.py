@@ -195,6 +195,15 @@ class CallState(CallBuffers):
             for take in takers:
                 take(event)
 
+    def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
+                   operation: str) -> None:
+        """`access` of one box of `buffer` the caller already knows (a scalar read by
+        in-bounds indices, engine/rules/access.py: no region is made for it)."""
+        event = Access(ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
+                       operation, current_frames(ctx), ctx.grid_point, False)
+        for take in self.feeds.access:
+            take(event)
+
     def out_of_bounds(self, ctx: RunningCore, region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
         if mask is not None and not masked_out_of_bounds(region, mask):

@@ -168,8 +168,10 @@ def _get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
 def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     """A load of one element by scalar indices (`lengths_ref[b]`, a page table's entry; a
     paged kernel makes thousands per call): read straight from the buffer, at the index
-    its plan's straight-line code gives, when it is plain, in bounds, written everywhere
-    and no race checker records reads; anything else takes `_get`."""
+    its plan's straight-line code gives, when it is plain, in bounds and written
+    everywhere; a race checker is handed the element's box, with no region made for it
+    (races on, such reads are most of a paged kernel's accesses). Anything else takes
+    `_get`."""
     out = eqn.outvars[0].aval  # (a ShapedArray: a get's value)
     if getattr(out, "shape", None) != ():
         return None
@@ -182,11 +184,14 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
 
     def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
         ref = invals[0]
-        if ref.__class__ is RefView and not ref.transforms and ctx.call.races is None:
+        if ref.__class__ is RefView and not ref.transforms:
             buffer = ref.buffer
             if buffer.fully_written and buffer.data.dtype == dtype:
                 index = index_in_bounds(invals[1:], buffer)
                 if index is not None:
+                    if ctx.call.races is not None:  # all ints: the index is the element's
+                        ctx.call.access_box(ctx, buffer, tuple(
+                            (i, i + 1) for i in index), False, "read")  # type: ignore[operator, misc]
                     return buffer.data[index]
         return _get(ctx, eqn, invals)
 
