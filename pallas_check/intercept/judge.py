@@ -26,10 +26,13 @@ could only add to its count, so it is counted, and a program called in a loop co
 run a call, not two. One an earlier run dropped is judged again: what the program keeps
 may depend on its arguments.
 
-Where the program cannot be re-run -- it donates an argument, has side effects
-(`io_callback`, `jax.debug.print`), failed, ran alongside another jitted call on another
-thread, was compiled ahead of time, or the re-run itself failed -- the findings are kept
-as they are, with a note that they were judged at the kernel's boundary.
+A program that donates arguments is re-run on copies of them taken before its first run
+(intercept/donated.py), so that donation does not change the verdict. Where the program
+cannot be re-run -- its donated operands are more than pallas-check copies
+(`donated.KEPT_BYTES`), it has side effects (`io_callback`, `jax.debug.print`), failed,
+ran alongside another jitted call on another thread, was compiled ahead of time, or the
+re-run itself failed -- the findings are kept as they are, with a note that they were
+judged at the kernel's boundary.
 """
 
 from __future__ import annotations
@@ -211,12 +214,8 @@ class Judge:
         with self._lock:
             if not program.suspects:
                 return
-        reason = program.call.cannot_rerun()
         if error is not None or outputs is None or rerun is None:
             self._settle(program, f"{program.call.describe()} failed")
-            return
-        if reason is not None:
-            self._settle(program, reason)
             return
         suspects, reported = [], []
         for suspect in list(program.suspects):
@@ -232,6 +231,10 @@ class Judge:
                 [f for s in self._decided(program, reported) for f in s.findings])
             self._session.tell_owner()
         if not suspects:
+            return
+        reason = program.call.cannot_rerun()  # asked only of what needs a re-run
+        if reason is not None:
+            self._settle(program, reason)
             return
         base = [np.asarray(o) for o in outputs]
         together = self._rerun(program, suspects, rerun, base)

@@ -14,7 +14,9 @@ pallas_call (the engine's own, the script's plain ones) pass through untouched.
 JAX's C++ dispatch would run such a computation again without Python (its fast path);
 it is refused for computations that hold a pallas_call, so that each run is seen here.
 A call compiled ahead of time (`jax.jit(f).lower(x).compile()`) runs without this
-function: its kernels are judged at their own boundary.
+function: its kernels are judged at their own boundary. A computation that donates
+arguments is re-run on copies of them taken before it ran (intercept/donated.py, within a
+memory bound), never on the script's buffers.
 
 Installed with `passes_off`, which names XLA passes (as `xla_disable_hlo_passes` takes
 them) for a computation given its kernels' params (None: none), such a computation is
@@ -31,8 +33,10 @@ import threading
 import weakref
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+import jax
 import numpy as np
 
+from pallas_check.intercept import donated
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import lowering
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
@@ -47,9 +51,10 @@ _EAGER_NAMES = frozenset({"wrapped", "pallas_call", "mpmd_map", "prim_fun"})
 @dataclasses.dataclass(frozen=True, eq=False)
 class OuterCall:
     """A top-level jitted computation that holds a pallas_call: its name (the jitted
-    function's), the names of its side effects, whether it donates an argument, whether
-    it is an eager pallas_call (its one equation is the kernel), and which kernels'
-    outputs are its results."""
+    function's), the names of its side effects, whether it donates an argument (and
+    whether copies of the donated ones were kept for a re-run, or why not), whether it is
+    an eager pallas_call (its one equation is the kernel), and which kernels' outputs are
+    its results."""
 
     name: str
     effects: tuple[str, ...] = ()
@@ -59,11 +64,14 @@ class OuterCall:
     # equation of the whole computation runs, at its top level -> per output, the
     # indices of the results that are that output.
     direct: dict = dataclasses.field(default_factory=dict)
+    kept: bool = False  # its donated operands were copied before it ran (donated.py)
+    unkept: str = ""  # why they were not, where a reason is worth telling
 
     def cannot_rerun(self) -> str | None:
         """Why running it again would change what the script sees (None: it would not)."""
-        if self.donates:
-            return f"{self.describe()} donates its arguments, so it cannot be re-run"
+        if self.donates and not self.kept:
+            why = f" ({self.unkept})" if self.unkept else ""
+            return f"{self.describe()} donates its arguments, so it cannot be re-run{why}"
         if self.effects:
             return (f"{self.describe()} has side effects ({', '.join(self.effects)}),"
                     " so it is not re-run")
@@ -105,9 +113,11 @@ def _remember_passes(body: Any, passes: str) -> None:
         pass
 
 
-def _kernel_facts(closed: Any) -> tuple[bool, dict, list[Mapping[str, Any]]]:
-    """Whether a closed jaxpr runs a kernel anywhere, `direct` (see OuterCall) and the
-    params of each kernel equation; worked out once per jaxpr."""
+def _kernel_facts(closed: Any) -> tuple[bool, dict, list[Mapping[str, Any]], bool]:
+    """Whether a closed jaxpr runs a kernel anywhere, `direct` (see OuterCall), the
+    params of each kernel equation, and whether every output of every kernel is a result
+    as it is (what such kernels leave undecided is judged without a re-run); worked out
+    once per jaxpr."""
     try:
         return _facts[closed]
     except (KeyError, TypeError):
@@ -122,7 +132,8 @@ def _kernel_facts(closed: Any) -> tuple[bool, dict, list[Mapping[str, Any]]]:
         if eqn.primitive.name in _KERNEL_PRIMITIVES and seen.get(id(kernel)) == 1:
             direct[id(kernel)] = tuple(tuple(k for k, v in enumerate(outvars) if v is out)
                                        for out in eqn.outvars)
-    facts = (bool(seen), direct, kernels)
+    whole = set(seen) == set(direct) and all(all(direct[k]) for k in direct)
+    facts = (bool(seen), direct, kernels, whole)
     try:
         _facts[closed] = facts
     except TypeError:  # not weakly referenceable: worked out again next time
@@ -140,7 +151,9 @@ def _count(jaxpr: Any, seen: dict[int, int], kernels: list[Mapping[str, Any]]) -
             _count(sub, seen, kernels)
 
 
-def _describe(params: dict) -> OuterCall:
+def _describe(params: dict, args: Sequence[Any]) -> tuple[OuterCall, donated.Kept | None]:
+    """The computation about to run, and copies of its donated operands when a re-run
+    may need them (intercept/donated.py)."""
     jit = eqn_params.jit_call(params)
     closed, name = jit.body, jit.name
     effects = tuple(sorted({type(e).__name__ for e in closed.effects}))
@@ -149,8 +162,20 @@ def _describe(params: dict) -> OuterCall:
     # `wrapped`, or the primitive's); the script's own jit of it has the script's name.
     eager = (len(eqns) == 1 and eqns[0].primitive.name in _KERNEL_PRIMITIVES
              and name in _EAGER_NAMES)
-    return OuterCall(name, effects, jit.donates, eager,
-                     _kernel_facts(closed)[1])
+    facts = _kernel_facts(closed)
+    call = OuterCall(name, effects, jit.donates, eager, facts[1])
+    if not jit.donates or effects or (facts[3] and _one_device(args)):
+        return call, None  # no re-run on copies: none may be needed, or none is possible
+    kept = donated.keep(args, jit.donated)
+    if isinstance(kept, str):
+        return dataclasses.replace(call, unkept=kept), None
+    return dataclasses.replace(call, kept=True), kept
+
+
+def _one_device(args: Sequence[Any]) -> bool:
+    """Whether every array argument lives on one device (a kernel's undecided elements
+    then are on device 0, where judge.py judges a direct kernel without a re-run)."""
+    return all(len(a.sharding.device_set) == 1 for a in args if isinstance(a, jax.Array))
 
 
 def _call_impl_python(*args: Any, **params: Any) -> Any:
@@ -162,9 +187,8 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
         result = (original or jit_dispatch()[0])(*args, **params)
         _last.kernel = False
         return result
-    import jax
-
-    token = listener.opened(_describe(params))
+    call, kept = _describe(params, args)
+    token = listener.opened(call)
     passes = _passes_off(facts[2]) if _passes_off is not None else None
     if passes is not None:
         params = dict(eqn_params.with_passes_disabled(params, passes))
@@ -180,13 +204,20 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
         jax.block_until_ready(out_flat)  # every callback of the computation has run
     except BaseException as exc:
         _last.compiling = False
+        if kept is not None:
+            kept.release()
         listener.closed(token, None, None, exc)
         raise
 
     def rerun() -> list[np.ndarray]:
-        return [np.asarray(o) for o in compiled.unsafe_call(*const_args, *args)]
+        again = kept.arguments(args) if kept is not None else args
+        return [np.asarray(o) for o in compiled.unsafe_call(*const_args, *again)]
 
-    listener.closed(token, out_flat, rerun, None)
+    try:
+        listener.closed(token, out_flat, rerun, None)
+    finally:
+        if kept is not None:
+            kept.release()
     # Set last: the engine's own computations may have run on this thread meanwhile
     # (XLA runs a small computation inline), each through this hook.
     _last.kernel = True

@@ -295,11 +295,15 @@ def param_values(eqn: JaxprEqn) -> Iterator[Any]:
 @dataclasses.dataclass(frozen=True)
 class JitCall:
     """What intercept/outer.py reads of a top-level jitted call's params: its body, its name, and
-    whether it donates any argument."""
+    which of its (flat) arguments it donates."""
 
     body: ClosedJaxpr
     name: str
-    donates: bool
+    donated: tuple[bool, ...]
+
+    @property
+    def donates(self) -> bool:
+        return any(self.donated)
 
 
 def jit_body(params: Params) -> ClosedJaxpr:
@@ -310,7 +314,7 @@ def jit_body(params: Params) -> ClosedJaxpr:
 
 def jit_call(params: Params) -> JitCall:
     return JitCall(params["jaxpr"], str(params.get("name", "")),
-                   any(params.get("donated_invars", ())))
+                   tuple(bool(d) for d in params.get("donated_invars", ())))
 
 
 def with_passes_disabled(params: Params, passes: str) -> Params:

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.engine.call import explore
+from pallas_check.intercept import donated
 from pallas_check.findings.finding import FindingKind
 
 X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) / 64.0
@@ -207,16 +208,86 @@ def test_an_eager_call_is_its_own_program(check, monkeypatch):
     assert runs == [True]  # its outputs are its results: no re-run needed
 
 
-def test_a_donating_call_is_judged_at_the_kernel_boundary(check):
+def _keeping(monkeypatch) -> list[tuple]:
+    """The copies each program took of its donated operands (intercept/donated.py)."""
+    taken: list[tuple] = []
+    original = donated.keep
+
+    def keep(*args, **kwargs):
+        kept = original(*args, **kwargs)
+        if not isinstance(kept, str):
+            taken.append(kept.copies)
+        return kept
+
+    monkeypatch.setattr(donated, "keep", keep)
+    return taken
+
+
+@pytest.mark.parametrize("rows, reported", [(4, False), (6, True)])
+def test_a_donating_call_is_rerun_on_copies_of_what_it_donates(check, monkeypatch, rows,
+                                                                reported):
+    """XLA:CPU honours the donation (the updated cache takes the donated cache's buffer):
+    the script's cache is consumed as JAX consumes it without pallas-check, its results
+    are right, and the padding rows are judged by a re-run, as without donation."""
+    runs, taken = _counting(monkeypatch), _keeping(monkeypatch)
+    step = jax.jit(lambda cache, x: (cache + 1.0, _top_half(x)[:rows]), donate_argnums=0)
+    cache = jnp.full((8, 128), 5.0, jnp.float32)
+    checked = check(step, cache, X)
+    assert cache.is_deleted()  # donated: the first run consumed the script's buffer
+    np.testing.assert_array_equal(np.asarray(checked.value[0]), np.full((8, 128), 6.0))
+    head = np.asarray(checked.value[1])
+    np.testing.assert_array_equal(head[:4], np.asarray(X)[:4] * 2.0)
+    assert np.isnan(head[4:]).all()  # the rows kept past the written ones: the NaN fill
+    assert runs == [True, False]  # checked, then re-run on the copy
+    assert [f.details.get("reaches") for f in checked.findings] == (
+        [[{"function": "jax.jit(<lambda>)", "result": 1, "range": [[4, 6], [0, 128]],
+           "elements": 256}]] if reported else [])
+    ((copy,),) = taken
+    assert copy.is_deleted()  # released once the program was judged
+
+
+def test_a_donation_xla_cannot_use_leaves_the_scripts_array_as_it_was(check, monkeypatch):
+    """Where no output can take the donated buffer XLA:CPU warns and keeps it: the
+    script's array stays whole and unchanged, and the re-run ran on a copy."""
+    taken = _keeping(monkeypatch)
     donating = jax.jit(lambda x: _top_half(x)[:4], donate_argnums=0)
-    with pytest.warns(UserWarning, match="donated"):  # CPU cannot reuse the buffer
-        checked = check(lambda x: donating(x + 0.0), X)
+    x = X + 0.0
+    with pytest.warns(UserWarning, match="donated"):
+        checked = check(donating, x)
+    assert checked.findings == []
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(X))
+    np.testing.assert_array_equal(np.asarray(checked.value), np.asarray(X)[:4] * 2.0)
+    assert len(taken) == 1
+
+
+def test_donated_operands_past_the_bound_are_judged_at_the_kernel_boundary(check,
+                                                                          monkeypatch):
+    monkeypatch.setattr(donated, "KEPT_BYTES", 1024)  # X is 4 KiB
+    runs = _counting(monkeypatch)
+    step = jax.jit(lambda cache, x: (cache + 1.0, _top_half(x)[:4]), donate_argnums=0)
+    checked = check(step, X + 0.0, X)
     (finding,) = checked.findings
-    assert finding.kind == FindingKind.UNWRITTEN_OUTPUT
+    assert (finding.kind, finding.buffer, finding.index_range) == (
+        FindingKind.UNWRITTEN_OUTPUT, "o_ref", ((4, 8), (0, 128)))
     assert finding.details["judged_at"] == "kernel boundary"
     assert finding.message.endswith(
         "(judged at the kernel's boundary: jax.jit(<lambda>) donates its arguments,"
-        " so it cannot be re-run)")
+        " so it cannot be re-run (its donated operands, 4.0 KiB, are more than the"
+        " 1.0 KiB pallas-check copies to re-run a program))")
+    assert runs == [True]  # no re-run
+
+
+def test_a_donating_call_returning_its_kernels_outputs_copies_nothing(check, monkeypatch):
+    """Every output of its kernel is a result as it is: what the kernel left undecided is
+    judged without a re-run, so nothing is copied."""
+    runs, taken = _counting(monkeypatch), _keeping(monkeypatch)
+    checked = check(jax.jit(_top_half, donate_argnums=0), X + 0.0)
+    (finding,) = checked.findings
+    assert finding.details["reaches"] == [
+        {"function": "jax.jit(_top_half)", "result": 0, "range": [[4, 8], [0, 128]],
+         "elements": 512}]
+    assert (runs, taken) == ([True], [])
 
 
 def test_a_call_with_side_effects_is_judged_at_the_kernel_boundary(check):

@@ -12,6 +12,15 @@ tests/api/test_tpu_suite.py).
 - `scale_tokens` runs over a token buffer padded to whole blocks, writes only the blocks
   that hold tokens, and hands its caller `out[:num_tokens]` (the padding rows it never
   wrote are dropped inside the jitted wrapper: no defect);
+- `append_tokens` is a decode step's KV-cache append, jitted with the cache donated (as
+  ragged paged attention's wrappers donate theirs): a first kernel writes a metadata
+  schedule, each live sequence's cache row, only for the `num_seqs` live sequences (the
+  rest of the schedule is never written), and a second kernel, its one consumer, reads
+  only that prefix and copies each new row into the donated cache in place (no defect:
+  the re-run that proves the unwritten tail reaches nothing runs on a copy of the
+  donated cache); `append_tokens_bug` is its twin whose consumer loops one sequence too
+  far: the schedule's first unwritten entry (clamped into the cache) decides which cache
+  row the extra copy overwrites, so the unwritten rows reach the cache the step returns;
 - `scale_rows_gpu_params` is `scale_rows` as ported from the GPU, Triton's compiler params
   left on: a TPU refuses it (its lowering asserts the params are Mosaic's), and the suite
   asserts that refusal (`pytest.raises(AssertionError)`).
@@ -137,3 +146,64 @@ def matmul(x: jax.Array, y: jax.Array, precision: object = None) -> jax.Array:
                   pl.BlockSpec(y.shape, lambda i: (0, 0))],
         out_specs=pl.BlockSpec((rows, y.shape[1]), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), jnp.float32))(x, y)
+
+
+MAX_SEQS = 8  # sequences a decode step serves at most
+SEQ_ROWS = 16  # cache rows each sequence owns
+
+
+def _schedule_kernel(num_ref, lens_ref, slots_ref):
+    """slots[i]: the cache row sequence i's new token goes to, for the live sequences only
+    (the entries past `num_seqs` are never written: nothing reads them)."""
+    def body(i, carry):
+        slots_ref[i] = i * SEQ_ROWS + lens_ref[i]
+        return carry
+
+    jax.lax.fori_loop(0, num_ref[0], body, 0)
+
+
+def _append_kernel(extra, num_ref, slots_ref, new_hbm, cache_hbm, out_hbm, sem):
+    del cache_hbm  # aliased to out_hbm: the cache is updated in place
+    last = out_hbm.shape[0] - 1
+
+    def body(i, carry):
+        row = jnp.minimum(slots_ref[i], last)  # never past the cache
+        copy = pltpu.make_async_copy(new_hbm.at[pl.ds(i, 1)], out_hbm.at[pl.ds(row, 1)], sem)
+        copy.start()
+        copy.wait()
+        return carry
+
+    jax.lax.fori_loop(0, num_ref[0] + extra, body, 0)
+
+
+def _append(cache, new, lens, num_seqs, extra):
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    slots = pl.pallas_call(
+        _schedule_kernel, in_specs=[smem, smem], out_specs=smem,
+        out_shape=jax.ShapeDtypeStruct((MAX_SEQS,), jnp.int32))(num_seqs, lens)
+    cache = pl.pallas_call(
+        functools.partial(_append_kernel, extra),
+        in_specs=[smem, smem, hbm, hbm], out_specs=hbm,
+        out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+        scratch_shapes=[pltpu.SemaphoreType.DMA(())],
+        input_output_aliases={3: 0})(num_seqs, slots, new, cache)
+    live = jnp.arange(MAX_SEQS) < num_seqs[0]
+    return cache, lens + live.astype(lens.dtype)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def append_tokens(cache: jax.Array, new: jax.Array, lens: jax.Array, num_seqs: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+    """One decode step: sequence i < num_seqs[0] appends row new[i] to its cache rows
+    (i * SEQ_ROWS + lens[i]); returns the cache (updated in place: donated) and the new
+    lengths."""
+    return _append(cache, new, lens, num_seqs, 0)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def append_tokens_bug(cache: jax.Array, new: jax.Array, lens: jax.Array, num_seqs: jax.Array
+                      ) -> tuple[jax.Array, jax.Array]:
+    """`append_tokens` with its consumer looping over num_seqs + 1 sequences: BUG, it reads
+    the schedule's first entry that was never written."""
+    return _append(cache, new, lens, num_seqs, 1)

@@ -72,3 +72,24 @@ def test_matmul_at_default_precision_is_not_float32():
     from the exact product on these operands, far beyond float32's rounding."""
     out = np.asarray(kernels.matmul(jnp.asarray(A), jnp.asarray(B)))
     assert np.abs(out - A.astype(np.float64) @ B.astype(np.float64)).max() > 0.05
+
+
+ROWS = kernels.MAX_SEQS * kernels.SEQ_ROWS
+CACHE = np.arange(ROWS * 128, dtype=np.float32).reshape(ROWS, 128) / 9.0
+NEW = np.repeat(-np.arange(1, kernels.MAX_SEQS + 1, dtype=np.float32)[:, None], 128, axis=1)
+LENS = np.array([3, 0, 7, 15, 2, 0, 0, 0], np.int32)
+
+
+def test_append_tokens_updates_the_donated_cache():
+    """Four live sequences of eight: each appends its new row at its own length, the
+    cache is updated in place (donated: the caller's array is consumed) and only the
+    live sequences grow."""
+    cache = jnp.asarray(CACHE)
+    out, lens = kernels.append_tokens(cache, jnp.asarray(NEW), jnp.asarray(LENS),
+                                      jnp.asarray([4], jnp.int32))
+    want = CACHE.copy()
+    for i in range(4):
+        want[i * kernels.SEQ_ROWS + LENS[i]] = NEW[i]
+    np.testing.assert_array_equal(np.asarray(out), want)
+    np.testing.assert_array_equal(np.asarray(lens), LENS + [1, 1, 1, 1, 0, 0, 0, 0])
+    assert cache.is_deleted()
