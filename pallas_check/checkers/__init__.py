@@ -17,6 +17,7 @@ from pallas_check.checkers.base import Checker
 from pallas_check.checkers.bounds import BoundsChecker
 from pallas_check.checkers.deadlock import DeadlockChecker
 from pallas_check.checkers.compile_error import LoweringChecker
+from pallas_check.checkers.mxu import MxuChecker
 from pallas_check.checkers.revisits import RevisitChecker
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.checkers.semaphores import SemaphoreChecker, never_taken_findings
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # only for annotations
 # The checkers every simulation of a call has (RaceChecker too, with races on).
 _CHECKERS: tuple[type[Checker], ...] = (
     BoundsChecker, AssertionChecker, DeadlockChecker, SemaphoreChecker, UninitChecker,
-    RevisitChecker, LoweringChecker)
+    RevisitChecker, LoweringChecker, MxuChecker)
 
 
 class Checkers:

@@ -49,7 +49,7 @@ def ineligible(params: CallParams, config: Config, devices: int,
     found = _options(config) or _call(describe(params), params, config)
     if found is None and never_written:
         found = "an input made by jnp.empty"
-    if found is None and mosaic_refusal(params) is not None:
+    if found is None and mosaic_refusal(params, config) is not None:
         found = "Mosaic does not lower the kernel"
     return found
 

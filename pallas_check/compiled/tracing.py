@@ -38,6 +38,9 @@ _ENGINE_WORDS = ("print", "callback", "check", "barrier", "device_id", "axis_ind
                  "core", "prng", "random_", "delay", "remote", "touch", "trace_value")
 # SparseCore's vector primitives (some share a name with lax's gather and scatter).
 _SPARSECORE = frozenset(getattr(prims, n) for n in dir(prims) if n.startswith("sc_"))
+# The explicit MXU operations: state of a core's own (staging registers, accumulators),
+# which the engine keeps (engine/rules/mxu.py).
+_MXU = frozenset((prims.matmul_push_rhs_p, prims.matmul_acc_lhs_p, prims.matmul_pop_p))
 
 # An equation's operands or results while tracing: traced arrays, `Ref`s, literals, None.
 Values = list[Any]
@@ -86,6 +89,8 @@ class Evaluator:
 
     def _pure(self, eqn: JaxprEqn, invals: Values) -> Values:
         name = eqn.primitive.name
+        if eqn.primitive in _MXU:
+            raise Unsupported(f"an explicit MXU operation (`{name}`)")
         if eqn.primitive in _SPARSECORE or any(word in name for word in _ENGINE_WORDS):
             raise Unsupported(f"`{name}`")
         if any(isinstance(v, (Ref, TransformedRef)) for v in invals):

@@ -134,13 +134,40 @@ class LoopInProgress:
     iterations: int = 0
 
 
+@dataclasses.dataclass
+class StagedRhs:
+    """An RHS in an MXU's staging register, as it will multiply (transposed already when
+    pushed so), and the frames and grid point of the `pltpu.matmul_push_rhs` that pushed
+    it."""
+
+    value: np.ndarray
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+
+
+@dataclasses.dataclass
+class Mxu:
+    """One MXU of a core as the kernel's explicit MXU operations leave it (their rules:
+    engine/rules/mxu.py): its staging registers, the RHS loaded, its float32 accumulator
+    (one (8, 128) tile per address), and per address the `matmul_acc_lhs` that last added
+    to it since it was last popped (an index into `sources`; -1: nothing held)."""
+
+    accumulator: np.ndarray
+    held: np.ndarray
+    staged: dict[int, StagedRhs] = dataclasses.field(default_factory=dict)
+    rhs: np.ndarray | None = None
+    sources: list[tuple[SourceFrame, ...]] = dataclasses.field(default_factory=list)
+
+
 class RunningCore(DmaCore, Protocol):
     """The core running kernel code as a rule sees it: who it is (its actor name, which a
     SparseCore parallel_loop renames per iteration), where it is in the grid and the meshes,
-    its hardware PRNG (which `prng_seed` replaces) and the call it belongs to."""
+    its hardware PRNG (which `prng_seed` replaces), its MXUs (by index, made when first
+    used) and the call it belongs to."""
 
     actor: str
     rng: np.random.Generator
+    mxus: dict[int, Mxu]
 
     @property
     def call(self) -> RunningCall: ...

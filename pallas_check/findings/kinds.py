@@ -34,6 +34,8 @@ class FindingKind(str, enum.Enum):
     CHECK_FAILED = "check-failed"  # the kernel's own `pl.debug_check` failed
     # A SparseCore signal naming another subcore that Mosaic lowers to a local signal.
     SIGNAL_NOT_REMOTE = "signal-not-remote"
+    # An explicit MXU operation against JAX's rules, or an MXU left holding data at the end.
+    MXU_MISUSE = "mxu-misuse"
 
     @property
     def info(self) -> KindInfo:
@@ -174,4 +176,17 @@ CATALOGUE: dict[FindingKind, KindInfo] = {
               " signalled, so its wait hangs on the chip, or a wait of the signaller's own"
               " consumes the count and orders nothing. Synchronise subcores with"
               " plsc.subcore_barrier(), or count with plsc.fetch_and_add.")),
+    FindingKind.MXU_MISUSE: KindInfo(
+        title="Explicit MXU operations misused (TPU v7)",
+        sarif_name="MxuMisuse",
+        short=("pltpu.matmul_push_rhs / matmul_acc_lhs / matmul_pop used against JAX's rules"
+               " for them, or an MXU left holding data when the kernel ends."),
+        help=("JAX's rules: push into a staging register only when it is empty (a"
+              " matmul_acc_lhs with load_staged_rhs=r empties register r), load only a"
+              " pushed register, load an RHS before the first matmul_acc_lhs of an MXU, and"
+              " leave no data in the staging registers or the accumulator when the kernel"
+              " ends (load every pushed RHS, pop every accumulator slice added to). The"
+              " compiler sees only some of it (two pushes in straight-line code); on the"
+              " chip a later kernel's matrix products on that MXU start from what this one"
+              " left (not observed on a chip: pallas-check's reading of JAX's rules).")),
 }

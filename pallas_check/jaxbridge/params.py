@@ -156,6 +156,31 @@ def rounding_target(eqn: JaxprEqn) -> Any:
 
 # -- the grid, devices, PRNG ---------------------------------------------------------------
 
+def mxu_index(eqn: JaxprEqn) -> int:
+    """The MXU an explicit MXU operation (`pltpu.matmul_push_rhs`, `matmul_acc_lhs`,
+    `matmul_pop`) uses."""
+    return int(eqn.params["mxu_index"])
+
+
+def staging_register(eqn: JaxprEqn) -> int | None:
+    """The staging register `pltpu.matmul_push_rhs` fills or `matmul_acc_lhs` loads the
+    RHS from (`load_staged_rhs`; None: the RHS already loaded is used again)."""
+    params = eqn.params
+    register = params["staging_register"] if "staging_register" in params \
+        else params.get("load_staged_rhs")
+    return None if register is None else int(register)
+
+
+def rhs_transposed(eqn: JaxprEqn) -> bool:
+    """Whether `pltpu.matmul_push_rhs` transposes the RHS it pushes."""
+    return bool(eqn.params.get("transpose", False))
+
+
+def accumulator_address(eqn: JaxprEqn) -> int:
+    """The accumulator address `pltpu.matmul_acc_lhs` adds into or `matmul_pop` pops."""
+    return int(eqn.params["acc_addr"])
+
+
 def grid_axis(eqn: JaxprEqn) -> int:
     """The grid axis of `pl.program_id` / `pl.num_programs`."""
     return int(eqn.params["axis"])

@@ -68,6 +68,11 @@ pack_elementwise_p: Primitive = _mosaic.pack_elementwise_p
 unpack_elementwise_p: Primitive = _mosaic.unpack_elementwise_p
 stochastic_round_p: Primitive = _mosaic.stochastic_round_p
 
+# Explicit MXU operations (Mosaic accepts them from TPU v7 on).
+matmul_push_rhs_p: Primitive = _mosaic.matmul_push_rhs_p
+matmul_acc_lhs_p: Primitive = _mosaic.matmul_acc_lhs_p
+matmul_pop_p: Primitive = _mosaic.matmul_pop_p
+
 # Control flow and calls (lax, jit).
 cond_p: Primitive = _control_flow.cond_p
 while_p: Primitive = _control_flow.while_p

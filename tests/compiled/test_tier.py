@@ -154,6 +154,38 @@ def test_tier_compiled_refuses_an_ineligible_call_in_one_line():
     assert "\n" not in session.engine_error
 
 
+def _mxu_kernel(x_ref, w_ref, o_ref):
+    pltpu.matmul_push_rhs(w_ref[...], staging_register=0, mxu_index=0)
+    pltpu.matmul_acc_lhs(0, x_ref[...], mxu_index=0, load_staged_rhs=0)
+    o_ref[...] = pltpu.matmul_pop(0, (8, 256), jnp.float32, 0)
+
+
+def test_explicit_mxu_operations_are_the_engines(monkeypatch):
+    """The MXUs' state is the engine's (engine/rules/mxu.py): `--tier compiled` refuses
+    the call in one line, and `auto` builds nothing for it, the engine running every call
+    with the tracer's reason."""
+    call = jax.jit(pl.pallas_call(_mxu_kernel,
+                                  out_shape=jax.ShapeDtypeStruct((8, 256), jnp.float32)))
+    x, w = jnp.ones((8, 256), jnp.float32), jnp.ones((256, 256), jnp.float32)
+    reason = "an explicit MXU operation (`matmul_push_rhs`)"
+    session = Session(Config(tier=Tier.COMPILED, tpu="v7x"))
+    with pytest.raises(Exception):
+        with session.install():
+            jax.block_until_ready(call(x, w))
+    assert session.error_code == 2
+    assert session.engine_error is not None
+    assert session.engine_error.endswith(f"cannot run compiled: {reason}")
+    session = Session(Config(tier=Tier.AUTO, tpu="v7x"))
+    monkeypatch.setattr(tiers, "compile_seconds", lambda call: 0.0)
+    with session.install():
+        jax.block_until_ready(call(x, w))  # its build starts
+        session.tiers.settle()
+        got = jax.block_until_ready(call(x, w))
+    assert [(c.tier, c.tier_reason) for c in session.calls][-1] == ("engine", reason)
+    assert session.findings == []
+    np.testing.assert_array_equal(np.asarray(got), np.full((8, 256), 256.0, np.float32))
+
+
 def _short_wait(x_hbm, o_ref, buf, sem):
     """The first wait takes half of what its DMA signals: the second DMA's wait is met by
     what is left, before that DMA lands (on_wait: it never lands, nothing waits for it)."""

@@ -237,6 +237,24 @@ def test_dma_mode_independent_findings(cli, mode):
         assert result.exit_code == 0 and result.findings == [], _describe(result.findings)
 
 
+@pytest.mark.parametrize("mode", ["--dma on_wait", "--dma eager",
+                                  "--dma random --schedules 20"])
+def test_the_mxu_samples_under_every_dma_mode(cli, mode):
+    """Explicit MXU operations (TPU v7): the double-buffered matmul stays clean and right,
+    and its bug twin keeps exactly its two findings, however DMAs land, races checked."""
+    ok = _run(cli, SAMPLES / "mxu_explicit_ok.py", f"--tpu v7x --races {mode}")
+    assert ok.exit_code == 0 and ok.findings == [], _describe(ok.findings)
+    assert "mxu_explicit_ok: output matches" in ok.output
+    bug = SAMPLES / "mxu_explicit_bug.py"
+    result = _run(cli, bug, f"--tpu v7x --races {mode}")
+    assert result.exit_code == 1
+    wants = expectations(bug)
+    assert len(result.findings) == len(wants) == 2, _describe(result.findings)
+    for want in wants:
+        assert any(_matches(f, want, bug) for f in result.findings), _describe(result.findings)
+    assert "mxu_explicit_bug: output matches" in result.output
+
+
 def test_uninit_fill_does_not_hide_a_missing_init(cli):
     """With --uninit zero the forgotten accumulator init happens to give the right answer;
     the finding must not depend on that luck (nor on the fill in the report)."""

@@ -96,7 +96,7 @@ def test_a_ref_indexed_by_an_array_is_a_compile_error_and_the_call_is_skipped(
     branch never taken, which only the look can see."""
     kernel, buffer, space, operation, mosaic, dma = _CASES[case]
     if found == "while-running":
-        monkeypatch.setattr(explore, "_not_lowered", lambda params: None)
+        monkeypatch.setattr(explore, "_not_lowered", lambda params, tpu: None)
     r = check(_call(kernel, dma), IDS, X)
     [finding] = r.findings
     assert finding.kind.value == "compile-error"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pallas_check.jaxbridge.call import CallParams, describe
-from pallas_check.config import Config, UninitFill
+from pallas_check.config import Config, TpuGeneration, UninitFill, parse_generations
 from pallas_check.engine.call import carried as carried_semaphores
 from pallas_check.engine.call import exposures
 from pallas_check.engine.call.exposures import Exposure
@@ -108,7 +108,8 @@ def run_call_devices(params: dict[str, Any], device_operands: Sequence[Sequence[
     the call is skipped (`_skipped`) with one `compile-error` finding, and the run goes on."""
     checkers = setting.checkers if setting.checkers is not None else default_checking()
     site = setting.call_site
-    refused = foreign_compiler_params(params, (site,) if site else ()) or _not_lowered(params)
+    refused = (foreign_compiler_params(params, (site,) if site else ())
+               or _not_lowered(params, parse_generations(config.tpu)[0]))
     # On one CPU device the outputs' XLA buffers are lent to us: where they are is how a
     # later call recognises a DMA's destination among its operands (engine/call/carried.py).
     call = CallInputs(params, device_operands, kernel_info(params), call_index, setting.mesh,
@@ -181,20 +182,23 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
 
 
-def mosaic_refusal(params: CallParams) -> NotLowered | None:
-    """Why Mosaic would not lower the call (its compiler params, or something in its
-    kernel), or None: a call it refuses is skipped with a `compile-error` finding."""
-    return foreign_compiler_params(params) or _not_lowered(params)
+def mosaic_refusal(params: CallParams, config: Config) -> NotLowered | None:
+    """Why Mosaic would not lower the call for the generation simulated (its compiler
+    params, or something in its kernel), or None: a call it refuses is skipped with a
+    `compile-error` finding."""
+    return (foreign_compiler_params(params)
+            or _not_lowered(params, parse_generations(config.tpu)[0]))
 
 
-def _not_lowered(params: CallParams) -> NotLowered | None:
-    """What in the call's kernel Mosaic does not lower (looked for once per jaxpr)."""
+def _not_lowered(params: CallParams, tpu: TpuGeneration) -> NotLowered | None:
+    """What in the call's kernel Mosaic does not lower for `tpu` (looked for once per
+    jaxpr and generation)."""
     described = describe(params)
     jaxpr = described.kernel
-    return _refusals.for_object(jaxpr, None, lambda: kernel_not_lowered(
+    return _refusals.for_object(jaxpr, tpu, lambda: kernel_not_lowered(
         jaxpr, kernel_arg_names(jaxpr),
         lambda aval: memory_space_name(getattr(aval, "memory_space", None)),
-        sparsecore_kernel(described.mesh)))
+        sparsecore_kernel(described.mesh), tpu))
 
 
 def _skipped(call: CallInputs, config: Config, results: Sequence[np.ndarray] | None,

@@ -18,6 +18,7 @@ from pallas_check.engine.dma.engine import DmaCore, Transfer
 from pallas_check.engine.jaxpr.program import runner_for
 from pallas_check.engine.memory.buffer import Buffer, MemorySpace, RefView
 from pallas_check.engine.runtime.scheduler import Wait
+from pallas_check.engine.rules import mxu
 from pallas_check.findings.finding import IndexRange, SourceFrame
 from pallas_check.findings.sourceinfo import code_line, parse_src_info
 
@@ -71,6 +72,7 @@ def _core_body(ctx: CoreContext, jaxpr: Jaxpr, kernel_args: list[RefView],
         walked.done += 1
     yield from pipe.drain()
     pipe.record_revisits()
+    mxu.kernel_ended(ctx)  # what it leaves in its MXUs
     ctx.call.on_core_done(ctx)  # it accesses nothing more; the last grid step's slice ends
 
 

@@ -43,7 +43,7 @@ from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, Sch
                                             SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext
 # Every rule module, imported for its rules to register themselves (jaxpr/registry.py):
-from pallas_check.engine.rules import access, control, conversions, debug, random, semaphore  # noqa: F401
+from pallas_check.engine.rules import access, control, conversions, debug, mxu, random, semaphore  # noqa: F401
 from pallas_check.engine.rules import dma as dma_rules  # noqa: F401
 from pallas_check.engine.rules import sparsecore  # noqa: F401
 

@@ -32,7 +32,7 @@ from pallas_check.engine.memory.usage import EverWritten
 from pallas_check.engine.runtime import progress
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Scheduler
-from pallas_check.engine.seam import AddressProbe, LoopInProgress, RunningCore
+from pallas_check.engine.seam import AddressProbe, LoopInProgress, Mxu, RunningCore
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings.finding import Finding, IndexRange, SourceFrame
 
@@ -432,6 +432,8 @@ class CoreContext:
         self.eqn: JaxprEqn | None = None
         # The core's hardware PRNG (pltpu.prng_seed / prng_random_bits), deterministic.
         self.rng: np.random.Generator = np.random.default_rng([device_id, core_id])
+        # Its MXUs as explicit MXU operations leave them (rules/mxu.py), made when first used.
+        self.mxus: dict[int, Mxu] = {}
         self.mesh = call.mesh
         self.core_coords: dict[str, int] = {}  # this core's place in a TensorCore mesh
         self.private_buffers: list[Buffer] = []  # its VMEM/SMEM blocks and scratch

@@ -4,7 +4,9 @@ A kernel that does not lower never runs on a TPU: the defect is the kernel's, no
 pallas-check's, and it is reported as a `compile-error` finding at the user's line, the
 call skipped (engine/call/explore.py), the run going on — with or without `--compile`. The
 construct found here is a ref indexed by an array of indices, a gather or scatter
-(`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it.
+(`x_ref[idx_ref[...], :]`): JAX's interpreters evaluate it, Mosaic does not lower it. So
+are the explicit MXU operations before TPU v7, and their shapes, types, MXUs, registers
+and accumulator addresses the v7x compiler refuses (engine/jaxpr/mxu_limits.py).
 
 In a SparseCore kernel an indirect DMA (`pltpu.async_copy(x.at[idx_ref], dst, sem)`, its
 scatter form, `plsc.Indices`) is legal where Mosaic's SparseCore lowering takes it
@@ -38,6 +40,8 @@ from pallas_check.jaxbridge.types import (BitcastTransform, ClosedJaxpr, Indices
                                          NDIndexer, Slice, Transform, TransformedRef, Var)
 
 
+from pallas_check.config import TpuGeneration
+from pallas_check.engine.jaxpr.mxu_limits import MXU_PRIMITIVES, mxu_refusal
 from pallas_check.engine.memory.buffer import MemorySpace, RefView
 from pallas_check.engine.memory.views import mosaic_element
 from pallas_check.findings.finding import SourceFrame
@@ -377,15 +381,22 @@ def scoped_names(jaxpr: Jaxpr) -> list[str]:
 
 
 def first_not_lowered(jaxpr: Jaxpr, names: Names, space_of: SpaceOf,
-                      outer: tuple[JaxprEqn, ...] = (), sparsecore: bool = False
-                      ) -> NotLowered | None:
+                      outer: tuple[JaxprEqn, ...] = (), sparsecore: bool = False,
+                      tpu: TpuGeneration | None = None) -> NotLowered | None:
     """The first access in `jaxpr` (nested ones included, in program order) that Mosaic
     does not lower, as the error to raise; None when there is none. `names`: ref var ->
     the kernel's name for it; `space_of(aval)`: a ref's memory space name; `outer`: the
     equations holding this jaxpr, innermost last (where a nested equation's line is, when
     Pallas clipped its own); `sparsecore`: a SparseCore kernel (its DMAs may gather and
-    scatter)."""
+    scatter); `tpu`: the generation compiled for, whose compiler's refusals of explicit
+    MXU operations count (engine/jaxpr/mxu_limits.py; None: not looked at)."""
     for eqn in jaxpr.eqns:
+        if tpu is not None and eqn.primitive in MXU_PRIMITIVES:
+            refused = mxu_refusal(eqn, tpu)
+            if refused is not None:
+                return NotLowered(refused[0], _frames((*outer, eqn)),
+                                  operation=eqn.primitive.name, mosaic=refused[1])
+            continue
         if eqn.primitive is dma_start_p:
             found = _dma_element_refusal(eqn, names, space_of,
                                          lambda: _frames((*outer, eqn)))
@@ -407,7 +418,7 @@ def first_not_lowered(jaxpr: Jaxpr, names: Names, space_of: SpaceOf,
             continue
         for inner, inner_names in _sub_jaxprs(eqn, names):
             found = first_not_lowered(inner, inner_names, space_of, (*outer, eqn),
-                                      sparsecore)
+                                      sparsecore, tpu)
             if found is not None:
                 return found
     return None
@@ -424,9 +435,9 @@ def _frames(eqns: tuple[JaxprEqn, ...]) -> tuple[SourceFrame, ...]:
 
 
 def kernel_not_lowered(jaxpr: Jaxpr, arg_names: Sequence[str],
-                       space_of: SpaceOf, sparsecore: bool = False
-                       ) -> NotLowered | None:
+                       space_of: SpaceOf, sparsecore: bool = False,
+                       tpu: TpuGeneration | None = None) -> NotLowered | None:
     """`first_not_lowered` of a kernel's jaxpr, its parameters named as the kernel names
-    them (`sparsecore`: a SparseCore kernel's)."""
+    them (`sparsecore`: a SparseCore kernel's; `tpu`: the generation compiled for)."""
     return first_not_lowered(jaxpr, dict(zip(jaxpr.invars, arg_names)), space_of,
-                             sparsecore=sparsecore)
+                             sparsecore=sparsecore, tpu=tpu)
