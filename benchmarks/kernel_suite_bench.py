@@ -18,6 +18,9 @@ each test's time read from its JUnit XML (setup, call and teardown):
              the repository's conftest wraps each test in `pltpu.force_tpu_interpret_mode(
              InterpretParams(detect_races=True))`)
   hlo        JAX's HLO interpreter (`TPU_KERNELS_INTERPRET=hlo`: `interpret=True`)
+  tpu-races-cleared  (not run unless named) tpu-races with JAX's caches cleared around
+             each test, as pytest --pallas-check's interception does: what recompiling
+             every jitted function in every test costs JAX's interpreter
 
 JAX's modes load `_kernel_suite_plugin` (the process is told it runs on a v5e, as
 pallas-check tells it, so the suite's gate passes and kernels that ask get an answer).
@@ -46,9 +49,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = Path(__file__).resolve().parent / "kernel_suite"
-MODES = ("cold", "warm", "tpu-races", "hlo")
-HEADERS = {"cold": "pc cold s", "warm": "pc warm s", "tpu-races": "TPU races s", "hlo": "HLO s"}
-INTERPRET = {"tpu-races": "tpu-races", "hlo": "hlo"}
+MODES = ("cold", "warm", "tpu-races", "hlo", "tpu-races-cleared")
+DEFAULT_MODES = MODES[:4]
+HEADERS = {"cold": "pc cold s", "warm": "pc warm s", "tpu-races": "TPU races s", "hlo": "HLO s",
+           "tpu-races-cleared": "TPU races, caches cleared s"}
+INTERPRET = {"tpu-races": "tpu-races", "hlo": "hlo", "tpu-races-cleared": "tpu-races"}
 TARGETS = {"cold_total": 3.0, "cold_family": 1.5, "warm_total": 6.0}
 
 
@@ -107,6 +112,8 @@ def child_env(mode: str, cache: Path) -> dict[str, str]:
     env["PALLAS_CHECK_CACHE_DIR"] = str(cache)
     if mode in INTERPRET:
         env["TPU_KERNELS_INTERPRET"] = INTERPRET[mode]
+    if mode == "tpu-races-cleared":
+        env["KERNEL_SUITE_CLEAR_CACHES"] = "1"
     return env
 
 
@@ -269,8 +276,9 @@ def _commit() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="families, comma-separated (flash,gmm)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated, of {', '.join(MODES)} (run in this order)")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (run in this order;"
+                             f" default {','.join(DEFAULT_MODES)})")
     parser.add_argument("-k", dest="keyword", default="", help="pytest's -k, for every mode")
     parser.add_argument("--cache", type=Path,
                         help="pallas-check's cache folder (default: a fresh one; warm"
