@@ -92,8 +92,8 @@ def parse_junit(text: str) -> dict[str, dict[str, Any]]:
             found = case.find(kind)
             if found is not None:
                 status = {"failure": "failed"}.get(kind, kind)
-                text = (found.get("message") or found.text or "").strip().splitlines()
-                message = text[0][:200] if text else ""
+                said = (found.get("message") or found.text or "").strip().splitlines()
+                message = said[0][:200] if said else ""
                 break
         tests[f"{classname}::{name}"] = {"family": family_of(classname), "name": name,
                                          "seconds": float(case.get("time", 0.0)),
@@ -217,8 +217,10 @@ def per_test_table(runs: dict[str, Run]) -> list[str]:
         ratios = []
         for mode in ("cold", "warm"):
             other = runs[mode].tests.get(node) if mode in runs else None
-            ok = tpu and other and tpu["status"] == other["status"] == "passed"
-            ratios.append(_num(_ratio(tpu["seconds"], other["seconds"]) if ok else None, "x"))
+            ratio = (_ratio(tpu["seconds"], other["seconds"])
+                     if tpu is not None and other is not None
+                     and tpu["status"] == other["status"] == "passed" else None)
+            ratios.append(_num(ratio, "x"))
         lines.append(f"| {test['family']} | {test['name']} | "
                      + " | ".join(_cell(runs[m], node) for m in modes)
                      + f" | {ratios[0]} | {ratios[1]} |")
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs)
     lines = report(runs, summary)
     print("\n".join(lines))
-    meta = {"date": datetime.date.today().isoformat(), "commit": _commit(),
+    meta: dict[str, Any] = {"date": datetime.date.today().isoformat(), "commit": _commit(),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                         "python": platform.python_version()}}
     if args.markdown is not None:
