@@ -12,7 +12,9 @@ whether never-written memory reaches what the program keeps). Computations witho
 pallas_call (the engine's own, the script's plain ones) pass through untouched.
 
 JAX's C++ dispatch would run such a computation again without Python (its fast path);
-it is refused for computations that hold a pallas_call, so that each run is seen here.
+it is refused for computations that hold a pallas_call, so that each run is seen here, and
+for any that calls back into Python: JAX's C++ cache outlives the interception, whose
+programs must not (patched_lowering.install keys JAX's caches rather than emptying them).
 A call compiled ahead of time (`jax.jit(f).lower(x).compile()`) runs without this
 function: its kernels are judged at their own boundary. A computation that donates
 arguments is re-run on copies of them taken before it ran (intercept/donated.py, within a
@@ -40,7 +42,7 @@ from pallas_check.intercept import donated
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge import lowering
 from pallas_check.jaxbridge.jaxprs import sub_jaxprs
-from pallas_check.jaxbridge import jit_dispatch, set_jit_dispatch
+from pallas_check.jaxbridge import jit_dispatch, runs_host_callbacks, set_jit_dispatch
 
 # Primitives that run a kernel through the patched pallas_call lowering (`pl.kernel` on a
 # SparseCore mesh binds mpmd_map), matched by name in nested jaxprs too.
@@ -228,6 +230,11 @@ def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
     if getattr(_last, "kernel", False):
         _last.kernel = False
         return None  # run through Python each time: the hook sees every run
+    if args and runs_host_callbacks(args[0]):
+        # Nor any other that calls back into Python (one holding a kernel the facts above
+        # missed): an executable of the interception's callbacks must never reach JAX's
+        # C++ cache, which outlives it (patched_lowering.install `programs`).
+        return None
     saved = _saved
     original = saved["fastpath"] if saved is not None else jit_dispatch()[1]
     return original(*args, **kwargs)

@@ -98,6 +98,7 @@ class _Saved:
 
     lowering: jax_lowering.SavedLowering  # JAX's own pallas_call lowering
     targets: list[int] = dataclasses.field(default_factory=list)  # hostcall targets made
+    programs: Hashable | None = None  # what JAX's caches are keyed by (`install`)
 
 
 _saved: _Saved | None = None
@@ -441,7 +442,7 @@ def native_function(params: dict[str, Any]) -> jax.stages.Wrapped:
 
 def install(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
             call_sites: bool = False, inline: InlineHook | None = None,
-            chip: ChipHook | None = None) -> None:
+            chip: ChipHook | None = None, programs: Hashable | None = None) -> None:
     """Route every pallas_call lowered from now on to `handler` (one callback per call).
 
     mode "replace" (pallas-check run): the handler's outputs replace the call's; "alongside"
@@ -449,7 +450,8 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
     fills_results / call_sites (replace mode): the handler also takes `results=` /
     `call_site=` (see CallHandler); `inline` (replace mode): which call sites are lowered
     inline (see `Inline`); `chip` (replace mode): asked of each call as it is lowered (see
-    `ChipHook`)."""
+    `ChipHook`). `programs` (what lowered programs depend on, with intercept/outer.py's
+    hook on): JAX's caches keyed by it, not emptied (jaxbridge/lowering.py)."""
     global _saved
 
     with _lock:
@@ -466,9 +468,8 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
                                            jax_lowering.pallas_call_lowering()))
         # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
         # lowering function, patched with it.)
-        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule))
-    # Executables compiled before now used the real lowering.
-    jax.clear_caches()
+        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule), programs=programs)
+    jax_lowering.begin_programs(programs)  # what JAX compiled before used the real lowering
 
 
 def installed() -> bool:
@@ -484,15 +485,15 @@ def uninstall() -> None:
             return
         jax_lowering.restore_pallas_call_lowering(_saved.lowering)
         hostcall.drop_targets(_saved.targets)
-        _saved = None
-    jax.clear_caches()
+        programs, _saved = _saved.programs, None
+    jax_lowering.end_programs(programs)
 
 
 @contextlib.contextmanager
 def intercepted(handler: CallHandler, mode: str = "replace", fills_results: bool = False,
                 call_sites: bool = False, inline: InlineHook | None = None,
-                chip: ChipHook | None = None) -> Iterator[None]:
-    install(handler, mode, fills_results, call_sites, inline, chip)
+                chip: ChipHook | None = None, programs: Hashable = None) -> Iterator[None]:
+    install(handler, mode, fills_results, call_sites, inline, chip, programs)
     try:
         yield
     finally:

@@ -26,7 +26,7 @@ from pallas_check.intercept import outer
 from pallas_check.jaxbridge.call import describe as describe_call
 from pallas_check.intercept.call_filter import CallFilter
 from pallas_check.checkers import CHECKERS, Checkers, RaceCounting
-from pallas_check.config import Config, TpuGeneration
+from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.deliver.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
 from pallas_check.engine.call.explore import CallSetting
@@ -52,6 +52,9 @@ from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 from pallas_check.intercept.chip import ChipCheck
 from pallas_check.intercept.call_record import UNNAMED, Call, CallInFlight, kernel_or_unnamed
+
+
+_SESSIONS = itertools.count()
 
 
 def _write_print(line: str) -> None:
@@ -466,8 +469,14 @@ class Session:
         """Intercept pallas_calls into this session, with the simulated TPU answering
         kernels that ask which chip they run on."""
         inline = InlineCalls(self)
+        # What its programs depend on: its settings (a test's plain programs stay compiled
+        # for the next test: patched_lowering.install); with several generations it alone
+        # (a trace kept from another would ask no chip question: intercept/generations.py).
+        several = len(parse_generations(self.config.tpu)) > 1
+        programs = ("session", next(_SESSIONS)) if several else repr(self.config)
         with (intercepted(self.handle_call, fills_results=True, call_sites=True,
-                          inline=inline.lowered, chip=self.chip.check if self.chip.on else None),
+                          inline=inline.lowered, chip=self.chip.check if self.chip.on else None,
+                          programs=programs),
               simulated_tpu(self.config.tpu, self.config.cores),
               chip_arithmetic(self.config.chip_arithmetic),
               children.undone_in_child(self._forked)):

@@ -137,6 +137,14 @@ def set_jit_dispatch(dispatch_: JitDispatch) -> None:
     _pjit._pjit_call_impl_python, _pjit._get_fastpath_data = dispatch_
 
 
+def runs_host_callbacks(executable: object) -> bool:
+    """Whether a jitted computation's executable (the first argument of JAX's fast-path
+    data maker) calls back into Python: every program holding an intercepted pallas_call
+    does (intercept/outer.py)."""
+    call = getattr(executable, "unsafe_call", None)
+    return bool(getattr(call, "has_host_callbacks", False))
+
+
 DeviceQuestions = tuple[Callable[[], str], Callable[[], Any]]
 
 
@@ -190,6 +198,6 @@ __all__ = [
     "abstract_device_with_cores", "backends_started", "clear_tpu_info_caches",
     "default_backend_name", "device_questions", "hlo_interpreter", "jax_mesh_utils",
     "jax_tpu_info", "jit_dispatch", "mesh_orderings", "mosaic_dialect", "mosaic_ir_context",
-    "refuse_compiles", "set_device_questions", "set_jit_dispatch", "set_mesh_orderings",
+    "refuse_compiles", "runs_host_callbacks", "set_device_questions", "set_jit_dispatch", "set_mesh_orderings",
     "settle_runtime_tokens", "tpu_interpret_params", "tpu_interpreter", "xla_client",
 ]

@@ -35,13 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax._src import config as _config
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax import lax as _lax
 from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo as _hlo
 
-from pallas_check.jaxbridge.lowering import LoweringRuleContext, forget_lowered_modules
+from pallas_check.jaxbridge.lowering import LoweringRuleContext
 
 _ROUNDED_PRESETS = frozenset({"BF16_BF16_F32", "BF16_BF16_BF16"})  # one bfloat16 pass
 _ONE_PASS = frozenset({lax.Precision.DEFAULT})
@@ -69,13 +70,20 @@ def _to_bfloat16_and_back(value: object, shape: tuple[int, ...]) -> object:
     return _hlo.convert(f32, _hlo.convert(bf16, cast(Any, value)))
 
 
-class _Mode:
-    """Which arithmetic the CPU lowerings give now, and whether a lowering that depends on
-    it (a float32 product, a reciprocal) was made in it since JAX's caches last emptied."""
+# Which arithmetic the CPU lowerings give now: a value of JAX's configuration in the key
+# of every cache JAX keeps of what it traced, lowered and compiled, so that a program
+# compiled in one arithmetic is never run in the other, and switching empties no cache
+# (the programs of each stay compiled for its next turn).
+_OPTION = "jax_pallas_check_chip_arithmetic"
+_arithmetic = _config.bool_state(
+    _OPTION, False, "pallas-check: XLA:CPU's products and reciprocals as a TPU's.",
+    include_in_jit_key=True, include_in_trace_context=True)
 
-    on = False
+
+class _Mode:
+    """Whether our lowerings are registered (once per process)."""
+
     installed = False
-    lowered = {True: False, False: False}
 
 
 # The lowering rule's values and params are JAX's own (MLIR values): passed through.
@@ -86,8 +94,7 @@ def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[o
         for which, aval in enumerate(ctx.avals_in):
             dtype, shape = getattr(aval, "dtype", None), tuple(getattr(aval, "shape", ()))
             if dtype == np.float32:
-                _Mode.lowered[_Mode.on] = True
-                if _Mode.on and rounds_operand(precision, which):
+                if _arithmetic.value and rounds_operand(precision, which):
                     operands[which] = _to_bfloat16_and_back(operands[which], shape)
         return original(ctx, *operands, precision=precision, **params)
     return lowering
@@ -99,17 +106,16 @@ def chip_arithmetic(on: bool = True) -> Iterator[None]:
     and an approximate reciprocal is the chip's (see the module); `on=False` is float32
     arithmetic, also inside an open one."""
     _install()
-    previous = _Mode.on
-    _switch(on)
+    previous = bool(_arithmetic.value)
+    jax.config.update(_OPTION, on)
     try:
         yield
     finally:
-        _switch(previous)
+        jax.config.update(_OPTION, previous)
 
 
 def _install() -> None:
-    """Our lowerings, once per process: each asks `_Mode` which arithmetic to give, so
-    switching costs nothing where no product was lowered."""
+    """Our lowerings, once per process: each asks which arithmetic to give."""
     if _Mode.installed:
         return
     rules = _mlir._platform_specific_lowerings["cpu"]
@@ -123,23 +129,11 @@ def _install() -> None:
     _Mode.installed = True
 
 
-def _switch(on: bool) -> None:
-    """JAX keeps what it lowered and compiled by the jaxpr, not by our mode: when a product
-    was lowered in the mode being left, its caches are emptied, so that nothing lowered in
-    one arithmetic is run in the other."""
-    if on != _Mode.on and _Mode.lowered[_Mode.on]:
-        forget_lowered_modules()
-        jax.clear_caches()  # type: ignore[no-untyped-call]
-        _Mode.lowered = {True: False, False: False}
-    _Mode.on = on
-
-
 def _reciprocal_rule(original: Callable[..., Sequence[object]]
                      ) -> Callable[..., Sequence[object]]:
     def lowering(ctx: LoweringRuleContext, x: object, **params: object) -> Sequence[object]:
         """`pl.reciprocal`, approximate or not: the float32 reciprocal (see the module)."""
-        _Mode.lowered[_Mode.on] = True
-        if not _Mode.on:
+        if not _arithmetic.value:
             return original(ctx, x, **params)
         one = _mlir.full_like_aval(ctx, 1, cast(Any, ctx.avals_in[0]))
         return [_hlo.divide(one, cast(Any, x))]

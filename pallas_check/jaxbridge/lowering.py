@@ -10,11 +10,14 @@ so a JAX that moves one of them changes this file, not the interception.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
+import jax
 from jax.extend.core import Primitive
 
 from jax._src import callback as _callback
+from jax._src import config as _config
+from jax._src import pjit as _pjit
 from jax._src import ffi as _ffi
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
@@ -54,6 +57,50 @@ def forget_lowered_modules() -> None:
     cached = getattr(_pxla, "_cached_lowering_to_hlo", None)
     if cached is not None:
         cached.cache_clear()
+
+
+# -- whose programs JAX's caches hold ---------------------------------------------------------
+
+# A value of JAX's configuration in the key of every cache JAX keeps of what it traced,
+# lowered and compiled (its trace context and its C++ dispatch's key): 0 outside an
+# interception, one number per interception's settings inside. Why: a program lowered
+# while a pallas_call is intercepted runs the interception's host callbacks, and one
+# lowered before runs JAX's own lowering: neither may be run in the other's place. Emptying
+# all of JAX's caches at each start and end (as `jax.clear_caches()` does) also threw away
+# every plain program a test suite's tests had compiled (each `jnp` operation of each test
+# compiled again: 10-160 ms apiece; benchmarks/README.md, issue 55.3). Keyed, those stay,
+# shared by every test run with the same settings, and by the code outside them.
+_PROGRAMS_OPTION = "jax_pallas_check_programs"
+_programs = _config.int_state(
+    _PROGRAMS_OPTION, 0,
+    "pallas-check: which interception's programs JAX's caches hold now (0: none).",
+    include_in_jit_key=True, include_in_trace_context=True)
+_program_keys: dict[Hashable, int] = {}
+
+
+def begin_programs(owner: Hashable | None) -> None:
+    """An interception begins: JAX's caches keyed by `owner` from now on (the same `owner`
+    again finds what it left there), or, `owner` None, emptied."""
+    if owner is None:
+        jax.clear_caches()  # type: ignore[no-untyped-call]
+        return
+    value = _program_keys.setdefault(owner, len(_program_keys) + 1)
+    jax.config.update(_PROGRAMS_OPTION, value)
+
+
+def end_programs(owner: Hashable | None) -> None:
+    """The interception `begin_programs(owner)` began ends. Keyed: the programs JAX lowered
+    and compiled on its Python dispatch path (kept per jaxpr) are dropped -- one holding a
+    pallas_call runs the interception's callbacks -- and the key is that of no
+    interception again; JAX's traces are kept, and so are the executables of its C++
+    dispatch, where a program holding a pallas_call never is while intercepted
+    (intercept/outer.py refuses it the fast path): the plain programs. Else emptied."""
+    if owner is None:
+        jax.clear_caches()  # type: ignore[no-untyped-call]
+        return
+    for cache in (_pjit._pjit_lower, _pxla._cached_lowering_to_hlo, _pxla._cached_compilation):
+        cache.cache_clear()
+    jax.config.update(_PROGRAMS_OPTION, 0)
 
 
 def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:
