@@ -107,11 +107,11 @@ def chip_arithmetic(on: bool = True) -> Iterator[None]:
     arithmetic, also inside an open one."""
     _install()
     previous = bool(_arithmetic.value)
-    jax.config.update(_OPTION, on)
+    jax.config.update(_OPTION, on)  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
-        jax.config.update(_OPTION, previous)
+        jax.config.update(_OPTION, previous)  # type: ignore[no-untyped-call]
 
 
 def _install() -> None:

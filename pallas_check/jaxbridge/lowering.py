@@ -85,7 +85,7 @@ def begin_programs(owner: Hashable | None) -> None:
         jax.clear_caches()  # type: ignore[no-untyped-call]
         return
     value = _program_keys.setdefault(owner, len(_program_keys) + 1)
-    jax.config.update(_PROGRAMS_OPTION, value)
+    jax.config.update(_PROGRAMS_OPTION, value)  # type: ignore[no-untyped-call]
 
 
 def end_programs(owner: Hashable | None) -> None:
@@ -100,7 +100,7 @@ def end_programs(owner: Hashable | None) -> None:
         return
     for cache in (_pjit._pjit_lower, _pxla._cached_lowering_to_hlo, _pxla._cached_compilation):
         cache.cache_clear()
-    jax.config.update(_PROGRAMS_OPTION, 0)
+    jax.config.update(_PROGRAMS_OPTION, 0)  # type: ignore[no-untyped-call]
 
 
 def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:
