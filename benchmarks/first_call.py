@@ -14,8 +14,10 @@ Parts:
 - `lower`: `jax.jit(f).lower(*args).as_text()` of a function holding the kernel, in a
   fresh process, never called.
 - `suite`: the kernels as a pytest file (a call test and a lower-only test per kernel, in
-  one process, as a suite runs them), `pytest --pallas-check` against pytest with the
-  kernels given JAX's interpreters; each test's time from pytest's junit XML.
+  one process, as a suite runs them; the lower-only tests draw their inputs with
+  `jax.random`, as a suite's donation and signature tests do), `pytest --pallas-check`
+  (cold, then warm) against pytest with the kernels given JAX's interpreters; each test's
+  time from pytest's junit XML.
 
 Modes:
 
@@ -193,7 +195,12 @@ def test_call(name):
 
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_lower(name):
+    """As a suite's donation and signature tests do: inputs drawn with jax.random, the
+    jitted function lowered and its text read, never called."""
     fn, args, _ = KERNELS[name](interpret_for(MODE))
+    keys = jax.random.split(jax.random.key(0), len(args))
+    args = [jax.random.normal(k, a.shape, a.dtype) if a.dtype == np.float32 else a
+            for k, a in zip(keys, args)]
     assert "func" in jax.jit(lambda *a: fn(*a) * 2).lower(*args).as_text()
 '''
 
