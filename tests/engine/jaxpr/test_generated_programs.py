@@ -1,7 +1,7 @@
 """engine/evaluate's generated programs and the scalar-load shortcut: results equal a
 numpy reference, and every load the shortcut does not cover (past the end, of memory not
-yet written, with a race checker recording reads) still gets its finding from the general
-rule."""
+yet written) still gets its finding from the general rule; with races on, the shortcut's
+loads reach the race checker as the general rule's do."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_check.checkers.races import RaceChecker
 from pallas_check.config import Config
 from pallas_check.engine.rules import access as access_rules
 
@@ -87,13 +88,28 @@ def test_scalar_loads_take_the_shortcut_and_give_the_reference(check, table_call
     assert general_loads == [()] * ROWS
 
 
-def test_with_races_on_every_load_is_recorded_by_the_general_rule(check, table_call,
-                                                                  general_loads):
-    table = _table()
-    r = check(_call(table_call, _table_rows_kernel), table, jnp.zeros((8, 128), jnp.float32),
-              config=Config(races=True))
+def test_with_races_on_the_shortcut_still_hands_every_load_to_the_race_checker(
+        check, table_call, general_loads, monkeypatch):
+    seen = []
+    on_access = RaceChecker.on_access
+
+    def recording(self, event):
+        if not event.is_write and event.buffer in ("t_ref", "s_ref"):
+            seen.append((event.buffer, event.index_range))
+        return on_access(self, event)
+
+    monkeypatch.setattr(RaceChecker, "on_access", recording)
+    r = check(_call(table_call, _table_rows_kernel), _table(),
+              jnp.zeros((8, 128), jnp.float32), config=Config(races=True))
     assert r.findings == []
-    assert len(general_loads) == 1 + 3 * ROWS  # t[2, 3], then t[1, r], t[0, 7 - r], s[0]
+    # The table is written everywhere: its loads take the shortcut, races on as off; s[0]
+    # goes the general way (s[1] is never written).
+    assert general_loads == [()] * ROWS
+    table_reads = [((2, 3), (3, 4))]
+    for i in range(ROWS):
+        table_reads += [((1, 2), (i, i + 1)), ((0, 1), (7 - i, 8 - i))]
+    assert [rng for name, rng in seen if name == "t_ref"] == table_reads
+    assert [rng for name, rng in seen if name == "s_ref"] == [((0, 1),)] * ROWS
 
 
 def test_a_scalar_load_past_the_end_is_out_of_bounds(check, table_call):
