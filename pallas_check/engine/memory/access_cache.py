@@ -39,8 +39,9 @@ _CONVERT = _Unhashable()  # in a key: a leaf that needs `scalar_index` first
 
 
 # Hashed and compared as the ints they hold: a jaxpr's integer literals (an index written
-# as a constant in the kernel) among them.
-_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None), TypedInt}
+# as a constant in the kernel) among them; and tuples, which no pytree has as a leaf: a
+# buffer's layout standing for every buffer of that shape (rules/access.py `_region_of`).
+_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None), TypedInt, tuple}
 
 
 class AccessCache:
@@ -80,8 +81,8 @@ class AccessCache:
         for x in leaves:
             if x.__class__ is RefView:
                 parts.append(id(x))
-            elif x is None:
-                parts.append(None)
+            elif x is None or x.__class__ is tuple:
+                parts.append(x)
             else:
                 value = scalar_index(x)
                 if value is None:

@@ -136,7 +136,17 @@ def _cast(value: np.ndarray, aval: object) -> np.ndarray:
 
 def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
-    equation, ref and index values)."""
+    equation, index values and buffer; for a ref with no transforms of its own, once for
+    every buffer of its shape and memory space: 32 SparseCore subcores each reading their
+    own VMEM scratch at the same indices share one entry, where an entry per buffer
+    overflowed the cache, which then resolved more than half the accesses anew, issue
+    54.7)."""
+    if ref.__class__ is RefView and not ref.transforms:
+        buffer = ref.buffer
+        shared = ctx.call.accesses.get_or_make(
+            eqn, [(buffer.data.shape, buffer.space), *flat],
+            lambda: _region_made(ctx, eqn, ref, flat))
+        return shared.of(buffer)
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
