@@ -54,15 +54,9 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
     return True
 
 
-def _empty(rng: IndexRange) -> bool:
-    """No element: such an access overlaps nothing, so it can neither race nor prune."""
-    for lo, hi in rng:
-        if hi <= lo:
-            return True
-    return False
-
-
 _SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
+_new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
+#                             constructor, which takes keywords and defaults)
 
 
 class RaceChecker(Checker):
@@ -232,33 +226,36 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
-        if _empty(index_range):
-            return
+        for lo, hi in index_range:  # no element: it can neither race nor prune
+            if hi <= lo:
+                return
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         epoch = vc[slot]
-        record = AccessRecord(actor, epoch, index_range, is_write, operation, buffer,
-                              memory_space, frames, grid_point, slot, atomic_add)
+        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
+                                            buffer, memory_space, frames, grid_point, slot,
+                                            atomic_add))
         if actor in self._parent:
             self._last_epoch[actor] = epoch
         history = self.history.get(buffer_id)
         if history is None:
             history = self.history[buffer_id] = History()
+        seen = vc.get
         for seq, prev in history.candidates(index_range):
+            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
             # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
-            ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
-            if not ordered and (prev.is_write or is_write) and not (
-                    atomic_add and prev.atomic_add):
-                overlap = _overlap(prev.index_range, index_range)
-                if overlap is not None:
-                    self._race(record, prev, overlap)
+            ordered = p_actor == actor or p_epoch <= seen(p_slot, 0)
+            if not ordered:
+                if (p_write or is_write) and not (atomic_add and p_add):
+                    overlap = _overlap(p_range, index_range)
+                    if overlap is not None:
+                        self._race(record, prev, overlap)
             # (an atomic add covers only atomic adds: a later add races with a plain write
             # it would hide)
-            if ordered and (is_write or not prev.is_write) and (
-                    not atomic_add or prev.atomic_add) and _covers(index_range,
-                                                                   prev.index_range):
+            elif (is_write or not p_write) and (not atomic_add or p_add) and _covers(
+                    index_range, p_range):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
         if self.live is not None:

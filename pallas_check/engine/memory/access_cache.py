@@ -75,6 +75,20 @@ class AccessCache:
             return hit[2]  # type: ignore[return-value]
         return self._store(key, eqn, leaves, make())
 
+    def get_or_make_plain(self, eqn: object, leaves: Sequence[object],
+                          make: Callable[[], _V]) -> _V:
+        """`get_or_make` for leaves none of which is a ref (a buffer's layout and scalar
+        indices): the leaves themselves are the key when they hash (ints do), without
+        looking at each first; anything else takes `get_or_make`."""
+        key = (id(eqn), *leaves)
+        try:
+            hit = self._entries.get(key)
+        except TypeError:  # a jax scalar, an array of indices
+            return self.get_or_make(eqn, leaves, make)
+        if hit is not None:
+            return hit[2]  # type: ignore[return-value]  # (as in get_or_make)
+        return self._store(key, eqn, leaves, make())
+
     def _get_or_make_converted(self, eqn: object, leaves: Sequence[object],
                                make: Callable[[], _V]) -> _V:
         parts: list[object] = [id(eqn)]

@@ -179,8 +179,8 @@ class Region:
         if self.post:
             box = self.element_map().bbox(selected) if selected.any() else None
             return box if box is not None else self.index_range()
-        if selected.shape != self.out_shape or not selected.any():
-            return self.index_range()
+        if selected.shape != self.out_shape or not selected.any() or selected.all():
+            return self.index_range()  # (all of it: the box is the access's own)
         out, axis = [], 0
         for d in self.dims:
             if isinstance(d, int):
