@@ -5,8 +5,8 @@ written-shadow, races), in lane order.
 
 What a lane's region is: the lane's indices applied to the op's view, as an indexer of
 ints after the view's own transforms (`_lane_view`), resolved the general way. That
-resolution once cost two thirds of a gather's time, per lane (issue 54.7: about 1 ms per
-8-lane load_gather with races on). So a lane of a plain view (no reshape or bitcast, in
+resolution, per lane, once cost over a third of a gather's time (issue 54.7: 0.7-1.1 ms
+per 8-lane load_gather with races on). So a lane of a plain view (no reshape or bitcast, in
 bounds, no stride-0 or padded slice), whose indices fall inside the view, gets its region
 from the view's own region, resolved once per op: each of the view's slices picks the
 lane's index, the rest stays. That is the region the general way makes (one element, its
