@@ -55,8 +55,8 @@ class Checkers:
 class RaceCounting(Checkers):
     """The checkers of ONE call with races on, keeping what its race checking covered for
     the call's summary (CallSummary.races): the accesses checked and the longest history
-    one buffer held, over every simulation of the call (schedules, the second fill,
-    revisit re-runs). They run one after the other, so a checker is done once the next
+    one buffer held, over every simulation of the call that reports (its schedules; the
+    second fill and revisit re-runs check no races, engine/call/state.py). They run one after the other, so a checker is done once the next
     is made: only its numbers are kept, not its history."""
 
     def __init__(self) -> None:

@@ -21,35 +21,14 @@ buffer's history doubles, so a long grid keeps only a few records per buffer.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, NamedTuple, ValuesView
+from typing import Hashable, Iterable
 
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
+from pallas_check.checkers.race_history import AccessRecord, History
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
-from pallas_check.findings.finding import (Access, Finding, FindingKind, IndexRange, SourceFrame,
-                                   format_range)
-
-
-class AccessRecord(NamedTuple):
-    """An access as the history keeps it (a NamedTuple: one is made per access)."""
-
-    actor: str
-    epoch: int
-    index_range: IndexRange
-    is_write: bool
-    operation: str
-    buffer: str
-    memory_space: str
-    frames: tuple[SourceFrame, ...]
-    grid_point: tuple[int, ...] | None
-    slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
-    atomic_add: bool = False  # an atomic read-modify-write add (never races with another)
-
-    def as_access(self, index_range: IndexRange | None = None) -> Access:
-        return Access(self.operation, self.actor, self.buffer, self.memory_space,
-                      index_range if index_range is not None else self.index_range,
-                      self.frames, self.grid_point)
+from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
 
 def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
@@ -75,121 +54,9 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
     return True
 
 
-def _empty(rng: IndexRange) -> bool:
-    """No element: such an access overlaps nothing, so it can neither race nor prune."""
-    for lo, hi in rng:
-        if hi <= lo:
-            return True
-    return False
-
-
-class _History:
-    """One buffer's live access records, in the order they were made.
-
-    Pruning keeps only what is not covered by a newer ordered access, but accesses to
-    disjoint parts of a buffer (one block per grid step, one slice per DMA) all stay
-    live, and visiting each of them at every new access would make the cost per access
-    grow with the run. So beyond a few records they are also indexed in buckets along one
-    dimension (the one where they differ most, buckets as wide as a typical access);
-    a new access visits only the records in the buckets it touches, plus the few that
-    span many buckets. Records that do not overlap an access can neither race with it nor
-    be pruned by it, so visiting this superset, in the same order, changes no result.
-    """
-
-    __slots__ = ("records", "seq", "dim", "width", "buckets", "wide", "built_at", "index_at",
-                 "longest")
-    INDEX_AFTER = 32
-    WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
-
-    def __init__(self) -> None:
-        self.records: dict[int, AccessRecord] = {}  # insertion order
-        self.seq = 0
-        self.dim: int | None = None
-        self.width = 1
-        self.buckets: dict[int, dict[int, None]] = {}
-        self.wide: dict[int, None] = {}
-        self.built_at = 0
-        self.index_at = self.INDEX_AFTER  # (re)index once there are more records than this
-        self.longest = 0  # the most records held at once (CallSummary.races)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def values(self) -> ValuesView[AccessRecord]:
-        return self.records.values()
-
-    def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
-        dim = self.dim
-        if dim is None or len(rng) <= dim:
-            return list(self.records.items())
-        lo, hi = rng[dim]
-        first, last = lo // self.width, (hi - 1) // self.width
-        seqs = set(self.wide)
-        if last - first >= len(self.buckets):
-            for bucket in self.buckets.values():
-                seqs.update(bucket)
-        else:
-            for k in range(first, last + 1):
-                found = self.buckets.get(k)
-                if found:
-                    seqs.update(found)
-        records = self.records
-        return [(s, records[s]) for s in sorted(seqs)]
-
-    def add(self, record: AccessRecord) -> None:
-        self.seq += 1
-        self.records[self.seq] = record
-        if self.dim is not None:
-            self._place(self.seq, record)
-        size = len(self.records)
-        if size > self.longest:
-            self.longest = size
-        if size > self.index_at:
-            self._build()
-
-    def remove(self, seq: int) -> None:
-        record = self.records.pop(seq)
-        if self.dim is None:
-            return
-        if seq in self.wide:
-            del self.wide[seq]
-            return
-        for k in self._span(record.index_range):
-            bucket = self.buckets[k]
-            del bucket[seq]
-            if not bucket:
-                del self.buckets[k]
-
-    def _span(self, rng: IndexRange) -> range:
-        lo, hi = rng[self.dim]  # type: ignore[index]
-        return range(lo // self.width, (hi - 1) // self.width + 1)
-
-    def _place(self, seq: int, record: AccessRecord) -> None:
-        rng = record.index_range
-        if len(rng) <= self.dim or len(self._span(rng)) > self.WIDE:  # type: ignore[operator]
-            self.wide[seq] = None
-            return
-        for k in self._span(rng):
-            self.buckets.setdefault(k, {})[seq] = None
-
-    def _build(self) -> None:
-        """(Re)index along the dimension where the live records differ most."""
-        ranges = [r.index_range for r in self.records.values()]
-        rank = min(len(r) for r in ranges)
-        self.built_at = len(self.records)
-        self.index_at = max(self.INDEX_AFTER, 2 * self.built_at)
-        if rank == 0:
-            return  # scalars: nothing to index by; try again when the history doubles
-        best = max(range(rank), key=lambda d: (len({r[d] for r in ranges}), -d))
-        extents = sorted(r[best][1] - r[best][0] for r in ranges)
-        self.dim, self.width = best, max(1, extents[len(extents) // 2])
-        self.buckets, self.wide = {}, {}
-        for seq, record in self.records.items():
-            self._place(seq, record)
-        self.built_at = len(self.records)
-
-
 _SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
+_new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
+#                             constructor, which takes keywords and defaults)
 
 
 class RaceChecker(Checker):
@@ -201,7 +68,7 @@ class RaceChecker(Checker):
         self.clocks: dict[str, VectorClock] = {}
         # What each semaphore cell or barrier was released with (joined over releases).
         self.sync_clocks: dict[Hashable, VectorClock] = {}
-        self.history: dict[int, _History] = {}
+        self.history: dict[int, History] = {}
         self.checked = 0  # accesses checked (CallSummary.races: what race checking covered)
         # Clock slots: an actor's own entry in the clocks (its name, or a reused DMA slot).
         self.slot_of: dict[str, str] = {}
@@ -280,7 +147,7 @@ class RaceChecker(Checker):
         if self.live is not None:
             self.live.discard(actor)
 
-    def _sweep(self, buffer_id: int, history: "_History") -> None:
+    def _sweep(self, buffer_id: int, history: "History") -> None:
         live = self.live
         assert live is not None
         frontier: dict[str, float] = {}
@@ -359,33 +226,36 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
-        if _empty(index_range):
-            return
+        for lo, hi in index_range:  # no element: it can neither race nor prune
+            if hi <= lo:
+                return
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         epoch = vc[slot]
-        record = AccessRecord(actor, epoch, index_range, is_write, operation, buffer,
-                              memory_space, frames, grid_point, slot, atomic_add)
+        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
+                                            buffer, memory_space, frames, grid_point, slot,
+                                            atomic_add))
         if actor in self._parent:
             self._last_epoch[actor] = epoch
         history = self.history.get(buffer_id)
         if history is None:
-            history = self.history[buffer_id] = _History()
+            history = self.history[buffer_id] = History()
+        seen = vc.get
         for seq, prev in history.candidates(index_range):
+            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
             # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
-            ordered = prev.actor == actor or prev.epoch <= vc.get(prev.slot, 0)
-            if not ordered and (prev.is_write or is_write) and not (
-                    atomic_add and prev.atomic_add):
-                overlap = _overlap(prev.index_range, index_range)
-                if overlap is not None:
-                    self._race(record, prev, overlap)
+            ordered = p_actor == actor or p_epoch <= seen(p_slot, 0)
+            if not ordered:
+                if (p_write or is_write) and not (atomic_add and p_add):
+                    overlap = _overlap(p_range, index_range)
+                    if overlap is not None:
+                        self._race(record, prev, overlap)
             # (an atomic add covers only atomic adds: a later add races with a plain write
             # it would hide)
-            if ordered and (is_write or not prev.is_write) and (
-                    not atomic_add or prev.atomic_add) and _covers(index_range,
-                                                                   prev.index_range):
+            elif (is_write or not p_write) and (not atomic_add or p_add) and _covers(
+                    index_range, p_range):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
         if self.live is not None:

@@ -330,8 +330,9 @@ class CallSummary:
     # --compile: per TPU generation, the compile's status, VMEM footprint and time
     # (tpu_compile.compiler.CompileOutcome.summary()).
     compiled: dict[str, JsonObject] = field(default_factory=dict)
-    # Races on: what race checking covered in this call, over all its simulations
-    # (schedules, re-runs): `accesses_checked` (memory accesses the race checker checked)
+    # Races on: what race checking covered in this call, over all its simulations that
+    # report (its schedules; the re-runs that only compare outputs check no races):
+    # `accesses_checked` (memory accesses the race checker checked)
     # and `longest_history` (the most access records one buffer's history held at once;
     # it stays small however long the grid runs, when pruning works). Empty with races off.
     races: dict[str, int] = field(default_factory=dict)

@@ -40,6 +40,17 @@ if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand
 
 
+def _facts(run: Simulation) -> CallFacts:
+    """What the listeners of a simulation know of its call. Races are checked in a run that
+    reports only: a re-run that compares outputs (the second fill, a revisit's
+    perturbation) keeps no finding, and its race checker doubled the time of a call that
+    reads never-written memory (issue 54.7); what a simulation computes does not depend on
+    it (no checker steers it)."""
+    config = run.config
+    return CallFacts(run.kernel, run.call_index, config.seed,
+                     bool(config.races) and run.report)
+
+
 class CallState(CallBuffers):
     """Everything one simulation of one pallas_call owns; discarded when it ends. Built
     whole from its parts: what the simulation is, where the call runs, what it shares with
@@ -117,8 +128,8 @@ class CallState(CallBuffers):
         # never touched (engine/memory/usage.py); the reporting run only.
         self.ever_written: EverWritten | None = EverWritten() if run.report else None
         # (their sink, a weak proxy: held, the call would be a reference cycle to collect)
-        listeners: tuple[Listener, ...] = run.checking.listeners(
-            CallFacts(kernel, call_index, config.seed, bool(config.races)), weakref.proxy(self))
+        listeners: tuple[Listener, ...] = run.checking.listeners(_facts(run),
+                                                                 weakref.proxy(self))
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
         self.feeds = Feeds(listeners)

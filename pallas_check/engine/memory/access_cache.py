@@ -39,8 +39,9 @@ _CONVERT = _Unhashable()  # in a key: a leaf that needs `scalar_index` first
 
 
 # Hashed and compared as the ints they hold: a jaxpr's integer literals (an index written
-# as a constant in the kernel) among them.
-_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None), TypedInt}
+# as a constant in the kernel) among them; and tuples, which no pytree has as a leaf: a
+# buffer's layout standing for every buffer of that shape (rules/access.py `_region_of`).
+_PLAIN_LEAVES = _NUMPY_INTS | {int, bool, type(None), TypedInt, tuple}
 
 
 class AccessCache:
@@ -74,14 +75,28 @@ class AccessCache:
             return hit[2]  # type: ignore[return-value]
         return self._store(key, eqn, leaves, make())
 
+    def get_or_make_plain(self, eqn: object, leaves: Sequence[object],
+                          make: Callable[[], _V]) -> _V:
+        """`get_or_make` for leaves none of which is a ref (a buffer's layout and scalar
+        indices): the leaves themselves are the key when they hash (ints do), without
+        looking at each first; anything else takes `get_or_make`."""
+        key = (id(eqn), *leaves)
+        try:
+            hit = self._entries.get(key)
+        except TypeError:  # a jax scalar, an array of indices
+            return self.get_or_make(eqn, leaves, make)
+        if hit is not None:
+            return hit[2]  # type: ignore[return-value]  # (as in get_or_make)
+        return self._store(key, eqn, leaves, make())
+
     def _get_or_make_converted(self, eqn: object, leaves: Sequence[object],
                                make: Callable[[], _V]) -> _V:
         parts: list[object] = [id(eqn)]
         for x in leaves:
             if x.__class__ is RefView:
                 parts.append(id(x))
-            elif x is None:
-                parts.append(None)
+            elif x is None or x.__class__ is tuple:
+                parts.append(x)
             else:
                 value = scalar_index(x)
                 if value is None:

@@ -95,6 +95,29 @@ class Region:
         region._boxes = None
         return region
 
+    def of(self, buffer: Buffer) -> "Region":
+        """The same region of another buffer of the same shape and memory space (what a
+        region is depends on nothing else): the access cache keeps one region per
+        equation and index values for the private buffers of many cores alike (rules/
+        access.py `_region_of`). Its parts are shared, never changed after they are made;
+        the boxes are made first, so that each copy need not make them again."""
+        if buffer is self.buffer:
+            return self
+        if self._boxes is None:
+            self.boxes()
+        region = Region.__new__(Region)
+        region.buffer = buffer
+        region.dims = self.dims
+        region.post = self.post
+        region.oob = self.oob
+        region.zero_stride = self.zero_stride
+        region.padded = self.padded
+        region.index = self.index
+        region.out_shape = self.out_shape
+        region._map = self._map
+        region._boxes = self._boxes
+        return region
+
     # -- description -------------------------------------------------------------------
     def index_range(self) -> IndexRange:
         """Per base dimension [start, stop) covered (before any post transform)."""
@@ -156,8 +179,8 @@ class Region:
         if self.post:
             box = self.element_map().bbox(selected) if selected.any() else None
             return box if box is not None else self.index_range()
-        if selected.shape != self.out_shape or not selected.any():
-            return self.index_range()
+        if selected.shape != self.out_shape or not selected.any() or selected.all():
+            return self.index_range()  # (all of it: the box is the access's own)
         out, axis = [], 0
         for d in self.dims:
             if isinstance(d, int):

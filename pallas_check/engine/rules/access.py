@@ -136,7 +136,17 @@ def _cast(value: np.ndarray, aval: object) -> np.ndarray:
 
 def _region_of(ctx: RunningCore, eqn: JaxprEqn, ref: object, flat: list[object]) -> Region:
     """The region a `ref[indices]` access touches (resolved once per call for the same
-    equation, ref and index values)."""
+    equation, index values and buffer; for a ref with no transforms of its own, once for
+    every buffer of its shape and memory space: 32 SparseCore subcores each reading their
+    own VMEM scratch at the same indices share one entry, where an entry per buffer
+    overflowed the cache, which then resolved more than half the accesses anew, issue
+    54.7)."""
+    if ref.__class__ is RefView and not ref.transforms:
+        buffer = ref.buffer
+        shared = ctx.call.accesses.get_or_make_plain(
+            eqn, [(buffer.data.shape, buffer.space), *flat],
+            lambda: _region_made(ctx, eqn, ref, flat))
+        return shared.of(buffer)
     return ctx.call.accesses.get_or_make(eqn, [ref, *flat],
                                          lambda: _region_made(ctx, eqn, ref, flat))
 
@@ -170,15 +180,15 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
     paged kernel makes thousands per call): read straight from the buffer, at the index
     its plan's straight-line code gives, when it is plain, in bounds and written
     everywhere; a race checker is handed the element's box, with no region made for it
-    (races on, such reads are most of a paged kernel's accesses). Anything else takes
-    `_get`."""
+    (races on, such reads are most of a paged kernel's accesses). Another scalar load
+    takes `_get`, any other load `_held_get`."""
     out = eqn.outvars[0].aval  # (a ShapedArray: a get's value)
     if getattr(out, "shape", None) != ():
-        return None
+        return _held_get(eqn)
     plan = index_plan.plan_for(eqn_params.operand_tree(eqn))
     if plan is None or plan.ref is not None or len(plan.steps) != 1 or any(
             size is not None for _, _, size, _ in plan.steps[0]):
-        return None
+        return _held_get(eqn)
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
     dtype = np.dtype(keys.held_dtype(getattr(out, "dtype")))
 
@@ -196,6 +206,21 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
         return _get(ctx, eqn, invals)
 
     return scalar_get
+
+
+def _held_get(eqn: JaxprEqn) -> RuleFn:
+    """`_get` with the dtype its value is held in found once for the equation (a
+    SparseCore kernel reads tens of thousands of (L,)-vectors per call)."""
+    dtype = keys.held_dtype(getattr(eqn.outvars[0].aval, "dtype", None))
+
+    def held_get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+        ref, *flat = invals
+        value = access_read(ctx, None, region=_region_of(ctx, eqn, ref, flat))
+        if dtype is not None and value.dtype != dtype:
+            value = value.astype(dtype)
+        return value
+
+    return held_get
 
 
 @rule(ref_swap_p)

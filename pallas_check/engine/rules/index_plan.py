@@ -17,6 +17,7 @@ which stays the reference for what a region is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Callable, Sequence, cast
 
@@ -91,6 +92,7 @@ class IndexPlan:
         return index_region(ref.buffer, steps)
 
 
+@functools.lru_cache(maxsize=4096)
 def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]
                    ) -> tuple[Callable[[Sequence[object], Buffer], NumpyIndex | None],
                               Callable[[Sequence[object], Buffer], Region | None]]:
@@ -99,7 +101,11 @@ def _in_bounds_fns(steps: tuple[tuple[_Dim, ...], ...]
     rank the plan expects, as `index_region` would make them; None for anything
     else (the caller then takes the general account, which says what is wrong).
     Generated per plan: a DMA-bound kernel resolves a fresh source page at every DMA, and
-    walking the plan's tuples cost more than the copy's bookkeeping around it."""
+    walking the plan's tuples cost more than the copy's bookkeeping around it. Made once
+    per `steps` for the process (they are all the code depends on): each call of a
+    kernel is traced anew, with new pytrees and so new plans, and compiling the same
+    source again cost a SparseCore kernel of a few hundred distinct accesses about a
+    quarter of a second per call (issue 54.7)."""
     if not steps:
         return _whole_index, _whole
     rank = len(steps[0])

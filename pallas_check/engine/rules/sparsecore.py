@@ -8,13 +8,13 @@ names with others (`load`, `swap`, `gather`, `scatter`, `bitcast`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence, cast
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import sc_all_reduce_ffs_p, sc_all_reduce_population_count_p, sc_barrier_p, sc_bitcast_p, sc_fetch_and_add_p, sc_gather_p, sc_load_p, sc_masked_cummax_p, sc_masked_cummin_p, sc_masked_cumsum_p, sc_masked_sort_p, sc_pack_p, sc_parallel_loop_p, sc_scan_count_p, sc_scatter_p, sc_swap_p, sc_unpack_p
-from pallas_check.jaxbridge.types import JaxprEqn, NDIndexer, Slice, Transform, VectorSubcoreMesh
+from pallas_check.jaxbridge.types import JaxprEqn, NDIndexer, Slice, VectorSubcoreMesh
 from pallas_check.engine.dma.devices import _core_index
 from pallas_check.engine.events import LoopIteration, ParallelLoop, event_kind
 from pallas_check.engine.verdicts import Where
@@ -25,6 +25,7 @@ from pallas_check.engine.jaxpr.registry import RuleGen, rule
 from pallas_check.engine.memory.buffer import RefView
 from pallas_check.engine.memory.region import Region, index_region
 from pallas_check.engine.rules import access, sc_values
+from pallas_check.engine.rules.sc_lanes import Lanes
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.engine.seam import LoopInProgress, RunningCore
@@ -153,58 +154,27 @@ def _fetch_and_add(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> obj
 
 # -- vector ops (SC-B)
 # Memory ops go through rules/access.py's `access_read` / `access_write` (bounds, the
-# written-shadow, races), on exactly the elements the active lanes touch; value ops are
+# written-shadow, races), on exactly the elements the active lanes touch (sc_lanes.py's
+# regions, for a gather or scatter); value ops are
 # sc_values.py's numpy functions. Lanes the hardware leaves undefined hold the fill value.
 # A value op's operands are vectors: numpy arrays, or jax.Arrays a compiled segment made,
 # which numpy reads alike (`invals: list[np.ndarray]`).
-
-def _lane_view(view: RefView, shape: tuple[int, ...], lane_index: tuple[int, ...]) -> RefView:
-    """The one element of `view` (of `shape`) a gather/scatter lane addresses."""
-    indexer = NDIndexer(indices=lane_index, shape=shape, int_indexer_shape=())
-    return view.with_transforms((indexer,))
-
-
-def _view_shape(ctx: RunningCore, view: RefView) -> tuple[int, ...]:
-    region = access._resolve(ctx, view)
-    if not region.post:
-        return region.out_shape
-    return tuple(region.read(ctx.fill(view.buffer.data.dtype)).shape)
-
-
-def _lanes(ref: object, transforms: Sequence[Transform] | None,
-           indices: Sequence[object], mask: object
-           ) -> tuple[RefView, list[tuple[int, ...]], np.ndarray]:
-    """(view, per-lane index tuples, active lanes) of a load_gather / store_scatter."""
-    view = access.view_of(ref, transforms)
-    columns = [np.asarray(i).astype(np.int64).reshape(-1) for i in indices]
-    n = columns[0].shape[0]
-    return view, [tuple(int(c[j]) for c in columns) for j in range(n)], sc_values.active(mask, n)
-
-
-def _lane_region(ctx: RunningCore, view: RefView, shape: tuple[int, ...],
-                 lane: tuple[int, ...], operation: str) -> Region | None:
-    region = access._resolve(ctx, _lane_view(view, shape, lane), operation)
-    if region.oob:  # the finding names the lane: `load_gather lane 3 of x_v[40] ...`
-        ctx.call.out_of_bounds(ctx, region, operation, None)
-        return None
-    return region
-
 
 @rule(sc_gather_p)
 def _load_gather(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     """`load_gather(ref, [i0, i1, ...], mask=m)`: out[j] = ref[i0[j], i1[j], ...] for each
     active lane j, each an element read (bounds, shadow, races); other lanes undefined."""
     ref, transforms, indices, mask = eqn_params.operand_tree(eqn).unflatten(invals)
-    view, lanes, on = _lanes(ref, transforms, indices, mask)
+    lanes = Lanes(ctx, ref, transforms, indices, mask)
+    on = lanes.on
     dtype = aval_dtype(eqn.outvars[0])
-    out = np.full(len(lanes), ctx.fill(dtype), dtype=dtype)
-    shape = _view_shape(ctx, view)
-    for j, lane in enumerate(lanes):
+    out = np.full(len(lanes.lanes), ctx.fill(dtype), dtype=dtype)
+    for j in range(len(lanes.lanes)):
         if on[j]:
-            region = _lane_region(ctx, view, shape, lane, f"load_gather lane {j}")
+            region = lanes.region(j, f"load_gather lane {j}")
             if region is not None:
                 out[j] = np.asarray(access.access_read(ctx, None, region=region)).reshape(())
-    _undefined(ctx, view, int((~on).sum()), "load_gather")
+    _undefined(ctx, lanes.view, int((~on).sum()), "load_gather")
     return out
 
 
@@ -227,15 +197,14 @@ def _store_scatter(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> obj
     never-written memory when it reaches an output; equal values store that value."""
     ref, transforms, indices, x, mask = eqn_params.operand_tree(eqn).unflatten(invals)
     add = eqn_params.adds(eqn)
-    view, lanes, on = _lanes(ref, transforms, indices, mask)
+    lanes = Lanes(ctx, ref, transforms, indices, mask)
     x = np.asarray(x).reshape(-1)
-    shape = _view_shape(ctx, view)
     name = "addupdate_scatter" if add else "store_scatter"
     stores: dict[tuple[int, ...], np.ndarray] = {}
-    for j, lane in enumerate(lanes):
-        if not on[j]:
+    for j, lane in enumerate(lanes.lanes):
+        if not lanes.on[j]:
             continue
-        region = _lane_region(ctx, view, shape, lane, f"{name} lane {j}")
+        region = lanes.region(j, f"{name} lane {j}")
         if region is None:
             continue
         if add:  # atomic: lanes, loop iterations and subcores adding never race

@@ -132,3 +132,22 @@ def test_jax_literal_ints_are_cached():
     cache.get_or_make(eqn, [ref, jnp.int32(3)], make("b"))
     cache.get_or_make(eqn, [ref, 3], make("c"))
     assert made == ["a"], (type(literal), made)
+
+
+def test_plain_leaves_key_an_entry_shared_by_every_buffer_of_a_layout():
+    """`get_or_make_plain` (rules/access.py's regions of refs with no transforms): a
+    buffer's (shape, memory space) and the indices are the key, so 32 subcores' scratch
+    buffers share one entry; another layout, index or equation is another entry, and a
+    leaf that does not hash (a jax scalar) is converted as `get_or_make` converts it."""
+    cache, (made, make) = AccessCache(), _counting()
+    eqn = object()
+    layout = ((2, 32, 128), "VMEM")
+    first = cache.get_or_make_plain(eqn, [layout, np.int32(1), 5], make("a"))
+    assert cache.get_or_make_plain(eqn, [((2, 32, 128), "VMEM"), 1, np.int64(5)],
+                                   make("b")) is first
+    assert cache.get_or_make_plain(eqn, [layout, jnp.int32(1), 5], make("c")) is first
+    others = [cache.get_or_make_plain(eqn, [((2, 32, 128), "SMEM"), 1, 5], make("d")),
+              cache.get_or_make_plain(eqn, [((2, 16, 128), "VMEM"), 1, 5], make("e")),
+              cache.get_or_make_plain(eqn, [layout, 0, 5], make("f")),
+              cache.get_or_make_plain(object(), [layout, 1, 5], make("g"))]
+    assert made == ["a", "d", "e", "f", "g"] and first not in others

@@ -175,3 +175,28 @@ def test_tpu_bitcast_round_trips():
     np.testing.assert_array_equal(tpu_bitcast(narrow, np.dtype(np.float32)), values)
     np.testing.assert_array_equal(tpu_bitcast(values, np.dtype(np.int32)),
                                   values.view(np.int32))
+
+
+# -- one region for every buffer of a shape (the access cache's shared entries) -------------
+
+def test_a_region_of_another_buffer_of_the_same_shape_reads_and_writes_that_buffer():
+    first, second = numbered(), numbered()
+    second.data[...] += 1000
+    region = index_region(first, [((4, 2, 1), (8, 8, 1))])
+    other = region.of(second)
+    assert region.of(first) is region
+    assert other.buffer is second and region.buffer is first
+    assert (other.dims, other.index, other.out_shape, other.boxes()) == (
+        region.dims, region.index, region.out_shape, region.boxes())
+    assert other.boxes() == index_region(second, [((4, 2, 1), (8, 8, 1))]).boxes()
+    np.testing.assert_array_equal(other.read(NAN), second.data[4:6, 8:16])
+    other.write(np.zeros((2, 8), np.float32), NAN)
+    assert not second.data[4:6, 8:16].any() and first.data[4:6, 8:16].all()
+
+
+def test_an_out_of_bounds_region_of_another_buffer_says_the_same():
+    first, second = unwritten(), unwritten()
+    region = index_region(first, [((12, 8, 1), (0, 128, 1))])  # rows 12..19 of 16
+    other = region.of(second)
+    assert other.oob == region.oob and other.oob[0].dim == 0
+    assert other.index is None and other.buffer is second

@@ -1,0 +1,227 @@
+"""One buffer's live access records for the race checker (races.py), indexed so that a new
+access visits only the records it may overlap.
+
+Pruning keeps only what is not covered by a newer ordered access, but accesses to disjoint
+parts of a buffer (one block per grid step, one slice per DMA, one (L,)-vector per
+SparseCore load) all stay live, and visiting each of them at every new access would make
+the cost per access grow with the run. So beyond a few records they are also indexed in
+buckets along one dimension, or two (the ones where they differ most, buckets as wide as
+a typical access): a new access visits only the records in the buckets it touches, plus
+the few that span many buckets. Records that do not overlap an access can neither race
+with it nor be pruned by it, so visiting this superset, in the same order, changes no
+result.
+
+Two dimensions when one is not enough (issue 54.7): a SparseCore kernel reading a VMEM
+chunk as (L,)-vectors, `rows_v[slot, row, pl.ds(c * L, L)]`, leaves one record per row and
+column chunk; indexed by row alone, each read visited every column chunk of its row (21
+records on average in a weighted gather-reduce); by row and column, the one or two it may
+overlap. Which to use is decided when the index is built, by what each would cost on the
+records then live: the second dimension only when it visits fewer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, ValuesView
+
+from pallas_check.findings.finding import Access, IndexRange, SourceFrame
+
+
+class AccessRecord(NamedTuple):
+    """An access as the history keeps it (a NamedTuple: one is made per access)."""
+
+    actor: str
+    epoch: int
+    index_range: IndexRange
+    is_write: bool
+    operation: str
+    buffer: str
+    memory_space: str
+    frames: tuple[SourceFrame, ...]
+    grid_point: tuple[int, ...] | None
+    slot: str = ""  # the clock entry `epoch` belongs to (the actor's, or a reused DMA slot)
+    atomic_add: bool = False  # an atomic read-modify-write add (never races with another)
+
+    def as_access(self, index_range: IndexRange | None = None) -> Access:
+        return Access(self.operation, self.actor, self.buffer, self.memory_space,
+                      index_range if index_range is not None else self.index_range,
+                      self.frames, self.grid_point)
+
+
+_STRIDE = 1 << 40  # a bucket's key: its index along the first dimension * _STRIDE + the second's
+
+
+class History:
+    """One buffer's live access records, in the order they were made, and their buckets."""
+
+    __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
+                 "longest", "queries", "visits")
+    INDEX_AFTER = 32
+    WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
+    SAMPLE = 128  # the most recent records the choice of dimensions is costed on
+
+    def __init__(self) -> None:
+        self.records: dict[int, AccessRecord] = {}  # insertion order
+        self.seq = 0
+        # The indexed dimensions (none: not indexed yet; with one, the second is -1) and
+        # a bucket's width along each.
+        self.dims: tuple[int, int] | None = None
+        self.widths = (1, 1)
+        # Per bucket its records' seqs, in the order they were made (as `records`).
+        self.buckets: dict[int, dict[int, None]] = {}
+        self.wide: dict[int, None] = {}
+        self.index_at = self.INDEX_AFTER  # (re)index once there are more records than this
+        self.longest = 0  # the most records held at once (CallSummary.races)
+        # Since the index was built: the accesses looked up, and the records they visited
+        # (an index that serves well is kept as the history grows, not built again).
+        self.queries = 0
+        self.visits = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def values(self) -> ValuesView[AccessRecord]:
+        return self.records.values()
+
+    def _span(self, rng: IndexRange) -> tuple[int, int, int, int] | None:
+        """The first and last bucket `rng` touches along each indexed dimension (0, 0
+        along an unused second; None: `rng` lacks one of them, a record of another
+        rank)."""
+        d0, d1 = self.dims  # type: ignore[misc]  # (only called once indexed)
+        w0, w1 = self.widths
+        if len(rng) <= d0 or len(rng) <= d1:
+            return None
+        lo, hi = rng[d0]
+        if d1 < 0:
+            return lo // w0, (hi - 1) // w0, 0, 0
+        lo1, hi1 = rng[d1]
+        return lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
+
+    def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
+        """(seq, record) of every record `rng` may overlap, in the order they were made."""
+        records = self.records
+        span = self._span(rng) if self.dims is not None else None
+        if span is None:
+            return list(records.items())
+        f0, l0, f1, l1 = span
+        buckets = self.buckets
+        self.queries += 1
+        if f0 == l0 and f1 == l1:  # (the commonest: one bucket)
+            found = buckets.get(f0 * _STRIDE + f1)
+            if not self.wide:  # (a bucket holds its seqs in order)
+                out = [(s, records[s]) for s in found] if found else []
+                self.visits += len(out)
+                return out
+            seqs = set(self.wide)
+            if found:
+                seqs.update(found)
+        else:
+            seqs = set(self.wide)
+            if (l0 - f0 + 1) * (l1 - f1 + 1) >= len(buckets):
+                for bucket in buckets.values():
+                    seqs.update(bucket)
+            else:
+                for k0 in range(f0, l0 + 1):
+                    for k1 in range(f1, l1 + 1):
+                        found = buckets.get(k0 * _STRIDE + k1)
+                        if found:
+                            seqs.update(found)
+        self.visits += len(seqs)
+        return [(s, records[s]) for s in sorted(seqs)]
+
+    def add(self, record: AccessRecord) -> None:
+        self.seq += 1
+        self.records[self.seq] = record
+        if self.dims is not None:
+            self._place(self.seq, record)
+        size = len(self.records)
+        if size > self.longest:
+            self.longest = size
+        if size > self.index_at:
+            self.index_at = max(self.INDEX_AFTER, 2 * size)
+            if self.dims is None or self.visits > self.WIDE * self.queries:
+                self._build()
+
+    def remove(self, seq: int) -> None:
+        record = self.records.pop(seq)
+        if self.dims is None:
+            return
+        if seq in self.wide:
+            del self.wide[seq]
+            return
+        span = self._span(record.index_range)
+        assert span is not None  # (else it would be wide)
+        buckets = self.buckets
+        f0, l0, f1, l1 = span
+        for k0 in range(f0, l0 + 1):
+            for k1 in range(f1, l1 + 1):
+                key = k0 * _STRIDE + k1
+                bucket = buckets[key]
+                del bucket[seq]
+                if not bucket:
+                    del buckets[key]
+
+    def _place(self, seq: int, record: AccessRecord) -> None:
+        span = self._span(record.index_range)
+        if span is None:
+            self.wide[seq] = None
+            return
+        f0, l0, f1, l1 = span
+        if (l0 - f0 + 1) * (l1 - f1 + 1) > self.WIDE:
+            self.wide[seq] = None
+            return
+        buckets = self.buckets
+        for k0 in range(f0, l0 + 1):
+            for k1 in range(f1, l1 + 1):
+                key = k0 * _STRIDE + k1
+                bucket = buckets.get(key)
+                if bucket is None:
+                    buckets[key] = {seq: None}
+                else:
+                    bucket[seq] = None
+
+    def _build(self) -> None:
+        """(Re)index along the dimension where the live records differ most, or along it
+        and the next one when that visits fewer records (`_cost`)."""
+        self.queries = self.visits = 0
+        ranges = [r.index_range for r in self.records.values()]
+        rank = min(len(r) for r in ranges)
+        if rank == 0:
+            return  # scalars: nothing to index by; try again when the history doubles
+        distinct = {d: len({r[d] for r in ranges}) for d in range(rank)}
+        order = sorted(range(rank), key=lambda d: (-distinct[d], d))
+        widths = {}
+        for d in order[:2]:
+            extents = sorted(r[d][1] - r[d][0] for r in ranges)
+            widths[d] = max(1, extents[len(extents) // 2])
+        self.dims, self.widths = (order[0], -1), (widths[order[0]], 1)
+        if rank > 1 and distinct[order[1]] > 1:
+            sample = ranges[-self.SAMPLE:]
+            one = self._cost(sample)
+            self.dims, self.widths = (order[0], order[1]), (widths[order[0]], widths[order[1]])
+            if self._cost(sample) >= one:
+                self.dims, self.widths = (order[0], -1), (widths[order[0]], 1)
+        self.buckets, self.wide = {}, {}
+        for seq, record in self.records.items():
+            self._place(seq, record)
+
+    def _cost(self, ranges: list[IndexRange]) -> int:
+        """About how many records `ranges` would visit, each queried once, under the
+        current `dims` and `widths`: the sizes of the buckets each touches, plus the wide
+        records, which everyone visits (and which visit everything)."""
+        counts: dict[int, int] = {}
+        wide = 0
+        placed: list[list[int]] = []
+        for rng in ranges:
+            span = self._span(rng)
+            if span is None or (span[1] - span[0] + 1) * (span[3] - span[2] + 1) > self.WIDE:
+                wide += 1
+                continue
+            keys = [k0 * _STRIDE + k1 for k0 in range(span[0], span[1] + 1)
+                    for k1 in range(span[2], span[3] + 1)]
+            placed.append(keys)
+            for key in keys:
+                counts[key] = counts.get(key, 0) + 1
+        cost = wide * len(ranges) + wide * len(placed)
+        for keys in placed:
+            cost += sum(counts[key] for key in keys)
+        return cost

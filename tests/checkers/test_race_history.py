@@ -1,0 +1,80 @@
+"""checkers/race_history.py on its own: a buffer's live access records and their index.
+
+The index only narrows which records a new access visits; what it must never do is leave
+out a record the access overlaps (it could race with it or prune it), or change their
+order (findings come out in it). Checked against the plain answer, every record that
+overlaps, on the access patterns the index is chosen for: a SparseCore kernel's
+(L,)-vector reads of a two-slot chunk buffer (rows x column chunks: two dimensions), and a
+mix where a second dimension would make most records wide (one dimension kept)."""
+
+from __future__ import annotations
+
+import itertools
+
+from pallas_check.checkers.race_history import AccessRecord, History
+
+
+def record(rng, actor: str = "core 0", is_write: bool = False) -> AccessRecord:
+    return AccessRecord(actor, 1, rng, is_write, "write" if is_write else "read", "rows_v",
+                        "VMEM", (), None, actor)
+
+
+def overlaps(a, b) -> bool:
+    return all(lo < bhi and blo < hi for (lo, hi), (blo, bhi) in zip(a, b))
+
+
+def chunk_reads(slots=2, rows=32, chunks=16, lanes=8):
+    """The (L,)-vector reads of a (slots, rows, chunks * lanes) buffer, one record each."""
+    return [((s, s + 1), (r, r + 1), (c * lanes, (c + 1) * lanes))
+            for s, r, c in itertools.product(range(slots), range(rows), range(chunks))]
+
+
+def test_vector_reads_are_indexed_by_row_and_column_and_visit_only_their_own_box():
+    history = History()
+    reads = chunk_reads()
+    for rng in reads:
+        history.add(record(rng))
+    assert history.dims is not None and history.dims[1] >= 0  # two dimensions
+    found = history.candidates(((1, 2), (5, 6), (24, 32)))
+    # the same row and column chunk in both slots, nothing else
+    assert [r.index_range for _, r in found] == [((0, 1), (5, 6), (24, 32)),
+                                                ((1, 2), (5, 6), (24, 32))]
+
+
+def test_every_overlapping_record_is_visited_in_the_order_it_was_made():
+    history = History()
+    records = [record(rng) for rng in chunk_reads()]
+    records.insert(300, record(((0, 1), (0, 32), (0, 128)), "DMA #1", True))  # a wide write
+    for r in records:
+        history.add(r)
+    for query in [((0, 1), (7, 8), (40, 48)), ((0, 2), (3, 9), (0, 128)),
+                  ((1, 2), (31, 32), (120, 128)), ((0, 1), (0, 32), (8, 16))]:
+        visited = [r for _, r in history.candidates(query)]
+        seqs = [s for s, _ in history.candidates(query)]
+        assert seqs == sorted(seqs)
+        wanted = [r for r in records if overlaps(r.index_range, query)]
+        assert [r for r in visited if overlaps(r.index_range, query)] == wanted
+
+
+def test_removed_records_are_gone_from_their_buckets():
+    history = History()
+    for rng in chunk_reads(slots=1):
+        history.add(record(rng))
+    first = [s for s, r in history.candidates(((0, 1), (0, 1), (0, 8)))]
+    assert len(first) == 1
+    history.remove(first[0])
+    assert history.candidates(((0, 1), (0, 1), (0, 8))) == []
+    assert len(history) == 32 * 16 - 1
+
+
+def test_a_second_dimension_that_would_make_records_wide_is_not_taken():
+    """Whole-row reads (128 lanes) beside (L,)-vector reads: by row and column chunk, the
+    whole-row reads would span 16 buckets each (kept aside, visited by every access); by
+    row alone they sit in their row's bucket."""
+    history = History()
+    for r in range(40):
+        history.add(record(((r, r + 1), (0, 128))))
+        history.add(record(((r, r + 1), (0, 8))))
+    assert history.dims is not None and history.dims[1] < 0  # one dimension
+    found = [rec.index_range for _, rec in history.candidates(((7, 8), (0, 8)))]
+    assert found == [((7, 8), (0, 128)), ((7, 8), (0, 8))]
