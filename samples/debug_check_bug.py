@@ -25,7 +25,7 @@ def ragged_sum_kernel(lens_ref, x_ref, o_ref):
     pl.debug_check(n <= ROWS, "a step's length must fit its block")
     rows = jax.lax.broadcasted_iota(jnp.int32, (ROWS, 128), 0)
     x = jnp.where(rows < n, x_ref[...], 0.0)
-    o_ref[...] = jnp.sum(x, axis=0, keepdims=True)
+    o_ref[...] = jnp.broadcast_to(jnp.sum(x, axis=0, keepdims=True), (ROWS, 128))
 
 
 def ragged_sum(lens, x):
@@ -35,8 +35,8 @@ def ragged_sum(lens, x):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(steps,),
             in_specs=[pl.BlockSpec((ROWS, 128), lambda i, lens: (i, 0))],
-            out_specs=pl.BlockSpec((1, 128), lambda i, lens: (i, 0))),
-        out_shape=jax.ShapeDtypeStruct((steps, 128), x.dtype),
+            out_specs=pl.BlockSpec((ROWS, 128), lambda i, lens: (i, 0))),
+        out_shape=jax.ShapeDtypeStruct((steps * ROWS, 128), x.dtype),
     )(lens, x)
 
 
@@ -44,4 +44,4 @@ if __name__ == "__main__":
     x = jnp.ones((4 * ROWS, 128), jnp.float32)
     lens = jnp.array([8, 8, 9, 3], jnp.int32)  # BUG: 9 rows for an 8-row block
     out = jax.jit(ragged_sum)(lens, x)
-    print("debug_check_bug: row sums", np.asarray(out)[:, 0])
+    print("debug_check_bug: row sums", np.asarray(out)[::ROWS, 0])

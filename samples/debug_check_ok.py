@@ -1,11 +1,11 @@
 """Fixed debug_check_bug.py: the caller's lengths fit the blocks, so the kernel's own
 assertion (pl.debug_check) holds at every grid step and is silent.
 
-The v5e's compiler refuses this kernel's (1, 128) block of a (4, 128) array (the 8 x 128
-rule, found by the chip's compile of a default run): the sample shows pl.debug_check on the
-simulation, with the compile off.
+Each step writes its row sums to every row of its (8, 128) output block: a (1, 128) block
+of a (4, 128) array breaks the 8 x 128 rule, and a v5e refused the sample's first version
+(session 30, `hardware/chip/v5e/session30_call1.jsonl`).
 
-Run: pallas-check run samples/debug_check_ok.py --no-compile
+Run: pallas-check run samples/debug_check_ok.py
 Expected findings: none.
 """
 
@@ -24,7 +24,7 @@ def ragged_sum_kernel(lens_ref, x_ref, o_ref):
     pl.debug_check(n <= ROWS, "a step's length must fit its block")
     rows = jax.lax.broadcasted_iota(jnp.int32, (ROWS, 128), 0)
     x = jnp.where(rows < n, x_ref[...], 0.0)
-    o_ref[...] = jnp.sum(x, axis=0, keepdims=True)
+    o_ref[...] = jnp.broadcast_to(jnp.sum(x, axis=0, keepdims=True), (ROWS, 128))
 
 
 def ragged_sum(lens, x):
@@ -34,8 +34,8 @@ def ragged_sum(lens, x):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(steps,),
             in_specs=[pl.BlockSpec((ROWS, 128), lambda i, lens: (i, 0))],
-            out_specs=pl.BlockSpec((1, 128), lambda i, lens: (i, 0))),
-        out_shape=jax.ShapeDtypeStruct((steps, 128), x.dtype),
+            out_specs=pl.BlockSpec((ROWS, 128), lambda i, lens: (i, 0))),
+        out_shape=jax.ShapeDtypeStruct((steps * ROWS, 128), x.dtype),
     )(lens, x)
 
 
@@ -45,5 +45,5 @@ if __name__ == "__main__":
     out = jax.jit(ragged_sum)(jnp.asarray(lens), x)
     blocks = np.asarray(x).reshape(4, ROWS, 128)
     mask = np.arange(ROWS)[None, :, None] < lens[:, None, None]
-    np.testing.assert_allclose(out, np.where(mask, blocks, 0.0).sum(axis=1))
+    np.testing.assert_allclose(out[::ROWS], np.where(mask, blocks, 0.0).sum(axis=1))
     print("debug_check_ok: output matches")

@@ -27,7 +27,7 @@ def gather_segments(starts, x):
         copy_kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(n,),
-            in_specs=[pl.BlockSpec((pl.Element(8), 128),
+            in_specs=[pl.BlockSpec((pl.Element(8), pl.Element(128)),
                                    lambda i, s: (pl.multiple_of(s[i], 8), 0))],
             out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0))),
         out_shape=jax.ShapeDtypeStruct((8 * n, 128), x.dtype),

@@ -1,11 +1,11 @@
 """index_map_multiple_of_bug.py fixed: the segments start at rows 0, 8, 16 and 24, each
 offset still hinted `pl.multiple_of(.., 8)` in the index map; every block lies inside x.
 
-The v5e's compiler refuses its mix of `pl.Element` and blocked dimensions ("All block
-dimensions must be Elements or none of them can be Elements", found by the chip's compile of
-a default run): the sample shows the index-map bounds on the simulation, with the compile off.
+Both block dimensions are `pl.Element`: Mosaic takes all or none of a block's dimensions as
+Elements, and a v5e refused the sample's first version, an Element row dimension beside a
+blocked one (session 30, `hardware/chip/v5e/session30_call1.jsonl`).
 
-Run: pallas-check run samples/index_map_multiple_of_ok.py --no-compile
+Run: pallas-check run samples/index_map_multiple_of_ok.py
 Expected findings: none.
 """
 
@@ -26,7 +26,7 @@ def gather_segments(starts, x):
         copy_kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(n,),
-            in_specs=[pl.BlockSpec((pl.Element(8), 128),
+            in_specs=[pl.BlockSpec((pl.Element(8), pl.Element(128)),
                                    lambda i, s: (pl.multiple_of(s[i], 8), 0))],
             out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0))),
         out_shape=jax.ShapeDtypeStruct((8 * n, 128), x.dtype),

@@ -64,5 +64,5 @@ def reference(x):
 if __name__ == "__main__":
     x = jax.random.normal(jax.random.key(0), (len(GROUPS) * 8, 128), jnp.float32)
     out = jax.jit(combine)(x, jnp.asarray(SIZES), jnp.asarray(GROUPS))
-    np.testing.assert_allclose(out, reference(x), rtol=1e-5)
+    np.testing.assert_allclose(out, reference(x), rtol=1e-5, atol=1e-5)  # the chip: 2.4e-7 apart
     print("revisit_smem_cursor_ok: output matches")

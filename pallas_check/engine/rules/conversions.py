@@ -16,7 +16,9 @@ their docstrings and abstract evaluations; `stochastic_round`'s abstract evaluat
 `tpu.pack_elementwise` / `tpu.unpack_elementwise` in `jaxlib/mosaic/python/_tpu_ops_gen.py`,
 and JAX's own chip tests of these ops (`tests/pallas/tpu_ops_test.py`:
 `test_pack_elementwise`, `test_unpack_elementwise`, `test_stochastic_round`).
-None of it has been checked on a chip by pallas-check.
+What a TPU v5e did (session 30, `hardware/`): the packing of `pack_elementwise_ok`
+agreed with the chip bit for bit; `stochastic_round` to bfloat16 follows the chip's bit
+rule (below), float8 targets the same rule, unverified.
 """
 
 from __future__ import annotations
@@ -111,31 +113,29 @@ def unpack(x: object, index: int, packed: object, unpacked: object, xp: ModuleTy
 def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleType) -> object:
     """`pltpu.stochastic_round(x, random_bits, target_dtype=target)`: float32 x rounded to
     one of its two neighbours in `target` (bfloat16, float8_e5m2, float8_e4m3fn or
-    float8_e4m3b11fnuz), the one away from zero when the uint32 `random_bits` of its
-    element are below its fraction.
+    float8_e4m3b11fnuz), the one away from zero when the low 23 bits of its element's
+    uint32 `random_bits` are below its fraction; a float32 subnormal x gives zero.
 
-    JAX 0.10.2 fixes the operands (float32 x, uint32 bits of x's shape: the abstract
-    evaluation and lowering), and its chip test the result: `lo` (x rounded toward zero
-    onto the target's grid) or `hi` (the next grid value away from zero), x itself when x
-    is on the grid, NaN for NaN. How the chip combines the random bits with the mantissa
-    is stated nowhere in JAX or the `tpu` dialect (`tpu.stochastic_convert` has no
-    description). This rule takes the one published definition of the family, XLA's
-    StochasticConvert (`xla/hlo/transforms/expanders/stochastic_convert_decomposer.cc`:
-    the fraction as an unsigned integer whose top bit is 2^-1, compared unsigned with the
-    random value, rounded away from zero when random < fraction), with the fraction
-    measured in the target's spacing at x:
+    JAX 0.10.2 fixes the operands (float32 x, uint32 bits of x's shape) and its chip test
+    the result (`lo`, x rounded toward zero onto the target's grid, or `hi`, the next grid
+    value away from zero; x itself when x is on the grid). How the bits decide is the
+    chip's, read off a TPU v5e (session 30, `hardware/chip/v5e/stochastic_round_bf16.npz`:
+    512 x 128 draws to bfloat16, every one reproduced): the fraction is the dropped part
+    of x's significand as a 23-bit field (for bfloat16, x's low 16 mantissa bits shifted
+    up by 7), compared unsigned with `random_bits & 0x7FFFFF`; the top 9 random bits are
+    ignored. So the probability of rounding away is fraction / 2^23 and the mean is x.
+    The v5e also flushed the subnormal input 3 * 2^-130 to 0 (not to itself, which
+    bfloat16 holds): a float32 subnormal x rounds to zero of x's sign here.
 
-        fraction = floor((|x| - |lo|) / (|hi| - |lo|) * 2^32);  result = hi if bits < fraction
+        fraction = floor((|x| - |lo|) / (|hi| - |lo|) * 2^23);  hi if (bits & 0x7FFFFF) < fraction
 
-    So all 32 bits count, the top ones first: for bfloat16 the fraction is x's low 16
-    mantissa bits times 2^16, and the result depends only on bits >> 16; bits 0 always
-    round away from zero when x is off the grid, bits 0xFFFFFFFF never do. Over uniform
-    bits the mean is exactly x (the probability is fraction / 2^32). Below the target's
-    normal range the spacing is its subnormals'. A result beyond the target's largest
-    finite value is what a plain conversion makes of it: inf for bfloat16 and
-    float8_e5m2, NaN for the float8 types without inf (the chip may saturate); ±inf
-    converts as `astype` does; NaN gives NaN. Not checked on a chip: the comparison, its
-    bit order and the overflow are this rule's reading.
+    Below the target's normal range the spacing is its subnormals'. The float8 targets
+    follow the same 23-bit rule on the v5e (session 30, `hardware/chip/v5e/subnormals.npz`:
+    512 draws of 128 values per target, subnormal, overflowing and negative ones among
+    them, every draw reproduced). Beyond the target's largest finite value: inf for
+    bfloat16 and float8_e5m2, NaN 0x7F (no sign) for float8_e4m3fn, the largest value
+    (saturation) for float8_e4m3b11fnuz; a flushed zero is +0 for float8_e4m3fn. ±inf and
+    NaN inputs convert as `astype` does (not probed).
     """
     finfo = ml_dtypes.finfo(target)  # type: ignore[no-untyped-call]  # (ml_dtypes)
     mant, emin = int(finfo.nmant), int(finfo.minexp)
@@ -159,8 +159,18 @@ def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleT
     lo = xp.where(in_mantissa, mag & ~low, np.uint32(0))
     spacing = np.float32(2.0 ** (emin - mant)).view(np.uint32)
     hi = xp.where(in_mantissa, lo + step, spacing)
-    rounded = xp.where(xp.asarray(random_bits).astype(np.uint32) < fraction, hi, lo)
+    # The chip compares 23 bits: the fraction's top 23 with the random word's low 23.
+    drawn = xp.asarray(random_bits).astype(np.uint32) & np.uint32(0x7FFFFF)
+    rounded = xp.where(drawn < (fraction >> np.uint32(9)), hi, lo)
     rounded = xp.where(field == 255, mag, rounded)  # inf and NaN pass as they are
+    rounded = xp.where(field == 0, np.uint32(0), rounded)  # subnormals flush (the v5e)
+    largest = np.float32(finfo.max).view(np.uint32)
+    beyond = (rounded > largest) & (field != 255)
+    if np.dtype(target) == np.dtype(ml_dtypes.float8_e4m3b11fnuz):
+        rounded = xp.where(beyond, largest, rounded)  # the v5e saturates this type
+    elif np.dtype(target) == np.dtype(ml_dtypes.float8_e4m3fn):
+        # The v5e's NaN of an overflow and its flushed zero carry no sign (0x7F, 0x00).
+        sign = xp.where(beyond | ((field == 0) & (mag != 0)), np.uint32(0), sign)
     return (sign | rounded).view(np.float32).astype(target)
 
 

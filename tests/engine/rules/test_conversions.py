@@ -4,11 +4,13 @@ tier's jax.numpy evaluation of the same definition equal to the engine's numpy o
 the ops in a kernel on each tier.
 
 The layouts are JAX 0.10.2's statement of the ops (docstrings, Mosaic's op descriptions,
-JAX's chip tests); which random bits round stochastic_round up is pallas-check's reading
-(XLA's StochasticConvert convention). Neither has been checked on a chip.
+JAX's chip tests); which random bits round stochastic_round up, and its flush of float32
+subnormals, are a TPU v5e's (hardware/chip/v5e/stochastic_round_bf16.npz, replayed below).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -124,8 +126,9 @@ ONE_AND_A_QUARTER_ULP = 0x3F804000  # 1 + 2^-9: a quarter of bfloat16's spacing 
 
 
 @pytest.mark.parametrize("bits, want", [
-    (0x00000000, 0x3F81), (0x3FFFFFFF, 0x3F81),   # below the fraction 0x40000000: up
-    (0x40000000, 0x3F80), (0xFFFFFFFF, 0x3F80),   # at or above it: toward zero
+    (0x00000000, 0x3F81), (0x001FFFFF, 0x3F81),   # low 23 bits below the fraction 0x200000
+    (0xFF800000, 0x3F81),                         # (the top 9 bits do not count): up
+    (0x00200000, 0x3F80), (0xFFFFFFFF, 0x3F80),   # at or above it: toward zero
 ])
 def test_bfloat16_rounds_away_from_zero_when_bits_are_below_the_fraction(bits, want):
     x = f32([ONE_AND_A_QUARTER_ULP, ONE_AND_A_QUARTER_ULP | 0x80000000])
@@ -134,11 +137,12 @@ def test_bfloat16_rounds_away_from_zero_when_bits_are_below_the_fraction(bits, w
     assert bits_of(got).tolist() == [want, want | 0x8000]
 
 
-def test_bfloat16_mean_over_every_top_half_is_exactly_the_input():
-    """The decision depends on bits >> 16 only (the fraction is a multiple of 2^16): over
-    all 65536 top halves, exactly 0x4000 round up, so the mean is x exactly."""
+def test_bfloat16_mean_over_every_value_of_bits_7_to_22_is_exactly_the_input():
+    """For bfloat16 the decision depends on bits 7..22 only (the fraction's 23-bit field is
+    a multiple of 2^7): over all 65536 values of them, exactly 0x4000 round up, so the mean
+    is x exactly."""
     x = np.full(65536, f32(ONE_AND_A_QUARTER_ULP))
-    bits = (np.arange(65536, dtype=np.uint32) << 16) | np.uint32(0xBEEF)
+    bits = (np.arange(65536, dtype=np.uint32) << 7) | np.uint32(0xFF80005F)
     got = stochastic_round(x, bits, BF16, np).astype(np.float64)
     assert int((got > 1).sum()) == 0x4000
     assert got.mean() == float(x[0])
@@ -151,6 +155,8 @@ def test_a_value_on_the_grid_is_kept_whatever_the_bits():
             got = both(lambda a, b, xp: stochastic_round(a, b, target, xp), x,
                        np.full(x.shape, bits, np.uint32))
             want = x.astype(target)
+            if target is B11:  # 448 is beyond e4m3b11fnuz's 30: the v5e saturates
+                want = np.clip(x, -30.0, 30.0).astype(target)
             np.testing.assert_array_equal(bits_of(got), bits_of(want))
 
 
@@ -160,10 +166,10 @@ def test_a_value_on_the_grid_is_kept_whatever_the_bits():
     (E4M3, 2.0**-10, 0.0, 2.0**-9),   # below the normal range: subnormal spacing 2^-9
     (B11, 2.0**-14, 0.0, 2.0**-13),   # e4m3b11fnuz: subnormal spacing 2^-13
 ])
-def test_float8_half_fraction_splits_the_bits_at_two_to_the_31(target, x, lo, hi):
+def test_float8_half_fraction_splits_the_low_23_bits_at_two_to_the_22(target, x, lo, hi):
     xs = np.array([x, x], np.float32)
     got = both(lambda a, b, xp: stochastic_round(a, b, target, xp), xs,
-               np.array([0x7FFFFFFF, 0x80000000], np.uint32))
+               np.array([0xFFBFFFFF, 0x00400000], np.uint32))
     assert got.astype(np.float64).tolist() == [hi, lo]
 
 
@@ -181,8 +187,8 @@ def test_overflow_special_values_and_far_below_the_grid():
     zeros = np.zeros(4, np.uint32)
     got = both(lambda a, b, xp: stochastic_round(a, b, BF16, xp), special, zeros)
     assert np.isnan(got[0]) and got[1:3].tolist() == [np.inf, -np.inf]
-    # 2^-149 is 2^-16 of bfloat16's smallest spacing 2^-133: fraction 2^16, bits 0 below it.
-    assert bits_of(got)[3] == 0x0001
+    # 2^-149, a float32 subnormal, flushes to zero as on the v5e (bits 0 would round up).
+    assert bits_of(got)[3] == 0x0000
     # ... and 2^-140 of e4m3fn's 2^-9: a fraction of 0, never rounded up.
     got = both(lambda a, b, xp: stochastic_round(a, b, E4M3, xp), special, zeros)
     assert np.isnan(got[:3]).all() and float(got[3]) == 0.0
@@ -235,3 +241,30 @@ def test_the_ops_in_a_kernel(tier):
     np.testing.assert_array_equal(back, a[1].astype(np.int16).astype(np.int32))
     np.testing.assert_array_equal(bits_of(rounded),
                                   bits_of(stochastic_round(x, bits, E5M2, np)))
+
+
+def test_the_v5e_draws_replayed_bit_for_bit():
+    """256 x 128 of a v5e's stochastic roundings to bfloat16 (session 30's recording of
+    samples/stochastic_round_ok.py: 128 values down the columns, random words from
+    jax.random.bits), the subnormal 3 * 2^-130 of column 4 among them, which the chip
+    flushed to 0: every result reproduced on both tiers' arithmetic."""
+    chip = np.load(Path(__file__).resolve().parents[3] / "hardware" / "chip" / "v5e"
+                   / "stochastic_round_bf16.npz")
+    got = both(lambda a, b, xp: stochastic_round(a, b, BF16, xp), chip["x"], chip["bits"])
+    assert bits_of(got).shape == chip["out"].shape
+    np.testing.assert_array_equal(bits_of(got), chip["out"])
+    assert (chip["out"][:, 4] == 0).all() and chip["x"][0, 4] == np.float32(3 * 2.0**-130)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.__name__)
+def test_the_v5e_draws_to_every_target_replayed_bit_for_bit(target):
+    """hardware/probes/subnormals.py on a v5e (session 30): 512 random words for each of
+    128 values per target, the float32 subnormals, the target's own subnormal range, values
+    just beyond its largest finite one (NaN 0x7F for e4m3fn, saturation for e4m3b11fnuz,
+    inf for bfloat16 and e5m2) and 1e30 among them: every draw reproduced."""
+    chip = np.load(Path(__file__).resolve().parents[3] / "hardware" / "chip" / "v5e"
+                   / "subnormals.npz")
+    name = np.dtype(target).name
+    got = both(lambda a, b, xp: stochastic_round(a, b, target, xp), chip[f"sr.{name}.x"],
+               chip["sr.bits"])
+    np.testing.assert_array_equal(bits_of(got), chip[f"sr.{name}.out"])
