@@ -81,6 +81,7 @@ class CallState(CallBuffers):
         self.semaphores: list[Buffer] = []
         self.barrier: Buffer | None = None
         self.unfinished = False  # deadlocked, or halted by a finding (CallHalted)
+        self.drew_random = False  # a core drew from its hardware PRNG (rules/random.py)
         self.scheduler = Scheduler(seed=config.seed)
         self.registry: dict[tuple[int, int | None, tuple[object, ...]], Buffer] = {}
         self.scoped_avals: dict[tuple[object, ...], tuple[Any, str]] = {}  # key -> (aval, name)
