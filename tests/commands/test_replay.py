@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import runpy
 import textwrap
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from typer.testing import CliRunner
 
 from pallas_check.cli.app import app
 from pallas_check.commands import recording
+from pallas_check.commands.record import Recorder
+from pallas_check.config import Config
+from pallas_check.intercept.patched_lowering import intercepted
+from pallas_check.intercept.session import Session
 from pallas_check.config.exitcodes import ExitCode
 from pallas_check.tpu_compile.toolchain import libtpu_missing
 from commands.test_record import hlo_as_chip  # noqa: F401 (a fixture)
@@ -281,6 +286,81 @@ def test_the_chips_compile_refusal_is_ours_too(tmp_path, at_root):
     assert (call["kernel"], call["finding_kinds"]) == ("gram_kernel", ["vmem-exceeded"])
     assert call["note"].startswith("the chip's run failed at this call: JaxRuntimeError:")
     assert report["ours"]["tpu"] == "v5e" and report["user_error"] is None
+
+
+DRAWS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def noise_kernel(seed_ref, x_ref, o_ref, bits_ref):
+    pltpu.prng_seed(seed_ref[0])
+    o_ref[...] = x_ref[...] + 1.0
+    bits_ref[...] = pltpu.stateful_bits((8, 128), jnp.uint32)
+
+
+def plus_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 2.0
+
+
+x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+spec = pl.BlockSpec((8, 128), lambda i, s: (0, 0))
+out, bits = pl.pallas_call(
+    noise_kernel, out_shape=[jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                             jax.ShapeDtypeStruct((8, 128), jnp.uint32)],
+    grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,),
+                                           in_specs=[spec], out_specs=[spec, spec]),
+)(jnp.array([7], jnp.int32), x)
+plus = pl.pallas_call(plus_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+np.testing.assert_array_equal(out, x + 1.0)
+np.testing.assert_array_equal(plus, x + 2.0)
+"""
+
+
+def recorded_by_ours(script: str, path: Path, chip) -> None:
+    """A recording of `script` with our own engine standing in for the chip (JAX's HLO
+    interpreter has no PRNG), `chip` making the chip's outputs of ours'."""
+    recorder, session = Recorder(), Session(Config())
+
+    def handler(params, operands, device=0, mesh_axes=()):
+        ours = session.handle_call(params, operands, device, mesh_axes)
+        return recorder.handle_call(params, operands, device, mesh_axes, native=chip(ours))
+
+    with intercepted(handler):
+        runpy.run_path(script, run_name="__main__")
+    recording.write(recording.Recording(script=script, args=[], chip="cpu", platform="cpu",
+                                        versions=recording.versions(),
+                                        calls=recorder.recorded()), path)
+
+
+def test_outputs_drawn_from_the_prng_are_not_compared(tmp_path, monkeypatch):
+    # The chip's generator draws other bits than ours: a call that drew from it has its
+    # outputs' shapes and dtypes compared, not their values; the other call is compared.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "draws.py").write_text(DRAWS)
+    path = tmp_path / "r.npz"
+    recorded_by_ours("draws.py", path, lambda ours: [
+        o ^ np.uint32(0x5A5A5A5A) if o.dtype == np.uint32 else o for o in ours])
+    code, report, output = replay(path)
+    assert code == 0, output
+    noise, plus = report["calls"]
+    assert [(o["name"], o["drawn"], o["mismatches"], o["max_abs"]) for o in noise["outputs"]
+            ] == [("o_ref", True, 0, None), ("bits_ref", True, 0, None)]
+    assert [(o["drawn"], o["mismatches"]) for o in plus["outputs"]] == [(False, 0)]
+    assert report["summary"]["drawn_outputs"] == 2
+    result = CliRunner().invoke(app, ["replay", str(path)], catch_exceptions=False)
+    assert "drawn from the chip's PRNG: 2 outputs (not compared)" in " ".join(
+        result.output.split())
+    # ...but an output of another dtype than the chip's differs.
+    made = recording.read(path)
+    made.calls[0].outputs[1] = made.calls[0].outputs[1].view(np.int32)
+    recording.write(made, path)
+    code, report, _ = replay(path)
+    assert code == ExitCode.FINDINGS
+    (bits,) = [o for o in report["calls"][0]["outputs"] if o["name"] == "bits_ref"]
+    assert (bits["mismatches"], bits["note"]) == (
+        8 * 128, "the other side's shape and dtype are (8, 128) int32")
 
 
 def test_bad_recordings_are_one_line(tmp_path, at_root):
