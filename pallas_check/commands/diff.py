@@ -42,7 +42,7 @@ from pallas_check.findings.finding import Finding, KernelInfo, SourceFrame
 from pallas_check.intercept import empties, outer
 from pallas_check.intercept.patched_lowering import intercepted
 from pallas_check.engine.call.exposures import differs
-from pallas_check.findings.output_diff import OutputDiff, compare
+from pallas_check.findings.output_diff import OutputDiff, compare, compare_drawn
 from pallas_check.config.display import display_for
 from pallas_check.report.comparison import summary_text
 from pallas_check.config.formats import DIFF, render
@@ -212,9 +212,9 @@ class DiffSession:
             if theirs is not None:
                 names = _output_names(params)
                 at = device if mesh_axes else 0
-                record.outputs = [compare(o, t, self.rtol, self.atol, (j, names[j]),
-                                          never.get((at, j)), chip=self.side.chip,
-                                          drawn=drawn)
+                record.outputs = [compare_drawn(o, t, (j, names[j])) if drawn
+                                  else compare(o, t, self.rtol, self.atol, (j, names[j]),
+                                               never.get((at, j)), chip=self.side.chip)
                                   for j, (o, t) in enumerate(zip(ours, theirs))]
                 if len(theirs) != len(ours):
                     record.error = (f"{self.side.label} returned"

@@ -117,8 +117,12 @@ def _scalar(x: np.generic | complex) -> Scalar:
     return value if np.isfinite(value) else str(value)
 
 
-def _drawn(ours: np.ndarray, theirs: np.ndarray, output: tuple[int, str]) -> OutputDiff:
-    """An output of a call that drew from the PRNG: its shape and dtype compared."""
+def compare_drawn(ours: np.ndarray, theirs: np.ndarray, output: tuple[int, str] = (0, "")
+                  ) -> OutputDiff:
+    """An output of a call in which a core drew from its hardware PRNG, whose bits no
+    simulation reproduces: only its shape and dtype are compared (each element a mismatch
+    when they differ)."""
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
     differs = ours.shape != theirs.shape or ours.dtype != theirs.dtype
     note = (f"the other side's shape and dtype are {tuple(theirs.shape)} {theirs.dtype}"
             if differs else None)
@@ -130,20 +134,15 @@ def _drawn(ours: np.ndarray, theirs: np.ndarray, output: tuple[int, str]) -> Out
 
 def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
             atol: float | None = None, output: tuple[int, str] = (0, ""),
-            never: np.ndarray | None = None, chip: bool = False,
-            drawn: bool = False) -> OutputDiff:
+            never: np.ndarray | None = None, chip: bool = False) -> OutputDiff:
     """Element-wise comparison; NaN equals NaN, infinities equal themselves. `never`: the
     elements ours never wrote (the engine's written-shadow): what a kernel leaves unwritten
     holds our fill on our side and whatever memory held on a chip, so they are counted
     apart (`never_written`) and take no part in the mismatches or the errors. `output`:
     its position and name among the call's outputs. `chip`:
     `theirs` is a chip's output, compared within the chip's own noise (`chip_tolerances`).
-    `drawn`: the call drew from a core's hardware PRNG, whose bits no simulation
-    reproduces: only the shape and dtype are compared (each element a mismatch when they
-    differ)."""
+    (An output a core's hardware PRNG drew: `compare_drawn`.)"""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
-    if drawn:
-        return _drawn(ours, theirs, output)
     if chip and ours.shape == theirs.shape:
         written = theirs if never is None or never.shape != theirs.shape else np.where(
             never, 0, theirs)

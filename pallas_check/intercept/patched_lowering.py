@@ -466,11 +466,9 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
                 if mode == "replace"
                 else _make_native_lowering(handler, mode,
                                            jax_lowering.pallas_call_lowering()))
-        # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
-        # lowering function, patched with it; in the native modes on a TPU, where JAX
-        # lowers them its own way, through mpmd_map's rule, patched too.)
-        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule, mode != "replace"),
-                        programs=programs)
+        # (`pl.kernel` kernels: via pallas_call.py's lowering function, on a TPU mpmd_map's)
+        native = mode != "replace"
+        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule, native), programs=programs)
     jax_lowering.begin_programs(programs)  # what JAX compiled before used the real lowering
 
 
