@@ -2,19 +2,24 @@
 simulation, on any CPU.
 
 Replay is `pallas-check diff` with the recording as the other side (`RecordedSide`): the
-recorded script runs again under the simulation, with the run's options (`--tpu v5e` by
-default), and each pallas_call it makes is matched to the recorded call of the same index
-(per device) and fingerprint. Ours simulates that call on the RECORDED operands, and its
-outputs are compared with the chip's by diff's rules (per-dtype tolerances, elements ours
-never wrote counted apart). The script gets the chip's outputs, so it goes on exactly as it
-did on the chip (its later calls see the operands the chip's run saw).
+recorded script runs again under the simulation, with the run's options, as the chip it
+was recorded on (`chip_config`: that generation simulated, each call compiled for it as it
+is lowered), and each pallas_call it makes takes the first recorded call not taken yet of
+its device and fingerprint, in the chip's order (independent calls of one program may run
+in another order on a TPU than on the CPU). Ours simulates that call on the RECORDED
+operands, and its outputs are compared with the chip's by diff's rules (per-dtype
+tolerances, elements ours never wrote and a PRNG's draws apart). The script gets the chip's
+outputs where it handed the call the recorded operands, so that it goes on as it did on
+the chip; ours on its own operands where it did not (`RecordedSide.given`).
 
 Agreement, call by call: the outputs match; a call the chip failed at (the recording's
-`script_error`, at the first call not recorded) is one ours reports a finding for, and a
-call the chip ran is one ours reports none for. A call not in the recording, a recorded
-call the script no longer makes, and a fingerprint that differs (the kernel changed since
-it was recorded, or another JAX traced it otherwise) are disagreements, each said plainly.
-Exit 0: everything agrees; 1: a disagreement; 2, 3, 4 as for `diff`.
+`script_error`: among the calls beyond the recording, the first ours reports a finding
+for) is one ours reports a finding for, and a call the chip ran is one ours reports none
+for (with `--expect-findings`, a defect's recording, its finding is the verdict). A call
+not in the recording, a recorded call the script no longer makes, and a fingerprint that
+differs (the kernel changed since it was recorded, or another JAX traced it otherwise) are
+disagreements, each said plainly. Exit 0: everything agrees; 1: a disagreement; 2, 3, 4 as
+for `diff`.
 """
 
 from __future__ import annotations
