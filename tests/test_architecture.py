@@ -48,7 +48,7 @@ def test_every_folder_of_the_package_is_a_package():
 def test_run_diff_and_native_share_one_run_path(monkeypatch):
     """The three commands differ only in the Command they hand to runner.run_command."""
     from pallas_check.commands import diff as compare
-    from pallas_check.commands import native
+    from pallas_check.commands import native, sides
     from pallas_check.run import runner
     from pallas_check.config import Config
     from pallas_check.config.exitcodes import ExitCode
@@ -62,7 +62,7 @@ def test_run_diff_and_native_share_one_run_path(monkeypatch):
     monkeypatch.setattr(runner, "run_command", fake_run_command)
     config = Config()
     runner.run_and_report("k.py", [], config, "json", None)
-    compare.run_diff_and_report("k.py", [], config, compare.parse_against("hlo", config),
+    compare.run_diff_and_report("k.py", [], config, sides.parse_against("hlo", config),
                                 compare.Tolerance(), "json", None)
     native.run_native_and_report("k.py", [], "json", None)
     assert seen == ["CheckCommand", "DiffCommand", "NativeCommand"]

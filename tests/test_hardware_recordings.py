@@ -1,29 +1,71 @@
 """Every recording in hardware/recordings/ (made on a real TPU with `pallas-check record`)
-replayed on the CPU: the simulation must agree with the chip (exit 0). With the folder
-empty there is nothing to replay, and nothing fails."""
+replayed on the CPU: the simulation must agree with the chip (exit 0). The `_ok` samples'
+recordings at the top must agree call by call. The `_bug` samples' (`bugs/`) must agree on
+the verdict (`replay --expect-findings`): where the chip failed at a call (its compiler
+refused the kernel, it halted), ours reports a finding at that call; where it ran the
+defect silently, ours reports it, and every kind the sample's docstring expects is among
+what ours reported. `pending/` holds recordings that do not agree yet (its README.md)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from pallas_check.cli.app import app
+from pallas_check.commands import recording
+from scenarios.test_samples import expectations
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS = sorted((ROOT / "hardware" / "recordings").glob("*.npz"))
+DEFECTS = sorted((ROOT / "hardware" / "recordings" / "bugs").glob("*.npz"))
+# Findings about the report, not a call (a suppression comment that matched nothing):
+# the chip has nothing to say of them, and its outputs agree with ours.
+REPORT_KINDS = {"unused-suppression"}
+
+
+def _replay(path: Path, tmp_path: Path, *args: str) -> tuple[int, dict | None, str]:
+    out = tmp_path / "replay.json"
+    result = CliRunner().invoke(app, ["replay", str(path), *args, "--format", "json",
+                                      "-o", str(out)], catch_exceptions=False)
+    return result.exit_code, json.loads(out.read_text()) if out.exists() else None, \
+        result.output
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
 def test_the_simulation_agrees_with_the_chip(path, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # recordings keep their script's path from the root
-    out = tmp_path / "replay.json"
-    result = CliRunner().invoke(app, ["replay", str(path), "--format", "json", "-o", str(out)],
-                                catch_exceptions=False)
-    report = json.loads(out.read_text()) if out.exists() else None
-    assert result.exit_code == 0, (report and _disagreement(report)) or result.output
+    code, report, output = _replay(path, tmp_path)
+    assert code == 0, (report and _disagreement(report)) or output
+
+
+@pytest.mark.parametrize("path", DEFECTS, ids=lambda p: p.name)
+def test_the_simulation_and_the_chip_agree_on_each_defect(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    expected = expectations(ROOT / recording.read(path).script)
+    kinds = {e["kind"] for e in expected}
+    assert kinds, f"{path.name}: its sample states no expected finding"
+    if kinds <= REPORT_KINDS:
+        code, report, output = _replay(path, tmp_path)
+        assert code == 0, (report and _disagreement(report)) or output
+        return
+    code, report, output = _replay(path, tmp_path, "--expect-findings",
+                                   *_dma([e.get("args", "") for e in expected]))
+    assert code == 0, (report and _disagreement(report)) or output
+    assert report is not None
+    found = {kind for call in report["calls"] for kind in call["finding_kinds"]}
+    assert kinds <= found, f"{path.name}: expected {sorted(kinds)}, ours {sorted(found)}"
+
+
+def _dma(args: list[str]) -> list[str]:
+    """The `--dma` mode a sample's expected finding needs (replay takes it; `--tpu` is the
+    recording's chip, and races are on with --expect-findings)."""
+    words = [w for text in args for w in shlex.split(text)]
+    at = words.index("--dma") if "--dma" in words else None
+    return words[at:at + 2] if at is not None else []
 
 
 def _disagreement(report: dict) -> str:

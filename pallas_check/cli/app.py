@@ -306,7 +306,7 @@ def _start_the_run(compiling: bool = False) -> None:
     terminal. A Ctrl-C meanwhile stops the run before the script (process/interrupts.py)."""
     with interrupts.handled():
         # Used as pallas_check.run.runner, ...: the package holds them once imported.
-        import pallas_check.commands.compile, pallas_check.commands.diff, pallas_check.commands.native, pallas_check.commands.record, pallas_check.commands.replay, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
+        import pallas_check.commands.compile, pallas_check.commands.diff, pallas_check.commands.sides, pallas_check.commands.native, pallas_check.commands.record, pallas_check.commands.replay, pallas_check.run.runner  # noqa: E401 lazy: JAX after XLA_FLAGS
 
         start_backends_quietly(compiling)
 
@@ -388,7 +388,8 @@ def diff(script: Path, script_args: Optional[List[str]] = None,
     # side (as before races became `run`'s default); `--against "--races"` turns it on.
     config = config_from(options, DIFF_OPTIONS, races=False)
     compare = pallas_check.commands.diff
-    side = compare.parse_against(against, config)  # a bad --against: a UsageError, exit 2
+    # a bad --against: a UsageError, exit 2
+    side = pallas_check.commands.sides.parse_against(against, config)
     if side.native:
         reason = pallas_check.commands.native.native_unavailable()
         if reason:
@@ -443,13 +444,17 @@ def replay(recording: Path, **options: Any) -> None:  # Any: each option's own t
     _generations(options["tpu"], False)
     output = _check_output(options["output"], recording)
     _set_device_count(options["devices"])
-    _start_the_run()
+    _start_the_run(True)  # the chip's compile at each call (below)
     replaying = pallas_check.commands.replay
     made = replaying.load(recording)  # not a recording, or its script not here: exit 2
-    config = config_from(options, REPLAY_OPTIONS, races=False)
+    expect = bool(options["expect_findings"])
+    # The recording's chip, its compile checked at each call (replay.chip_config). A
+    # defect's recording is checked as `run` checks (races on); otherwise races, which
+    # change no output, stay off.
+    config = replaying.chip_config(made, config_from(options, REPLAY_OPTIONS, races=expect))
     tolerance = pallas_check.commands.diff.Tolerance(options["rtol"], options["atol"])
     raise _guarded(lambda: replaying.run_replay_and_report(recording, made, config, tolerance,
-                                                           fmt, output))
+                                                           fmt, output, expect))
 
 
 def main() -> None:

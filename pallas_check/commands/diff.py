@@ -11,23 +11,21 @@ same host callback and on the same operands, is one of:
 - `jax-interpret`  JAX's TPU interpreter (`InterpretParams()`, with our uninitialized
              fill and DMA mode so that a difference is one of the interpreters);
 - another configuration of ours, given as options: `--against "--uninit zero"`.
+
+(The sides beside the hardware, and `--against`'s parsing: commands/sides.py.)
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
-import functools
 import hashlib
-import inspect
 import itertools
-import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import Any, ContextManager, Iterator, NamedTuple, NoReturn, Sequence
+from typing import Callable, ContextManager, Iterator, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -35,22 +33,21 @@ import numpy as np
 from pallas_check.jaxbridge.call import describe
 from pallas_check.run import runner
 from pallas_check.config import Config
-from pallas_check.config.options import BY_PARAM
 from pallas_check.engine.call.describe import kernel_arg_names, kernel_info
 from pallas_check.engine.runtime.backend import engine_device
-from pallas_check.config.errors import UsageError, one_line, short_error
+from pallas_check.config.errors import one_line, short_error
 from pallas_check.process.execfile import ScriptOutcome
 from pallas_check.config.exitcodes import ExitCode, exit_code_for
-from pallas_check.findings.finding import SourceFrame
+from pallas_check.findings.finding import Finding, KernelInfo, SourceFrame
 from pallas_check.intercept import empties, outer
 from pallas_check.intercept.patched_lowering import intercepted
 from pallas_check.engine.call.exposures import differs
-from pallas_check.jaxbridge import hlo_interpreter, tpu_interpret_params, tpu_interpreter
-from pallas_check.findings.output_diff import OutputDiff, compare
+from pallas_check.findings.output_diff import OutputDiff, compare, compare_drawn
 from pallas_check.config.display import display_for
 from pallas_check.report.comparison import summary_text
 from pallas_check.config.formats import DIFF, render
 from pallas_check.run.runner import Verdict, config_dict, script_traceback
+from pallas_check.intercept.chip import ChipCheck
 from pallas_check.intercept.session import Session
 from pallas_check.intercept.tpu_info import simulated_tpu
 from pallas_check.jaxbridge.chip_arithmetic import chip_arithmetic
@@ -72,6 +69,9 @@ class Side:
     # Whether the script gets this side's outputs (a recording: the script goes on as it
     # did on the chip) instead of ours.
     feeds_script = False
+    # Its PRNG bits are ours (another configuration of ours): outputs of a call that drew
+    # from a core's hardware PRNG are compared; against anything else they are not.
+    same_prng = False
 
     def inputs_for(self, params: dict, operands: Sequence[np.ndarray], device: int,
                    index: int, record: CallDiff) -> Sequence[np.ndarray]:
@@ -79,9 +79,18 @@ class Side:
         the recorded ones); may note on `record` what it knows of the call."""
         return operands
 
+    def refused(self, record: CallDiff) -> None:
+        """A call the chip's compile refused at its lowering (listed, never run)."""
+
     def outputs(self, params: dict, operands: Sequence[np.ndarray], device: int,
                 mesh_axes: tuple, native: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def given(self, params: dict, operands: Sequence[np.ndarray],
+              inputs: Sequence[np.ndarray], ours: list[np.ndarray],
+              theirs: list[np.ndarray], device: int, mesh_axes: tuple) -> list[np.ndarray]:
+        """What the script gets from a side that feeds it: its outputs, as ours' types."""
+        return [np.asarray(t, dtype=o.dtype).reshape(o.shape) for o, t in zip(ours, theirs)]
 
     def config_dict(self) -> dict | None:
         return None
@@ -95,148 +104,6 @@ class NativeSide(Side):
     def outputs(self, params, operands, device, mesh_axes, native):
         assert native is not None
         return [np.asarray(x) for x in native]
-
-
-class _JaxInterpreterSide(Side):
-    """A JAX interpreter, jitted once per lowered call and run on the call's operands."""
-
-    def __init__(self) -> None:
-        self._jitted: dict[int, tuple[dict, Any]] = {}
-        self._lock = threading.Lock()
-
-    def _function(self, params: dict) -> Any:
-        raise NotImplementedError
-
-    def outputs(self, params, operands, device, mesh_axes, native):
-        if mesh_axes and int(np.prod([s for _, s in mesh_axes])) > 1:
-            raise RuntimeError(f"a call inside shard_map over several devices cannot be"
-                               f" compared against {self.label}")
-        with self._lock:
-            # `params` is the same dict for every run of one lowered call.
-            entry = self._jitted.get(id(params))
-            if entry is None:
-                entry = self._jitted[id(params)] = (params, jax.jit(self._function(params)))
-        return [np.asarray(x) for x in entry[1](*operands)]
-
-
-def _accepted(fn: Any, params: dict) -> dict:
-    names = inspect.signature(fn).parameters
-    return {k: v for k, v in params.items() if k in names}
-
-
-class HloSide(_JaxInterpreterSide):
-    label = "hlo"
-
-    def _function(self, params):
-        fn = hlo_interpreter().pallas_call_hlo_interpret
-        return functools.partial(fn, **_accepted(fn, params))
-
-
-class JaxInterpretSide(_JaxInterpreterSide):
-    label = "jax-interpret"
-
-    def __init__(self, config: Config) -> None:
-        super().__init__()
-        self.config = config
-
-    def interpret_params(self) -> Any:
-        return tpu_interpret_params()(uninitialized_memory=self.config.uninit.value,
-                               dma_execution_mode=self.config.dma_mode.value)
-
-    def config_dict(self):
-        return {k: v for k, v in dataclasses.asdict(self.interpret_params()).items()
-                if isinstance(v, (int, float, str, bool, type(None)))}
-
-    def _function(self, params):
-        fn = tpu_interpreter().interpret_pallas_call
-        return functools.partial(fn, interpret_params=self.interpret_params(),
-                                 **_accepted(fn, params))
-
-
-class ConfigSide(Side):
-    """Our engine again, with another Config; its findings are not reported."""
-
-    def __init__(self, config: Config, text: str) -> None:
-        self.config = config
-        self.label = text
-        # Not reported, and not heard: the kernels' prints are our own side's to write.
-        self.session = Session(dataclasses.replace(config, check_uninit_outputs=False,
-                                                   quiet_prints=True))
-
-    def outputs(self, params, operands, device, mesh_axes, native):
-        return [np.asarray(x) for x in
-                self.session.handle_call(params, operands, device, mesh_axes)]
-
-    def config_dict(self):
-        return config_dict(self.config)
-
-
-# The options of ours `--against "..."` takes (declared in options.py): those that change
-# what one simulation computes, and `--tier` (the compiled tier held to the engine:
-# `--tier compiled --against "--tier engine"`; any difference is ours).
-AGAINST_OPTIONS = tuple(BY_PARAM[name] for name in ("dma", "tier", "uninit", "skip_floats",
-                                                    "races", "cores", "seed"))
-
-
-def _option_parser() -> argparse.ArgumentParser:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> NoReturn:  # never print, never exit
-            raise UsageError(message)
-
-    p = Parser(prog="--against", add_help=False, allow_abbrev=False)
-    for option in AGAINST_OPTIONS:
-        if option.kind is bool:
-            p.add_argument(option.flags[0], dest=option.param, action="store_true",
-                           default=None)
-            p.add_argument(f"--no-{option.key}", dest=option.param, action="store_false")
-        else:
-            typed: dict[str, Any] = ({"choices": option.choices} if option.choices
-                                     else {"type": option.kind})  # (the other: its default)
-            p.add_argument(option.flags[0], dest=option.param, **typed)
-    return p
-
-
-def _against_help() -> str:
-    return ", ".join(f"--[no-]{o.key}" if o.kind is bool else o.flags[0]
-                     for o in AGAINST_OPTIONS)
-
-
-def parse_against(text: str | None, config: Config) -> Side:
-    """The comparison side named by `--against` (None: the hardware)."""
-    text = (text or "native").strip()
-    if text == "native":
-        return NativeSide()
-    if text == "hlo":
-        return HloSide()
-    if text == "jax-interpret":
-        return JaxInterpretSide(config)
-    if not text.startswith("-"):
-        raise UsageError(f"unknown --against {text!r} (choose native, hlo, jax-interpret or"
-                         f" options of ours such as \"--uninit zero\")")
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise UsageError(f"--against {text!r}: {exc}") from None
-    try:
-        ns = _option_parser().parse_args(words)
-    except UsageError as exc:
-        raise UsageError(f"--against {text!r}: {exc} (options allowed there:"
-                         f" {_against_help()})") from None
-    changes: dict[str, Any] = {}
-    for option in AGAINST_OPTIONS:
-        value = getattr(ns, option.param)
-        if value is None:
-            continue
-        if option.minimum is not None and value < option.minimum:
-            raise UsageError(f"--against {text!r}: {option.flags[0]} must be at least"
-                             f" {option.minimum}")
-        assert option.config_field is not None  # each of AGAINST_OPTIONS sets one
-        changes[option.config_field] = option.kind(value)
-    other = dataclasses.replace(config, **changes)
-    if other == config:
-        raise UsageError(f"--against {text!r} is the configuration already in use;"
-                         f" nothing would differ")
-    return ConfigSide(other, " ".join(words))
 
 
 # ---------------------------------------------------------------- the session
@@ -258,6 +125,7 @@ class CallDiff:
     note: str | None = None  # what else is known of the call (the chip failed here, ...)
     ours_index: int | None = None  # the call's index in our session (its findings)
     findings: int = 0  # what our session reported for this call (set with the report)
+    finding_kinds: list[str] = dataclasses.field(default_factory=list)  # (replay's) their kinds
 
     @property
     def mismatches(self) -> int:
@@ -310,6 +178,9 @@ class DiffSession:
         self.side_error: str | None = None
         self._seq: dict[int, itertools.count] = {}
         self._lock = threading.Lock()
+        # The chip's compile at each call's lowering, where the config asks for it
+        # (`replay`: intercept/chip.py); a call it refuses is listed here too.
+        self.ours.chip = ChipCheck(config, self._refused)
         # A side that feeds the script: per call (params, device, operands' digest), the
         # operands ours ran on, ours' outputs and what the script got (for a re-run).
         self._fed: dict[tuple[int, int, bytes], tuple[Sequence[np.ndarray],
@@ -329,17 +200,21 @@ class DiffSession:
                          for g in describe(params).grid)
             record = CallDiff(index, device, kernel.name, kernel.file, kernel.line, grid, [])
             inputs = self.side.inputs_for(params, operands, device, index, record)
+            if inputs is not operands:  # what the script made with `jnp.empty`, still so
+                empties.stand_in(params, operands, inputs)
             ours = self.ours.handle_call(params, inputs, device, mesh_axes,
                                          call_site=call_site)
             last = self.ours.last_call()
-            never = last[1] if last is not None else {}
-            record.ours_index = last[0] if last is not None else None
+            never = last.never_written if last is not None else {}
+            record.ours_index = last.index if last is not None else None
+            drawn = last is not None and last.drew_random and not self.side.same_prng
             theirs = self._theirs(params, inputs, device, mesh_axes, native, record)
             if theirs is not None:
                 names = _output_names(params)
                 at = device if mesh_axes else 0
-                record.outputs = [compare(o, t, self.rtol, self.atol, (j, names[j]),
-                                          never.get((at, j)), chip=self.side.chip)
+                record.outputs = [compare_drawn(o, t, (j, names[j])) if drawn
+                                  else compare(o, t, self.rtol, self.atol, (j, names[j]),
+                                               never.get((at, j)), chip=self.side.chip)
                                   for j, (o, t) in enumerate(zip(ours, theirs))]
                 if len(theirs) != len(ours):
                     record.error = (f"{self.side.label} returned"
@@ -349,11 +224,27 @@ class DiffSession:
                 self.calls.append(record)
             if not self.side.feeds_script or theirs is None or len(theirs) != len(ours):
                 return ours
-            given = [np.asarray(t, dtype=o.dtype).reshape(o.shape)
-                     for o, t in zip(ours, theirs)]
+            given = self.side.given(params, operands, inputs, ours, theirs, device, mesh_axes)
             with self._lock:
                 self._fed[(id(params), device, _digest(operands))] = (inputs, ours, given)
             return given
+
+    def _refused(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+                 mesh_axes: tuple, finding: Callable[[int], Finding]) -> int:
+        """A call the chip's compile refused as it was lowered: ours' (its finding), and
+        listed here, not compared (nothing ran: the program raised the chip's error)."""
+        index = self.ours.refused_by_chip(params, kernel, call_site, mesh_axes, finding)
+        with self._lock:
+            seq = next(self._seq.setdefault(0, itertools.count()))
+        grid = tuple(int(g) if isinstance(g, (int, np.integer)) else -1
+                     for g in describe(params).grid)
+        record = CallDiff(seq, 0, kernel.name, kernel.file, kernel.line, grid, [],
+                          error=f"not run: {self.ours.chip.generation.value}'s compiler"
+                                f" refuses it", ours_index=index)
+        self.side.refused(record)
+        with self._lock:
+            self.calls.append(record)
+        return index
 
     def _theirs(self, params: dict, inputs: Sequence[np.ndarray], device: int,
                 mesh_axes: tuple, native: Sequence[np.ndarray] | None,
@@ -375,15 +266,18 @@ class DiffSession:
     def _again(self, params: dict, operands: Sequence[np.ndarray], device: int,
                mesh_axes: tuple, call_site: SourceFrame | None) -> list[np.ndarray]:
         """A call of a program the judge re-runs: ours again, on the operands it first ran
-        on; where the first run gave the script the side's outputs, those again, with the
-        elements the re-run changed (the judge's other values) taken from ours."""
+        on; where the first run gave the script the side's outputs, those again, but for
+        the elements the re-run changed (the judge's other values): there a value other
+        than the script got, ours' other value, or ours' first where the side's was that
+        other value already (a chip's unwritten memory often holds 0, one of our fills)."""
         with self._lock:
             kept = self._fed.get((id(params), device, _digest(operands)))
         inputs = kept[0] if kept is not None else operands
         again = self.ours.handle_call(params, inputs, device, mesh_axes, call_site=call_site)
         if kept is None:
             return again
-        return [np.where(differs(a, o), a, g) for a, o, g in zip(again, kept[1], kept[2])]
+        return [np.where(differs(a, o), np.where(differs(a, g), a, o), g)
+                for a, o, g in zip(again, kept[1], kept[2])]
 
     @contextlib.contextmanager
     def install(self) -> Iterator[None]:
@@ -391,7 +285,9 @@ class DiffSession:
             if self.side.native:  # kernels asking which chip they run on get the real one
                 stack.enter_context(intercepted(self.handle_call, mode="alongside"))
             else:
-                stack.enter_context(intercepted(self.handle_call, call_sites=True))
+                stack.enter_context(intercepted(
+                    self.handle_call, call_sites=True,
+                    chip=self.ours.chip.check if self.ours.chip.on else None))
                 stack.enter_context(simulated_tpu(self.config.tpu, self.config.cores))
             # ours on the CPU rounds products as the chip does (the native side's program
             # runs on the chip, which rounds its own)

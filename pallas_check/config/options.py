@@ -249,6 +249,11 @@ RECORD_OPTIONS: tuple[Option, ...] = (
 # side is the recording.
 REPLAY_OPTIONS: tuple[Option, ...] = (
     *(o for o in DIFF_OPTIONS if o.param not in ("against", "native")),
+    Option("expect_findings", ("--expect-findings",), bool, False,
+           "The recording is of a defect (a _bug script): ours checks as `run` does (races"
+           " on), a finding where the chip ran silently is the verdict, not a disagreement,"
+           " and output differences a finding about values explains are counted apart;"
+           " ours finding nothing disagrees."),
 )
 
 

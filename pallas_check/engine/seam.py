@@ -39,6 +39,10 @@ class RunningCall(DmaCall, Protocol):
     """The running call as a rule sees it: where its moments go (each becomes a typed event
     for the call's listeners), its DMA state and mode, its buffers by place."""
 
+    # Whether a core drew bits from its hardware PRNG (engine/rules/random.py): bits
+    # that are ours, not the chip's (`diff` and `replay` do not compare such a call's values).
+    drew_random: bool
+
     @property
     def feeds(self) -> Feeds: ...
 

@@ -45,6 +45,12 @@ class OutputDiff:
     # Elements ours never wrote (the fill, against whatever the other side left there):
     # counted here, never as mismatches (see `compare`).
     never_written: int = 0
+    # The call drew from a core's hardware PRNG: ours are our generator's bits, the other
+    # side's its own; the values are not compared (only the shape and dtype).
+    drawn: bool = False
+    # `replay --expect-findings`: mismatching elements a finding of ours on the call
+    # explains (the defect's values), moved here from `mismatches`.
+    explained: int = 0
 
 
 class _Named(TypedDict):
@@ -111,6 +117,21 @@ def _scalar(x: np.generic | complex) -> Scalar:
     return value if np.isfinite(value) else str(value)
 
 
+def compare_drawn(ours: np.ndarray, theirs: np.ndarray, output: tuple[int, str] = (0, "")
+                  ) -> OutputDiff:
+    """An output of a call in which a core drew from its hardware PRNG, whose bits no
+    simulation reproduces: only its shape and dtype are compared (each element a mismatch
+    when they differ)."""
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    differs = ours.shape != theirs.shape or ours.dtype != theirs.dtype
+    note = (f"the other side's shape and dtype are {tuple(theirs.shape)} {theirs.dtype}"
+            if differs else None)
+    return OutputDiff(output=output[0], name=output[1], shape=tuple(ours.shape),
+                      dtype=str(ours.dtype), size=int(ours.size),
+                      mismatches=int(ours.size) if differs else 0, max_abs=0.0, max_rel=0.0,
+                      first=[], note=note, drawn=True)
+
+
 def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
             atol: float | None = None, output: tuple[int, str] = (0, ""),
             never: np.ndarray | None = None, chip: bool = False) -> OutputDiff:
@@ -119,7 +140,8 @@ def compare(ours: np.ndarray, theirs: np.ndarray, rtol: float | None = None,
     holds our fill on our side and whatever memory held on a chip, so they are counted
     apart (`never_written`) and take no part in the mismatches or the errors. `output`:
     its position and name among the call's outputs. `chip`:
-    `theirs` is a chip's output, compared within the chip's own noise (`chip_tolerances`)."""
+    `theirs` is a chip's output, compared within the chip's own noise (`chip_tolerances`).
+    (An output a core's hardware PRNG drew: `compare_drawn`.)"""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     if chip and ours.shape == theirs.shape:
         written = theirs if never is None or never.shape != theirs.shape else np.where(

@@ -7,6 +7,7 @@ import dataclasses
 
 from pallas_check.engine.call import describe
 from pallas_check.engine.call.describe import MeshInfo
+from pallas_check.engine.call.exposures import NeverWritten
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.findings.finding import KernelInfo, SourceFrame
 
@@ -41,3 +42,15 @@ class Call:
 class CallInFlight:
     call: Call
     live: InFlight  # what the call found so far
+
+
+@dataclasses.dataclass(frozen=True)
+class LastCall:
+    """A thread's last call the session simulated and checked (Session.last_call): its
+    index, the output elements it never wrote, and whether a core drew bits from its
+    hardware PRNG (values no simulation reproduces: `diff` and `replay` do not compare
+    them)."""
+
+    index: int
+    never_written: NeverWritten
+    drew_random: bool = False

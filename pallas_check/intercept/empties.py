@@ -33,9 +33,11 @@ _saved: list[tuple[Any, str, Any]] | None = None
 
 
 def _remember(array: Any) -> None:
-    """Track `array` if it is a concrete array on one device (not a tracer)."""
+    """Track `array` if it is a concrete array on one device (not a tracer), or a host
+    array standing in for one (`stand_in`)."""
     try:
-        pointer = int(array.unsafe_buffer_pointer())
+        pointer = (array.__array_interface__["data"][0] if isinstance(array, np.ndarray)
+                   else int(array.unsafe_buffer_pointer()))
         nbytes = int(array.nbytes)
     except Exception:  # noqa: BLE001 - a tracer, or an array over several devices
         return
@@ -77,6 +79,8 @@ def _is_empty(operand: np.ndarray) -> bool:
     if entry is None or entry[1] != nbytes:
         return False
     array = entry[0]()
+    if isinstance(array, np.ndarray):  # a host array standing in for one (`stand_in`)
+        return True
     try:
         return (array is not None and not array.is_deleted()
                 and int(array.unsafe_buffer_pointer()) == pointer)
@@ -94,6 +98,19 @@ def never_written_inputs(params: dict, operands: Sequence[np.ndarray]) -> frozen
     inputs = list(operands)[first: first + call.num_inputs]
     return frozenset(i for i, a in enumerate(inputs)
                      if isinstance(a, np.ndarray) and _is_empty(a))
+
+
+def stand_in(params: dict, operands: Sequence[np.ndarray],
+             standing: Sequence[np.ndarray]) -> None:
+    """`standing` (host arrays: a recording's operands, `pallas-check replay`) stand for
+    the call's `operands`: each that stands for an array made empty is one too, for as
+    long as it lives."""
+    found = never_written_inputs(params, operands)
+    if found:
+        call = describe(params)
+        first = call.num_grid_bounds + call.num_scalars
+        for i in found:
+            _remember(standing[first + i])
 
 
 def install() -> None:

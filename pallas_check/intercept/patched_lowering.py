@@ -396,8 +396,8 @@ def _make_native_lowering(handler: Callable[..., Sequence[np.ndarray]], mode: st
 
     def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
         params.pop("interpret", None)
-        native = list(original.rule(ctx.replace(), *in_nodes, interpret=NATIVE_INTERPRET,
-                                    **params))
+        native = jax_lowering.hardware_nodes(original.rule, ctx, in_nodes, params,
+                                             NATIVE_INTERPRET)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
         n_in = len(in_nodes)
 
@@ -466,9 +466,9 @@ def install(handler: CallHandler, mode: str = "replace", fills_results: bool = F
                 if mode == "replace"
                 else _make_native_lowering(handler, mode,
                                            jax_lowering.pallas_call_lowering()))
-        # (`pl.kernel` / `mpmd_map` kernels reach the same rule through pallas_call.py's
-        # lowering function, patched with it.)
-        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule), programs=programs)
+        # (`pl.kernel` kernels: via pallas_call.py's lowering function, on a TPU mpmd_map's)
+        native = mode != "replace"
+        _saved = _Saved(jax_lowering.patch_pallas_call_lowering(rule, native), programs=programs)
     jax_lowering.begin_programs(programs)  # what JAX compiled before used the real lowering
 
 

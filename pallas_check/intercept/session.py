@@ -30,7 +30,7 @@ from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.deliver.delivery import write_stdout
 from pallas_check.engine.call import capacity, describe, explore
 from pallas_check.engine.call.explore import CallSetting
-from pallas_check.engine.call.exposures import NeverWritten, never_written
+from pallas_check.engine.call.exposures import never_written
 from pallas_check.engine.call.carried import forget, never_taken
 from pallas_check.engine.call.describe import MeshInfo, resolve_grid
 from pallas_check.engine.jaxpr.halts import EngineBug, KernelError
@@ -51,7 +51,8 @@ from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.unchecked import Unchecked
 from pallas_check.intercept.tiers import COMPILED, ENGINE, Tiers, TierRun
 from pallas_check.intercept.chip import ChipCheck
-from pallas_check.intercept.call_record import UNNAMED, Call, CallInFlight, kernel_or_unnamed
+from pallas_check.intercept.call_record import (UNNAMED, Call, CallInFlight, LastCall,
+                                                kernel_or_unnamed)
 
 
 _SESSIONS = itertools.count()
@@ -129,7 +130,7 @@ class Session:
         if config.compile:
             self.compile_recorder = CompileRecorder()
         # The first generation's compile at each call's lowering (intercept/chip.py).
-        self.chip = ChipCheck(config, self._refused_by_chip)
+        self.chip = ChipCheck(config, self.refused_by_chip)
 
     # The interception handler.
     def handle_call(self, params: dict, operands: Sequence[np.ndarray], device: int = 0,
@@ -153,10 +154,10 @@ class Session:
             progress.beat()
             self.tell_owner()
 
-    def last_call(self) -> tuple[int, NeverWritten] | None:
-        """This thread's last call, when it was simulated and checked: its index and the
-        output elements it never wrote; None for a call passed through or re-run."""
-        last: tuple[int, NeverWritten] | None = getattr(self._last, "call", None)
+    def last_call(self) -> LastCall | None:
+        """This thread's last call, when it was simulated and checked (see LastCall); None
+        for a call passed through or re-run."""
+        last: LastCall | None = getattr(self._last, "call", None)
         return last
 
     def tell_owner(self) -> None:
@@ -227,7 +228,7 @@ class Session:
             compiled = self.tiers.attempt(params, mesh.num_devices, never, device_operands[0],
                                           results, f"{kernel.name}{where}")
             if compiled.outputs is not None:  # a clear verdict: every output written
-                self._last.call = (index, {})
+                self._last.call = LastCall(index, {})
                 return self._compiled_done(call, program, outside, key, compiled)
             started = time.perf_counter()
             result = self._run_engine(call, results, checkers, live, never)
@@ -245,7 +246,7 @@ class Session:
         self.store.extend(self.judge.received(program, outside, key, index, result.seed,
                                               result.findings, result.exposures))
         self._write_prints(result.prints)
-        self._last.call = (index, never_written(result.exposures))
+        self._last.call = LastCall(index, never_written(result.exposures), result.drew_random)
         if result.timeline is not None and self.trace is not None:
             self.trace.keep(result.timeline, [*fits.findings, *result.findings])
         return_freed_memory()
@@ -254,7 +255,7 @@ class Session:
                      unused_memory=result.unused_memory, tier=(ENGINE, compiled.reason))
         return result.outputs
 
-    def _refused_by_chip(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
+    def refused_by_chip(self, params: dict, kernel: KernelInfo, call_site: SourceFrame | None,
                          mesh_axes: tuple, finding: Callable[[int], Finding]) -> int:
         """A call the chip's compiler refused as it was lowered (intercept/chip.py): listed
         as not run, with its finding; its index."""

@@ -10,6 +10,7 @@ so a JAX that moves one of them changes this file, not the interception.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable, Hashable, Sequence
 
 import jax
@@ -23,6 +24,11 @@ from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import pxla as _pxla
 from jax._src.pallas import pallas_call as _pallas_call
+
+try:  # `pl.kernel` / `core_map` kernels lower as an mpmd_map (jax 0.10)
+    from jax._src.pallas import mpmd as _mpmd
+except ImportError:  # pragma: no cover - a JAX whose core_map lowers as a pallas_call
+    _mpmd = None  # type: ignore[assignment]
 
 # The context JAX gives a lowering rule (its avals, module context, tokens).
 LoweringRuleContext = _mlir.LoweringRuleContext
@@ -125,6 +131,7 @@ class SavedLowering:
     default: Any  # the rule for every platform, or None
     platforms: dict[str, Any]  # platform -> its own rule (taken out while patched)
     module_lowering: Any  # pallas_call.py's `_pallas_call_lowering`
+    mesh_kernels: Any = None  # mpmd_map's rule entry, where `hardware` patched it
 
 
 def pallas_call_lowering() -> Any:
@@ -140,18 +147,61 @@ def pallas_call_lowering_is_plain() -> bool:
         prim in rules for rules in _mlir._platform_specific_lowerings.values())
 
 
-def patch_pallas_call_lowering(rule: Callable[..., Any]) -> SavedLowering:
+def patch_pallas_call_lowering(rule: Callable[..., Any], hardware: bool = False
+                               ) -> SavedLowering:
     """Lower every pallas_call with `rule` (platform rules taken out; `pl.kernel` /
-    `mpmd_map` kernels, which call pallas_call.py's lowering function directly, too)."""
+    `mpmd_map` kernels, which call pallas_call.py's lowering function directly off a TPU,
+    too). `hardware` (a rule that also lowers the call for the hardware,
+    `hardware_nodes`): on a TPU too, where JAX lowers an mpmd_map kernel its own way."""
     prim = _pallas_call.pallas_call_p
     saved = SavedLowering(
         pallas_call_lowering(),
         {p: rules.pop(prim) for p, rules in _mlir._platform_specific_lowerings.items()
          if prim in rules},
-        _pallas_call._pallas_call_lowering)
+        _pallas_call._pallas_call_lowering,
+        _mlir._lowerings.get(_mpmd.mpmd_map_p) if hardware and _mpmd is not None else None)
     register_lowering(prim, rule)
     _pallas_call._pallas_call_lowering = rule
+    if saved.mesh_kernels is not None:
+        register_lowering(_mpmd.mpmd_map_p, _mesh_kernel_rule(saved.mesh_kernels.rule))
     return saved
+
+
+# The platforms on which JAX lowers an mpmd_map kernel without pallas_call's lowering (its
+# TPU rule builds the Mosaic module itself); elsewhere its fallback lowers it as a call.
+MESH_KERNELS_OWN_LOWERING = ("tpu",)
+_hardware = threading.local()  # the chip's lowering of the mpmd_map being lowered, pending
+
+
+def _mesh_kernel_rule(jax_rule: Any) -> Callable[..., Any]:  # (JAX's rule entry)
+    """mpmd_map's lowering while a hardware rule is patched in: on a TPU, the kernel as
+    the pallas_call JAX's fallback makes of it (its grid the mesh) goes to the patched
+    rule, and that rule's `hardware_nodes` are JAX's own TPU lowering of the kernel."""
+
+    def rule(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> Any:
+        if (tuple(ctx.module_context.platforms) != MESH_KERNELS_OWN_LOWERING
+                or len(params["jaxprs"]) != 1 or params.get("external_meshes")):
+            return jax_rule(ctx, *in_nodes, **params)  # (off a TPU: the fallback, patched)
+        _hardware.pending = lambda c: jax_rule(c, *in_nodes, **params)
+        try:
+            return _mpmd._mpmd_map_fallback_lowering(ctx, *in_nodes, **params)
+        finally:
+            _hardware.pending = None
+
+    return rule
+
+
+def hardware_nodes(rule: Any, ctx: LoweringRuleContext, in_nodes: Sequence[Any],
+                   params: dict[str, Any], interpret: Any) -> list[Any]:
+    """The call's outputs as the hardware lowering makes them: pallas_call's `rule`
+    (JAX's, as `patch_pallas_call_lowering` found it), or for a mesh kernel on a TPU
+    (`_mesh_kernel_rule`) JAX's own lowering of its mpmd_map."""
+    fresh: Any = ctx.replace  # (JAX's copy of the context: untyped)
+    pending = getattr(_hardware, "pending", None)
+    if pending is not None:
+        _hardware.pending = None
+        return list(pending(fresh()))
+    return list(rule(fresh(), *in_nodes, interpret=interpret, **params))
 
 
 def restore_pallas_call_lowering(saved: SavedLowering) -> None:
@@ -163,3 +213,5 @@ def restore_pallas_call_lowering(saved: SavedLowering) -> None:
     for platform, entry in saved.platforms.items():
         _mlir._platform_specific_lowerings[platform][prim] = entry
     _pallas_call._pallas_call_lowering = saved.module_lowering
+    if saved.mesh_kernels is not None:
+        _mlir._lowerings[_mpmd.mpmd_map_p] = saved.mesh_kernels

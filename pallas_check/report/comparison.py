@@ -57,6 +57,8 @@ class DiffedCall(PlacedCall, Protocol):
     def note(self) -> str | None: ...
     @property
     def findings(self) -> int: ...
+    @property
+    def finding_kinds(self) -> Sequence[str]: ...
 
 
 class DiffedRun(Protocol):
@@ -115,9 +117,12 @@ def diff_dict(report: DiffedRun) -> JsonObject:
         for o in c.outputs:
             outputs.append({
                 "output": o.output, "name": o.name, "shape": list(o.shape), "dtype": o.dtype,
-                "size": o.size, "mismatches": o.mismatches, "max_abs": _number(o.max_abs),
-                "max_rel": _number(o.max_rel), "rtol": o.rtol, "atol": o.atol,
-                "note": o.note, "never_written": o.never_written,
+                "size": o.size, "mismatches": o.mismatches,
+                "max_abs": None if o.drawn else _number(o.max_abs),
+                "max_rel": None if o.drawn else _number(o.max_rel),
+                "rtol": None if o.drawn else o.rtol, "atol": None if o.drawn else o.atol,
+                "note": o.note, "never_written": o.never_written, "drawn": o.drawn,
+                "explained": o.explained,
                 "first_mismatches": [{"index": list(m.index), "ours": m.ours,
                                       "theirs": m.theirs} for m in o.first],
             })
@@ -125,7 +130,8 @@ def diff_dict(report: DiffedRun) -> JsonObject:
                       "file": c.file, "line": c.line, "grid": list(c.grid),
                       "mismatches": c.mismatches, "error": c.error,
                       "disagreement": c.disagreement, "note": c.note,
-                      "findings": c.findings, "outputs": outputs})
+                      "findings": c.findings, "finding_kinds": list(c.finding_kinds),
+                      "outputs": outputs})
     return {
         **header(SCHEMA, SCHEMA_VERSION, report.script),
         "ours": report.config,
@@ -146,6 +152,8 @@ def diff_dict(report: DiffedRun) -> JsonObject:
             "mismatching_elements": sum(c.mismatches for c in report.calls),
             "findings": report.findings,
             "never_written_elements": never_written(report),
+            "drawn_outputs": sum(o.drawn for c in report.calls for o in c.outputs),
+            "explained_elements": sum(o.explained for c in report.calls for o in c.outputs),
             "disagreements": len(report.disagreements)
             + sum(1 for c in report.calls if c.disagreement),
         },
@@ -168,7 +176,8 @@ def _rows(report: DiffedRun) -> tuple[list[_Row], int]:
     rows.sort(key=lambda r: (r[0].index, r[0].device, -1 if r[1] is None else r[1].output))
     if len(rows) <= MATCHING_ROWS:
         return rows, 0
-    kept = [(c, o) for c, o in rows if o is None or o.mismatches or o.never_written]
+    kept = [(c, o) for c, o in rows
+            if o is None or o.mismatches or o.never_written or o.drawn or o.explained]
     return kept, len(rows) - len(kept)
 
 
@@ -180,10 +189,25 @@ def _first(o: OutputDiff) -> str:
         first += "\n…"
     if o.note:
         first = (first + "\n" if first else "") + o.note
-    if o.never_written:
-        first = ((first + "\n" if first else "")
-                 + f"never written: {plural(o.never_written, 'element')} (not compared)")
+    for said in _apart(o):
+        first = (first + "\n" if first else "") + said
     return first
+
+
+_DRAWN = "drawn from the chip's PRNG: not compared"
+
+
+def _apart(o: OutputDiff) -> list[str]:
+    """What of an output was counted apart from its mismatches, one line each."""
+    said = []
+    if o.never_written:
+        said.append(f"never written: {plural(o.never_written, 'element')} (not compared)")
+    if o.drawn:
+        said.append(_DRAWN)
+    if o.explained:
+        said.append(f"explained by ours' finding: {plural(o.explained, 'element')} differ"
+                    f" (not counted)")
+    return said
 
 
 def _call_text(c: DiffedCall) -> tuple[str, Text]:
@@ -198,6 +222,8 @@ def _call_text(c: DiffedCall) -> tuple[str, Text]:
 
 
 def _count(o: OutputDiff) -> Text:
+    if o.drawn and not o.mismatches:
+        return Text("not compared", style="yellow")
     return Text(f"{o.mismatches} of {o.size}" if o.mismatches else "0",
                 style="bold red" if o.mismatches else "green")
 
@@ -215,7 +241,8 @@ def _table(console: Console, report: DiffedRun, rows: list[_Row], root: Path,
                           Text(""), Text(said)])
             continue
         cells.append([call, kernel, Text(o.name), Text(str(tuple(o.shape))), Text(o.dtype),
-                      _count(o), Text(_fmt(o.max_abs)), Text(_fmt(o.max_rel)),
+                      _count(o), Text("" if o.drawn else _fmt(o.max_abs)),
+                      Text("" if o.drawn else _fmt(o.max_rel)),
                       Text(_first(o))])
     table = Table(title=title, title_justify="left", show_lines=True, expand=True)
     headers = ("call", "kernel", "output", "shape", "dtype", "mismatches", "max abs",
@@ -245,9 +272,10 @@ def _print_blocks(console: Console, rows: list[_Row], root: Path,
             continue
         head += Text(f"output {o.name} (shape {tuple(o.shape)}, {o.dtype}): ")
         if not o.mismatches:
-            unwritten = (f" (never written: {plural(o.never_written, 'element')}, not"
-                         f" compared)" if o.never_written else "")
-            print_wrapped(console, head + Text("all match", style="green") + Text(unwritten))
+            apart = "; ".join(s for s in _apart(o) if s != _DRAWN)
+            state = (Text(_DRAWN, style="yellow") if o.drawn
+                     else Text("all match", style="green"))
+            print_wrapped(console, head + state + Text(f" ({apart})" if apart else ""))
             continue
         print_wrapped(console, head + _count(o) + Text(f" differ, max abs {_fmt(o.max_abs)},"
                                                        f" max rel {_fmt(o.max_rel)}"))
@@ -322,6 +350,13 @@ def summary_text(report: DiffedRun) -> str:
     unwritten = never_written(report)
     if unwritten:
         text += f"; never written: {plural(unwritten, 'element')} (not compared)"
+    drawn = sum(o.drawn for c in report.calls for o in c.outputs)
+    if drawn:
+        text += f"; drawn from the chip's PRNG: {plural(drawn, 'output')} (not compared)"
+    explained = sum(o.explained for c in report.calls for o in c.outputs)
+    if explained:
+        text += (f"; explained by ours' findings: {plural(explained, 'element')}"
+                 f" (not counted)")
     others = len(report.disagreements) + sum(1 for c in report.calls if c.disagreement)
     if others:
         text += f"; {plural(others, 'other disagreement')}"

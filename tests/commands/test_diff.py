@@ -114,7 +114,7 @@ def test_bad_against_is_a_usage_error(tmp_path, against):
 def test_against_another_tier_is_our_side_on_that_tier():
     """`diff --tier compiled --against "--tier engine"`: the compiled tier held to the
     engine, call by call; the tier already in use is refused as nothing would differ."""
-    from pallas_check.commands.diff import ConfigSide, parse_against
+    from pallas_check.commands.sides import ConfigSide, parse_against
     from pallas_check.config import Config, Tier
     from pallas_check.config.errors import UsageError
 

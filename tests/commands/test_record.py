@@ -124,3 +124,46 @@ def test_a_file_that_is_no_recording(tmp_path):
     np.savez_compressed(tmp_path / "y.npz", meta=np.array(json.dumps({"format": "other"})))
     with pytest.raises(recording.RecordingError, match="is not a pallas-check recording"):
         recording.read(tmp_path / "y.npz")
+
+
+ONE_CORE = '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+MESH = pltpu.create_tensorcore_mesh("core", num_cores=1)
+
+
+def double(x):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=MESH,
+               scratch_types=[pltpu.VMEM(x.shape, jnp.float32)])
+    def double_kernel(x_hbm, o_hbm, buf):
+        pltpu.sync_copy(x_hbm, buf)
+        buf[...] = buf[...] * 2.0
+        pltpu.sync_copy(buf, o_hbm)
+
+    return double_kernel(x)
+
+
+x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+np.testing.assert_allclose(jax.jit(double)(x), x * 2)
+'''
+
+
+def test_a_core_map_kernel_is_recorded_and_replays(tmp_path, hlo_as_chip, monkeypatch):
+    # A `pl.kernel` over a TensorCore mesh is checked by `run`; record keeps it too (on a
+    # TPU through mpmd_map's own lowering: tests/jaxbridge/test_lowering.py), and replay
+    # simulates it on the recorded operands. (One core: JAX's HLO interpreter, the chip
+    # here, has no core axis.)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one_core.py").write_text(ONE_CORE)
+    code, output = record("one_core.py", "-o", "r.npz")
+    assert code == 0, output
+    (call,) = recording.read(tmp_path / "r.npz").calls
+    x = np.arange(16 * 128, dtype=np.float32).reshape(16, 128)
+    assert (call.kernel, call.grid) == ("double_kernel", (1,))
+    np.testing.assert_array_equal(call.inputs[0], x)
+    np.testing.assert_array_equal(call.outputs[0], x * 2)
+    result = CliRunner().invoke(app, ["replay", "r.npz"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "0 of 1 output differ in 1 pallas_call" in result.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import runpy
 import textwrap
 from pathlib import Path
 
@@ -15,8 +16,15 @@ from typer.testing import CliRunner
 
 from pallas_check.cli.app import app
 from pallas_check.commands import recording
+from pallas_check.commands.record import Recorder
+from pallas_check.config import Config
+from pallas_check.intercept.patched_lowering import intercepted
+from pallas_check.intercept.session import Session
 from pallas_check.config.exitcodes import ExitCode
+from pallas_check.tpu_compile.toolchain import libtpu_missing
 from commands.test_record import hlo_as_chip  # noqa: F401 (a fixture)
+
+needs_libtpu = pytest.mark.skipif(libtpu_missing() is not None, reason="needs libtpu")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,23 +141,83 @@ def test_a_finding_where_the_chip_ran_disagrees(tmp_path, at_root):
     assert report["calls"][0]["disagreement"] == (
         "ours reported 1 finding (`pallas-check run` shows them); the chip ran it without"
         " an error")
+    # ...unless the recording is of a defect: then the finding is the verdict. A failed
+    # `pl.debug_check` explains no output value: the outputs are still compared.
+    code, report, output = replay(path, "--expect-findings")
+    assert code == 0, output
+    (call,) = report["calls"]
+    assert (call["disagreement"], call["finding_kinds"]) == (None, ["check-failed"])
+    assert call["note"] == ("ours reported 1 finding (check-failed); the chip ran it without"
+                            " an error: the defect (--expect-findings)")
+    assert [o["explained"] for o in call["outputs"]] == [0]
+
+
+def test_a_defect_ours_does_not_find_disagrees(tmp_path, at_root):
+    path = make(tmp_path, "add_ok.py")
+    code, report, _ = replay(path, "--expect-findings")
+    assert code == ExitCode.FINDINGS
+    assert report["disagreements"] == ["ours reported no finding, and the recording is of a"
+                                       " defect (--expect-findings)"]
+
+
+def test_differences_a_finding_about_values_explains(tmp_path, at_root):
+    # The kernel reads an accumulator nobody initialised: where the chip's memory held
+    # something else than ours' NaN, the outputs differ, and the finding says why.
+    path = make(tmp_path, "uninit_acc_bug.py")
+    made = recording.read(path)
+    (out,) = made.calls[0].outputs
+    out[...] = np.where(np.isnan(out), 0.0, out)  # the chip's scratch held zeros
+    recording.write(made, path)
+    code, report, _ = replay(path)
+    assert code == ExitCode.FINDINGS  # an _ok reading: a finding, and values that differ
+    nan_elements = int(report["calls"][0]["outputs"][0]["mismatches"])
+    assert nan_elements > 0
+    code, report, output = replay(path, "--expect-findings")
+    assert code == 0, output
+    (o,) = report["calls"][0]["outputs"]
+    assert (o["mismatches"], o["explained"]) == (0, nan_elements)
+    assert report["summary"]["explained_elements"] == nan_elements
+
+
+def test_calls_are_matched_by_their_kernel_in_any_order(tmp_path, at_root):
+    # Two independent kernels of one jitted program: XLA's TPU scheduler ran the prefill
+    # first, XLA:CPU runs the decode first. Each still meets its own recorded call.
+    path = make(tmp_path, "unwritten_select_ok.py")
+    made = recording.read(path)
+    assert [c.kernel for c in made.calls] == ["decode_kernel", "prefill_kernel"]
+    made.calls = [dataclasses.replace(c, index=1 - c.index) for c in made.calls[::-1]]
+    recording.write(made, path)
+    code, report, output = replay(path)
+    assert code == 0, output
+    notes = [(c["kernel"], c["note"], c["disagreement"]) for c in report["calls"]]
+    assert notes == [("decode_kernel", "recorded as call 1: the chip ran the calls in another"
+                                       " order", None),
+                     ("prefill_kernel", "recorded as call 0: the chip ran the calls in"
+                                        " another order", None)]
+    assert all(o["mismatches"] == 0 for c in report["calls"] for o in c["outputs"])
 
 
 def test_other_fingerprint_missing_and_extra_calls(tmp_path, at_root):
     path = make(tmp_path, "add_ok.py")
     made = recording.read(path)
-    made.calls[0].fingerprint = "0123456789abcdef"
-    made.calls.append(dataclasses.replace(made.calls[0], index=1))
+    found = made.calls[0].fingerprint
+    made.calls[0].fingerprint = "0123456789abcdef"  # the kernel changed since
     recording.write(made, path)
     code, report, output = replay(path)
     assert code == ExitCode.FINDINGS, output
     (call,) = report["calls"]
-    found = recording.read(make(tmp_path, "add_ok.py", "again.npz")).calls[0].fingerprint
     assert call["disagreement"] == (
         f"fingerprint {found} differs from the recorded call's 0123456789abcdef"
         f" (add_kernel at samples/add_ok.py:9): the kernel or its shapes changed since it"
         f" was recorded")
-    assert call["outputs"] == []
+    assert call["outputs"] == [] and report["disagreements"] == []
+    # A recorded call the script no longer makes (the same kernel once more).
+    made.calls = [dataclasses.replace(made.calls[0], fingerprint=found),
+                  dataclasses.replace(made.calls[0], fingerprint=found, index=1)]
+    recording.write(made, path)
+    code, report, _ = replay(path)
+    assert code == ExitCode.FINDINGS
+    assert report["calls"][0]["disagreement"] is None
     assert report["disagreements"] == ["call 1 (add_kernel at samples/add_ok.py:9) is in"
                                        " the recording, but the script did not make it"]
     doctor(path, calls=[])
@@ -157,6 +225,142 @@ def test_other_fingerprint_missing_and_extra_calls(tmp_path, at_root):
     assert code == ExitCode.FINDINGS
     assert report["calls"][0]["disagreement"] == ("not in the recording (it holds 0 calls"
                                                   " on device 0)")
+
+
+def test_operands_the_script_computed_otherwise_get_ours(tmp_path, at_root):
+    # The chip computed the script's operands with its own arithmetic (a transcendental's
+    # last bits): the chip's outputs are those of its operands, not of the script's, and
+    # the script checking them against its own reference would fail where it passed on
+    # the chip. Ours on the recorded operands agrees with the chip; the script gets ours
+    # on its own operands.
+    path = make(tmp_path, "add_ok.py")
+    made = recording.read(path)
+    call = made.calls[0]
+    call.inputs[0] += 0.25
+    call.outputs[0] += 0.25  # the chip's sum of its own operands
+    recording.write(made, path)
+    code, report, output = replay(path)
+    assert code == 0, output  # the script's own assert_allclose passed
+    assert report["calls"][0]["outputs"][0]["mismatches"] == 0
+
+
+def test_a_script_getting_zeros_where_ours_never_wrote_is_judged_again(tmp_path, at_root):
+    # The schedule kernel leaves slots [3:8] unwritten; the chip's memory held 0 there
+    # (as a v5e's did: hardware/recordings/bugs/donated_schedule_bug.npz), one of our two
+    # fills: the judge's re-run must still give the program other values than the chip's,
+    # or the defect would look as if the program never kept them.
+    path = make(tmp_path, "donated_schedule_bug.py")
+    made = recording.read(path)
+    schedule, append = made.calls
+    schedule.outputs[0][3:] = 0
+    append.inputs[1][3:] = 0  # the append kernel got the chip's slots
+    recording.write(made, path)
+    code, report, output = replay(path, "--expect-findings")
+    assert code == 0, output
+    assert [c["finding_kinds"] for c in report["calls"]] == [["unwritten-output"], []]
+
+
+def test_an_empty_array_stays_never_written_on_the_recorded_operands(tmp_path, at_root):
+    # The script's carry is `jnp.empty`: on the recorded operands (the chip's bits of that
+    # memory) ours still reads never-written memory.
+    path = make(tmp_path, "empty_carry_bug.py")
+    code, report, output = replay(path, "--expect-findings")
+    assert code == 0, output
+    assert [c["finding_kinds"] for c in report["calls"]] == [["uninitialized"], [], []]
+
+
+@needs_libtpu
+def test_the_chips_compile_refusal_is_ours_too(tmp_path, at_root):
+    # On a v5e the program failed to compile (E1001: the output block is v5e's whole
+    # scoped VMEM): nothing was recorded. Replay compiles the call for the recording's
+    # chip as it is lowered, as `run` does: the same refusal, at the same call.
+    path = tmp_path / "vmem.npz"
+    recording.write(recording.Recording(
+        script="samples/compile_vmem_bug.py", args=[], chip="TPU v5 lite", platform="tpu",
+        versions=recording.versions(), calls=[],
+        script_error="JaxRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom"),
+        path)
+    code, report, output = replay(path, "--tpu", "v6e")  # the recording's chip wins
+    assert code == 0, output
+    (call,) = report["calls"]
+    assert (call["kernel"], call["finding_kinds"]) == ("gram_kernel", ["vmem-exceeded"])
+    assert call["note"].startswith("the chip's run failed at this call: JaxRuntimeError:")
+    assert report["ours"]["tpu"] == "v5e" and report["user_error"] is None
+
+
+DRAWS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def noise_kernel(seed_ref, x_ref, o_ref, bits_ref):
+    pltpu.prng_seed(seed_ref[0])
+    o_ref[...] = x_ref[...] + 1.0
+    bits_ref[...] = pltpu.stateful_bits((8, 128), jnp.uint32)
+
+
+def plus_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 2.0
+
+
+x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+spec = pl.BlockSpec((8, 128), lambda i, s: (0, 0))
+out, bits = pl.pallas_call(
+    noise_kernel, out_shape=[jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                             jax.ShapeDtypeStruct((8, 128), jnp.uint32)],
+    grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,),
+                                           in_specs=[spec], out_specs=[spec, spec]),
+)(jnp.array([7], jnp.int32), x)
+plus = pl.pallas_call(plus_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+np.testing.assert_array_equal(out, x + 1.0)
+np.testing.assert_array_equal(plus, x + 2.0)
+"""
+
+
+def recorded_by_ours(script: str, path: Path, chip) -> None:
+    """A recording of `script` with our own engine standing in for the chip (JAX's HLO
+    interpreter has no PRNG), `chip` making the chip's outputs of ours'."""
+    recorder, session = Recorder(), Session(Config())
+
+    def handler(params, operands, device=0, mesh_axes=()):
+        ours = session.handle_call(params, operands, device, mesh_axes)
+        return recorder.handle_call(params, operands, device, mesh_axes, native=chip(ours))
+
+    with intercepted(handler):
+        runpy.run_path(script, run_name="__main__")
+    recording.write(recording.Recording(script=script, args=[], chip="cpu", platform="cpu",
+                                        versions=recording.versions(),
+                                        calls=recorder.recorded()), path)
+
+
+def test_outputs_drawn_from_the_prng_are_not_compared(tmp_path, monkeypatch):
+    # The chip's generator draws other bits than ours: a call that drew from it has its
+    # outputs' shapes and dtypes compared, not their values; the other call is compared.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "draws.py").write_text(DRAWS)
+    path = tmp_path / "r.npz"
+    recorded_by_ours("draws.py", path, lambda ours: [
+        o ^ np.uint32(0x5A5A5A5A) if o.dtype == np.uint32 else o for o in ours])
+    code, report, output = replay(path)
+    assert code == 0, output
+    noise, plus = report["calls"]
+    assert [(o["name"], o["drawn"], o["mismatches"], o["max_abs"]) for o in noise["outputs"]
+            ] == [("o_ref", True, 0, None), ("bits_ref", True, 0, None)]
+    assert [(o["drawn"], o["mismatches"]) for o in plus["outputs"]] == [(False, 0)]
+    assert report["summary"]["drawn_outputs"] == 2
+    result = CliRunner().invoke(app, ["replay", str(path)], catch_exceptions=False)
+    assert "drawn from the chip's PRNG: 2 outputs (not compared)" in " ".join(
+        result.output.split())
+    # ...but an output of another dtype than the chip's differs.
+    made = recording.read(path)
+    made.calls[0].outputs[1] = made.calls[0].outputs[1].view(np.int32)
+    recording.write(made, path)
+    code, report, _ = replay(path)
+    assert code == ExitCode.FINDINGS
+    (bits,) = [o for o in report["calls"][0]["outputs"] if o["name"] == "bits_ref"]
+    assert (bits["mismatches"], bits["note"]) == (
+        8 * 128, "the other side's shape and dtype are (8, 128) int32")
 
 
 def test_bad_recordings_are_one_line(tmp_path, at_root):

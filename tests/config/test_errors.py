@@ -28,7 +28,7 @@ def test_our_own_failure_is_internal(error):
 
 def test_the_names_stay_importable_where_they_were_raised():
     from pallas_check.api import FindingsError
-    from pallas_check.commands.diff import UsageError
+    from pallas_check.commands.sides import UsageError
     from pallas_check.config.layers import SettingsError
     from pallas_check.deliver.outfile import OutputError
     from pallas_check.report.schema import SchemaError

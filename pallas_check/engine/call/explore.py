@@ -60,6 +60,9 @@ class DevicesResult:
     # replays that schedule: pallas_check/intercept/judge.py).
     exposures: list[Exposure] = dataclasses.field(default_factory=list)
     seed: int = 0
+    # A core drew from its hardware PRNG in the schedule the outputs come from: their
+    # values are ours, not a chip's (engine/rules/random.py).
+    drew_random: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +179,8 @@ def _explore(call: CallInputs, config: Config, setting: CallSetting,
     carried_semaphores.drop_taken(carried)
     return DevicesResult(result.outputs, findings, result.timeline, result.prints,
                          usage.notes(untouched) if untouched is not None else [],
-                         exposures=result.exposures, seed=result.seed)
+                         exposures=result.exposures, seed=result.seed,
+                         drew_random=result.drew_random)
 
 
 _refusals = caches.BoundedCache(256)  # a kernel jaxpr -> what Mosaic does not lower in it
@@ -281,7 +285,8 @@ def _one_schedule(call: CallInputs, run: ScheduleRun) -> DevicesResult:
         for lost in _lost_revisits(state, outputs, rerun):
             state.tell(_revisit_lost(lost))
     return DevicesResult(outputs, list(state.findings), state.timeline, state.prints,
-                         untouched=_untouched(state), exposures=found, seed=config.seed)
+                         untouched=_untouched(state), exposures=found, seed=config.seed,
+                         drew_random=state.drew_random)
 
 
 def _output_names(params: CallParams) -> list[str]:

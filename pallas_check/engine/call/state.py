@@ -56,6 +56,8 @@ class CallState(CallBuffers):
     whole from its parts: what the simulation is, where the call runs, what it shares with
     the runs around it; the rest is the state the run itself changes."""
 
+    drew_random = False  # a core drew from its hardware PRNG (set by rules/random.py)
+
     def __init__(self, run: Simulation, place: CallPlace = CallPlace(),
                  handover: Handover = Handover()) -> None:
         config, kernel, call_index = run.config, run.kernel, run.call_index

@@ -41,7 +41,9 @@ def _reseed(ctx: RunningCore, seeds: list[int]) -> None:
 
 
 def _draw(ctx: RunningCore, shape: tuple[int, ...]) -> np.ndarray:
-    """`shape` uint32 bits from the core's generator."""
+    """`shape` uint32 bits from the core's generator (the call's `drew_random` set: they
+    are not the chip's bits)."""
+    ctx.call.drew_random = True
     return ctx.rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
 
 

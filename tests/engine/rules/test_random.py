@@ -194,3 +194,40 @@ def test_another_operation_on_keys_is_unsupported_with_its_name():
         jax.block_until_ready(broadcast(_pallas_key(0)))
     assert ("does not support the primitive 'broadcast_in_dim' with typed PRNG keys"
             in (session.engine_error or "")), session.engine_error
+
+
+def test_a_call_says_whether_it_drew_from_the_cores_prng(check, monkeypatch):
+    """What `diff` and `replay` do not compare (the chip's bits are its own): the calls
+    that drew bits from a core's PRNG, and only those. Seeding alone draws nothing, and
+    a threefry key's bits are JAX's arithmetic, the chip's too."""
+    drew = []
+    handle_call = Session.handle_call
+
+    def handle(self, *args, **kwargs):
+        outputs = handle_call(self, *args, **kwargs)
+        drew.append(self.last_call().drew_random)  # (the thread that ran the call)
+        return outputs
+
+    monkeypatch.setattr(Session, "handle_call", handle)
+
+    def seed_only(seed_ref, o_ref):
+        pltpu.prng_seed(seed_ref[0])
+        o_ref[...] = jnp.zeros(BLOCK, jnp.float32) + seed_ref[0]
+
+    def seeded():
+        return pl.pallas_call(
+            seed_only, out_shape=jax.ShapeDtypeStruct(BLOCK, jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)])(jnp.array([3], jnp.int32))
+
+    def threefry_kernel(o_ref):
+        o_ref[...] = jax.random.bits(jax.random.key(3), BLOCK)
+
+    def threefry():
+        return pl.pallas_call(threefry_kernel,
+                              out_shape=jax.ShapeDtypeStruct(BLOCK, jnp.uint32))()
+
+    _checked(check, _stateful, 3)
+    _checked(check, jax.jit(_sampled), _pallas_key(0))
+    _checked(check, seeded)
+    _checked(check, threefry)
+    assert drew == [True, True, False, False]
