@@ -36,6 +36,10 @@ class _Seeding(NamedTuple):
 
 
 class RandomChecker(Checker):
+    """Pairs each draw with the seeding it draws from, per core and stream: only a
+    seeding some draw consumed counts, so a seed set once and drawn from at later steps,
+    or a seed no draw follows, is never compared."""
+
     def __init__(self, call: CallFacts, sink: FindingSink) -> None:
         super().__init__(call, sink)
         # Per (device, core, stream): its latest seeding no draw has consumed yet.
