@@ -18,6 +18,7 @@ from pallas_check.checkers.bounds import BoundsChecker
 from pallas_check.checkers.deadlock import DeadlockChecker
 from pallas_check.checkers.compile_error import LoweringChecker
 from pallas_check.checkers.mxu import MxuChecker
+from pallas_check.checkers.random import RandomChecker
 from pallas_check.checkers.revisits import RevisitChecker
 from pallas_check.checkers.races import RaceChecker
 from pallas_check.checkers.semaphores import SemaphoreChecker, never_taken_findings
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # only for annotations
 # The checkers every simulation of a call has (RaceChecker too, with races on).
 _CHECKERS: tuple[type[Checker], ...] = (
     BoundsChecker, AssertionChecker, DeadlockChecker, SemaphoreChecker, UninitChecker,
-    RevisitChecker, LoweringChecker, MxuChecker)
+    RevisitChecker, LoweringChecker, MxuChecker, RandomChecker)
 
 
 class Checkers:

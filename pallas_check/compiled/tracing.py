@@ -22,6 +22,7 @@ from pallas_check.compiled.boxes import Index
 from pallas_check.compiled.jaxpr_facts import eqn_writes, unread_variables
 from pallas_check.compiled.machine import Machine
 from pallas_check.compiled.refs import BufferInfo, Carry, Ref, Unsupported
+from pallas_check.compiled.verdict import Verdict
 from pallas_check.engine.jaxpr.avals import aval_dtype
 from pallas_check.engine.rules import conversions
 from pallas_check.jaxbridge import params as eqn_params
@@ -215,8 +216,10 @@ def _unpack(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
 
 @rule(prims.stochastic_round_p)
 def _stochastic_round(ev: Evaluator, eqn: JaxprEqn, invals: Values) -> Values:
-    return [conversions.stochastic_round(invals[0], invals[1],
-                                         eqn_params.rounding_target(eqn), jnp)]
+    target = eqn_params.rounding_target(eqn)
+    read = conversions.bits_read(invals[0], invals[1], target, jnp)
+    ev.machine.flag(read.weight >= conversions.LIKELY_WEIGHT, Verdict.RANDOM_BITS_FIXED)
+    return [conversions.stochastic_round(invals[0], invals[1], target, jnp)]
 
 
 # -- DMAs and semaphores -------------------------------------------------------------------

@@ -26,6 +26,9 @@ class Verdict(enum.IntFlag):
     REVISIT = 256  # an output block visited again after other blocks
     UNTOUCHED = 512  # scratch the kernel left partly untouched (the engine's note)
     COUNT_AHEAD = 1024  # a DMA's wait whose count was met before the DMA landed (dma.py)
+    # A stochastic_round whose random words keep too many of the bits the chip reads fixed
+    # (engine/rules/conversions.py `bits_read`: the engine's random-misuse, exactly).
+    RANDOM_BITS_FIXED = 2048
 
 
 def describe(bits: int) -> str:

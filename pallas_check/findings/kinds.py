@@ -36,6 +36,9 @@ class FindingKind(str, enum.Enum):
     SIGNAL_NOT_REMOTE = "signal-not-remote"
     # An explicit MXU operation against JAX's rules, or an MXU left holding data at the end.
     MXU_MISUSE = "mxu-misuse"
+    # Random numbers misused: one stream at several grid points, stochastic rounding fed
+    # bits the chip does not read.
+    RANDOM_MISUSE = "random-misuse"
 
     @property
     def info(self) -> KindInfo:
@@ -189,4 +192,17 @@ CATALOGUE: dict[FindingKind, KindInfo] = {
               " compiler sees only some of it (two pushes in straight-line code); on the"
               " chip a later kernel's matrix products on that MXU start from what this one"
               " left (not observed on a chip: pallas-check's reading of JAX's rules).")),
+    FindingKind.RANDOM_MISUSE: KindInfo(
+        title="Random numbers misused",
+        sarif_name="RandomMisuse",
+        short=("A random stream seeded alike at several grid points, or stochastic rounding"
+               " fed random bits the chip does not read."),
+        help=("pltpu.prng_seed with the same values (or one key drawn from unchanged) at"
+              " several grid points gives each of them the same random numbers: seed with"
+              " pl.program_id too, or fold it into the key (a kernel that wants one stream"
+              " everywhere suppresses the finding with `# pallas-check:"
+              " ignore[random-misuse]` on the seeding line). pltpu.stochastic_round reads"
+              " only the low 23 bits of each uint32 random word (a TPU v5e): random bits in"
+              " the top bits leave the rounding biased or deterministic; pass uniform uint32"
+              " words whole, or put narrower random bits in the low 23.")),
 }

@@ -11,7 +11,7 @@ import pytest
 from scenarios.test_samples import SAMPLES, run_args
 
 CASES = ("oob_load_bug", "dma_read_before_wait_bug", "semaphore_leak_bug",
-         "unwritten_half_bug")
+         "unwritten_half_bug", "stochastic_round_bug")
 
 
 def _findings(result) -> list[tuple]:

@@ -77,6 +77,7 @@ COMPILED = frozenset("""
     add_ok deadlock_ok dma_not_waited_ok dma_read_before_wait_ok dma_same_dst_ok
     nested_pipeline_ok oob_dma_ok oob_load_ok semaphore_leak_ok stale_prefetch_ok
     unwritten_half_ok pack_elementwise_bug pack_elementwise_ok stochastic_round_ok
+    stochastic_round_bug
 """.split()) if compiled_tier_refusal(jax.__version__) is None else frozenset()
 # (On a JAX the tier refuses, jax 0.9, `--tier compiled` would be a one-line refusal: the
 # samples then run as `auto` runs them, all on the engine.)
@@ -253,6 +254,24 @@ def test_the_mxu_samples_under_every_dma_mode(cli, mode):
     for want in wants:
         assert any(_matches(f, want, bug) for f in result.findings), _describe(result.findings)
     assert "mxu_explicit_bug: output matches" in result.output
+
+
+@pytest.mark.parametrize("mode", ["--dma on_wait", "--dma eager",
+                                  "--dma random --schedules 20"])
+@pytest.mark.parametrize("name", ["stochastic_round", "stateful_random"])
+def test_the_random_samples_under_every_dma_mode(cli, mode, name):
+    """In-kernel random numbers: the ok twin stays clean and right, and the bug twin keeps
+    exactly its one random-misuse finding, however DMAs land, races checked (as `auto`
+    runs them: the compiled tier takes no --dma random)."""
+    ok = cli("run", "--races", *mode.split(), str(SAMPLES / f"{name}_ok.py"))
+    assert ok.exit_code == 0 and ok.findings == [], _describe(ok.findings)
+    assert f"{name}_ok: output matches" in ok.output
+    bug = SAMPLES / f"{name}_bug.py"
+    result = cli("run", "--races", *mode.split(), str(bug))
+    assert result.exit_code == 1
+    (want,) = expectations(bug)
+    assert len(result.findings) == 1, _describe(result.findings)
+    assert _matches(result.findings[0], want, bug), _describe(result.findings)
 
 
 def test_uninit_fill_does_not_hide_a_missing_init(cli):

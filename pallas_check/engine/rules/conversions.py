@@ -24,7 +24,7 @@ rule (below), float8 targets the same rule, unverified.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -33,7 +33,10 @@ from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import (pack_elementwise_p, stochastic_round_p,
                                                unpack_elementwise_p)
 from pallas_check.jaxbridge.types import JaxprEqn
+from pallas_check.engine.events import event_kind
+from pallas_check.engine.verdicts import Where
 from pallas_check.engine.jaxpr.avals import aval_dtype
+from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule
 from pallas_check.engine.seam import RunningCore
 
@@ -110,6 +113,46 @@ def unpack(x: object, index: int, packed: object, unpacked: object, xp: ModuleTy
 
 # -- stochastic rounding ---------------------------------------------------------------------
 
+class _Decision(NamedTuple):
+    """What `stochastic_round` decides from, per element of x (uint32 arrays of `xp`:
+    numpy's or traced ones, hence `Any`)."""
+
+    sign: Any  # x's sign bit
+    mag: Any  # x's bits without the sign
+    field: Any  # x's exponent field (0: zero or subnormal, 255: inf or NaN)
+    lo: Any  # x rounded toward zero onto the target's grid (magnitude bits)
+    hi: Any  # the next grid value away from zero (magnitude bits)
+    threshold: Any  # the fraction's top 23 bits: hi when (bits & 0x7FFFFF) < threshold
+
+
+def _decision(x: object, target: object, xp: ModuleType) -> _Decision:
+    """The fraction's 23-bit field and the two neighbours, as `stochastic_round` states."""
+    finfo = ml_dtypes.finfo(target)  # type: ignore[no-untyped-call]  # (ml_dtypes)
+    mant, emin = int(finfo.nmant), int(finfo.minexp)
+    u = xp.asarray(x).view(np.uint32)
+    sign, mag = u & np.uint32(0x80000000), u & np.uint32(0x7FFFFFFF)
+    field = mag >> 23
+    significand = (mag & np.uint32(0x7FFFFF)) | xp.where(field > 0, np.uint32(1 << 23),
+                                                          np.uint32(0))
+    exponent = xp.maximum(field, np.uint32(1)).astype(np.int32) - 127
+    # The significand's low bits the target drops: k = (23 - mant) + how far x is below
+    # the target's normal range (at least 16: mant <= 7).
+    below = xp.maximum(emin - exponent, 0).astype(np.uint32)
+    k = below + np.uint32(23 - mant)
+    in_mantissa = k <= 23
+    kept = xp.minimum(k, np.uint32(23))
+    step = xp.left_shift(np.uint32(1), kept)
+    low = step - np.uint32(1)
+    rem = xp.where(in_mantissa, significand & low, significand)
+    fraction = xp.where(k <= 32, rem << xp.subtract(np.uint32(32), xp.minimum(k, np.uint32(32))),
+                        rem >> xp.minimum(k - np.uint32(32), np.uint32(31)))
+    lo = xp.where(in_mantissa, mag & ~low, np.uint32(0))
+    spacing = np.float32(2.0 ** (emin - mant)).view(np.uint32)
+    hi = xp.where(in_mantissa, lo + step, spacing)
+    # The chip compares 23 bits: the fraction's top 23 with the random word's low 23.
+    return _Decision(sign, mag, field, lo, hi, fraction >> np.uint32(9))
+
+
 def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleType) -> object:
     """`pltpu.stochastic_round(x, random_bits, target_dtype=target)`: float32 x rounded to
     one of its two neighbours in `target` (bfloat16, float8_e5m2, float8_e4m3fn or
@@ -138,30 +181,10 @@ def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleT
     NaN inputs convert as `astype` does (not probed).
     """
     finfo = ml_dtypes.finfo(target)  # type: ignore[no-untyped-call]  # (ml_dtypes)
-    mant, emin = int(finfo.nmant), int(finfo.minexp)
-    u = xp.asarray(x).view(np.uint32)
-    sign, mag = u & np.uint32(0x80000000), u & np.uint32(0x7FFFFFFF)
-    field = mag >> 23
-    significand = (mag & np.uint32(0x7FFFFF)) | xp.where(field > 0, np.uint32(1 << 23),
-                                                          np.uint32(0))
-    exponent = xp.maximum(field, np.uint32(1)).astype(np.int32) - 127
-    # The significand's low bits the target drops: k = (23 - mant) + how far x is below
-    # the target's normal range (at least 16: mant <= 7).
-    below = xp.maximum(emin - exponent, 0).astype(np.uint32)
-    k = below + np.uint32(23 - mant)
-    in_mantissa = k <= 23
-    kept = xp.minimum(k, np.uint32(23))
-    step = xp.left_shift(np.uint32(1), kept)
-    low = step - np.uint32(1)
-    rem = xp.where(in_mantissa, significand & low, significand)
-    fraction = xp.where(k <= 32, rem << xp.subtract(np.uint32(32), xp.minimum(k, np.uint32(32))),
-                        rem >> xp.minimum(k - np.uint32(32), np.uint32(31)))
-    lo = xp.where(in_mantissa, mag & ~low, np.uint32(0))
-    spacing = np.float32(2.0 ** (emin - mant)).view(np.uint32)
-    hi = xp.where(in_mantissa, lo + step, spacing)
-    # The chip compares 23 bits: the fraction's top 23 with the random word's low 23.
+    d = _decision(x, target, xp)
+    sign, mag, field = d.sign, d.mag, d.field
     drawn = xp.asarray(random_bits).astype(np.uint32) & np.uint32(0x7FFFFF)
-    rounded = xp.where(drawn < (fraction >> np.uint32(9)), hi, lo)
+    rounded = xp.where(drawn < d.threshold, d.hi, d.lo)
     rounded = xp.where(field == 255, mag, rounded)  # inf and NaN pass as they are
     rounded = xp.where(field == 0, np.uint32(0), rounded)  # subnormals flush (the v5e)
     largest = np.float32(finfo.max).view(np.uint32)
@@ -173,6 +196,68 @@ def stochastic_round(x: object, random_bits: object, target: object, xp: ModuleT
         # The v5e's NaN of an overflow and its flushed zero carry no sign (0x7F, 0x00).
         sign = xp.where(beyond | ((field == 0) & (mag != 0)), np.uint32(0), sign)
     return (sign | rounded).view(np.float32).astype(target)
+
+
+# -- which random bits reach the rounding ------------------------------------------------------
+
+# A set of the low 23 bits that never varies is reported when its weight -- over its bits,
+# the words that bit decides, less one -- reaches this: uniform random words show such a set
+# with a chance below 2^23 * 2^-64 = 2^-41 (each bit alone stays fixed over m words with
+# chance 2^-(m-1); there are fewer than 2^23 sets).
+LIKELY_WEIGHT = 64
+_POSITIONS = np.left_shift(np.uint32(1), np.arange(23, dtype=np.uint32))
+
+
+class BitsRead(NamedTuple):
+    """Which of the low 23 bits of `stochastic_round`'s random words vary where they decide
+    (scalars of `xp`: numpy's or traced). Bit p decides an element when the element's
+    rounding depends on the bits at all (x off the target's grid by at least 2^-23 of a
+    spacing, not a float32 subnormal, inf or NaN) and its threshold's lowest set bit is at
+    most 2^p: `bits < threshold` never looks below that bit (for bfloat16, bits 0-6)."""
+
+    words: Any  # the elements whose rounding the bits decide
+    fixed: Any  # mask of the bits that decide some element and never vary where they do
+    ones: Any  # of those, the bits fixed at 1
+    weight: Any  # sum over the fixed bits of (the elements each decides - 1)
+    none_random: Any  # every bit that decides some element is fixed: no randomness at all
+
+
+def bits_read(x: object, random_bits: object, target: object, xp: ModuleType) -> BitsRead:
+    """What the chip's rule reads of `random_bits` when it rounds x to `target`: one
+    definition for both tiers (the engine's event, the compiled tier's verdict)."""
+    d = _decision(x, target, xp)
+    threshold = xp.reshape(d.threshold, (-1,))
+    live = xp.reshape((d.field != 0) & (d.field != 255), (-1,)) & (threshold != 0)
+    drawn = xp.reshape(xp.asarray(random_bits).astype(np.uint32), (-1,))
+    lowest = threshold & (~threshold + np.uint32(1))  # the threshold's lowest set bit
+    positions = xp.asarray(_POSITIONS)[:, None]
+    decides = live[None, :] & (lowest[None, :] <= positions)
+    ones = (drawn[None, :] & positions) != 0
+    count = xp.sum(decides, axis=1, dtype=np.int32)
+    fixed = (count > 0) & ~(xp.any(decides & ones, axis=1) & xp.any(decides & ~ones, axis=1))
+    set_ones = fixed & xp.any(decides & ones, axis=1)
+    bit = xp.asarray(_POSITIONS)
+    return BitsRead(
+        words=xp.sum(live, dtype=np.int32),
+        fixed=xp.sum(xp.where(fixed, bit, np.uint32(0)), dtype=np.uint32),
+        ones=xp.sum(xp.where(set_ones, bit, np.uint32(0)), dtype=np.uint32),
+        weight=xp.sum(xp.where(fixed, count - 1, 0), dtype=np.int32),
+        none_random=xp.any(count > 0) & xp.all(fixed | (count == 0)))
+
+
+@event_kind
+class RandomBitsFixed(NamedTuple):
+    """A `pltpu.stochastic_round` whose random words keep some of the bits the chip's rule
+    reads (the low 23) the same in every word where they decide (`conversions.bits_read`):
+    the facts, for checkers/random.py to judge."""
+
+    where: Where
+    words: int  # the elements whose rounding the bits decide
+    fixed: int  # mask of the bits fixed (of the low 23)
+    ones: int  # of those, the ones fixed at 1
+    weight: int  # how unlikely uniform random words are to look so (LIKELY_WEIGHT)
+    none_random: bool  # every bit that decides is fixed: the rounding is deterministic
+    target: str  # the target dtype's name
 
 
 # -- the engine's rules ----------------------------------------------------------------------
@@ -190,4 +275,14 @@ def _unpack(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
 
 @rule(stochastic_round_p)
 def _stochastic_round(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
-    return stochastic_round(invals[0], invals[1], eqn_params.rounding_target(eqn), np)
+    target = eqn_params.rounding_target(eqn)
+    if ctx.call.feeds.takes(RandomBitsFixed):
+        read = bits_read(invals[0], invals[1], target, np)
+        if int(read.fixed):
+            where = Where(ctx.actor, ctx.device_id, ctx.core_id, ctx.grid_point,
+                          current_frames(ctx))
+            ctx.call.tell(RandomBitsFixed(
+                where, int(read.words), int(read.fixed), int(read.ones), int(read.weight),
+                bool(read.none_random), np.dtype(target).name))
+    return stochastic_round(invals[0], invals[1], target, np)
+

@@ -17,9 +17,17 @@ A key of the Pallas TPU implementation (`pallas_tpu`, two words) seeds the hardw
 when its bits are drawn, as the chip's lowering does (it replaces the core's state), and
 folds data in by one threefry round, as JAX's `fold_in` for it does. A key of any other
 implementation is computed by JAX (jaxbridge/keys.py).
+
+For checkers/random.py the rules tell who seeds a stream and who draws from it: a
+`StreamSeeded` at each `prng_seed` (its seed values) and each draw from a key (the key's
+words: a Pallas key seeds the core's PRNG with them; another key is a stream of its own),
+and a `StreamDrawn` at each draw, so that a stream seeded alike at two grid points and
+drawn from at both is found (every grid step then draws the same numbers).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,11 +37,52 @@ from pallas_check.jaxbridge.primitives import (prng_join_p, prng_random_bits_p, 
                                                prng_split_p, random_bits_p, random_fold_in_p,
                                                random_seed_p, random_unwrap_p, random_wrap_p)
 from pallas_check.jaxbridge.types import JaxprEqn
+from pallas_check.engine.events import event_kind
+from pallas_check.engine.verdicts import GridPoint, Where
 from pallas_check.engine.jaxpr.halts import KernelError
+from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.jaxpr.registry import rule
 from pallas_check.engine.seam import RunningCore
 
 _MASK = 0xFFFFFFFF
+CORE_PRNG = "the core's PRNG"  # a `StreamSeeded`'s `stream`: prng_seed, a Pallas key
+JAX_KEY = "a JAX key"  # a key of another implementation: bits JAX computes from it
+
+
+@event_kind
+class StreamSeeded(NamedTuple):
+    """`where.actor`'s core seeded a random stream: its PRNG by `pltpu.prng_seed(*seeds)`
+    or by drawing from a Pallas key (its words), or drew from a key JAX computes the bits
+    of (`stream` says which PRNG; `seeds`: the seed values or the key's words; `key`:
+    seeded by drawing from a key)."""
+
+    where: Where
+    stream: str
+    seeds: tuple[int, ...]
+    key: bool
+
+
+@event_kind
+class StreamDrawn(NamedTuple):
+    """A core drew from the stream of `stream` it seeded last (`prng_random_bits`, a
+    `stateful_*` sampler, bits of a key)."""
+
+    device: int
+    core: int
+    grid_point: GridPoint
+    stream: str
+
+
+def _seeded(ctx: RunningCore, stream: str, seeds: list[int], key: bool) -> None:
+    if ctx.call.feeds.takes(StreamSeeded):
+        where = Where(ctx.actor, ctx.device_id, ctx.core_id, ctx.grid_point,
+                      current_frames(ctx))
+        ctx.call.tell(StreamSeeded(where, stream, tuple(s & _MASK for s in seeds), key))
+
+
+def _drawn(ctx: RunningCore, stream: str = CORE_PRNG) -> None:
+    if ctx.call.feeds.takes(StreamDrawn):
+        ctx.call.tell(StreamDrawn(ctx.device_id, ctx.core_id, ctx.grid_point, stream))
 
 
 def _reseed(ctx: RunningCore, seeds: list[int]) -> None:
@@ -59,13 +108,15 @@ def _ints(values: list[object]) -> list[int]:
 @rule(prng_seed_p)
 def _prng_seed(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
     # A key loaded from SMEM seeds with its words, as Mosaic's lowering does.
-    _reseed(ctx, _ints([keys.words(v) if _is_key(eqn, k) else v
-                        for k, v in enumerate(invals)]))
+    seeds = _ints([keys.words(v) if _is_key(eqn, k) else v for k, v in enumerate(invals)])
+    _reseed(ctx, seeds)
+    _seeded(ctx, CORE_PRNG, seeds, key=False)
     return []
 
 
 @rule(prng_random_bits_p)
 def _prng_random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
+    _drawn(ctx)
     return _draw(ctx, tuple(eqn_params.result_shape(eqn))).view(np.int32)
 
 
@@ -100,6 +151,8 @@ def _random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> objec
     bit_width = eqn_params.bit_width(eqn)
     name = keys.impl_name(dtype)
     if name not in (keys.STATEFUL, keys.PALLAS_TPU):
+        _seeded(ctx, JAX_KEY, _ints([keys.words(invals[0])]), key=True)
+        _drawn(ctx, JAX_KEY)
         return keys.jax_bits(np.asarray(invals[0]), dtype, bit_width, shape)
     if bit_width != 32:
         raise KernelError(f"the TPU's PRNG draws 32-bit words, not {bit_width}-bit ones")
@@ -108,6 +161,8 @@ def _random_bits(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> objec
         if words.ndim != 2:
             raise KernelError("random bits of a Pallas key are drawn one key at a time")
         _reseed(ctx, _ints([words]))  # the key seeds the core's PRNG, as on the chip
+        _seeded(ctx, CORE_PRNG, _ints([words]), key=True)
+    _drawn(ctx)
     return _draw(ctx, shape)
 
 

@@ -22,7 +22,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config
 from pallas_check.config.model import Tier
-from pallas_check.engine.rules.conversions import pack, stochastic_round, unpack
+from pallas_check.engine.rules.conversions import (LIKELY_WEIGHT, bits_read, pack,
+                                                   stochastic_round, unpack)
 from pallas_check.intercept.session import Session
 
 BF16, E5M2, E4M3, B11 = (ml_dtypes.bfloat16, ml_dtypes.float8_e5m2,
@@ -209,6 +210,75 @@ def test_result_is_a_neighbour_and_the_two_tiers_agree(target):
     ok = (bits_of(got) == bits_of(below)) | (bits_of(got) == bits_of(above))
     inside = np.abs(x) <= float(ml_dtypes.finfo(target).max)  # (beyond: the overflow test)
     assert ok[inside].all() and inside.mean() > 0.9
+
+
+# -- which random bits reach the rounding (random-misuse's facts) ---------------------------
+
+def read(x, bits, target):
+    """`bits_read`'s facts as ints, numpy's (the engine) asserted equal to jax.numpy's under
+    jit (the compiled tier's verdict)."""
+    fields = ("words", "fixed", "ones", "weight", "none_random")
+    got = tuple(int(v) for v in bits_read(x, bits, target, np))
+    traced = jax.jit(lambda a, b: tuple(bits_read(a, b, target, jnp)))(x, bits)
+    assert got == tuple(int(v) for v in traced)
+    return dict(zip(fields, got))
+
+
+def _bf16_weight(x, bits_fixed):
+    """The weight of `bits_fixed` for bfloat16 targets of normal float32 x, counted here
+    from the rule's statement: x's 16 dropped bits, shifted up by 7, are its threshold, and
+    bit p counts for the x whose threshold's lowest set bit is at most p."""
+    threshold = (x.view(np.uint32) & 0xFFFF).astype(np.int64) << 7
+    lowest = [int(t & -t) for t in threshold if t]
+    return sum(sum(1 for low in lowest if low <= 1 << p) - 1
+               for p in range(23) if bits_fixed >> p & 1)
+
+
+def test_bits_in_the_top_byte_leave_every_bit_read_fixed():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1024).astype(np.float32)
+    x[:3] = [1.0, 0.0, np.inf]  # on the grid, zero, inf: the bits decide nothing there
+    bits = rng.integers(0, 256, 1024, dtype=np.uint32) << 24
+    facts = read(x, bits, BF16)
+    # Bits 7-22 decide bfloat16's rounding of a normal float32 (its 16 dropped bits).
+    assert facts == {"words": 1021, "fixed": 0x7FFF80, "ones": 0,
+                     "weight": _bf16_weight(x[3:], 0x7FFF80), "none_random": 1}
+    # Bit 7 counts for about half the values, bit 8 for 3/4, ...: 16 * 1020 less about 1020.
+    assert 14 * 1020 < facts["weight"] < 16 * 1020
+
+
+def test_sixteen_random_bits_at_the_top_leave_bits_7_to_15_fixed():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(1024).astype(np.float32)
+    bits = rng.integers(0, 2**16, 1024, dtype=np.uint32) << 16
+    facts = read(x, bits, BF16)
+    assert facts["fixed"] == 0xFF80 and facts["none_random"] == 0
+    assert facts["weight"] == _bf16_weight(x, 0xFF80)
+
+
+@pytest.mark.parametrize("target, unread", [(BF16, 7), (E5M2, 2), (E4M3, 3), (B11, 3)],
+                         ids=lambda t: getattr(t, "__name__", str(t)))
+def test_bits_below_the_thresholds_lowest_bit_are_not_read(target, unread):
+    """A normal float32 x rounds by its dropped significand bits: the threshold's low
+    `unread` bits are 0, so `bits < threshold` never looks at them; fixing them is fine,
+    fixing the next bit is not."""
+    rng = np.random.default_rng(5)
+    x = (1 + rng.random(2048)).astype(np.float32)  # normal in every target
+    bits = rng.integers(0, 2**32, 2048, dtype=np.uint32)
+    below = np.uint32((1 << unread) - 1)
+    assert read(x, bits & ~below, target)["fixed"] == 0
+    facts = read(x, bits & ~np.uint32((1 << (unread + 1)) - 1), target)
+    assert facts["fixed"] == 1 << unread and facts["weight"] >= LIKELY_WEIGHT
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.__name__)
+def test_the_chips_own_random_words_fix_no_bit(target):
+    """The v5e probe's words (jax.random.bits, 512 per value) against each target's 128
+    values, the subnormal and overflowing ones among them: nothing fixed."""
+    chip = np.load(Path(__file__).resolve().parents[3] / "hardware" / "chip" / "v5e"
+                   / "subnormals.npz")
+    facts = read(chip[f"sr.{np.dtype(target).name}.x"], chip["sr.bits"], target)
+    assert facts["words"] > 0 and facts["fixed"] == 0 and facts["weight"] == 0
 
 
 # -- in a kernel, each tier ----------------------------------------------------------------

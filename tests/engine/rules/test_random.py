@@ -83,8 +83,12 @@ def test_same_seed_same_bits_other_seeds_and_points_other_bits(check):
 
 
 def test_a_seed_without_the_grid_point_repeats_at_every_point(check):
-    """As on the chip: the PRNG's state is what the seed makes it, wherever it is set."""
-    bits = _checked(check, functools.partial(_stateful, seed_with_point=False), 5)[3]
+    """As on the chip: the PRNG's state is what the seed makes it, wherever it is set (and
+    the kernel is told so: a random-misuse finding, tests/checkers/test_random.py)."""
+    r = check(functools.partial(_stateful, seed_with_point=False), 5)
+    assert r.session.engine_error is None, r.session.engine_error
+    assert [(f.kind.value, f.count) for f in r.findings] == [("random-misuse", 3)]
+    bits = np.asarray(r.value[3])
     blocks = bits.reshape(4, -1)
     assert len({row.tobytes() for row in blocks}) == 1
 
