@@ -24,7 +24,7 @@ rule (below), float8 targets the same rule, unverified.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -115,14 +115,15 @@ def unpack(x: object, index: int, packed: object, unpacked: object, xp: ModuleTy
 
 class _Decision(NamedTuple):
     """What `stochastic_round` decides from, per element of x (uint32 arrays of `xp`:
-    numpy's or traced ones, hence `Any`)."""
+    numpy's, or jax.numpy's traced ones in the compiled tier, which behave alike: typed as
+    numpy's)."""
 
-    sign: Any  # x's sign bit
-    mag: Any  # x's bits without the sign
-    field: Any  # x's exponent field (0: zero or subnormal, 255: inf or NaN)
-    lo: Any  # x rounded toward zero onto the target's grid (magnitude bits)
-    hi: Any  # the next grid value away from zero (magnitude bits)
-    threshold: Any  # the fraction's top 23 bits: hi when (bits & 0x7FFFFF) < threshold
+    sign: np.ndarray  # x's sign bit
+    mag: np.ndarray  # x's bits without the sign
+    field: np.ndarray  # x's exponent field (0: zero or subnormal, 255: inf or NaN)
+    lo: np.ndarray  # x rounded toward zero onto the target's grid (magnitude bits)
+    hi: np.ndarray  # the next grid value away from zero (magnitude bits)
+    threshold: np.ndarray  # the fraction's top 23 bits: hi when (bits & 0x7FFFFF) < threshold
 
 
 def _decision(x: object, target: object, xp: ModuleType) -> _Decision:
@@ -210,16 +211,16 @@ _POSITIONS = np.left_shift(np.uint32(1), np.arange(23, dtype=np.uint32))
 
 class BitsRead(NamedTuple):
     """Which of the low 23 bits of `stochastic_round`'s random words vary where they decide
-    (scalars of `xp`: numpy's or traced). Bit p decides an element when the element's
+    (scalars of `xp`: numpy's, or traced ones typed as numpy's). Bit p decides an element when the element's
     rounding depends on the bits at all (x off the target's grid by at least 2^-23 of a
     spacing, not a float32 subnormal, inf or NaN) and its threshold's lowest set bit is at
     most 2^p: `bits < threshold` never looks below that bit (for bfloat16, bits 0-6)."""
 
-    words: Any  # the elements whose rounding the bits decide
-    fixed: Any  # mask of the bits that decide some element and never vary where they do
-    ones: Any  # of those, the bits fixed at 1
-    weight: Any  # sum over the fixed bits of (the elements each decides - 1)
-    none_random: Any  # every bit that decides some element is fixed: no randomness at all
+    words: np.ndarray  # the elements whose rounding the bits decide
+    fixed: np.ndarray  # mask of the bits that decide some element and never vary where they do
+    ones: np.ndarray  # of those, the bits fixed at 1
+    weight: np.ndarray  # sum over the fixed bits of (the elements each decides - 1)
+    none_random: np.ndarray  # every bit that decides some element is fixed: no randomness at all
 
 
 def bits_read(x: object, random_bits: object, target: object, xp: ModuleType) -> BitsRead:
