@@ -62,6 +62,14 @@ class DmaCall(Protocol):
     def cores_per_device(self) -> int: ...
 
     @property
+    def serial_cores(self) -> bool:
+        """Whether the cores of the call's TensorCore mesh run one after another on a chip
+        with one TensorCore (engine/call/serial.py)."""
+
+    def lost_to_core(self, ctx: DmaCore, what: str, core: int,
+                     frames: tuple[SourceFrame, ...]) -> None: ...
+
+    @property
     def scheduler(self) -> Scheduler: ...
 
     def remote(self, buf: Buffer, device: int, frames: tuple[SourceFrame, ...] = (),
