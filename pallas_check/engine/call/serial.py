@@ -32,7 +32,8 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.events import event_kind
 from pallas_check.engine.runtime.scheduler import Actor, Wait
-from pallas_check.engine.verdicts import LostTransfer, SerialCores
+from pallas_check.engine.dma.engine import SyncState
+from pallas_check.engine.verdicts import SerialCores
 
 # Physical TensorCores per chip, as JAX's `pltpu.ChipVersion` has them
 # (`num_physical_tensor_cores_per_chip`; tests/engine/call/test_serial.py checks this
@@ -96,7 +97,7 @@ class SerialCall(Protocol):
     def cores_per_device(self) -> int: ...
 
     @property
-    def lost(self) -> list[LostTransfer]: ...
+    def sync(self) -> SyncState: ...
 
 
 def deadlock_note(call: SerialCall) -> SerialCores | None:
@@ -105,4 +106,4 @@ def deadlock_note(call: SerialCall) -> SerialCores | None:
     other call."""
     if not call.serial_cores:
         return None
-    return SerialCores(call.tpu.value, call.cores_per_device, (), tuple(call.lost))
+    return SerialCores(call.tpu.value, call.cores_per_device, (), tuple(call.sync.lost))

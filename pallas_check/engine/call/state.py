@@ -20,8 +20,7 @@ from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
     Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
 from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
-                                          LostTransfer, OutOfBounds, UnboundedDma, UninitRead,
-                                          UnlandedDma)
+                                          OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
 from pallas_check.engine.jaxpr.halts import KernelError
 from pallas_check.engine.jaxpr.program import current_frames
@@ -107,10 +106,7 @@ class CallState(CallBuffers):
         self._fill_cache: dict[np.dtype, np.ndarray] = {}
         # The regions `ref[indices]` accesses resolve to (AccessCache).
         self.accesses = AccessCache()
-        self.cores_per_device = place.cores_per_device
-        # Its mesh's cores one after another (engine/call/serial.py); what went to no core.
-        self.serial_cores = place.serial_cores
-        self.lost: list[LostTransfer] = []
+        self.cores_per_device, self.serial_cores = place.cores_per_device, place.serial_cores
         self._copies_in_flight: set[str] = set()
         # Output blocks revisited after other blocks (engine/call/revisit.py): what each core's
         # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer
@@ -404,11 +400,6 @@ class CallState(CallBuffers):
             event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell))
             for take in self.feeds.signalled:
                 take(event)
-
-    def lost_to_core(self, ctx: DmaCore, what: str, core: int,
-                     frames: tuple[SourceFrame, ...]) -> None:
-        """A signal or DMA to a core the chip lacks never arrives (engine/dma/devices.py)."""
-        self.lost.append(LostTransfer(what, ctx.actor, core, frames))
 
     def dmas_not_waited(self) -> None:
         """At kernel end: each DMA whose bytes were never all waited, as an event."""

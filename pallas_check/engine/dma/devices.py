@@ -13,6 +13,7 @@ from pallas_check.engine.dma.engine import DmaCore
 from pallas_check.engine.jaxpr.halts import CallHalted, KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.verdicts import LostTransfer
 
 
 def target_device(ctx: DmaCore, device_id: object, device_id_type: object
@@ -123,5 +124,5 @@ def on_serial_chip(ctx: DmaCore, target: tuple[int, int | None], what: str
         return target
     if core == 0:
         return device, ctx.core_id
-    ctx.call.lost_to_core(ctx, what, core, current_frames(ctx))
+    ctx.call.sync.lost.append(LostTransfer(what, ctx.actor, core, current_frames(ctx)))
     return None
