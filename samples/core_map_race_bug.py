@@ -2,8 +2,14 @@
 output: each core copies its half of the input, doubles it, and writes it back — but to
 rows 0:8 on both cores, so the two DMAs race and half of the output is never written.
 
-Run: pallas-check run samples/core_map_race_bug.py --races
-Expected finding: kind=race buffer=o_hbm range=[0:8, 0:128] line=27 args=--races
+On a chip with two TensorCores (v7x) the cores run at once: the two writes race. On a TPU
+v5e (one TensorCore, pallas-check's default `--tpu`) they run one after another, core 0
+first: no race, but rows 8:16 are still never written (the chip's output was wrong too,
+session 30).
+
+Run: pallas-check run samples/core_map_race_bug.py --tpu v7x --races
+Expected finding: kind=race buffer=o_hbm range=[0:8, 0:128] line=33 args=--tpu v7x --races
+Expected finding: kind=unwritten-output buffer=o_hbm range=[8:16, 0:128] line=25
 """
 
 import jax

@@ -1,6 +1,9 @@
 """The fix of core_map_race_bug.py: each core of the 2-TensorCore mesh writes its own
 rows of the output.
 
+Right on any chip: at once on two TensorCores (v7x), one core after the other on a TPU v5e,
+whose one TensorCore ran it so with the right output (session 30, hardware/README.md).
+
 Run: pallas-check run samples/core_map_race_ok.py --races
 Expected findings: none.
 """

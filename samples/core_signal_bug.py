@@ -1,11 +1,20 @@
 """Two TensorCores hand each other their halves, but both signal core 0's semaphore.
 
 `core_index=0` where `core_index=1 - core` was meant: core 0's `ready` gets both words and
-core 1's none, so core 1 waits for a signal that never comes (on a TPU: a hang).
+core 1's none, so core 1 waits for a signal that never comes (on a two-TensorCore chip
+such as the v7x: a hang).
 
-Expected finding: kind=deadlock buffer=ready line=32
-(line 32 is core 1's wait; before pallas-check honoured core_index, every signal went to
-the signalling core's own semaphore, and nothing was found)
+On a TPU v5e (one TensorCore, pallas-check's default `--tpu`) the kernel does not hang:
+the cores run one after another, and core 1's signal to core 0 -- the chip's one core,
+running core 1 -- reaches core 1's own `ready` (the chip finished it so in session 30,
+with a wrong output). There core 0 reads core 1's half of `stage` before core 1 has
+written it.
+
+Expected finding: kind=deadlock buffer=ready line=41 args=--tpu v7x
+Expected finding: kind=uninitialized buffer=theirs range=[0:8, 0:128] line=43
+(line 41 is core 1's wait; before pallas-check honoured core_index, every signal went to
+the signalling core's own semaphore, and nothing was found. Line 43 adds what core 0
+copied from the unwritten half of `stage` into its output rows)
 """
 
 import jax

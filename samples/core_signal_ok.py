@@ -3,7 +3,12 @@
 (`pl.semaphore_signal(ready, 1, core_index=other)`), waits for the other core's word, and
 only then reads the other half.
 
-Run: pallas-check run samples/core_signal_ok.py --races
+For a chip with two TensorCores (v7x; v4 and v5p as a megacore). A TPU v5e has one: there
+the mesh's cores run one after another, core 0 first, and core 0's signal to core 1 never
+arrives -- the chip hung on this kernel (hardware/README.md, session 30), and a run on the
+v5e (pallas-check's default `--tpu`) reports the deadlock (core_handoff_bug.py shows it).
+
+Run: pallas-check run samples/core_signal_ok.py --tpu v7x --races
 Expected findings: none.
 """
 

@@ -5,10 +5,16 @@ receives two copies, and core 1 waits for rows that never come. (Before pallas-c
 resolved core axes in device ids it sent each copy to the sender itself, reported nothing,
 and the output was wrong.)
 
-Run: pallas-check run samples/core_swap_bug.py --races
-Expected finding: kind=deadlock buffer=recv_sem line=36 args=--races
-Expected finding: kind=race buffer=theirs range=[0:8, 0:128] line=35 args=--races
-(line 36 is core 1's wait for its incoming copy, which no DMA will signal; line 35 starts
+For a chip with two TensorCores (v7x). On a TPU v5e (one TensorCore, pallas-check's
+default `--tpu`) the cores run one after another and a DMA to core 0 -- the chip's one
+core -- lands in the sender's own `theirs`: each core copies its rows to itself, the
+kernel finishes with the input unswapped (as the chip did in session 30), and no memory
+defect is left to find there.
+
+Run: pallas-check run samples/core_swap_bug.py --tpu v7x --races
+Expected finding: kind=deadlock buffer=recv_sem line=42 args=--tpu v7x --races
+Expected finding: kind=race buffer=theirs range=[0:8, 0:128] line=41 args=--tpu v7x --races
+(line 42 is core 1's wait for its incoming copy, which no DMA will signal; line 41 starts
 the two copies that both land in core 0's `theirs`)
 """
 

@@ -2,7 +2,12 @@
 OTHER core's VMEM with a DMA addressed to a core (`device_id={"core": 1 - core}`), then
 writes what it received to its half of the output.
 
-Run: pallas-check run samples/core_swap_ok.py --races
+For a chip with two TensorCores (v7x; v4 and v5p as a megacore). On a TPU v5e (one
+TensorCore) the cores run one after another and core 0's DMA to core 1 never arrives: the
+chip hung on this kernel (hardware/README.md, session 30), and a run on the v5e
+(pallas-check's default `--tpu`) reports a deadlock at the copy's wait.
+
+Run: pallas-check run samples/core_swap_ok.py --tpu v7x --races
 Expected findings: none.
 """
 

@@ -5,7 +5,10 @@ so a megacore TPU splits them over its cores), the reduction k is sequential
 ("arbitrary") and accumulates in a VMEM scratch that each core has its own copy of.
 Every output block is written back by exactly one core, once its k loop ends.
 
-Run: pallas-check run samples/matmul_2core_ok.py --cores 2 --races
+For a megacore chip (v4, v5p: two TensorCores per device, `--cores 2`); right on a
+one-TensorCore device too.
+
+Run: pallas-check run samples/matmul_2core_ok.py --tpu v5p --cores 2 --races
 Expected findings: none.
 """
 

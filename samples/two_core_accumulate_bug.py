@@ -6,9 +6,12 @@ output block. But the output's index_map ignores axis 0: both cores hold the SAM
 block and both write it back to HBM when their half ends. Whichever lands last wins and
 the other core's partial sum is lost.
 
-Run: pallas-check run samples/two_core_accumulate_bug.py --cores 2 --races
-Expected finding: kind=race buffer=o_ref range=[0:8, 0:128] line=38 args=--cores 2 --races
-(line 38 is the output's index_map: the race is between the two cores' block write-backs)
+For a megacore chip (v4, v5p: two TensorCores per device, `--cores 2`). A v5e, v6e or
+v7x device has one TensorCore, which runs the whole grid: there the two halves never race.
+
+Run: pallas-check run samples/two_core_accumulate_bug.py --tpu v5p --cores 2 --races
+Expected finding: kind=race buffer=o_ref range=[0:8, 0:128] line=41 args=--tpu v5p --cores 2 --races
+(line 41 is the output's index_map: the race is between the two cores' block write-backs)
 """
 
 import jax

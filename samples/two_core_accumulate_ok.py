@@ -2,7 +2,10 @@
 (the output gains a leading axis of size 2, indexed by the parallel axis), and the two
 partial sums are added outside the kernel.
 
-Run: pallas-check run samples/two_core_accumulate_ok.py --cores 2 --races
+For a megacore chip (v4, v5p: two TensorCores per device, `--cores 2`); right on a
+one-TensorCore device too.
+
+Run: pallas-check run samples/two_core_accumulate_ok.py --tpu v5p --cores 2 --races
 Expected findings: none.
 """
 

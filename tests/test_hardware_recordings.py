@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from pallas_check.cli.app import app
 from pallas_check.commands import recording
+from pallas_check.config import parse_generations
+from pallas_check.intercept.tpu_info import DEVICE_KINDS
 from scenarios.test_samples import expectations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +47,8 @@ def test_the_simulation_agrees_with_the_chip(path, tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", DEFECTS, ids=lambda p: p.name)
 def test_the_simulation_and_the_chip_agree_on_each_defect(path, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    expected = expectations(ROOT / recording.read(path).script)
+    made = recording.read(path)
+    expected = [e for e in expectations(ROOT / made.script) if _on_chip(e, made.chip)]
     kinds = {e["kind"] for e in expected}
     assert kinds, f"{path.name}: its sample states no expected finding"
     if kinds <= REPORT_KINDS:
@@ -58,6 +61,16 @@ def test_the_simulation_and_the_chip_agree_on_each_defect(path, tmp_path, monkey
     assert report is not None
     found = {kind for call in report["calls"] for kind in call["finding_kinds"]}
     assert kinds <= found, f"{path.name}: expected {sorted(kinds)}, ours {sorted(found)}"
+
+
+def _on_chip(expected: dict[str, str], chip: str) -> bool:
+    """Whether a sample's expected finding is the recording chip's to show: one stated for
+    another generation (`args=--tpu v7x`: core_swap_bug's, which a v5e runs one core after
+    the other, engine/call/serial.py) is not."""
+    words = shlex.split(expected.get("args", ""))
+    if "--tpu" not in words:
+        return True
+    return DEVICE_KINDS[parse_generations(words[words.index("--tpu") + 1])[0]] == chip
 
 
 def _dma(args: list[str]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Actors are cores and DMAs (each DMA is its own actor, whose clock starts as its starter's
 clock at the start). Edges: program order; DMA start -> the DMA's read and write;
-the DMA -> its semaphores; semaphore signal -> the wait that consumes it; barriers.
+the DMA -> its semaphores; semaphore signal -> the wait that consumes it; barriers; on a
+chip that runs a TensorCore mesh's cores one after another, a core's end -> the next's start.
 A finished DMA's clock slot is reused by a later DMA of the same starter only when the
 starter has seen (waited for) every access of the finished one: then the later DMA is
 ordered after the earlier, epochs in the slot keep growing, and every happens-before
@@ -28,6 +29,7 @@ from pallas_check.checkers.race_help import race_help
 from pallas_check.checkers.race_history import AccessRecord, History
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
+from pallas_check.engine.call.serial import SerialStart  # declared where it is built
 from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
 
@@ -311,6 +313,11 @@ class RaceChecker(Checker):
 
     def on_core_done(self, event: events.CoreDone) -> None:
         self.end(event.actor)  # the core's grid is done: it accesses nothing more
+
+    def on_serial_start(self, event: SerialStart) -> None:
+        """A core of a mesh run one core after another begins (engine/call/serial.py):
+        everything the core before it did happens before it, so the two never race."""
+        self.clock(event.actor).join(self.clock(event.after))
 
     def on_copy_started(self, event: events.CopyStarted) -> None:
         self.fork(event.actor, event.name)

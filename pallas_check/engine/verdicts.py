@@ -105,10 +105,33 @@ class StalledBarrier(NamedTuple):
     absent: tuple[AbsentSubcore, ...]
 
 
+class LostTransfer(NamedTuple):
+    """A signal or DMA (`what`) that `actor` addressed to core `core` of its TensorCore
+    mesh, on a chip that has no such core (engine/call/serial.py): it never arrived."""
+
+    what: str
+    actor: str
+    core: int
+    frames: Frames
+
+
+class SerialCores(NamedTuple):
+    """A call whose TensorCore mesh of `cores` cores ran them one after another on the one
+    TensorCore of a `tpu` chip (engine/call/serial.py): the cores that never started (each
+    waits for the core before it to end) and what was addressed to a core the chip does
+    not have."""
+
+    tpu: str
+    cores: int
+    not_started: tuple[str, ...]
+    lost: tuple[LostTransfer, ...]
+
+
 class Deadlocked(NamedTuple):
     blocked: tuple[BlockedWait, ...]
     grid_point: GridPoint
     barriers: tuple[StalledBarrier, ...] = ()
+    serial: SerialCores | None = None  # the call's mesh ran its cores one after another
 
 
 class SemaphoreLeft(NamedTuple):

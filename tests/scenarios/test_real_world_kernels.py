@@ -9,6 +9,7 @@ are checked by test_samples.py (their docstrings state the exact finding).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from _cli_worker import CliRun, run_cli
+from scenarios.test_samples import run_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -36,7 +38,8 @@ def check(sample: str, *args: str) -> CliRun:
                                              ("zero_stride_ok.py", "1")])
 def test_correct_kernels_are_clean_with_the_right_output_in_every_mode(sample, devices,
                                                                        mode):
-    result = check(sample, "--devices", devices, *mode)
+    tpu = re.search(r"--tpu \S+", run_args(SAMPLES / sample))  # (core_swap_ok: v7x)
+    result = check(sample, "--devices", devices, *(tpu.group().split() if tpu else ()), *mode)
     report = json.loads(result.stdout)
     assert result.returncode == 0, result.stderr[-3000:]
     assert report["findings"] == [] and len(report["calls"]) == 1

@@ -274,6 +274,35 @@ def test_the_random_samples_under_every_dma_mode(cli, mode, name):
     assert _matches(result.findings[0], want, bug), _describe(result.findings)
 
 
+CORE_OKS = ["core_handoff_ok.py", "core_map_race_ok.py", "core_signal_ok.py", "core_swap_ok.py",
+            "matmul_2core_ok.py", "two_core_accumulate_ok.py"]
+
+
+@pytest.mark.parametrize("mode", ["--dma on_wait", "--dma eager", "--dma random --schedules 20"])
+@pytest.mark.parametrize("name", CORE_OKS)
+def test_the_core_samples_under_every_dma_mode(cli, name, mode):
+    """The samples of several TensorCores stay clean and right however DMAs land, races
+    checked, on the chip their `Run:` line names (core_signal_ok and core_swap_ok: a v7x,
+    two TensorCores; on the default v5e they hang, as the chip did: core_handoff_bug)."""
+    path = SAMPLES / name
+    result = _run(cli, path, f"{run_args(path)} --races {mode}")
+    assert result.exit_code == 0 and result.findings == [], _describe(result.findings)
+    assert "output matches" in result.output
+
+
+@pytest.mark.parametrize("name", ["core_signal_ok.py", "core_swap_ok.py"])
+def test_the_two_core_samples_hang_a_v5e(cli, name):
+    """Without their `--tpu v7x` they run on the default v5e, whose one TensorCore hung on
+    them (hardware/README.md, session 30): a deadlock at core 0's wait, with the help
+    saying why; the script's own check of the output it never got fails too (exit 3)."""
+    result = _run(cli, SAMPLES / name, "--races")
+    assert result.exit_code == 3 and "AssertionError" in result.report["user_error"]
+    (found,) = result.findings
+    assert found["kind"] == "deadlock" and found["actor"] == "core 0", _describe([found])
+    assert found["help"].startswith("a TPU v5e has one TensorCore: the 2 cores of the"
+                                    " TensorCore mesh run one after another on it")
+
+
 def test_uninit_fill_does_not_hide_a_missing_init(cli):
     """With --uninit zero the forgotten accumulator init happens to give the right answer;
     the finding must not depend on that luck (nor on the fill in the report)."""

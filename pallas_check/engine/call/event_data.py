@@ -12,7 +12,8 @@ import numpy as np
 
 from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted
 from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
-                                          SemaphoreLeft, StalledBarrier, Where)
+                                          SemaphoreLeft, SerialCores, StalledBarrier, Where)
+from pallas_check.engine.call.serial import SERIAL_START
 from pallas_check.engine.dma.engine import CellKey, Runner, SemCell, sem_name, sem_value
 from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
@@ -89,11 +90,18 @@ def blocked_wait(actor: str, wait: Wait) -> BlockedWait:
 
 
 def deadlocked(deadlock: Deadlock, scheduler: Scheduler,
-               grid_point: tuple[int, ...] | None) -> Deadlocked:
+               grid_point: tuple[int, ...] | None,
+               serial: SerialCores | None = None) -> Deadlocked:
     """Every blocked actor, and each subcore barrier some wait at with who never arrives
-    there (and what it does instead)."""
+    there (and what it does instead). `serial`: the call's mesh runs its cores one after
+    another (engine/call/serial.py); a core still waiting for the one before it to end
+    never started, and is listed so rather than as a wait."""
+    blocked = [(actor, wait) for actor, wait in deadlock.blocked if wait.what != SERIAL_START]
+    if serial is not None:
+        serial = serial._replace(not_started=tuple(
+            actor for actor, wait in deadlock.blocked if wait.what == SERIAL_START))
     barriers: dict[int, tuple[SubcoreBarrier, list[str]]] = {}
-    for actor, wait in deadlock.blocked:
+    for actor, wait in blocked:
         current = wait.current() if callable(wait.current) else wait.current
         if isinstance(current, SubcoreBarrier):
             barriers.setdefault(id(current), (current, []))[1].append(actor)
@@ -110,8 +118,8 @@ def deadlocked(deadlock: Deadlock, scheduler: Scheduler,
         frames = next(iter(barrier.arrived.values()), ())
         stalled.append(StalledBarrier(barrier.where, len(barrier.members), tuple(waiting),
                                       frames[0].line if frames else None, tuple(absent)))
-    return Deadlocked(tuple(blocked_wait(actor, wait) for actor, wait in deadlock.blocked),
-                      grid_point, tuple(stalled))
+    return Deadlocked(tuple(blocked_wait(actor, wait) for actor, wait in blocked),
+                      grid_point, tuple(stalled), serial)
 
 
 def semaphores_left(sync: SyncState, semaphores: list[Buffer]) -> tuple[SemaphoreLeft, ...]:

@@ -95,7 +95,8 @@ class CallPlace:
     """Where the call runs: its device mesh (shard_map's axes), its core mesh (a core_map /
     pl.kernel call's `mesh`, None for a grid) and collective id (which barrier semaphore
     count it continues), the cores of a device, where the outputs start among the kernel's
-    parameters, which operands are semaphores, and how many grid steps one device walks."""
+    parameters, which operands are semaphores, how many grid steps one device walks, and
+    whether the cores of its TensorCore mesh run one after another (engine/call/serial.py)."""
 
     mesh: MeshInfo = SINGLE_DEVICE
     core_mesh: object | None = None
@@ -104,6 +105,7 @@ class CallPlace:
     first_output: int = 0
     semaphores: SemaphoreLayout = NO_SEMAPHORES
     grid_steps: int = 0
+    serial_cores: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
-from pallas_check.engine.call import event_data
+from pallas_check.engine.call import event_data, serial
 from pallas_check.engine.events import Access, ActorsDeclared, KernelEntered
 from pallas_check.engine.verdicts import CallEnded, OutputUnwritten
 from pallas_check.engine.jaxpr.halts import CallHalted, EngineBug, KernelError
@@ -92,7 +92,7 @@ def _layout(params: CallParams, grid: tuple[int, ...], config: Config) -> _Layou
     core_axes = core_mesh_axes(params)
     if core_axes:
         # A core_map / pl.kernel over a TensorCore mesh: every point of the mesh is a core
-        # of its own, all running at once with private VMEM.
+        # of its own with private VMEM (at once, or in turn on one TensorCore: serial.py).
         core_steps = [np.array([i]) for i in range(len(points))]
     else:
         core_steps = split_grid(points, grid, dimension_semantics(params), config.cores)
@@ -138,7 +138,9 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
         CallPlace(mesh, described.mesh, described.collective_id,
                   len(layout.core_steps), described.num_scalars + described.num_inputs,
                   SemaphoreLayout(layout.sem_in, layout.sem_out, layout.out_to_in,
-                                  layout.n_in), len(layout.points)),
+                                  layout.n_in), len(layout.points),
+                  bool(layout.core_axes) and layout.sparsecore is None
+                  and serial.runs_serially(config, len(layout.core_steps))),
         Handover(run.carried, call.addresses, run.address_probe, run.perturb))
     if live is not None:
         live.simulating(state)
@@ -164,12 +166,15 @@ def simulate_schedule(call: CallInputs, run: ScheduleRun) -> Simulated:
         templates = _operand_templates(layout, hbm_inputs, hbm_outputs, scalars)
         blocked_outputs.update((op.hbm.id, op) for op in templates if op.is_output)
         shared_scratch: dict[tuple[object, ...], Buffer] = {}
+        cores: list[Actor] = []
         for core_id in range(len(layout.core_steps)):
             ctx, actor = _core(state, layout, device, core_id, scalars, templates,
                                shared_scratch)
             contexts.append(ctx)
-            if actor is not None:
-                actors.append(actor)
+            cores += [actor] if actor is not None else []
+        if state.serial_cores:  # one TensorCore runs the mesh's cores in turn (serial.py)
+            serial.chain(cores, state.tell if state.feeds.takes(serial.SerialStart) else None)
+        actors += cores
     if state.arriving:  # DMAs started by an earlier call, carried in by a semaphore
         first_ctx = {ctx.device_id: ctx for ctx in reversed(contexts)}
         for dma in carried_semaphores.arrive(state, first_ctx, by_address):
@@ -356,7 +361,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         with np.errstate(over="ignore"):
             state.scheduler.run(actors)
     except Deadlock as deadlock:
-        state.tell(event_data.deadlocked(deadlock, state.scheduler, ctx.grid_point))
+        state.tell(event_data.deadlocked(deadlock, state.scheduler, ctx.grid_point,
+                                         serial.deadlock_note(state)))
         state.halted()
     except CallHalted:  # its finding is already there; the kernel never finished either
         state.halted()

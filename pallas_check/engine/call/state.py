@@ -106,7 +106,7 @@ class CallState(CallBuffers):
         self._fill_cache: dict[np.dtype, np.ndarray] = {}
         # The regions `ref[indices]` accesses resolve to (AccessCache).
         self.accesses = AccessCache()
-        self.cores_per_device = place.cores_per_device
+        self.cores_per_device, self.serial_cores = place.cores_per_device, place.serial_cores
         self._copies_in_flight: set[str] = set()
         # Output blocks revisited after other blocks (engine/call/revisit.py): what each core's
         # pipeline recorded, the VMEM blocks a revisit re-fetched as fresh memory (buffer

@@ -13,6 +13,7 @@ from pallas_check.engine.dma.engine import DmaCore
 from pallas_check.engine.jaxpr.halts import CallHalted, KernelError
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import RefView
+from pallas_check.engine.verdicts import LostTransfer
 
 
 def target_device(ctx: DmaCore, device_id: object, device_id_type: object
@@ -109,3 +110,19 @@ def _with_core(ctx: DmaCore, target: tuple[int, int | None], core_index: object
                           f" device (--cores, or the kernel's TensorCore mesh)",
                           current_frames(ctx))
     return target[0], core
+
+
+def on_serial_chip(ctx: DmaCore, target: tuple[int, int | None], what: str
+                   ) -> tuple[int, int | None] | None:
+    """Where a signal or DMA (`what`) addressed to `target` goes when the call's mesh runs
+    its cores one after another on a chip with one TensorCore (engine/call/serial.py, as
+    a v5e did): core 0 is the chip's TensorCore, which is running the sender, so it reaches
+    the sender's own core; core k > 0 is no core of the chip, and it is lost (None: the
+    caller does nothing more). Elsewhere `target` as it is."""
+    device, core = target
+    if core is None or not ctx.call.serial_cores:
+        return target
+    if core == 0:
+        return device, ctx.core_id
+    ctx.call.sync.lost.append(LostTransfer(what, ctx.actor, core, current_frames(ctx)))
+    return None

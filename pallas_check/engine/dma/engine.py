@@ -27,6 +27,7 @@ from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import same_bits
 from pallas_check.engine.runtime.scheduler import Scheduler
 from pallas_check.findings.finding import IndexRange, KernelInfo, SourceFrame, format_range
+from pallas_check.engine.verdicts import LostTransfer
 
 # A semaphore cell: its buffer and the index of the one semaphore in it; and its key, by
 # the buffer's id.
@@ -60,6 +61,11 @@ class DmaCall(Protocol):
 
     @property
     def cores_per_device(self) -> int: ...
+
+    @property
+    def serial_cores(self) -> bool:
+        """Whether the cores of the call's TensorCore mesh run one after another on a chip
+        with one TensorCore (engine/call/serial.py)."""
 
     @property
     def scheduler(self) -> Scheduler: ...
@@ -187,6 +193,9 @@ class SyncState:
         self._live: dict[int, Dma] = {}
         self.last_signal: dict[CellKey, tuple[SourceFrame, ...]] = {}
         self.last_signaller: dict[CellKey, str] = {}  # the actor, for leak reports
+        # Signals and DMAs addressed to a core the chip does not have (devices.py
+        # `on_serial_chip`): they never arrived, which a deadlock's help says.
+        self.lost: list[LostTransfer] = []
         # Per semaphore cell (buffer id, index), in start order: the DMAs that may still
         # signal it (as receive or send semaphore), and those not yet fully waited on it
         # (so that a wait does not rescan every DMA of the call).

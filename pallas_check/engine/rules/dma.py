@@ -27,7 +27,7 @@ from pallas_check.engine.dma.counts import is_regular, regular_signal
 from pallas_check.jaxbridge.primitives import dma_start_p, dma_wait_p
 from pallas_check.jaxbridge.types import Indices, JaxprEqn, TransformedRef
 from pallas_check.engine.dma import indirect
-from pallas_check.engine.dma.devices import on_device, target_device
+from pallas_check.engine.dma.devices import on_device, on_serial_chip, target_device
 from pallas_check.engine.dma.engine import (Dma, SemCell, SyncState, as_view, cell_of, sem_add,
                                             sem_name, sem_value)
 from pallas_check.engine.jaxpr.halts import KernelError
@@ -133,7 +133,10 @@ def _dma_start(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> RuleGen
     src_at, dst_at, dst_sem_at, src_sem_at, device_at = _dma_layout(eqn)
     device_id = device_at[2].unflatten(invals[device_at[0]:device_at[1]])
     target = (None if device_id is None  # the sender's own device and core
-              else target_device(ctx, device_id, eqn_params.device_id_type(eqn)))
+              else on_serial_chip(ctx, target_device(ctx, device_id,
+                                                     eqn_params.device_id_type(eqn)), "DMA"))
+    if device_id is not None and target is None:
+        return []  # to a core the chip does not have: nothing moves, nothing is signalled
     src_region = tile_padded(ctx, _arg_region(ctx, src_at, invals))
     dst_region = tile_padded(ctx, _arg_region(ctx, dst_at, invals, target))
     frames = current_frames(ctx)

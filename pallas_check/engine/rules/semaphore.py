@@ -9,7 +9,7 @@ import numpy as np
 from pallas_check.jaxbridge import params as eqn_params
 from pallas_check.jaxbridge.primitives import get_barrier_semaphore_p, semaphore_read_p, semaphore_signal_p, semaphore_wait_p
 from pallas_check.jaxbridge.types import JaxprEqn
-from pallas_check.engine.dma.devices import _with_core, on_device, target_device
+from pallas_check.engine.dma.devices import _with_core, on_device, on_serial_chip, target_device
 from pallas_check.engine.dma.engine import as_view, sem_add, sem_name, sem_value, semaphore_cell
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.seam import RunningCore
@@ -28,7 +28,11 @@ def _semaphore_signal(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> 
     target = target_device(ctx, device_id, eqn_params.device_id_type(eqn))
     if core_index is not None:
         target = _with_core(ctx, target, core_index)
-    view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())), target)
+    serial_target = on_serial_chip(ctx, target, "signal")
+    if serial_target is None:
+        return []  # to a core the chip does not have: it never arrives
+    view = on_device(ctx, as_view(sem).with_transforms(tuple(transforms or ())),
+                     serial_target)
     cell = semaphore_cell(ctx, view)
     sem_add(cell, int(np.asarray(inc)))
     ctx.call.sync.last_signal[(cell[0].id, cell[1])] = current_frames(ctx)

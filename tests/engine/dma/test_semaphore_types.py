@@ -8,6 +8,8 @@ against a numpy reference."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_check.config import Config, DmaMode
+from scenarios.test_samples import run_args
 
 MODES = [DmaMode.ON_WAIT, DmaMode.EAGER, DmaMode.RANDOM]
 X = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
@@ -345,7 +348,9 @@ def test_select_ref_then_indexed(check):
 @pytest.mark.parametrize("first", [0, 1])
 def test_core_index_signal_wakes_the_other_core(check, first, mode):
     """JAX's test_allocate_shared_buffer_in_core_map: one core signals the other's
-    semaphore. Before: the signal went to the signaller's own semaphore (deadlock)."""
+    semaphore. Before: the signal went to the signaller's own semaphore (deadlock). On a
+    chip with two TensorCores (v7x): on a v5e the cores run one after another and the
+    kernel hangs (tests/engine/call/test_serial.py)."""
     second = 1 - first
     mesh = pltpu.create_tensorcore_mesh("x", num_cores=2)
 
@@ -370,7 +375,7 @@ def test_core_index_signal_wakes_the_other_core(check, first, mode):
 
         return pl.run_state(inner)((x, jnp.zeros_like(x)))[1]
 
-    out = _clean(check(jax.jit(f), X, config=Config(dma_mode=mode, races=True)))
+    out = _clean(check(jax.jit(f), X, config=Config(dma_mode=mode, races=True, tpu="v7x")))
     np.testing.assert_array_equal(out, X)
 
 
@@ -434,7 +439,9 @@ def test_a_core_index_the_lowering_rejects_is_an_error(signal, message):
 @pytest.mark.parametrize("name", ["regular_sem_dma_ok.py", "select_ref_ok.py",
                                   "core_signal_ok.py", "zero_dma_regular_ok.py"])
 def test_ok_samples_are_clean_whenever_dmas_land(cli, sample, name, options):
-    result = cli("run", *options.split(), sample(name))
+    """(With the chip the sample's `Run:` line names: core_signal_ok is for two
+    TensorCores, `--tpu v7x`.)"""
+    result = cli("run", *options.split(), *run_args(Path(sample(name))).split(), sample(name))
     assert result.report is not None, result.output
     assert result.report["user_error"] is None, result.report["user_traceback"]
     assert result.report["findings"] == [], result.report["findings"]
