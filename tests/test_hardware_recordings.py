@@ -50,8 +50,12 @@ def test_the_simulation_and_the_chip_agree_on_each_defect(path, tmp_path, monkey
     made = recording.read(path)
     expected = [e for e in expectations(ROOT / made.script) if _on_chip(e, made.chip)]
     kinds = {e["kind"] for e in expected}
-    assert kinds, f"{path.name}: its sample states no expected finding"
-    if kinds <= REPORT_KINDS:
+    stated = expectations(ROOT / made.script)
+    assert stated, f"{path.name}: its sample states no expected finding"
+    if not kinds or kinds <= REPORT_KINDS:
+        # No defect of the recording chip's to show (core_swap_bug on a v5e, whose one
+        # TensorCore runs the cores in turn: no finding there, and neither side finds
+        # one) or a finding about the report itself: the values and verdicts must agree.
         code, report, output = _replay(path, tmp_path)
         assert code == 0, (report and _disagreement(report)) or output
         return
