@@ -25,6 +25,7 @@ import pickle
 from typing import Any, Mapping, Sequence
 
 import jax
+from jax._src import config as _config
 
 
 def exported(jitted: Any, avals: Sequence[jax.ShapeDtypeStruct]) -> tuple[bytes, str]:
@@ -39,8 +40,15 @@ def exported(jitted: Any, avals: Sequence[jax.ShapeDtypeStruct]) -> tuple[bytes,
 
 def exported_for_tpu(jitted: Any, args: Sequence[jax.ShapeDtypeStruct]) -> bytes:
     """`jitted` exported for the TPU on `args` (placed on compile-only devices, under that
-    generation's device as JAX's default device), as bytes for `lowered_on_tpu`."""
-    found = jax.export.export(jitted, platforms=["tpu"])(*args)
+    generation's device as JAX's default device), as bytes for `lowered_on_tpu`.
+
+    Without JAX's forward-compatibility rules: an export lowers Pallas kernels for an
+    older TPU runtime by default (an older Mosaic serialization, no transposed-operand
+    hint on matmuls, `reciprocal` without `full_range`), which is not what a TPU host
+    compiles for `jax.jit`; with them off, the kernel in the module is the plain lowering's
+    (tests/jaxbridge/test_export.py)."""
+    with _config.export_ignore_forward_compatibility(True):
+        found = jax.export.export(jitted, platforms=["tpu"])(*args)
     return pickle.dumps(dataclasses.replace(found, _get_vjp=None))
 
 

@@ -148,6 +148,7 @@ class _Worker:
         self._stderr: IO[bytes] | None = None
         self._owner = 0  # the pid that started it (a forked child starts its own)
         self.started = 0  # workers started by this process (a crash starts another)
+        self.jobs = 0  # calls sent to a worker by this process
         self._broken = ""  # why it cannot run at all, once known: every call stays here
 
     def _started(self) -> subprocess.Popen[bytes]:
@@ -176,6 +177,7 @@ class _Worker:
                 raise Unavailable(self._broken)
             process = self._started()
             assert process.stdin is not None and process.stdout is not None
+            self.jobs += 1
             try:
                 # (a dict: the worker runs this module as __main__, whose Job is not ours)
                 send_frame(process.stdin, dataclasses.asdict(job))
@@ -237,6 +239,11 @@ def compile_in_worker(job: Job) -> Answer:
 def workers_started() -> int:
     """How many workers this process has started (a warm run: none)."""
     return _worker.started
+
+
+def jobs_sent() -> int:
+    """How many calls this process has sent to a worker (the outcome cache's hits: none)."""
+    return _worker.jobs
 
 
 def abort_requested(kernel_name: str) -> bool:
