@@ -11,7 +11,8 @@ call's compile time for v5e from the Python API's call summaries (`compile_secon
 lowering, the export and the worker's answer, or the lowering and the compile here). Call 0
 of a process is the cold compile (libtpu's compiler starting; in the worker mode the
 worker's start too), the later calls warm. Modes: `worker` (the default) and `in-process`
-(`remote.enabled = False`, as before the worker). Also: the worker's start alone (a fresh
+(`remote.enabled = False`, as before the worker); each call's scoped VMEM (the compiled
+kernels' own figure) compared between the two. Also: the worker's start alone (a fresh
 process sends its first job, one the worker cannot load: the answer comes once the worker
 has started, imported JAX and Pallas and made the v5e topology).
 """
@@ -44,6 +45,7 @@ with pallas_check.checking(compile=True, tpu="v5e", chip_compile=False, dma="eag
     except AssertionError:
         pass
 print(json.dumps({"seconds": [call.compiled["v5e"]["compile_seconds"] for call in run.calls],
+                  "scoped": [call.compiled["v5e"]["vmem_scoped_bytes"] for call in run.calls],
                   "workers": remote.workers_started()}))
 """
 START = r"""
@@ -82,8 +84,9 @@ def main() -> None:
             for mode in ("in-process", "worker"):
                 found = json.loads(_child(CHILD, str(CASES / f"case_{case}.py"), mode))
                 results.setdefault(f"{case} {mode}", []).append(found)
-    print("| what | cold (call 0) | warm (later calls) | workers started |")
-    print("|---|---:|---:|---:|")
+    print("| what | cold (call 0) | warm (later calls) | workers started | scoped VMEM as"
+          " in-process |")
+    print("|---|---:|---:|---:|---|")
     for name, runs in results.items():
         if name == "worker start":
             print(f"| the worker's start | {statistics.median(runs):.2f} s | | |")  # type: ignore[type-var]
@@ -91,7 +94,9 @@ def main() -> None:
         cold = statistics.median(r["seconds"][0] for r in runs)  # type: ignore[index]
         later = [s for r in runs for s in r["seconds"][1:]]  # type: ignore[index]
         warm = f"{statistics.median(later):.2f} s" if later else ""
-        print(f"| {name} | {cold:.2f} s | {warm} | {runs[0]['workers']} |")  # type: ignore[index]
+        here = results[name.replace("worker", "in-process")][0]["scoped"]  # type: ignore[index]
+        same = "yes" if all(r["scoped"] == here for r in runs) else "NO"  # type: ignore[index]
+        print(f"| {name} | {cold:.2f} s | {warm} | {runs[0]['workers']} | {same} |")  # type: ignore[index]
     if options.json:
         options.json.write_text(json.dumps(results, indent=1))
 

@@ -46,6 +46,8 @@ from typing import IO, TYPE_CHECKING, Any, Hashable
 
 from pallas_check.config.environment import COMPILER_ABORT_VARIABLE
 from pallas_check.engine.runtime.bounded_compile import receive_frame, send_frame
+from pallas_check.jaxbridge.export import lowered_on_tpu
+from pallas_check.tpu_compile.toolchain import quiet_environment
 
 if TYPE_CHECKING:
     import jax
@@ -54,6 +56,10 @@ _USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
 # A fatal line of libtpu's log (glog): "F1207 06:56:27.575640   25052 file.cc:1534] text".
 _FATAL = re.compile(r"^F\d{4} [\d:.]+\s+\d+ [^\]]*\] (.*)$", re.MULTILINE)
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
+# The signals a process dies of by its own fault (libtpu's `Check failed` is SIGABRT): the
+# compiler's crash. Any other (SIGKILL, SIGTERM: from outside) is not the kernel's doing.
+_FAULTS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
+                     signal.SIGFPE, signal.SIGTRAP})
 
 # Off: every compile in the parent's own process, as before the worker (benchmarks/ compare).
 enabled = True
@@ -203,12 +209,11 @@ class _Worker:
             text = self._stderr.read().decode("utf-8", "replace")
             self._stderr.close()
             self._stderr = None
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return Answer(crashed=True, signal_name=name, last_words=last_words(text))
+        if -code in _FAULTS:
+            return Answer(crashed=True, signal_name=signal.Signals(-code).name,
+                          last_words=last_words(text))
+        if code < 0:  # killed from outside (SIGKILL, SIGTERM): the next call starts another
+            raise Unavailable(f"the TPU compile worker was killed by signal {-code}")
         tail = text.strip().splitlines()[-1:] or ["no message"]
         self._broken = f"the TPU compile worker exited with {code}: {tail[0]}"
         raise Unavailable(self._broken)
@@ -289,8 +294,6 @@ def _answer(job: Job) -> tuple[object, ...]:
     message), or ("ours", why): a failure before the compile is ours, not the chip's."""
     import jax
 
-    from pallas_check.jaxbridge.export import lowered_on_tpu
-
     try:
         sharding, device = _sharding(job)
         with jax.default_device(device):
@@ -319,18 +322,18 @@ def _answer(job: Job) -> tuple[object, ...]:
 def _serve() -> None:
     """The worker: each job's answer, until stdin ends. Its own stdout carries only the
     answers (descriptor 1 is pointed at stderr: stray prints cannot corrupt a frame); no
-    core file is written when the compiler aborts."""
+    core file is written when the compiler aborts; an interrupt (Ctrl-C reaches the whole
+    process group) is left to the parent, which ends the worker at its exit."""
     import resource
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     except (ValueError, OSError):
         pass
-    from pallas_check.tpu_compile.toolchain import quiet_environment
-
-    quiet_environment(compiling=True)
+    quiet_environment(compiling=True)  # (the parent's settings, inherited: where unset)
     import jax.experimental.pallas.tpu  # noqa: F401 - Mosaic's error handler (MosaicError)
 
     jobs = sys.stdin.buffer
