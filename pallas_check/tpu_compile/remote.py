@@ -44,7 +44,7 @@ import tempfile
 import threading
 from typing import IO, TYPE_CHECKING, Any, Hashable
 
-from pallas_check.config.environment import COMPILER_ABORT_VARIABLE
+from pallas_check.config.environment import COMPILER_ABORT_VARIABLE, debug_requested
 from pallas_check.engine.runtime.bounded_compile import receive_frame, send_frame
 from pallas_check.jaxbridge.export import lowered_on_tpu
 from pallas_check.tpu_compile.toolchain import quiet_environment
@@ -161,6 +161,7 @@ class _Worker:
         if self._process is not None and self._owner == os.getpid() and \
                 self._process.poll() is None:
             return self._process
+        self._release()
         self._stderr = tempfile.TemporaryFile()
         # The worker compiles for compile-only devices only: no backend of its own (on a
         # TPU host the parent may hold the chip); libtpu's chatter into its stderr file.
@@ -202,13 +203,13 @@ class _Worker:
     def _ended(self, process: subprocess.Popen[bytes]) -> Answer:
         """The worker died on a job: by a signal, the compiler's crash; else ours."""
         code = process.wait()
-        self._process = None
         text = ""
         if self._stderr is not None:
             self._stderr.seek(0)
             text = self._stderr.read().decode("utf-8", "replace")
-            self._stderr.close()
-            self._stderr = None
+            if debug_requested():
+                sys.stderr.write(text)
+        self._release()
         if -code in _FAULTS:
             return Answer(crashed=True, signal_name=signal.Signals(-code).name,
                           last_words=last_words(text))
@@ -217,6 +218,19 @@ class _Worker:
         tail = text.strip().splitlines()[-1:] or ["no message"]
         self._broken = f"the TPU compile worker exited with {code}: {tail[0]}"
         raise Unavailable(self._broken)
+
+    def _release(self) -> None:
+        """A dead worker's pipes and stderr file closed (a forked child's copies too)."""
+        process, self._process = self._process, None
+        for stream in (process.stdin, process.stdout) if process is not None else ():
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def stop(self) -> None:
         """The worker told to end (its stdin closed) and waited for; at exit."""
