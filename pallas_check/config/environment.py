@@ -1,10 +1,10 @@
 """The names of pallas-check's environment variables, in one place.
 
 Each option of the table (options.py) is also a variable: `PALLAS_CHECK_` and its settings
-key in capitals (`skip-floats` -> PALLAS_CHECK_SKIP_FLOATS; read by layers.py). Three
+key in capitals (`skip-floats` -> PALLAS_CHECK_SKIP_FLOATS; read by layers.py). Four
 variables are no option: PALLAS_CHECK_DEBUG, for bug reports, PALLAS_CHECK_CACHE_DIR,
-where compiled programs are kept between processes, and PALLAS_CHECK_COMPILE_BUDGET, the
-compiled tier's build budget. Imports nothing of ours, so that any module (the TPU compile stage too) can ask whether debugging was asked for.
+where compiled programs are kept between processes, PALLAS_CHECK_COMPILE_BUDGET, the
+compiled tier's build budget, and PALLAS_CHECK_TEST_COMPILER_ABORT, a test hook. Imports nothing of ours, so that any module (the TPU compile stage too) can ask whether debugging was asked for.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ CACHE_VARIABLE = ENV_PREFIX + "CACHE_DIR"
 # (intercept/builds.py), in place of the one derived from the engine's time: tests make a
 # build overrun with 0.
 COMPILE_BUDGET_VARIABLE = ENV_PREFIX + "COMPILE_BUDGET"
+# A test hook: the TPU compile worker aborts, as libtpu's compiler does on some kernels,
+# instead of compiling a call of the kernel this names (tpu_compile/remote.py).
+COMPILER_ABORT_VARIABLE = ENV_PREFIX + "TEST_COMPILER_ABORT"
 
 
 def env_variable(key: str) -> str:

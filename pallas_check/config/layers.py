@@ -22,16 +22,17 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pallas_check.config.environment import (CACHE_VARIABLE, DEBUG_VARIABLE, ENV_PREFIX,
-                                              env_variable, parse_flag)
+from pallas_check.config.environment import (CACHE_VARIABLE, COMPILER_ABORT_VARIABLE,
+                                              DEBUG_VARIABLE, ENV_PREFIX, env_variable,
+                                              parse_flag)
 from pallas_check.config.options import Option
 from pallas_check.config.errors import SettingsError
 
 TABLE = "pallas-check"
 HOOK_KEYS = ("scripts", "pattern")  # read by `pallas-check hook`, ignored by `run`
-# Variables with our prefix that are not options: a traceback for bug reports, and where
-# compiled programs are kept.
-OTHER_VARIABLES = (DEBUG_VARIABLE, CACHE_VARIABLE)
+# Variables with our prefix that are not options: a traceback for bug reports, where
+# compiled programs are kept, and the TPU compile worker's test hook (tpu_compile/remote.py).
+OTHER_VARIABLES = (DEBUG_VARIABLE, CACHE_VARIABLE, COMPILER_ABORT_VARIABLE)
 
 
 @dataclasses.dataclass(frozen=True)

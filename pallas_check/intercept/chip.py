@@ -73,7 +73,9 @@ class ChipCheck:
         def finding(index: int) -> Finding:
             found = finding_for(RecordedCall(index, params, avals, mesh_axes, kernel,
                                              call_site), outcome)
-            found.message += f"; the call raises {raised.name} in the program, as on a TPU"
+            found.message += (f"; the call raises {raised.name} in the program"
+                              + (", where a TPU host's process ends" if outcome.crashed
+                                 else ", as on a TPU"))
             found.details["raised"] = raised.name
             return found
 

@@ -13,6 +13,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Mapping
 
+import jax
 import numpy as np
 from jax._src.pallas import core as _pallas_core
 
@@ -214,11 +215,38 @@ def is_tpu_params(compiler_params: Any) -> bool:
     return isinstance(compiler_params, pltpu.CompilerParams)
 
 
+def _semaphore(dtype: Any) -> bool:
+    """A semaphore array's dtype (Pallas's extended dtypes; a key's is a numpy dtype)."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
 def rebound(params: CallParams) -> Callable[..., Any]:
-    """The pallas_call re-bound for the TPU compiler (interpret off)."""
+    """The pallas_call re-bound for the TPU compiler (interpret off), returning its results
+    less any semaphore array: a call that returns DMA semaphores hands them to the next
+    call of the program (JAX's cross-call async copy), which is the program the chip
+    compiles; compiled alone with them as the program's results, libtpu's compiler aborts
+    (libtpu 0.0.42, on a v5e too), where the program that passes them on runs
+    (samples/cross_call_dma_ok.py, checked on a v5e: docs/compile.md)."""
     bound = {k: v for k, v in params.items() if k != "interpret"}
     bind: Callable[..., Any] = pallas_call_p.bind  # untyped in JAX
-    return lambda *args: bind(*args, interpret=False, **bound)
+    kept = [k for k, aval in enumerate(params["out_avals"]) if not _semaphore(aval.dtype)]
+    if len(kept) == len(params["out_avals"]):
+        return lambda *args: bind(*args, interpret=False, **bound)
+
+    def without_semaphores(*args: Any) -> tuple[Any, ...]:
+        results = bind(*args, interpret=False, **bound)
+        return tuple(results[k] for k in kept)
+    return without_semaphores
+
+
+def takes_semaphores(params: CallParams) -> bool:
+    """Whether an operand of the call is a semaphore array (one another call returned): no
+    program the chip compiles has one as a parameter, so the call is not compiled alone."""
+    if "grid_mapping" not in params:  # a SparseCore kernel's (mpmd) params
+        return False
+    call = describe(params)
+    inputs = call.blocks[: len(call.blocks) - len(call.out_avals)]
+    return any(_semaphore(block.array_dtype) for block in inputs)
 
 
 def rebound_mpmd(params: CallParams) -> Callable[..., Any]:
@@ -249,4 +277,4 @@ def output_zeros(params: CallParams) -> list[np.ndarray]:
 
 __all__ = ["Block", "BlockDim", "CallDescription", "CallParams", "MOSAIC_FOREIGN_PARAMS", "ShapedArray",
            "describe", "is_tpu_params", "kernel_of", "output_zeros", "rebound",
-           "rebound_mpmd", "tpu_refusal"]
+           "rebound_mpmd", "takes_semaphores", "tpu_refusal"]

@@ -12,6 +12,8 @@ compiles reports its VMEM footprint.
 - `diagnose.py` — a compiler error as one sentence, its code, and the user's line
   (`mlirloc.py` maps Mosaic's failing operation back to its source location).
 - `compiler.py` — one call for one generation: the outcome, cached per run.
+- `remote.py` — the compile itself in a worker process, so that libtpu's compiler
+  aborting on a kernel is a finding, not the end of pallas-check.
 - `stage.py` — what `run --compile`, `compile` and the pytest plugin share: calls
   recorded while the script runs, compiled after it, turned into findings.
 """

@@ -11,19 +11,22 @@ Outcomes are cached per (call, shapes, mesh, generation) for the whole process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import re
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from pallas_check.config import TpuGeneration
 from pallas_check.findings.finding import JsonObject
+from pallas_check.config.environment import debug_requested
+from pallas_check.engine.call import describe
 from pallas_check.engine.call.describe import sparsecore_mesh
 from pallas_check.engine.jaxpr.mosaic_limits import foreign_compiler_params
 from pallas_check.jaxbridge import call as call_bridge
-from pallas_check.tpu_compile import outcome_cache, toolchain
+from pallas_check.jaxbridge import export
+from pallas_check.tpu_compile import outcome_cache, remote, toolchain
+from pallas_check.tpu_compile.remote import scoped_use
 from pallas_check.tpu_compile.diagnose import Diagnosis, diagnose
 # One reckoning of capacities and limits, shared with the engine (engine/call/footprint.py).
 from pallas_check.engine.call.footprint import (
@@ -37,8 +40,6 @@ from pallas_check.engine.call.footprint import (
     scratch_bytes,
     sparsecore_allocations,
 )
-
-_USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
 
 if TYPE_CHECKING:  # JAX and its MLIR are imported where a call is compiled
     import jax
@@ -96,6 +97,7 @@ class CompileOutcome:
     capacity: int = 0
     allocations: tuple[Allocation, ...] = ()
     raised: Raised | None = None  # what the toolchain raised, when it failed
+    crashed: bool = False  # libtpu's compiler died on it (tpu_compile/remote.py)
 
     @property
     def ok(self) -> bool:
@@ -203,9 +205,11 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
     # (raised, exit 4), not a finding about the user's kernel.
     fn, args, device = _placed(params, avals, mesh_axes, generation)
     started = time.perf_counter()
+    jitted = jax.jit(fn)
+    lowered_text = ""
     try:
         with jax.default_device(device):
-            lowered = jax.jit(fn).lower(*args)
+            lowered = jitted.lower(*args)
             # The disk's verdict on this exact module (tpu_compile/outcome_cache.py).
             lowered_text = lowered.as_text()
             known = outcome_cache.read(lowered_text, generation.value)
@@ -214,29 +218,99 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
                 outcome.seconds = time.perf_counter() - started
                 return outcome
             outcome.lowered_ir = lowered.compiler_ir("stablehlo")
-            compiled = toolchain.quietly(lowered.compile)
+            answer = _in_worker(jitted, args, params, mesh_axes, generation)
+            if answer is None:  # (not taken by the worker: compiled here)
+                text = toolchain.quietly(lowered.compile).as_text()
+                # (None where the backend gives no text: the use is unknown)
+                answer = remote.Answer(scoped_bytes=None if text is None else scoped_use(text))
     except Exception as exc:  # noqa: BLE001 - the compiler's verdict on the user's kernel
-        outcome.seconds = time.perf_counter() - started
-        outcome.error_text = f"{type(exc).__name__}: {exc}"
-        outcome.diagnosis = diagnose(str(exc) or _unsaid(params, exc))
-        outcome.raised = Raised(type(exc), tuple(exc.args))
-        return outcome
+        answer = remote.Answer(error_class=type(exc), error_args=tuple(exc.args),
+                               message=str(exc))
     outcome.seconds = time.perf_counter() - started
+    return _settled(outcome, answer, params, lowered_text)
+
+
+def _in_worker(jitted: Callable[..., object], args: list[jax.ShapeDtypeStruct],
+               params: Params, mesh_axes: MeshAxes, generation: TpuGeneration
+               ) -> remote.Answer | None:
+    """The call compiled in the compile worker (tpu_compile/remote.py), where libtpu's
+    compiler aborting cannot end this process; None where it cannot go there (`jax.export`
+    cannot carry it, or the worker cannot run): the caller compiles it itself."""
+    if not remote.enabled:
+        return None
+    try:
+        blob = export.exported_for_tpu(jitted, args)
+    except Exception as exc:  # noqa: BLE001 - ours: the call is compiled here, as before
+        _compiled_here(f"jax.export cannot carry the call ({type(exc).__name__}: {exc})")
+        return None
+    devices = math.prod(size for _, size in mesh_axes) if mesh_axes else 1
+    name = describe.kernel_info(params).name
+    job = remote.Job(blob, toolchain.topology_name(generation, devices), tuple(mesh_axes),
+                     abort=remote.abort_requested(name))
+    try:
+        return remote.compile_in_worker(job)
+    except remote.Unavailable as exc:
+        _compiled_here(str(exc))
+        return None
+
+
+def _compiled_here(why: str) -> None:
+    """A call compiled in this process (an abort there ends it): said under
+    PALLAS_CHECK_DEBUG, for a bug report."""
+    if debug_requested():
+        sys.stderr.write(f"pallas-check: the TPU compile ran in this process: {why}\n")
+
+
+def _settled(outcome: CompileOutcome, answer: remote.Answer, params: Params,
+             lowered_text: str) -> CompileOutcome:
+    """The outcome of what the compile came to; a success kept on disk."""
+    if answer.crashed:
+        return _crashed(outcome, answer)
+    if answer.error_class is not None:
+        name = answer.error_class.__name__
+        outcome.error_text = f"{name}: {answer.message}"
+        outcome.diagnosis = diagnose(answer.message or _unsaid(params, name))
+        outcome.raised = Raised(answer.error_class, answer.error_args)
+        return outcome
     outcome.lowered_ir = None  # kept only to place a failure
-    text = compiled.as_text()  # None where the backend gives none: use unknown
-    outcome.scoped_bytes = _scoped_use(text) if text is not None else None
-    if outcome.scoped_bytes is not None:
-        outcome_cache.write(lowered_text, generation.value, outcome.scoped_bytes)
+    outcome.scoped_bytes = answer.scoped_bytes
+    if outcome.scoped_bytes is not None and lowered_text:
+        outcome_cache.write(lowered_text, outcome.generation.value, outcome.scoped_bytes)
     return outcome
 
 
-def _unsaid(params: Params, exc: Exception) -> str:
+def _crashed(outcome: CompileOutcome, answer: remote.Answer) -> CompileOutcome:
+    """libtpu's compiler died compiling the call (in the worker): a compile-error with its
+    last words; the program is given ChipCompilerAborted (a TPU host's process ends)."""
+    said = answer.last_words
+    if answer.signal_name == "SIGABRT":
+        sentence = f"libtpu's compiler aborted: {said or 'no message'}"
+    else:
+        sentence = f"libtpu's compiler died of {answer.signal_name}" + (f": {said}" if said
+                                                                        else "")
+    generation = outcome.generation.value
+    outcome.crashed = True
+    outcome.error_text = sentence
+    outcome.diagnosis = Diagnosis(
+        "compile-error", sentence,
+        help=(f"libtpu {toolchain.libtpu_version()}'s compiler crashes on this kernel: a TPU"
+              " host compiling it with this libtpu crashes too, so it cannot run there."
+              " Change the kernel, or try another libtpu. pallas-check compiled it in a"
+              " worker process, which the crash ended, and raises"
+              f" {remote.ChipCompilerAborted.__name__} at the call instead."))
+    outcome.raised = Raised(remote.ChipCompilerAborted, (
+        f"{sentence} (compiling this pallas_call for {generation}): on a TPU host the"
+        " process ends here; pallas-check raises this error instead",))
+    return outcome
+
+
+def _unsaid(params: Params, error_name: str) -> str:
     """What a failure without a message means: the TPU lowering's assertion on compiler
     params of another backend (engine/jaxpr/mosaic_limits.py says which), or its type."""
     refused = foreign_compiler_params(params)
     if refused is not None:
         return refused.message
-    return f"{type(exc).__name__} in the Pallas TPU lowering (no message)"
+    return f"{error_name} in the Pallas TPU lowering (no message)"
 
 
 def _sparsecore_outcome(params: Params, generation: TpuGeneration) -> CompileOutcome:
@@ -247,20 +321,6 @@ def _sparsecore_outcome(params: Params, generation: TpuGeneration) -> CompileOut
     return CompileOutcome(generation, 0.0, scoped_limit=capacity, capacity=capacity,
                           scratch_bytes=sum(a.nbytes for a in found if a.what == "scratch"),
                           allocations=found)
-
-
-def _scoped_use(hlo_text: str) -> int:
-    """The scoped VMEM (memory space 1) the compiled kernels use, the largest of them."""
-    used = 0
-    for configs in _USED_SCOPED.findall(hlo_text):
-        try:
-            entries = json.loads(f"[{configs}]")
-        except ValueError:
-            continue
-        for entry in entries:
-            if str(entry.get("memory_space")) == "1":
-                used = max(used, int(entry.get("size", 0)))
-    return used
 
 
 def cached_outcome(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,

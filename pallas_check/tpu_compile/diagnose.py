@@ -52,6 +52,7 @@ class Diagnosis:
     available_bytes: int | None = None
     # The bytes are a whole SparseCore's (every subcore's VMEM), not one kernel's scoped VMEM.
     whole_sparsecore: bool = False
+    help: str | None = None  # the finding's own help line, where the failure has one
 
 
 def _bytes(number: str, unit: str) -> int:

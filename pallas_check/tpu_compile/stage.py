@@ -19,6 +19,7 @@ from pallas_check.findings.finding import (CallSummary, Finding, FindingKind, Fi
                                    KernelInfo, SourceFrame)
 from pallas_check.tpu_compile.compiler import (CompileOutcome, MeshAxes, OperandAvals, Params,
                                                compile_call)
+from pallas_check.jaxbridge.call import takes_semaphores
 from pallas_check.tpu_compile.allocations import format_bytes
 from pallas_check.tpu_compile.locate import place
 
@@ -80,10 +81,14 @@ class StageResult:
 
 def compile_recorded(calls: Sequence[RecordedCall],
                      generations: Sequence[TpuGeneration]) -> StageResult:
-    """Compile every recorded call for every generation (each distinct one once)."""
+    """Compile every recorded call for every generation (each distinct one once). A call
+    that takes semaphore arrays from another call is not compiled alone (no outcome), as
+    the compile at the call leaves it (intercept/patched_lowering.py)."""
     findings: list[Finding] = []
     by_call: dict[int, dict[str, CompileOutcome]] = {}
     for call in sorted(calls, key=lambda c: c.index):
+        if takes_semaphores(call.params):
+            continue
         outcomes = by_call.setdefault(call.index, {})
         for generation in generations:
             outcome = compile_call(call.params, call.avals, call.mesh_axes, generation)
@@ -124,7 +129,7 @@ def finding_for(call: RecordedCall, outcome: CompileOutcome) -> Finding:
     return Finding(kind=kind, message=message, kernel=call.kernel, call_index=call.index,
                    buffer=buffer, memory_space="VMEM" if buffer else "",
                    frames=(frame,) if frame is not None else (), details=details,
-                   merge=generation, generation=generation)
+                   merge=generation, generation=generation, help=diagnosis.help)
 
 
 def _code(code: str | None) -> str:

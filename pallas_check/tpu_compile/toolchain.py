@@ -49,6 +49,16 @@ chatter: list[str] = []  # what libtpu wrote while starting (PALLAS_CHECK_DEBUG 
 T = TypeVar("T")
 
 
+def libtpu_version() -> str:
+    """The installed libtpu's version ("unknown" where its metadata says none)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def libtpu_missing() -> str | None:
     """None when libtpu is importable; else the one-line error for `--compile`."""
     if importlib.util.find_spec("libtpu") is not None:
@@ -110,6 +120,13 @@ def start_backends_quietly(compiling: bool = False) -> None:
     quietly(jax.devices)
 
 
+def topology_name(generation: TpuGeneration, devices_needed: int = 1) -> str:
+    """The compile-only topology that has `devices_needed` chips of `generation` (the
+    compile worker, tpu_compile/remote.py, makes the same one by this name)."""
+    small, large = TOPOLOGIES[generation]
+    return small if devices_needed <= 4 else large
+
+
 @functools.cache
 def compile_device(generation: TpuGeneration, devices_needed: int = 1) -> jax.Device:
     """A compile-only device of `generation` (its topology's first), cached per process."""
@@ -122,8 +139,7 @@ def compile_devices(generation: TpuGeneration, devices_needed: int = 1
     """The devices of a compile-only topology of `generation` with enough chips."""
     from jax.experimental import topologies
 
-    small, large = TOPOLOGIES[generation]
-    name = small if devices_needed <= 4 else large
+    name = topology_name(generation, devices_needed)
     quiet_environment(compiling=True)
     topology = quietly(lambda: topologies.get_topology_desc(name, "tpu"))
     found = tuple(topology.devices)

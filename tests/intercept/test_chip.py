@@ -90,3 +90,100 @@ def test_without_libtpu_the_report_says_once_that_the_compile_was_not_checked(cl
     assert [n for n in as_json.report["notes"] if "not checked" in n] == [NOT_CHECKED]
     off = cli("run", str(KERNELS / "lane_block.py"), "--no-compile", json_report=False)
     assert "not checked" not in off.output
+
+
+HOOKED = '''\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def hook_abort_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+
+def next_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+
+def call(kernel, x):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)  # CALL
+
+
+x = jnp.ones((8, 128), jnp.float32)
+try:
+    call(hook_abort_kernel, x)
+except RuntimeError as exc:
+    print("raised", type(exc).__name__)
+print("next", float(call(next_kernel, x)[0, 0]))
+'''
+
+
+@needs_libtpu
+def test_a_compiler_abort_is_a_finding_and_the_program_gets_chip_compiler_aborted(
+        cli, tmp_path, monkeypatch):
+    """libtpu's compiler aborting on a call (made to, by the worker's test hook, on a
+    kernel that compiles) ends the worker, not pallas-check: a compile-error at the call's
+    line with the compiler's last words and a help line, ChipCompilerAborted raised in the
+    program, and the next call compiled by a new worker and run."""
+    from pallas_check.tpu_compile import remote, toolchain
+
+    script = tmp_path / "hooked.py"
+    script.write_text(HOOKED)
+    monkeypatch.setenv("PALLAS_CHECK_TEST_COMPILER_ABORT", "hook_abort_kernel")
+    monkeypatch.setenv("PALLAS_CHECK_CACHE_DIR", str(tmp_path / "cache"))  # nothing known
+    started = remote.workers_started()
+    result = cli("run", str(script), "--chip-compile")
+    assert result.exit_code == ExitCode.FINDINGS, result.output
+    assert "raised ChipCompilerAborted\nnext 3.0\n" in result.output
+    [finding] = result.findings
+    line = _refused_line_of(script, "# CALL")
+    assert (finding["kind"], finding["frames"][0]["line"], finding["call_index"]) == (
+        "compile-error", line, 0)
+    assert finding["message"] == (
+        "v5e: libtpu's compiler aborted: Check failed: the test hook's abort"
+        " (PALLAS_CHECK_TEST_COMPILER_ABORT); the call raises ChipCompilerAborted in the"
+        " program, where a TPU host's process ends")
+    assert finding["details"]["raised"] == "ChipCompilerAborted"
+    assert finding["help"].startswith(
+        f"libtpu {toolchain.libtpu_version()}'s compiler crashes on this kernel")
+    refused, ran = result.report["calls"]
+    assert refused["reason"] == "not run: v5e's compiler refuses it"
+    assert ran["kernel"] == "next_kernel" and ran["findings"] == 0
+    assert remote.workers_started() >= started + 1  # (the one that aborted was replaced)
+
+
+def _refused_line_of(path: Path, marker: str) -> int:
+    return next(n for n, text in enumerate(path.read_text().splitlines(), start=1)
+                if marker in text)
+
+
+@needs_libtpu
+def test_a_warm_run_sends_nothing_to_the_worker(cli, tmp_path, monkeypatch):
+    """The outcome cache answers before any worker: a second run of a script, with this
+    process's own outcomes forgotten, compiles nothing."""
+    from pallas_check.tpu_compile import compiler, remote
+
+    monkeypatch.setenv("PALLAS_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    sample = str(SAMPLES / "compile_block_shape_ok.py")
+    sent = remote.jobs_sent()
+    assert cli("run", sample, "--chip-compile").exit_code == ExitCode.CLEAN
+    assert remote.jobs_sent() == sent + 1
+    compiler._cache.clear()
+    assert cli("run", sample, "--chip-compile").exit_code == ExitCode.CLEAN
+    assert remote.jobs_sent() == sent + 1
+
+
+@needs_libtpu
+def test_the_cross_call_dma_sample_compiles_as_the_program_the_chip_runs(cli):
+    """samples/cross_call_dma_ok.py runs on a v5e (its `jax.jit` of both calls, checked
+    there); compiled alone with its DMA semaphores as the program's results, its first
+    call aborts libtpu's compiler, so they are left out of that compile; the second call,
+    which takes them, is not compiled alone. A default run and `--compile` are clean."""
+    sample = str(SAMPLES / "cross_call_dma_ok.py")
+    result = cli("run", sample, "--chip-compile", "--compile", "--tpu", "v5e")
+    assert result.exit_code == ExitCode.CLEAN, result.output
+    assert result.findings == []
+    start, done = result.report["calls"]
+    assert (start["kernel"], start["compiled"]["v5e"]["status"]) == ("start_kernel", "ok")
+    assert done["kernel"] == "done_kernel" and not done.get("compiled")

@@ -40,13 +40,15 @@ _POLL_S = 0.05
 _HEADER = struct.Struct("<Q")
 
 
-def _send(stream: IO[bytes], value: object) -> None:
+def send_frame(stream: IO[bytes], value: object) -> None:
+    """One length-prefixed pickle (this worker's and the TPU compile worker's frames)."""
     data = pickle.dumps(value)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def _receive(stream: IO[bytes]) -> object:
+def receive_frame(stream: IO[bytes]) -> object:
+    """The next frame `send_frame` wrote; EOFError where the stream ended first."""
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError("the compile worker's stream ended")
@@ -100,7 +102,7 @@ class _Worker:
             process = self._started()
             assert process.stdin is not None and process.stdout is not None
             started = time.monotonic()
-            _send(process.stdin, (blob, dict(options or {}), str(path)))
+            send_frame(process.stdin, (blob, dict(options or {}), str(path)))
             while True:  # (the budget first: one of 0 overruns before any answer)
                 elapsed = time.monotonic() - started
                 budget = seconds()
@@ -115,7 +117,7 @@ class _Worker:
                 if select.select([process.stdout], [], [], _POLL_S)[0]:
                     break
             try:
-                answer = _receive(process.stdout)
+                answer = receive_frame(process.stdout)
             except EOFError as exc:  # (it died: killed from outside, or out of memory)
                 self.stop()
                 raise RuntimeError("the compile worker ended") from exc
@@ -139,7 +141,7 @@ def _serve() -> None:
     jobs, answers = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
-            job = _receive(jobs)
+            job = receive_frame(jobs)
         except EOFError:
             return
         assert isinstance(job, tuple) and len(job) == 3
@@ -149,7 +151,7 @@ def _serve() -> None:
             answer: str | None = None
         except Exception as exc:  # noqa: BLE001 - XLA's refusal goes back as text
             answer = f"XLA cannot compile it ({type(exc).__name__})"
-        _send(answers, answer)
+        send_frame(answers, answer)
 
 
 if __name__ == "__main__":
