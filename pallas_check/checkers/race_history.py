@@ -54,8 +54,10 @@ class History:
     """One buffer's live access records, in the order they were made, and their buckets."""
 
     __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
-                 "longest", "queries", "visits")
-    INDEX_AFTER = 32
+                 "longest", "queries", "visits", "last", "last_clock", "last_joins", "memo",
+                 "cells", "others")
+    INDEX_AFTER = 8
+    OTHERS = 4  # element records' history: how many others it keeps before it is indexed
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
     SAMPLE = 128  # the most recent records the choice of dimensions is costed on
 
@@ -75,6 +77,18 @@ class History:
         # (an index that serves well is kept as the history grows, not built again).
         self.queries = 0
         self.visits = 0
+        # The newest record while it is live and its access met no race, with its actor's
+        # clock and the race checker's join count then (races.py: what a repeat skips).
+        self.last: AccessRecord | None = None
+        self.last_clock: object = None
+        self.last_joins = 0
+        # The range `_span` was last asked for, and its answer (no range: nothing yet).
+        self.memo: tuple[IndexRange | None, tuple[int, int, int, int] | None] = (None, None)
+        # While most records are of one element each (a scalar load or store: an SMEM
+        # table's): per element its records' seqs in order, and the seqs of the few
+        # others (`OTHERS` at most). None: the records are indexed as above.
+        self.cells: dict[IndexRange, dict[int, None]] | None = {}
+        self.others: dict[int, None] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -85,20 +99,31 @@ class History:
     def _span(self, rng: IndexRange) -> tuple[int, int, int, int] | None:
         """The first and last bucket `rng` touches along each indexed dimension (0, 0
         along an unused second; None: `rng` lacks one of them, a record of another
-        rank)."""
+        rank). The last range's is kept: an access looks its range up, then prunes
+        records of the same range and adds its own."""
+        if rng == self.memo[0]:
+            return self.memo[1]
         d0, d1 = self.dims  # type: ignore[misc]  # (only called once indexed)
         w0, w1 = self.widths
         if len(rng) <= d0 or len(rng) <= d1:
-            return None
-        lo, hi = rng[d0]
-        if d1 < 0:
-            return lo // w0, (hi - 1) // w0, 0, 0
-        lo1, hi1 = rng[d1]
-        return lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
+            span = None
+        else:
+            lo, hi = rng[d0]
+            if d1 < 0:
+                span = lo // w0, (hi - 1) // w0, 0, 0
+            else:
+                lo1, hi1 = rng[d1]
+                span = lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
+        self.memo = (rng, span)
+        return span
 
     def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
         """(seq, record) of every record `rng` may overlap, in the order they were made."""
         records = self.records
+        if self.cells is not None:  # a query of more than one element
+            if len(records) <= self.INDEX_AFTER:
+                return list(records.items())
+            self._index()
         span = self._span(rng) if self.dims is not None else None
         if span is None:
             return list(records.items())
@@ -128,9 +153,48 @@ class History:
         self.visits += len(seqs)
         return [(s, records[s]) for s in sorted(seqs)]
 
+    def element_candidates(self, rng: IndexRange) -> list[int]:
+        """The seqs of every record one element `rng` may overlap, in the order they were
+        made, while the history holds records by element (`cells` is not None)."""
+        found = self.cells.get(rng)  # type: ignore[union-attr]  # (only called then)
+        others = self.others
+        if not others:
+            return list(found) if found else []
+        return sorted([*found, *others]) if found else list(others)
+
+    def add_element(self, record: AccessRecord) -> None:
+        """`add` of a record of one element while `cells` is not None."""
+        self.last = None
+        self.seq = seq = self.seq + 1
+        records = self.records
+        records[seq] = record
+        cell = self.cells.get(record[2])  # type: ignore[union-attr]  # (only called then)
+        if cell is None:
+            self.cells[record[2]] = {seq: None}  # type: ignore[index]
+        else:
+            cell[seq] = None
+        if len(records) > self.longest:
+            self.longest = len(records)
+
+    def _index(self) -> None:
+        """From records by element to the index of any records (for good: what made this
+        history leave them is a buffer accessed otherwise too)."""
+        self.cells, self.others = None, {}
+        if len(self.records) > self.INDEX_AFTER:
+            self.index_at = 2 * len(self.records)
+            self._build()
+
     def add(self, record: AccessRecord) -> None:
+        self.last = None
         self.seq += 1
         self.records[self.seq] = record
+        if self.cells is not None:  # (a record of more than one element)
+            self.others[self.seq] = None
+            if len(self.records) > self.longest:
+                self.longest = len(self.records)
+            if len(self.others) > self.OTHERS:
+                self._index()
+            return
         if self.dims is not None:
             self._place(self.seq, record)
         size = len(self.records)
@@ -141,8 +205,26 @@ class History:
             if self.dims is None or self.visits > self.WIDE * self.queries:
                 self._build()
 
+    def repeat(self, record: AccessRecord) -> None:
+        """`record` replaces `last`, the newest record, of the same box: what removing
+        that one and adding this one would leave (the same records, in the same order,
+        in the same buckets), without the work."""
+        self.records[self.seq] = self.last = record
+
     def remove(self, seq: int) -> None:
+        if seq == self.seq:
+            self.last = None
         record = self.records.pop(seq)
+        cells = self.cells
+        if cells is not None:
+            if seq in self.others:
+                del self.others[seq]
+                return
+            cell = cells[record[2]]
+            del cell[seq]
+            if not cell:
+                del cells[record[2]]
+            return
         if self.dims is None:
             return
         if seq in self.wide:
@@ -183,6 +265,7 @@ class History:
         """(Re)index along the dimension where the live records differ most, or along it
         and the next one when that visits fewer records (`_cost`)."""
         self.queries = self.visits = 0
+        self.memo = (None, None)  # (spans change with the dimensions and widths)
         ranges = [r.index_range for r in self.records.values()]
         rank = min(len(r) for r in ranges)
         if rank == 0:
@@ -200,7 +283,7 @@ class History:
             self.dims, self.widths = (order[0], order[1]), (widths[order[0]], widths[order[1]])
             if self._cost(sample) >= one:
                 self.dims, self.widths = (order[0], -1), (widths[order[0]], 1)
-        self.buckets, self.wide = {}, {}
+        self.buckets, self.wide, self.memo = {}, {}, (None, None)
         for seq, record in self.records.items():
             self._place(seq, record)
 
@@ -208,6 +291,7 @@ class History:
         """About how many records `ranges` would visit, each queried once, under the
         current `dims` and `widths`: the sizes of the buckets each touches, plus the wide
         records, which everyone visits (and which visit everything)."""
+        self.memo = (None, None)  # (under the dimensions being costed)
         counts: dict[int, int] = {}
         wide = 0
         placed: list[list[int]] = []

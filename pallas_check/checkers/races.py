@@ -85,6 +85,9 @@ class RaceChecker(Checker):
         # The parallel_loops in progress, per actor running them (innermost last): the
         # clock each iteration starts from, and what the loop's end knows.
         self._loops: dict[str, list[tuple[VectorClock, VectorClock]]] = {}
+        # How many times an actor's clock learnt from another's (a wait, a join): a
+        # repeated access may skip the walk only if its actor's clock did not change.
+        self._joins = 0
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -168,6 +171,7 @@ class RaceChecker(Checker):
         self.slot_of.pop(finished, None)
         if vc is not None:
             self.clock(actor).join(vc)
+            self._joins += 1
 
     def release(self, actor: str, sync_object: Hashable) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
@@ -183,6 +187,7 @@ class RaceChecker(Checker):
         released = self.sync_clocks.get(sync_object)
         if released is not None:
             self.clock(actor).join(released)
+            self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
     def loop_began(self, actor: str) -> VectorClock:
@@ -216,6 +221,7 @@ class RaceChecker(Checker):
     def loop_ended(self, actor: str, joined: VectorClock) -> None:
         """The loop ended in `actor`: every iteration happens before what it does next."""
         self.clock(actor).join(joined)
+        self._joins += 1
 
     # -- accesses ----------------------------------------------------------------------
     def on_access(self, event: events.Access) -> None:
@@ -226,23 +232,84 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
-        for lo, hi in index_range:  # no element: it can neither race nor prune
-            if hi <= lo:
-                return
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         epoch = vc[slot]
-        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
-                                            buffer, memory_space, frames, grid_point, slot,
-                                            atomic_add))
-        if actor in self._parent:
-            self._last_epoch[actor] = epoch
         history = self.history.get(buffer_id)
         if history is None:
             history = self.history[buffer_id] = History()
+        else:
+            last = history.last
+            if (last is not None and last[2] == index_range and last[0] == actor
+                    and last[1] == epoch and last[3] == is_write and last[9] == slot
+                    and last[10] == atomic_add and history.last_clock is vc
+                    and history.last_joins == self._joins):
+                # The same box as the buffer's newest record, by the same actor in the
+                # same epoch, its clock unchanged, and that record met no race: the full
+                # walk would find what it found (nothing), prune that record and add
+                # this one in its place (`History.repeat`), so only the frames change.
+                history.repeat(_new_record(AccessRecord, (
+                    actor, epoch, index_range, is_write, operation, buffer, memory_space,
+                    frames, grid_point, slot, atomic_add)))
+                self._after_add(actor, epoch, buffer_id, history)
+                return
+        element = True  # one element (a scalar load or store)
+        for lo, hi in index_range:
+            if hi - lo != 1:
+                if hi <= lo:  # no element: it can neither race nor prune
+                    return
+                element = False
+        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
+                                            buffer, memory_space, frames, grid_point, slot,
+                                            atomic_add))
+        if element and history.cells is not None:
+            raced = self._element_walk(record, vc, history)
+        else:
+            raced = self._walk(record, vc, history)
+        if not raced:  # (what a repeat of this access may skip, above)
+            history.last, history.last_clock, history.last_joins = record, vc, self._joins
+        # (self._after_add(...), inlined: it runs for every access)
+        if actor in self._parent:
+            self._last_epoch[actor] = epoch
+        if self.live is not None:
+            if actor not in self.live:
+                self.live = None  # an actor we were not told of: stop frontier pruning
+            elif len(history.records) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
+                self._sweep(buffer_id, history)
+
+    def _element_walk(self, record: AccessRecord, vc: VectorClock, history: History) -> bool:
+        """`_walk` of an access to one element while the history holds records by element
+        (race_history.py `cells`): the records of that element overlap it exactly and are
+        covered by it; the few others are compared as `_walk` does. Whether it raced."""
+        actor, _, index_range, is_write, _, _, _, _, _, _, atomic_add = record
         seen = vc.get
+        raced = False
+        records = history.records
+        for seq in history.element_candidates(index_range):
+            prev = records[seq]
+            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
+            if p_actor == actor or p_epoch <= seen(p_slot, 0):  # ordered
+                if (is_write or not p_write) and (not atomic_add or p_add) and (
+                        p_range == index_range or _covers(index_range, p_range)):
+                    history.remove(seq)
+            elif (p_write or is_write) and not (atomic_add and p_add):
+                overlap = index_range if p_range == index_range else _overlap(
+                    p_range, index_range)
+                if overlap is not None:
+                    self._race(record, prev, overlap)
+                    raced = True
+        history.add_element(record)
+        return raced
+
+    def _walk(self, record: AccessRecord, vc: VectorClock, history: History) -> bool:
+        """Compare an access with the records it may overlap, in the order they were made:
+        a race with each it is not ordered with (one of the two writing), and the ones it
+        is ordered after and covers pruned; then it is added. Whether it raced."""
+        actor, _, index_range, is_write, _, _, _, _, _, _, atomic_add = record
+        seen = vc.get
+        raced = False
         for seq, prev in history.candidates(index_range):
             p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
             # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
@@ -252,16 +319,22 @@ class RaceChecker(Checker):
                     overlap = _overlap(p_range, index_range)
                     if overlap is not None:
                         self._race(record, prev, overlap)
+                        raced = True
             # (an atomic add covers only atomic adds: a later add races with a plain write
             # it would hide)
-            elif (is_write or not p_write) and (not atomic_add or p_add) and _covers(
-                    index_range, p_range):
+            elif (is_write or not p_write) and (not atomic_add or p_add) and (
+                    p_range == index_range or _covers(index_range, p_range)):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
         history.add(record)
+        return raced
+
+    def _after_add(self, actor: str, epoch: int, buffer_id: int, history: History) -> None:
+        if actor in self._parent:
+            self._last_epoch[actor] = epoch
         if self.live is not None:
             if actor not in self.live:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-            elif len(history) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
+            elif len(history.records) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
                 self._sweep(buffer_id, history)
 
     def _race(self, current: AccessRecord, previous: AccessRecord, overlap: IndexRange) -> None:

@@ -136,6 +136,7 @@ class CallState(CallBuffers):
         # The listeners fed accesses, None when none is (rules skip resolving what an
         # access touched then).
         self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
+        self.cells = event_data.Cells()  # semaphore cells as events name them, made once
 
     def halted(self) -> None:
         """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""
@@ -207,11 +208,12 @@ class CallState(CallBuffers):
                 take(event)
 
     def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
-                   operation: str) -> None:
-        """`access` of one box of `buffer` the caller already knows (a scalar read by
-        in-bounds indices, engine/rules/access.py: no region is made for it)."""
+                   operation: str, frames: tuple[SourceFrame, ...]) -> None:
+        """`access` of one box of `buffer` the caller already knows, with its frames (a
+        scalar read by in-bounds indices, engine/rules/access.py: no region is made for
+        it)."""
         event = Access(ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
-                       operation, current_frames(ctx), ctx.grid_point, False)
+                       operation, frames, ctx.grid_point, False)
         for take in self.feeds.access:
             take(event)
 
@@ -361,21 +363,21 @@ class CallState(CallBuffers):
 
     def on_dma_start(self, ctx: DmaCore, dma: Dma, carried: bool = False) -> None:
         if self.feeds.dma_started:
-            event = event_data.dma_started(ctx, dma, carried)
+            event = event_data.dma_started(ctx, dma, carried, self.cells)
             for take in self.feeds.dma_started:
                 take(event)
 
     def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, landed=False)
+            event = event_data.dma_moved(dma, False, self.cells)
             for take in self.feeds.dma_moved:
                 take(event)
 
     def on_dma_write(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA wrote its destination and signals its receive semaphore; it ends."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, landed=True)
+            event = event_data.dma_moved(dma, True, self.cells)
             for take in self.feeds.dma_moved:
                 take(event)
 
@@ -388,14 +390,14 @@ class CallState(CallBuffers):
 
     def _waited(self, ctx: RunningCore, cell: SemCell, what: str) -> None:
         if self.feeds.waited:
-            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell), what,
+            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell), what,
                            event_data.owed(self.sync, cell))
             for take in self.feeds.waited:
                 take(event)
 
     def on_signal(self, ctx: RunningCore, cell: SemCell) -> None:
         if self.feeds.signalled:
-            event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell))
+            event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell))
             for take in self.feeds.signalled:
                 take(event)
 
