@@ -11,6 +11,16 @@ the few that span many buckets. Records that do not overlap an access can neithe
 with it nor be pruned by it, so visiting this superset, in the same order, changes no
 result.
 
+The index is built once a history holds more than 8 records (issue 55.4: paged
+attention's HBM pages, read by one DMA each, stayed unindexed and were all visited by
+every DMA until 32), and chosen again when the history has doubled if the lookups since
+visited too many. While every record is of one element (scalar loads and stores of an SMEM
+table: a page table, sequence lengths, a flag), the history is kept by element instead:
+an access to one element visits that element's records alone, with no index to compute.
+Two one-element boxes overlap only where they are equal, so that visits exactly the
+records it overlaps. The first access of more than one element turns the history into
+records of any range, indexed as above, for good.
+
 Two dimensions when one is not enough (issue 54.7): a SparseCore kernel reading a VMEM
 chunk as (L,)-vectors, `rows_v[slot, row, pl.ds(c * L, L)]`, leaves one record per row and
 column chunk; indexed by row alone, each read visited every column chunk of its row (21
@@ -47,6 +57,7 @@ class AccessRecord(NamedTuple):
                       self.frames, self.grid_point)
 
 
+SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
 _STRIDE = 1 << 40  # a bucket's key: its index along the first dimension * _STRIDE + the second's
 
 
@@ -55,9 +66,8 @@ class History:
 
     __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
                  "longest", "queries", "visits", "last", "last_clock", "last_joins", "memo",
-                 "cells", "others")
+                 "cells", "sweep_at")
     INDEX_AFTER = 8
-    OTHERS = 4  # element records' history: how many others it keeps before it is indexed
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
     SAMPLE = 128  # the most recent records the choice of dimensions is costed on
 
@@ -84,11 +94,13 @@ class History:
         self.last_joins = 0
         # The range `_span` was last asked for, and its answer (no range: nothing yet).
         self.memo: tuple[IndexRange | None, tuple[int, int, int, int] | None] = (None, None)
-        # While most records are of one element each (a scalar load or store: an SMEM
-        # table's): per element its records' seqs in order, and the seqs of the few
-        # others (`OTHERS` at most). None: the records are indexed as above.
+        # While every record is of one element (scalar loads and stores: an SMEM table's),
+        # per element its records' seqs in order (None: the records are of any range,
+        # indexed as above).
         self.cells: dict[IndexRange, dict[int, None]] | None = {}
-        self.others: dict[int, None] = {}
+        # The race checker sweeps this history once it holds more records than this
+        # (races.py `_sweep`, which sets it again).
+        self.sweep_at = SWEEP_AFTER
 
     def __len__(self) -> int:
         return len(self.records)
@@ -117,13 +129,17 @@ class History:
         self.memo = (rng, span)
         return span
 
-    def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
-        """(seq, record) of every record `rng` may overlap, in the order they were made."""
+    def candidates(self, rng: IndexRange,
+                   element: bool = False) -> list[tuple[int, AccessRecord]]:
+        """(seq, record) of every record `rng` may overlap, in the order they were made
+        (`element`: `rng` is one element)."""
         records = self.records
-        if self.cells is not None:  # a query of more than one element
-            if len(records) <= self.INDEX_AFTER:
-                return list(records.items())
-            self._index()
+        cells = self.cells
+        if cells is not None:
+            if element:  # its own element's records: no other overlaps it
+                found = cells.get(rng)
+                return [(s, records[s]) for s in found] if found else []
+            self._index()  # (an access of more than one element: the records indexed)
         span = self._span(rng) if self.dims is not None else None
         if span is None:
             return list(records.items())
@@ -153,51 +169,36 @@ class History:
         self.visits += len(seqs)
         return [(s, records[s]) for s in sorted(seqs)]
 
-    def element_candidates(self, rng: IndexRange) -> list[int]:
-        """The seqs of every record one element `rng` may overlap, in the order they were
-        made, while the history holds records by element (`cells` is not None)."""
-        found = self.cells.get(rng)  # type: ignore[union-attr]  # (only called then)
-        others = self.others
-        if not others:
-            return list(found) if found else []
-        return sorted([*found, *others]) if found else list(others)
-
-    def add_element(self, record: AccessRecord) -> None:
-        """`add` of a record of one element while `cells` is not None."""
-        self.last = None
-        self.seq = seq = self.seq + 1
-        records = self.records
-        records[seq] = record
-        cell = self.cells.get(record[2])  # type: ignore[union-attr]  # (only called then)
-        if cell is None:
-            self.cells[record[2]] = {seq: None}  # type: ignore[index]
-        else:
-            cell[seq] = None
-        if len(records) > self.longest:
-            self.longest = len(records)
-
     def _index(self) -> None:
-        """From records by element to the index of any records (for good: what made this
-        history leave them is a buffer accessed otherwise too)."""
-        self.cells, self.others = None, {}
+        """From records by element to records of any range, indexed as above (for good:
+        the buffer is accessed otherwise too)."""
+        self.cells = None
         if len(self.records) > self.INDEX_AFTER:
             self.index_at = 2 * len(self.records)
             self._build()
 
-    def add(self, record: AccessRecord) -> None:
+    def add(self, record: AccessRecord, element: bool = False) -> None:
+        """Keep `record`, the newest (`element`: its range is one element)."""
         self.last = None
-        self.seq += 1
-        self.records[self.seq] = record
-        if self.cells is not None:  # (a record of more than one element)
-            self.others[self.seq] = None
-            if len(self.records) > self.longest:
-                self.longest = len(self.records)
-            if len(self.others) > self.OTHERS:
-                self._index()
-            return
+        self.seq = seq = self.seq + 1
+        records = self.records
+        cells = self.cells
+        if cells is not None:
+            if element:
+                records[seq] = record
+                cell = cells.get(record[2])
+                if cell is None:
+                    cells[record[2]] = {seq: None}
+                else:
+                    cell[seq] = None
+                if len(records) > self.longest:
+                    self.longest = len(records)
+                return
+            self._index()
+        records[seq] = record
         if self.dims is not None:
-            self._place(self.seq, record)
-        size = len(self.records)
+            self._place(seq, record)
+        size = len(records)
         if size > self.longest:
             self.longest = size
         if size > self.index_at:
@@ -217,9 +218,6 @@ class History:
         record = self.records.pop(seq)
         cells = self.cells
         if cells is not None:
-            if seq in self.others:
-                del self.others[seq]
-                return
             cell = cells[record[2]]
             del cell[seq]
             if not cell:

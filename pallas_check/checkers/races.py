@@ -17,6 +17,11 @@ Accesses to disjoint parts of a buffer are never covered; once the call's cores 
 declared (`declare`), a record that every actor still live (cores whose grid is not done,
 DMAs in flight) has ordered before its clock is dropped too, in a sweep each time a
 buffer's history doubles, so a long grid keeps only a few records per buffer.
+
+An access that repeats its buffer's newest record (the same box, actor, epoch and kind,
+the actor's clock unchanged since, and that record met no race) skips the walk: the walk
+would find nothing and leave the same records, with this access's frames in the newest's
+place (issue 55.4: a kernel reads its page table's entries again within a step).
 """
 
 from __future__ import annotations
@@ -25,22 +30,23 @@ from typing import Hashable, Iterable
 
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
-from pallas_check.checkers.race_history import AccessRecord, History
+from pallas_check.checkers.race_history import SWEEP_AFTER, AccessRecord, History
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
 from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
 
 def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
+    """The elements two non-empty boxes share (None: none). Most unordered pairs the
+    checker compares share none (DMAs in flight into other slots): that is found first,
+    without building anything."""
     if len(a) != len(b):
         return None
-    out = []
     for (alo, ahi), (blo, bhi) in zip(a, b):
-        lo, hi = max(alo, blo), min(ahi, bhi)
-        if lo >= hi:
+        if alo >= bhi or blo >= ahi:
             return None
-        out.append((lo, hi))
-    return tuple(out)
+    return tuple([(alo if alo > blo else blo, ahi if ahi < bhi else bhi)
+                  for (alo, ahi), (blo, bhi) in zip(a, b)])
 
 
 def _covers(outer: IndexRange, inner: IndexRange) -> bool:
@@ -54,7 +60,6 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
     return True
 
 
-_SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
 _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
 #                             constructor, which takes keywords and defaults)
 
@@ -78,7 +83,6 @@ class RaceChecker(Checker):
         # Actors that may still access memory: the call's cores (see `declare`) and the
         # DMAs in flight. None: not declared, so records are pruned only by coverage.
         self.live: set[str] | None = None
-        self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
         # parallel_loop iterations (see `fork_iteration`): per iteration slot, the latest
         # epoch an iteration of that slot reached, so that a later one starts after it.
         self._iteration_top: dict[str, int] = {}
@@ -161,7 +165,7 @@ class RaceChecker(Checker):
                     (self.clocks[x].get(prev.slot, 0) for x in live), default=float("inf"))
             if prev.epoch <= known:
                 history.remove(seq)
-        self._prune_at[buffer_id] = max(_SWEEP_AFTER, 2 * len(history))
+        history.sweep_at = max(SWEEP_AFTER, 2 * len(history))
 
     def join_finished(self, actor: str, finished: str) -> None:
         """`actor` waited for `finished` (an ended DMA, such as a pipeline block copy):
@@ -175,12 +179,15 @@ class RaceChecker(Checker):
 
     def release(self, actor: str, sync_object: Hashable) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
+        vc = self.clocks.get(actor)
+        if vc is None:
+            vc = self.clock(actor)
         released = self.sync_clocks.get(sync_object)
         if released is None:
-            self.sync_clocks[sync_object] = self.clock(actor).copy()
+            self.sync_clocks[sync_object] = vc.copy()
         else:
-            released.join(self.clock(actor))
-        self._tick(actor)
+            released.join(vc)
+        vc.tick(self.slot_of.get(actor, actor))  # (self._tick(actor))
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
@@ -232,6 +239,9 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
+        for lo, hi in index_range:  # no element: it can neither race nor prune
+            if hi <= lo:
+                return
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
@@ -255,62 +265,19 @@ class RaceChecker(Checker):
                     frames, grid_point, slot, atomic_add)))
                 self._after_add(actor, epoch, buffer_id, history)
                 return
-        element = True  # one element (a scalar load or store)
-        for lo, hi in index_range:
-            if hi - lo != 1:
-                if hi <= lo:  # no element: it can neither race nor prune
-                    return
-                element = False
         record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
                                             buffer, memory_space, frames, grid_point, slot,
                                             atomic_add))
-        if element and history.cells is not None:
-            raced = self._element_walk(record, vc, history)
-        else:
-            raced = self._walk(record, vc, history)
-        if not raced:  # (what a repeat of this access may skip, above)
-            history.last, history.last_clock, history.last_joins = record, vc, self._joins
-        # (self._after_add(...), inlined: it runs for every access)
-        if actor in self._parent:
-            self._last_epoch[actor] = epoch
-        if self.live is not None:
-            if actor not in self.live:
-                self.live = None  # an actor we were not told of: stop frontier pruning
-            elif len(history.records) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
-                self._sweep(buffer_id, history)
-
-    def _element_walk(self, record: AccessRecord, vc: VectorClock, history: History) -> bool:
-        """`_walk` of an access to one element while the history holds records by element
-        (race_history.py `cells`): the records of that element overlap it exactly and are
-        covered by it; the few others are compared as `_walk` does. Whether it raced."""
-        actor, _, index_range, is_write, _, _, _, _, _, _, atomic_add = record
+        element = False  # one element (a scalar load or store): a history keyed by them
+        if history.cells is not None:
+            element = True
+            for lo, hi in index_range:
+                if hi - lo != 1:
+                    element = False
+                    break
         seen = vc.get
         raced = False
-        records = history.records
-        for seq in history.element_candidates(index_range):
-            prev = records[seq]
-            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
-            if p_actor == actor or p_epoch <= seen(p_slot, 0):  # ordered
-                if (is_write or not p_write) and (not atomic_add or p_add) and (
-                        p_range == index_range or _covers(index_range, p_range)):
-                    history.remove(seq)
-            elif (p_write or is_write) and not (atomic_add and p_add):
-                overlap = index_range if p_range == index_range else _overlap(
-                    p_range, index_range)
-                if overlap is not None:
-                    self._race(record, prev, overlap)
-                    raced = True
-        history.add_element(record)
-        return raced
-
-    def _walk(self, record: AccessRecord, vc: VectorClock, history: History) -> bool:
-        """Compare an access with the records it may overlap, in the order they were made:
-        a race with each it is not ordered with (one of the two writing), and the ones it
-        is ordered after and covers pruned; then it is added. Whether it raced."""
-        actor, _, index_range, is_write, _, _, _, _, _, _, atomic_add = record
-        seen = vc.get
-        raced = False
-        for seq, prev in history.candidates(index_range):
+        for seq, prev in history.candidates(index_range, element):
             p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
             # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
             ordered = p_actor == actor or p_epoch <= seen(p_slot, 0)
@@ -325,8 +292,17 @@ class RaceChecker(Checker):
             elif (is_write or not p_write) and (not atomic_add or p_add) and (
                     p_range == index_range or _covers(index_range, p_range)):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
-        history.add(record)
-        return raced
+        history.add(record, element)
+        if not raced:  # (what a repeat of this access may skip, above)
+            history.last, history.last_clock, history.last_joins = record, vc, self._joins
+        # (self._after_add(...), inlined: it runs for every access)
+        if actor in self._parent:
+            self._last_epoch[actor] = epoch
+        if self.live is not None:
+            if actor not in self.live:
+                self.live = None  # an actor we were not told of: stop frontier pruning
+            elif len(history.records) > history.sweep_at:
+                self._sweep(buffer_id, history)
 
     def _after_add(self, actor: str, epoch: int, buffer_id: int, history: History) -> None:
         if actor in self._parent:
@@ -334,7 +310,7 @@ class RaceChecker(Checker):
         if self.live is not None:
             if actor not in self.live:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-            elif len(history.records) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
+            elif len(history.records) > history.sweep_at:
                 self._sweep(buffer_id, history)
 
     def _race(self, current: AccessRecord, previous: AccessRecord, overlap: IndexRange) -> None:

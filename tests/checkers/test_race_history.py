@@ -82,3 +82,43 @@ def test_a_second_dimension_that_would_make_records_wide_is_not_taken():
     assert history.dims is not None and history.dims[1] < 0  # one dimension
     found = [rec.index_range for _, rec in history.candidates(((7, 8), (0, 8)))]
     assert found == [((7, 8), (0, 128)), ((7, 8), (0, 8))]
+
+
+def table_reads(rows: int = 4, cols: int = 8, rounds: int = 3):
+    """Scalar loads of a (rows, cols) SMEM table, every element read `rounds` times in an
+    interleaved order (a page table's entries)."""
+    return [((r, r + 1), (c, c + 1)) for _ in range(rounds)
+            for c in range(cols) for r in range(rows)]
+
+
+def test_one_element_records_are_kept_by_element():
+    """While every record is one element, an access to one element visits the records of
+    that element alone, in the order they were made."""
+    history = History()
+    records = [record(rng, "core 0", i % 5 == 0) for i, rng in enumerate(table_reads())]
+    for r in records:
+        history.add(r, element=True)
+    assert history.cells is not None and history.dims is None
+    query = ((2, 3), (5, 6))
+    found = history.candidates(query, element=True)
+    assert [r for _, r in found] == [r for r in records if r.index_range == query]
+    assert [s for s, _ in found] == sorted(s for s, _ in found)
+    history.remove(found[0][0])
+    assert [r for _, r in history.candidates(query, element=True)] == [
+        r for _, r in found[1:]]
+
+
+def test_an_access_of_more_than_one_element_indexes_the_records():
+    """A row read among scalar loads: the history leaves records by element for good, and
+    the row visits every record it overlaps, in order."""
+    history = History()
+    records = [record(rng) for rng in table_reads()]
+    for r in records:
+        history.add(r, element=True)
+    row = ((1, 2), (0, 8))
+    visited = [r for _, r in history.candidates(row)]
+    assert history.cells is None
+    assert [r for r in visited if overlaps(r.index_range, row)] == [
+        r for r in records if overlaps(r.index_range, row)]
+    history.add(record(row))
+    assert [r.index_range for _, r in history.candidates(((1, 2), (3, 4)))][-1] == row

@@ -554,3 +554,27 @@ def test_a_repeat_after_another_access_to_the_buffer_is_walked():
     read(races, "core0", X, ((3, 4),))
     assert [(f.accesses[0].actor, f.accesses[1].actor) for f in found] == [
         ("core1", "core0"), ("core0", "core1")]
+
+
+# -- scalar loads of a table (a history kept by element) ------------------------------------
+
+T = StubBuffer("table", "smem", 3)
+
+
+def test_a_write_into_one_entry_races_with_the_loads_of_that_entry_alone():
+    races, found = checker()
+    races.fork("core0", "dma0")  # in flight while the core reads the table
+    for i in (5, 3, 1, 3, 7):
+        read(races, "core0", T, ((i, i + 1),))
+    write(races, "dma0", T, ((3, 4),), "DMA write")
+    assert [(f.index_range, f.accesses[1].operation) for f in found] == [
+        (((3, 4),), "read")]  # the second load of entry 3 took the place of the first
+
+
+def test_a_write_of_the_whole_table_races_with_each_entry_loaded_in_load_order():
+    races, found = checker()
+    races.fork("core0", "dma0")
+    for i in (5, 3, 1, 3, 7):
+        read(races, "core0", T, ((i, i + 1),))
+    write(races, "dma0", T, ((0, 8),), "DMA write")
+    assert [f.index_range for f in found] == [((5, 6),), ((1, 2),), ((3, 4),), ((7, 8),)]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted
+from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted, make_access
 from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
                                           SemaphoreLeft, StalledBarrier, Where)
 from pallas_check.engine.dma.engine import CellKey, Runner, SemCell, sem_name, sem_value
@@ -62,11 +62,12 @@ def accesses(actor: str, region: Region, is_write: bool, operation: str,
              grid_point: tuple[int, ...] | None) -> tuple[Access, ...]:
     """One access per box (one box unless seen through a reshape or bitcast)."""
     buf = region.buffer
-    if not region.post:  # (one box, the region's range: no generator for the commonest)
-        return (Access(actor, buf.id, buf.name, buf.space, region.index_range(), is_write,
-                       operation, frames, grid_point, False),)
+    boxes = region.boxes()
+    if len(boxes) == 1:  # (the commonest: no generator)
+        return (make_access((actor, buf.id, buf.name, buf.space, boxes[0], is_write,
+                             operation, frames, grid_point, False)),)
     return tuple(Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
-                        grid_point) for box in region.boxes())
+                        grid_point) for box in boxes)
 
 
 def dma_started(ctx: Core, dma: Dma, carried: bool = False,

@@ -18,7 +18,7 @@ from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
-    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
+    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited, make_access)
 from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
                                           OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
@@ -75,7 +75,7 @@ class CallState(CallBuffers):
         # there (None until reached): does its address depend on never-written memory?
         self.unbounded_dma: UnboundedDma | None = None
         self.address_probe: AddressProbe | None = handover.address_probe
-        self.sync = SyncState()
+        self.sync, self.cells = SyncState(), event_data.Cells()  # (cells: as events name them)
         # When this call's DMAs and pipeline copies move their data (--dma).
         self.dma_policy: DmaPolicy = policy_for(config.dma_mode)
         self.semaphores: list[Buffer] = []
@@ -136,7 +136,6 @@ class CallState(CallBuffers):
         # The listeners fed accesses, None when none is (rules skip resolving what an
         # access touched then).
         self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
-        self.cells = event_data.Cells()  # semaphore cells as events name them, made once
 
     def halted(self) -> None:
         """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""
@@ -202,8 +201,8 @@ class CallState(CallBuffers):
             frames = current_frames(ctx)
         buf, actor, point = region.buffer, actor or ctx.actor, ctx.grid_point
         for box in region.boxes():  # one box unless seen through a reshape / bitcast
-            event = Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
-                           point, atomic_add)
+            event = make_access((actor, buf.id, buf.name, buf.space, box, is_write, operation,
+                                 frames, point, atomic_add))
             for take in takers:
                 take(event)
 
@@ -212,8 +211,8 @@ class CallState(CallBuffers):
         """`access` of one box of `buffer` the caller already knows, with its frames (a
         scalar read by in-bounds indices, engine/rules/access.py: no region is made for
         it)."""
-        event = Access(ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
-                       operation, frames, ctx.grid_point, False)
+        event = make_access((ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
+                             operation, frames, ctx.grid_point, False))
         for take in self.feeds.access:
             take(event)
 
