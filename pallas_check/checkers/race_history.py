@@ -11,6 +11,16 @@ the few that span many buckets. Records that do not overlap an access can neithe
 with it nor be pruned by it, so visiting this superset, in the same order, changes no
 result.
 
+The index is built once a history holds more than 8 records (issue 55.4: paged
+attention's HBM pages, read by one DMA each, stayed unindexed and were all visited by
+every DMA until 32), and chosen again when the history has doubled if the lookups since
+visited too many. While every record is of one element (scalar loads and stores of an SMEM
+table: a page table, sequence lengths, a flag), the history is kept by element instead:
+an access to one element visits that element's records alone, with no index to compute.
+Two one-element boxes overlap only where they are equal, so that visits exactly the
+records it overlaps. The first access of more than one element turns the history into
+records of any range, indexed as above, for good.
+
 Two dimensions when one is not enough (issue 54.7): a SparseCore kernel reading a VMEM
 chunk as (L,)-vectors, `rows_v[slot, row, pl.ds(c * L, L)]`, leaves one record per row and
 column chunk; indexed by row alone, each read visited every column chunk of its row (21
@@ -47,6 +57,7 @@ class AccessRecord(NamedTuple):
                       self.frames, self.grid_point)
 
 
+SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
 _STRIDE = 1 << 40  # a bucket's key: its index along the first dimension * _STRIDE + the second's
 
 
@@ -54,8 +65,9 @@ class History:
     """One buffer's live access records, in the order they were made, and their buckets."""
 
     __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
-                 "longest", "queries", "visits")
-    INDEX_AFTER = 32
+                 "longest", "queries", "visits", "last", "last_clock", "last_joins", "memo",
+                 "cells", "sweep_at")
+    INDEX_AFTER = 8
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
     SAMPLE = 128  # the most recent records the choice of dimensions is costed on
 
@@ -75,6 +87,20 @@ class History:
         # (an index that serves well is kept as the history grows, not built again).
         self.queries = 0
         self.visits = 0
+        # The newest record while it is live and its access met no race, with its actor's
+        # clock and the race checker's join count then (races.py: what a repeat skips).
+        self.last: AccessRecord | None = None
+        self.last_clock: object = None
+        self.last_joins = 0
+        # The range `_span` was last asked for, and its answer (no range: nothing yet).
+        self.memo: tuple[IndexRange | None, tuple[int, int, int, int] | None] = (None, None)
+        # While every record is of one element (scalar loads and stores: an SMEM table's),
+        # per element its records' seqs in order (None: the records are of any range,
+        # indexed as above).
+        self.cells: dict[IndexRange, dict[int, None]] | None = {}
+        # The race checker sweeps this history once it holds more records than this
+        # (races.py `_sweep`, which sets it again).
+        self.sweep_at = SWEEP_AFTER
 
     def __len__(self) -> int:
         return len(self.records)
@@ -85,20 +111,35 @@ class History:
     def _span(self, rng: IndexRange) -> tuple[int, int, int, int] | None:
         """The first and last bucket `rng` touches along each indexed dimension (0, 0
         along an unused second; None: `rng` lacks one of them, a record of another
-        rank)."""
+        rank). The last range's is kept: an access looks its range up, then prunes
+        records of the same range and adds its own."""
+        if rng == self.memo[0]:
+            return self.memo[1]
         d0, d1 = self.dims  # type: ignore[misc]  # (only called once indexed)
         w0, w1 = self.widths
         if len(rng) <= d0 or len(rng) <= d1:
-            return None
-        lo, hi = rng[d0]
-        if d1 < 0:
-            return lo // w0, (hi - 1) // w0, 0, 0
-        lo1, hi1 = rng[d1]
-        return lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
+            span = None
+        else:
+            lo, hi = rng[d0]
+            if d1 < 0:
+                span = lo // w0, (hi - 1) // w0, 0, 0
+            else:
+                lo1, hi1 = rng[d1]
+                span = lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
+        self.memo = (rng, span)
+        return span
 
-    def candidates(self, rng: IndexRange) -> list[tuple[int, AccessRecord]]:
-        """(seq, record) of every record `rng` may overlap, in the order they were made."""
+    def candidates(self, rng: IndexRange,
+                   element: bool = False) -> list[tuple[int, AccessRecord]]:
+        """(seq, record) of every record `rng` may overlap, in the order they were made
+        (`element`: `rng` is one element)."""
         records = self.records
+        cells = self.cells
+        if cells is not None:
+            if element:  # its own element's records: no other overlaps it
+                found = cells.get(rng)
+                return [(s, records[s]) for s in found] if found else []
+            self._index()  # (an access of more than one element: the records indexed)
         span = self._span(rng) if self.dims is not None else None
         if span is None:
             return list(records.items())
@@ -128,12 +169,36 @@ class History:
         self.visits += len(seqs)
         return [(s, records[s]) for s in sorted(seqs)]
 
-    def add(self, record: AccessRecord) -> None:
-        self.seq += 1
-        self.records[self.seq] = record
+    def _index(self) -> None:
+        """From records by element to records of any range, indexed as above (for good:
+        the buffer is accessed otherwise too)."""
+        self.cells = None
+        if len(self.records) > self.INDEX_AFTER:
+            self.index_at = 2 * len(self.records)
+            self._build()
+
+    def add(self, record: AccessRecord, element: bool = False) -> None:
+        """Keep `record`, the newest (`element`: its range is one element)."""
+        self.last = None
+        self.seq = seq = self.seq + 1
+        records = self.records
+        cells = self.cells
+        if cells is not None:
+            if element:
+                records[seq] = record
+                cell = cells.get(record[2])
+                if cell is None:
+                    cells[record[2]] = {seq: None}
+                else:
+                    cell[seq] = None
+                if len(records) > self.longest:
+                    self.longest = len(records)
+                return
+            self._index()
+        records[seq] = record
         if self.dims is not None:
-            self._place(self.seq, record)
-        size = len(self.records)
+            self._place(seq, record)
+        size = len(records)
         if size > self.longest:
             self.longest = size
         if size > self.index_at:
@@ -141,8 +206,23 @@ class History:
             if self.dims is None or self.visits > self.WIDE * self.queries:
                 self._build()
 
+    def repeat(self, record: AccessRecord) -> None:
+        """`record` replaces `last`, the newest record, of the same box: what removing
+        that one and adding this one would leave (the same records, in the same order,
+        in the same buckets), without the work."""
+        self.records[self.seq] = self.last = record
+
     def remove(self, seq: int) -> None:
+        if seq == self.seq:
+            self.last = None
         record = self.records.pop(seq)
+        cells = self.cells
+        if cells is not None:
+            cell = cells[record[2]]
+            del cell[seq]
+            if not cell:
+                del cells[record[2]]
+            return
         if self.dims is None:
             return
         if seq in self.wide:
@@ -183,6 +263,7 @@ class History:
         """(Re)index along the dimension where the live records differ most, or along it
         and the next one when that visits fewer records (`_cost`)."""
         self.queries = self.visits = 0
+        self.memo = (None, None)  # (spans change with the dimensions and widths)
         ranges = [r.index_range for r in self.records.values()]
         rank = min(len(r) for r in ranges)
         if rank == 0:
@@ -200,7 +281,7 @@ class History:
             self.dims, self.widths = (order[0], order[1]), (widths[order[0]], widths[order[1]])
             if self._cost(sample) >= one:
                 self.dims, self.widths = (order[0], -1), (widths[order[0]], 1)
-        self.buckets, self.wide = {}, {}
+        self.buckets, self.wide, self.memo = {}, {}, (None, None)
         for seq, record in self.records.items():
             self._place(seq, record)
 
@@ -208,6 +289,7 @@ class History:
         """About how many records `ranges` would visit, each queried once, under the
         current `dims` and `widths`: the sizes of the buckets each touches, plus the wide
         records, which everyone visits (and which visit everything)."""
+        self.memo = (None, None)  # (under the dimensions being costed)
         counts: dict[int, int] = {}
         wide = 0
         placed: list[list[int]] = []

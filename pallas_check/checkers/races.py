@@ -18,6 +18,11 @@ Accesses to disjoint parts of a buffer are never covered; once the call's cores 
 declared (`declare`), a record that every actor still live (cores whose grid is not done,
 DMAs in flight) has ordered before its clock is dropped too, in a sweep each time a
 buffer's history doubles, so a long grid keeps only a few records per buffer.
+
+An access that repeats its buffer's newest record (the same box, actor, epoch and kind,
+the actor's clock unchanged since, and that record met no race) skips the walk: the walk
+would find nothing and leave the same records, with this access's frames in the newest's
+place (issue 55.4: a kernel reads its page table's entries again within a step).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Hashable, Iterable
 
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
-from pallas_check.checkers.race_history import AccessRecord, History
+from pallas_check.checkers.race_history import SWEEP_AFTER, AccessRecord, History
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
 from pallas_check.engine.call.serial import SerialStart  # declared where it is built
@@ -34,15 +39,16 @@ from pallas_check.findings.finding import Finding, FindingKind, IndexRange, form
 
 
 def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
+    """The elements two non-empty boxes share (None: none). Most unordered pairs the
+    checker compares share none (DMAs in flight into other slots): that is found first,
+    without building anything."""
     if len(a) != len(b):
         return None
-    out = []
     for (alo, ahi), (blo, bhi) in zip(a, b):
-        lo, hi = max(alo, blo), min(ahi, bhi)
-        if lo >= hi:
+        if alo >= bhi or blo >= ahi:
             return None
-        out.append((lo, hi))
-    return tuple(out)
+    return tuple([(alo if alo > blo else blo, ahi if ahi < bhi else bhi)
+                  for (alo, ahi), (blo, bhi) in zip(a, b)])
 
 
 def _covers(outer: IndexRange, inner: IndexRange) -> bool:
@@ -56,7 +62,6 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
     return True
 
 
-_SWEEP_AFTER = 64  # history length of a buffer that triggers its first frontier sweep
 _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
 #                             constructor, which takes keywords and defaults)
 
@@ -80,13 +85,15 @@ class RaceChecker(Checker):
         # Actors that may still access memory: the call's cores (see `declare`) and the
         # DMAs in flight. None: not declared, so records are pruned only by coverage.
         self.live: set[str] | None = None
-        self._prune_at: dict[int, int] = {}  # buffer id -> history length of the next sweep
         # parallel_loop iterations (see `fork_iteration`): per iteration slot, the latest
         # epoch an iteration of that slot reached, so that a later one starts after it.
         self._iteration_top: dict[str, int] = {}
         # The parallel_loops in progress, per actor running them (innermost last): the
         # clock each iteration starts from, and what the loop's end knows.
         self._loops: dict[str, list[tuple[VectorClock, VectorClock]]] = {}
+        # How many times an actor's clock learnt from another's (a wait, a join): a
+        # repeated access may skip the walk only if its actor's clock did not change.
+        self._joins = 0
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -160,7 +167,7 @@ class RaceChecker(Checker):
                     (self.clocks[x].get(prev.slot, 0) for x in live), default=float("inf"))
             if prev.epoch <= known:
                 history.remove(seq)
-        self._prune_at[buffer_id] = max(_SWEEP_AFTER, 2 * len(history))
+        history.sweep_at = max(SWEEP_AFTER, 2 * len(history))
 
     def join_finished(self, actor: str, finished: str) -> None:
         """`actor` waited for `finished` (an ended DMA, such as a pipeline block copy):
@@ -170,21 +177,26 @@ class RaceChecker(Checker):
         self.slot_of.pop(finished, None)
         if vc is not None:
             self.clock(actor).join(vc)
+            self._joins += 1
 
     def release(self, actor: str, sync_object: Hashable) -> None:
         """`actor` signals `sync_object` (a semaphore cell, a barrier)."""
+        vc = self.clocks.get(actor)
+        if vc is None:
+            vc = self.clock(actor)
         released = self.sync_clocks.get(sync_object)
         if released is None:
-            self.sync_clocks[sync_object] = self.clock(actor).copy()
+            self.sync_clocks[sync_object] = vc.copy()
         else:
-            released.join(self.clock(actor))
-        self._tick(actor)
+            released.join(vc)
+        vc.tick(self.slot_of.get(actor, actor))  # (self._tick(actor))
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
         released = self.sync_clocks.get(sync_object)
         if released is not None:
             self.clock(actor).join(released)
+            self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
     def loop_began(self, actor: str) -> VectorClock:
@@ -218,6 +230,7 @@ class RaceChecker(Checker):
     def loop_ended(self, actor: str, joined: VectorClock) -> None:
         """The loop ended in `actor`: every iteration happens before what it does next."""
         self.clock(actor).join(joined)
+        self._joins += 1
 
     # -- accesses ----------------------------------------------------------------------
     def on_access(self, event: events.Access) -> None:
@@ -236,16 +249,37 @@ class RaceChecker(Checker):
             vc = self.clock(actor)
         slot = self.slot_of.get(actor, actor)
         epoch = vc[slot]
-        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
-                                            buffer, memory_space, frames, grid_point, slot,
-                                            atomic_add))
-        if actor in self._parent:
-            self._last_epoch[actor] = epoch
         history = self.history.get(buffer_id)
         if history is None:
             history = self.history[buffer_id] = History()
+        else:
+            last = history.last
+            if (last is not None and last[2] == index_range and last[0] == actor
+                    and last[1] == epoch and last[3] == is_write and last[9] == slot
+                    and last[10] == atomic_add and history.last_clock is vc
+                    and history.last_joins == self._joins):
+                # The same box as the buffer's newest record, by the same actor in the
+                # same epoch, its clock unchanged, and that record met no race: the full
+                # walk would find what it found (nothing), prune that record and add
+                # this one in its place (`History.repeat`), so only the frames change.
+                history.repeat(_new_record(AccessRecord, (
+                    actor, epoch, index_range, is_write, operation, buffer, memory_space,
+                    frames, grid_point, slot, atomic_add)))
+                self._after_add(actor, epoch, buffer_id, history)
+                return
+        record = _new_record(AccessRecord, (actor, epoch, index_range, is_write, operation,
+                                            buffer, memory_space, frames, grid_point, slot,
+                                            atomic_add))
+        element = False  # one element (a scalar load or store): a history keyed by them
+        if history.cells is not None:
+            element = True
+            for lo, hi in index_range:
+                if hi - lo != 1:
+                    element = False
+                    break
         seen = vc.get
-        for seq, prev in history.candidates(index_range):
+        raced = False
+        for seq, prev in history.candidates(index_range, element):
             p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
             # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
             ordered = p_actor == actor or p_epoch <= seen(p_slot, 0)
@@ -254,16 +288,31 @@ class RaceChecker(Checker):
                     overlap = _overlap(p_range, index_range)
                     if overlap is not None:
                         self._race(record, prev, overlap)
+                        raced = True
             # (an atomic add covers only atomic adds: a later add races with a plain write
             # it would hide)
-            elif (is_write or not p_write) and (not atomic_add or p_add) and _covers(
-                    index_range, p_range):
+            elif (is_write or not p_write) and (not atomic_add or p_add) and (
+                    p_range == index_range or _covers(index_range, p_range)):
                 history.remove(seq)  # pruned: a later race with prev is one with this access
-        history.add(record)
+        history.add(record, element)
+        if not raced:  # (what a repeat of this access may skip, above)
+            history.last, history.last_clock, history.last_joins = record, vc, self._joins
+        # (self._after_add(...), inlined: it runs for every access)
+        if actor in self._parent:
+            self._last_epoch[actor] = epoch
         if self.live is not None:
             if actor not in self.live:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-            elif len(history) > self._prune_at.get(buffer_id, _SWEEP_AFTER):
+            elif len(history.records) > history.sweep_at:
+                self._sweep(buffer_id, history)
+
+    def _after_add(self, actor: str, epoch: int, buffer_id: int, history: History) -> None:
+        if actor in self._parent:
+            self._last_epoch[actor] = epoch
+        if self.live is not None:
+            if actor not in self.live:
+                self.live = None  # an actor we were not told of: stop frontier pruning
+            elif len(history.records) > history.sweep_at:
                 self._sweep(buffer_id, history)
 
     def _race(self, current: AccessRecord, previous: AccessRecord, overlap: IndexRange) -> None:

@@ -91,6 +91,13 @@ class Access(NamedTuple):
     atomic_add: bool = False  # an atomic read-modify-write add (a SparseCore scatter-add)
 
 
+# An `Access` from all ten fields in order, without the NamedTuple's own constructor (a
+# Python function taking keywords and defaults): with races on, the engine makes one at
+# every load, store and DMA.
+make_access: Callable[[tuple[str, int, str, str, IndexRange, bool, str, Frames, GridPoint,
+                             bool]], Access] = functools.partial(tuple.__new__, Access)
+
+
 class ActorsDeclared(NamedTuple):
     """Every root actor of the call (its cores, DMAs carried in), before any acts;
     `tracks`: each core's name on its device (device, core, `core 0` or a SparseCore's

@@ -19,6 +19,15 @@ def record(rng, actor: str = "core 0", is_write: bool = False) -> AccessRecord:
                         "VMEM", (), None, actor)
 
 
+def fill(history: History, records) -> None:
+    """Add records as the race checker does: each access looks its range up, then is
+    added (an index chosen on the first few records is chosen again, when the history
+    has doubled, if the lookups since visited too many)."""
+    for r in records:
+        history.candidates(r.index_range)
+        history.add(r)
+
+
 def overlaps(a, b) -> bool:
     return all(lo < bhi and blo < hi for (lo, hi), (blo, bhi) in zip(a, b))
 
@@ -31,9 +40,7 @@ def chunk_reads(slots=2, rows=32, chunks=16, lanes=8):
 
 def test_vector_reads_are_indexed_by_row_and_column_and_visit_only_their_own_box():
     history = History()
-    reads = chunk_reads()
-    for rng in reads:
-        history.add(record(rng))
+    fill(history, [record(rng) for rng in chunk_reads()])
     assert history.dims is not None and history.dims[1] >= 0  # two dimensions
     found = history.candidates(((1, 2), (5, 6), (24, 32)))
     # the same row and column chunk in both slots, nothing else
@@ -45,8 +52,7 @@ def test_every_overlapping_record_is_visited_in_the_order_it_was_made():
     history = History()
     records = [record(rng) for rng in chunk_reads()]
     records.insert(300, record(((0, 1), (0, 32), (0, 128)), "DMA #1", True))  # a wide write
-    for r in records:
-        history.add(r)
+    fill(history, records)
     for query in [((0, 1), (7, 8), (40, 48)), ((0, 2), (3, 9), (0, 128)),
                   ((1, 2), (31, 32), (120, 128)), ((0, 1), (0, 32), (8, 16))]:
         visited = [r for _, r in history.candidates(query)]
@@ -58,8 +64,7 @@ def test_every_overlapping_record_is_visited_in_the_order_it_was_made():
 
 def test_removed_records_are_gone_from_their_buckets():
     history = History()
-    for rng in chunk_reads(slots=1):
-        history.add(record(rng))
+    fill(history, [record(rng) for rng in chunk_reads(slots=1)])
     first = [s for s, r in history.candidates(((0, 1), (0, 1), (0, 8)))]
     assert len(first) == 1
     history.remove(first[0])
@@ -72,9 +77,48 @@ def test_a_second_dimension_that_would_make_records_wide_is_not_taken():
     whole-row reads would span 16 buckets each (kept aside, visited by every access); by
     row alone they sit in their row's bucket."""
     history = History()
-    for r in range(40):
-        history.add(record(((r, r + 1), (0, 128))))
-        history.add(record(((r, r + 1), (0, 8))))
+    fill(history, [record(rng) for r in range(40)
+                   for rng in (((r, r + 1), (0, 128)), ((r, r + 1), (0, 8)))])
     assert history.dims is not None and history.dims[1] < 0  # one dimension
     found = [rec.index_range for _, rec in history.candidates(((7, 8), (0, 8)))]
     assert found == [((7, 8), (0, 128)), ((7, 8), (0, 8))]
+
+
+def table_reads(rows: int = 4, cols: int = 8, rounds: int = 3):
+    """Scalar loads of a (rows, cols) SMEM table, every element read `rounds` times in an
+    interleaved order (a page table's entries)."""
+    return [((r, r + 1), (c, c + 1)) for _ in range(rounds)
+            for c in range(cols) for r in range(rows)]
+
+
+def test_one_element_records_are_kept_by_element():
+    """While every record is one element, an access to one element visits the records of
+    that element alone, in the order they were made."""
+    history = History()
+    records = [record(rng, "core 0", i % 5 == 0) for i, rng in enumerate(table_reads())]
+    for r in records:
+        history.add(r, element=True)
+    assert history.cells is not None and history.dims is None
+    query = ((2, 3), (5, 6))
+    found = history.candidates(query, element=True)
+    assert [r for _, r in found] == [r for r in records if r.index_range == query]
+    assert [s for s, _ in found] == sorted(s for s, _ in found)
+    history.remove(found[0][0])
+    assert [r for _, r in history.candidates(query, element=True)] == [
+        r for _, r in found[1:]]
+
+
+def test_an_access_of_more_than_one_element_indexes_the_records():
+    """A row read among scalar loads: the history leaves records by element for good, and
+    the row visits every record it overlaps, in order."""
+    history = History()
+    records = [record(rng) for rng in table_reads()]
+    for r in records:
+        history.add(r, element=True)
+    row = ((1, 2), (0, 8))
+    visited = [r for _, r in history.candidates(row)]
+    assert history.cells is None
+    assert [r for r in visited if overlaps(r.index_range, row)] == [
+        r for r in records if overlaps(r.index_range, row)]
+    history.add(record(row))
+    assert [r.index_range for _, r in history.candidates(((1, 2), (3, 4)))][-1] == row

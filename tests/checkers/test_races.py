@@ -498,3 +498,83 @@ def test_an_iteration_slot_served_again_starts_after_the_last_one():
         races.on_parallel_loop(ParallelLoop("core 0", False))
     assert found == []  # the second loop's write is after the first loop's end
     assert races.clocks["core 0"]["slot 0"] == 2
+
+
+# -- a repeated access: what the walk it skips would have found ------------------------------
+
+LINE_9 = (SourceFrame("kernel.py", 9, "kernel"),)
+
+
+def test_a_repeated_read_keeps_the_repeats_line_for_a_later_race():
+    """The same actor reading the same element again in the same epoch takes the place of
+    its earlier read (the walk would prune it): a later unordered write races with the
+    repeat, at the repeat's line, once."""
+    races, found = checker()
+    read(races, "core0", X, ((3, 4),))
+    races.on_access(Access("core0", X.id, X.name, X.space, ((3, 4),), False, "read",
+                           LINE_9, None))
+    assert len(races.history[X.id]) == 1
+    write(races, "core1", X, ((0, 8),))
+    [race] = found
+    assert race.index_range == ((3, 4),)
+    assert race.accesses[1].frames == LINE_9
+
+
+def test_a_repeat_of_an_access_that_raced_races_again():
+    """An access that met a race is walked again when repeated: the same race is found
+    at the repeat too (a finding at each line)."""
+    races, found = checker()
+    write(races, "core1", X, ((0, 8),))
+    read(races, "core0", X, ((3, 4),))
+    races.on_access(Access("core0", X.id, X.name, X.space, ((3, 4),), False, "read",
+                           LINE_9, None))
+    assert [f.accesses[0].frames for f in found] == [FRAMES, LINE_9]
+
+
+def test_a_repeat_after_a_wait_prunes_what_the_wait_ordered():
+    """core0's clock learns of core1's read by a wait in between: the repeated read
+    covers that read and drops it, so a third actor's write races with core0's alone."""
+    races, found = checker()
+    read(races, "core1", X, ((3, 4),))
+    races.release("core1", "sem")
+    read(races, "core0", X, ((3, 4),))
+    races.acquire("core0", "sem")  # no tick: the same epoch
+    read(races, "core0", X, ((3, 4),))
+    assert len(races.history[X.id]) == 1
+    write(races, "core2", X, ((3, 4),))
+    assert [f.accesses[1].actor for f in found] == ["core0"]
+
+
+def test_a_repeat_after_another_access_to_the_buffer_is_walked():
+    """Not the buffer's newest record: an unordered write in between races with the
+    repeat (and with the first read)."""
+    races, found = checker()
+    read(races, "core0", X, ((3, 4),))
+    write(races, "core1", X, ((3, 4),))
+    read(races, "core0", X, ((3, 4),))
+    assert [(f.accesses[0].actor, f.accesses[1].actor) for f in found] == [
+        ("core1", "core0"), ("core0", "core1")]
+
+
+# -- scalar loads of a table (a history kept by element) ------------------------------------
+
+T = StubBuffer("table", "smem", 3)
+
+
+def test_a_write_into_one_entry_races_with_the_loads_of_that_entry_alone():
+    races, found = checker()
+    races.fork("core0", "dma0")  # in flight while the core reads the table
+    for i in (5, 3, 1, 3, 7):
+        read(races, "core0", T, ((i, i + 1),))
+    write(races, "dma0", T, ((3, 4),), "DMA write")
+    assert [(f.index_range, f.accesses[1].operation) for f in found] == [
+        (((3, 4),), "read")]  # the second load of entry 3 took the place of the first
+
+
+def test_a_write_of_the_whole_table_races_with_each_entry_loaded_in_load_order():
+    races, found = checker()
+    races.fork("core0", "dma0")
+    for i in (5, 3, 1, 3, 7):
+        read(races, "core0", T, ((i, i + 1),))
+    write(races, "dma0", T, ((0, 8),), "DMA write")
+    assert [f.index_range for f in found] == [((5, 6),), ((1, 2),), ((3, 4),), ((7, 8),)]

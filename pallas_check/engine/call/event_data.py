@@ -6,11 +6,11 @@ frames. These builders run only where some listener takes the event (see `Feeds`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted
+from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted, make_access
 from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
                                           SemaphoreLeft, SerialCores, StalledBarrier, Where)
 from pallas_check.engine.call.serial import SERIAL_START
@@ -35,6 +35,25 @@ def cell(semaphore: SemCell) -> Cell:
     return Cell((buf.id, tuple(int(i) for i in idx)), buf.name, buf.device)
 
 
+class Cells:
+    """Semaphore cells as plain data, each made once per call: a DMA's receive cell is
+    named at its start, at its landing and at each wait on it (with races on, hundreds
+    of times in a paged kernel's call)."""
+
+    __slots__ = ("_made",)
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, tuple[int, ...]], Cell] = {}
+
+    def __call__(self, semaphore: SemCell) -> Cell:
+        buf, idx = semaphore
+        key = (buf.id, idx)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = cell(semaphore)
+        return made
+
+
 def where(ctx: Core, frames: tuple[SourceFrame, ...]) -> Where:
     return Where(ctx.actor, ctx.device_id, ctx.core_id, ctx.grid_point, frames)
 
@@ -44,28 +63,33 @@ def accesses(actor: str, region: Region, is_write: bool, operation: str,
              grid_point: tuple[int, ...] | None) -> tuple[Access, ...]:
     """One access per box (one box unless seen through a reshape or bitcast)."""
     buf = region.buffer
+    boxes = region.boxes()
+    if len(boxes) == 1:  # (the commonest: no generator)
+        return (make_access((actor, buf.id, buf.name, buf.space, boxes[0], is_write,
+                             operation, frames, grid_point, False)),)
     return tuple(Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
-                        grid_point) for box in region.boxes())
+                        grid_point) for box in boxes)
 
 
-def dma_started(ctx: Core, dma: Dma, carried: bool = False) -> DmaStarted:
+def dma_started(ctx: Core, dma: Dma, carried: bool = False,
+                cells: Callable[[SemCell], Cell] = cell) -> DmaStarted:
     return DmaStarted(dma.id, dma.actor_name, ctx.actor, ctx.device_id, ctx.core_id,
                       dma.src.buffer.name, dma.dst.buffer.name, dma.nbytes, dma.frames,
-                      dma.dst.buffer.device, cell(dma.dst_sem), carried,
+                      dma.dst.buffer.device, cells(dma.dst_sem), carried,
                       bool(dma.read_done))
 
 
-def dma_moved(dma: Dma, landed: bool) -> DmaMoved:
+def dma_moved(dma: Dma, landed: bool, cells: Callable[[SemCell], Cell] = cell) -> DmaMoved:
     """The DMA's read (with its send semaphore) or its write (its receive semaphore)."""
     if landed:
         moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
                          dma.grid_point)
         if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
             moved = tuple(a._replace(operation="DMA add", atomic_add=True) for a in moved)
-        return DmaMoved(dma.id, dma.actor_name, True, moved, cell(dma.dst_sem))
+        return DmaMoved(dma.id, dma.actor_name, True, moved, cells(dma.dst_sem))
     moved = accesses(dma.actor_name, dma.src, False, "DMA read", dma.frames, dma.grid_point)
     return DmaMoved(dma.id, dma.actor_name, False, moved,
-                    cell(dma.src_sem) if dma.src_sem is not None else None)
+                    cells(dma.src_sem) if dma.src_sem is not None else None)
 
 
 def owed(sync: SyncState, semaphore: SemCell) -> tuple[int, ...]:

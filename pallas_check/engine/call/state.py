@@ -18,7 +18,7 @@ from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
 from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
-    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
+    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited, make_access)
 from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
                                           OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
@@ -77,7 +77,7 @@ class CallState(CallBuffers):
         # there (None until reached): does its address depend on never-written memory?
         self.unbounded_dma: UnboundedDma | None = None
         self.address_probe: AddressProbe | None = handover.address_probe
-        self.sync = SyncState()
+        self.sync, self.cells = SyncState(), event_data.Cells()  # (cells: as events name them)
         # When this call's DMAs and pipeline copies move their data (--dma).
         self.dma_policy: DmaPolicy = policy_for(config.dma_mode)
         self.semaphores: list[Buffer] = []
@@ -203,17 +203,18 @@ class CallState(CallBuffers):
             frames = current_frames(ctx)
         buf, actor, point = region.buffer, actor or ctx.actor, ctx.grid_point
         for box in region.boxes():  # one box unless seen through a reshape / bitcast
-            event = Access(actor, buf.id, buf.name, buf.space, box, is_write, operation, frames,
-                           point, atomic_add)
+            event = make_access((actor, buf.id, buf.name, buf.space, box, is_write, operation,
+                                 frames, point, atomic_add))
             for take in takers:
                 take(event)
 
     def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
-                   operation: str) -> None:
-        """`access` of one box of `buffer` the caller already knows (a scalar read by
-        in-bounds indices, engine/rules/access.py: no region is made for it)."""
-        event = Access(ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
-                       operation, current_frames(ctx), ctx.grid_point, False)
+                   operation: str, frames: tuple[SourceFrame, ...]) -> None:
+        """`access` of one box of `buffer` the caller already knows, with its frames (a
+        scalar read by in-bounds indices, engine/rules/access.py: no region is made for
+        it)."""
+        event = make_access((ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
+                             operation, frames, ctx.grid_point, False))
         for take in self.feeds.access:
             take(event)
 
@@ -363,21 +364,21 @@ class CallState(CallBuffers):
 
     def on_dma_start(self, ctx: DmaCore, dma: Dma, carried: bool = False) -> None:
         if self.feeds.dma_started:
-            event = event_data.dma_started(ctx, dma, carried)
+            event = event_data.dma_started(ctx, dma, carried, self.cells)
             for take in self.feeds.dma_started:
                 take(event)
 
     def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, landed=False)
+            event = event_data.dma_moved(dma, False, self.cells)
             for take in self.feeds.dma_moved:
                 take(event)
 
     def on_dma_write(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA wrote its destination and signals its receive semaphore; it ends."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, landed=True)
+            event = event_data.dma_moved(dma, True, self.cells)
             for take in self.feeds.dma_moved:
                 take(event)
 
@@ -390,14 +391,14 @@ class CallState(CallBuffers):
 
     def _waited(self, ctx: RunningCore, cell: SemCell, what: str) -> None:
         if self.feeds.waited:
-            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell), what,
+            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell), what,
                            event_data.owed(self.sync, cell))
             for take in self.feeds.waited:
                 take(event)
 
     def on_signal(self, ctx: RunningCore, cell: SemCell) -> None:
         if self.feeds.signalled:
-            event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, event_data.cell(cell))
+            event = Signalled(ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell))
             for take in self.feeds.signalled:
                 take(event)
 

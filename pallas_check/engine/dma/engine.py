@@ -166,12 +166,17 @@ class Dma(Transfer):
     # Where the wait that took its last bytes is (empty until then): a read of its
     # destination before it landed names it (the help of an uninitialized finding).
     waited_at: tuple[SourceFrame, ...] = ()
+    # `actor_name`, once made (every event of the DMA a race checker takes names it).
+    _name: str = dataclasses.field(default="", repr=False)
 
     @property
     def actor_name(self) -> str:
         """The DMA as an actor, as race reports name it."""
-        where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
-        return f"DMA #{self.id} started by {self.actor}{where}"
+        name = self._name
+        if not name:
+            where = f" at {self.frames[0].file}:{self.frames[0].line}" if self.frames else ""
+            name = self._name = f"DMA #{self.id} started by {self.actor}{where}"
+        return name
 
     def complete(self, ctx: DmaCore) -> None:
         complete(ctx, self)

@@ -125,14 +125,16 @@ class Region:
         for d in self.dims:
             if isinstance(d, int):
                 out.append((d, d + 1))
+                continue
+            start, size, stride = d
+            if stride == 1 and size > 0:
+                out.append((start, start + size))
+            elif size <= 0:
+                out.append((start, start))
+            elif stride >= 0:
+                out.append((start, start + (size - 1) * stride + 1))
             else:
-                start, size, stride = d
-                if size <= 0:
-                    out.append((start, start))
-                elif stride >= 0:
-                    out.append((start, start + (size - 1) * stride + 1))
-                else:
-                    out.append((start + (size - 1) * stride, start + 1))
+                out.append((start + (size - 1) * stride, start + 1))
         return self._clipped(tuple(out)) if self.padded else tuple(out)
 
     def _clipped(self, index_range: IndexRange) -> IndexRange:

@@ -24,6 +24,8 @@ from pallas_check.engine.memory.region import Region, resolve
 from pallas_check.engine.memory.views import UnsupportedTransform, has_array_index
 from pallas_check.engine.rules import index_plan
 from pallas_check.engine.seam import RunningCore
+from pallas_check.findings.finding import IndexRange
+from pallas_check.findings.sourceinfo import user_frames
 
 
 # -- the one path for reads and writes ---------------------------------------------------
@@ -191,6 +193,9 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
         return _held_get(eqn)
     index_in_bounds = plan.index_in_bounds  # of the leaves after the ref
     dtype = np.dtype(keys.held_dtype(getattr(out, "dtype")))
+    # The equation's own frames, found once (a race checker is handed them at every load;
+    # none: the enclosing equation's, found at the load).
+    own_frames = user_frames(eqn.source_info)
 
     def scalar_get(ctx: RunningCore, eqn: JaxprEqn, invals: list[object]) -> object:
         ref = invals[0]
@@ -200,12 +205,21 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
                 index = index_in_bounds(invals[1:], buffer)
                 if index is not None:
                     if ctx.call.races is not None:  # all ints: the index is the element's
-                        ctx.call.access_box(ctx, buffer, tuple(
-                            (i, i + 1) for i in index), False, "read")  # type: ignore[operator, misc]
+                        ctx.call.access_box(
+                            ctx, buffer, _element_box(index),  # type: ignore[arg-type]
+                            False, "read", own_frames or current_frames(ctx))
                     return buffer.data[index]
         return _get(ctx, eqn, invals)
 
     return scalar_get
+
+
+def _element_box(index: tuple[int, ...]) -> IndexRange:
+    """The box of one element (a list, not a generator: this runs at every scalar load)."""
+    if len(index) == 1:
+        i = index[0]
+        return ((i, i + 1),)
+    return tuple([(i, i + 1) for i in index])
 
 
 def _held_get(eqn: JaxprEqn) -> RuleFn:
