@@ -14,10 +14,13 @@ mode measures both commits in the same run, paired, many times:
   itself. The kernels must be the same on both sides: their definitions are compared first,
   and a difference stops the run.
 - The two sides run in two processes (`_lockstep.py`) that take each sample together: both
-  build and warm up the same configuration, wait for each other, and make their timed call
-  at the same moment, each pinned to its own CPU, the CPUs swapped every pair. Whatever slows
-  the host down for a while slows both halves of a pair alike, and neither side keeps the
-  faster CPU. With one CPU the two take turns, in an order that alternates every pair.
+  build and warm up the same configuration, wait for each other, each idle the same 0.1 s
+  (`_lockstep.SETTLE_S`: a second call made at once after the warm-up is faster than one
+  after any pause, so the side ready first must not be the only one that paused), and make
+  their timed call at the same moment, each pinned to its own CPU, the CPUs swapped every
+  pair. Whatever slows the host down for a while slows both halves of a pair alike, and
+  neither side keeps the faster CPU. With one CPU the two take turns, in an order that
+  alternates every pair.
 - Fresh processes each round (--rounds, default 3), because a process's speed also varies
   as a whole from one process to the next; each round samples every configuration
   --repeats times (default 5).

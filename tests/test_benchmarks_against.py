@@ -2,7 +2,8 @@
 comparison's machinery, without JAX. A fake side tree stands in for a commit: its
 benchmarks/run.py has the two functions the lockstep process uses (`all_benches`,
 `one_sample` with its `on_warm` hook), and reports a time fixed per tree, so what the
-machinery pairs, divides and decides is known."""
+machinery pairs, divides and decides is known. It also reports what the lockstep process
+slept between the go and its timed call (`settled`), through `time.sleep` wrapped."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
+import _lockstep  # noqa: E402
 import against  # noqa: E402
 
 FAKE_RUN = '''
 import os, types, time
+_slept = []
+_sleep = time.sleep
+def _recorded_sleep(seconds):
+    _slept.append(seconds)
+    _sleep(seconds)
+time.sleep = _recorded_sleep  # the lockstep process's own `time.sleep` too
 # Kernels.
 KERNELS = "{kernels}"
 def select(benches, only):
@@ -26,10 +34,14 @@ def select(benches, only):
 def all_benches(quick):
     return [types.SimpleNamespace(key=k) for k in ("small", "big")]
 def one_sample(bench, mode, on_warm=None):
+    _sleep({ready_after})  # warm-up
+    del _slept[:]
     on_warm(0.5)
+    settled = sum(_slept)
     seconds = {seconds} * (10 if bench.key == "big" else 1)
     seconds += {per_cpu} * sorted(os.sched_getaffinity(0))[0]  # which CPU timed it
-    out = {{"seconds": seconds, "warmup_seconds": 0.5, "note": "not a number"}}
+    out = {{"seconds": seconds, "warmup_seconds": 0.5, "settled": settled,
+           "note": "not a number"}}
     if mode == "pc-on":
         out["accesses_checked"] = 40
         out["max_history"] = 3
@@ -37,11 +49,11 @@ def one_sample(bench, mode, on_warm=None):
 '''
 
 
-def fake_tree(where: Path, seconds: float, kernels: str = "same", per_cpu: float = 0.0
-              ) -> Path:
+def fake_tree(where: Path, seconds: float, kernels: str = "same", per_cpu: float = 0.0,
+              ready_after: float = 0.0) -> Path:
     (where / "benchmarks").mkdir(parents=True)
     (where / "benchmarks" / "run.py").write_text(FAKE_RUN.format(
-        seconds=seconds, kernels=kernels, per_cpu=per_cpu))
+        seconds=seconds, kernels=kernels, per_cpu=per_cpu, ready_after=ready_after))
     return where
 
 
@@ -55,10 +67,31 @@ def test_the_lockstep_process_holds_its_timed_call_until_told_to_go(tmp_path):
         assert not ready, "the sample was timed before the other side was ready"
         child.tell("go")
         got = child.expect("seconds")
-        # Only numbers travel back: the parent pairs and divides them.
-        assert got == {"seconds": 0.002, "warmup_seconds": 0.5}
+        # Only numbers travel back: the parent pairs and divides them. Between the go and
+        # the timed call the process idled SETTLE_S.
+        assert got == {"seconds": 0.002, "warmup_seconds": 0.5, "settled": _lockstep.SETTLE_S}
     finally:
         child.close()
+
+
+def test_both_sides_idle_the_same_pause_before_the_timed_call_whichever_was_ready_first(
+        tmp_path):
+    """A second call made at once after its warm-up is faster than one made after any
+    pause: the side ready first, idle until the other was, read as slower (the paged row,
+    1.5-1.7x against a commit whose warm-up was slower). After the go each side idles
+    SETTLE_S, at least the pause after which the second call stops slowing (10 ms), so
+    both time their call after a pause, the late side too."""
+    assert _lockstep.SETTLE_S >= 0.01
+    early = against.Side("early", fake_tree(tmp_path / "early", 0.002))
+    late = against.Side("late", fake_tree(tmp_path / "late", 0.002, ready_after=0.3))
+    children = [against.Child(early, tmp_path / "e.log"), against.Child(late, tmp_path / "l.log")]
+    try:
+        for cpus in (against.two_cpus(), None):  # together, and taking turns
+            got = against._pair(children, "small", "pc-off", cpus)
+            assert [g["settled"] for g in got] == [_lockstep.SETTLE_S] * 2, cpus
+    finally:
+        for child in children:
+            child.close()
 
 
 def test_a_side_that_fails_stops_the_comparison_with_its_message(tmp_path):

@@ -19,15 +19,17 @@ import pallas_check
 from pallas_check.findings.finding import FindingKind
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+JAXPR_TRACE = "/jax/core/compile/jaxpr_trace_duration"
 
 
 @contextlib.contextmanager
-def compiles() -> Iterator[list[str]]:
-    """The names of the programs XLA compiles while open (JAX's monitoring events)."""
+def compiles(event_name: str = BACKEND_COMPILE) -> Iterator[list[str]]:
+    """The names of the programs XLA compiles (or, given JAXPR_TRACE, the functions JAX
+    traces) while open (JAX's monitoring events)."""
     names: list[str] = []
 
     def listen(event: str, seconds: float, **kwargs: object) -> None:
-        if event == BACKEND_COMPILE:
+        if event == event_name:
             names.append(str(kwargs.get("fun_name")))
 
     jax.monitoring.register_event_duration_secs_listener(listen)
@@ -117,3 +119,25 @@ def test_settings_that_change_a_plain_program_do_not_share_it():
     assert np.abs(results[False][0] - exact).max() < 1e-4
     for rounded in results[True]:
         assert np.abs(rounded - exact).max() > 1e-3
+
+
+def test_a_blocks_second_call_traces_and_compiles_nothing_under_keyed_caches():
+    """What `benchmarks/run.py` times: the second call in a fresh block, blocks with other
+    settings between (races off and on, as `--against` alternates them). The keys a
+    session puts in JAX's caches (a configuration value) send no call after the first to
+    tracing or compiling again, on the compiled tier's path or the program's: the warm-up
+    did all of it (a regression of the second call read in session 29 was the benchmark's
+    pairing, benchmarks/README.md)."""
+    double = _call(_double_kernel)
+    for races in (False, True, False, True):
+        with pallas_check.checking(project=False, races=races, chip_compile=False,
+                                   tier="compiled") as run:
+            with compiles() as warm_compiles:
+                jax.block_until_ready(double(X))
+            with compiles() as compiled, compiles(JAXPR_TRACE) as traced:
+                out = double(X)
+                jax.block_until_ready(out)
+        np.testing.assert_array_equal(np.asarray(out), 2.0 * np.asarray(X))
+        assert warm_compiles, "the warm-up compiled nothing: the counting hears no event"
+        assert (compiled, traced) == ([], []), races
+        assert [c.tier for c in run.calls] == ["compiled", "compiled"], races
