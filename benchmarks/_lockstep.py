@@ -17,13 +17,13 @@ ready too (through one_sample's `on_warm` hook, which every run.py since 0b00ffe
 
 Why both sides idle SETTLE_S after the go: a second call made at once after the warm-up
 is faster than one made after any pause (paged attention under the compiled tier: 3.4 ms
-at once, 4.2-4.6 ms after 10 ms to 3 s of sleep or of a busy Python loop; benchmarks/
-README.md, "run.py --against: a second-call regression"). Held only until the other side
-was ready, the side whose warm-up ended first idled before its timed call and the other
-did not: a commit whose setup and warm-up got faster read as a slower second call (paged
-1.5-1.7x against 97d92ba, all of it this). Idling SETTLE_S after the go, both sides make
-their timed call after a pause of at least that, whichever was ready first, and still at
-the same moment.
+at once, 4.2-4.6 ms after 10 ms to 3 s of sleep or of a busy Python loop; see
+benchmarks/README.md, "run.py --against: what read as a second-call regression"). Held
+only until the other side was ready, the side whose warm-up ended first idled before its
+timed call and the other did not: a commit whose setup and warm-up got faster read as a
+slower second call (paged 1.5-1.8x against 97d92ba, all of it this). Idling SETTLE_S after
+the go, both sides make their timed call after a pause of at least that, whichever was
+ready first, and still at the same moment.
 """
 
 from __future__ import annotations
