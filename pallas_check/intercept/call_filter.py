@@ -20,6 +20,8 @@ import fnmatch
 import threading
 from typing import Hashable, Mapping, Protocol, Sequence
 
+from pallas_check.jaxbridge.params import static_text
+
 
 class Kernel(Hashable, Protocol):
     """A call's kernel as the session describes it: its name (and, hashed, where it is
@@ -118,7 +120,3 @@ class StructureKeys:
         return text
 
 
-def static_text(params: Mapping[str, object]) -> str:
-    """The static parameters of a call as text: equal text, same code on any values."""
-    return "\n".join(f"{key}={value}" for key, value in sorted(params.items())
-                     if key not in ("debug", "interpret", "name_and_src_info"))

@@ -41,8 +41,8 @@ from pallas_check.findings.sourceinfo import user_frames
 # fills_results, a handler also gets `results=` (one CPU device), the buffers its outputs
 # are returned in, and may fill them in place and return them. Installed with call_sites, it
 # also gets `call_site=`, the SourceFrame of the script's line that made the call (or None).
-# (`params`: the pallas_call primitive's, JAX's own values of any kind.)
-# (Its keywords vary with the installation, so its signature is open past its use.)
+# (`params`: the pallas_call primitive's, JAX's own values of any kind; its keywords vary
+# with the installation, so its signature is open past its use.)
 CallHandler = Callable[..., Sequence[np.ndarray]]
 
 # The named mesh axes of a shard_map, (name, size) pairs, row-major.
@@ -127,9 +127,8 @@ def _host_call_lowering(ctx: LoweringRuleContext, *args: Any,
     ticket_aval = ShapedArray((), np.int32)
     outputs = list(ctx.avals_out)
     lend_target = _target(hostcall.lend, ctx.avals_in, [ticket_aval, *outputs])
-    give_back_target = _target(
-        hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in, *outputs], outputs,
-        operands_read=2, results_read=0)  # it reads the ticket only
+    give_back_target = _target(hostcall.give_back, [ticket_aval, ticket_aval, *ctx.avals_in,
+                               *outputs], outputs, operands_read=2, results_read=0)
     ffi_call = jax_lowering.ffi_lowering(hostcall.TARGET_NAME)
     ticket, *buffers = ffi_call(ctx.replace(avals_out=[ticket_aval, *outputs]), *args,
                                 index=np.uint64(lend_target)).results
@@ -147,9 +146,8 @@ def _host_call_lowering(ctx: LoweringRuleContext, *args: Any,
     # Using the operands again after the callback keeps XLA from reusing their buffers
     # while the callback reads them; the outputs are the buffers it filled (aliased).
     first_buffer = 2 + len(args)
-    give_back = jax_lowering.ffi_lowering(
-        hostcall.TARGET_NAME,
-        operand_output_aliases={first_buffer + k: k for k in range(len(outputs))})
+    give_back = jax_lowering.ffi_lowering(hostcall.TARGET_NAME, operand_output_aliases={
+        first_buffer + k: k for k in range(len(outputs))})
     return give_back(
         ctx.replace(avals_in=[ticket_aval, ticket_aval, *ctx.avals_in, *outputs]),
         done, ticket, *args, *buffers, index=np.uint64(give_back_target)).results
@@ -239,6 +237,7 @@ def _make_lowering(handler: CallHandler, fills_results: bool, call_sites: bool,
         if getattr(_real, "on", False) and _saved is not None:  # compiling for a TPU
             return cast(_Lowered, _saved.lowering.module_lowering(ctx, *in_nodes, **params))
         params.pop("interpret", None)
+        jax_lowering.note_kernel_module(ctx)  # (its executable dies with the interception)
         frames = _user_frames_of(ctx.traceback)  # the innermost frame of the user's code
         call_site = frames[0] if frames else None
         if chip is not None and (avals := _operand_avals(ctx.avals_in)) is not None:
@@ -396,6 +395,7 @@ def _make_native_lowering(handler: Callable[..., Sequence[np.ndarray]], mode: st
 
     def lowering(ctx: LoweringRuleContext, *in_nodes: Any, **params: Any) -> _Lowered:
         params.pop("interpret", None)
+        jax_lowering.note_kernel_module(ctx)
         native = jax_lowering.hardware_nodes(original.rule, ctx, in_nodes, params,
                                              NATIVE_INTERPRET)
         result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]

@@ -35,6 +35,7 @@ from pallas_check.engine.call.carried import forget, never_taken
 from pallas_check.engine.call.describe import MeshInfo, resolve_grid
 from pallas_check.engine.jaxpr.halts import EngineBug, KernelError
 from pallas_check.engine.runtime import progress
+from pallas_check.engine.runtime import disk_cache
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.inflight import InFlight
 from pallas_check.engine.runtime.rendezvous import Rendezvous, RendezvousTimeout
@@ -46,6 +47,7 @@ from pallas_check.intercept.patched_lowering import intercepted
 from pallas_check.intercept.inline import InlineCalls
 from pallas_check.intercept.judge import Judge, Program, replay_call
 from pallas_check.tpu_compile.stage import CompileRecorder
+from pallas_check.jaxbridge import program_store
 from pallas_check.jaxbridge.chip_arithmetic import chip_arithmetic
 from pallas_check.intercept.tpu_info import questions, simulated_tpu
 from pallas_check.intercept.unchecked import Unchecked
@@ -484,8 +486,14 @@ class Session:
             self.questions_from = questions()
             outer.install(self.judge, inline.passes_off)
             empties.install()
+            # The script's plain programs compiled once across runs (jaxbridge/program_store.py).
+            store = disk_cache.script_programs()
+            if store is not None:
+                program_store.install(store)
             try:
                 yield
             finally:
+                if store is not None:
+                    program_store.uninstall()
                 empties.uninstall()
                 outer.uninstall()

@@ -21,6 +21,7 @@ call returning DMA semaphores to the next call has.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import pickle
 from typing import Any, Mapping, Sequence
 
@@ -47,9 +48,22 @@ def exported_for_tpu(jitted: Any, args: Sequence[jax.ShapeDtypeStruct]) -> bytes
     hint on matmuls, `reciprocal` without `full_range`), which is not what a TPU host
     compiles for `jax.jit`; with them off, the kernel in the module is the plain lowering's
     (tests/jaxbridge/test_export.py)."""
+    return exported_for_tpu_keyed(jitted, args)[0]
+
+
+def exported_for_tpu_keyed(jitted: Any, args: Sequence[jax.ShapeDtypeStruct]
+                           ) -> tuple[bytes, str]:
+    """`exported_for_tpu`, and a text naming what the TPU compiler is given (a digest of
+    the serialized module with the signature and placement): equal for the same program
+    in any process, so it keys what the compiler said of it (tpu_compile/outcome_cache.py)
+    without lowering the call a second time."""
     with _config.export_ignore_forward_compatibility(True):
         found = jax.export.export(jitted, platforms=["tpu"])(*args)
-    return pickle.dumps(dataclasses.replace(found, _get_vjp=None))
+    digest = hashlib.sha256(bytes(found.mlir_module_serialized)).hexdigest()
+    signature = repr((found.in_avals, found.out_avals, found.in_shardings_hlo,
+                      found.out_shardings_hlo, found.nr_devices, found.platforms))
+    return (pickle.dumps(dataclasses.replace(found, _get_vjp=None)),
+            f"exported {digest}\n{signature}")
 
 
 def lowered_on_tpu(blob: bytes, sharding: Any) -> jax.stages.Lowered:

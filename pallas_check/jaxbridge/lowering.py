@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Hashable, Sequence
+import weakref
+from typing import Any, Callable, Hashable, Protocol, Sequence, cast
 
 import jax
 from jax.extend.core import Primitive
 
 from jax._src import callback as _callback
 from jax._src import config as _config
+from jax._src import core as _core
 from jax._src import pjit as _pjit
 from jax._src import ffi as _ffi
 from jax._src import sharding_impls as _sharding_impls
@@ -57,12 +59,13 @@ def emit_host_callback(ctx: LoweringRuleContext, fn: Callable[..., Any], operand
 
 
 def forget_lowered_modules() -> None:
-    """Drop JAX's cache of lowered modules (keyed by the jaxpr, not by the compile
-    options): a program compiled again with other options is lowered again, and the
-    pallas_call lowering asked again (intercept/outer.py, when a call goes inline)."""
+    """Drop what JAX's cache of lowered modules (keyed by the jaxpr, not by the compile
+    options) holds of programs that run a kernel: such a program compiled again with other
+    options is lowered again, and the pallas_call lowering asked again (intercept/outer.py,
+    when a call goes inline). The plain programs' modules stay."""
     cached = getattr(_pxla, "_cached_lowering_to_hlo", None)
     if cached is not None:
-        cached.cache_clear()
+        _evict(cached, _runs_kernel)
 
 
 # -- whose programs JAX's caches hold ---------------------------------------------------------
@@ -95,18 +98,90 @@ def begin_programs(owner: Hashable | None) -> None:
 
 
 def end_programs(owner: Hashable | None) -> None:
-    """The interception `begin_programs(owner)` began ends. Keyed: the programs JAX lowered
-    and compiled on its Python dispatch path (kept per jaxpr) are dropped -- one holding a
-    pallas_call runs the interception's callbacks -- and the key is that of no
-    interception again; JAX's traces are kept, and so are the executables of its C++
+    """The interception `begin_programs(owner)` began ends. Keyed: what JAX lowered and
+    compiled on its Python dispatch path (kept per jaxpr, per module) for a program that
+    runs a kernel is dropped -- it runs this interception's callbacks and custom calls,
+    which a later interception with the same key must not find -- and the key is that of
+    no interception again. Everything else stays: JAX's traces, the plain programs'
+    modules and executables (each `jnp` operation of a test suite lowered and compiled
+    once, not once a test: benchmarks/README.md, issue 55), and the executables of its C++
     dispatch, where a program holding a pallas_call never is while intercepted
-    (intercept/outer.py refuses it the fast path): the plain programs. Else emptied."""
+    (intercept/outer.py refuses it the fast path). `owner` None: all emptied."""
     if owner is None:
         jax.clear_caches()  # type: ignore[no-untyped-call]
         return
-    for cache in (_pjit._pjit_lower, _pxla._cached_lowering_to_hlo, _pxla._cached_compilation):
-        cache.cache_clear()
+    for cache in (_pjit._pjit_lower, _pxla._cached_lowering_to_hlo):
+        _evict(cache, _runs_kernel)
+    _evict(_pxla._cached_compilation, kernel_module)
+    _kernel_modules.clear()
     jax.config.update(_PROGRAMS_OPTION, 0)  # type: ignore[no-untyped-call]
+
+
+# The modules the patched pallas_call lowering lowered a kernel into (weakly: JAX's
+# compilation cache is keyed by the module object), dropped from that cache at the end.
+_kernel_modules: "weakref.WeakSet[object]" = weakref.WeakSet()
+_kernel_jaxprs: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+_KERNEL_PRIMITIVE_NAMES = frozenset({"pallas_call", "mpmd_map"})
+
+
+def note_kernel_module(ctx: LoweringRuleContext) -> None:
+    """The patched pallas_call lowering lowers a kernel into `ctx`'s module: the
+    executable compiled from it is dropped when the interception ends."""
+    try:
+        _kernel_modules.add(ctx.module_context.module)
+    except TypeError:  # pragma: no cover - a module that cannot be weakly referenced
+        _kernel_modules_unkeyed[0] = True
+
+
+_kernel_modules_unkeyed = [False]
+
+
+def kernel_module(module: object) -> bool:
+    """Whether the patched pallas_call lowering lowered a kernel into `module` (an MLIR
+    module JAX is about to compile) during this interception."""
+    return _kernel_modules_unkeyed[0] or module in _kernel_modules
+
+
+def _runs_kernel(closed: object) -> bool:
+    """Whether a (closed) jaxpr runs a pallas_call or a `pl.kernel` anywhere in it;
+    worked out once per jaxpr."""
+    try:
+        return _kernel_jaxprs[closed]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referenceable: said to run one (dropped, to be safe)
+        return True
+    jaxpr = getattr(closed, "jaxpr", closed)
+    answer = any(eqn.primitive.name in _KERNEL_PRIMITIVE_NAMES
+                 or any(_runs_kernel(sub) for sub in _core.jaxprs_in_params(eqn.params))
+                 for eqn in getattr(jaxpr, "eqns", ()))
+    try:
+        _kernel_jaxprs[closed] = answer
+    except TypeError:
+        pass
+    return answer
+
+
+class _WeakrefCache(Protocol):
+    """JAX's weakref-keyed LRU cache (jaxlib's `weakref_lru_cache`)."""
+
+    def cache_keys(self) -> list[tuple[object, ...]]: ...
+
+    def evict_weakref(self, obj: object) -> None: ...
+
+    def cache_clear(self) -> None: ...
+
+
+def _evict(cache: _WeakrefCache, drop: Callable[[object], bool]) -> None:
+    """Drop from one of JAX's weakref-keyed caches every entry whose key object `drop`
+    names; emptied whole where this JAX's cache cannot say what it holds."""
+    try:
+        keyed = [cast(Callable[[], object], key[0])() for key in cache.cache_keys()]
+        for obj in {id(o): o for o in keyed if o is not None}.values():
+            if drop(obj):
+                cache.evict_weakref(obj)
+    except (AttributeError, IndexError, TypeError):  # pragma: no cover - another JAX
+        cache.cache_clear()
 
 
 def ffi_lowering(target: str, **kwargs: Any) -> Callable[..., Any]:

@@ -392,3 +392,10 @@ def is_plain_conversion(eqn: JaxprEqn) -> bool:
     """Whether a convert_element_type only converts (no parameter beyond the dtype, weak
     type and sharding)."""
     return not set(eqn.params) - {"new_dtype", "weak_type", "sharding"}
+
+
+def static_text(params: Mapping[str, object]) -> str:
+    """The static parameters of a pallas_call as text (its name, debug flag and interpret
+    setting left out): equal text, same code on any values."""
+    return "\n".join(f"{key}={value}" for key, value in sorted(params.items())
+                     if key not in ("debug", "interpret", "name_and_src_info"))

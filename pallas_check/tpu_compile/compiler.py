@@ -203,23 +203,41 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
                                    allocations=tuple(allocations(params))))
     # Where the call is placed is ours to get right: a failure there is pallas-check's
     # (raised, exit 4), not a finding about the user's kernel.
-    fn, args, device = _placed(params, avals, mesh_axes, generation)
     started = time.perf_counter()
+    structure = outcome_cache.structure_key(params, avals, mesh_axes)
+    known = outcome_cache.read(structure, generation.value)
+    if known is not None:  # built before (another run): neither lowered nor compiled now
+        outcome.scoped_bytes = known
+        outcome.seconds = time.perf_counter() - started
+        return outcome
+    fn, args, device = _placed(params, avals, mesh_axes, generation)
     jitted = jax.jit(fn)
     lowered_text = ""
+    lowered = None
     try:
         with jax.default_device(device):
-            lowered = jitted.lower(*args)
+            # Exported for the compile worker first: its module is the key, so the call
+            # is lowered once (the Pallas TPU lowering: tens of milliseconds a call).
+            blob, lowered_text = _exported(jitted, args)
+            if blob is None:  # (the worker cannot take it: lowered and compiled here)
+                lowered = jitted.lower(*args)
+                lowered_text = lowered.as_text()
             # The disk's verdict on this exact module (tpu_compile/outcome_cache.py).
-            lowered_text = lowered.as_text()
             known = outcome_cache.read(lowered_text, generation.value)
             if known is not None:
                 outcome.scoped_bytes = known
                 outcome.seconds = time.perf_counter() - started
+                outcome_cache.write(structure, generation.value, known)
                 return outcome
-            outcome.lowered_ir = lowered.compiler_ir("stablehlo")
-            answer = _in_worker(jitted, args, params, mesh_axes, generation)
-            if answer is None:  # (not taken by the worker: compiled here)
+            answer = (None if blob is None
+                      else _in_worker(blob, params, mesh_axes, generation))
+            if answer is None or answer.error_class is not None or answer.crashed:
+                # The module a refusal is located in (tpu_compile/locate.py), and the
+                # compile here when the worker did not take the call.
+                lowered = lowered if lowered is not None else jitted.lower(*args)
+                outcome.lowered_ir = lowered.compiler_ir("stablehlo")
+            if answer is None:
+                assert lowered is not None  # (lowered just above)
                 text = toolchain.quietly(lowered.compile).as_text()
                 # (None where the backend gives no text: the use is unknown)
                 answer = remote.Answer(scoped_bytes=None if text is None else scoped_use(text))
@@ -227,22 +245,28 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
         answer = remote.Answer(error_class=type(exc), error_args=tuple(exc.args),
                                message=str(exc))
     outcome.seconds = time.perf_counter() - started
-    return _settled(outcome, answer, params, lowered_text)
+    return _settled(outcome, answer, params, lowered_text, structure)
 
 
-def _in_worker(jitted: Callable[..., object], args: list[jax.ShapeDtypeStruct],
-               params: Params, mesh_axes: MeshAxes, generation: TpuGeneration
-               ) -> remote.Answer | None:
-    """The call compiled in the compile worker (tpu_compile/remote.py), where libtpu's
-    compiler aborting cannot end this process; None where it cannot go there (`jax.export`
-    cannot carry it, or the worker cannot run): the caller compiles it itself."""
+def _exported(jitted: Callable[..., object], args: list[jax.ShapeDtypeStruct]
+              ) -> tuple[bytes | None, str]:
+    """The call exported for the compile worker and its module's key; (None, "") where it
+    cannot go there (the worker is off, or `jax.export` cannot carry the call: a lowering
+    that refuses the kernel raises again, as the user's, from `jitted.lower`)."""
     if not remote.enabled:
-        return None
+        return None, ""
     try:
-        blob = export.exported_for_tpu(jitted, args)
+        return export.exported_for_tpu_keyed(jitted, args)
     except Exception as exc:  # noqa: BLE001 - ours: the call is compiled here, as before
         _compiled_here(f"jax.export cannot carry the call ({type(exc).__name__}: {exc})")
-        return None
+        return None, ""
+
+
+def _in_worker(blob: bytes, params: Params, mesh_axes: MeshAxes, generation: TpuGeneration
+               ) -> remote.Answer | None:
+    """The exported call compiled in the compile worker (tpu_compile/remote.py), where
+    libtpu's compiler aborting cannot end this process; None where the worker cannot run
+    (the caller compiles it itself)."""
     devices = math.prod(size for _, size in mesh_axes) if mesh_axes else 1
     name = describe.kernel_info(params).name
     job = remote.Job(blob, toolchain.topology_name(generation, devices), tuple(mesh_axes),
@@ -262,7 +286,7 @@ def _compiled_here(why: str) -> None:
 
 
 def _settled(outcome: CompileOutcome, answer: remote.Answer, params: Params,
-             lowered_text: str) -> CompileOutcome:
+             lowered_text: str, structure: str = "") -> CompileOutcome:
     """The outcome of what the compile came to; a success kept on disk."""
     if answer.crashed:
         return _crashed(outcome, answer)
@@ -275,7 +299,9 @@ def _settled(outcome: CompileOutcome, answer: remote.Answer, params: Params,
     outcome.lowered_ir = None  # kept only to place a failure
     outcome.scoped_bytes = answer.scoped_bytes
     if outcome.scoped_bytes is not None and lowered_text:
-        outcome_cache.write(lowered_text, outcome.generation.value, outcome.scoped_bytes)
+        for key in (lowered_text, structure):
+            if key:
+                outcome_cache.write(key, outcome.generation.value, outcome.scoped_bytes)
     return outcome
 
 

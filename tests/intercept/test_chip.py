@@ -160,18 +160,23 @@ def _refused_line_of(path: Path, marker: str) -> int:
 
 @needs_libtpu
 def test_a_warm_run_sends_nothing_to_the_worker(cli, tmp_path, monkeypatch):
-    """The outcome cache answers before any worker: a second run of a script, with this
-    process's own outcomes forgotten, compiles nothing."""
+    """The outcome cache answers before any worker, and before the call is lowered for
+    the TPU (its structure is the key): a second run of a script, with this process's own
+    outcomes forgotten, neither lowers nor compiles anything for the chip."""
     from pallas_check.tpu_compile import compiler, remote
 
     monkeypatch.setenv("PALLAS_CHECK_CACHE_DIR", str(tmp_path / "cache"))
+    placed = []
+    real_placed = compiler._placed
+    monkeypatch.setattr(compiler, "_placed",
+                        lambda *args: placed.append(args) or real_placed(*args))
     sample = str(SAMPLES / "compile_block_shape_ok.py")
     sent = remote.jobs_sent()
     assert cli("run", sample, "--chip-compile").exit_code == ExitCode.CLEAN
-    assert remote.jobs_sent() == sent + 1
+    assert remote.jobs_sent() == sent + 1 and len(placed) == 1
     compiler._cache.clear()
     assert cli("run", sample, "--chip-compile").exit_code == ExitCode.CLEAN
-    assert remote.jobs_sent() == sent + 1
+    assert remote.jobs_sent() == sent + 1 and len(placed) == 1
 
 
 @needs_libtpu

@@ -6,8 +6,10 @@ every xdist worker), and the compiled tier's executable for one call structure t
 lowers to the same program in every process, so its executable is compiled once and read
 back later (about a millisecond).
 
-Only pallas-check's own programs are kept, never the user's: JAX's persistent cache is
-process-wide and would cache (and change the behaviour of) the script's compiles too.
+The script's own plain programs are kept too, apart (`ScriptPrograms`, in `programs/`):
+jaxbridge/program_store.py hands it JAX's compile of each under JAX's own key; JAX's
+persistent cache itself stays as the script configured it (off by default for programs
+that compile in under a second, and its file store writes entries in place).
 
 Safe to share: an entry's key is the program's text and signature (its arguments' and
 results' types: the text drops an unused argument), the compile options, the JAX and
@@ -45,9 +47,11 @@ import jaxlib
 from jax.experimental import serialize_executable
 
 from pallas_check.config.environment import CACHE_VARIABLE
+from pallas_check.jaxbridge import program_store
 
 ENV = CACHE_VARIABLE
 _LIMIT_BYTES = 512 * 2**20
+_PROGRAMS_LIMIT_BYTES = 256 * 2**20
 _SUFFIX = ".xla"
 _ABANDONED = ".abandoned"
 
@@ -106,6 +110,12 @@ def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
     where = folder()
     if where is None:
         return lowered.compile()
+    with program_store.bypassed():  # (kept here, not also among the script's programs)
+        return _compile_cached(lowered, device, where, options)
+
+
+def _compile_cached(lowered: jax.stages.Lowered, device: jax.Device, where: Path,
+                    options: Mapping[str, str] | None) -> jax.stages.Compiled:
     # The program's text leaves out what it does not use (an unused argument is dropped),
     # and the executable checks every argument: the signature is part of the key.
     signature = repr((lowered.args_info, lowered.out_info))
@@ -186,6 +196,49 @@ def _replace(path: Path, data: bytes) -> bool:
     return True
 
 
+class ScriptPrograms:
+    """The script's own plain programs' executables (jaxbridge/program_store.py asks it
+    under JAX's key for a program), in the `programs` folder beside ours: written
+    atomically, least recently used removed past `_PROGRAMS_LIMIT_BYTES`, keyed also by
+    this CPU (JAX's key names the backend, not the host's instruction set)."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where / "programs"
+        self._machine = hashlib.sha256(_machine().encode()).hexdigest()[:16]
+        self._written = 0
+
+    def _path(self, jax_key: str) -> Path:
+        digest = hashlib.sha256(f"{jax_key}\0{self._machine}".encode()).hexdigest()
+        return self.where / (digest + _SUFFIX)
+
+    def get(self, jax_key: str) -> bytes | None:
+        path = self._path(jax_key)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return data
+
+    def put(self, jax_key: str, data: bytes) -> None:
+        if _replace(self._path(jax_key), data):
+            self._written += 1
+            if self._written % 32 == 1:  # (a suite writes hundreds: listed now and then)
+                _prune(self.where, _PROGRAMS_LIMIT_BYTES)
+
+    def discard(self, jax_key: str) -> None:
+        _remove(self._path(jax_key))
+
+
+def script_programs() -> ScriptPrograms | None:
+    """The store of the script's plain programs (None: the cache is off)."""
+    where = folder()
+    return None if where is None else ScriptPrograms(where)
+
+
 def _stamp() -> dict[str, str]:
     """What an abandonment record must match to be trusted (its key holds them too; a
     file that does not say them, torn or written by something else, is not trusted)."""
@@ -223,8 +276,10 @@ def abandoned(record: str) -> str | None:
     return str(found["reason"])
 
 
-def _prune(where: Path) -> None:
-    """Remove the least recently used entries while the folder holds over the limit."""
+def _prune(where: Path, limit: int | None = None) -> None:
+    """Remove the least recently used entries while the folder holds over `limit` (the
+    engine's limit unless given)."""
+    limit = _LIMIT_BYTES if limit is None else limit
     entries = []
     for path in where.glob("*" + _SUFFIX):
         try:
@@ -234,7 +289,7 @@ def _prune(where: Path) -> None:
         entries.append((status.st_mtime, status.st_size, path))
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries, key=lambda e: e[0]):
-        if total <= _LIMIT_BYTES:
+        if total <= limit:
             break
         _remove(path)
         total -= size
