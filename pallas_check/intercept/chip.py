@@ -27,7 +27,7 @@ from pallas_check.engine.call import describe
 from pallas_check.engine.call.capacity import CapacityCheck
 from pallas_check.findings.finding import Finding, KernelInfo, SourceFrame
 from pallas_check.intercept.patched_lowering import MeshAxes, real_lowering
-from pallas_check.tpu_compile import toolchain
+from pallas_check.tpu_compile import outcome_cache, remote, toolchain
 from pallas_check.tpu_compile.compiler import (CompileOutcome, OperandAvals, cached_outcome,
                                                compile_call)
 from pallas_check.tpu_compile.stage import RecordedCall, finding_for
@@ -55,6 +55,9 @@ class ChipCheck:
         self.raised: list[BaseException] = []
         self.compiles = 0  # compiles this session started (not found in the cache)
         self.seconds = 0.0  # and their time
+        if self.on and remote.enabled and outcome_cache.empty():
+            # A first run: its first call will need the worker, which starts meanwhile.
+            remote.prestart(toolchain.topology_name(self.generation))
 
     def check(self, params: dict, avals: OperandAvals, mesh_axes: MeshAxes,
               call_site: SourceFrame | None) -> None:

@@ -10,7 +10,8 @@ with a package we do not ship. So, while installed, JAX's compile of a program f
 asks a store of ours first, under JAX's own key for it (`compilation_cache.get_cache_key`:
 the module, the devices, the compile options, the backend's and JAX's versions), and keeps
 what it compiled there (engine/runtime/disk_cache.py `ScriptPrograms`: atomic, bounded,
-keyed also by this CPU). JAX's configuration is not touched.
+keyed also by this CPU). JAX's configuration is not touched: a script that set up JAX's
+persistent cache (`jax_compilation_cache_dir`) keeps it, and the store stays out of its way.
 
 Never stored: a program that calls back into Python (JAX does not store those either), one
 the patched pallas_call lowering lowered a kernel into (it calls this process's
@@ -112,7 +113,8 @@ def _compile_or_get_stored(backend: _Client, computation: object, devices: objec
     args = (backend, computation, devices, compile_options, host_callbacks, executable_devices,
             *rest)
     if (store is None or _lowering.kernel_module(computation) or host_callbacks
-            or getattr(_local, "bypass", 0) or getattr(backend, "platform", None) != "cpu"):
+            or getattr(_local, "bypass", 0) or getattr(backend, "platform", None) != "cpu"
+            or _compilation_cache.is_persistent_cache_enabled()):  # (the script's own)
         with _lock:
             counts.skipped += 1
         return original(*args, **kwargs)

@@ -108,3 +108,16 @@ def write(lowered_text: str, generation: str, scoped_bytes: int) -> None:
         os.replace(temporary, path)
     except OSError:
         return
+
+
+def empty() -> bool:
+    """Whether no success is kept yet for this cache folder (a first run: the compile
+    worker is worth starting ahead, intercept/chip.py), or the cache is off."""
+    where = disk_cache.folder()
+    if where is None:
+        return True
+    try:
+        with os.scandir(where / "chip") as entries:
+            return not any(entry.name.endswith(_SUFFIX) for entry in entries)
+    except OSError:
+        return True

@@ -157,7 +157,7 @@ class _Worker:
         self.jobs = 0  # calls sent to a worker by this process
         self._broken = ""  # why it cannot run at all, once known: every call stays here
 
-    def _started(self) -> subprocess.Popen[bytes]:
+    def _started(self, warm: str = "") -> subprocess.Popen[bytes]:
         if self._process is not None and self._owner == os.getpid() and \
                 self._process.poll() is None:
             return self._process
@@ -166,6 +166,7 @@ class _Worker:
         # The worker compiles for compile-only devices only: no backend of its own (on a
         # TPU host the parent may hold the chip); libtpu's chatter into its stderr file.
         env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+        env[_WARM_VARIABLE] = warm
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
@@ -176,6 +177,19 @@ class _Worker:
         self._owner = os.getpid()
         self.started += 1
         return self._process
+
+    def prestart(self, topology: str) -> None:
+        """Start the worker now, without waiting for it, making `topology`'s compile-only
+        devices as it starts: a first compile then finds it ready (python, JAX and libtpu
+        started on another core meanwhile: about a second)."""
+        with self._lock:
+            if self._broken or (self._process is not None and self._owner == os.getpid()
+                                and self._process.poll() is None):
+                return
+            try:
+                self._started(warm=topology)
+            except Unavailable:
+                pass
 
     def compile(self, job: Job) -> Answer:
         """`job` compiled by the worker; raises Unavailable where it cannot be."""
@@ -240,14 +254,23 @@ class _Worker:
         try:
             if process.stdin is not None:
                 process.stdin.close()
+            if not self.jobs:  # started ahead and never needed: not waited for
+                process.kill()
             process.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
 
 
+# The topology a worker started ahead of its first job makes as it starts.
+_WARM_VARIABLE = "PALLAS_CHECK_WORKER_TOPOLOGY"
 _worker = _Worker()
 atexit.register(_worker.stop)
+
+
+def prestart(topology: str) -> None:
+    """Start this process's worker ahead of its first job (see `_Worker.prestart`)."""
+    _worker.prestart(topology)
 
 
 def compile_in_worker(job: Job) -> Answer:
@@ -349,6 +372,12 @@ def _serve() -> None:
         pass
     quiet_environment(compiling=True)  # (the parent's settings, inherited: where unset)
     import jax.experimental.pallas.tpu  # noqa: F401 - Mosaic's error handler (MosaicError)
+
+    if os.environ.get(_WARM_VARIABLE):  # started ahead: the first job's devices made now
+        try:
+            _devices(os.environ[_WARM_VARIABLE])
+        except Exception:  # noqa: BLE001 - the job that needs them says what is wrong
+            pass
 
     jobs = sys.stdin.buffer
     while True:

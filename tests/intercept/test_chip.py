@@ -192,3 +192,35 @@ def test_the_cross_call_dma_sample_compiles_as_the_program_the_chip_runs(cli):
     start, done = result.report["calls"]
     assert (start["kernel"], start["compiled"]["v5e"]["status"]) == ("start_kernel", "ok")
     assert done["kernel"] == "done_kernel" and not done.get("compiled")
+
+
+_PRESTART = """
+import json
+import pallas_check
+from pallas_check.tpu_compile import remote
+with pallas_check.checking(project=False, chip_compile=True):
+    pass  # no kernel: only the session's start
+print(json.dumps([remote.workers_started(), remote.jobs_sent()]))
+"""
+
+
+@needs_libtpu
+def test_a_first_run_starts_the_worker_ahead_and_a_warm_one_does_not(tmp_path):
+    """An empty outcome cache (a first run) starts the compile worker as the session
+    starts, before any call needs it, and sends it nothing; a folder that holds a success
+    (a suite's next run, whose compiles the disk answers) starts none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def started(cache: Path) -> list[int]:
+        env = {**os.environ, "PALLAS_CHECK_CACHE_DIR": str(cache)}
+        done = subprocess.run([sys.executable, "-c", _PRESTART], env=env, check=True,
+                              capture_output=True, text=True)
+        return list(json.loads(done.stdout.splitlines()[-1]))
+
+    assert started(tmp_path / "first") == [1, 0]
+    (tmp_path / "warm" / "chip").mkdir(parents=True)
+    (tmp_path / "warm" / "chip" / "0.json").write_text('{"scoped_bytes": 0}')
+    assert started(tmp_path / "warm") == [0, 0]

@@ -77,13 +77,21 @@ def test_a_plain_program_compiled_in_one_process_is_read_back_in_the_next(tmp_pa
     assert not list((tmp_path / "cache" / "programs").glob("*.tmp"))
 
 
-def test_off_stores_nothing(tmp_path):
-    """`PALLAS_CHECK_CACHE_DIR=off`: the hook is not installed; JAX compiles as always."""
-    env = {**os.environ, disk_cache.ENV: "off"}
+@pytest.mark.parametrize("setting", ["off", "jax-cache"])
+def test_off_or_jaxs_own_cache_stores_nothing(tmp_path, setting):
+    """`PALLAS_CHECK_CACHE_DIR=off`: the hook is not installed. A script that set up JAX's
+    persistent cache keeps it: the store stands aside. Either way JAX compiles as always."""
+    env = {**os.environ, disk_cache.ENV: str(tmp_path / "cache")}
+    if setting == "off":
+        env[disk_cache.ENV] = "off"
+    else:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax")
     done = subprocess.run([sys.executable, "-c", _PROCESS], env=env, capture_output=True,
                           text=True, check=True)
     found = json.loads(done.stdout.splitlines()[-1])
     assert (found["hits"], found["misses"]) == (0, 0)
+    assert found["findings"] == [FindingKind.UNWRITTEN_OUTPUT.value]
+    assert not (tmp_path / "cache" / "programs").exists()
 
 
 class _Memory:
