@@ -21,6 +21,11 @@ each test's time read from its JUnit XML (setup, call and teardown):
   tpu-races-cleared  (not run unless named) tpu-races with JAX's caches cleared around
              each test, as pytest --pallas-check's interception does: what recompiling
              every jitted function in every test costs JAX's interpreter
+  engine     (not run unless named) cold with `PALLAS_CHECK_TIER=engine` in a fresh folder
+             of its own: the tier's builds never start; the report lists each test that
+             `cold` (`--tier auto`) ran over 1.2x this (issue 55: the compile never loses)
+
+Each process's peak resident memory (`wait4`'s ru_maxrss) is reported beside its wall time.
 
 JAX's modes load `_kernel_suite_plugin` (the process is told it runs on a v5e, as
 pallas-check tells it, so the suite's gate passes and kernels that ask get an answer).
@@ -42,6 +47,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -49,10 +55,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = Path(__file__).resolve().parent / "kernel_suite"
-MODES = ("cold", "warm", "tpu-races", "hlo", "tpu-races-cleared")
+MODES = ("cold", "warm", "tpu-races", "hlo", "tpu-races-cleared", "engine")
 DEFAULT_MODES = MODES[:4]
 HEADERS = {"cold": "pc cold s", "warm": "pc warm s", "tpu-races": "TPU races s", "hlo": "HLO s",
-           "tpu-races-cleared": "TPU races, caches cleared s"}
+           "tpu-races-cleared": "TPU races, caches cleared s", "engine": "pc engine cold s"}
 INTERPRET = {"tpu-races": "tpu-races", "hlo": "hlo", "tpu-races-cleared": "tpu-races"}
 TARGETS = {"cold_total": 3.0, "cold_family": 1.5, "warm_total": 6.0}
 
@@ -66,6 +72,7 @@ class Run:
     returncode: int | None
     tests: dict[str, dict[str, Any]]  # node id -> {family, name, seconds, status, message}
     tail: str = ""
+    peak_rss_mib: float | None = None  # the pytest process's peak resident memory
 
 
 def families(only: list[str]) -> list[Path]:
@@ -109,7 +116,9 @@ def child_env(mode: str, cache: Path) -> dict[str, str]:
            if not k.startswith(("PALLAS_CHECK_", "TPU_KERNELS_", "KERNEL_SUITE_"))}
     paths = [str(REPO), str(Path(__file__).resolve().parent)]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
-    env["PALLAS_CHECK_CACHE_DIR"] = str(cache)
+    env["PALLAS_CHECK_CACHE_DIR"] = str(cache / "engine" if mode == "engine" else cache)
+    if mode == "engine":
+        env["PALLAS_CHECK_TIER"] = "engine"
     if mode in INTERPRET:
         env["TPU_KERNELS_INTERPRET"] = INTERPRET[mode]
     if mode == "tpu-races-cleared":
@@ -121,7 +130,8 @@ def pytest_argv(mode: str, modules: list[Path], junit: Path, keyword: str = "") 
     """The pytest command of a mode, run in the suite's folder."""
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             f"--junitxml={junit}", "-o", "junit_duration_report=total"]
-    argv += ["--pallas-check"] if mode in ("cold", "warm") else ["-p", "_kernel_suite_plugin"]
+    argv += (["--pallas-check"] if mode in ("cold", "warm", "engine")
+             else ["-p", "_kernel_suite_plugin"])
     if keyword:
         argv += ["-k", keyword]
     return argv + [str(m.relative_to(SUITE)) for m in modules]
@@ -133,17 +143,32 @@ def run_mode(mode: str, modules: list[Path], cache: Path, timeout: float,
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(pytest_argv(mode, modules, junit, keyword), cwd=SUITE,
-                                  env=child_env(mode, cache), capture_output=True, text=True,
-                                  timeout=timeout)
-            returncode: int | None = proc.returncode
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        except subprocess.TimeoutExpired:
+        with tempfile.TemporaryFile("w+") as output:
+            proc = subprocess.Popen(pytest_argv(mode, modules, junit, keyword), cwd=SUITE,
+                                    env=child_env(mode, cache), stdout=output,
+                                    stderr=subprocess.STDOUT, text=True)
+            killed: list[bool] = []
+
+            def kill() -> None:
+                killed.append(True)
+                proc.kill()
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            try:  # (wait4, not Popen.wait: the child's own peak memory comes with it)
+                _, status, usage = os.wait4(proc.pid, 0)
+            finally:
+                timer.cancel()
+            returncode: int | None = os.waitstatus_to_exitcode(status)
+            proc.returncode = returncode
+            peak = usage.ru_maxrss / 1024  # (kibibytes on Linux)
+            output.seek(0)
+            tail = "\n".join(output.read().strip().splitlines()[-5:])
+        if killed:
             returncode, tail = None, f"timeout: killed after {timeout:g} s"
         wall = time.perf_counter() - start
         tests = parse_junit(junit.read_text()) if junit.exists() else {}
-    return Run(mode, wall, returncode, tests, tail)
+    return Run(mode, wall, returncode, tests, tail, peak)
 
 
 def _passed(runs: dict[str, Run], node: str) -> bool:
@@ -244,8 +269,9 @@ def report(runs: dict[str, Run], summary: dict[str, Any]) -> list[str]:
     """The whole report: process times, targets, the family table, the test table and
     every test left out of the sums."""
     modes = list(runs)
-    lines = ["Processes (wall, with pytest's start-up and collection): " + ", ".join(
-        f"{m} {r.wall_seconds:.1f} s (exit {r.returncode})" for m, r in runs.items()), "",
+    lines = ["Processes (wall, with pytest's start-up and collection; peak resident memory): "
+             + ", ".join(f"{m} {r.wall_seconds:.1f} s, {_num(r.peak_rss_mib)} MiB"
+                         f" (exit {r.returncode})" for m, r in runs.items()), "",
         f"Tests every mode passed: {summary['comparable_tests']} of {summary['all_tests']}", ""]
     t, total = summary["targets"], summary["total"]
     word = {True: "met", False: "NOT met", None: "-"}
@@ -255,6 +281,7 @@ def report(runs: dict[str, Run], summary: dict[str, Any]) -> list[str]:
               + (f" (below: {', '.join(t['families_below'])})" if t["families_below"] else ""),
               f"- warm: {_num(total['tpu_over_warm'], 'x')} in total (target >= 6x:"
               f" {word[t['warm_total']]})", ""]
+    lines += engine_comparison(runs)
     lines += family_table(summary, modes) + [""] + per_test_table(runs)
     left = [f"- {n} [{m}] {r.tests[n]['status']}: {r.tests[n]['message']}"
             for m, r in runs.items() for n in sorted(r.tests)
@@ -262,6 +289,26 @@ def report(runs: dict[str, Run], summary: dict[str, Any]) -> list[str]:
     left += [f"- [{m}] process: {r.tail}" for m, r in runs.items()
              if r.returncode not in (0, 1)]
     return lines + ([""] + ["Left out of the sums:"] + left if left else [])
+
+
+def engine_comparison(runs: dict[str, Run]) -> list[str]:
+    """With `cold` and `engine` both run: the tests `--tier auto` ran over 1.2x the engine
+    alone (issue 55: no test slower than 1.2x the engine's own time), and the processes'
+    peak memory (issue 55: at most 2x the engine's; per process, not per test)."""
+    if "cold" not in runs or "engine" not in runs:
+        return []
+    cold, engine = runs["cold"], runs["engine"]
+    both = [n for n in sorted(cold.tests) if n in engine.tests
+            and cold.tests[n]["status"] == engine.tests[n]["status"] == "passed"]
+    over = [(n, cold.tests[n]["seconds"], engine.tests[n]["seconds"]) for n in both
+            if cold.tests[n]["seconds"] > 1.2 * engine.tests[n]["seconds"]]
+    lines = [f"- auto (cold) against the engine alone (cold): {len(over)} of {len(both)} tests"
+             " over 1.2x" + (":" if over else "")]
+    lines += [f"  - {n}: {c:.2f} s against {e:.2f} s ({c / e:.2f}x)" for n, c, e in over
+              if e > 0]
+    memory = _ratio(cold.peak_rss_mib, engine.peak_rss_mib)
+    lines += [f"- peak memory, auto over engine (whole processes): {_num(memory, 'x')}", ""]
+    return lines
 
 
 def _commit() -> str:

@@ -72,6 +72,21 @@ def test_sums_per_family_over_the_tests_every_mode_passed():
     assert "(target >= 3x: NOT met); every family >= 1.5x: NOT met (below: gmm)" in text
 
 
+def test_auto_against_the_engine_lists_the_tests_over_1_2x_and_the_memory():
+    cold = _run("cold", [("test_flash", "a", 2.5, "passed"), ("test_flash", "b", 1.0, "passed"),
+                         ("test_gmm", "c", 1.3, "passed")])
+    engine = _run("engine", [("test_flash", "a", 2.0, "passed"),
+                             ("test_flash", "b", 1.0, "passed"),
+                             ("test_gmm", "c", 1.0, "failed")])
+    cold.peak_rss_mib, engine.peak_rss_mib = 600.0, 400.0
+    lines = bench.engine_comparison({"cold": cold, "engine": engine})
+    assert lines == [
+        "- auto (cold) against the engine alone (cold): 1 of 2 tests over 1.2x:",
+        "  - tests.test_flash::a: 2.50 s against 2.00 s (1.25x)",
+        "- peak memory, auto over engine (whole processes): 1.50x", ""]
+    assert bench.engine_comparison({"cold": cold}) == []
+
+
 def test_the_suite_passes_under_pallas_check_as_the_benchmark_runs_it(tmp_path):
     """One cheap test of the repository through the benchmark's own command: the plugin
     makes the TPU gate pass, the kernel is checked and matches its reference."""
