@@ -24,6 +24,8 @@ import numpy as np
 
 from pallas_check.config import Config, TpuGeneration, parse_generations
 from pallas_check.engine.call import describe
+from pallas_check.engine.jaxpr import ahead
+from pallas_check.jaxbridge.call import kernel_of
 from pallas_check.engine.call.capacity import CapacityCheck
 from pallas_check.findings.finding import Finding, KernelInfo, SourceFrame
 from pallas_check.intercept.patched_lowering import MeshAxes, real_lowering
@@ -55,6 +57,8 @@ class ChipCheck:
         self.raised: list[BaseException] = []
         self.compiles = 0  # compiles this session started (not found in the cache)
         self.seconds = 0.0  # and their time
+        self.prepared = 0  # engine segments compiled while the worker compiled
+        self._skip_floats = bool(config.skip_floats)
         if self.on and remote.enabled and outcome_cache.empty():
             # A first run: its first call will need the worker, which starts meanwhile.
             remote.prestart(toolchain.topology_name(self.generation))
@@ -119,6 +123,15 @@ class ChipCheck:
             seen += 1
         return False
 
+    def _prepare(self, params: dict) -> None:
+        """While the worker compiles the call for the chip (on another core), the engine's
+        segments of its kernel are compiled here, as its first call would (a first run:
+        the two compiles overlap instead of following each other)."""
+        try:
+            self.prepared += ahead.prepare(kernel_of(params), self._skip_floats)
+        except Exception:  # noqa: BLE001 - the call's own evaluation meets it
+            pass
+
     def _outcome(self, params: dict, avals: OperandAvals, mesh_axes: MeshAxes
                  ) -> CompileOutcome | None:
         if not self.on or math.prod(size for _, size in mesh_axes) > 1:
@@ -132,7 +145,8 @@ class ChipCheck:
         started = time.perf_counter()
         try:
             with real_lowering():
-                outcome = compile_call(params, avals, mesh_axes, self.generation)
+                outcome = compile_call(params, avals, mesh_axes, self.generation,
+                                       meanwhile=lambda: self._prepare(params))
         except Exception:  # noqa: BLE001 - ours (placing the call): the simulation goes on
             return None
         self.compiles += 1

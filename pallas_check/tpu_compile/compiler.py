@@ -142,14 +142,15 @@ def _params_key(params: Params) -> Hashable:
 
 
 def compile_call(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
-                 generation: TpuGeneration) -> CompileOutcome:
+                 generation: TpuGeneration, meanwhile: Callable[[], None] | None = None
+                 ) -> CompileOutcome:
     """Compile the call (its pallas_call params, operand (shape, dtype) pairs, shard_map
     axes) for `generation`; cached."""
     key = (_params_key(params), avals, mesh_axes, generation)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    outcome = _compile(params, avals, mesh_axes, generation)
+    outcome = _compile(params, avals, mesh_axes, generation, meanwhile)
     with _cache_lock:
         _cache.setdefault(key, outcome)
     return outcome
@@ -192,7 +193,8 @@ def _placed(params: Params, avals: OperandAvals, mesh_axes: MeshAxes, generation
 
 
 def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
-             generation: TpuGeneration) -> CompileOutcome:
+             generation: TpuGeneration, meanwhile: Callable[[], None] | None = None
+             ) -> CompileOutcome:
     import jax
 
     outcome = (_sparsecore_outcome(params, generation) if sparsecore_mesh(params) is not None
@@ -230,7 +232,7 @@ def _compile(params: Params, avals: OperandAvals, mesh_axes: MeshAxes,
                 outcome_cache.write(structure, generation.value, known)
                 return outcome
             answer = (None if blob is None
-                      else _in_worker(blob, params, mesh_axes, generation))
+                      else _in_worker(blob, params, mesh_axes, generation, meanwhile))
             if answer is None or answer.error_class is not None or answer.crashed:
                 # The module a refusal is located in (tpu_compile/locate.py), and the
                 # compile here when the worker did not take the call.
@@ -262,17 +264,17 @@ def _exported(jitted: Callable[..., object], args: list[jax.ShapeDtypeStruct]
         return None, ""
 
 
-def _in_worker(blob: bytes, params: Params, mesh_axes: MeshAxes, generation: TpuGeneration
-               ) -> remote.Answer | None:
+def _in_worker(blob: bytes, params: Params, mesh_axes: MeshAxes, generation: TpuGeneration,
+               meanwhile: Callable[[], None] | None = None) -> remote.Answer | None:
     """The exported call compiled in the compile worker (tpu_compile/remote.py), where
-    libtpu's compiler aborting cannot end this process; None where the worker cannot run
-    (the caller compiles it itself)."""
+    libtpu's compiler aborting cannot end this process, `meanwhile` run here as it
+    compiles; None where the worker cannot run (the caller compiles it itself)."""
     devices = math.prod(size for _, size in mesh_axes) if mesh_axes else 1
     name = describe.kernel_info(params).name
     job = remote.Job(blob, toolchain.topology_name(generation, devices), tuple(mesh_axes),
                      abort=remote.abort_requested(name))
     try:
-        return remote.compile_in_worker(job)
+        return remote.compile_in_worker(job, meanwhile)
     except remote.Unavailable as exc:
         _compiled_here(str(exc))
         return None

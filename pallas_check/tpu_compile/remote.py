@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import IO, TYPE_CHECKING, Any, Hashable
+from typing import IO, TYPE_CHECKING, Any, Callable, Hashable
 
 from pallas_check.config.environment import COMPILER_ABORT_VARIABLE, debug_requested
 from pallas_check.engine.runtime.bounded_compile import receive_frame, send_frame
@@ -191,8 +191,9 @@ class _Worker:
             except Unavailable:
                 pass
 
-    def compile(self, job: Job) -> Answer:
-        """`job` compiled by the worker; raises Unavailable where it cannot be."""
+    def compile(self, job: Job, meanwhile: Callable[[], None] | None = None) -> Answer:
+        """`job` compiled by the worker, `meanwhile` run here while it compiles; raises
+        Unavailable where it cannot be."""
         with self._lock:
             if self._broken:
                 raise Unavailable(self._broken)
@@ -202,6 +203,8 @@ class _Worker:
             try:
                 # (a dict: the worker runs this module as __main__, whose Job is not ours)
                 send_frame(process.stdin, dataclasses.asdict(job))
+                if meanwhile is not None:
+                    meanwhile()  # (its own failures are its own: it must not raise)
                 reply = receive_frame(process.stdout)
             except (EOFError, OSError, pickle.UnpicklingError):
                 return self._ended(process)
@@ -273,9 +276,10 @@ def prestart(topology: str) -> None:
     _worker.prestart(topology)
 
 
-def compile_in_worker(job: Job) -> Answer:
-    """`job` compiled by this process's worker (started when first needed)."""
-    return _worker.compile(job)
+def compile_in_worker(job: Job, meanwhile: Callable[[], None] | None = None) -> Answer:
+    """`job` compiled by this process's worker (started when first needed); `meanwhile`
+    runs in this process while the worker compiles (on another core)."""
+    return _worker.compile(job, meanwhile)
 
 
 def workers_started() -> int:

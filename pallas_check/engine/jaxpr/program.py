@@ -251,10 +251,10 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:
     avals = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
         v.aval.shape, v.aval.dtype,  # type: ignore[attr-defined]
         weak_type=getattr(v.aval, "weak_type", False)) for v in invars]
-    return _DiskCachedSegment(jitted, avals)
+    return DiskCachedSegment(jitted, avals)
 
 
-class _DiskCachedSegment:
+class DiskCachedSegment:
     """A segment compiled for its inputs' types on the engine's device, read from the disk
     cache when another process compiled the same program (a test suite's next run pays no
     segment compile). Called anywhere else, or with inputs of other types, it is the plain
@@ -280,12 +280,25 @@ class _DiskCachedSegment:
         self.run = self.jitted
         device = engine_device()
         if getattr(jax.config, "jax_default_device", None) is device:
-            try:
-                lowered = self.jitted.lower(*self.avals)  # type: ignore[attr-defined]
-                self.run = compile_cached(lowered, device, SEGMENT_COMPILER_OPTIONS)
-            except Exception:  # noqa: BLE001 - JAX compiles (and reports) it as it did
-                self.run = self.jitted
+            self._compile(device)
         return self.run(*args)
+
+    def _compile(self, device: jax.Device) -> None:
+        try:
+            lowered = self.jitted.lower(*self.avals)  # type: ignore[attr-defined]
+            self.run = compile_cached(lowered, device, SEGMENT_COMPILER_OPTIONS)
+        except Exception:  # noqa: BLE001 - JAX compiles (and reports) it as it did
+            self.run = self.jitted
+
+    def prepare(self) -> bool:
+        """Compile (or read back) now, ahead of the first call (`prepare`); whether it had
+        not been."""
+        if self.run != self._first:
+            return False
+        device = engine_device()
+        with jax.default_device(device):
+            self._compile(device)
+        return True
 
 
 # ---------------------------------------------------------------------------------------
