@@ -7,9 +7,6 @@ pallas_call is ever run by another session than the one that lowered it, nor out
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,25 +15,8 @@ from jax.experimental import pallas as pl
 import pallas_check
 from pallas_check.findings.finding import FindingKind
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-JAXPR_TRACE = "/jax/core/compile/jaxpr_trace_duration"
-
-
-@contextlib.contextmanager
-def compiles(event_name: str = BACKEND_COMPILE) -> Iterator[list[str]]:
-    """The names of the programs XLA compiles (or, given JAXPR_TRACE, the functions JAX
-    traces) while open (JAX's monitoring events)."""
-    names: list[str] = []
-
-    def listen(event: str, seconds: float, **kwargs: object) -> None:
-        if event == event_name:
-            names.append(str(kwargs.get("fun_name")))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield names
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+from _jax_events import JAXPR_TRACE
+from _jax_events import events as compiles
 
 
 def _double_kernel(x_ref, o_ref):

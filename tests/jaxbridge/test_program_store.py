@@ -25,9 +25,10 @@ from pallas_check.engine.runtime import disk_cache
 from pallas_check.findings.finding import FindingKind
 from pallas_check.jaxbridge import program_store
 
+from _jax_events import LOWERED, events
+
 pytest_plugins = ["pytester"]
 
-LOWERED = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
 # A script as a test suite's process runs it: plain programs (a reference, a random
 # draw) and a kernel that leaves half its output unwritten, in a checking block.
@@ -176,19 +177,10 @@ def test_a_plain_program_is_lowered_once_across_sessions_and_a_kernels_each_sess
     kernel = jax.jit(pl.pallas_call(_double, out_shape=x))
     lowered: list[list[str]] = []
     for _ in range(2):
-        names: list[str] = []
-
-        def listen(event: str, seconds: float, **kwargs: object) -> None:
-            if event == LOWERED:
-                names.append(str(kwargs.get("fun_name")))
-
-        jax.monitoring.register_event_duration_secs_listener(listen)
-        try:
-            with pallas_check.checking(project=False, races=False, chip_compile=False):
-                plain.lower(x)
-                kernel.lower(x)
-        finally:
-            jax.monitoring.unregister_event_duration_listener(listen)
+        with events(LOWERED) as names, pallas_check.checking(
+                project=False, races=False, chip_compile=False):
+            plain.lower(x)
+            kernel.lower(x)
         lowered.append(names)
     first, second = lowered
     assert sorted(first) == ["jit(<lambda>)", "jit(wrapped)"], first  # (pallas_call's jit)

@@ -13,7 +13,8 @@ from jax.experimental import pallas as pl
 import pallas_check
 from pallas_check.engine.jaxpr import ahead
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+from _jax_events import BACKEND_COMPILE, events
+
 
 
 def _kernel(x_ref, o_ref):
@@ -37,17 +38,8 @@ def _reference(x: np.ndarray) -> np.ndarray:
 
 
 def _compiled_names(fn):
-    names: list[str] = []
-
-    def listen(event: str, seconds: float, **kwargs: object) -> None:
-        if event == BACKEND_COMPILE:
-            names.append(str(kwargs.get("fun_name")))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with events(BACKEND_COMPILE) as names:
         result = fn()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     return result, names
 
 
