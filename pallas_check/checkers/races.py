@@ -34,6 +34,7 @@ from pallas_check.checkers.race_help import race_help
 from pallas_check.checkers.race_history import SWEEP_AFTER, AccessRecord, History
 from pallas_check.checkers.vector_clock import VectorClock
 from pallas_check.engine import events
+from pallas_check.engine.call.event_data import AccessesLeftOut  # declared where it is built
 from pallas_check.engine.call.serial import SerialStart  # declared where it is built
 from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
@@ -69,6 +70,10 @@ _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster
 class RaceChecker(Checker):
     """Collects the races of one simulation of a pallas_call, a listener of the engine's
     happens-before feed (engine/events.py); each race is emitted as a Finding."""
+
+    # Accesses of a buffer nothing writes during the call are left out (no race can
+    # involve them: engine/call/unraced.py), and counted (`on_accesses_left_out`).
+    needs_unwritten_accesses = False
 
     def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
         super().__init__(call, sink)
@@ -328,6 +333,11 @@ class RaceChecker(Checker):
             kernel=self.call.kernel, call_index=self.call.call_index, seed=self.call.seed,
             help=race_help(*accesses),
         ))
+
+    def on_accesses_left_out(self, event: AccessesLeftOut) -> None:
+        """Accesses the engine left out, of buffers no race can involve: checked all the
+        same (CallSummary.races counts them)."""
+        self.checked += event.accesses
 
     # -- the engine's other events, as happens-before edges -------------------------------
     def on_actors_declared(self, event: events.ActorsDeclared) -> None:

@@ -204,7 +204,11 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
             if buffer.fully_written and buffer.data.dtype == dtype:
                 index = index_in_bounds(invals[1:], buffer)
                 if index is not None:
-                    if ctx.call.races is not None:  # all ints: the index is the element's
+                    if ctx.call.races is None:
+                        pass
+                    elif buffer.unraced:  # nothing writes it (engine/call/unraced.py)
+                        ctx.call.left_out_one()
+                    else:  # all ints: the index is the element's
                         ctx.call.access_box(
                             ctx, buffer, _element_box(index),  # type: ignore[arg-type]
                             False, "read", own_frames or current_frames(ctx))
