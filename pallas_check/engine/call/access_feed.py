@@ -36,11 +36,12 @@ class AccessFeed:
     """The access events of a call; CallState sets the fields below."""
 
     feeds: Feeds
-    # Accesses of buffers nothing writes may be left out (`leaves_out`), the ids of the
-    # buffers bound to a ref some equation may write (unraced.py `bind`), and how many
-    # accesses were left out so far.
+    # Accesses of buffers no race can involve may be left out (`leaves_out`), the ids of
+    # the buffers bound to a ref some equation may write, or some other actor than its
+    # core touch (unraced.py `bind`), and how many accesses were left out so far.
     leave_out: bool
     raced_ids: set[int]
+    shared_ids: set[int]
     left_out: int
 
     def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,

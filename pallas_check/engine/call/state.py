@@ -140,7 +140,8 @@ class CallState(CallBuffers, AccessFeed):
         # access touched then).
         self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
         # Accesses of buffers nothing writes in the call may be left out (unraced.py).
-        self.leave_out, self.raced_ids, self.left_out = leaves_out(listeners, self.feeds), set(), 0
+        self.leave_out, self.left_out = leaves_out(listeners, self.feeds), 0
+        self.raced_ids, self.shared_ids = set(), set()
 
     def halted(self) -> None:
         """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""

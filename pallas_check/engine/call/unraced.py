@@ -67,19 +67,21 @@ def _slot_of(ref: Any) -> int | None:
     return ref.position if isinstance(ref, _Slot) else None
 
 
-def _not_written(eqn: JaxprEqn) -> frozenset[int] | None:
-    """The operand positions the equation does not write through (None: all of them):
-    a load's ref, a DMA start's source; a DMA wait names refs only to size what it
-    waits for (what the DMA lands, it writes through its start's destination)."""
+def _kept(eqn: JaxprEqn, own: bool) -> frozenset[int] | None:
+    """The operand positions through which the equation writes nothing (`own` False: a
+    load's ref, a DMA start's source) or through which only the running core touches
+    memory (`own` True: a load's or a store's ref); None: all of them (a DMA wait names
+    refs only to size what it waits for: what the DMA lands, it writes through its
+    start's destination)."""
     p = eqn.primitive
-    if p is prims.ref_get_p:
-        return frozenset({0})
     if p is prims.dma_wait_p:
         return None
+    if p is prims.ref_get_p or (own and p in (prims.ref_swap_p, prims.ref_addupdate_p)):
+        return frozenset({0})
     slots = [_Slot(k) for k in range(len(eqn.invars))]
-    if p is prims.pl_load_p:
+    if p is prims.pl_load_p or (own and p is prims.pl_swap_p):
         ref = _slot_of(eqn_params.args_tree(eqn).unflatten(slots)[0])
-    elif p is prims.dma_start_p:
+    elif p is prims.dma_start_p and not own:
         ref = _slot_of(eqn_params.dma_arguments(eqn, slots)[0])  # its source
     else:
         return frozenset()
@@ -96,13 +98,15 @@ def _nested(eqn: JaxprEqn) -> Iterator[tuple[Jaxpr, list[tuple[Var, Any]]]]:
         yield nested, list(zip(nested.invars, operands))
 
 
-_cache: dict[int, tuple[Jaxpr, frozenset[Var]]] = {}
+_cache: dict[tuple[int, bool], tuple[Jaxpr, frozenset[Var]]] = {}
 
 
-def maybe_written(jaxpr: Jaxpr) -> frozenset[Var]:
-    """The variables of `jaxpr` used otherwise than as a read ref (see the module's
-    docstring): every ref the jaxpr may write is among them."""
-    entry = _cache.get(id(jaxpr))
+def escaping(jaxpr: Jaxpr, own: bool = False) -> frozenset[Var]:
+    """The variables of `jaxpr` used otherwise than as `_kept` says (see the module's
+    docstring). `own` False: every ref the jaxpr may write is among them; True: every
+    ref some other actor than the core running it may touch (a DMA, a parallel_loop's
+    iterations) or that it may write by a primitive we do not know."""
+    entry = _cache.get((id(jaxpr), own))
     if entry is not None and entry[0] is jaxpr:
         return entry[1]
     found: set[Var] = {v for v in jaxpr.outvars if isinstance(v, Var)}
@@ -110,49 +114,58 @@ def maybe_written(jaxpr: Jaxpr) -> frozenset[Var]:
         if eqn.primitive in _NESTING:
             bound: set[int] = set()
             for nested, pairs in _nested(eqn):
-                inner = maybe_written(nested)
+                inner = escaping(nested, own)
                 for var, outer in pairs:
                     bound.add(id(outer))
                     if var in inner and isinstance(outer, Var):
                         found.add(outer)
             found.update(v for v in eqn.invars if id(v) not in bound and isinstance(v, Var))
             continue
-        kept = _not_written(eqn)
+        kept = _kept(eqn, own)
         if kept is not None:
             found.update(v for k, v in enumerate(eqn.invars)
                          if k not in kept and isinstance(v, Var))
-    written = frozenset(found)
-    _cache[id(jaxpr)] = (jaxpr, written)
-    return written
+    result = frozenset(found)
+    _cache[(id(jaxpr), own)] = (jaxpr, result)
+    return result
 
 
 def bind(state: CallState, jaxpr: Jaxpr, kernel_args: Sequence[RefView]) -> None:
     """A core's kernel arguments: the buffers of those its equations may write are
-    raced (`decide`)."""
+    raced, those some other actor may touch are shared (`decide`)."""
     if not state.leave_out:
         return
-    written = maybe_written(jaxpr)
-    if len(kernel_args) != len(jaxpr.invars):  # (not as expected: all count as written)
+    if len(kernel_args) != len(jaxpr.invars):  # (not as expected: all count as both)
         state.raced_ids.update(arg.buffer.id for arg in kernel_args)
+        state.shared_ids.update(arg.buffer.id for arg in kernel_args)
         return
-    state.raced_ids.update(arg.buffer.id for arg, var in zip(kernel_args, jaxpr.invars)
-                           if var in written)
+    written, shared = escaping(jaxpr), escaping(jaxpr, own=True)
+    for arg, var in zip(kernel_args, jaxpr.invars):
+        if var in written:
+            state.raced_ids.add(arg.buffer.id)
+        if var in shared:
+            state.shared_ids.add(arg.buffer.id)
 
 
 _LEFT_OUT_KEYS = frozenset({"smem", "block", "scratch", "hbm"})
 
 
 def decide(state: CallState) -> None:
-    """Before the first actor runs: mark the call's buffers nothing writes in it."""
+    """Before the first actor runs: mark the call's buffers no race can involve."""
     if not state.leave_out or state.carried_dmas or state.carried_landed or state.arriving:
         return
     one_device = state.mesh.num_devices == 1  # (else: kernel entries write private memory)
     for buf in state.registry.values():
         role = buf.key[0] if buf.key else None
-        if (role in _LEFT_OUT_KEYS and not buf.is_output and buf.id not in state.raced_ids
-                and buf.space != MemorySpace.SEMAPHORE
+        if role not in _LEFT_OUT_KEYS or buf.space == MemorySpace.SEMAPHORE:
+            continue
+        if (not buf.is_output and buf.id not in state.raced_ids
                 and (one_device or role in ("smem", "hbm"))):
-            buf.unraced = True
+            buf.unraced = True  # nothing writes it
+        elif (role in ("smem", "block", "scratch") and buf.core is not None and buf.owner
+              and buf.id not in state.shared_ids
+              and buf.space in (MemorySpace.VMEM, MemorySpace.SMEM)):
+            buf.unraced = True  # its core's own: no other actor touches it
 
 
 def kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
