@@ -55,7 +55,7 @@ class AccessFeed:
             return
         buf = region.buffer
         if buf.unraced:  # nothing writes it in this call: no race can involve it
-            self.left_out += len(region.boxes())
+            self.left_out += len(region.boxes()) if region.post else 1
             return
         if frames is None:
             frames = current_frames(ctx)
@@ -83,8 +83,8 @@ class AccessFeed:
     def left_out_of(self, region: Region) -> bool:
         """Whether no race can involve `region`'s buffer (its accesses counted here, then
         left out by the caller: a DMA's read of its source)."""
-        if region.buffer.unraced:
-            self.left_out += len(region.boxes())
+        if region.buffer.unraced:  # (one box unless seen through a reshape / bitcast)
+            self.left_out += len(region.boxes()) if region.post else 1
             return True
         return False
 
