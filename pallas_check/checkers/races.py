@@ -67,6 +67,46 @@ _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster
 #                             constructor, which takes keywords and defaults)
 
 
+class _Released:
+    """What DMAs started by one core released to a sync object: the clock of the one
+    started last (what the core knew then; it knew all the earlier ones' then too), less
+    its own slot, and per DMA slot the latest epoch released. Joined, it is exactly the
+    join of those DMAs' clocks as released: a DMA's clock is its starter's at its start
+    with its own slot set, and changes only in that slot (a DMA waits for nothing)."""
+
+    __slots__ = ("starter", "base", "base_slot", "base_started", "epochs")
+
+    def __init__(self, starter: str) -> None:
+        self.starter = starter
+        self.base: VectorClock | None = None
+        self.base_slot = ""
+        self.base_started = -1
+        self.epochs: dict[str, int] = {}
+
+    def add(self, vc: VectorClock, slot: str, epoch: int, started: int) -> None:
+        """A DMA's clock `vc`, in `slot` at `epoch`, the `started`-th fork, released."""
+        if started > self.base_started:  # (started later: knows all the earlier knew)
+            self.base, self.base_slot, self.base_started = vc, slot, started
+        if self.epochs.get(slot, 0) < epoch:
+            self.epochs[slot] = epoch
+
+    def join_base(self, into: VectorClock) -> None:
+        base, skip, get = self.base, self.base_slot, into.get
+        assert base is not None
+        for slot, epoch in base.items():
+            if slot != skip and get(slot, 0) < epoch:
+                into[slot] = epoch
+
+    def clock(self) -> VectorClock:
+        """As one clock (another starter's DMA releases the same object)."""
+        joined = VectorClock()
+        self.join_base(joined)
+        for slot, epoch in self.epochs.items():
+            if joined.get(slot, 0) < epoch:
+                joined[slot] = epoch
+        return joined
+
+
 class RaceChecker(Checker):
     """Collects the races of one simulation of a pallas_call, a listener of the engine's
     happens-before feed (engine/events.py); each race is emitted as a Finding."""
@@ -99,6 +139,14 @@ class RaceChecker(Checker):
         # How many times an actor's clock learnt from another's (a wait, a join): a
         # repeated access may skip the walk only if its actor's clock did not change.
         self._joins = 0
+        # The call's cores (`declare`): their clocks only grow, so one knows all a DMA it
+        # started knew at its start. What DMAs of one core released to a sync object, not
+        # yet joined into `sync_clocks` (`_release_dma`), and each copy's starter.
+        self._roots: frozenset[str] = frozenset()
+        self._lazy: dict[Hashable, _Released] = {}
+        self._starter: dict[str, str] = {}
+        self._started: dict[str, int] = {}  # DMA in flight -> its fork's number
+        self._forks = 0
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -128,7 +176,8 @@ class RaceChecker(Checker):
                     self.slot_of[child] = old
                     break
         self.clocks[child] = parent_vc.forked(slot, epoch)
-        self._parent[child] = parent
+        self._parent[child] = self._starter[child] = parent
+        self._started[child] = self._forks = self._forks + 1
         if self.live is not None:
             if parent in self.live:
                 self.live.add(child)
@@ -139,6 +188,7 @@ class RaceChecker(Checker):
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
         parent = self._parent.pop(actor, None)
+        self._started.pop(actor, None)
         vc = self.clocks.get(actor)
         if parent is None or vc is None:
             return
@@ -152,6 +202,7 @@ class RaceChecker(Checker):
         access and is dropped (a sweep whenever a buffer's history doubles), so history
         stays bounded by what is live, not by the length of the run."""
         self.live = set(actors)
+        self._roots = frozenset(actors)
         for actor in self.live:
             self.clock(actor)
 
@@ -179,9 +230,15 @@ class RaceChecker(Checker):
         all it did happens before what `actor` does next, and nothing more of it is kept
         (its slot already serves later DMAs), so a long grid's copies cost no memory."""
         vc = self.clocks.pop(finished, None)
-        self.slot_of.pop(finished, None)
+        slot = self.slot_of.pop(finished, finished)
         if vc is not None:
-            self.clock(actor).join(vc)
+            mine = self.clock(actor)
+            if self._starter.pop(finished, None) == actor and actor in self._roots:
+                # (a copy `actor` started: all else it knew, `actor` knows still)
+                if mine.get(slot, 0) < vc[slot]:
+                    mine[slot] = vc[slot]
+            else:
+                mine.join(vc)
             self._joins += 1
 
     def release(self, actor: str, sync_object: Hashable) -> None:
@@ -189,19 +246,51 @@ class RaceChecker(Checker):
         vc = self.clocks.get(actor)
         if vc is None:
             vc = self.clock(actor)
+        slot = self.slot_of.get(actor, actor)
+        starter = self._parent.get(actor)
+        if starter is not None and starter in self._roots:
+            self._release_dma(actor, starter, vc, slot, sync_object)
+        else:
+            self._release_into(sync_object, vc)
+        vc.tick(slot)  # (self._tick(actor))
+
+    def _release_into(self, sync_object: Hashable, vc: VectorClock) -> None:
         released = self.sync_clocks.get(sync_object)
         if released is None:
             self.sync_clocks[sync_object] = vc.copy()
         else:
             released.join(vc)
-        vc.tick(self.slot_of.get(actor, actor))  # (self._tick(actor))
+
+    def _release_dma(self, actor: str, starter: str, vc: VectorClock, slot: str,
+                     sync_object: Hashable) -> None:
+        """A DMA (or copy) that core `starter` started releases `sync_object`. Its clock is
+        what `starter` knew at its start (a DMA joins nothing) and its own slot: kept as
+        the latest such clock and the released epochs per slot (`_Released`), so that
+        `starter`'s wait joins only those epochs instead of every slot (issue 55.4)."""
+        lazy = self._lazy.get(sync_object)
+        if lazy is not None and lazy.starter != starter:
+            self._release_into(sync_object, lazy.clock())
+            lazy = None
+        if lazy is None:
+            lazy = self._lazy[sync_object] = _Released(starter)
+        lazy.add(vc, slot, vc[slot], self._started[actor])
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
         released = self.sync_clocks.get(sync_object)
+        lazy = self._lazy.get(sync_object)
+        if released is None and lazy is None:
+            return
+        mine = self.clock(actor)
         if released is not None:
-            self.clock(actor).join(released)
-            self._joins += 1
+            mine.join(released)
+        if lazy is not None:
+            if lazy.starter != actor:  # (`actor` may not know what the starter knew)
+                lazy.join_base(mine)
+            for slot, epoch in lazy.epochs.items():
+                if mine.get(slot, 0) < epoch:
+                    mine[slot] = epoch
+        self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
     def loop_began(self, actor: str) -> VectorClock:
