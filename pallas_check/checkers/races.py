@@ -32,7 +32,7 @@ from typing import Hashable, Iterable
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
 from pallas_check.checkers.race_history import SWEEP_AFTER, AccessRecord, History
-from pallas_check.checkers.vector_clock import VectorClock
+from pallas_check.checkers.vector_clock import Released, VectorClock
 from pallas_check.engine import events
 from pallas_check.engine.call.event_data import AccessesLeftOut  # declared where it is built
 from pallas_check.engine.call.serial import SerialStart  # declared where it is built
@@ -65,46 +65,6 @@ def _covers(outer: IndexRange, inner: IndexRange) -> bool:
 
 _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
 #                             constructor, which takes keywords and defaults)
-
-
-class _Released:
-    """What DMAs started by one core released to a sync object: the clock of the one
-    started last (what the core knew then; it knew all the earlier ones' then too), less
-    its own slot, and per DMA slot the latest epoch released. Joined, it is exactly the
-    join of those DMAs' clocks as released: a DMA's clock is its starter's at its start
-    with its own slot set, and changes only in that slot (a DMA waits for nothing)."""
-
-    __slots__ = ("starter", "base", "base_slot", "base_started", "epochs")
-
-    def __init__(self, starter: str) -> None:
-        self.starter = starter
-        self.base: VectorClock | None = None
-        self.base_slot = ""
-        self.base_started = -1
-        self.epochs: dict[str, int] = {}
-
-    def add(self, vc: VectorClock, slot: str, epoch: int, started: int) -> None:
-        """A DMA's clock `vc`, in `slot` at `epoch`, the `started`-th fork, released."""
-        if started > self.base_started:  # (started later: knows all the earlier knew)
-            self.base, self.base_slot, self.base_started = vc, slot, started
-        if self.epochs.get(slot, 0) < epoch:
-            self.epochs[slot] = epoch
-
-    def join_base(self, into: VectorClock) -> None:
-        base, skip, get = self.base, self.base_slot, into.get
-        assert base is not None
-        for slot, epoch in base.items():
-            if slot != skip and get(slot, 0) < epoch:
-                into[slot] = epoch
-
-    def clock(self) -> VectorClock:
-        """As one clock (another starter's DMA releases the same object)."""
-        joined = VectorClock()
-        self.join_base(joined)
-        for slot, epoch in self.epochs.items():
-            if joined.get(slot, 0) < epoch:
-                joined[slot] = epoch
-        return joined
 
 
 class RaceChecker(Checker):
@@ -143,7 +103,7 @@ class RaceChecker(Checker):
         # started knew at its start. What DMAs of one core released to a sync object, not
         # yet joined into `sync_clocks` (`_release_dma`), and each copy's starter.
         self._roots: frozenset[str] = frozenset()
-        self._lazy: dict[Hashable, _Released] = {}
+        self._lazy: dict[Hashable, Released] = {}
         self._starter: dict[str, str] = {}
         self._started: dict[str, int] = {}  # DMA in flight -> its fork's number
         self._forks = 0
@@ -265,14 +225,14 @@ class RaceChecker(Checker):
                      sync_object: Hashable) -> None:
         """A DMA (or copy) that core `starter` started releases `sync_object`. Its clock is
         what `starter` knew at its start (a DMA joins nothing) and its own slot: kept as
-        the latest such clock and the released epochs per slot (`_Released`), so that
+        the latest such clock and the released epochs per slot (`Released`), so that
         `starter`'s wait joins only those epochs instead of every slot (issue 55.4)."""
         lazy = self._lazy.get(sync_object)
         if lazy is not None and lazy.starter != starter:
             self._release_into(sync_object, lazy.clock())
             lazy = None
         if lazy is None:
-            lazy = self._lazy[sync_object] = _Released(starter)
+            lazy = self._lazy[sync_object] = Released(starter)
         lazy.add(vc, slot, vc[slot], self._started[actor])
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:

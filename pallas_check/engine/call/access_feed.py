@@ -11,8 +11,10 @@ checking cost there (benchmarks/README.md, issue 55.4).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pallas_check.engine.call.event_data import AccessesLeftOut
-from pallas_check.engine.events import Feeds, Listener, kinds_taken, make_access
+from pallas_check.engine.events import Access, Feeds, Listener, kinds_taken, make_access
 from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import Buffer
 from pallas_check.engine.memory.region import Region
@@ -36,6 +38,7 @@ class AccessFeed:
     """The access events of a call; CallState sets the fields below."""
 
     feeds: Feeds
+    races: tuple[Callable[[Access], None], ...] | None
     # Accesses of buffers no race can involve may be left out (`leaves_out`), the ids of
     # the buffers bound to a ref some equation may write, or some other actor than its
     # core touch (unraced.py `bind`), and how many accesses were left out so far.
@@ -43,6 +46,14 @@ class AccessFeed:
     raced_ids: set[int]
     shared_ids: set[int]
     left_out: int
+
+    def start_access_feed(self, listeners: tuple[Listener, ...]) -> None:
+        """Once `feeds` are made: the listeners fed accesses (`races`, None when none is:
+        rules skip resolving what an access touched then), and whether accesses of
+        buffers no race can involve may be left out (unraced.py decides which)."""
+        self.races = self.feeds.access or None
+        self.leave_out, self.left_out = leaves_out(listeners, self.feeds), 0
+        self.raced_ids, self.shared_ids = set(), set()
 
     def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,
                actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,

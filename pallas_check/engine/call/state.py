@@ -5,7 +5,7 @@ one core running kernel code (`CoreContext`)."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from pallas_check.engine.call.revisit import RevisitRecord
 from pallas_check.engine.dma.engine import Dma, DmaCore, SemCell, SyncState
 from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
-from pallas_check.engine.call.access_feed import AccessFeed, leaves_out
+from pallas_check.engine.call.access_feed import AccessFeed
 from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
     Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
@@ -136,12 +136,7 @@ class CallState(CallBuffers, AccessFeed):
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
         self.feeds = Feeds(listeners)
-        # The listeners fed accesses, None when none is (rules skip resolving what an
-        # access touched then).
-        self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
-        # Accesses of buffers nothing writes in the call may be left out (unraced.py).
-        self.leave_out, self.left_out = leaves_out(listeners, self.feeds), 0
-        self.raced_ids, self.shared_ids = set(), set()
+        self.start_access_feed(listeners)
 
     def halted(self) -> None:
         """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""
