@@ -129,8 +129,9 @@ class RaceChecker(Checker):
         slot, epoch = child, 1
         free = self._free.get(parent)
         if free:
+            seen = parent_vc.get
             for i, (old, needed, start) in enumerate(free[:4]):
-                if parent_vc.has_seen(old, needed):  # parent saw all the old DMA did
+                if needed <= seen(old, 0):  # parent saw all the old DMA did (has_seen)
                     del free[i]
                     slot, epoch = old, start
                     self.slot_of[child] = old
