@@ -109,6 +109,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", type=Path, required=True)
     parser.add_argument("--samples", default="*", help="a glob of sample names")
+    parser.add_argument("--after", default="", help="only samples named after this one"
+                        " (to resume a run)")
+    parser.add_argument("--variants", choices=("both", "plain", "random"), default="both",
+                        help="the `Run:` flags, `--dma random --schedules 3`, or both")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--kernel", help=argparse.SUPPRESS)
@@ -118,14 +122,16 @@ def main() -> int:
         return 0
     trees = (ROOT, args.against.resolve())
     jobs: list[tuple[str, object]] = []
+    if not args.no_kernels:  # (first: the kernels race checking costs most on)
+        jobs += [(f"kernel {key}", lambda tree, k=key: _kernel(tree, k)) for key in KERNELS]
+    variants = {"both": ([], ["--dma", "random", "--schedules", "3"]), "plain": ([],),
+                "random": (["--dma", "random", "--schedules", "3"],)}[args.variants]
     for sample in sorted((ROOT / "samples").glob("*.py")):
-        if fnmatch.fnmatch(sample.name, args.samples + ("" if args.samples.endswith(".py")
-                                                         else ".py")):
-            for extra in ([], ["--dma", "random", "--schedules", "3"]):
+        if sample.name > args.after and fnmatch.fnmatch(
+                sample.name, args.samples + ("" if args.samples.endswith(".py") else ".py")):
+            for extra in variants:
                 jobs.append((f"{sample.name} {' '.join(extra)}".strip(),
                              lambda tree, s=sample, e=extra: _sample(tree, s, e)))
-    if not args.no_kernels:
-        jobs += [(f"kernel {key}", lambda tree, k=key: _kernel(tree, k)) for key in KERNELS]
     differ = summaries = findings = 0
 
     def both(job: tuple[str, object]) -> tuple[str, list, list]:
