@@ -12,10 +12,10 @@ What may write a buffer, decided soundly before the call: the kernel's equations
 off its jaxpr the other way round from the compiled tier (compiled/jaxpr_facts.py, which
 lists what a loop may write): a kernel ref counts as read only if EVERY use of it is a
 known read (a load, `ref_get` / `pl.load`; a DMA's source; a DMA wait, which names
-refs only to size what it waits for) or passes it into a jaxpr of
-a control-flow primitive (cond, while, scan, jit, run_scoped, custom_jvp/vjp) whose
-uses of it are all reads in turn. Any other use (a store, a DMA's destination, a
-SparseCore primitive, a parallel_loop, an equation we do not know) counts as a write. A
+refs only to size what it waits for) or passes it into a jaxpr of a control-flow
+primitive (cond, while, scan, jit, run_scoped, custom_jvp/vjp) whose uses of it are all
+reads in turn. Any other use (a store, a DMA's destination, a SparseCore primitive, a
+parallel_loop, an equation we do not know) counts as a write. A
 remote DMA names its destination by the local ref, so every device's copy of a ref some
 DMA may write is written. Outside the equations: the BlockSpec pipeline writes back the
 call's outputs (`is_output`: never left out); a DMA carried in from an earlier call lands
@@ -24,11 +24,18 @@ device's VMEM and SMEM blocks and scratch are written at its kernel entry (`kern
 left out only where there is one device). Buffers allocated during the call (run_scoped)
 are never left out.
 
-The engine then builds no event for an access of a left-out buffer (`Buffer.unraced`) but
-counts it (event_data.py `AccessesLeftOut`, at the end of the run: `accesses_checked`
-is unchanged). It does so only where every listener of accesses says it reads them for races alone
-(`Listener.needs_unwritten_accesses`), as the race checker does; a recorder or any other
-listener gets them all.
+Likewise a buffer only its core ever touches (`escaping(..., own=True)`: a VMEM or SMEM
+block, scratch or scalar prefetch copy of one core whose every use is that core's load or
+store: no DMA, no parallel_loop's iterations, no primitive we do not know): one actor's
+accesses are ordered by program order (DMAs and other cores are the other actors:
+DESIGN.md, "Memory model"), and a BlockSpec pipeline copy's event carries its HBM block
+only (state.py `on_copy_moved`), never the VMEM block.
+
+The engine then builds no event for an access of a left-out buffer (`Buffer.unraced`)
+but counts it (event_data.py `AccessesLeftOut`, at the end of the run:
+`accesses_checked` is unchanged). It does so only where every listener of accesses says
+it reads them for races alone (`Listener.needs_unwritten_accesses`), as the race checker
+does; a recorder or any other listener gets them all.
 """
 
 from __future__ import annotations
