@@ -32,8 +32,9 @@ from typing import Hashable, Iterable
 from pallas_check.checkers.base import Checker
 from pallas_check.checkers.race_help import race_help
 from pallas_check.checkers.race_history import SWEEP_AFTER, AccessRecord, History
-from pallas_check.checkers.vector_clock import VectorClock
+from pallas_check.checkers.vector_clock import Released, VectorClock
 from pallas_check.engine import events
+from pallas_check.engine.call.event_data import AccessesLeftOut  # declared where it is built
 from pallas_check.engine.call.serial import SerialStart  # declared where it is built
 from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
@@ -70,6 +71,10 @@ class RaceChecker(Checker):
     """Collects the races of one simulation of a pallas_call, a listener of the engine's
     happens-before feed (engine/events.py); each race is emitted as a Finding."""
 
+    # Accesses of a buffer nothing writes during the call are left out (no race can
+    # involve them: engine/call/unraced.py), and counted (`on_accesses_left_out`).
+    needs_unwritten_accesses = False
+
     def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
         super().__init__(call, sink)
         self.clocks: dict[str, VectorClock] = {}
@@ -94,6 +99,14 @@ class RaceChecker(Checker):
         # How many times an actor's clock learnt from another's (a wait, a join): a
         # repeated access may skip the walk only if its actor's clock did not change.
         self._joins = 0
+        # The call's cores (`declare`): their clocks only grow, so one knows all a DMA it
+        # started knew at its start. What DMAs of one core released to a sync object, not
+        # yet joined into `sync_clocks` (`_release_dma`), and each copy's starter.
+        self._roots: frozenset[str] = frozenset()
+        self._lazy: dict[Hashable, Released] = {}
+        self._starter: dict[str, str] = {}
+        self._started: dict[str, int] = {}  # DMA in flight -> its fork's number
+        self._forks = 0
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -116,14 +129,16 @@ class RaceChecker(Checker):
         slot, epoch = child, 1
         free = self._free.get(parent)
         if free:
+            seen = parent_vc.get
             for i, (old, needed, start) in enumerate(free[:4]):
-                if parent_vc.has_seen(old, needed):  # parent saw all the old DMA did
+                if needed <= seen(old, 0):  # parent saw all the old DMA did (has_seen)
                     del free[i]
                     slot, epoch = old, start
                     self.slot_of[child] = old
                     break
         self.clocks[child] = parent_vc.forked(slot, epoch)
-        self._parent[child] = parent
+        self._parent[child] = self._starter[child] = parent
+        self._started[child] = self._forks = self._forks + 1
         if self.live is not None:
             if parent in self.live:
                 self.live.add(child)
@@ -134,6 +149,7 @@ class RaceChecker(Checker):
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
         parent = self._parent.pop(actor, None)
+        self._started.pop(actor, None)
         vc = self.clocks.get(actor)
         if parent is None or vc is None:
             return
@@ -147,6 +163,7 @@ class RaceChecker(Checker):
         access and is dropped (a sweep whenever a buffer's history doubles), so history
         stays bounded by what is live, not by the length of the run."""
         self.live = set(actors)
+        self._roots = frozenset(actors)
         for actor in self.live:
             self.clock(actor)
 
@@ -174,9 +191,15 @@ class RaceChecker(Checker):
         all it did happens before what `actor` does next, and nothing more of it is kept
         (its slot already serves later DMAs), so a long grid's copies cost no memory."""
         vc = self.clocks.pop(finished, None)
-        self.slot_of.pop(finished, None)
+        slot = self.slot_of.pop(finished, finished)
         if vc is not None:
-            self.clock(actor).join(vc)
+            mine = self.clock(actor)
+            if self._starter.pop(finished, None) == actor and actor in self._roots:
+                # (a copy `actor` started: all else it knew, `actor` knows still)
+                if mine.get(slot, 0) < vc[slot]:
+                    mine[slot] = vc[slot]
+            else:
+                mine.join(vc)
             self._joins += 1
 
     def release(self, actor: str, sync_object: Hashable) -> None:
@@ -184,19 +207,51 @@ class RaceChecker(Checker):
         vc = self.clocks.get(actor)
         if vc is None:
             vc = self.clock(actor)
+        slot = self.slot_of.get(actor, actor)
+        starter = self._parent.get(actor)
+        if starter is not None and starter in self._roots:
+            self._release_dma(actor, starter, vc, slot, sync_object)
+        else:
+            self._release_into(sync_object, vc)
+        vc.tick(slot)  # (self._tick(actor))
+
+    def _release_into(self, sync_object: Hashable, vc: VectorClock) -> None:
         released = self.sync_clocks.get(sync_object)
         if released is None:
             self.sync_clocks[sync_object] = vc.copy()
         else:
             released.join(vc)
-        vc.tick(self.slot_of.get(actor, actor))  # (self._tick(actor))
+
+    def _release_dma(self, actor: str, starter: str, vc: VectorClock, slot: str,
+                     sync_object: Hashable) -> None:
+        """A DMA (or copy) that core `starter` started releases `sync_object`. Its clock is
+        what `starter` knew at its start (a DMA joins nothing) and its own slot: kept as
+        the latest such clock and the released epochs per slot (`Released`), so that
+        `starter`'s wait joins only those epochs instead of every slot (issue 55.4)."""
+        lazy = self._lazy.get(sync_object)
+        if lazy is not None and lazy.starter != starter:
+            self._release_into(sync_object, lazy.clock())
+            lazy = None
+        if lazy is None:
+            lazy = self._lazy[sync_object] = Released(starter)
+        lazy.add(vc, slot, vc[slot], self._started[actor])
 
     def acquire(self, actor: str, sync_object: Hashable) -> None:
         """`actor` waited on `sync_object`: what was released to it happens before now."""
         released = self.sync_clocks.get(sync_object)
+        lazy = self._lazy.get(sync_object)
+        if released is None and lazy is None:
+            return
+        mine = self.clock(actor)
         if released is not None:
-            self.clock(actor).join(released)
-            self._joins += 1
+            mine.join(released)
+        if lazy is not None:
+            if lazy.starter != actor:  # (`actor` may not know what the starter knew)
+                lazy.join_base(mine)
+            for slot, epoch in lazy.epochs.items():
+                if mine.get(slot, 0) < epoch:
+                    mine[slot] = epoch
+        self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
     def loop_began(self, actor: str) -> VectorClock:
@@ -328,6 +383,11 @@ class RaceChecker(Checker):
             kernel=self.call.kernel, call_index=self.call.call_index, seed=self.call.seed,
             help=race_help(*accesses),
         ))
+
+    def on_accesses_left_out(self, event: AccessesLeftOut) -> None:
+        """Accesses the engine left out, of buffers no race can involve: checked all the
+        same (CallSummary.races counts them)."""
+        self.checked += event.accesses
 
     # -- the engine's other events, as happens-before edges -------------------------------
     def on_actors_declared(self, event: events.ActorsDeclared) -> None:

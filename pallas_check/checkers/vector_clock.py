@@ -6,6 +6,9 @@ actor's name, or a slot a finished DMA left for a later one to reuse; the epoch 
 many steps the slot's owner had made. An access is stamped with an epoch, its slot's
 value at the time; it happened before a clock that has reached that value in that slot.
 
+`Released`: what DMAs started by one core released to a sync object, kept so that the
+core's own wait joins only their epochs (issue 55.4).
+
 Slots a clock has never heard of read as 0, so clocks hold only the slots they know of
 (a few cores and the DMAs in flight), not one entry per actor of the call.
 """
@@ -63,3 +66,43 @@ class VectorClock(dict[str, int]):
 
     def __repr__(self) -> str:
         return f"VectorClock({dict.__repr__(self)})"
+
+
+class Released:
+    """What DMAs started by one core released to a sync object: the clock of the one
+    started last (what the core knew then; it knew all the earlier ones' then too), less
+    its own slot, and per DMA slot the latest epoch released. Joined, it is exactly the
+    join of those DMAs' clocks as released: a DMA's clock is its starter's at its start
+    with its own slot set, and changes only in that slot (a DMA waits for nothing)."""
+
+    __slots__ = ("starter", "base", "base_slot", "base_started", "epochs")
+
+    def __init__(self, starter: str) -> None:
+        self.starter = starter
+        self.base: VectorClock | None = None
+        self.base_slot = ""
+        self.base_started = -1
+        self.epochs: dict[str, int] = {}
+
+    def add(self, vc: VectorClock, slot: str, epoch: int, started: int) -> None:
+        """A DMA's clock `vc`, in `slot` at `epoch`, the `started`-th fork, released."""
+        if started > self.base_started:  # (started later: knows all the earlier knew)
+            self.base, self.base_slot, self.base_started = vc, slot, started
+        if self.epochs.get(slot, 0) < epoch:
+            self.epochs[slot] = epoch
+
+    def join_base(self, into: VectorClock) -> None:
+        base, skip, get = self.base, self.base_slot, into.get
+        assert base is not None
+        for slot, epoch in base.items():
+            if slot != skip and get(slot, 0) < epoch:
+                into[slot] = epoch
+
+    def clock(self) -> VectorClock:
+        """As one clock (another starter's DMA releases the same object)."""
+        joined = VectorClock()
+        self.join_base(joined)
+        for slot, epoch in self.epochs.items():
+            if joined.get(slot, 0) < epoch:
+                joined[slot] = epoch
+        return joined

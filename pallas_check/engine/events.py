@@ -266,6 +266,11 @@ class Listener:
     """Takes the events it overrides a method for (or defines `on_<kind>` for, a kind
     registered by an engine module); the others are never called for it."""
 
+    # False: the listener reads accesses (`on_access`, a DMA's or copy's) for races alone,
+    # so those of buffers nothing writes during the call, which no race can involve, may
+    # be left out (engine/call/unraced.py); it learns how many by `accesses_left_out`.
+    needs_unwritten_accesses = True
+
     def on_access(self, event: Access) -> None: ...
     def on_actors_declared(self, event: ActorsDeclared) -> None: ...
     def on_kernel_entered(self, event: KernelEntered) -> None: ...

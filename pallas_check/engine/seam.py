@@ -90,6 +90,11 @@ class RunningCall(DmaCall, Protocol):
     def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
                    operation: str, frames: tuple[SourceFrame, ...]) -> None: ...
 
+    def left_out_one(self) -> None: ...
+
+    # Accesses of `unraced` buffers left out so far (engine/call/access_feed.py).
+    left_out: int
+
     def on_write(self, ctx: RunningCore, region: Region) -> None: ...
 
     def out_of_bounds(self, ctx: RunningCore, region: Region, operation: str,

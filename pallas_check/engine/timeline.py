@@ -121,6 +121,8 @@ class Timeline(Listener):
     """Records one schedule of one call (see the module docstring): a listener of the
     engine's events, and the scheduler's observer."""
 
+    needs_unwritten_accesses = False  # (it reads no access: a DMA's or copy's moments only)
+
     def __init__(self, kernel: str, call_index: int, seed: int,
                  sink: MarkSink | None = None, limit: int = 0) -> None:
         self.kernel, self.call_index, self.seed = kernel, call_index, seed

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
+from pallas_check.checkers.races import RaceChecker
 from pallas_check.checkers.vector_clock import VectorClock
+from pallas_check.engine.events import CallFacts, FindingList
+from pallas_check.findings.finding import KernelInfo
 
 SLOTS = st.sampled_from(["core 0", "core 1", "dma0", "dma1", "slot 0"])
 EPOCHS = st.dictionaries(SLOTS, st.integers(min_value=0, max_value=50), max_size=5)
@@ -106,3 +109,35 @@ def test_an_empty_clock_knows_nothing():
     assert not empty.has_seen("core 0", 1)
     empty.join(VectorClock({"core 0": 2}))
     assert empty == VectorClock({"core 0": 2})
+
+
+def _checker() -> RaceChecker:
+    """A race checker of two cores."""
+    races = RaceChecker(CallFacts(KernelInfo("kernel"), 0, None, True), FindingList())
+    races.declare(["core 0", "core 1"])
+    return races
+
+
+def test_a_cores_wait_for_its_own_dmas_learns_what_the_full_join_learns() -> None:
+    """`Released` (issue 55.4): DMAs of core 0 released to one semaphore, out of the order
+    they started; core 0's wait joins only their epochs, core 1's the whole clock. Both
+    end where joining every released clock, as released, ends."""
+    races = _checker()
+    for dma in ("d1", "d2", "d3"):
+        races.fork("core 0", dma)
+        races.acquire("core 0", "other")  # (nothing released there: no change)
+    races.release("core 1", "barrier")
+    races.acquire("core 0", "barrier")
+    races.fork("core 0", "d4")  # started after core 0 learnt core 1's epoch
+    expected = VectorClock()
+    for dma in ("d3", "d1", "d4", "d2"):  # released out of start order
+        expected.join(races.clocks[dma])  # as released (before the release's tick)
+        races.release(dma, "sem")
+    core0, core1 = races.clock("core 0").copy(), races.clock("core 1").copy()
+    core0.join(expected)
+    core1.join(expected)
+    races.acquire("core 0", "sem")
+    races.acquire("core 1", "sem")
+    assert races.clock("core 0") == core0
+    assert races.clock("core 1") == core1
+    assert core1["core 1"] and core1.get("d4") and core1.get("d1")  # (it learnt them all)

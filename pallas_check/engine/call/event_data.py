@@ -6,11 +6,12 @@ frames. These builders run only where some listener takes the event (see `Feeds`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from pallas_check.engine.events import Access, Cell, DmaMoved, DmaStarted, make_access
+from pallas_check.engine.events import (Access, Cell, DmaMoved, DmaStarted, event_kind,
+                                        make_access)
 from pallas_check.engine.verdicts import (AbsentSubcore, BlockedWait, Deadlocked, DmaNotWaited,
                                           SemaphoreLeft, SerialCores, StalledBarrier, Where)
 from pallas_check.engine.call.serial import SERIAL_START
@@ -23,6 +24,15 @@ if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.dma.engine import Dma, SyncState
     from pallas_check.engine.memory.buffer import Buffer
     from pallas_check.engine.runtime.scheduler import Deadlock, Scheduler, Wait
+
+
+@event_kind
+class AccessesLeftOut(NamedTuple):
+    """At the end of a run: how many accesses of buffers no race can involve were left
+    out of the access feed (engine/call/unraced.py; the race checker counts them as
+    checked, so `accesses_checked` is what it was)."""
+
+    accesses: int
 
 
 # Who runs (state.py's CoreContext): the DMA wing's `Runner`.
@@ -79,15 +89,18 @@ def dma_started(ctx: Core, dma: Dma, carried: bool = False,
                       bool(dma.read_done))
 
 
-def dma_moved(dma: Dma, landed: bool, cells: Callable[[SemCell], Cell] = cell) -> DmaMoved:
-    """The DMA's read (with its send semaphore) or its write (its receive semaphore)."""
+def dma_moved(dma: Dma, landed: bool, cells: Callable[[SemCell], Cell] = cell,
+              unraced: bool = False) -> DmaMoved:
+    """The DMA's read (with its send semaphore) or its write (its receive semaphore);
+    `unraced`: no race can involve its source, whose read is left out."""
     if landed:
         moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
                          dma.grid_point)
         if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
             moved = tuple(a._replace(operation="DMA add", atomic_add=True) for a in moved)
         return DmaMoved(dma.id, dma.actor_name, True, moved, cells(dma.dst_sem))
-    moved = accesses(dma.actor_name, dma.src, False, "DMA read", dma.frames, dma.grid_point)
+    moved = () if unraced else accesses(dma.actor_name, dma.src, False, "DMA read",
+                                        dma.frames, dma.grid_point)
     return DmaMoved(dma.id, dma.actor_name, False, moved,
                     cells(dma.src_sem) if dma.src_sem is not None else None)
 

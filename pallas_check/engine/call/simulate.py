@@ -28,8 +28,8 @@ from pallas_check.jaxbridge import keys
 from pallas_check.jaxbridge.call import CallParams, CallDescription, describe
 from pallas_check.engine.call.pipeline import _core_body, _finish_dmas
 from pallas_check.engine.dma.engine import CellKey
-from pallas_check.engine.call import event_data, serial
-from pallas_check.engine.events import Access, ActorsDeclared, KernelEntered
+from pallas_check.engine.call import event_data, serial, unraced
+from pallas_check.engine.events import ActorsDeclared
 from pallas_check.engine.verdicts import CallEnded, OutputUnwritten
 from pallas_check.engine.jaxpr.halts import CallHalted, EngineBug, KernelError
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
@@ -37,8 +37,6 @@ from pallas_check.engine.jaxpr.program import current_frames
 from pallas_check.engine.memory.buffer import (Buffer, MemorySpace, RefView, fill_value,
                                                memory_space_name)
 from pallas_check.engine.runtime.scheduler import Actor, Deadlock
-from pallas_check.findings.finding import SourceFrame
-from pallas_check.findings.sourceinfo import code_line
 from pallas_check.engine.call.parts import (CallInputs, CallPlace, Handover, ScheduleRun,
                                             SemaphoreLayout, Simulation)
 from pallas_check.engine.call.state import CallState, CoreContext
@@ -310,6 +308,7 @@ def _core(state: CallState, layout: _Layout, device: int, core_id: int,
             buf = state.allocate(var.aval, name, owner=ctx.actor)
             kernel_args.append(RefView(state.register(buf, device, core_id,
                                                       ("scratch", position))))
+    unraced.bind(state, layout.jaxpr, kernel_args)
     ctx.private_buffers = [arg.buffer for arg in kernel_args[len(scalars):]
                            if arg.buffer.space in (MemorySpace.VMEM, MemorySpace.SMEM)
                            and arg.buffer.core is not None]
@@ -354,7 +353,8 @@ def _run(state: CallState, contexts: list[CoreContext], actors: list[Actor],
         for dma in state.carried_landed:  # landed in an earlier call, waited in this one
             state.tell(event_data.dma_moved(dma, landed=True)._replace(replayed=True))
     if state.feeds.kernel_entered and state.mesh.num_devices > 1:
-        _kernel_entries(state, contexts)
+        unraced.kernel_entries(state, contexts)
+    unraced.decide(state)  # (the buffers no race can involve: after DMAs carried in)
     try:
         # Scalar segments (engine/jaxpr/scalar.py) run on numpy scalars, whose integer
         # overflow wraps as XLA's does; numpy would warn at each: silenced once for the whole call.
@@ -447,22 +447,6 @@ def _outside_equations(state: CallState, contexts: list[CoreContext],
                          where=f"in {running.name}{at}")
     return EngineBug(exc, where=f"in {running.name}{at}, outside the kernel's equations:"
                                 " its BlockSpec pipeline or program")
-
-
-def _kernel_entries(state: CallState, contexts: list[CoreContext]) -> None:
-    """Each device's VMEM and SMEM (blocks and scratch) become the kernel's when the device
-    enters the kernel; before that they may hold another kernel's data. A remote DMA from
-    another device that lands there with no barrier ordering the entry before the copy
-    races with the entry, and is reported at the copy's line. The cores of one device
-    enter together (the compiler's entry rendezvous), so a DMA between them does not."""
-    kernel = state.kernel
-    frames = (SourceFrame(kernel.file, kernel.line, kernel.name,
-                          code_line(kernel.file, kernel.line)),) if kernel.file else ()
-    state.tell(KernelEntered(
-        tuple(Access(ctx.actor, buf.id, buf.name, buf.space, tuple((0, n) for n in buf.shape),
-                     True, "kernel entry (its memory becomes the kernel's)", frames, None)
-              for ctx in contexts for buf in ctx.private_buffers),
-        tuple((ctx.actor, ctx.device_id) for ctx in contexts)))
 
 
 def _outputs(state: CallState, device_hbm_outputs: list[list[Buffer]],

@@ -5,7 +5,7 @@ one core running kernel code (`CoreContext`)."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -16,9 +16,10 @@ from pallas_check.engine.call.revisit import RevisitRecord
 from pallas_check.engine.dma.engine import Dma, DmaCore, SemCell, SyncState
 from pallas_check.engine.call import event_data
 from pallas_check.engine.call.buffers import CallBuffers
+from pallas_check.engine.call.access_feed import AccessFeed
 from pallas_check.engine.events import (
     KIND_OF, Access, AtBarrier, CallFacts, CopyMoved, CopyStarted, CopyWaited, CoreDone, Event,
-    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited, make_access)
+    Feeds, Found, GridStep, KernelPrint, Listener, Signalled, Waited)
 from pallas_check.engine.verdicts import (BlockOutOfBounds, CheckFailed, DeviceOutOfBounds,
                                           OutOfBounds, UnboundedDma, UninitRead, UnlandedDma)
 from pallas_check.engine.dma.policy import DmaPolicy, policy_for
@@ -51,7 +52,7 @@ def _facts(run: Simulation) -> CallFacts:
                      bool(config.races) and run.report)
 
 
-class CallState(CallBuffers):
+class CallState(CallBuffers, AccessFeed):
     """Everything one simulation of one pallas_call owns; discarded when it ends. Built
     whole from its parts: what the simulation is, where the call runs, what it shares with
     the runs around it; the rest is the state the run itself changes."""
@@ -135,9 +136,7 @@ class CallState(CallBuffers):
         if self.timeline is not None:  # first: it sees each moment before its findings
             listeners = (self.timeline, *listeners)
         self.feeds = Feeds(listeners)
-        # The listeners fed accesses, None when none is (rules skip resolving what an
-        # access touched then).
-        self.races: tuple[Callable[[Access], None], ...] | None = self.feeds.access or None
+        self.start_access_feed(listeners)
 
     def halted(self) -> None:
         """The kernel never finished: deadlocked, or halted by a finding (CallHalted)."""
@@ -181,6 +180,7 @@ class CallState(CallBuffers):
         came before a DMA into its memory landed now names that DMA's wait, if one came
         later."""
         self.feeds.without("found")
+        self.tell_left_out()
         if self.timeline is not None:
             self.timeline.finish()
         for i, dma in self._unlanded:
@@ -189,35 +189,7 @@ class CallState(CallBuffers):
                 self.uninit_reads[i] = read._replace(dma=read.dma._replace(wait=dma.waited_at))
         self._unlanded.clear()
 
-    # -- the engine's moments, as events -------------------------------------------------
-    def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,
-               actor: str | None = None, frames: tuple[SourceFrame, ...] | None = None,
-               atomic_add: bool = False) -> None:
-        """An actor touched a region (only the race checker listens; the callers skip
-        this when `races` is None). `atomic_add`: an atomic read-modify-write add, which
-        never races with another."""
-        takers = self.feeds.access
-        if not takers:
-            return
-        if frames is None:
-            frames = current_frames(ctx)
-        buf, actor, point = region.buffer, actor or ctx.actor, ctx.grid_point
-        for box in region.boxes():  # one box unless seen through a reshape / bitcast
-            event = make_access((actor, buf.id, buf.name, buf.space, box, is_write, operation,
-                                 frames, point, atomic_add))
-            for take in takers:
-                take(event)
-
-    def access_box(self, ctx: RunningCore, buffer: Buffer, box: IndexRange, is_write: bool,
-                   operation: str, frames: tuple[SourceFrame, ...]) -> None:
-        """`access` of one box of `buffer` the caller already knows, with its frames (a
-        scalar read by in-bounds indices, engine/rules/access.py: no region is made for
-        it)."""
-        event = make_access((ctx.actor, buffer.id, buffer.name, buffer.space, box, is_write,
-                             operation, frames, ctx.grid_point, False))
-        for take in self.feeds.access:
-            take(event)
-
+    # -- the engine's moments, as events (accesses: access_feed.py) ---------------------
     def out_of_bounds(self, ctx: RunningCore, region: Region, operation: str,
                       mask: np.ndarray | None) -> None:
         if mask is not None and not masked_out_of_bounds(region, mask):
@@ -313,10 +285,6 @@ class CallState(CallBuffers):
             dma.actor_name, int(np.count_nonzero(unwritten)) or int(np.prod(src.out_shape)),
             note))
 
-    def on_write(self, ctx: RunningCore, region: Region) -> None:
-        if self.feeds.access:
-            self.access(ctx, region, True, "write")
-
     def on_grid_step(self, ctx: "CoreContext", point: tuple[int, ...]) -> None:
         """A core begins a grid step."""
         if self.feeds.grid_step:
@@ -346,12 +314,17 @@ class CallState(CallBuffers):
         """The copy read its HBM block (copy-in) or wrote it (write-back), and ended;
         `hbm_range` None: an empty block, nothing touched."""
         if self.feeds.copy_moved:
-            access = None if hbm_range is None else Access(
+            access = None if hbm_range is None or self._copy_left_out(hbm) else Access(
                 name, hbm.id, hbm.name, hbm.space, hbm_range, writes_back,
                 "DMA write" if writes_back else "DMA read", frames, grid_point)
             event = CopyMoved(name, access)
             for take in self.feeds.copy_moved:
                 take(event)
+
+    def _copy_left_out(self, hbm: Buffer) -> bool:
+        if hbm.unraced:  # nothing writes it in this call (unraced.py): counted, left out
+            self.left_out_one()
+        return hbm.unraced
 
     def on_copy_waited(self, ctx: "CoreContext", name: str) -> None:
         """The core waited for the copy: what the copy did happened before what the core
@@ -371,7 +344,7 @@ class CallState(CallBuffers):
     def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, False, self.cells)
+            event = event_data.dma_moved(dma, False, self.cells, self.left_out_of(dma.src))
             for take in self.feeds.dma_moved:
                 take(event)
 

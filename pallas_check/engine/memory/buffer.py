@@ -143,7 +143,7 @@ class Buffer:
 
     __slots__ = ("id", "name", "space", "data", "_written", "fully_written", "owner", "key",
                  "device", "core", "_unwritten", "_borrowed", "is_output", "_lent",
-                 "_lend_ok")
+                 "_lend_ok", "unraced")
 
     def __init__(
         self,
@@ -161,6 +161,9 @@ class Buffer:
         self._lent = False  # a read returned a view of `data`: see `writable`
         self._lend_ok = True  # reads may return views (`lend`)
         self.is_output = False  # a call's output (in HBM, or its block in VMEM)
+        # Nothing writes it during the call, so no race can involve it: its accesses
+        # build no event for the race checker (engine/call/unraced.py).
+        self.unraced = False
         self.owner = owner
         # Where the buffer sits in the kernel (set when registered with a call).
         self.key: BufferKey = ()

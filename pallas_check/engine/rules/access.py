@@ -49,7 +49,10 @@ def access_read(ctx: RunningCore, view: RefView | None, mask: np.ndarray | None 
         ctx.call.out_of_bounds(ctx, region, "load", mask)
     value = region.read(fill)
     if ctx.call.races is not None:
-        ctx.call.access(ctx, region, False, "read")
+        if buffer.unraced and not region.post:  # one box no race can involve (unraced.py)
+            ctx.call.left_out += 1
+        else:
+            ctx.call.access(ctx, region, False, "read")
     if not buffer.fully_written:
         written = region.read_written()
         unwritten = ~written if mask is None else (~written & np.broadcast_to(mask, written.shape))
@@ -204,7 +207,11 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
             if buffer.fully_written and buffer.data.dtype == dtype:
                 index = index_in_bounds(invals[1:], buffer)
                 if index is not None:
-                    if ctx.call.races is not None:  # all ints: the index is the element's
+                    if ctx.call.races is None:
+                        pass
+                    elif buffer.unraced:  # nothing writes it (engine/call/unraced.py)
+                        ctx.call.left_out_one()
+                    else:  # all ints: the index is the element's
                         ctx.call.access_box(
                             ctx, buffer, _element_box(index),  # type: ignore[arg-type]
                             False, "read", own_frames or current_frames(ctx))

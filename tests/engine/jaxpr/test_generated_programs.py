@@ -1,7 +1,8 @@
 """engine/evaluate's generated programs and the scalar-load shortcut: results equal a
 numpy reference, and every load the shortcut does not cover (past the end, of memory not
 yet written) still gets its finding from the general rule; with races on, the shortcut's
-loads reach the race checker as the general rule's do."""
+loads reach the race checker as the general rule's do, except those of buffers no race
+can involve, which it counts."""
 
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ def test_with_races_on_the_shortcut_still_hands_every_load_to_the_race_checker(
         return on_access(self, event)
 
     monkeypatch.setattr(RaceChecker, "on_access", recording)
+    # (as a listener that wants every access: the race checker itself is not handed those
+    # of buffers no race can involve, the next test)
+    monkeypatch.setattr(RaceChecker, "needs_unwritten_accesses", True)
     r = check(_call(table_call, _table_rows_kernel), _table(),
               jnp.zeros((8, 128), jnp.float32), config=Config(races=True))
     assert r.findings == []
@@ -110,6 +114,39 @@ def test_with_races_on_the_shortcut_still_hands_every_load_to_the_race_checker(
         table_reads += [((1, 2), (i, i + 1)), ((0, 1), (7 - i, 8 - i))]
     assert [rng for name, rng in seen if name == "t_ref"] == table_reads
     assert [rng for name, rng in seen if name == "s_ref"] == [((0, 1),)] * ROWS
+
+
+def test_loads_no_race_can_involve_are_counted_not_handed_to_the_race_checker(
+        check, table_call, monkeypatch):
+    """t_ref (scalar prefetch: nothing writes it in the call) and s_ref (the core's own
+    SMEM scratch: no DMA, no other actor touches it) can be in no race
+    (engine/call/unraced.py): their accesses build no event, and the race checker counts
+    them all the same, as many as when it is handed every access."""
+    seen: list[str] = []
+    checked: list[int] = []
+    on_access, init = RaceChecker.on_access, RaceChecker.__init__
+
+    def recording(self, event):
+        seen.append(event.buffer)
+        return on_access(self, event)
+
+    def kept(self, *args):
+        init(self, *args)
+        checkers.append(self)
+
+    monkeypatch.setattr(RaceChecker, "on_access", recording)
+    monkeypatch.setattr(RaceChecker, "__init__", kept)
+    for wants_all in (False, True):
+        checkers: list[RaceChecker] = []
+        monkeypatch.setattr(RaceChecker, "needs_unwritten_accesses", wants_all)
+        r = check(_call(table_call, _table_rows_kernel), _table(),
+                  jnp.zeros((8, 128), jnp.float32), config=Config(races=True))
+        assert r.findings == []
+        checked.append(sum(c.checked for c in checkers))
+        if not wants_all:
+            assert "t_ref" not in seen and "s_ref" not in seen, seen
+    assert {"t_ref", "s_ref"} <= set(seen)  # (handed over when every access is wanted)
+    assert checked[0] == checked[1] >= 1 + 3 * ROWS + 1  # t[2,3], per row 2 t + s, s[0]=
 
 
 def test_a_scalar_load_past_the_end_is_out_of_bounds(check, table_call):
