@@ -58,7 +58,7 @@ class InlineCalls:
         if self._handler_only():
             return None
         inlined = any(self._compiled(params) is not None for params in kernels)
-        return SEGMENT_COMPILER_OPTIONS["xla_disable_hlo_passes"] if inlined else None
+        return str(SEGMENT_COMPILER_OPTIONS["xla_disable_hlo_passes"]) if inlined else None
 
     def _compiled(self, params: Mapping[str, Any]) -> Any:
         """The structure's function to inline (None: its calls go through the handler)."""

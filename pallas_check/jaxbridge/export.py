@@ -75,7 +75,7 @@ def lowered_on_tpu(blob: bytes, sharding: Any) -> jax.stages.Lowered:
                                        for a in found.in_avals])
 
 
-def compile_exported(blob: bytes, options: Mapping[str, str] | None) -> jax.stages.Compiled:
+def compile_exported(blob: bytes, options: Mapping[str, str | bool] | None) -> jax.stages.Compiled:
     """A program `exported` made, compiled for this process's CPU with `options`."""
     found: Any = pickle.loads(blob)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype)  # type: ignore[no-untyped-call]

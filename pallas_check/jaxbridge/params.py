@@ -344,10 +344,13 @@ def jit_call(params: Params) -> JitCall:
 
 def with_passes_disabled(params: Params, passes: str) -> Params:
     """A jitted call's params, compiled with XLA's `passes` (comma-separated) disabled as
-    well as any the call disables itself."""
+    well as any the call disables itself, and without excess precision: the kernels
+    lowered into it keep each bfloat16 rounding as written, as in the engine's segments
+    (engine/jaxpr/program.py `SEGMENT_COMPILER_OPTIONS`)."""
     options = dict(params.get("compiler_options_kvs", ()))
     already = options.get("xla_disable_hlo_passes")
     options["xla_disable_hlo_passes"] = f"{already},{passes}" if already else passes
+    options["xla_allow_excess_precision"] = False
     return {**params, "compiler_options_kvs": tuple(options.items())}
 
 

@@ -57,3 +57,60 @@ def test_the_chip_tolerance_is_needed():
         if compare(exact, UNARY[f"kernel.unary.{name}"]).mismatches:
             needed.append(name)
     assert needed == ["tanh", "log1p", "recip_approx"]
+
+
+# The shipped flash attention's single-step kernel (`p /= l; dot(p, v)`) on the operands of
+# the kernel repository's call the chip computed (hardware/device_call7.sh, session 32):
+# hardware/probes/flash_inputs.npz. XLA:CPU dropped the bfloat16 rounding of `p` there
+# (a convert pair, removed under excess precision), leaving ours 7.3e-3 off the chip.
+FLASH = np.load(Path(__file__).resolve().parents[2] / "hardware" / "probes" / "flash_inputs.npz")
+
+
+@pytest.mark.parametrize("tier", ["engine", "compiled"])
+def test_the_shipped_flash_attention_agrees_with_the_chip(check, tier):
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    def attention(q, k, v):
+        return fa.flash_attention(q, k, v, causal=False, sm_scale=1.0)
+
+    result = check(attention, FLASH["q"], FLASH["k"], FLASH["v"],
+                   config=Config(chip_arithmetic=True, tier=tier))
+    ours, chip = np.asarray(result.value), FLASH["chip_out"]
+    assert result.findings == []
+    assert compare(ours, chip, chip=True).mismatches == 0
+    exact = check(attention, FLASH["q"], FLASH["k"], FLASH["v"],
+                  config=Config(chip_arithmetic=False, tier=tier))
+    assert compare(np.asarray(exact.value), chip, chip=True).mismatches > 0  # seen
+
+
+BF16 = np.load(CHIP / "bf16_rounding.npz")  # hardware/probes/bf16_rounding.py, session 32
+
+
+def _round_then_dot(x_ref, y_ref, o_ref):
+    p = (x_ref[...] / 3.0).astype(jnp.bfloat16).astype(jnp.float32)
+    o_ref[...] = jnp.dot(p, y_ref[...], precision=lax.Precision.HIGHEST)
+
+
+def _bf16_chain(a_ref, b_ref, c_ref, fma_ref, mul_ref):
+    fma_ref[...] = (a_ref[...] * b_ref[...] + c_ref[...]).astype(jnp.float32)
+    mul_ref[...] = (a_ref[...] * b_ref[...]).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("tier", ["engine", "compiled"])
+def test_a_kernels_own_roundings_are_kept_as_on_the_chip(check, tier):
+    """The v5e rounds each bfloat16 result as written (`a * b + c`: 1891 of 8192 results
+    differ from rounding once at the end) and keeps an `astype(bfloat16).astype(float32)`
+    pair; XLA:CPU, allowed excess precision, did neither. In exact arithmetic: bit for bit
+    on the chain, within accumulation noise on the product."""
+    config = Config(chip_arithmetic=False, tier=tier)
+    a, b, c = (jnp.asarray(BF16[name], jnp.bfloat16) for name in "abc")
+    shape = jax.ShapeDtypeStruct(a.shape, jnp.float32)
+    chain = check(pl.pallas_call(_bf16_chain, out_shape=[shape, shape]), a, b, c,
+                  config=config)
+    assert (np.asarray(chain.value[0]) == BF16["chain.fma"]).all()
+    assert (np.asarray(chain.value[1]) == BF16["chain.mul"]).all()
+    x, y = BF16["x"], BF16["y"]
+    got = check(pl.pallas_call(_round_then_dot,
+                               out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32)),
+                x, y, config=config)
+    assert compare(np.asarray(got.value), BF16["cast_pair_dot"], chip=True).mismatches == 0

@@ -30,6 +30,7 @@ from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, S
 from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
 from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.caches import BoundedCache
+from pallas_check.jaxbridge.chip_arithmetic import in_effect as arithmetic_in_effect
 from pallas_check.engine.runtime.disk_cache import compile_cached
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings.finding import SourceFrame
@@ -102,7 +103,7 @@ def _eqn_is_pure(eqn: JaxprEqn) -> bool:
 
 def program_for(jaxpr: Jaxpr, skip_floats: bool) -> Program:
     """The compiled program of a jaxpr (cached while the jaxpr lives, bounded)."""
-    return _programs.for_object(jaxpr, skip_floats,
+    return _programs.for_object(jaxpr, (skip_floats, arithmetic_in_effect()),
                                 lambda: _build_program(jaxpr, skip_floats))
 
 
@@ -116,7 +117,8 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> SegmentFn:
     """The compiled function of a segment, shared with every segment of the same structure
     (it takes the segment's inputs and returns its outputs by position)."""
     structure = open_jaxpr(segment.invars, segment.outvars, segment.eqns)
-    return _segment_fns.get_or_make((structure_key(structure), skip_floats),
+    key = (structure_key(structure), skip_floats, arithmetic_in_effect())
+    return _segment_fns.get_or_make(key,
                                      lambda: _compile_segment(segment, skip_floats))
 
 
@@ -217,7 +219,12 @@ def _is_float(aval: object) -> bool:
 # dependence on never-written memory vanishes. Segments are compiled without that pass, so
 # every value follows IEEE arithmetic as written; the segments are small, and the rest of
 # XLA's pipeline (fusion, LLVM without fast math) keeps NaN semantics.
-SEGMENT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+# Nor does XLA allow itself excess precision ("xla_allow_excess_precision", on by default):
+# with it, XLA:CPU drops a kernel's `x.astype(bfloat16).astype(float32)` and keeps bfloat16
+# arithmetic in float32 between operations, where Mosaic rounds each result as written
+# (session 32: a cast pair before a product was computed exactly).
+SEGMENT_COMPILER_OPTIONS: dict[str, str | bool] = {
+    "xla_disable_hlo_passes": "algsimp", "xla_allow_excess_precision": False}
 
 
 def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:

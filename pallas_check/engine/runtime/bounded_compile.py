@@ -91,7 +91,7 @@ class _Worker:
             process.kill()
             process.wait()
 
-    def compile(self, blob: bytes, options: Mapping[str, str] | None, path: Path,
+    def compile(self, blob: bytes, options: Mapping[str, str | bool] | None, path: Path,
                 seconds: Callable[[], float], memory: int) -> None:
         """The exported program `blob` compiled by the worker and written at `path`.
         `seconds()`: the time budget, asked as the compile goes (it may grow: the engine
@@ -129,7 +129,7 @@ _worker = _Worker()
 atexit.register(_worker.stop)
 
 
-def compile_bounded(blob: bytes, options: Mapping[str, str] | None, path: Path,
+def compile_bounded(blob: bytes, options: Mapping[str, str | bool] | None, path: Path,
                     seconds: Callable[[], float], memory: int) -> None:
     """`_Worker.compile` on the process's one worker."""
     _worker.compile(blob, options, path, seconds, memory)

@@ -91,7 +91,7 @@ def _machine() -> str:
         return platform.processor() or platform.machine()
 
 
-def key(program_text: str, options: Mapping[str, str] | None) -> str:
+def key(program_text: str, options: Mapping[str, str | bool] | None) -> str:
     """The entry's name: everything that decides what XLA makes of the program."""
     digest = hashlib.sha256()
     for part in (jax.__version__, jaxlib.__version__, platform.machine(), _machine(),
@@ -102,7 +102,7 @@ def key(program_text: str, options: Mapping[str, str] | None) -> str:
 
 
 def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
-                   options: Mapping[str, str] | None = None) -> jax.stages.Compiled:
+                   options: Mapping[str, str | bool] | None = None) -> jax.stages.Compiled:
     """`lowered.compile()`, read from the disk cache when this program was compiled before
     (here or in another process), else compiled and written there. `device`: the one device
     the program runs on (the engine's or JAX's CPU device; an entry is loaded onto it);
@@ -115,7 +115,7 @@ def compile_cached(lowered: jax.stages.Lowered, device: jax.Device,
 
 
 def _compile_cached(lowered: jax.stages.Lowered, device: jax.Device, where: Path,
-                    options: Mapping[str, str] | None) -> jax.stages.Compiled:
+                    options: Mapping[str, str | bool] | None) -> jax.stages.Compiled:
     # The program's text leaves out what it does not use (an unused argument is dropped),
     # and the executable checks every argument: the signature is part of the key.
     signature = repr((lowered.args_info, lowered.out_info))
@@ -128,7 +128,7 @@ def _compile_cached(lowered: jax.stages.Lowered, device: jax.Device, where: Path
     return compiled
 
 
-def entry_path(program_text: str, options: Mapping[str, str] | None) -> Path | None:
+def entry_path(program_text: str, options: Mapping[str, str | bool] | None) -> Path | None:
     """Where the executable of `program_text` (its signature included) is kept (None: the
     cache is off)."""
     where = folder()
