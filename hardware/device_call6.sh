@@ -6,8 +6,8 @@
 #    no pallas-check: its kernels and references are right on a TPU (junit in $OUT/r);
 # 2. `pallas-check diff --native` of every _ok sample that runs on one v5e, until a deadline
 #    (hardware/device_batch.sh); results tarred into $OUT/results.tgz.part-*.
-# NOT RUN YET: no TPU was lent in session 31 (the device tool refused the call). A later
-# session's first call: `BUDGET=520 bash hardware/device_call6.sh`, carry .whl-tpu.
+# Not run in session 31 (no TPU lent); run in session 32: hardware/README.md, "Session 32". A
+# call: `BUDGET=520 bash hardware/device_call6.sh`, carry .whl-tpu.
 set -u
 cd "$(dirname "$0")/.."
 PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
