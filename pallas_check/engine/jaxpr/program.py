@@ -118,8 +118,7 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> SegmentFn:
     (it takes the segment's inputs and returns its outputs by position)."""
     structure = open_jaxpr(segment.invars, segment.outvars, segment.eqns)
     key = (structure_key(structure), skip_floats, arithmetic_in_effect())
-    return _segment_fns.get_or_make(key,
-                                     lambda: _compile_segment(segment, skip_floats))
+    return _segment_fns.get_or_make(key, lambda: _compile_segment(segment, skip_floats))
 
 
 def _check_lowerable(eqn: JaxprEqn) -> None:
@@ -219,10 +218,8 @@ def _is_float(aval: object) -> bool:
 # dependence on never-written memory vanishes. Segments are compiled without that pass, so
 # every value follows IEEE arithmetic as written; the segments are small, and the rest of
 # XLA's pipeline (fusion, LLVM without fast math) keeps NaN semantics.
-# Nor does XLA allow itself excess precision ("xla_allow_excess_precision", on by default):
-# with it, XLA:CPU drops a kernel's `x.astype(bfloat16).astype(float32)` and keeps bfloat16
-# arithmetic in float32 between operations, where Mosaic rounds each result as written
-# (session 32: a cast pair before a product was computed exactly).
+# Nor excess precision: with it XLA:CPU drops `x.astype(bfloat16).astype(float32)` and
+# keeps bfloat16 arithmetic in float32, where a v5e rounds each result (hardware/README.md).
 SEGMENT_COMPILER_OPTIONS: dict[str, str | bool] = {
     "xla_disable_hlo_passes": "algsimp", "xla_allow_excess_precision": False}
 
