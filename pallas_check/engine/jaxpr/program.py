@@ -28,10 +28,10 @@ from pallas_check.engine.jaxpr.halts import (CallHalted, EngineBug, KernelError,
 from pallas_check.engine.jaxpr.mosaic_limits import NotLowered
 from pallas_check.engine.jaxpr.registry import BODY_ONLY, RULES, Rule, RuleFn, SPECIALIZERS
 from pallas_check.engine.jaxpr.scalar import eqn_qualifies, scalar_segment_fn
-from pallas_check.engine.runtime.backend import engine_device
 from pallas_check.engine.runtime.caches import BoundedCache
 from pallas_check.jaxbridge.chip_arithmetic import in_effect as arithmetic_in_effect
-from pallas_check.engine.runtime.disk_cache import compile_cached
+from pallas_check.engine.jaxpr.segment_cache import SEGMENT_COMPILER_OPTIONS as SEGMENT_COMPILER_OPTIONS
+from pallas_check.engine.jaxpr.segment_cache import DiskCachedSegment as DiskCachedSegment
 from pallas_check.engine.runtime.scheduler import Wait
 from pallas_check.findings.finding import SourceFrame
 from pallas_check.findings.sourceinfo import user_frames
@@ -118,7 +118,8 @@ def _segment_fn(segment: Segment, skip_floats: bool) -> SegmentFn:
     (it takes the segment's inputs and returns its outputs by position)."""
     structure = open_jaxpr(segment.invars, segment.outvars, segment.eqns)
     key = (structure_key(structure), skip_floats, arithmetic_in_effect())
-    return _segment_fns.get_or_make(key, lambda: _compile_segment(segment, skip_floats))
+    return _segment_fns.get_or_make(key, lambda: _compile_segment(segment, skip_floats,
+                                                                  repr(key)))
 
 
 def _check_lowerable(eqn: JaxprEqn) -> None:
@@ -211,20 +212,9 @@ def _is_float(aval: object) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
 
 
-# XLA's algebraic simplifier ("algsimp") rewrites `x * convert(pred)` into
-# `select(pred, x, 0)`, which drops a NaN that the multiplication keeps (NaN * 0 is NaN, as
-# on a TPU, where Mosaic multiplies). A kernel that masks a padded edge block by
-# multiplying with a 0/1 mask then gives the same output under both fills and its
-# dependence on never-written memory vanishes. Segments are compiled without that pass, so
-# every value follows IEEE arithmetic as written; the segments are small, and the rest of
-# XLA's pipeline (fusion, LLVM without fast math) keeps NaN semantics.
-# Nor excess precision: with it XLA:CPU drops `x.astype(bfloat16).astype(float32)` and
-# keeps bfloat16 arithmetic in float32, where a v5e rounds each result (hardware/README.md).
-SEGMENT_COMPILER_OPTIONS: dict[str, str | bool] = {
-    "xla_disable_hlo_passes": "algsimp", "xla_allow_excess_precision": False}
-
-
-def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:
+def _compile_segment(segment: Segment, skip_floats: bool, identity: str) -> SegmentFn:
+    """The segment as one jitted function, found on disk by `identity` (its structure and
+    how it is evaluated) when a process compiled it before (engine/jaxpr/segment_cache.py)."""
     eqns, invars, outvars = segment.eqns, segment.invars, segment.outvars
 
     def run(*args: object) -> list[object]:
@@ -255,54 +245,7 @@ def _compile_segment(segment: Segment, skip_floats: bool) -> SegmentFn:
     avals = [jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
         v.aval.shape, v.aval.dtype,  # type: ignore[attr-defined]
         weak_type=getattr(v.aval, "weak_type", False)) for v in invars]
-    return DiskCachedSegment(jitted, avals)
-
-
-class DiskCachedSegment:
-    """A segment compiled for its inputs' types on the engine's device, read from the disk
-    cache when another process compiled the same program (a test suite's next run pays no
-    segment compile). Called anywhere else, or with inputs of other types, it is the plain
-    jitted function, which compiles what it needs as JAX does."""
-
-    def __init__(self, jitted: Callable[..., list[object]],
-                 avals: list[jax.ShapeDtypeStruct]) -> None:
-        self.jitted = jitted
-        self.avals = avals
-        self.run: Callable[..., list[object]] = self._first
-
-    def __call__(self, *args: object) -> list[object]:
-        try:
-            return self.run(*args)
-        except (TypeError, ValueError):  # inputs of other types or devices than compiled for
-            if self.run is self.jitted:
-                raise
-            self.run = self.jitted
-            return self.jitted(*args)
-
-    def _first(self, *args: object) -> list[object]:
-        """The first call: compile (or read back) for the engine's device, then run."""
-        self.run = self.jitted
-        device = engine_device()
-        if getattr(jax.config, "jax_default_device", None) is device:
-            self._compile(device)
-        return self.run(*args)
-
-    def _compile(self, device: jax.Device) -> None:
-        try:
-            lowered = self.jitted.lower(*self.avals)  # type: ignore[attr-defined]
-            self.run = compile_cached(lowered, device, SEGMENT_COMPILER_OPTIONS)
-        except Exception:  # noqa: BLE001 - JAX compiles (and reports) it as it did
-            self.run = self.jitted
-
-    def prepare(self) -> bool:
-        """Compile (or read back) now, ahead of the first call (`prepare`); whether it had
-        not been."""
-        if self.run != self._first:
-            return False
-        device = engine_device()
-        with jax.default_device(device):
-            self._compile(device)
-        return True
+    return DiskCachedSegment(jitted, avals, identity)
 
 
 # ---------------------------------------------------------------------------------------

@@ -128,6 +128,14 @@ def _compile_cached(lowered: jax.stages.Lowered, device: jax.Device, where: Path
     return compiled
 
 
+def compile_to(lowered: jax.stages.Lowered, path: Path) -> jax.stages.Compiled:
+    """`lowered.compile()`, kept at `path` (`entry_path`) for the next process."""
+    with program_store.bypassed():  # (kept here, not also among the script's programs)
+        compiled = lowered.compile()
+    write_entry(path, compiled)
+    return compiled
+
+
 def entry_path(program_text: str, options: Mapping[str, str | bool] | None) -> Path | None:
     """Where the executable of `program_text` (its signature included) is kept (None: the
     cache is off)."""

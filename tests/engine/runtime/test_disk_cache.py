@@ -157,16 +157,25 @@ _ENGINE_PROCESS = textwrap.dedent("""
     call = pl.pallas_call(kernel, grid=(4,), in_specs=[spec], out_specs=spec,
                           out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))
     x = jnp.linspace(-3, 3, 32 * 128, dtype=jnp.float32).reshape(32, 128)
+    lowered = []
+
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
     with pallas_check.checking(tier="engine", project=False) as run:
         out = np.asarray(call(x))
     print(json.dumps({"hits": disk_cache.counts.hits, "written": disk_cache.counts.written,
-                      "findings": len(run.findings), "out": out.tolist()}))
+                      "findings": len(run.findings), "out": out.tolist(),
+                      "segments_lowered": lowered.count("jit(run)")}))
 """)
 
 
 def test_the_engines_segments_are_read_back_in_the_next_process(cache_dir):
-    """A test suite's next run pays no segment compile: the engine's second process reads
-    every segment the first compiled, and computes the same outputs."""
+    """A test suite's next run pays no segment compile, nor the lowering that keyed one:
+    the engine's second process finds every segment the first compiled by what it is
+    (engine/jaxpr/segment_cache.py), and computes the same outputs."""
     env = {**os.environ, disk_cache.ENV: str(cache_dir)}
     runs = [json.loads(subprocess.run([sys.executable, "-c", _ENGINE_PROCESS], env=env,
                                       check=True, capture_output=True,
@@ -175,6 +184,7 @@ def test_the_engines_segments_are_read_back_in_the_next_process(cache_dir):
     written = runs[0]["written"]
     assert written >= 1 and runs[0]["hits"] == 0
     assert (runs[1]["hits"], runs[1]["written"]) == (written, 0)
+    assert runs[0]["segments_lowered"] == written and runs[1]["segments_lowered"] == 0
     assert runs[0]["findings"] == runs[1]["findings"] == 0
     x = np.linspace(-3, 3, 32 * 128, dtype=np.float32).reshape(32, 128)
     np.testing.assert_allclose(runs[1]["out"], np.tanh(x) * 2.0 + x, rtol=1e-5, atol=1e-5)
