@@ -36,6 +36,16 @@ from typing import NamedTuple, ValuesView
 from pallas_check.findings.finding import Access, IndexRange, SourceFrame
 
 
+def _meets(a: IndexRange, b: IndexRange) -> bool:
+    """Whether two non-empty boxes share an element."""
+    if len(a) != len(b):
+        return False
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return False
+    return True
+
+
 class AccessRecord(NamedTuple):
     """An access as the history keeps it (a NamedTuple: one is made per access)."""
 
@@ -66,8 +76,9 @@ class History:
 
     __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
                  "longest", "queries", "visits", "last", "last_clock", "last_joins", "memo",
-                 "cells", "sweep_at")
+                 "cells", "sweep_at", "groups", "near")
     INDEX_AFTER = 8
+    GROUPS = 16  # the most distinct ranges a history is kept by range for (`groups`)
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
     SAMPLE = 128  # the most recent records the choice of dimensions is costed on
 
@@ -98,6 +109,11 @@ class History:
         # per element its records' seqs in order (None: the records are of any range,
         # indexed as above).
         self.cells: dict[IndexRange, dict[int, None]] | None = {}
+        # Then, while the records have had few distinct ranges (GROUPS at most), per range
+        # met its live records by seq (`groups`), and per range the groups of every range
+        # met that overlaps it, its own first (`near`); None: indexed as above, for good.
+        self.groups: dict[IndexRange, dict[int, AccessRecord]] | None = {}
+        self.near: dict[IndexRange, list[dict[int, AccessRecord]]] = {}
         # The race checker sweeps this history once it holds more records than this
         # (races.py `_sweep`, which sets it again).
         self.sweep_at = SWEEP_AFTER
@@ -140,6 +156,20 @@ class History:
                 found = cells.get(rng)
                 return [(s, records[s]) for s in found] if found else []
             self._index()  # (an access of more than one element: the records indexed)
+        groups = self.groups
+        if groups is not None:
+            near = self.near.get(rng)
+            if near is None:
+                near = self._meet(rng)
+            if near is not None:
+                if len(near) == 1:  # (only its own range: in order already)
+                    return list(near[0].items())
+                out: list[tuple[int, AccessRecord]] = []
+                for found in near:
+                    if found:
+                        out += found.items()
+                out.sort()  # (by seq: no two records share one)
+                return out
         span = self._span(rng) if self.dims is not None else None
         if span is None:
             return list(records.items())
@@ -170,9 +200,43 @@ class History:
         return [(s, records[s]) for s in sorted(seqs)]
 
     def _index(self) -> None:
-        """From records by element to records of any range, indexed as above (for good:
-        the buffer is accessed otherwise too)."""
+        """From records by element to records of any range (for good: the buffer is
+        accessed otherwise too): by range while there are few, else indexed as above."""
         self.cells = None
+        groups = self.groups
+        assert groups is not None
+        for seq, record in self.records.items():
+            found = groups.get(record[2])
+            if found is None:
+                if self._meet(record[2]) is None:
+                    return  # (too many ranges: indexed by `_ungroup`)
+                found = groups[record[2]]
+            found[seq] = record
+
+    def _meet(self, rng: IndexRange) -> list[dict[int, AccessRecord]] | None:
+        """A range not met before: its group, and the groups of the ranges met so far that
+        it overlaps (None: there are too many to keep the records by range, `_ungroup`)."""
+        groups = self.groups
+        assert groups is not None
+        if len(groups) >= self.GROUPS:
+            self._ungroup()
+            return None
+        found: dict[int, AccessRecord] = {}
+        mine = [found]
+        near = self.near
+        for other, theirs in near.items():
+            if _meets(other, rng):
+                mine.append(groups[other])
+                theirs.append(found)
+        groups[rng] = found
+        near[rng] = mine
+        return mine
+
+    def _ungroup(self) -> None:
+        """Many distinct ranges (one block per grid step, a SparseCore row each): the
+        records indexed as above from now on."""
+        self.groups = None
+        self.near = {}
         if len(self.records) > self.INDEX_AFTER:
             self.index_at = 2 * len(self.records)
             self._build()
@@ -196,6 +260,16 @@ class History:
                 return
             self._index()
         records[seq] = record
+        groups = self.groups
+        if groups is not None:
+            found = groups.get(record[2])
+            if found is None and self._meet(record[2]) is not None:
+                found = groups[record[2]]
+            if found is not None:  # (else left for an index by `_meet`)
+                found[seq] = record
+                if len(records) > self.longest:
+                    self.longest = len(records)
+                return
         if self.dims is not None:
             self._place(seq, record)
         size = len(records)
@@ -211,6 +285,8 @@ class History:
         that one and adding this one would leave (the same records, in the same order,
         in the same buckets), without the work."""
         self.records[self.seq] = self.last = record
+        if self.cells is None and self.groups is not None:  # (by range: kept there too)
+            self.groups[record[2]][self.seq] = record
 
     def remove(self, seq: int) -> None:
         if seq == self.seq:
@@ -222,6 +298,10 @@ class History:
             del cell[seq]
             if not cell:
                 del cells[record[2]]
+            return
+        groups = self.groups
+        if groups is not None:  # (a range's group stays, empty, while it is met)
+            del groups[record[2]][seq]
             return
         if self.dims is None:
             return
