@@ -107,6 +107,7 @@ class RaceChecker(Checker):
         self._starter: dict[str, str] = {}
         self._started: dict[str, int] = {}  # DMA in flight -> its fork's number
         self._forks = 0
+        self._boxes: set[IndexRange] = set()  # boxes accessed that have elements
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -125,7 +126,9 @@ class RaceChecker(Checker):
 
     def fork(self, parent: str, child: str) -> None:
         """`child` (a DMA) starts now: everything `parent` did so far happens before it."""
-        parent_vc = self.clock(parent)
+        parent_vc = self.clocks.get(parent)
+        if parent_vc is None:
+            parent_vc = self.clock(parent)
         slot, epoch = child, 1
         free = self._free.get(parent)
         if free:
@@ -136,7 +139,8 @@ class RaceChecker(Checker):
                     slot, epoch = old, start
                     self.slot_of[child] = old
                     break
-        self.clocks[child] = parent_vc.forked(slot, epoch)
+        self.clocks[child] = child_vc = VectorClock(parent_vc)  # (parent_vc.forked(...))
+        child_vc[slot] = epoch
         self._parent[child] = self._starter[child] = parent
         self._started[child] = self._forks = self._forks + 1
         if self.live is not None:
@@ -144,7 +148,8 @@ class RaceChecker(Checker):
                 self.live.add(child)
             else:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-        parent_vc.tick(self.slot_of.get(parent, parent))  # (self._tick(parent), inlined)
+        own = self.slot_of.get(parent, parent)  # (self._tick(parent), inlined)
+        parent_vc[own] = parent_vc.get(own, 0) + 1
 
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
@@ -248,9 +253,17 @@ class RaceChecker(Checker):
         if lazy is not None:
             if lazy.starter != actor:  # (`actor` may not know what the starter knew)
                 lazy.join_base(mine)
-            for slot, epoch in lazy.epochs.items():
+                epochs = lazy.epochs
+            elif lazy.joined is mine:  # (it has all epochs released before its last wait)
+                epochs = lazy.fresh
+            else:
+                epochs = lazy.epochs
+                lazy.joined = mine
+            for slot, epoch in epochs.items():
                 if mine.get(slot, 0) < epoch:
                     mine[slot] = epoch
+            if lazy.starter == actor:
+                lazy.fresh.clear()
         self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
@@ -296,9 +309,13 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
-        for lo, hi in index_range:  # no element: it can neither race nor prune
-            if hi <= lo:
-                return
+        if index_range not in self._boxes:  # (a box met before has elements)
+            for lo, hi in index_range:  # no element: it can neither race nor prune
+                if hi <= lo:
+                    return
+            if len(self._boxes) >= 4096:
+                self._boxes.clear()
+            self._boxes.add(index_range)
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
