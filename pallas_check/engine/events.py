@@ -270,6 +270,9 @@ class Listener:
     # so those of buffers nothing writes during the call, which no race can involve, may
     # be left out (engine/call/unraced.py); it learns how many by `accesses_left_out`.
     needs_unwritten_accesses = True
+    # False: a DMA's read that carries no access (left out, as above) and signals no
+    # semaphore is nothing to it, so the engine need not make that `DmaMoved` for it.
+    takes_empty_dma_reads = True
 
     def on_access(self, event: Access) -> None: ...
     def on_actors_declared(self, event: ActorsDeclared) -> None: ...

@@ -344,7 +344,10 @@ class CallState(CallBuffers, AccessFeed):
     def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, False, self.cells, self.left_out_of(dma.src))
+            unraced = self.left_out_of(dma.src)
+            if unraced and dma.src_sem is None and self.quiet_reads:
+                return  # (no access, no semaphore: no listener takes it)
+            event = event_data.dma_moved(dma, False, self.cells, unraced)
             for take in self.feeds.dma_moved:
                 take(event)
 
