@@ -165,9 +165,9 @@ class History:
                 if len(near) == 1:  # (only its own range: in order already)
                     return list(near[0].items())
                 out: list[tuple[int, AccessRecord]] = []
-                for found in near:
-                    if found:
-                        out += found.items()
+                for group in near:
+                    if group:
+                        out += group.items()
                 out.sort()  # (by seq: no two records share one)
                 return out
         span = self._span(rng) if self.dims is not None else None

@@ -75,6 +75,7 @@ class RaceChecker(Checker):
     # involve them: engine/call/unraced.py), and counted (`on_accesses_left_out`).
     needs_unwritten_accesses = False
     takes_empty_dma_reads = False  # (a DmaMoved with no access and no semaphore: no edge)
+    takes_owed = False
 
     def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
         super().__init__(call, sink)
