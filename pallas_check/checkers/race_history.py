@@ -31,9 +31,33 @@ records then live: the second dimension only when it visits fewer.
 
 from __future__ import annotations
 
-from typing import NamedTuple, ValuesView
+from typing import Callable, Iterable, NamedTuple, ValuesView
 
 from pallas_check.findings.finding import Access, IndexRange, SourceFrame
+
+
+def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
+    """The elements two non-empty boxes share (None: none). Most unordered pairs the
+    checker compares share none (DMAs in flight into other slots): that is found first,
+    without building anything."""
+    if len(a) != len(b):
+        return None
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return None
+    return tuple([(alo if alo > blo else blo, ahi if ahi < bhi else bhi)
+                  for (alo, ahi), (blo, bhi) in zip(a, b)])
+
+
+def _covers(outer: IndexRange, inner: IndexRange) -> bool:
+    # (plain loops, not all()/any() over a generator: these run for every pair of
+    # accesses the race checker compares)
+    if len(outer) != len(inner):
+        return False
+    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
+        if ilo < olo or ohi < ihi:
+            return False
+    return True
 
 
 def _meets(a: IndexRange, b: IndexRange) -> bool:
@@ -144,6 +168,67 @@ class History:
                 span = lo // w0, (hi - 1) // w0, lo1 // w1, (hi1 - 1) // w1
         self.memo = (rng, span)
         return span
+
+    def check(self, record: AccessRecord, element: bool, seen: Callable[[str, int], int]
+              ) -> list[tuple[int, AccessRecord, IndexRange]] | None:
+        """The race checker's walk (races.py `on_access`) of a new access, `record`, made
+        here, where the records are: each record it may overlap is visited; one it is
+        not ordered after (`seen`: its actor's clock, slot -> epoch) races with it where
+        they overlap if either writes (two atomic adds never race); one it is ordered
+        after and covers, with it a write or that one a read, is dropped (pruned: a later
+        race with that one is one with this). Then it is kept. Returns the races (seq,
+        record, the elements shared), in the order the records were made; None: none.
+        Each record's outcome depends on it and `record` alone, so the records by range
+        are visited range by range, and the drops made after the walk."""
+        actor, _, rng, is_write, _, _, _, _, _, _, atomic_add = record
+        near = None
+        if self.cells is None and self.groups is not None:
+            near = self.near.get(rng)
+            if near is None:
+                near = self._meet(rng)
+        visits: Iterable[tuple[int, AccessRecord]]
+        if near is None:
+            visits = self.candidates(rng, element)
+        elif len(near) == 1:
+            visits = near[0].items()
+        else:
+            visits = []
+            for group in near:
+                if group:
+                    visits += group.items()
+        races = dead = None
+        for seq, prev in visits:
+            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
+            if p_actor == actor or p_epoch <= seen(p_slot, 0):  # ordered (has_seen)
+                # (an atomic add covers only atomic adds: a later add races with a plain
+                # write it would hide)
+                if (is_write or not p_write) and (not atomic_add or p_add) and (
+                        p_range == rng or _covers(rng, p_range)):
+                    if dead is None:
+                        dead = [seq]
+                    else:
+                        dead.append(seq)
+            elif (p_write or is_write) and not (atomic_add and p_add):
+                overlap = _overlap(p_range, rng)
+                if overlap is not None:
+                    if races is None:
+                        races = [(seq, prev, overlap)]
+                    else:
+                        races.append((seq, prev, overlap))
+        if dead is not None:
+            for seq in dead:
+                self.remove(seq)
+        if near is None or self.groups is None:
+            self.add(record, element)
+        else:  # (`add`, by range, inlined)
+            self.last = None
+            self.seq = seq = self.seq + 1
+            self.records[seq] = near[0][seq] = record
+            if len(self.records) > self.longest:
+                self.longest = len(self.records)
+        if races is not None and len(races) > 1:
+            races.sort()  # (by seq: no two records share one)
+        return races
 
     def candidates(self, rng: IndexRange,
                    element: bool = False) -> list[tuple[int, AccessRecord]]:

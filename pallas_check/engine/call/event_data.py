@@ -96,15 +96,15 @@ def dma_moved(dma: Dma, landed: bool, cells: Callable[[SemCell], Cell] = cell,
               unraced: bool = False) -> DmaMoved:
     """The DMA's read (with its send semaphore) or its write (its receive semaphore);
     `unraced`: no race can involve its source, whose read is left out."""
+    name = dma.actor_name  # (a property: read once)
     if landed:
-        moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
-                         dma.grid_point)
+        moved = accesses(name, dma.dst, True, "DMA write", dma.frames, dma.grid_point)
         if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
             moved = tuple(a._replace(operation="DMA add", atomic_add=True) for a in moved)
-        return _new(DmaMoved, (dma.id, dma.actor_name, True, moved, cells(dma.dst_sem), False))
-    moved = () if unraced else accesses(dma.actor_name, dma.src, False, "DMA read",
-                                        dma.frames, dma.grid_point)
-    return _new(DmaMoved, (dma.id, dma.actor_name, False, moved,
+        return _new(DmaMoved, (dma.id, name, True, moved, cells(dma.dst_sem), False))
+    moved = () if unraced else accesses(name, dma.src, False, "DMA read", dma.frames,
+                                        dma.grid_point)
+    return _new(DmaMoved, (dma.id, name, False, moved,
                            cells(dma.src_sem) if dma.src_sem is not None else None, False))
 
 
