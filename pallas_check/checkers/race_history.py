@@ -11,6 +11,18 @@ the few that span many buckets. Records that do not overlap an access can neithe
 with it nor be pruned by it, so visiting this superset, in the same order, changes no
 result.
 
+Before that, while a buffer's records have had few distinct ranges (16 at most: a
+double-buffered VMEM scratch's slots and pages, a few blocks), they are kept by range
+instead, with, per range met, the ranges met that overlap it (computed once, when a
+range is first met): an access visits the records of those ranges alone, exactly the
+records it overlaps, with no bucket to compute (issue 55.4: paged attention's K/V
+buffers hold two slots of two pages and a core's read of each slot; every DMA landing
+visited all six records, now the two it overlaps). The walk of an access (`check`, the
+race checker's, here where the records are) visits them range by range: what it does
+with a record depends on that record and the access alone, and the races it finds are
+reported in the order the records were made. Beyond 16 ranges the history is indexed as
+below, for good.
+
 The index is built once a history holds more than 8 records (issue 55.4: paged
 attention's HBM pages, read by one DMA each, stayed unindexed and were all visited by
 every DMA until 32), and chosen again when the history has doubled if the lookups since
@@ -19,7 +31,7 @@ table: a page table, sequence lengths, a flag), the history is kept by element i
 an access to one element visits that element's records alone, with no index to compute.
 Two one-element boxes overlap only where they are equal, so that visits exactly the
 records it overlaps. The first access of more than one element turns the history into
-records of any range, indexed as above, for good.
+records of any range, kept by range or indexed as above, for good.
 
 Two dimensions when one is not enough (issue 54.7): a SparseCore kernel reading a VMEM
 chunk as (L,)-vectors, `rows_v[slot, row, pl.ds(c * L, L)]`, leaves one record per row and
