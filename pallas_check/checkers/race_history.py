@@ -11,6 +11,18 @@ the few that span many buckets. Records that do not overlap an access can neithe
 with it nor be pruned by it, so visiting this superset, in the same order, changes no
 result.
 
+Before that, while a buffer's records have had few distinct ranges (16 at most: a
+double-buffered VMEM scratch's slots and pages, a few blocks), they are kept by range
+instead, with, per range met, the ranges met that overlap it (computed once, when a
+range is first met): an access visits the records of those ranges alone, exactly the
+records it overlaps, with no bucket to compute (issue 55.4: paged attention's K/V
+buffers hold two slots of two pages and a core's read of each slot; every DMA landing
+visited all six records, now the two it overlaps). The walk of an access (`check`, the
+race checker's, here where the records are) visits them range by range: what it does
+with a record depends on that record and the access alone, and the races it finds are
+reported in the order the records were made. Beyond 16 ranges the history is indexed as
+below, for good.
+
 The index is built once a history holds more than 8 records (issue 55.4: paged
 attention's HBM pages, read by one DMA each, stayed unindexed and were all visited by
 every DMA until 32), and chosen again when the history has doubled if the lookups since
@@ -19,7 +31,7 @@ table: a page table, sequence lengths, a flag), the history is kept by element i
 an access to one element visits that element's records alone, with no index to compute.
 Two one-element boxes overlap only where they are equal, so that visits exactly the
 records it overlaps. The first access of more than one element turns the history into
-records of any range, indexed as above, for good.
+records of any range, kept by range or indexed as above, for good.
 
 Two dimensions when one is not enough (issue 54.7): a SparseCore kernel reading a VMEM
 chunk as (L,)-vectors, `rows_v[slot, row, pl.ds(c * L, L)]`, leaves one record per row and
@@ -31,9 +43,43 @@ records then live: the second dimension only when it visits fewer.
 
 from __future__ import annotations
 
-from typing import NamedTuple, ValuesView
+from typing import Callable, Iterable, NamedTuple, ValuesView
 
 from pallas_check.findings.finding import Access, IndexRange, SourceFrame
+
+
+def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
+    """The elements two non-empty boxes share (None: none). Most unordered pairs the
+    checker compares share none (DMAs in flight into other slots): that is found first,
+    without building anything."""
+    if len(a) != len(b):
+        return None
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return None
+    return tuple([(alo if alo > blo else blo, ahi if ahi < bhi else bhi)
+                  for (alo, ahi), (blo, bhi) in zip(a, b)])
+
+
+def _covers(outer: IndexRange, inner: IndexRange) -> bool:
+    # (plain loops, not all()/any() over a generator: these run for every pair of
+    # accesses the race checker compares)
+    if len(outer) != len(inner):
+        return False
+    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
+        if ilo < olo or ohi < ihi:
+            return False
+    return True
+
+
+def _meets(a: IndexRange, b: IndexRange) -> bool:
+    """Whether two non-empty boxes share an element."""
+    if len(a) != len(b):
+        return False
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo >= bhi or blo >= ahi:
+            return False
+    return True
 
 
 class AccessRecord(NamedTuple):
@@ -66,8 +112,9 @@ class History:
 
     __slots__ = ("records", "seq", "dims", "widths", "buckets", "wide", "index_at",
                  "longest", "queries", "visits", "last", "last_clock", "last_joins", "memo",
-                 "cells", "sweep_at")
+                 "cells", "sweep_at", "groups", "near")
     INDEX_AFTER = 8
+    GROUPS = 16  # the most distinct ranges a history is kept by range for (`groups`)
     WIDE = 8  # a record spanning more buckets is kept in `wide` (always visited)
     SAMPLE = 128  # the most recent records the choice of dimensions is costed on
 
@@ -98,6 +145,11 @@ class History:
         # per element its records' seqs in order (None: the records are of any range,
         # indexed as above).
         self.cells: dict[IndexRange, dict[int, None]] | None = {}
+        # Then, while the records have had few distinct ranges (GROUPS at most), per range
+        # met its live records by seq (`groups`), and per range the groups of every range
+        # met that overlaps it, its own first (`near`); None: indexed as above, for good.
+        self.groups: dict[IndexRange, dict[int, AccessRecord]] | None = {}
+        self.near: dict[IndexRange, list[dict[int, AccessRecord]]] = {}
         # The race checker sweeps this history once it holds more records than this
         # (races.py `_sweep`, which sets it again).
         self.sweep_at = SWEEP_AFTER
@@ -129,6 +181,67 @@ class History:
         self.memo = (rng, span)
         return span
 
+    def check(self, record: AccessRecord, element: bool, seen: Callable[[str, int], int]
+              ) -> list[tuple[int, AccessRecord, IndexRange]] | None:
+        """The race checker's walk (races.py `on_access`) of a new access, `record`, made
+        here, where the records are: each record it may overlap is visited; one it is
+        not ordered after (`seen`: its actor's clock, slot -> epoch) races with it where
+        they overlap if either writes (two atomic adds never race); one it is ordered
+        after and covers, with it a write or that one a read, is dropped (pruned: a later
+        race with that one is one with this). Then it is kept. Returns the races (seq,
+        record, the elements shared), in the order the records were made; None: none.
+        Each record's outcome depends on it and `record` alone, so the records by range
+        are visited range by range, and the drops made after the walk."""
+        actor, _, rng, is_write, _, _, _, _, _, _, atomic_add = record
+        near = None
+        if self.cells is None and self.groups is not None:
+            near = self.near.get(rng)
+            if near is None:
+                near = self._meet(rng)
+        visits: Iterable[tuple[int, AccessRecord]]
+        if near is None:
+            visits = self.candidates(rng, element)
+        elif len(near) == 1:
+            visits = near[0].items()
+        else:
+            visits = []
+            for group in near:
+                if group:
+                    visits += group.items()
+        races = dead = None
+        for seq, prev in visits:
+            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
+            if p_actor == actor or p_epoch <= seen(p_slot, 0):  # ordered (has_seen)
+                # (an atomic add covers only atomic adds: a later add races with a plain
+                # write it would hide)
+                if (is_write or not p_write) and (not atomic_add or p_add) and (
+                        p_range == rng or _covers(rng, p_range)):
+                    if dead is None:
+                        dead = [seq]
+                    else:
+                        dead.append(seq)
+            elif (p_write or is_write) and not (atomic_add and p_add):
+                overlap = _overlap(p_range, rng)
+                if overlap is not None:
+                    if races is None:
+                        races = [(seq, prev, overlap)]
+                    else:
+                        races.append((seq, prev, overlap))
+        if dead is not None:
+            for seq in dead:
+                self.remove(seq)
+        if near is None or self.groups is None:
+            self.add(record, element)
+        else:  # (`add`, by range, inlined)
+            self.last = None
+            self.seq = seq = self.seq + 1
+            self.records[seq] = near[0][seq] = record
+            if len(self.records) > self.longest:
+                self.longest = len(self.records)
+        if races is not None and len(races) > 1:
+            races.sort()  # (by seq: no two records share one)
+        return races
+
     def candidates(self, rng: IndexRange,
                    element: bool = False) -> list[tuple[int, AccessRecord]]:
         """(seq, record) of every record `rng` may overlap, in the order they were made
@@ -140,6 +253,20 @@ class History:
                 found = cells.get(rng)
                 return [(s, records[s]) for s in found] if found else []
             self._index()  # (an access of more than one element: the records indexed)
+        groups = self.groups
+        if groups is not None:
+            near = self.near.get(rng)
+            if near is None:
+                near = self._meet(rng)
+            if near is not None:
+                if len(near) == 1:  # (only its own range: in order already)
+                    return list(near[0].items())
+                out: list[tuple[int, AccessRecord]] = []
+                for group in near:
+                    if group:
+                        out += group.items()
+                out.sort()  # (by seq: no two records share one)
+                return out
         span = self._span(rng) if self.dims is not None else None
         if span is None:
             return list(records.items())
@@ -170,9 +297,43 @@ class History:
         return [(s, records[s]) for s in sorted(seqs)]
 
     def _index(self) -> None:
-        """From records by element to records of any range, indexed as above (for good:
-        the buffer is accessed otherwise too)."""
+        """From records by element to records of any range (for good: the buffer is
+        accessed otherwise too): by range while there are few, else indexed as above."""
         self.cells = None
+        groups = self.groups
+        assert groups is not None
+        for seq, record in self.records.items():
+            found = groups.get(record[2])
+            if found is None:
+                if self._meet(record[2]) is None:
+                    return  # (too many ranges: indexed by `_ungroup`)
+                found = groups[record[2]]
+            found[seq] = record
+
+    def _meet(self, rng: IndexRange) -> list[dict[int, AccessRecord]] | None:
+        """A range not met before: its group, and the groups of the ranges met so far that
+        it overlaps (None: there are too many to keep the records by range, `_ungroup`)."""
+        groups = self.groups
+        assert groups is not None
+        if len(groups) >= self.GROUPS:
+            self._ungroup()
+            return None
+        found: dict[int, AccessRecord] = {}
+        mine = [found]
+        near = self.near
+        for other, theirs in near.items():
+            if _meets(other, rng):
+                mine.append(groups[other])
+                theirs.append(found)
+        groups[rng] = found
+        near[rng] = mine
+        return mine
+
+    def _ungroup(self) -> None:
+        """Many distinct ranges (one block per grid step, a SparseCore row each): the
+        records indexed as above from now on."""
+        self.groups = None
+        self.near = {}
         if len(self.records) > self.INDEX_AFTER:
             self.index_at = 2 * len(self.records)
             self._build()
@@ -196,6 +357,16 @@ class History:
                 return
             self._index()
         records[seq] = record
+        groups = self.groups
+        if groups is not None:
+            found = groups.get(record[2])
+            if found is None and self._meet(record[2]) is not None:
+                found = groups[record[2]]
+            if found is not None:  # (else left for an index by `_meet`)
+                found[seq] = record
+                if len(records) > self.longest:
+                    self.longest = len(records)
+                return
         if self.dims is not None:
             self._place(seq, record)
         size = len(records)
@@ -211,6 +382,8 @@ class History:
         that one and adding this one would leave (the same records, in the same order,
         in the same buckets), without the work."""
         self.records[self.seq] = self.last = record
+        if self.cells is None and self.groups is not None:  # (by range: kept there too)
+            self.groups[record[2]][self.seq] = record
 
     def remove(self, seq: int) -> None:
         if seq == self.seq:
@@ -222,6 +395,10 @@ class History:
             del cell[seq]
             if not cell:
                 del cells[record[2]]
+            return
+        groups = self.groups
+        if groups is not None:  # (a range's group stays, empty, while it is met)
+            del groups[record[2]][seq]
             return
         if self.dims is None:
             return

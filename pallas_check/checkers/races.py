@@ -39,30 +39,6 @@ from pallas_check.engine.call.serial import SerialStart  # declared where it is 
 from pallas_check.findings.finding import Finding, FindingKind, IndexRange, format_range
 
 
-def _overlap(a: IndexRange, b: IndexRange) -> IndexRange | None:
-    """The elements two non-empty boxes share (None: none). Most unordered pairs the
-    checker compares share none (DMAs in flight into other slots): that is found first,
-    without building anything."""
-    if len(a) != len(b):
-        return None
-    for (alo, ahi), (blo, bhi) in zip(a, b):
-        if alo >= bhi or blo >= ahi:
-            return None
-    return tuple([(alo if alo > blo else blo, ahi if ahi < bhi else bhi)
-                  for (alo, ahi), (blo, bhi) in zip(a, b)])
-
-
-def _covers(outer: IndexRange, inner: IndexRange) -> bool:
-    # (plain loops, not all()/any() over a generator: these run for every pair of
-    # accesses the race checker compares)
-    if len(outer) != len(inner):
-        return False
-    for (olo, ohi), (ilo, ihi) in zip(outer, inner):
-        if ilo < olo or ohi < ihi:
-            return False
-    return True
-
-
 _new_record = tuple.__new__  # (an AccessRecord from its fields in order: faster than its
 #                             constructor, which takes keywords and defaults)
 
@@ -74,6 +50,8 @@ class RaceChecker(Checker):
     # Accesses of a buffer nothing writes during the call are left out (no race can
     # involve them: engine/call/unraced.py), and counted (`on_accesses_left_out`).
     needs_unwritten_accesses = False
+    takes_empty_dma_reads = False  # (a DmaMoved with no access and no semaphore: no edge)
+    takes_owed = False
 
     def __init__(self, call: events.CallFacts, sink: events.FindingSink) -> None:
         super().__init__(call, sink)
@@ -107,6 +85,7 @@ class RaceChecker(Checker):
         self._starter: dict[str, str] = {}
         self._started: dict[str, int] = {}  # DMA in flight -> its fork's number
         self._forks = 0
+        self._boxes: set[IndexRange] = set()  # boxes accessed that have elements
 
     def longest_history(self) -> int:
         """The most access records one buffer's history held at once: bounded by what is
@@ -125,7 +104,9 @@ class RaceChecker(Checker):
 
     def fork(self, parent: str, child: str) -> None:
         """`child` (a DMA) starts now: everything `parent` did so far happens before it."""
-        parent_vc = self.clock(parent)
+        parent_vc = self.clocks.get(parent)
+        if parent_vc is None:
+            parent_vc = self.clock(parent)
         slot, epoch = child, 1
         free = self._free.get(parent)
         if free:
@@ -136,15 +117,17 @@ class RaceChecker(Checker):
                     slot, epoch = old, start
                     self.slot_of[child] = old
                     break
-        self.clocks[child] = parent_vc.forked(slot, epoch)
-        self._parent[child] = self._starter[child] = parent
+        self.clocks[child] = child_vc = VectorClock(parent_vc)  # (parent_vc.forked(...))
+        child_vc[slot] = epoch
+        self._parent[child] = parent
         self._started[child] = self._forks = self._forks + 1
         if self.live is not None:
             if parent in self.live:
                 self.live.add(child)
             else:
                 self.live = None  # an actor we were not told of: stop frontier pruning
-        parent_vc.tick(self.slot_of.get(parent, parent))  # (self._tick(parent), inlined)
+        own = self.slot_of.get(parent, parent)  # (self._tick(parent), inlined)
+        parent_vc[own] = parent_vc.get(own, 0) + 1
 
     def finish(self, actor: str) -> None:
         """`actor` (a DMA) will not act again: its slot may serve a later DMA."""
@@ -248,9 +231,17 @@ class RaceChecker(Checker):
         if lazy is not None:
             if lazy.starter != actor:  # (`actor` may not know what the starter knew)
                 lazy.join_base(mine)
-            for slot, epoch in lazy.epochs.items():
+                epochs = lazy.epochs
+            elif lazy.joined is mine:  # (it has all epochs released before its last wait)
+                epochs = lazy.fresh
+            else:
+                epochs = lazy.epochs
+                lazy.joined = mine
+            for slot, epoch in epochs.items():
                 if mine.get(slot, 0) < epoch:
                     mine[slot] = epoch
+            if lazy.starter == actor:
+                lazy.fresh.clear()
         self._joins += 1
 
     # -- parallel_loop iterations --------------------------------------------------------
@@ -296,9 +287,13 @@ class RaceChecker(Checker):
         actor, buffer_id, buffer, memory_space, index_range, is_write, operation, frames, \
             grid_point, atomic_add = event
         self.checked += 1
-        for lo, hi in index_range:  # no element: it can neither race nor prune
-            if hi <= lo:
-                return
+        if index_range not in self._boxes:  # (a box met before has elements)
+            for lo, hi in index_range:  # no element: it can neither race nor prune
+                if hi <= lo:
+                    return
+            if len(self._boxes) >= 4096:
+                self._boxes.clear()
+            self._boxes.add(index_range)
         vc = self.clocks.get(actor)
         if vc is None:  # (self.clock(actor), inlined: it runs for every access)
             vc = self.clock(actor)
@@ -332,25 +327,11 @@ class RaceChecker(Checker):
                 if hi - lo != 1:
                     element = False
                     break
-        seen = vc.get
-        raced = False
-        for seq, prev in history.candidates(index_range, element):
-            p_actor, p_epoch, p_range, p_write, _, _, _, _, _, p_slot, p_add = prev
-            # (vc.has_seen(prev.slot, prev.epoch), inlined: this runs for every pair)
-            ordered = p_actor == actor or p_epoch <= seen(p_slot, 0)
-            if not ordered:
-                if (p_write or is_write) and not (atomic_add and p_add):
-                    overlap = _overlap(p_range, index_range)
-                    if overlap is not None:
-                        self._race(record, prev, overlap)
-                        raced = True
-            # (an atomic add covers only atomic adds: a later add races with a plain write
-            # it would hide)
-            elif (is_write or not p_write) and (not atomic_add or p_add) and (
-                    p_range == index_range or _covers(index_range, p_range)):
-                history.remove(seq)  # pruned: a later race with prev is one with this access
-        history.add(record, element)
-        if not raced:  # (what a repeat of this access may skip, above)
+        raced = history.check(record, element, vc.get)  # (the walk: race_history.py)
+        if raced is not None:
+            for _, prev, overlap in raced:
+                self._race(record, prev, overlap)
+        else:  # (what a repeat of this access may skip, above)
             history.last, history.last_clock, history.last_joins = record, vc, self._joins
         # (self._after_add(...), inlined: it runs for every access)
         if actor in self._parent:
@@ -410,9 +391,32 @@ class RaceChecker(Checker):
         for access in event.accesses:
             self.on_access(access)
         if event.signalled is not None:
+            if event.landed and self._landed(event.actor, event.signalled.key):
+                return
             self.release(event.actor, event.signalled.key)
         if event.landed:
             self.end(event.actor)
+
+    def _landed(self, actor: str, sync_object: Hashable) -> bool:
+        """A DMA a call's core started landed and signals `sync_object`: `release` then
+        `end`, in one (one per DMA: a paged attention call has a hundred). False, having
+        done nothing, for any other DMA."""
+        parent = self._parent.get(actor)
+        vc = self.clocks.get(actor)
+        lazy = self._lazy.get(sync_object)
+        if (parent is None or vc is None or parent not in self._roots or lazy is None
+                or lazy.starter != parent):
+            return False
+        slot = self.slot_of.get(actor, actor)
+        epoch = vc[slot]
+        lazy.add(vc, slot, epoch, self._started.pop(actor))  # (`_release_dma`)
+        vc[slot] = epoch + 1  # (`vc.tick(slot)`)
+        del self._parent[actor]  # (`finish`: its slot may serve a later DMA of `parent`)
+        self._free.setdefault(parent, []).append(
+            (slot, self._last_epoch.pop(actor, 0), epoch + 2))
+        if self.live is not None:
+            self.live.discard(actor)
+        return True
 
     def on_signalled(self, event: events.Signalled) -> None:
         self.release(event.actor, event.cell.key)
@@ -430,6 +434,7 @@ class RaceChecker(Checker):
 
     def on_copy_started(self, event: events.CopyStarted) -> None:
         self.fork(event.actor, event.name)
+        self._starter[event.name] = event.actor  # (`join_finished` asks)
 
     def on_copy_moved(self, event: events.CopyMoved) -> None:
         if event.access is not None:

@@ -73,9 +73,13 @@ class Released:
     started last (what the core knew then; it knew all the earlier ones' then too), less
     its own slot, and per DMA slot the latest epoch released. Joined, it is exactly the
     join of those DMAs' clocks as released: a DMA's clock is its starter's at its start
-    with its own slot set, and changes only in that slot (a DMA waits for nothing)."""
+    with its own slot set, and changes only in that slot (a DMA waits for nothing).
 
-    __slots__ = ("starter", "base", "base_slot", "base_started", "epochs")
+    `fresh`: the epochs of `epochs` raised since the starter's clock `joined` them last
+    (the race checker's `acquire`): a clock only grows, so that clock still has every
+    other, and its next wait joins these alone."""
+
+    __slots__ = ("starter", "base", "base_slot", "base_started", "epochs", "fresh", "joined")
 
     def __init__(self, starter: str) -> None:
         self.starter = starter
@@ -83,13 +87,15 @@ class Released:
         self.base_slot = ""
         self.base_started = -1
         self.epochs: dict[str, int] = {}
+        self.fresh: dict[str, int] = {}
+        self.joined: VectorClock | None = None
 
     def add(self, vc: VectorClock, slot: str, epoch: int, started: int) -> None:
         """A DMA's clock `vc`, in `slot` at `epoch`, the `started`-th fork, released."""
         if started > self.base_started:  # (started later: knows all the earlier knew)
             self.base, self.base_slot, self.base_started = vc, slot, started
         if self.epochs.get(slot, 0) < epoch:
-            self.epochs[slot] = epoch
+            self.epochs[slot] = self.fresh[slot] = epoch
 
     def join_base(self, into: VectorClock) -> None:
         base, skip, get = self.base, self.base_slot, into.get

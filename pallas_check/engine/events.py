@@ -154,7 +154,8 @@ class Signalled(NamedTuple):
 
 class Waited(NamedTuple):
     """A wait on `cell` completed (`what`: "DMA wait" or "semaphore wait"); `owed`: the DMAs
-    on the cell still not fully waited (the others are accounted for)."""
+    on the cell still not fully waited (the others are accounted for); empty where no
+    listener of waits reads it (`Listener.takes_owed`: the timeline does)."""
 
     actor: str
     device: int
@@ -270,6 +271,11 @@ class Listener:
     # so those of buffers nothing writes during the call, which no race can involve, may
     # be left out (engine/call/unraced.py); it learns how many by `accesses_left_out`.
     needs_unwritten_accesses = True
+    # False: a DMA's read that carries no access (left out, as above) and signals no
+    # semaphore is nothing to it, so the engine need not make that `DmaMoved` for it.
+    takes_empty_dma_reads = True
+    # False: it reads no `Waited.owed` (the engine leaves it empty where none does).
+    takes_owed = True
 
     def on_access(self, event: Access) -> None: ...
     def on_actors_declared(self, event: ActorsDeclared) -> None: ...

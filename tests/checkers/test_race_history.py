@@ -122,3 +122,73 @@ def test_an_access_of_more_than_one_element_indexes_the_records():
         r for r in records if overlaps(r.index_range, row)]
     history.add(record(row))
     assert [r.index_range for _, r in history.candidates(((1, 2), (3, 4)))][-1] == row
+
+
+def shared(a, b):
+    """The elements two boxes share (None: none)."""
+    box = tuple((max(lo, blo), min(hi, bhi)) for (lo, hi), (blo, bhi) in zip(a, b))
+    return box if all(lo < hi for lo, hi in box) else None
+
+
+def plain_walk(records, new, seen):
+    """The walk as the race checker defines it, over every record: races of the records
+    `new` is not ordered after (overlapping, one a write, not two atomic adds), and the
+    records kept (those it is ordered after and covers, it a write or they reads, go)."""
+    races, kept = [], []
+    for seq, prev in records:
+        if prev.actor == new.actor or prev.epoch <= seen.get(prev.slot, 0):
+            if ((new.is_write or not prev.is_write) and (not new.atomic_add or prev.atomic_add)
+                    and shared(new.index_range, prev.index_range) == prev.index_range):
+                continue
+        elif (prev.is_write or new.is_write) and not (new.atomic_add and prev.atomic_add):
+            overlap = shared(prev.index_range, new.index_range)
+            if overlap is not None:
+                races.append((seq, prev, overlap))
+        kept.append((seq, prev))
+    return races, kept
+
+
+def double_buffer_ranges():
+    """A (2, 2, 16, 128) K/V scratch: a DMA lands one page of a slot, a core reads a slot."""
+    pages = [((s, s + 1), (p, p + 1), (0, 16), (0, 128)) for s in range(2) for p in range(2)]
+    return pages + [((s, s + 1), (0, 2), (0, 16), (0, 128)) for s in range(2)]
+
+
+def test_few_ranges_are_kept_by_range_and_the_walk_is_the_plain_one():
+    """A double-buffered scratch's accesses (issue 55.4): its records are kept by range,
+    each access visits only the ranges it overlaps, and what the walk (`check`) finds and
+    keeps is what a walk of every record would, races in the order the records were made."""
+    import random
+    rng = random.Random(7)
+    history, plain, seq = History(), [], 0
+    ranges = double_buffer_ranges()
+    for step in range(400):
+        actor = rng.choice(["core 0", "DMA #1", "DMA #2", "DMA #3"])
+        new = AccessRecord(actor, rng.randint(1, 3), rng.choice(ranges), rng.random() < 0.5,
+                           "access", "k_vmem_buffer", "VMEM", (), None, actor,
+                           rng.random() < 0.1)
+        seen = {slot: rng.randint(0, 3) for slot in ["core 0", "DMA #1", "DMA #2", "DMA #3"]}
+        races, kept = plain_walk(plain, new, seen)
+        found = history.check(new, False, seen.get)
+        assert (found or []) == races, step
+        seq += 1
+        plain = kept + [(seq, new)]
+        assert list(history.records.items()) == plain, step
+    assert history.groups is not None and len(history.groups) == len(ranges)
+    # a page's DMA landing visits its page's records and its slot's reads, no others
+    page = ranges[1]
+    assert {r.index_range for _, r in history.candidates(page)} <= {page, ranges[4]}
+
+
+def test_many_ranges_leave_records_by_range_for_the_index_and_the_walk_is_the_same():
+    """Past 16 distinct ranges (one block per grid step) the history is indexed instead,
+    and the walk still finds and keeps what the plain one does."""
+    history, plain, seq = History(), [], 0
+    for step in range(40):
+        new = record(((step % 24, step % 24 + 1), (0, 128)), f"DMA #{step % 3}", True)
+        races, kept = plain_walk(plain, new, {})
+        assert (history.check(new, False, {}.get) or []) == races
+        seq += 1
+        plain = kept + [(seq, new)]
+        assert list(history.records.items()) == plain
+    assert history.groups is None and history.dims is not None

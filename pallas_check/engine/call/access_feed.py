@@ -43,6 +43,10 @@ class AccessFeed:
     # the buffers bound to a ref some equation may write, or some other actor than its
     # core touch (unraced.py `bind`), and how many accesses were left out so far.
     leave_out: bool
+    # A DMA read left out that signals nothing makes no event: accesses are left out, and
+    # no listener of `dma_moved` takes such a read (`Listener.takes_empty_dma_reads`).
+    quiet_reads: bool
+    owed_taken: bool  # some listener of `waited` reads `Waited.owed`
     raced_ids: set[int]
     shared_ids: set[int]
     left_out: int
@@ -53,6 +57,12 @@ class AccessFeed:
         buffers no race can involve may be left out (unraced.py decides which)."""
         self.races = self.feeds.access or None
         self.leave_out, self.left_out = leaves_out(listeners, self.feeds), 0
+        self.quiet_reads = self.leave_out and all(
+            not listener.takes_empty_dma_reads for listener in listeners
+            if "dma_moved" in kinds_taken(type(listener)))  # type: ignore[arg-type]
+        self.owed_taken = any(
+            listener.takes_owed for listener in listeners
+            if "waited" in kinds_taken(type(listener)))  # type: ignore[arg-type]
         self.raced_ids, self.shared_ids = set(), set()
 
     def access(self, ctx: RunningCore, region: Region, is_write: bool, operation: str,

@@ -20,6 +20,9 @@ from pallas_check.engine.memory.region import Region
 from pallas_check.engine.runtime.barrier import SubcoreBarrier
 from pallas_check.findings.finding import SourceFrame
 
+_new = tuple.__new__  # (an event from its fields in order: a NamedTuple's constructor is a
+#                      Python function taking keywords and defaults; these run per DMA)
+
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.dma.engine import Dma, SyncState
     from pallas_check.engine.memory.buffer import Buffer
@@ -83,26 +86,26 @@ def accesses(actor: str, region: Region, is_write: bool, operation: str,
 
 def dma_started(ctx: Core, dma: Dma, carried: bool = False,
                 cells: Callable[[SemCell], Cell] = cell) -> DmaStarted:
-    return DmaStarted(dma.id, dma.actor_name, ctx.actor, ctx.device_id, ctx.core_id,
-                      dma.src.buffer.name, dma.dst.buffer.name, dma.nbytes, dma.frames,
-                      dma.dst.buffer.device, cells(dma.dst_sem), carried,
-                      bool(dma.read_done))
+    return _new(DmaStarted, (dma.id, dma.actor_name, ctx.actor, ctx.device_id, ctx.core_id,
+                             dma.src.buffer.name, dma.dst.buffer.name, dma.nbytes,
+                             dma.frames, dma.dst.buffer.device, cells(dma.dst_sem), carried,
+                             bool(dma.read_done)))
 
 
 def dma_moved(dma: Dma, landed: bool, cells: Callable[[SemCell], Cell] = cell,
               unraced: bool = False) -> DmaMoved:
     """The DMA's read (with its send semaphore) or its write (its receive semaphore);
     `unraced`: no race can involve its source, whose read is left out."""
+    name = dma.actor_name  # (a property: read once)
     if landed:
-        moved = accesses(dma.actor_name, dma.dst, True, "DMA write", dma.frames,
-                         dma.grid_point)
+        moved = accesses(name, dma.dst, True, "DMA write", dma.frames, dma.grid_point)
         if dma.atomic_add:  # a SparseCore scatter-add: atomic read-modify-writes
             moved = tuple(a._replace(operation="DMA add", atomic_add=True) for a in moved)
-        return DmaMoved(dma.id, dma.actor_name, True, moved, cells(dma.dst_sem))
-    moved = () if unraced else accesses(dma.actor_name, dma.src, False, "DMA read",
-                                        dma.frames, dma.grid_point)
-    return DmaMoved(dma.id, dma.actor_name, False, moved,
-                    cells(dma.src_sem) if dma.src_sem is not None else None)
+        return _new(DmaMoved, (dma.id, name, True, moved, cells(dma.dst_sem), False))
+    moved = () if unraced else accesses(name, dma.src, False, "DMA read", dma.frames,
+                                        dma.grid_point)
+    return _new(DmaMoved, (dma.id, name, False, moved,
+                           cells(dma.src_sem) if dma.src_sem is not None else None, False))
 
 
 def owed(sync: SyncState, semaphore: SemCell) -> tuple[int, ...]:

@@ -37,6 +37,8 @@ from pallas_check.engine.seam import AddressProbe, LoopInProgress, Mxu, RunningC
 from pallas_check.engine.timeline import Timeline
 from pallas_check.findings.finding import Finding, IndexRange, SourceFrame
 
+_new = tuple.__new__  # (an event from its fields in order, as event_data.py makes them)
+
 if TYPE_CHECKING:  # only for annotations
     from pallas_check.engine.call.describe import Operand
 
@@ -304,7 +306,8 @@ class CallState(CallBuffers, AccessFeed):
         """A BlockSpec pipeline copy began: an actor of its own, forked by the core, as a
         DMA is (`operand`'s VMEM buffer `buffer` it fills or drains, for the timeline)."""
         if self.feeds.copy_started:
-            event = CopyStarted(ctx.actor, ctx.device_id, ctx.core_id, name, operand, buffer)
+            event = _new(CopyStarted, (ctx.actor, ctx.device_id, ctx.core_id, name, operand,
+                                       buffer))
             for take in self.feeds.copy_started:
                 take(event)
 
@@ -317,7 +320,7 @@ class CallState(CallBuffers, AccessFeed):
             access = None if hbm_range is None or self._copy_left_out(hbm) else Access(
                 name, hbm.id, hbm.name, hbm.space, hbm_range, writes_back,
                 "DMA write" if writes_back else "DMA read", frames, grid_point)
-            event = CopyMoved(name, access)
+            event = _new(CopyMoved, (name, access))
             for take in self.feeds.copy_moved:
                 take(event)
 
@@ -330,7 +333,7 @@ class CallState(CallBuffers, AccessFeed):
         """The core waited for the copy: what the copy did happened before what the core
         does next, and its name may serve a later copy."""
         if self.feeds.copy_waited:
-            event = CopyWaited(ctx.actor, name)
+            event = _new(CopyWaited, (ctx.actor, name))
             for take in self.feeds.copy_waited:
                 take(event)
         self._copies_in_flight.discard(name)
@@ -344,7 +347,10 @@ class CallState(CallBuffers, AccessFeed):
     def on_dma_read(self, ctx: DmaCore, dma: Dma) -> None:
         """The DMA (its own actor) read its source and signals its send semaphore."""
         if self.feeds.dma_moved:
-            event = event_data.dma_moved(dma, False, self.cells, self.left_out_of(dma.src))
+            unraced = self.left_out_of(dma.src)
+            if unraced and dma.src_sem is None and self.quiet_reads:
+                return  # (no access, no semaphore: no listener takes it)
+            event = event_data.dma_moved(dma, False, self.cells, unraced)
             for take in self.feeds.dma_moved:
                 take(event)
 
@@ -364,8 +370,8 @@ class CallState(CallBuffers, AccessFeed):
 
     def _waited(self, ctx: RunningCore, cell: SemCell, what: str) -> None:
         if self.feeds.waited:
-            event = Waited(ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell), what,
-                           event_data.owed(self.sync, cell))
+            event = _new(Waited, (ctx.actor, ctx.device_id, ctx.core_id, self.cells(cell), what,
+                                  event_data.owed(self.sync, cell) if self.owed_taken else ()))
             for take in self.feeds.waited:
                 take(event)
 

@@ -87,7 +87,11 @@ def access_write(ctx: RunningCore, view: RefView | None, value: object, mask: np
             ctx.call.on_write(ctx, region)
             return
     region.write(value, ctx.fill(buffer.data.dtype), touched=mask)
-    ctx.call.on_write(ctx, region)
+    if ctx.call.races is not None:  # (`ctx.call.on_write(ctx, region)`, inlined)
+        if buffer.unraced and not region.post:  # one box no race can involve (unraced.py)
+            ctx.call.left_out += 1
+        else:
+            ctx.call.access(ctx, region, True, "write")
 
 
 def access_atomic_add(ctx: RunningCore, view: RefView | None, value: object, operation: str,
@@ -210,7 +214,7 @@ def _scalar_get(eqn: JaxprEqn) -> RuleFn | None:
                     if ctx.call.races is None:
                         pass
                     elif buffer.unraced:  # nothing writes it (engine/call/unraced.py)
-                        ctx.call.left_out_one()
+                        ctx.call.left_out += 1  # (`left_out_one`, inlined)
                     else:  # all ints: the index is the element's
                         ctx.call.access_box(
                             ctx, buffer, _element_box(index),  # type: ignore[arg-type]

@@ -75,3 +75,26 @@ def test_a_call_leaves_out_the_buffers_no_race_can_involve(check, monkeypatch):
     assert r.findings == []
     assert sorted(set(seen)) == [("landed_ref", "DMA write"), ("landed_ref", "read"),
                                  ("o_ref", "DMA write")]
+
+
+def test_a_left_out_dma_read_that_signals_nothing_makes_no_event_for_the_race_checker(
+        check, monkeypatch):
+    """The DMA's read of x (nothing writes x, and a local DMA has no send semaphore) is
+    nothing to the race checker (`takes_empty_dma_reads` False): only the landing is
+    handed to it. A listener that takes such reads (the default) gets the read too, with
+    no access and no semaphore."""
+    _, (table, x) = _kernel_jaxpr()
+    moved: list[tuple[bool, int, bool]] = []
+    on_dma_moved = RaceChecker.on_dma_moved
+
+    def recording(self, event):
+        moved.append((event.landed, len(event.accesses), event.signalled is not None))
+        return on_dma_moved(self, event)
+
+    monkeypatch.setattr(RaceChecker, "on_dma_moved", recording)
+    for takes in (False, True):
+        moved.clear()
+        monkeypatch.setattr(RaceChecker, "takes_empty_dma_reads", takes)
+        r = check(_call(), table, x, config=Config(races=True, tier=Tier.ENGINE))
+        assert r.findings == []
+        assert moved == ([(False, 0, False)] if takes else []) + [(True, 1, True)]
