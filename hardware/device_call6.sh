@@ -10,9 +10,7 @@
 # call: `BUDGET=520 bash hardware/device_call6.sh`, carry .whl-tpu.
 set -u
 cd "$(dirname "$0")/.."
-PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl-tpu/*.whl || exit 1
-export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD PYTHONUNBUFFERED=1
+source hardware/device_install.sh
 mkdir -p $OUT/r $OUT/rec
 deadline=$(( $(date +%s) + ${BUDGET:-480} ))
 ( cd benchmarks/kernel_suite && timeout 150 python3 -m pytest -q -p no:cacheprovider \

@@ -7,9 +7,7 @@
 # production-shaped kernels, not only on the samples. Results in $OUT (tar parts).
 set -u
 cd "$(dirname "$0")/.."
-PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl-tpu/*.whl || exit 1
-export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD PYTHONUNBUFFERED=1
+source hardware/device_install.sh
 PC="python3 -m pallas_check"
 mkdir -p $OUT/r $OUT/rec
 ( time timeout 240 $PC record hardware/probes/kernel_suite_record.py -o $OUT/rec/kernel_suite.npz \

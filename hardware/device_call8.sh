@@ -4,9 +4,7 @@
 # --native` of the same one-chip _ok samples as device_call6.sh, until a deadline.
 set -u
 cd "$(dirname "$0")/.."
-PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl-tpu/*.whl || exit 1
-export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD PYTHONUNBUFFERED=1
+source hardware/device_install.sh
 mkdir -p $OUT/r
 deadline=$(( $(date +%s) + ${BUDGET:-300} ))
 OKS=$(sed -n 's/^OKS="\(.*\)"$/\1/p' hardware/device_call6.sh)
