@@ -106,8 +106,7 @@ class DiskCachedSegment:
                 self.run = found
                 return
             lowered = self.jitted.lower(*self.avals)  # type: ignore[attr-defined]
-            self.run = (disk_cache.compile_cached(lowered, device, SEGMENT_COMPILER_OPTIONS)
-                        if path is None else disk_cache.compile_to(lowered, path))
+            self.run = lowered.compile() if path is None else disk_cache.compile_to(lowered, path)
         except Exception:  # noqa: BLE001 - JAX compiles (and reports) it as it did
             self.run = self.jitted
 
