@@ -11,9 +11,10 @@ host callback, whose handler reports the call as it reports every call.
 
 The engine's own programs are compiled without XLA's algebraic simplifier
 (`SEGMENT_COMPILER_OPTIONS`): it turns a kernel's `x * mask.astype(f32)` into a select
-that drops the NaN a TPU keeps, and a division by a constant into a multiplication. So a
-program is lowered inline only while intercept/outer.py compiles it without that pass,
-which it does for a program holding a kernel that will run inline (`passes_off`); a
+that drops the NaN a TPU keeps, and a division by a constant into a multiplication; nor
+with excess precision, which drops a kernel's bfloat16 roundings. So a program is
+lowered inline only while intercept/outer.py compiles it with the segments' options,
+which it does for a program holding a kernel that will run inline (`kernel_options`); a
 program whose kernels all go through the handler compiles as it would without
 pallas-check, and one compiled ahead of time (not through that hook) keeps the callback.
 """
@@ -52,13 +53,14 @@ class InlineCalls:
         return (Tier(session.config.tier) is Tier.ENGINE or session.call_filter is not None
                 or session.compile_recorder is not None or session.refused is not None)
 
-    def passes_off(self, kernels: Sequence[Mapping[str, Any]]) -> str | None:
-        """What a program holding these kernels is compiled without: the simplifier,
+    def kernel_options(self, kernels: Sequence[Mapping[str, Any]]
+                       ) -> Mapping[str, str | bool] | None:
+        """The compiler options of a program holding these kernels: the engine's segments',
         when one of them will run inline (intercept/outer.py asks at each run)."""
         if self._handler_only():
             return None
         inlined = any(self._compiled(params) is not None for params in kernels)
-        return str(SEGMENT_COMPILER_OPTIONS["xla_disable_hlo_passes"]) if inlined else None
+        return SEGMENT_COMPILER_OPTIONS if inlined else None
 
     def _compiled(self, params: Mapping[str, Any]) -> Any:
         """The structure's function to inline (None: its calls go through the handler)."""

@@ -20,10 +20,10 @@ function: its kernels are judged at their own boundary. A computation that donat
 arguments is re-run on copies of them taken before it ran (intercept/donated.py, within a
 memory bound), never on the script's buffers.
 
-Installed with `passes_off`, which names XLA passes (as `xla_disable_hlo_passes` takes
-them) for a computation given its kernels' params (None: none), such a computation is
-compiled with those passes disabled, and `compiled_here()` tells the pallas_call lowering,
-while it runs, that its module is compiled so: a kernel lowered inline
+Installed with `kernel_options`, which gives XLA compiler options for a computation given
+its kernels' params (None: none), such a computation is compiled with those options (its
+own disabled passes kept), and `compiled_here()` tells the pallas_call lowering, while it
+runs, that its module is compiled so: a kernel lowered inline
 (intercept/patched_lowering.py) keeps the arithmetic the engine's own programs have
 (pallas_check/engine/jaxpr/program.py, `SEGMENT_COMPILER_OPTIONS`).
 """
@@ -97,20 +97,21 @@ class Listener(Protocol):
 _lock = threading.Lock()
 _saved: dict[str, Any] | None = None
 _listener: Listener | None = None
-# passes_off(kernels' params) -> XLA passes to disable, or None (see the module).
-PassesOff = Callable[[Sequence[Mapping[str, Any]]], "str | None"]
-_passes_off: PassesOff | None = None
+# kernel_options(kernels' params) -> XLA compiler options, or None (see the module).
+KernelOptions = Callable[[Sequence[Mapping[str, Any]]], "Mapping[str, str | bool] | None"]
+_kernel_options: KernelOptions | None = None
 # Whether the computation this thread just ran through the hook held a pallas_call: JAX
 # asks for its fast-path data right after running it, on the same thread.
 _last = threading.local()
 _facts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
-# A program's jaxpr -> the passes it was last compiled without.
-_compiled_with: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+# A program's jaxpr -> the options it was last compiled with.
+_compiled_with: "weakref.WeakKeyDictionary[Any, Mapping[str, str | bool]]" = (
+    weakref.WeakKeyDictionary())
 
 
-def _remember_passes(body: Any, passes: str) -> None:
+def _remember_options(body: Any, options: Mapping[str, str | bool]) -> None:
     try:
-        _compiled_with[body] = passes
+        _compiled_with[body] = options
     except TypeError:  # not weakly referenceable: the modules are forgotten each run
         pass
 
@@ -191,15 +192,15 @@ def _call_impl_python(*args: Any, **params: Any) -> Any:
         return result
     call, kept = _describe(params, args)
     token = listener.opened(call)
-    passes = _passes_off(facts[2]) if _passes_off is not None else None
-    if passes is not None:
-        params = dict(eqn_params.with_passes_disabled(params, passes))
-        if _compiled_with.get(body) != passes:
+    options = _kernel_options(facts[2]) if _kernel_options is not None else None
+    if options is not None:
+        params = dict(eqn_params.with_compiler_options(params, options))
+        if _compiled_with.get(body) != options:
             # JAX keeps the module it lowered per jaxpr, whatever the options: lowered
             # again, a kernel that now runs inline is lowered so.
             lowering.forget_lowered_modules()
-            _remember_passes(body, passes)
-    _last.compiling = passes is not None
+            _remember_options(body, options)
+    _last.compiling = options is not None
     try:
         out_flat, compiled, profiler, const_args = original(*args, **params)
         _last.compiling = False
@@ -242,20 +243,20 @@ def _fastpath_data(*args: Any, **kwargs: Any) -> Any:
 
 def compiled_here() -> bool:
     """Whether a computation holding a pallas_call is being lowered on this thread now, to
-    be compiled with the hook's `passes_off` disabled."""
+    be compiled with the hook's `kernel_options`."""
     return bool(getattr(_last, "compiling", False))
 
 
-def install(listener: Listener, passes_off: PassesOff | None = None) -> None:
+def install(listener: Listener, kernel_options: KernelOptions | None = None) -> None:
     """Tell `listener` of every top-level computation that holds a pallas_call (compiled
-    with `passes_off` disabled, when given)."""
-    global _saved, _listener, _passes_off
+    with `kernel_options`, when given)."""
+    global _saved, _listener, _kernel_options
     with _lock:
         if _saved is not None:
             raise RuntimeError("pallas-check's jit hook is already installed")
         impl, fastpath = jit_dispatch()
         _saved = {"impl": impl, "fastpath": fastpath}
-        _listener, _passes_off = listener, passes_off
+        _listener, _kernel_options = listener, kernel_options
         set_jit_dispatch((_call_impl_python, _fastpath_data))
 
 
@@ -265,9 +266,9 @@ def listening(listener: Listener) -> bool:
 
 
 def uninstall() -> None:
-    global _saved, _listener, _passes_off
+    global _saved, _listener, _kernel_options
     with _lock:
         if _saved is None:
             return
         set_jit_dispatch((_saved["impl"], _saved["fastpath"]))
-        _saved, _listener, _passes_off = None, None, None
+        _saved, _listener, _kernel_options = None, None, None

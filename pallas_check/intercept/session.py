@@ -484,7 +484,7 @@ class Session:
               chip_arithmetic(self.config.chip_arithmetic),
               children.undone_in_child(self._forked)):
             self.questions_from = questions()
-            outer.install(self.judge, inline.passes_off)
+            outer.install(self.judge, inline.kernel_options)
             empties.install()
             # The script's plain programs compiled once across runs (jaxbridge/program_store.py).
             store = disk_cache.script_programs()

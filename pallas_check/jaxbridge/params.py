@@ -342,16 +342,14 @@ def jit_call(params: Params) -> JitCall:
                    tuple(bool(d) for d in params.get("donated_invars", ())))
 
 
-def with_passes_disabled(params: Params, passes: str) -> Params:
-    """A jitted call's params, compiled with XLA's `passes` (comma-separated) disabled as
-    well as any the call disables itself, and without excess precision: the kernels
-    lowered into it keep each bfloat16 rounding as written, as in the engine's segments
-    (engine/jaxpr/program.py `SEGMENT_COMPILER_OPTIONS`)."""
-    options = dict(params.get("compiler_options_kvs", ()))
-    already = options.get("xla_disable_hlo_passes")
-    options["xla_disable_hlo_passes"] = f"{already},{passes}" if already else passes
-    options["xla_allow_excess_precision"] = False
-    return {**params, "compiler_options_kvs": tuple(options.items())}
+def with_compiler_options(params: Params, options: Mapping[str, str | bool]) -> Params:
+    """A jitted call's params, compiled with XLA compiler `options` as well as its own:
+    the passes it disables itself stay disabled beside those `options` disable."""
+    merged = dict(params.get("compiler_options_kvs", ()))
+    for name, value in options.items():
+        already = merged.get(name) if name == "xla_disable_hlo_passes" else None
+        merged[name] = f"{already},{value}" if already else value
+    return {**params, "compiler_options_kvs": tuple(merged.items())}
 
 
 # -- prints and checks ---------------------------------------------------------------------
