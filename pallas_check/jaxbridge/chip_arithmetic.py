@@ -13,6 +13,10 @@ Measured on a TPU v5e (hardware/probes/numerics.py, hardware/README.md):
 - **`pl.reciprocal(x, approx=True)`.** The chip's is within 1.6e-5 of 1/x; JAX's lowering
   for other platforms takes the reciprocal of x rounded to bfloat16 (errors of 4e-3): here
   it is the float32 reciprocal, within the chip's noise.
+- **`exp` and `exp2`.** The chip's are a table-and-quadratic approximation (up to 64 ulps
+  from the correctly rounded value), the same in a kernel and in XLA:TPU; where a result is
+  then rounded to bfloat16 (flash attention's `p` before the MXU) the difference decides
+  the rounding. Computed here bit for bit as the chip does (jaxbridge/chip_exp.py).
 
 `chip_arithmetic()` replaces XLA's CPU lowerings of `dot_general` (the operands the chip
 rounds, rounded before the product) and of the approximate reciprocal while it is open:
@@ -21,8 +25,9 @@ evaluation of a kernel, the compiled tier) computes what the chip computes, with
 chip's own accumulation-order noise. `HIGH` (which XLA:TPU computes in three bfloat16
 passes and Mosaic refuses) stays exact here: the closer of the two without the chip's
 exact algorithm. Convolutions are not rounded; the chip's other transcendental functions
-differ from XLA:CPU's by up to 4e-5 of their largest value, which `diff` and `replay`
-allow (findings/output_diff.py). Other generations: the v5e's rules, unverified.
+(log, tanh, the division's reciprocal, ...) differ from XLA:CPU's by up to 4e-5 of their
+largest value, which `diff` and `replay` allow (findings/output_diff.py). Other
+generations: the v5e's rules, unverified.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo as _hlo
 
+from pallas_check.jaxbridge import chip_exp
 from pallas_check.jaxbridge.lowering import LoweringRuleContext
 
 _ROUNDED_PRESETS = frozenset({"BF16_BF16_F32", "BF16_BF16_BF16"})  # one bfloat16 pass
@@ -127,8 +133,8 @@ def in_effect() -> bool:
 
 @contextlib.contextmanager
 def chip_arithmetic(on: bool = True) -> Iterator[None]:
-    """While open (`on`), XLA:CPU's float32 products round their operands as the MXU does
-    and an approximate reciprocal is the chip's (see the module); `on=False` is float32
+    """While open (`on`), XLA:CPU's float32 products round their operands as the MXU does,
+    an approximate reciprocal is the chip's and exp/exp2 are the chip's (see the module); `on=False` is float32
     arithmetic, also inside an open one."""
     _install()
     previous = bool(_arithmetic.value)
@@ -151,7 +157,26 @@ def _install() -> None:
                             platform="cpu")
     _mlir.register_lowering(_pallas_primitives.reciprocal_p,
                             cast(Any, _reciprocal_rule(reciprocal.rule)), platform="cpu")
+    for primitive, natural in ((_lax.exp_p, True), (_lax.exp2_p, False)):
+        exp_rule = rules.get(primitive) or _mlir._lowerings[primitive]
+        _mlir.register_lowering(primitive, cast(Any, _exp_rule(exp_rule.rule, natural)),
+                                platform="cpu")
     _Mode.installed = True
+
+
+def _exp_rule(original: Callable[..., Sequence[object]], natural: bool
+              ) -> Callable[..., Sequence[object]]:
+    chip = chip_exp.lowering_rule(natural)
+
+    def lowering(ctx: LoweringRuleContext, x: object, accuracy: object = None
+                 ) -> Sequence[object]:
+        """`exp` / `exp2`: the chip's own function (jaxbridge/chip_exp.py) for a float32
+        or bfloat16 operand at the default accuracy."""
+        dtype = getattr(ctx.avals_in[0], "dtype", None)
+        if _arithmetic.value and accuracy is None and chip_exp.applies(dtype):
+            return chip(ctx, x)
+        return original(ctx, x, accuracy=accuracy)
+    return lowering
 
 
 def _reciprocal_rule(original: Callable[..., Sequence[object]]

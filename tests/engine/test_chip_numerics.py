@@ -135,25 +135,23 @@ def _bf16(x):
     return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16), np.float64)
 
 
-def test_the_last_flash_differences_are_the_chips_exp_at_bfloat16_midpoints(check):
-    """Ours and the chip's output differ only in rows where the chip's `p / l` (within 4e-6
-    of ours: its `exp`) rounds to another bfloat16 than ours; the chip's `p / l`, rounded as
-    the MXU rounds it, gives the chip's output."""
+@pytest.mark.parametrize("tier", ["engine", "compiled"])
+def test_flash_attention_is_the_chips_to_the_accumulation_order(check, tier):
+    """With the chip's own exp (jaxbridge/chip_exp.py) the shipped flash attention on call
+    30's operands gives the chip's output within float32 accumulation noise (1.8e-7 on
+    values up to 2.3) -- no bfloat16 MXU operand rounds the other way. Session 32 left 147
+    elements of this call beyond the chip tolerance: XLA:CPU's exp, at bfloat16 midpoints of
+    `p / l` (hardware/chip/v5e/flash_midpoints.npz holds the chip's `p / l`)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
-    config = Config(chip_arithmetic=True, tier="engine")
+    config = Config(chip_arithmetic=True, tier=tier)
     q, k, v, chip = C30["q"], C30["k"], C30["v"], C30["chip_out"]
     ours = np.asarray(check(lambda *a: fa.flash_attention(*a, causal=False, sm_scale=0.125),
                             q, k, v, config=config).value)
-    off = np.abs(ours - chip) > 3e-5 * np.abs(chip) + 1e-4 * np.abs(chip).max()
-    assert off.any()  # (the difference the test explains)
+    assert np.abs(ours - chip).max() <= 4e-7
     normalized = pl.pallas_call(_normalized,
                                 out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))
     for b in range(q.shape[0]):
         chip_p = MIDPOINTS[f"p_over_l.{b}"]
         our_p = np.asarray(check(normalized, q[b, 0], k[b, 0], config=config).value)
-        assert np.abs(chip_p - our_p).max() <= 5e-6 * np.abs(our_p).max()
-        flipped_rows = set(np.nonzero((_bf16(chip_p) != _bf16(our_p)).any(axis=1))[0])
-        assert set(np.nonzero(off[b, 0].any(axis=1))[0]) <= flipped_rows
-        model = _bf16(chip_p) @ np.asarray(v[b, 0], np.float64)
-        assert compare(model.astype(np.float32), chip[b, 0], chip=True).mismatches == 0
+        assert np.array_equal(_bf16(chip_p), _bf16(our_p))  # the MXU's operands: the chip's
