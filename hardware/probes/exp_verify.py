@@ -13,7 +13,7 @@ one ulp of the correctly rounded one. To model it: the approximate reciprocal
 a 2**-21 grid of [1, 2), and how often candidate refinements of the seed, computed by the
 chip in float32, equal the chip's own `1 / b`.
 
-Results: `$OUT/exp_verify.json` (counts, first mismatches), `$OUT/recip_grid.npz`.
+Results: `$OUT/exp_verify.json` (counts, first mismatches), `$OUT/recip_seed.npz`, `$OUT/recip_full.npz`.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def reciprocal(facts: dict[str, Any], out: Path) -> None:
     seed = np.asarray(jax.jit(lambda v: kernel_map(lambda q: pl.reciprocal(q, approx=True),
                                                    v))(b))
     full = np.asarray(jax.jit(lambda v: kernel_map(lambda q: 1 / q, v))(b))
-    np.savez_compressed(out / "recip_grid.npz", seed=seed.reshape(-1), full=full.reshape(-1))
+    np.savez_compressed(out / "recip_seed.npz", seed=seed.reshape(-1))
+    np.savez_compressed(out / "recip_full.npz", full=full.reshape(-1))
 
     def candidates(q: Any) -> Any:
         r0 = pl.reciprocal(q, approx=True)
