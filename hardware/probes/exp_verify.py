@@ -65,8 +65,8 @@ def _differ(a: Any, b: Any) -> Any:
 
 
 def make_check(name: str) -> Callable[[Any], Any]:
-    model = {"exp2": chip_exp._exp2_jnp, "exp": chip_exp._exp_jnp,
-             "xla_exp": chip_exp._exp_jnp}[name]
+    model = {"exp2": chip_exp._exp2_jnp, "exp": chip_exp.exp_jnp,
+             "xla_exp": chip_exp.exp_jnp}[name]
 
     @jax.jit
     def check(base: Any) -> Any:

@@ -10,22 +10,26 @@ Measured on a TPU v5e (hardware/probes/numerics.py, hardware/README.md):
   are exact. XLA:CPU computes every float32 product exactly, so a kernel's output and a
   test's `jnp.dot` reference would both differ from the chip's -- and a test comparing them
   with a `HIGHEST` or numpy reference would pass here and fail there.
-- **`pl.reciprocal(x, approx=True)`.** The chip's is within 1.6e-5 of 1/x; JAX's lowering
-  for other platforms takes the reciprocal of x rounded to bfloat16 (errors of 4e-3): here
-  it is the float32 reciprocal, within the chip's noise.
+- **`pl.reciprocal(x, approx=True)`, division, the logistic.** The chip's estimate is within
+  1.6e-5 of 1/x (JAX's lowering for other platforms takes the reciprocal of x rounded to
+  bfloat16: errors of 4e-3); its `1 / b` is one Newton step from that estimate and `a / b`
+  is `a * (1 / b)`, up to an ulp or two from the correctly rounded quotient; Mosaic's
+  logistic is `1 / (1 + exp(-x))`. Float32: computed bit for bit as the chip does
+  (jaxbridge/chip_divide.py); other types: the reciprocal computed exactly.
 - **`exp` and `exp2`.** The chip's are a table-and-quadratic approximation (up to 64 ulps
   from the correctly rounded value), the same in a kernel and in XLA:TPU; where a result is
   then rounded to bfloat16 (flash attention's `p` before the MXU) the difference decides
   the rounding. Computed here bit for bit as the chip does (jaxbridge/chip_exp.py).
 
 `chip_arithmetic()` replaces XLA's CPU lowerings of `dot_general` (the operands the chip
-rounds, rounded before the product) and of the approximate reciprocal while it is open:
+rounds, rounded before the product), of `pl.reciprocal`, division, the logistic, `exp` and
+`exp2` while it is open:
 every product of the process lowered meanwhile (the script's program, the engine's
 evaluation of a kernel, the compiled tier) computes what the chip computes, within the
 chip's own accumulation-order noise. `HIGH` (which XLA:TPU computes in three bfloat16
 passes and Mosaic refuses) stays exact here: the closer of the two without the chip's
 exact algorithm. Convolutions are not rounded; the chip's other transcendental functions
-(log, tanh, the division's reciprocal, ...) differ from XLA:CPU's by up to 4e-5 of their
+(log, tanh, sqrt, ...) differ from XLA:CPU's by up to 4e-5 of their
 largest value, which `diff` and `replay` allow (findings/output_diff.py). Other
 generations: the v5e's rules, unverified.
 """
@@ -47,7 +51,7 @@ from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo as _hlo
 
-from pallas_check.jaxbridge import chip_exp
+from pallas_check.jaxbridge import chip_divide, chip_exp
 from pallas_check.jaxbridge.lowering import LoweringRuleContext
 
 _ROUNDED_PRESETS = frozenset({"BF16_BF16_F32", "BF16_BF16_BF16"})  # one bfloat16 pass
@@ -134,8 +138,8 @@ def in_effect() -> bool:
 @contextlib.contextmanager
 def chip_arithmetic(on: bool = True) -> Iterator[None]:
     """While open (`on`), XLA:CPU's float32 products round their operands as the MXU does,
-    an approximate reciprocal is the chip's and exp/exp2 are the chip's (see the module); `on=False` is float32
-    arithmetic, also inside an open one."""
+    and reciprocals, division, the logistic and exp/exp2 are the chip's (see the module);
+    `on=False` is IEEE float32 arithmetic, also inside an open one."""
     _install()
     previous = bool(_arithmetic.value)
     jax.config.update(_OPTION, on)  # type: ignore[no-untyped-call]
@@ -161,7 +165,30 @@ def _install() -> None:
         exp_rule = rules.get(primitive) or _mlir._lowerings[primitive]
         _mlir.register_lowering(primitive, cast(Any, _exp_rule(exp_rule.rule, natural)),
                                 platform="cpu")
+    for primitive, chip in ((_lax.div_p, chip_divide.divide_rule),
+                            (_lax.logistic_p, _chip_logistic)):
+        plain = rules.get(primitive) or _mlir._lowerings[primitive]
+        _mlir.register_lowering(primitive, cast(Any, _float32_rule(plain.rule, chip)),
+                                platform="cpu")
     _Mode.installed = True
+
+
+_chip_logistic = chip_divide.lowered(
+    lambda x: chip_divide.reciprocal_jnp(np.float32(1) + chip_exp.exp_jnp(-x)))
+
+
+def _float32_rule(original: Callable[..., Sequence[object]],
+                  chip: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
+    def lowering(ctx: LoweringRuleContext, *operands: object, **params: object
+                 ) -> Sequence[object]:
+        """Division, logistic (Mosaic's `1 / (1 + exp(-x))`): the chip's, for float32
+        operands at the default accuracy (jaxbridge/chip_divide.py)."""
+        dtypes = [getattr(aval, "dtype", None) for aval in ctx.avals_in]
+        if (_arithmetic.value and params.get("accuracy") is None
+                and chip_divide.applies(*dtypes)):
+            return chip(ctx, *operands)
+        return original(ctx, *operands, **params)
+    return lowering
 
 
 def _exp_rule(original: Callable[..., Sequence[object]], natural: bool
@@ -182,9 +209,15 @@ def _exp_rule(original: Callable[..., Sequence[object]], natural: bool
 def _reciprocal_rule(original: Callable[..., Sequence[object]]
                      ) -> Callable[..., Sequence[object]]:
     def lowering(ctx: LoweringRuleContext, x: object, **params: object) -> Sequence[object]:
-        """`pl.reciprocal`, approximate or not: the float32 reciprocal (see the module)."""
+        """`pl.reciprocal`: of a float32, the chip's estimate (approximate) or its full
+        reciprocal (jaxbridge/chip_divide.py); of another type, the reciprocal computed
+        exactly (see the module)."""
         if not _arithmetic.value:
             return original(ctx, x, **params)
+        if chip_divide.applies(getattr(ctx.avals_in[0], "dtype", None)):
+            chip = chip_divide.estimate_rule if params.get("approx") else \
+                chip_divide.reciprocal_rule
+            return chip(ctx, x)
         one = _mlir.full_like_aval(ctx, 1, cast(Any, ctx.avals_in[0]))
         return [_hlo.divide(one, cast(Any, x))]
     return lowering
