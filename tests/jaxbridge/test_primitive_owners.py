@@ -21,11 +21,13 @@ def test_jaxs_primitives_under_jaxs_rules_are_trusted():
         assert primitive_owners.trusted(primitive), primitive
 
 
-def test_pallas_checks_chip_arithmetic_rule_is_trusted():
-    with chip_arithmetic(True):  # (registers its CPU rule for dot_general)
-        rule = primitive_owners.cpu_rule(lax.dot_general_p)
-        assert rule is not None and rule.__module__ == "pallas_check.jaxbridge.chip_arithmetic"
-        assert primitive_owners.trusted(lax.dot_general_p)
+def test_pallas_checks_chip_arithmetic_rules_are_trusted():
+    with chip_arithmetic(True):  # (registers its CPU rules for dot_general, exp, exp2)
+        for primitive in (lax.dot_general_p, lax.exp_p, lax.exp2_p):
+            rule = primitive_owners.cpu_rule(primitive)
+            assert rule is not None
+            assert rule.__module__ == "pallas_check.jaxbridge.chip_arithmetic", primitive
+            assert primitive_owners.trusted(primitive), primitive
 
 
 def test_a_primitive_of_the_scripts_is_not():
