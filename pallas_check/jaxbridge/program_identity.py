@@ -2,12 +2,12 @@
 jaxbridge/program_store.py finds its executable on disk without lowering it.
 
 Why: keyed by the lowered module (JAX's own key), a warm run still lowered every plain
-program to find its key -- 750 lowerings, a third of a warm suite run (benchmarks/README.md,
-issue 55). Here a program is keyed by what JAX's dispatch is about to lower, as
+program to find its key -- 650 to 750 lowerings, a third of a warm suite run
+(benchmarks/README.md, issue 55). Here a program is keyed by what JAX's dispatch is about to lower, as
 engine/jaxpr/segment_cache.py keys the engine's own segments. A false hit would silently run
 the wrong executable, so the key holds everything that decides the compiled program, and
-anything this module cannot spell out faithfully refuses the key (None): the program is then
-lowered as JAX does, and kept under JAX's key after all.
+anything this module cannot spell out faithfully refuses the key (`dispatch_identity` says
+why): the program is then lowered as JAX does, and kept under JAX's key after all.
 
 The key (`dispatch_identity`), part by part, and why each is there:
 
@@ -15,7 +15,9 @@ The key (`dispatch_identity`), part by part, and why each is there:
   class), every operand and result with its type, every parameter, and the equation's
   context (compute type, abstract mesh, XLA metadata, threefry mode: each changes the
   lowering). A nested jaxpr (cond branches, scan and while bodies, jit/closed_call and
-  custom_jvp/custom_vjp call jaxprs, remat) is written out in place, recursively. Variables
+  custom_jvp/custom_vjp call jaxprs, remat) is written out in place, recursively; of a
+  custom_jvp/custom_vjp call only the call jaxpr, which is all JAX's rule lowers (its other
+  parameters are differentiation rules: functions). Variables
   are numbered in order of appearance, so two tracings of the same code write the same
   text. Values are never printed (numpy summarizes a large array with "..."): every
   literal's and every constant's bytes are hashed with its dtype, shape and type. The
@@ -91,7 +93,7 @@ _DISPATCH_PARAMS = frozenset({
 # Primitives whose program is never keyed: they call into this process (the session's
 # kernel interception, Python callbacks, an FFI target registered at run time).
 _NEVER = frozenset({"pallas_call", "mpmd_map", "pure_callback", "io_callback",
-                    "debug_callback", "debug_print", "ffi_call", "custom_call"})
+                    "debug_callback", "debug_print", "ffi_call"})
 
 # Primitives whose lowering reads one parameter only (JAX 0.10's
 # `_custom_jvp_vjp_call_lowering` reads `call_jaxpr`): the others are differentiation
