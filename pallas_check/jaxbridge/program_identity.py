@@ -26,8 +26,9 @@ The key (`dispatch_identity`), part by part, and why each is there:
   resolved shardings (committed or not, on which device) and layouts, the donated operands
   (aliasing is compiled in), keep_unused, inline, the jit's name (cheap, only a name), the
   compiler options and the context mesh.
-- The device the program is compiled for and loaded onto: its platform, id, kind, process
-  and the backend's version (an executable is loaded by device id).
+- The device the program is compiled for and loaded onto: its platform, id, kind, process,
+  the backend's version and whether it is JAX's client or another (an executable is loaded
+  by device id, and the engine's private CPU client has a device 0 too).
 - JAX's settings: every value of JAX's trace context by name (x64, the default matmul
   precision, shardy, the PRNG's threefry mode, dtype and rank promotion, pallas-check's
   chip arithmetic and program owner...), every other value of JAX's configuration (the
@@ -183,8 +184,11 @@ def _device(resolved: Iterable[object]) -> jax.Device:
 
 
 def device_text(device: jax.Device) -> str:
+    """A device as the key names it; whether it is of JAX's own client for its platform or
+    of another (the engine's private CPU client numbers its device 0 too)."""
+    own = device.client is jax.devices(device.platform)[0].client
     return (f"{device.platform} {device.id} {device.device_kind!r} {device.process_index}"
-            f" {device.client.platform_version!r}")
+            f" {device.client.platform_version!r} {'jax' if own else 'other'}-client")
 
 
 def _meta_text(writer: "_Writer", meta: object) -> str:

@@ -126,9 +126,11 @@ class _Memory:
     def __init__(self) -> None:
         self.kept: dict[str, bytes] = {}
         self.asked = 0
+        self.keys_asked: list[str] = []
 
     def get(self, key: str) -> bytes | None:
         self.asked += 1
+        self.keys_asked.append(key)
         return self.kept.get(key)
 
     def put(self, key: str, data: bytes) -> None:
@@ -195,6 +197,34 @@ def test_a_torn_entry_is_discarded_and_compiled_again():
     assert store.kept[key] != b"torn"
     for compiled in (first, again):
         np.testing.assert_allclose(np.asarray(compiled(x)), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ahead_of_time_lowering_and_compiling_stay_jaxs_own():
+    """`jit(f).lower(x).compile()` is never answered by a program's identity, even with
+    the program kept by it: the script gets JAX's own lowering (its text) and executable;
+    a dispatch of the same program is answered so."""
+    store = _Memory()
+    x = jnp.linspace(-2, 2, 8 * 128, dtype=jnp.float32).reshape(8, 128)
+    want = np.cos(np.asarray(x)) * 9.0 - 2.0
+
+    def program(v: jax.Array) -> jax.Array:
+        return jnp.cos(v) * 9.0 - 2.0
+
+    program_store.install(store)
+    try:
+        np.testing.assert_allclose(np.asarray(jax.jit(program)(x)), want, rtol=1e-6,
+                                   atol=1e-6)
+        assert any(k.startswith("identity ") for k in store.kept)
+        store.keys_asked.clear()
+        with events(LOWERED) as lowered:
+            ahead = jax.jit(lambda v: jnp.cos(v) * 9.0 - 2.0).lower(x)
+        assert "cosine" in ahead.as_text() and lowered == ["jit(<lambda>)"]
+        compiled = ahead.compile()
+        asked = list(store.keys_asked)
+    finally:
+        program_store.uninstall()
+    np.testing.assert_allclose(np.asarray(compiled(x)), want, rtol=1e-6, atol=1e-6)
+    assert asked and not any(k.startswith("identity ") for k in asked), asked
 
 
 def test_a_plain_program_is_lowered_once_across_sessions_and_a_kernels_each_session():
