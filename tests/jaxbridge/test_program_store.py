@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from jax.experimental import serialize_executable
 
 import pallas_check
 from pallas_check.engine.runtime import disk_cache
@@ -28,6 +29,10 @@ from pallas_check.jaxbridge import program_store
 from _jax_events import LOWERED, events
 
 pytest_plugins = ["pytester"]
+
+_CASES = Path(__file__).resolve().parent / "_program_cases.py"
+_ROOT = Path(__file__).resolve().parents[2]
+_KEYED = ["large_constant", "literal", "dtype", "donation", "branch", "loop_literal"]
 
 
 # A script as a test suite's process runs it: plain programs (a reference, a random
@@ -39,6 +44,12 @@ _PROCESS = textwrap.dedent("""
     import pallas_check
     from pallas_check.jaxbridge import program_store
 
+    lowered = []
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(str(kwargs.get("fun_name")))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+
     def half(x_ref, o_ref):
         o_ref[:4, :] = x_ref[:4, :] * 2.0
 
@@ -48,8 +59,12 @@ _PROCESS = textwrap.dedent("""
         reference = jnp.tanh(x) * 3.0 + jnp.exp(-x)
         out = jax.jit(call)(x)
         jax.block_until_ready(out)
+    counts = program_store.counts
     print(json.dumps({
-        "hits": program_store.counts.hits, "misses": program_store.counts.misses,
+        "hits": counts.hits, "misses": counts.misses,
+        "identity_hits": counts.identity_hits, "identity_misses": counts.identity_misses,
+        "identity_refused": counts.identity_refused, "refusals": dict(counts.refusals),
+        "lowered": lowered,
         "reference": np.asarray(reference).ravel()[:8].tolist(),
         "rows": np.asarray(out)[:4].ravel()[:8].tolist(),
         "findings": [f.kind.value for f in run.findings]}))
@@ -64,17 +79,26 @@ def _run(cache: Path) -> dict:
 
 
 def test_a_plain_program_compiled_in_one_process_is_read_back_in_the_next(tmp_path):
-    """The second process compiles none of the script's plain programs (every one is read
-    back, and computes what the compile did), while its kernel is lowered and checked by
-    its own session: the same finding, the same values."""
+    """The second process neither lowers nor compiles any of the script's plain programs
+    (each is found by what it is, before lowering, and computes what the compile did),
+    while its kernel's program is lowered and checked by its own session: the same
+    finding, the same values."""
     first, second = _run(tmp_path / "cache"), _run(tmp_path / "cache")
-    assert first["hits"] == 0 and first["misses"] >= 3, first
-    assert (second["hits"], second["misses"]) == (first["misses"], 0), second
+    assert first["identity_hits"] == 0 and first["identity_misses"] >= 3, first
+    assert (second["identity_hits"], second["identity_misses"]) == (
+        first["identity_misses"], 0), second
+    # Only the program holding the kernel is lowered again (it runs this session's
+    # interception): refused a key, by its pallas_call.
+    assert second["refusals"] == first["refusals"] == {
+        "primitive pallas_call": first["identity_refused"]}, second
+    assert second["lowered"] == ["jit(wrapped)"] * first["identity_refused"], second
+    assert len(first["lowered"]) > first["identity_misses"]
+    assert second["misses"] == 0  # (nothing compiled either)
     assert second["reference"] == first["reference"]
     assert second["rows"] == first["rows"]
     assert first["findings"] == second["findings"] == [FindingKind.UNWRITTEN_OUTPUT.value]
     stored = list((tmp_path / "cache" / "programs").glob("*.xla"))
-    assert len(stored) == first["misses"]
+    assert len(stored) == first["identity_misses"] + first["misses"]
     assert not list((tmp_path / "cache" / "programs").glob("*.tmp"))
 
 
@@ -91,6 +115,7 @@ def test_off_or_jaxs_own_cache_stores_nothing(tmp_path, setting):
                           text=True, check=True)
     found = json.loads(done.stdout.splitlines()[-1])
     assert (found["hits"], found["misses"]) == (0, 0)
+    assert (found["identity_hits"], found["identity_misses"]) == (0, 0)
     assert found["findings"] == [FindingKind.UNWRITTEN_OUTPUT.value]
     assert not (tmp_path / "cache" / "programs").exists()
 
@@ -101,9 +126,11 @@ class _Memory:
     def __init__(self) -> None:
         self.kept: dict[str, bytes] = {}
         self.asked = 0
+        self.keys_asked: list[str] = []
 
     def get(self, key: str) -> bytes | None:
         self.asked += 1
+        self.keys_asked.append(key)
         return self.kept.get(key)
 
     def put(self, key: str, data: bytes) -> None:
@@ -111,6 +138,9 @@ class _Memory:
 
     def discard(self, key: str) -> None:
         self.kept.pop(key, None)
+
+    def identity_key(self, identity: str) -> str:
+        return "identity " + identity
 
 
 def _double(x_ref, o_ref):
@@ -134,7 +164,7 @@ def test_a_program_holding_a_kernel_is_never_offered_to_the_store(tmp_path, monk
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
     kernel = jax.jit(pl.pallas_call(_double, out_shape=jax.ShapeDtypeStruct((8, 128),
                                                                             jnp.float32)))
-    misses = program_store.counts.misses
+    kept = program_store.counts.misses + program_store.counts.identity_misses
     # The engine's program calls back into the session; the compiled tier's runs the
     # kernel inline, with custom calls into this session's interception.
     for tier, calls in (("engine", 1), ("compiled", 2)):
@@ -145,7 +175,8 @@ def test_a_program_holding_a_kernel_is_never_offered_to_the_store(tmp_path, monk
                 np.testing.assert_array_equal(np.asarray(kernel(y)), 2.0 * np.asarray(y))
         assert [c.tier for c in run.calls][-1] == tier
     assert len(kernel_programs) >= 2
-    assert program_store.counts.misses > misses  # (the plain ones were kept)
+    # (the plain ones were kept)
+    assert program_store.counts.misses + program_store.counts.identity_misses > kept
     assert not program_store.installed()  # (the session's store goes with it)
 
 
@@ -166,6 +197,34 @@ def test_a_torn_entry_is_discarded_and_compiled_again():
     assert store.kept[key] != b"torn"
     for compiled in (first, again):
         np.testing.assert_allclose(np.asarray(compiled(x)), want, rtol=1e-6, atol=1e-6)
+
+
+def test_ahead_of_time_lowering_and_compiling_stay_jaxs_own():
+    """`jit(f).lower(x).compile()` is never answered by a program's identity, even with
+    the program kept by it: the script gets JAX's own lowering (its text) and executable;
+    a dispatch of the same program is answered so."""
+    store = _Memory()
+    x = jnp.linspace(-2, 2, 8 * 128, dtype=jnp.float32).reshape(8, 128)
+    want = np.cos(np.asarray(x)) * 9.0 - 2.0
+
+    def program(v: jax.Array) -> jax.Array:
+        return jnp.cos(v) * 9.0 - 2.0
+
+    program_store.install(store)
+    try:
+        np.testing.assert_allclose(np.asarray(jax.jit(program)(x)), want, rtol=1e-6,
+                                   atol=1e-6)
+        assert any(k.startswith("identity ") for k in store.kept)
+        store.keys_asked.clear()
+        with events(LOWERED) as lowered:
+            ahead = jax.jit(lambda v: jnp.cos(v) * 9.0 - 2.0).lower(x)
+        assert "cosine" in ahead.as_text() and lowered == ["jit(<lambda>)"]
+        compiled = ahead.compile()
+        asked = list(store.keys_asked)
+    finally:
+        program_store.uninstall()
+    np.testing.assert_allclose(np.asarray(compiled(x)), want, rtol=1e-6, atol=1e-6)
+    assert asked and not any(k.startswith("identity ") for k in asked), asked
 
 
 def test_a_plain_program_is_lowered_once_across_sessions_and_a_kernels_each_session():
@@ -227,9 +286,45 @@ def test_xdist_workers_share_one_folder(pytester, tmp_path, monkeypatch):
     programs = cache / "programs"
     entries = list(programs.glob("*.xla"))
     assert entries and not list(programs.glob("*.tmp"))
+    for entry in entries:  # whole: each deserializes (a torn one would raise)
+        _load_entry(entry.read_bytes())
+
+
+def _load_entry(data: bytes) -> object:
+    """An entry of either kind loaded: JAX's executable kept under JAX's key, or the loaded
+    executable (pickled by jax.experimental.serialize_executable) kept before lowering."""
     from jax._src.lib import xla_client
 
     device = jax.devices("cpu")[0]
+    if data.startswith(b"\x80"):  # (a pickle)
+        return serialize_executable.deserialize_and_load(
+            data, jax.tree_util.tree_structure(((), {})), jax.tree_util.tree_structure(()),
+            backend=device.client, execution_devices=[device])
     devices, options = xla_client.DeviceList((device,)), xla_client.CompileOptions()
-    for entry in entries:  # whole: each deserializes (a torn one would raise)
-        device.client.deserialize_executable(entry.read_bytes(), devices, options)
+    return device.client.deserialize_executable(data, devices, options)
+
+
+def test_two_processes_filling_one_folder_at_once_both_succeed(tmp_path):
+    """Two processes keeping the same programs into one empty folder at the same time
+    (atomic writes: each entry is whole, whoever wrote it last), then a third that finds
+    every one of them without lowering; all compute their references."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    argv = [sys.executable, str(_CASES), str(cache), "a", *_KEYED]
+    both = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outputs = [p.communicate() for p in both]
+    assert [p.returncode for p in both] == [0, 0], [err[-2000:] for _, err in outputs]
+    third = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    runs = [json.loads(out.splitlines()[-1]) for out, _ in outputs]
+    runs.append(json.loads(third.stdout.splitlines()[-1]))
+    for name in _KEYED:
+        for run in runs:
+            np.testing.assert_allclose(run[name]["out"], run[name]["want"], rtol=1e-6,
+                                       err_msg=name)
+        assert (runs[2][name]["identity_hits"], runs[2][name]["lowered"]) == (1, []), name
+    programs = cache / "programs"
+    assert not list(programs.glob("*.tmp"))
+    for entry in programs.glob("*.xla"):
+        _load_entry(entry.read_bytes())

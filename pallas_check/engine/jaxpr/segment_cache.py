@@ -15,8 +15,6 @@ segment the disk does not answer is lowered, compiled and kept under that key.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -38,19 +36,6 @@ SEGMENT_COMPILER_OPTIONS: dict[str, str | bool] = {
     "xla_disable_hlo_passes": "algsimp", "xla_allow_excess_precision": False}
 
 
-_PACKAGE = Path(__file__).resolve().parents[2]
-
-
-@functools.cache
-def _code_digest() -> str:
-    """pallas-check's own code: a segment's program depends on the lowerings it patches."""
-    digest = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        digest.update(path.relative_to(_PACKAGE).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 _SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_use_shardy_partitioner")
 
 
@@ -64,7 +49,7 @@ def segment_path(identity: str, avals: list[jax.ShapeDtypeStruct]) -> Path | Non
     """Where the executable of the segment `identity` for `avals` is kept (None: the disk
     cache is off)."""
     types = [(a.shape, str(a.dtype), bool(getattr(a, "weak_type", False))) for a in avals]
-    text = "\n".join(("segment", _code_digest(), _settings(), repr(types), identity))
+    text = "\n".join(("segment", disk_cache.code_digest(), _settings(), repr(types), identity))
     return disk_cache.entry_path(text, SEGMENT_COMPILER_OPTIONS)
 
 

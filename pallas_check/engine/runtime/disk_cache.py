@@ -7,9 +7,11 @@ lowers to the same program in every process, so its executable is compiled once 
 back later (about a millisecond).
 
 The script's own plain programs are kept too, apart (`ScriptPrograms`, in `programs/`):
-jaxbridge/program_store.py hands it JAX's compile of each under JAX's own key; JAX's
-persistent cache itself stays as the script configured it (off by default for programs
-that compile in under a second, and its file store writes entries in place).
+jaxbridge/program_store.py hands it each program by what it is, before lowering (salted
+here with pallas-check's code, JAX's versions and this CPU: `identity_key`), or, where that
+is refused, JAX's compile of it under JAX's own key; JAX's persistent cache itself stays as
+the script configured it (off by default for programs that compile in under a second, and
+its file store writes entries in place).
 
 Safe to share: an entry's key is the program's text and signature (its arguments' and
 results' types: the text drops an unused argument), the compile options, the JAX and
@@ -89,6 +91,21 @@ def _machine() -> str:
         return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor() or platform.machine()
+
+
+_PACKAGE = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def code_digest() -> str:
+    """pallas-check's own code: part of the key of anything kept by what it is rather than
+    by its lowered text (the engine's segments, the script's programs before lowering): what
+    they lower to depends on the lowerings pallas-check patches."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(path.relative_to(_PACKAGE).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def key(program_text: str, options: Mapping[str, str | bool] | None) -> str:
@@ -206,7 +223,7 @@ def _replace(path: Path, data: bytes) -> bool:
 
 class ScriptPrograms:
     """The script's own plain programs' executables (jaxbridge/program_store.py asks it
-    under JAX's key for a program), in the `programs` folder beside ours: written
+    by a program's identity or under JAX's key), in the `programs` folder beside ours: written
     atomically, least recently used removed past `_PROGRAMS_LIMIT_BYTES`, keyed also by
     this CPU (JAX's key names the backend, not the host's instruction set)."""
 
@@ -239,6 +256,12 @@ class ScriptPrograms:
 
     def discard(self, jax_key: str) -> None:
         _remove(self._path(jax_key))
+
+    def identity_key(self, identity: str) -> str:
+        """A program found before lowering (jaxbridge/program_identity.py): `identity`
+        with pallas-check's code and, through `key`, JAX's and jaxlib's versions and this
+        CPU."""
+        return "identity " + key("identity\n" + code_digest() + "\n" + identity, None)
 
 
 def script_programs() -> ScriptPrograms | None:
