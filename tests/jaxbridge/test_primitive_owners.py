@@ -22,8 +22,8 @@ def test_jaxs_primitives_under_jaxs_rules_are_trusted():
 
 
 def test_pallas_checks_chip_arithmetic_rules_are_trusted():
-    with chip_arithmetic(True):  # (registers its CPU rules for dot_general, exp, exp2)
-        for primitive in (lax.dot_general_p, lax.exp_p, lax.exp2_p):
+    with chip_arithmetic(True):  # (registers its CPU rules: products, exp, division, ...)
+        for primitive in (lax.dot_general_p, lax.exp_p, lax.exp2_p, lax.div_p, lax.logistic_p):
             rule = primitive_owners.cpu_rule(primitive)
             assert rule is not None
             assert rule.__module__ == "pallas_check.jaxbridge.chip_arithmetic", primitive
