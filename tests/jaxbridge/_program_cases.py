@@ -60,25 +60,26 @@ def run(fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, Any]]:
     return out, seen
 
 
+def _captured(values: np.ndarray, wrap: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """`ones @ values` with `values` captured by the jitted function (as `wrap` makes it)."""
+    constant = wrap(values)
+    ones = np.ones(values.size, np.float32)
+    out, seen = run(jax.jit(lambda v: jnp.dot(v, constant)), ones)
+    return out, np.dot(ones, values), seen
+
+
 @case
 def large_constant(variant: str) -> tuple[Any, Any, dict[str, Any]]:
     """Two jax.numpy constants of 10000 values, equal but for one added to each."""
     k = {"a": 0.0, "b": 1.0}[variant]
-    values = np.arange(10000, dtype=np.float32) / 1000 + k
-    constant = jnp.asarray(values)
-    ones = np.ones(10000, np.float32)
-    out, seen = run(jax.jit(lambda v: jnp.dot(v, constant)), ones)
-    return out, np.dot(ones, values), seen
+    return _captured(np.arange(10000, dtype=np.float32) / 1000 + k, jnp.asarray)
 
 
 @case
 def large_numpy_constant(variant: str) -> tuple[Any, Any, dict[str, Any]]:
     """The same with a numpy array captured."""
     k = {"a": 0.0, "b": 2.0}[variant]
-    values = np.arange(10000, dtype=np.float32) / 1000 + k
-    ones = np.ones(10000, np.float32)
-    out, seen = run(jax.jit(lambda v: jnp.dot(v, values)), ones)
-    return out, np.dot(ones, values), seen
+    return _captured(np.arange(10000, dtype=np.float32) / 1000 + k, lambda v: v)
 
 
 @case
