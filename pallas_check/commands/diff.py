@@ -289,9 +289,9 @@ class DiffSession:
                     self.handle_call, call_sites=True,
                     chip=self.ours.chip.check if self.ours.chip.on else None))
                 stack.enter_context(simulated_tpu(self.config.tpu, self.config.cores))
-            # ours on the CPU rounds products as the chip does (the native side's program
-            # runs on the chip, which rounds its own)
-            stack.enter_context(chip_arithmetic(self.config.chip_arithmetic))
+            # ours on the CPU rounds products and computes exp, division, ... as the chip
+            # does, bit for bit (the native side's program runs on the chip)
+            stack.enter_context(chip_arithmetic(self.config.chip_arithmetic, functions=True))
             outer.install(self.ours.judge)  # `run`'s judge of unwritten outputs
             empties.install()
             try:

@@ -87,6 +87,11 @@ class Config:
     # the plugin and the API (`--exact-arithmetic` turns it off); off in a Config built
     # directly.
     chip_arithmetic: bool = False
+    # With chip_arithmetic: exp, exp2, float32 division and reciprocals and the logistic as
+    # the v5e computes them, bit for bit (jaxbridge/chip_exp.py, chip_divide.py); off by
+    # default in `run` and the plugin (each such operation costs XLA:CPU compile time in
+    # every program), always on in `diff` and `replay`, where the chip is the reference.
+    chip_functions: bool = False
     # Several generations in `tpu`: each further one's own trace (the script run again as
     # that chip) simulated and checked too, not only compiled.
     tpu_all: bool = False

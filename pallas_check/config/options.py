@@ -188,10 +188,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("chip_arithmetic", ("--chip-arithmetic",), bool, True,
            "Compute as the TPU does where it differs beyond noise (measured on a v5e):"
            " float32 matrix products round their operands to bfloat16 at the default"
-           " precision, in kernels and in the program's own products alike; an approximate"
-           " reciprocal is the chip's; --exact-arithmetic computes in float32.",
+           " precision, in kernels and in the program's own products alike (and with"
+           " --chip-functions exp and division as the chip's); --exact-arithmetic computes"
+           " in float32.",
            config_field="chip_arithmetic", replayed=True, pytest=True,
            negative="--exact-arithmetic"),
+    Option("chip_functions", ("--chip-functions",), bool, False,
+           "With --chip-arithmetic: exp, exp2, float32 division and reciprocals and the"
+           " logistic computed as the v5e computes them, bit for bit (otherwise within a"
+           " few ulps; diff and replay always do); costs compile time in every program"
+           " holding one.",
+           config_field="chip_functions", replayed=True, pytest=True),
     Option("tpu_all", ("--tpu-all",), bool, False,
            "With several --tpu generations: the script runs once more per further"
            " generation, traced as that chip, and each run's calls are simulated and"

@@ -481,7 +481,7 @@ class Session:
                           inline=inline.lowered, chip=self.chip.check if self.chip.on else None,
                           programs=programs),
               simulated_tpu(self.config.tpu, self.config.cores),
-              chip_arithmetic(self.config.chip_arithmetic),
+              chip_arithmetic(self.config.chip_arithmetic, self.config.chip_functions),
               children.undone_in_child(self._forked)):
             self.questions_from = questions()
             outer.install(self.judge, inline.kernel_options)

@@ -109,6 +109,22 @@ _arithmetic = _config.bool_state(
     include_in_jit_key=True, include_in_trace_context=True)
 
 
+# Whether exp, exp2, division, reciprocals and the logistic are the chip's own functions
+# (chip_exp.py, chip_divide.py) besides: bit for bit, but each such operation lowers to
+# some fifty operations that XLA:CPU compiles in every program holding one -- a cold run of
+# the benchmark's kernel repository took 23 % longer with them everywhere (benchmarks/
+# README.md). So: where the chip is the reference (`diff`, `replay`) and with
+# `--chip-functions`; products are rounded either way.
+_FUNCTIONS = "jax_pallas_check_chip_functions"
+_functions = _config.bool_state(
+    _FUNCTIONS, False, "pallas-check: exp, division, ... as a TPU's, bit for bit.",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def _functions_on() -> bool:
+    return bool(_arithmetic.value) and bool(_functions.value)
+
+
 class _Mode:
     """Whether our lowerings are registered (once per process)."""
 
@@ -129,24 +145,28 @@ def _rule(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[o
     return lowering
 
 
-def in_effect() -> bool:
-    """Whether products lowered now round as the chip's: part of the key of anything
-    compiled from a kernel and kept beyond one call (the engine's segments)."""
-    return bool(_arithmetic.value)
+def in_effect() -> tuple[bool, bool]:
+    """Whether products lowered now round as the chip's, and whether its functions are the
+    chip's: part of the key of anything compiled from a kernel and kept beyond one call
+    (the engine's segments)."""
+    return bool(_arithmetic.value), _functions_on()
 
 
 @contextlib.contextmanager
-def chip_arithmetic(on: bool = True) -> Iterator[None]:
+def chip_arithmetic(on: bool = True, functions: bool = True) -> Iterator[None]:
     """While open (`on`), XLA:CPU's float32 products round their operands as the MXU does,
     and reciprocals, division, the logistic and exp/exp2 are the chip's (see the module);
-    `on=False` is IEEE float32 arithmetic, also inside an open one."""
+    `on=False` is IEEE float32 arithmetic, also inside an open one; `functions=False`
+    leaves exp, division and the others to XLA:CPU (see `_functions`)."""
     _install()
-    previous = bool(_arithmetic.value)
+    previous = bool(_arithmetic.value), bool(_functions.value)
     jax.config.update(_OPTION, on)  # type: ignore[no-untyped-call]
+    jax.config.update(_FUNCTIONS, functions)  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
-        jax.config.update(_OPTION, previous)  # type: ignore[no-untyped-call]
+        jax.config.update(_OPTION, previous[0])  # type: ignore[no-untyped-call]
+        jax.config.update(_FUNCTIONS, previous[1])  # type: ignore[no-untyped-call]
 
 
 def _install() -> None:
@@ -184,7 +204,7 @@ def _float32_rule(original: Callable[..., Sequence[object]],
         """Division, logistic (Mosaic's `1 / (1 + exp(-x))`): the chip's, for float32
         operands at the default accuracy (jaxbridge/chip_divide.py)."""
         dtypes = [getattr(aval, "dtype", None) for aval in ctx.avals_in]
-        if (_arithmetic.value and params.get("accuracy") is None
+        if (_functions_on() and params.get("accuracy") is None
                 and chip_divide.applies(*dtypes)):
             return chip(ctx, *operands)
         return original(ctx, *operands, **params)
@@ -200,7 +220,7 @@ def _exp_rule(original: Callable[..., Sequence[object]], natural: bool
         """`exp` / `exp2`: the chip's own function (jaxbridge/chip_exp.py) for a float32
         or bfloat16 operand at the default accuracy."""
         dtype = getattr(ctx.avals_in[0], "dtype", None)
-        if _arithmetic.value and accuracy is None and chip_exp.applies(dtype):
+        if _functions_on() and accuracy is None and chip_exp.applies(dtype):
             return chip(ctx, x)
         return original(ctx, x, accuracy=accuracy)
     return lowering
@@ -214,7 +234,7 @@ def _reciprocal_rule(original: Callable[..., Sequence[object]]
         exactly (see the module)."""
         if not _arithmetic.value:
             return original(ctx, x, **params)
-        if chip_divide.applies(getattr(ctx.avals_in[0], "dtype", None)):
+        if _functions_on() and chip_divide.applies(getattr(ctx.avals_in[0], "dtype", None)):
             chip = chip_divide.estimate_rule if params.get("approx") else \
                 chip_divide.reciprocal_rule
             return chip(ctx, x)

@@ -87,7 +87,7 @@ def test_a_kernels_reciprocals_are_the_chips(check, tier):
     b = GRID["b"][:8192].reshape(64, 128)
     shape = jax.ShapeDtypeStruct(b.shape, jnp.float32)
     result = check(pl.pallas_call(_reciprocals, out_shape=[shape] * 3), b,
-                   config=Config(chip_arithmetic=True, tier=tier))
+                   config=Config(chip_arithmetic=True, chip_functions=True, tier=tier))
     full, approx, quotient = (np.asarray(v) for v in result.value)
     assert _same(full.reshape(-1), GRID["reciprocal"][:8192])
     assert _same(approx.reshape(-1), GRID["estimate"][:8192])
