@@ -181,48 +181,33 @@ def _install() -> None:
                             platform="cpu")
     _mlir.register_lowering(_pallas_primitives.reciprocal_p,
                             cast(Any, _reciprocal_rule(reciprocal.rule)), platform="cpu")
-    for primitive, natural in ((_lax.exp_p, True), (_lax.exp2_p, False)):
-        exp_rule = rules.get(primitive) or _mlir._lowerings[primitive]
-        _mlir.register_lowering(primitive, cast(Any, _exp_rule(exp_rule.rule, natural)),
-                                platform="cpu")
-    for primitive, chip in ((_lax.div_p, chip_divide.divide_rule),
-                            (_lax.logistic_p, _chip_logistic)):
+    functions = ((_lax.exp_p, chip_exp.exp_rule, chip_exp.applies),
+                 (_lax.exp2_p, chip_exp.exp2_rule, chip_exp.applies),
+                 (_lax.div_p, chip_divide.divide_rule, chip_divide.applies),
+                 (_lax.logistic_p, _chip_logistic, chip_divide.applies))
+    for primitive, chip, applies in functions:
         plain = rules.get(primitive) or _mlir._lowerings[primitive]
-        _mlir.register_lowering(primitive, cast(Any, _float32_rule(plain.rule, chip)),
+        _mlir.register_lowering(primitive, cast(Any, _function_rule(plain.rule, chip, applies)),
                                 platform="cpu")
     _Mode.installed = True
 
 
-_chip_logistic = chip_divide.lowered(
+_chip_logistic = chip_exp.lowered(
     lambda x: chip_divide.reciprocal_jnp(np.float32(1) + chip_exp.exp_jnp(-x)))
 
 
-def _float32_rule(original: Callable[..., Sequence[object]],
-                  chip: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
+def _function_rule(original: Callable[..., Sequence[object]],
+                   chip: Callable[..., Sequence[object]],
+                   applies: Callable[..., bool]) -> Callable[..., Sequence[object]]:
     def lowering(ctx: LoweringRuleContext, *operands: object, **params: object
                  ) -> Sequence[object]:
-        """Division, logistic (Mosaic's `1 / (1 + exp(-x))`): the chip's, for float32
-        operands at the default accuracy (jaxbridge/chip_divide.py)."""
+        """exp, exp2 (float32 and bfloat16), division and the logistic (Mosaic's
+        `1 / (1 + exp(-x))`; float32): the chip's own functions at the default accuracy
+        while they are on (jaxbridge/chip_exp.py, chip_divide.py); else XLA:CPU's."""
         dtypes = [getattr(aval, "dtype", None) for aval in ctx.avals_in]
-        if (_functions_on() and params.get("accuracy") is None
-                and chip_divide.applies(*dtypes)):
+        if _functions_on() and params.get("accuracy") is None and applies(*dtypes):
             return chip(ctx, *operands)
         return original(ctx, *operands, **params)
-    return lowering
-
-
-def _exp_rule(original: Callable[..., Sequence[object]], natural: bool
-              ) -> Callable[..., Sequence[object]]:
-    chip = chip_exp.lowering_rule(natural)
-
-    def lowering(ctx: LoweringRuleContext, x: object, accuracy: object = None
-                 ) -> Sequence[object]:
-        """`exp` / `exp2`: the chip's own function (jaxbridge/chip_exp.py) for a float32
-        or bfloat16 operand at the default accuracy."""
-        dtype = getattr(ctx.avals_in[0], "dtype", None)
-        if _functions_on() and accuracy is None and chip_exp.applies(dtype):
-            return chip(ctx, x)
-        return original(ctx, x, accuracy=accuracy)
     return lowering
 
 

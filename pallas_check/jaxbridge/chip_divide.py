@@ -25,14 +25,11 @@ and quotients over 2**+-12, and the reciprocals of all 65536 bfloat16 values rep
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, cast
-
 import numpy as np
 from jax import lax
 import jax.numpy as jnp
 
-from pallas_check.jaxbridge.chip_exp import Lookup, Values, _select
-from pallas_check.jaxbridge.lowering import LoweringRuleContext, lower_fun
+from pallas_check.jaxbridge.chip_exp import Lookup, Values, _select, lowered
 
 # Per segment of the fraction's top 4 bits: the estimate's mantissa at the segment's start
 # (units of 2**-23 of the estimate's doubled value), slope (units of 2**-10 of that per
@@ -133,13 +130,6 @@ def applies(*dtypes: object) -> bool:
     """Whether the chip's division is modelled for operands of `dtypes` (float32 only;
     a bfloat16 reciprocal is the float32 one rounded except at 2**126, unmodelled)."""
     return all(dtype == np.dtype(np.float32) for dtype in dtypes)
-
-
-def lowered(fn: Callable[..., Values]) -> Callable[..., Sequence[object]]:
-    """A lowering rule computing `fn` (JAX operations) of its operands."""
-    def rule(ctx: LoweringRuleContext, *operands: object) -> Sequence[object]:
-        return cast(Sequence[object], lower_fun(lambda *xs: [fn(*xs)], ctx, *operands))
-    return rule
 
 
 divide_rule = lowered(lambda a, b: _flush_jnp(a * reciprocal_jnp(b)))

@@ -18,8 +18,8 @@ hardware/README.md "exp bit for bit"; a Pallas kernel and XLA:TPU alike):
   below -126 (no subnormal results) and infinite from n = 128 up. A NaN stays a NaN.
 - a bfloat16 `exp`/`exp2` is the float32 one rounded to bfloat16 (every bfloat16 input).
 
-`exp2_bits` below is that arithmetic in numpy (tests and analysis); `lowering_rule` gives
-XLA:CPU the same arithmetic in 32-bit integers while chip arithmetic is on
+`exp2_bits` below is that arithmetic in numpy (tests and analysis); `exp_rule`, `exp2_rule` give
+XLA:CPU the same arithmetic in 32-bit integers while the chip's functions are on
 (jaxbridge/chip_arithmetic.py). Other generations: the v5e's function, unverified.
 """
 
@@ -118,21 +118,25 @@ def exp_jnp(x: Values) -> Values:
     return _exp2_jnp(x * LOG2E)
 
 
-def applies(dtype: object) -> bool:
-    """Whether the chip's function is modelled for an operand of `dtype` (float32, and
+def applies(*dtypes: object) -> bool:
+    """Whether the chip's function is modelled for an operand of `dtypes` (float32, and
     bfloat16 as float32 rounded)."""
-    return dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16))
+    return all(dtype in (np.dtype(np.float32), np.dtype(jnp.bfloat16)) for dtype in dtypes)
 
 
-def lowering_rule(natural: bool) -> Callable[[LoweringRuleContext, object], Sequence[object]]:
-    """XLA:CPU's lowering of `exp` (natural) or `exp2` as the chip's arithmetic, for an
-    operand `applies` accepts."""
-    body = exp_jnp if natural else _exp2_jnp
-
-    def fn(x: jax.Array) -> list[Values]:
-        wide = x.astype(np.float32)
-        return [body(wide).astype(x.dtype)]
-
-    def rule(ctx: LoweringRuleContext, x: object) -> Sequence[object]:
-        return cast(Sequence[object], lower_fun(fn, ctx, x))
+def lowered(fn: Callable[..., Values]) -> Callable[..., Sequence[object]]:
+    """A lowering rule computing `fn` (JAX operations) of its operands (the chip's
+    functions here and in chip_divide.py)."""
+    def rule(ctx: LoweringRuleContext, *operands: object) -> Sequence[object]:
+        return cast(Sequence[object], lower_fun(lambda *xs: [fn(*xs)], ctx, *operands))
     return rule
+
+
+def _in_float32(body: Callable[[Values], Values]) -> Callable[[jax.Array], Values]:
+    """`body` of the operand widened to float32, rounded back to its type (a bfloat16
+    function is the float32 one rounded, on every bfloat16 input)."""
+    return lambda x: body(x.astype(np.float32)).astype(x.dtype)
+
+
+exp_rule = lowered(_in_float32(exp_jnp))
+exp2_rule = lowered(_in_float32(_exp2_jnp))
